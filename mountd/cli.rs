@@ -1,0 +1,85 @@
+//! The command line: `devremapd plan` and `devremapd mount`, sharing the input flags.
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use devremap::load::Sources;
+use devremap::pairing::{MapPair, parse_device_map};
+use devremap::plan::Prefer;
+use std::path::PathBuf;
+
+#[derive(Debug, Parser)]
+#[command(name = "devremapd", version, about = "A FUSE /dev for containers whose GPUs were remapped by checkpoint/restore")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Print the remap table and the /dev tree the inputs give, without mounting anything.
+    Plan(PlanArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    #[command(flatten)]
+    pub inputs: InputArgs,
+    /// Print one JSON object instead of tables.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Which name wins a collision between a checkpoint name and a native name.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum PreferArg {
+    Native,
+    Checkpoint,
+}
+
+/// Parsed pairs of one `--device-map` occurrence.
+#[derive(Debug, Clone)]
+pub struct MapList(Vec<MapPair>);
+
+fn map_list(s: &str) -> Result<MapList, String> {
+    parse_device_map(s).map(MapList).map_err(|e| e.to_string())
+}
+
+/// The inputs of a plan, shared by `plan` and `mount`.
+#[derive(Debug, Args)]
+pub struct InputArgs {
+    /// Checkpoint metadata: a gVisor state file, a checkpoint directory, a JSON metadata map,
+    /// or a JSON array of device ids.
+    #[arg(long, value_name = "PATH")]
+    pub metadata: Option<PathBuf>,
+    /// The container's OCI runtime spec (config.json).
+    #[arg(long, value_name = "PATH")]
+    pub spec: Option<PathBuf>,
+    /// Device directory whose nvidiaN nodes are the restored GPUs (default /dev when the spec
+    /// asks for GPUs through the NVIDIA hook).
+    #[arg(long, value_name = "DIR")]
+    pub host_dev: Option<PathBuf>,
+    /// Root under which /proc/driver/nvidia and /sys/bus/pci are read.
+    #[arg(long, value_name = "DIR", default_value = "/")]
+    pub host_root: PathBuf,
+    /// Explicit pairs OLD=NEW[,OLD=NEW...], each a minor or a GPU- UUID; repeatable.
+    #[arg(long, value_name = "OLD=NEW", value_parser = map_list)]
+    pub device_map: Vec<MapList>,
+    /// Which name wins when a checkpoint name is another restored GPU's native name.
+    #[arg(long, value_enum, default_value = "native")]
+    pub prefer: PreferArg,
+}
+
+impl InputArgs {
+    pub fn sources(&self) -> Sources {
+        Sources {
+            metadata: self.metadata.clone(),
+            spec: self.spec.clone(),
+            host_dev: self.host_dev.clone(),
+            host_root: self.host_root.clone(),
+            device_map: self.device_map.iter().flat_map(|m| m.0.iter().cloned()).collect(),
+            prefer: match self.prefer {
+                PreferArg::Native => Prefer::Native,
+                PreferArg::Checkpoint => Prefer::Checkpoint,
+            },
+        }
+    }
+}

@@ -1,0 +1,101 @@
+//! Device facts shared by every stage: node types, device numbers, and a restored GPU.
+//!
+//! Assumes Linux device numbering: a GPU's regular device is char 195:N with N <= 247
+//! (`NV_MINOR_DEVICE_NUMBER_REGULAR_MAX`); minors above that belong to `nvidiactl` and friends.
+
+use std::fmt;
+
+/// The NVIDIA driver's character major (`NV_MAJOR_DEVICE_NUMBER`).
+pub const NV_MAJOR: u32 = 195;
+/// The largest minor of a regular GPU device (`NV_MINOR_DEVICE_NUMBER_REGULAR_MAX`).
+pub const MAX_REGULAR_MINOR: u32 = 247;
+
+/// The type of a special file in the tree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DevKind {
+    Char,
+    Block,
+    Fifo,
+}
+
+impl DevKind {
+    /// The name used in `plan --json` and the state file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DevKind::Char => "char",
+            DevKind::Block => "block",
+            DevKind::Fifo => "fifo",
+        }
+    }
+}
+
+/// A device number, as `stat` reports it in `st_rdev`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Rdev {
+    pub major: u32,
+    pub minor: u32,
+}
+
+impl Rdev {
+    pub const fn new(major: u32, minor: u32) -> Self {
+        Rdev { major, minor }
+    }
+
+    /// Splits a raw `st_rdev` the way glibc's `major()`/`minor()` do.
+    pub fn from_raw(raw: u64) -> Self {
+        Rdev::new(libc::major(raw as libc::dev_t), libc::minor(raw as libc::dev_t))
+    }
+
+    /// The encoded number the kernel expects in an inode's rdev.
+    pub fn to_raw(self) -> u64 {
+        libc::makedev(self.major, self.minor) as u64
+    }
+}
+
+impl fmt::Display for Rdev {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.major, self.minor)
+    }
+}
+
+/// The permission bits and owner a node is served with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Access {
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl Access {
+    /// `rw-rw-rw-` root:root, runc's default for device nodes.
+    pub const DEVICE_DEFAULT: Access = Access { mode: 0o666, uid: 0, gid: 0 };
+    /// `rwxr-xr-x` root:root, for directories.
+    pub const DIR_DEFAULT: Access = Access { mode: 0o755, uid: 0, gid: 0 };
+}
+
+/// A GPU present on the restore host, named `nvidia<minor>` there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestoredGpu {
+    /// The host minor: the N of its native name `nvidiaN`.
+    pub minor: u32,
+    /// The real device the node opens (195:N on a real host).
+    pub rdev: Rdev,
+    pub access: Access,
+    pub uuid: Option<String>,
+    /// PCI bus location, e.g. `0000:3b:00.0`.
+    pub bus: Option<String>,
+    /// PCI vendor and device id, when the host tells them.
+    pub pci: Option<(u32, u32)>,
+}
+
+impl RestoredGpu {
+    /// The native name of this GPU.
+    pub fn name(&self) -> String {
+        gpu_name(self.minor)
+    }
+}
+
+/// `nvidia<minor>`, the device file name of a GPU minor.
+pub fn gpu_name(minor: u32) -> String {
+    format!("nvidia{minor}")
+}

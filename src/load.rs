@@ -1,0 +1,134 @@
+//! Reading every input from disk: the I/O edge in front of [`crate::plan::build`].
+//!
+//! Assumptions: inputs are small (metadata and specs are capped at 16 MiB; a state file is read
+//! only up to the end of its header); every error names the file or flag at fault, so that a
+//! user sees one line `error: <path>: <what is wrong>`; nothing here keeps state, so the daemon
+//! calls [`load`] again for every reload and the dynamic majors of pass-through nodes are
+//! never cached.
+
+use crate::host::{self, HostError};
+use crate::metadata::{self, MAX_METADATA_LEN, Metadata, MetadataError};
+use crate::pairing::MapPair;
+use crate::plan::{self, Inputs, Plan, PlanError, Prefer};
+use crate::spec::{self, SpecError};
+use std::fs::File;
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+/// Where the inputs are, as the command line gives them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sources {
+    pub metadata: Option<PathBuf>,
+    pub spec: Option<PathBuf>,
+    pub host_dev: Option<PathBuf>,
+    pub host_root: PathBuf,
+    pub device_map: Vec<MapPair>,
+    pub prefer: Prefer,
+}
+
+impl Default for Sources {
+    fn default() -> Self {
+        Sources {
+            metadata: None,
+            spec: None,
+            host_dev: None,
+            host_root: PathBuf::from("/"),
+            device_map: Vec::new(),
+            prefer: Prefer::Native,
+        }
+    }
+}
+
+/// Why the inputs could not be turned into a plan. Displays as `<path>: <what is wrong>`.
+#[derive(Debug, Error)]
+pub enum LoadError {
+    #[error("{}: {}", .0.display(), crate::io_message(.1))]
+    Io(PathBuf, io::Error),
+    #[error("{}: {}", .0.display(), .1)]
+    Metadata(PathBuf, MetadataError),
+    #[error("{}: {}", .0.display(), .1)]
+    Spec(PathBuf, SpecError),
+    #[error(transparent)]
+    Host(#[from] HostError),
+    #[error("{0}: {1}")]
+    Plan(String, PlanError),
+}
+
+/// A loaded plan together with the metadata it came from.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    pub plan: Plan,
+    pub metadata: Option<Metadata>,
+}
+
+/// Reads at most `limit` bytes of `file`.
+fn read_up_to(file: &mut File, limit: u64, buf: &mut Vec<u8>) -> io::Result<()> {
+    file.take(limit.saturating_sub(buf.len() as u64)).read_to_end(buf).map(|_| ())
+}
+
+/// Reads checkpoint metadata from a state file, a checkpoint directory, or a JSON file,
+/// reading no more of the file than its header.
+pub fn read_metadata(path: &Path) -> Result<Metadata, LoadError> {
+    let io_err = |p: &Path, e| LoadError::Io(p.to_owned(), e);
+    let path = if path.is_dir() { path.join("checkpoint.img") } else { path.to_owned() };
+    let mut file = File::open(&path).map_err(|e| io_err(&path, e))?;
+    if file.metadata().map_err(|e| io_err(&path, e))?.is_dir() {
+        return Err(io_err(&path, io::Error::from(io::ErrorKind::IsADirectory)));
+    }
+    let mut buf = Vec::new();
+    read_up_to(&mut file, 16, &mut buf).map_err(|e| io_err(&path, e))?;
+    let meta_err = |e| LoadError::Metadata(path.clone(), e);
+    let limit = metadata::needed_len(&buf).map_err(meta_err)?.unwrap_or(MAX_METADATA_LEN + 1);
+    read_up_to(&mut file, limit, &mut buf).map_err(|e| io_err(&path, e))?;
+    metadata::parse(&buf).map_err(|e| LoadError::Metadata(path.clone(), e))
+}
+
+/// Reads what of an OCI runtime spec shapes `/dev`.
+pub fn read_spec(path: &Path) -> Result<spec::SpecView, LoadError> {
+    let mut file = File::open(path).map_err(|e| LoadError::Io(path.to_owned(), e))?;
+    let mut buf = Vec::new();
+    read_up_to(&mut file, MAX_METADATA_LEN + 1, &mut buf).map_err(|e| LoadError::Io(path.to_owned(), e))?;
+    if buf.len() as u64 > MAX_METADATA_LEN {
+        return Err(LoadError::Spec(path.to_owned(), SpecError::Parse(format!("larger than {MAX_METADATA_LEN} bytes"))));
+    }
+    spec::parse(&buf).map_err(|e| LoadError::Spec(path.to_owned(), e))
+}
+
+/// Reads every input named by `sources`.
+pub fn gather(sources: &Sources) -> Result<Inputs, LoadError> {
+    let metadata = sources.metadata.as_deref().map(read_metadata).transpose()?;
+    let spec = sources.spec.as_deref().map(read_spec).transpose()?;
+    // A spec that asks for GPUs through the NVIDIA hook means the host's /dev names them.
+    let host_dev = sources
+        .host_dev
+        .clone()
+        .or_else(|| spec.as_ref().filter(|s| s.wants_hook).map(|_| PathBuf::from("/dev")));
+    let dev_dir = host_dev.as_deref().map(host::scan_dev_dir).transpose()?;
+    Ok(Inputs {
+        metadata,
+        spec,
+        dev_dir,
+        host: host::read_host_facts(&sources.host_root),
+        device_map: sources.device_map.clone(),
+        prefer: sources.prefer,
+    })
+}
+
+/// Reads every input and builds the plan.
+pub fn load(sources: &Sources) -> Result<Loaded, LoadError> {
+    let inputs = gather(sources)?;
+    let plan = plan::build(&inputs).map_err(|e| {
+        // Blame the input the rule is about: the checkpoint for pairing, the spec for nodes.
+        let blamed = match (&e, &sources.metadata, &sources.spec) {
+            (PlanError::Pairing(crate::pairing::PairingError::Claimed { .. } | crate::pairing::PairingError::Unknown { .. }), _, _) => {
+                "--device-map".to_owned()
+            }
+            (PlanError::Pairing(_), Some(m), _) => m.display().to_string(),
+            (PlanError::SpecDevice(_) | PlanError::SpecMount(_), _, Some(s)) => s.display().to_string(),
+            _ => "inputs".to_owned(),
+        };
+        LoadError::Plan(blamed, e)
+    })?;
+    Ok(Loaded { plan, metadata: inputs.metadata })
+}

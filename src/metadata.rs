@@ -1,0 +1,333 @@
+//! Checkpoint metadata: the saved GPU list (`nvproxy-device-remap-ids`) and, for reporting,
+//! the saved TPU list (`tpu-device-remap-ids`).
+//!
+//! Pure: every function here takes bytes and returns values. Three inputs are accepted, told
+//! apart by their first bytes, never by file name: a gVisor state file (magic `gVisorSF`, an
+//! 8-byte big-endian length, then a JSON object of strings), a JSON object (the metadata map),
+//! and a JSON array (the device list alone). Only the state file's header is ever looked at;
+//! [`needed_len`] tells a reader how many bytes that is, so a 50 GiB image costs 16 bytes
+//! plus its header.
+
+use crate::device::MAX_REGULAR_MINOR;
+use serde_json::{Map, Value};
+use std::collections::BTreeSet;
+use thiserror::Error;
+
+/// The state file magic, ASCII `gVisorSF`.
+pub const MAGIC: &[u8; 8] = b"gVisorSF";
+/// gVisor refuses metadata longer than this; so do we, for every form.
+pub const MAX_METADATA_LEN: u64 = 16 << 20;
+/// The metadata key of the saved GPU list.
+pub const GPU_KEY: &str = "nvproxy-device-remap-ids";
+/// The metadata key of the saved TPU list.
+pub const TPU_KEY: &str = "tpu-device-remap-ids";
+const PREFIX_LEN: usize = 16;
+
+/// One GPU as it was at save time (gVisor's `nvproxy.DeviceRemapID`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceId {
+    pub minor: u32,
+    pub pci_vendor_id: u32,
+    pub pci_device_id: u32,
+    pub gpu_id: u32,
+    pub device_instance: u32,
+    pub subdevice_instance: u32,
+    pub uuid: String,
+}
+
+/// Which of the accepted forms the input was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    StateFile,
+    Map,
+    Array,
+}
+
+impl Format {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Format::StateFile => "state-file",
+            Format::Map => "map",
+            Format::Array => "array",
+        }
+    }
+}
+
+/// What the checkpoint says about its devices.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Metadata {
+    pub format: Format,
+    /// Saved GPUs, sorted by minor; empty when the key is absent (nothing was open at save).
+    pub gpus: Vec<DeviceId>,
+    /// Whether the GPU key was present at all.
+    pub gpu_key_present: bool,
+    /// Saved TPUs, as written; reported, not remapped.
+    pub tpus: Vec<Value>,
+}
+
+/// Why metadata bytes were refused. Messages name the key and index at fault; the caller
+/// prefixes the file.
+#[derive(Debug, Error, PartialEq)]
+pub enum MetadataError {
+    #[error("file is empty")]
+    Empty,
+    #[error("truncated state file header: {0}")]
+    Truncated(String),
+    #[error("metadata length {0} is over the limit of {MAX_METADATA_LEN} bytes")]
+    TooLong(u64),
+    #[error("not checkpoint metadata: expected a gVisor state file, a JSON object or a JSON array")]
+    UnknownFormat,
+    #[error("invalid JSON: {0}")]
+    Json(String),
+    #[error("state file metadata: key {key:?} holds {found}, expected a string")]
+    NotAString { key: String, found: String },
+    #[error("{key}: {what}")]
+    Shape { key: &'static str, what: String },
+    #[error("{GPU_KEY}[{index}].{field}: expected {expected}, found {found}")]
+    Field { index: usize, field: &'static str, expected: &'static str, found: String },
+    #[error("{GPU_KEY}[{index}]: minor {minor} is over {MAX_REGULAR_MINOR}, the largest GPU minor")]
+    MinorTooLarge { index: usize, minor: u32 },
+    #[error("{GPU_KEY}: minor {0} appears twice")]
+    DuplicateMinor(u32),
+    #[error("{GPU_KEY}: uuid {0} appears twice")]
+    DuplicateUuid(String),
+}
+
+/// How many leading bytes of a file [`parse`] needs, judged from its first bytes: for a state
+/// file, the 16-byte prefix and then the header; for JSON, everything up to the limit.
+/// `Ok(None)` means "read up to `MAX_METADATA_LEN + 1` bytes" (JSON input).
+pub fn needed_len(prefix: &[u8]) -> Result<Option<u64>, MetadataError> {
+    if !looks_like_state_file(prefix) {
+        return Ok(None);
+    }
+    if prefix.len() < PREFIX_LEN {
+        return Ok(Some(PREFIX_LEN as u64));
+    }
+    let len = header_len(prefix)?;
+    Ok(Some(PREFIX_LEN as u64 + len))
+}
+
+fn looks_like_state_file(bytes: &[u8]) -> bool {
+    // A file shorter than the magic that starts like it is a truncated state file.
+    let n = bytes.len().min(MAGIC.len());
+    n > 0 && bytes[..n] == MAGIC[..n]
+}
+
+fn header_len(bytes: &[u8]) -> Result<u64, MetadataError> {
+    let raw: [u8; 8] = bytes[8..16].try_into().expect("caller checked the prefix length");
+    let len = u64::from_be_bytes(raw);
+    if len > MAX_METADATA_LEN {
+        return Err(MetadataError::TooLong(len));
+    }
+    Ok(len)
+}
+
+/// Parses metadata from the leading bytes of a file (the whole file for JSON; for a state
+/// file, at least its header: anything after the header is never looked at).
+pub fn parse(bytes: &[u8]) -> Result<Metadata, MetadataError> {
+    if bytes.is_empty() {
+        return Err(MetadataError::Empty);
+    }
+    if looks_like_state_file(bytes) {
+        return parse_state_file(bytes);
+    }
+    if bytes.len() as u64 > MAX_METADATA_LEN {
+        return Err(MetadataError::TooLong(bytes.len() as u64));
+    }
+    match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'{') => {
+            let map = parse_json_object(bytes)?;
+            from_map(Format::Map, &map)
+        }
+        Some(b'[') => {
+            let value = parse_json(bytes)?;
+            Ok(Metadata {
+                format: Format::Array,
+                gpus: device_list(&value)?,
+                gpu_key_present: true,
+                tpus: Vec::new(),
+            })
+        }
+        _ => Err(MetadataError::UnknownFormat),
+    }
+}
+
+fn parse_state_file(bytes: &[u8]) -> Result<Metadata, MetadataError> {
+    if bytes.len() < PREFIX_LEN {
+        return Err(MetadataError::Truncated(format!(
+            "{} bytes, the magic and length take {PREFIX_LEN}",
+            bytes.len()
+        )));
+    }
+    let len = header_len(bytes)? as usize;
+    let header = bytes.get(PREFIX_LEN..PREFIX_LEN + len).ok_or_else(|| {
+        MetadataError::Truncated(format!(
+            "the header says {len} bytes of metadata, the file has {}",
+            bytes.len() - PREFIX_LEN
+        ))
+    })?;
+    let map = parse_json_object(header)?;
+    if let Some((key, value)) = map.iter().find(|(_, v)| !v.is_string()) {
+        return Err(MetadataError::NotAString { key: key.clone(), found: describe(value) });
+    }
+    from_map(Format::StateFile, &map)
+}
+
+fn parse_json(bytes: &[u8]) -> Result<Value, MetadataError> {
+    serde_json::from_slice(bytes).map_err(|e| MetadataError::Json(e.to_string()))
+}
+
+fn parse_json_object(bytes: &[u8]) -> Result<Map<String, Value>, MetadataError> {
+    match parse_json(bytes)? {
+        Value::Object(map) => Ok(map),
+        other => Err(MetadataError::Shape {
+            key: "metadata",
+            what: format!("expected a JSON object, found {}", describe(&other)),
+        }),
+    }
+}
+
+fn from_map(format: Format, map: &Map<String, Value>) -> Result<Metadata, MetadataError> {
+    let gpus = match map.get(GPU_KEY) {
+        Some(v) => device_list(&embedded(GPU_KEY, v)?)?,
+        None => Vec::new(),
+    };
+    let tpus = match map.get(TPU_KEY) {
+        Some(v) => tpu_list(&embedded(TPU_KEY, v)?)?,
+        None => Vec::new(),
+    };
+    Ok(Metadata { format, gpus, gpu_key_present: map.contains_key(GPU_KEY), tpus })
+}
+
+/// gVisor stores a list as a string holding JSON; hand-written maps may hold the list itself.
+fn embedded(key: &'static str, value: &Value) -> Result<Value, MetadataError> {
+    match value {
+        Value::String(s) => serde_json::from_str(s).map_err(|e| MetadataError::Shape {
+            key,
+            what: format!("the string value is not valid JSON: {e}"),
+        }),
+        Value::Array(_) => Ok(value.clone()),
+        other => Err(MetadataError::Shape {
+            key,
+            what: format!("expected a JSON array or a string holding one, found {}", describe(other)),
+        }),
+    }
+}
+
+fn list_items<'a>(key: &'static str, value: &'a Value) -> Result<&'a [Value], MetadataError> {
+    match value {
+        // Go marshals a nil slice as `null`.
+        Value::Null => Ok(&[]),
+        Value::Array(items) => Ok(items),
+        other => Err(MetadataError::Shape {
+            key,
+            what: format!("expected a JSON array of device ids, found {}", describe(other)),
+        }),
+    }
+}
+
+fn tpu_list(value: &Value) -> Result<Vec<Value>, MetadataError> {
+    let items = list_items(TPU_KEY, value)?;
+    if let Some((i, item)) = items.iter().enumerate().find(|(_, v)| !v.is_object()) {
+        return Err(MetadataError::Shape {
+            key: TPU_KEY,
+            what: format!("item {i}: expected an object, found {}", describe(item)),
+        });
+    }
+    Ok(items.to_vec())
+}
+
+fn device_list(value: &Value) -> Result<Vec<DeviceId>, MetadataError> {
+    let items = list_items(GPU_KEY, value)?;
+    let mut gpus = items
+        .iter()
+        .enumerate()
+        .map(|(index, item)| device_id(index, item))
+        .collect::<Result<Vec<_>, _>>()?;
+    gpus.sort_by_key(|d| d.minor);
+    if let Some(w) = gpus.windows(2).find(|w| w[0].minor == w[1].minor) {
+        return Err(MetadataError::DuplicateMinor(w[0].minor));
+    }
+    let mut uuids = BTreeSet::new();
+    if let Some(d) = gpus.iter().find(|d| !d.uuid.is_empty() && !uuids.insert(d.uuid.as_str())) {
+        return Err(MetadataError::DuplicateUuid(d.uuid.clone()));
+    }
+    Ok(gpus)
+}
+
+fn device_id(index: usize, item: &Value) -> Result<DeviceId, MetadataError> {
+    let Value::Object(obj) = item else {
+        return Err(MetadataError::Shape {
+            key: GPU_KEY,
+            what: format!("item {index}: expected an object, found {}", describe(item)),
+        });
+    };
+    let number = |field: &'static str, required: bool| -> Result<u32, MetadataError> {
+        match obj.get(field) {
+            None if !required => Ok(0),
+            None => Err(MetadataError::Field {
+                index,
+                field,
+                expected: "an unsigned 32-bit integer",
+                found: "nothing".into(),
+            }),
+            Some(v) => v.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(|| {
+                MetadataError::Field {
+                    index,
+                    field,
+                    expected: "an unsigned 32-bit integer",
+                    found: describe(v),
+                }
+            }),
+        }
+    };
+    let minor = number("minor", true)?;
+    if minor > MAX_REGULAR_MINOR {
+        return Err(MetadataError::MinorTooLarge { index, minor });
+    }
+    let uuid = match obj.get("uuid") {
+        None => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(v) => {
+            return Err(MetadataError::Field {
+                index,
+                field: "uuid",
+                expected: "a string",
+                found: describe(v),
+            });
+        }
+    };
+    Ok(DeviceId {
+        minor,
+        pci_vendor_id: number("pci_vendor_id", false)?,
+        pci_device_id: number("pci_device_id", false)?,
+        gpu_id: number("gpu_id", false)?,
+        device_instance: number("device_instance", false)?,
+        subdevice_instance: number("subdevice_instance", false)?,
+        uuid,
+    })
+}
+
+/// A short description of a JSON value for error messages: numbers as written, the rest by kind.
+pub(crate) fn describe(value: &Value) -> String {
+    match value {
+        Value::Null => "null".into(),
+        Value::Bool(b) => b.to_string(),
+        Value::Number(n) => n.to_string(),
+        Value::String(s) if s.len() <= 40 => format!("the string {s:?}"),
+        Value::String(_) => "a string".into(),
+        Value::Array(_) => "an array".into(),
+        Value::Object(_) => "an object".into(),
+    }
+}
+
+/// Serialises a state file header exactly as gVisor writes it (magic, big-endian length, JSON),
+/// for tests and fixtures.
+pub fn encode_state_header(map: &Map<String, Value>) -> Vec<u8> {
+    let json = serde_json::to_vec(map).expect("a JSON map always serialises");
+    let mut out = Vec::with_capacity(PREFIX_LEN + json.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&(json.len() as u64).to_be_bytes());
+    out.extend_from_slice(&json);
+    out
+}

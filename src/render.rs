@@ -1,0 +1,152 @@
+//! How a plan is shown: one JSON object for scripts (`plan --json`, the state file), and
+//! aligned tables for people. The JSON keys are a contract; add, never rename.
+
+use crate::metadata::Metadata;
+use crate::plan::Plan;
+use crate::tree::{Node, NodeKind};
+use serde_json::{Map, Value, json};
+use std::fmt::Write;
+
+/// The JSON of one node, `path` relative to `/dev`.
+pub fn node_json(path: &str, node: &Node) -> Value {
+    let mut o = Map::new();
+    o.insert("path".into(), path.into());
+    match &node.kind {
+        NodeKind::Dir => {
+            o.insert("type".into(), "dir".into());
+        }
+        NodeKind::Symlink(target) => {
+            o.insert("type".into(), "symlink".into());
+            o.insert("target".into(), target.as_str().into());
+            return Value::Object(o);
+        }
+        NodeKind::Device(kind, rdev) => {
+            o.insert("type".into(), kind.as_str().into());
+            o.insert("major".into(), rdev.major.into());
+            o.insert("minor".into(), rdev.minor.into());
+        }
+    }
+    o.insert("mode".into(), node.access.mode.into());
+    o.insert("uid".into(), node.access.uid.into());
+    o.insert("gid".into(), node.access.gid.into());
+    Value::Object(o)
+}
+
+/// The plan as one JSON object: `remap`, `nodes`, `warnings`, `tpu_devices`, `restored`.
+pub fn plan_json(plan: &Plan, metadata: Option<&Metadata>) -> Map<String, Value> {
+    let remap: Vec<Value> = plan
+        .remap
+        .iter()
+        .map(|e| {
+            json!({
+                "name": e.name(),
+                "old_minor": e.old.minor,
+                "major": e.new.rdev.major,
+                "minor": e.new.rdev.minor,
+                "new_name": e.new.name(),
+                "old_uuid": e.old.uuid,
+                "new_uuid": e.new.uuid,
+                "served": e.served,
+                "explicit": e.explicit,
+            })
+        })
+        .collect();
+    let restored: Vec<Value> = plan
+        .restored
+        .iter()
+        .map(|g| {
+            json!({
+                "name": g.name(),
+                "major": g.rdev.major,
+                "minor": g.rdev.minor,
+                "uuid": g.uuid,
+                "bus": g.bus,
+                "pci": g.pci.map(|(v, d)| format!("{v:04x}:{d:04x}")),
+            })
+        })
+        .collect();
+    let nodes: Vec<Value> = plan.tree.iter().map(|(p, n)| node_json(p, n)).collect();
+    let mut o = Map::new();
+    o.insert("remap".into(), remap.into());
+    o.insert("nodes".into(), nodes.into());
+    o.insert("warnings".into(), plan.warnings.clone().into());
+    o.insert("restored".into(), restored.into());
+    o.insert("tpu_devices".into(), plan.tpus.clone().into());
+    o.insert(
+        "metadata".into(),
+        metadata.map_or(Value::Null, |m| {
+            json!({"format": m.format.as_str(), "gpu_key_present": m.gpu_key_present, "saved_gpus": m.gpus.len()})
+        }),
+    );
+    o
+}
+
+fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.len());
+        }
+    }
+    let mut line = |cells: &mut dyn Iterator<Item = &str>| {
+        let text: Vec<String> = cells.zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+        let _ = writeln!(out, "  {}", text.join("  ").trim_end());
+    };
+    line(&mut header.iter().copied());
+    for row in rows {
+        line(&mut row.iter().map(String::as_str));
+    }
+}
+
+/// The plan for people: the pairing table, the tree, the warnings.
+pub fn plan_text(plan: &Plan) -> String {
+    let mut out = String::new();
+    if plan.remap.is_empty() {
+        out.push_str("remap: none (no saved GPUs)\n");
+    } else {
+        let _ = writeln!(out, "remap ({} saved GPUs):", plan.remap.len());
+        let rows: Vec<Vec<String>> = plan
+            .remap
+            .iter()
+            .map(|e| {
+                vec![
+                    e.name(),
+                    or_dash(Some(&e.old.uuid).filter(|u| !u.is_empty())),
+                    format!("{} ({})", e.new.name(), e.new.rdev),
+                    or_dash(e.new.uuid.as_ref()),
+                    if e.served { "served".into() } else { "not served: name collision".into() },
+                ]
+            })
+            .collect();
+        table(&mut out, &["OLD", "OLD UUID", "NEW", "NEW UUID", ""], &rows);
+    }
+    if !plan.tpus.is_empty() {
+        let _ = writeln!(out, "tpu: {} saved TPU devices (reported, not remapped)", plan.tpus.len());
+    }
+    let _ = writeln!(out, "tree ({} nodes):", plan.tree.iter().count());
+    let rows: Vec<Vec<String>> = plan
+        .tree
+        .iter()
+        .map(|(path, node)| {
+            let (kind, what) = match &node.kind {
+                NodeKind::Dir => ("dir", String::new()),
+                NodeKind::Symlink(t) => ("symlink", format!("-> {t}")),
+                NodeKind::Device(k, rdev) => (k.as_str(), rdev.to_string()),
+            };
+            let mode = match node.kind {
+                NodeKind::Symlink(_) => String::new(),
+                _ => format!("{:04o} {}:{}", node.access.mode, node.access.uid, node.access.gid),
+            };
+            vec![format!("/dev/{path}"), kind.into(), what, mode]
+        })
+        .collect();
+    table(&mut out, &["PATH", "TYPE", "DEVICE/TARGET", "MODE"], &rows);
+    for w in &plan.warnings {
+        let _ = writeln!(out, "warning: {w}");
+    }
+    out
+}
+
+fn or_dash(s: Option<&String>) -> String {
+    s.cloned().unwrap_or_else(|| "-".into())
+}

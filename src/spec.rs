@@ -1,0 +1,141 @@
+//! The OCI runtime spec, reduced to what shapes `/dev`: the devices it lists, the mounts it
+//! places under `/dev`, whether it asks for GPUs through the NVIDIA hook, and whether the
+//! process has a terminal.
+//!
+//! Pure: [`parse`] takes the spec's bytes. Paths are taken as the runtime takes them: absolute,
+//! `/dev/`-relative for what we serve; a device outside `/dev` is not ours to serve and is
+//! reported, not refused.
+
+use crate::device::{Access, DevKind, MAX_REGULAR_MINOR, NV_MAJOR, Rdev};
+use oci_spec::runtime::{LinuxDeviceType, Spec};
+use thiserror::Error;
+
+/// A `linux.devices` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpecDevice {
+    /// The path inside `/dev`, without the leading `/dev/`; `None` for a device outside `/dev`.
+    pub rel_path: Option<String>,
+    /// The path as the spec writes it.
+    pub path: String,
+    pub kind: DevKind,
+    pub rdev: Rdev,
+    pub access: Access,
+}
+
+impl SpecDevice {
+    /// The GPU minor this entry grants, if it is a regular NVIDIA device (char 195:N, N <= 247).
+    pub fn gpu_minor(&self) -> Option<u32> {
+        (self.kind == DevKind::Char && self.rdev.major == NV_MAJOR && self.rdev.minor <= MAX_REGULAR_MINOR)
+            .then_some(self.rdev.minor)
+    }
+}
+
+/// What of a spec matters to `/dev`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SpecView {
+    pub devices: Vec<SpecDevice>,
+    /// Mount destinations under `/dev`, relative to it (`pts`, `shm`, `mqueue`, ...).
+    pub dev_mounts: Vec<String>,
+    /// The spec asks for GPUs through the NVIDIA hook, so the host's `/dev` names GPUs too.
+    pub wants_hook: bool,
+    /// `process.terminal`: the runtime bind-mounts the console onto `/dev/console`.
+    pub terminal: bool,
+}
+
+/// Why a spec was refused; the caller prefixes the file.
+#[derive(Debug, Error, PartialEq)]
+pub enum SpecError {
+    #[error("not a valid OCI runtime spec: {0}")]
+    Parse(String),
+    #[error("linux.devices[{index}] ({path}): {what}")]
+    Device { index: usize, path: String, what: String },
+    #[error("mounts[{index}]: destination {path:?} {what}")]
+    Mount { index: usize, path: String, what: &'static str },
+}
+
+/// Parses a spec and keeps what shapes `/dev`.
+pub fn parse(bytes: &[u8]) -> Result<SpecView, SpecError> {
+    let spec: Spec = serde_json::from_slice(bytes).map_err(|e| SpecError::Parse(e.to_string()))?;
+    let mut view = SpecView {
+        wants_hook: wants_hook(&spec),
+        terminal: spec.process().as_ref().and_then(|p| p.terminal()).unwrap_or(false),
+        ..SpecView::default()
+    };
+    let devices = spec.linux().as_ref().and_then(|l| l.devices().clone()).unwrap_or_default();
+    for (index, dev) in devices.iter().enumerate() {
+        let path = dev.path().to_string_lossy().into_owned();
+        let err = |what: String| SpecError::Device { index, path: path.clone(), what };
+        let kind = match dev.typ() {
+            LinuxDeviceType::C | LinuxDeviceType::U => DevKind::Char,
+            LinuxDeviceType::B => DevKind::Block,
+            LinuxDeviceType::P => DevKind::Fifo,
+            LinuxDeviceType::A => return Err(err("type \"a\" is not a device node type".into())),
+        };
+        let number = |n: i64, which: &str| {
+            u32::try_from(n).map_err(|_| err(format!("{which} number {n} is out of range")))
+        };
+        let rdev = Rdev::new(number(dev.major(), "major")?, number(dev.minor(), "minor")?);
+        if dev.file_mode().is_some_and(|m| m & !0o7777 != 0) {
+            return Err(err(format!("fileMode {:#o} has bits beyond the permission bits", dev.file_mode().unwrap_or(0))));
+        }
+        let access = Access {
+            mode: dev.file_mode().unwrap_or(Access::DEVICE_DEFAULT.mode),
+            uid: dev.uid().unwrap_or(0),
+            gid: dev.gid().unwrap_or(0),
+        };
+        let rel_path = dev_relative(&path).map_err(|what| err(what.to_string()))?;
+        if rel_path.as_deref() == Some("") {
+            return Err(err("is /dev itself".into()));
+        }
+        view.devices.push(SpecDevice { rel_path, path, kind, rdev, access });
+    }
+    for (index, mount) in spec.mounts().iter().flatten().enumerate() {
+        let path = mount.destination().to_string_lossy().into_owned();
+        let rel = dev_relative(&path).map_err(|what| SpecError::Mount { index, path: path.clone(), what })?;
+        if let Some(rel) = rel.filter(|r| !r.is_empty()) {
+            view.dev_mounts.push(rel);
+        }
+    }
+    Ok(view)
+}
+
+/// `/dev/a/b` -> `Some("a/b")`, `/dev` -> `Some("")`, `/other` -> `None`. Refuses `..`, which
+/// would let a spec place a node outside the tree.
+fn dev_relative(path: &str) -> Result<Option<String>, &'static str> {
+    let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty() && *p != ".").collect();
+    if parts.contains(&"..") {
+        return Err("contains \"..\"");
+    }
+    if !path.starts_with('/') {
+        return Err("is not an absolute path");
+    }
+    Ok(match parts.split_first() {
+        Some((&"dev", rest)) => Some(rest.join("/")),
+        _ => None,
+    })
+}
+
+/// gVisor's `GPUFunctionalityRequestedViaHook`: an NVIDIA hook is installed and
+/// `NVIDIA_VISIBLE_DEVICES` asks for something.
+fn wants_hook(spec: &Spec) -> bool {
+    let Some(hooks) = spec.hooks() else { return false };
+    let ends = |hooks: &Option<Vec<oci_spec::runtime::Hook>>, suffix: &str| {
+        hooks.iter().flatten().any(|h| h.path().to_string_lossy().ends_with(suffix))
+    };
+    let cdi = ends(hooks.create_container(), "/nvidia-cdi-hook");
+    #[allow(deprecated)]
+    let legacy = ends(hooks.prestart(), "/nvidia-container-runtime-hook");
+    if !cdi && !legacy {
+        return false;
+    }
+    let env = spec.process().as_ref().and_then(|p| p.env().clone()).unwrap_or_default();
+    let values: Vec<&str> =
+        env.iter().filter_map(|e| e.strip_prefix("NVIDIA_VISIBLE_DEVICES=")).collect();
+    // The CDI toolkit appends `NVIDIA_VISIBLE_DEVICES=void` after the user's own value.
+    let effective = match values.as_slice() {
+        [.., user, "void"] if cdi => Some(*user),
+        [.., last] => Some(*last),
+        [] => None,
+    };
+    effective.is_some_and(|v| !v.is_empty() && v != "void")
+}
