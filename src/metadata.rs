@@ -331,3 +331,142 @@ pub fn encode_state_header(map: &Map<String, Value>) -> Vec<u8> {
     out.extend_from_slice(&json);
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn dev(minor: u32, uuid: &str) -> Value {
+        json!({"minor": minor, "pci_vendor_id": 4318, "pci_device_id": 8896, "gpu_id": 768 + minor,
+               "device_instance": minor, "subdevice_instance": 0, "uuid": uuid, "future_field": true})
+    }
+
+    fn state_file(list: &Value) -> Vec<u8> {
+        let mut map = Map::new();
+        map.insert("_timestamp".into(), "2026-11-29T00:00:00Z".into());
+        map.insert("compression".into(), "flate-best-speed".into());
+        map.insert(GPU_KEY.into(), list.to_string().into());
+        let mut bytes = encode_state_header(&map);
+        bytes.extend_from_slice(b"\x01\x02 state data follows");
+        bytes
+    }
+
+    /// Format: a state file's list is a string holding JSON; all seven fields are read, unknown
+    /// ones ignored, and the result is sorted by minor.
+    #[test]
+    fn state_file_header_gives_sorted_devices() {
+        let m = parse(&state_file(&json!([dev(3, "GPU-b"), dev(1, "GPU-a")]))).unwrap();
+        assert_eq!(m.format, Format::StateFile);
+        assert_eq!(m.gpus.iter().map(|d| d.minor).collect::<Vec<_>>(), vec![1, 3]);
+        assert_eq!(m.gpus[0], DeviceId {
+            minor: 1, pci_vendor_id: 4318, pci_device_id: 8896, gpu_id: 769,
+            device_instance: 1, subdevice_instance: 0, uuid: "GPU-a".into(),
+        });
+    }
+
+    /// Format: the three forms are told apart by content and agree.
+    #[test]
+    fn map_and_array_forms_agree_with_state_file() {
+        let list = json!([dev(0, "GPU-a"), dev(1, "GPU-b")]);
+        let from_state = parse(&state_file(&list)).unwrap().gpus;
+        let as_string = json!({ GPU_KEY: list.to_string() }).to_string();
+        let as_array = json!({ GPU_KEY: list }).to_string();
+        assert_eq!(parse(as_string.as_bytes()).unwrap().gpus, from_state);
+        assert_eq!(parse(as_array.as_bytes()).unwrap().gpus, from_state);
+        let bare = parse(format!("  \n{list}").as_bytes()).unwrap();
+        assert_eq!((bare.format, bare.gpus), (Format::Array, from_state));
+    }
+
+    /// An absent key means nothing to remap, not an error; a TPU list is kept for the report.
+    #[test]
+    fn absent_gpu_key_and_tpu_key() {
+        let m = parse(json!({"_timestamp": "x", TPU_KEY: "[{\"BDF\":\"0000:00:04.0\",\"vfio_group\":3}]"}).to_string().as_bytes()).unwrap();
+        assert!(m.gpus.is_empty() && !m.gpu_key_present);
+        assert_eq!(m.tpus.len(), 1);
+    }
+
+    /// Header: only the header is needed; `needed_len` stops a reader there.
+    #[test]
+    fn needed_len_is_the_header() {
+        let bytes = state_file(&json!([dev(0, "GPU-a")]));
+        let n = needed_len(&bytes[..16]).unwrap().unwrap() as usize;
+        assert!(n < bytes.len());
+        assert_eq!(parse(&bytes[..n]).unwrap().gpus.len(), 1);
+        assert_eq!(needed_len(b"[1]").unwrap(), None);
+    }
+
+    /// Bad input: each malformed header or list is refused with a message naming the problem.
+    #[test]
+    fn malformed_inputs_are_refused() {
+        let good = state_file(&json!([dev(0, "GPU-a")]));
+        assert_eq!(parse(b""), Err(MetadataError::Empty));
+        assert!(matches!(parse(&good[..12]), Err(MetadataError::Truncated(_))));
+        assert!(matches!(parse(&good[..20]), Err(MetadataError::Truncated(_))));
+        assert!(matches!(parse(b"gVisor"), Err(MetadataError::Truncated(_))));
+        let mut long = MAGIC.to_vec();
+        long.extend_from_slice(&(MAX_METADATA_LEN + 1).to_be_bytes());
+        assert_eq!(parse(&long), Err(MetadataError::TooLong(MAX_METADATA_LEN + 1)));
+        assert_eq!(parse(b"gVisorXX\0\0\0\0\0\0\0\x02{}"), Err(MetadataError::UnknownFormat));
+        assert_eq!(parse(b"hello"), Err(MetadataError::UnknownFormat));
+        assert!(matches!(parse(b"{\"a\": "), Err(MetadataError::Json(_))));
+        let cases = [
+            (json!([{"minor": "1"}]), "minor: expected an unsigned 32-bit integer, found the string \"1\""),
+            (json!([{"minor": -1}]), "found -1"),
+            (json!([{"minor": 1.5}]), "found 1.5"),
+            (json!([{"minor": 1, "uuid": 7}]), "uuid: expected a string"),
+            (json!([{"uuid": "GPU-a"}]), "found nothing"),
+            (json!([{"minor": 248}]), "minor 248 is over 247"),
+            (json!([{"minor": 1}, {"minor": 1}]), "minor 1 appears twice"),
+            (json!([dev(1, "GPU-a"), dev(2, "GPU-a")]), "uuid GPU-a appears twice"),
+            (json!([[1]]), "expected an object"),
+            (json!({GPU_KEY: 5}), "expected a JSON array or a string"),
+            (json!({GPU_KEY: "{}"}), "expected a JSON array of device ids"),
+            (json!({GPU_KEY: "[nope"}), "not valid JSON"),
+        ];
+        for (input, expected) in cases {
+            let err = parse(input.to_string().as_bytes()).unwrap_err().to_string();
+            assert!(err.contains(expected), "{input}: {err:?} lacks {expected:?}");
+        }
+    }
+
+    /// A state file's map holds strings only, as gVisor writes it.
+    #[test]
+    fn state_file_values_must_be_strings() {
+        let mut map = Map::new();
+        map.insert("_timestamp".into(), json!(5));
+        let err = parse(&encode_state_header(&map)).unwrap_err();
+        assert!(matches!(err, MetadataError::NotAString { .. }), "{err}");
+    }
+
+    /// Deep nesting is an error from the JSON parser's recursion limit, never a stack overflow.
+    #[test]
+    fn deep_nesting_is_an_error() {
+        let deep = "[".repeat(100_000);
+        assert!(matches!(parse(deep.as_bytes()), Err(MetadataError::Json(_))));
+    }
+}
+
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Property: parsing any bytes returns Ok or Err, never panics.
+        #[test]
+        fn parse_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = parse(&bytes);
+            let _ = needed_len(&bytes);
+        }
+
+        /// Property: any bytes after a valid magic never panic, whatever the length field says.
+        #[test]
+        fn state_headers_never_panic(len in any::<u64>(), tail in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let mut bytes = MAGIC.to_vec();
+            bytes.extend_from_slice(&len.to_be_bytes());
+            bytes.extend_from_slice(&tail);
+            let _ = parse(&bytes);
+        }
+    }
+}

@@ -177,3 +177,144 @@ pub fn pair(
     }
     Ok(Pairing { pairs, warnings })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::{Access, Rdev};
+    use proptest::prelude::*;
+
+    fn saved(minor: u32) -> DeviceId {
+        DeviceId {
+            minor,
+            pci_vendor_id: 0x10de,
+            pci_device_id: 0x20b0,
+            gpu_id: 0,
+            device_instance: 0,
+            subdevice_instance: 0,
+            uuid: format!("GPU-old-{minor}"),
+        }
+    }
+
+    fn restored(minor: u32) -> RestoredGpu {
+        RestoredGpu {
+            minor,
+            rdev: Rdev::new(195, minor),
+            access: Access::DEVICE_DEFAULT,
+            uuid: Some(format!("GPU-new-{minor}")),
+            bus: None,
+            pci: Some((0x10de, 0x20b0)),
+        }
+    }
+
+    fn minors(p: &Pairing) -> Vec<(u32, u32)> {
+        p.pairs.iter().map(|p| (p.old.minor, p.new.minor)).collect()
+    }
+
+    /// gVisor: the i-th saved device (by minor) pairs with the i-th restored; extras stay unpaired.
+    #[test]
+    fn positional_pairing_in_minor_order() {
+        let p = pair(&[saved(0), saved(1)], &[restored(2), restored(5), restored(7)], &[]).unwrap();
+        assert_eq!(minors(&p), vec![(0, 2), (1, 5)]);
+        assert!(p.pairs.iter().all(|p| !p.explicit));
+    }
+
+    /// gVisor: more saved than restored is an error, with gVisor's wording.
+    #[test]
+    fn more_saved_than_restored_is_an_error() {
+        let err = pair(&[saved(0), saved(1), saved(2), saved(3)], &[restored(0), restored(1)], &[]).unwrap_err();
+        assert_eq!(err.to_string(), "can't remap 4 saved devices to 2 restored devices");
+    }
+
+    /// gVisor: no saved devices, no remapping, whatever is restored.
+    #[test]
+    fn no_saved_devices_no_pairs() {
+        assert!(pair(&[], &[restored(0)], &[]).unwrap().pairs.is_empty());
+    }
+
+    /// gVisor: each side homogeneous, naming the differing devices; subdevice 0 only.
+    #[test]
+    fn homogeneity_and_subdevice() {
+        let mut odd = saved(1);
+        odd.pci_device_id = 0x2330;
+        let err = pair(&[saved(0), odd], &[restored(0), restored(1)], &[]).unwrap_err().to_string();
+        assert!(err.contains("nvidia0 is 10de:20b0 but nvidia1 is 10de:2330"), "{err}");
+        let mut odd = restored(1);
+        odd.pci = Some((0x10de, 0x2330));
+        let err = pair(&[saved(0)], &[restored(0), odd], &[]).unwrap_err().to_string();
+        assert!(err.starts_with("restored devices are not homogeneous"), "{err}");
+        let mut sub = saved(0);
+        sub.subdevice_instance = 1;
+        assert_eq!(pair(&[sub], &[restored(0)], &[]), Err(PairingError::Subdevice { minor: 0, instance: 1 }));
+    }
+
+    /// Explicit pairs win over position; the rest pair positionally among what is left.
+    #[test]
+    fn explicit_pairs_win() {
+        let map = parse_device_map("GPU-old-0=GPU-new-7").unwrap();
+        let p = pair(&[saved(0), saved(1)], &[restored(2), restored(5), restored(7)], &map).unwrap();
+        assert_eq!(minors(&p), vec![(0, 7), (1, 2)]);
+        assert!(p.pairs[0].explicit && !p.pairs[1].explicit);
+        let map = parse_device_map("1=2,0=5").unwrap();
+        let p = pair(&[saved(0), saved(1)], &[restored(2), restored(5)], &map).unwrap();
+        assert_eq!(minors(&p), vec![(0, 5), (1, 2)]);
+    }
+
+    /// Explicit pairs naming unknown devices, or claiming one twice, are errors.
+    #[test]
+    fn explicit_pair_errors() {
+        let s = [saved(0), saved(1)];
+        let r = [restored(2), restored(5)];
+        let run = |m: &str| pair(&s, &r, &parse_device_map(m).unwrap()).unwrap_err();
+        assert!(matches!(run("9=2"), PairingError::Unknown { side: "saved", .. }));
+        assert!(matches!(run("0=GPU-nope"), PairingError::Unknown { side: "restored", .. }));
+        assert!(matches!(run("0=2,1=2"), PairingError::Claimed { side: "restored", .. }));
+        assert!(matches!(run("0=2,0=5"), PairingError::Claimed { side: "saved", .. }));
+        for bad in ["", "0", "a=1", "0=GPU-", "1=2,", "99999999999=1"] {
+            assert!(parse_device_map(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    fn minor_set(max: usize) -> impl Strategy<Value = Vec<u32>> {
+        proptest::collection::btree_set(0u32..=247, 0..max).prop_map(|s| s.into_iter().collect())
+    }
+
+    proptest! {
+        /// Property: the pairing is injective and maps saved devices to restored devices only.
+        #[test]
+        fn pairing_is_injective_onto_restored(old in minor_set(8), new in minor_set(12), seed in any::<u64>()) {
+            let s: Vec<_> = old.iter().copied().map(saved).collect();
+            let r: Vec<_> = new.iter().copied().map(restored).collect();
+            // Some explicit pairs, drawn from the sets so they are valid.
+            let k = (seed as usize) % (s.len().min(r.len()) + 1);
+            let map: Vec<MapPair> = (0..k).map(|i| MapPair {
+                old: DeviceRef::Minor(s[i].minor),
+                new: DeviceRef::Minor(r[r.len() - 1 - i].minor),
+            }).collect();
+            match pair(&s, &r, &map) {
+                Err(PairingError::Count { .. }) => prop_assert!(s.len() > r.len()),
+                Err(e) => prop_assert!(false, "unexpected {e}"),
+                Ok(p) => {
+                    prop_assert_eq!(p.pairs.len(), s.len());
+                    let targets: BTreeSet<u32> = p.pairs.iter().map(|p| p.new.minor).collect();
+                    prop_assert_eq!(targets.len(), p.pairs.len());
+                    prop_assert!(targets.iter().all(|m| new.contains(m)));
+                    for m in &map {
+                        let DeviceRef::Minor(o) = m.old else { unreachable!() };
+                        let DeviceRef::Minor(n) = m.new else { unreachable!() };
+                        prop_assert!(p.pairs.iter().any(|p| p.old.minor == o && p.new.minor == n));
+                    }
+                }
+            }
+        }
+
+        /// Property: a restore onto the same set of GPUs is the identity.
+        #[test]
+        fn same_set_is_identity(set in minor_set(12)) {
+            let s: Vec<_> = set.iter().copied().map(saved).collect();
+            let r: Vec<_> = set.iter().copied().map(restored).collect();
+            let p = pair(&s, &r, &[]).unwrap();
+            prop_assert!(p.pairs.iter().all(|p| p.old.minor == p.new.minor));
+        }
+    }
+}

@@ -188,3 +188,154 @@ pub fn build(inputs: &Inputs) -> Result<Plan, PlanError> {
     let tpus = inputs.metadata.as_ref().map(|m| m.tpus.clone()).unwrap_or_default();
     Ok(Plan { remap, restored, tree: b.build(), warnings, tpus })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::HostNode;
+    use crate::metadata::Format;
+    use crate::spec::SpecDevice;
+    use crate::tree::NodeKind;
+
+    fn saved(minor: u32) -> DeviceId {
+        DeviceId {
+            minor,
+            pci_vendor_id: 4318,
+            pci_device_id: 8896,
+            gpu_id: 0,
+            device_instance: 0,
+            subdevice_instance: 0,
+            uuid: format!("GPU-{minor}"),
+        }
+    }
+
+    /// Inputs with saved GPUs `old` and a host dev dir whose `nvidiaN` for N in `new` opens 1:N+3.
+    fn inputs(old: &[u32], new: &[u32]) -> Inputs {
+        let gpus = new
+            .iter()
+            .map(|&n| {
+                (n, HostNode { rel_path: gpu_name(n), rdev: Rdev::new(1, n + 3), access: Access::DEVICE_DEFAULT })
+            })
+            .collect();
+        Inputs {
+            metadata: Some(Metadata {
+                format: Format::Array,
+                gpus: old.iter().copied().map(saved).collect(),
+                gpu_key_present: true,
+                tpus: vec![],
+            }),
+            dev_dir: Some(DevDirScan { gpus, passthrough: vec![] }),
+            ..Inputs::default()
+        }
+    }
+
+    fn rdev_at(plan: &Plan, name: &str) -> Option<Rdev> {
+        plan.tree.get(name).and_then(Node::rdev)
+    }
+
+    /// runc's /dev: with no inputs the tree is exactly the defaults.
+    #[test]
+    fn no_inputs_is_runcs_default_dev() {
+        let plan = build(&Inputs::default()).unwrap();
+        let names: Vec<&str> = plan.tree.iter().map(|(p, _)| p).collect();
+        assert_eq!(names, ["fd", "full", "null", "ptmx", "random", "stderr", "stdin", "stdout", "tty", "urandom", "zero"]);
+        assert_eq!(rdev_at(&plan, "tty"), Some(Rdev::new(5, 0)));
+        assert!(plan.remap.is_empty() && plan.warnings.is_empty());
+        let with_core = build(&Inputs { host: HostFacts { has_kcore: true, ..Default::default() }, ..Default::default() }).unwrap();
+        assert_eq!(with_core.tree.get("core").unwrap().kind, NodeKind::Symlink("/proc/kcore".into()));
+    }
+
+    /// Both kinds of names: native names are the host GPUs, checkpoint names their pairs.
+    #[test]
+    fn native_and_checkpoint_names() {
+        let plan = build(&inputs(&[0, 1], &[4, 5])).unwrap();
+        assert_eq!(rdev_at(&plan, "nvidia4"), Some(Rdev::new(1, 7)));
+        assert_eq!(rdev_at(&plan, "nvidia5"), Some(Rdev::new(1, 8)));
+        assert_eq!(rdev_at(&plan, "nvidia0"), Some(Rdev::new(1, 7)));
+        assert_eq!(rdev_at(&plan, "nvidia1"), Some(Rdev::new(1, 8)));
+        assert!(plan.remap.iter().all(|e| e.served));
+        assert!(plan.warnings.is_empty());
+    }
+
+    /// Collision: saved {0,1} onto {1,2}; nvidia1 is host GPU 1 by default, the saved GPU 1's
+    /// device (host 2) with --prefer checkpoint; a warning either way.
+    #[test]
+    fn collision_native_wins_by_default() {
+        let plan = build(&inputs(&[0, 1], &[1, 2])).unwrap();
+        assert_eq!(rdev_at(&plan, "nvidia1"), Some(Rdev::new(1, 4)));
+        assert_eq!(rdev_at(&plan, "nvidia0"), Some(Rdev::new(1, 4)));
+        assert_eq!(plan.remap.iter().map(|e| e.served).collect::<Vec<_>>(), [true, false]);
+        assert_eq!(plan.warnings.len(), 1);
+        assert!(plan.warnings[0].starts_with("nvidia1: checkpoint name"), "{:?}", plan.warnings);
+
+        let mut inp = inputs(&[0, 1], &[1, 2]);
+        inp.prefer = Prefer::Checkpoint;
+        let plan = build(&inp).unwrap();
+        assert_eq!(rdev_at(&plan, "nvidia1"), Some(Rdev::new(1, 5)));
+        assert_eq!(rdev_at(&plan, "nvidia2"), Some(Rdev::new(1, 5)));
+        assert!(plan.remap.iter().all(|e| e.served));
+        assert_eq!(plan.warnings.len(), 1);
+    }
+
+    /// A restore onto the same GPUs serves each name as itself, with no warning.
+    #[test]
+    fn identity_restore() {
+        let plan = build(&inputs(&[0, 1], &[0, 1])).unwrap();
+        assert_eq!(rdev_at(&plan, "nvidia0"), Some(Rdev::new(1, 3)));
+        assert_eq!(rdev_at(&plan, "nvidia1"), Some(Rdev::new(1, 4)));
+        assert!(plan.warnings.is_empty() && plan.remap.iter().all(|e| e.served));
+    }
+
+    /// The metadata key absent (cuda-checkpoint released the devices): host GPUs still served.
+    #[test]
+    fn absent_key_still_serves_native_names() {
+        let plan = build(&inputs(&[], &[3])).unwrap();
+        assert!(plan.remap.is_empty());
+        assert_eq!(rdev_at(&plan, "nvidia3"), Some(Rdev::new(1, 6)));
+        assert_eq!(plan.tree.iter().filter(|(p, _)| p.starts_with("nvidia")).count(), 1);
+    }
+
+    /// Spec: mounts become directories; devices keep their path and access; spec GPUs are
+    /// restored GPUs; a device outside /dev is reported; a device over a mount point is refused.
+    #[test]
+    fn spec_shapes_the_tree() {
+        let dev = |path: &str, rdev: Rdev| SpecDevice {
+            rel_path: path.strip_prefix("/dev/").map(str::to_owned),
+            path: path.into(),
+            kind: DevKind::Char,
+            rdev,
+            access: Access { mode: 0o600, uid: 1, gid: 2 },
+        };
+        let spec = SpecView {
+            devices: vec![dev("/dev/dri/card0", Rdev::new(226, 0)), dev("/dev/nvidia7", Rdev::new(195, 7)), dev("/opt/x", Rdev::new(1, 3))],
+            dev_mounts: vec!["pts".into(), "shm".into()],
+            ..SpecView::default()
+        };
+        let plan = build(&Inputs { spec: Some(spec.clone()), ..Inputs::default() }).unwrap();
+        assert_eq!(plan.tree.get("pts").unwrap().kind, NodeKind::Dir);
+        assert_eq!(plan.tree.get("dri").unwrap().kind, NodeKind::Dir);
+        assert_eq!(plan.tree.get("dri/card0").unwrap().access, Access { mode: 0o600, uid: 1, gid: 2 });
+        assert_eq!(plan.restored.iter().map(|g| g.minor).collect::<Vec<_>>(), [7]);
+        assert_eq!(plan.warnings, ["spec device /opt/x is outside /dev; not served"]);
+
+        let mut clash = spec;
+        clash.devices.push(dev("/dev/pts", Rdev::new(1, 3)));
+        assert!(matches!(build(&Inputs { spec: Some(clash), ..Inputs::default() }), Err(PlanError::SpecDevice(_))));
+    }
+
+    /// Nothing enters the tree that no input asked for: every node is a default, a spec node,
+    /// a pass-through node, or a GPU name.
+    #[test]
+    fn tree_holds_only_what_inputs_ask_for() {
+        let mut inp = inputs(&[0, 1, 2], &[5, 6, 7, 9]);
+        inp.dev_dir.as_mut().unwrap().passthrough.push(HostNode {
+            rel_path: "nvidiactl".into(),
+            rdev: Rdev::new(195, 255),
+            access: Access::DEVICE_DEFAULT,
+        });
+        let plan = build(&inp).unwrap();
+        let gpus: Vec<&str> = plan.tree.iter().map(|(p, _)| p).filter(|p| p.starts_with("nvidia")).collect();
+        assert_eq!(gpus, ["nvidia0", "nvidia1", "nvidia2", "nvidia5", "nvidia6", "nvidia7", "nvidia9", "nvidiactl"]);
+        assert_eq!(plan.tree.iter().count(), 11 + gpus.len());
+    }
+}

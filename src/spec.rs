@@ -55,7 +55,12 @@ pub enum SpecError {
 
 /// Parses a spec and keeps what shapes `/dev`.
 pub fn parse(bytes: &[u8]) -> Result<SpecView, SpecError> {
-    let spec: Spec = serde_json::from_slice(bytes).map_err(|e| SpecError::Parse(e.to_string()))?;
+    // Through a Value first: serde would also take a struct from a JSON array.
+    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| SpecError::Parse(e.to_string()))?;
+    if !value.is_object() {
+        return Err(SpecError::Parse("expected a JSON object".into()));
+    }
+    let spec: Spec = serde_json::from_value(value).map_err(|e| SpecError::Parse(e.to_string()))?;
     let mut view = SpecView {
         wants_hook: wants_hook(&spec),
         terminal: spec.process().as_ref().and_then(|p| p.terminal()).unwrap_or(false),
@@ -138,4 +143,89 @@ fn wants_hook(spec: &Spec) -> bool {
         [] => None,
     };
     effective.is_some_and(|v| !v.is_empty() && v != "void")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn spec(linux_devices: serde_json::Value, mounts: serde_json::Value) -> serde_json::Value {
+        json!({"ociVersion": "1.0.2", "root": {"path": "rootfs"},
+               "process": {"cwd": "/", "args": ["sh"], "user": {"uid": 0, "gid": 0}, "terminal": true},
+               "mounts": mounts, "linux": {"devices": linux_devices}})
+    }
+
+    /// runc's /dev: spec devices keep type, numbers, mode (0666 default), uid and gid; mounts
+    /// under /dev become directories; /dev itself and mounts elsewhere are not ours.
+    #[test]
+    fn devices_and_dev_mounts() {
+        let s = spec(
+            json!([{"path": "/dev/fuse", "type": "c", "major": 10, "minor": 229, "fileMode": 0o600, "uid": 7, "gid": 8},
+                   {"path": "/dev/sda", "type": "b", "major": 8, "minor": 0},
+                   {"path": "/dev/fifo", "type": "p"}]),
+            json!([{"destination": "/dev", "type": "tmpfs", "source": "tmpfs"},
+                   {"destination": "/dev/pts", "type": "devpts", "source": "devpts"},
+                   {"destination": "/proc", "type": "proc", "source": "proc"},
+                   {"destination": "/dev/shm/", "type": "tmpfs", "source": "shm"}]),
+        );
+        let v = parse(s.to_string().as_bytes()).unwrap();
+        assert_eq!(v.dev_mounts, vec!["pts", "shm"]);
+        assert!(v.terminal && !v.wants_hook);
+        assert_eq!(v.devices[0].rel_path.as_deref(), Some("fuse"));
+        assert_eq!(v.devices[0].access, Access { mode: 0o600, uid: 7, gid: 8 });
+        assert_eq!((v.devices[1].kind, v.devices[1].rdev), (DevKind::Block, Rdev::new(8, 0)));
+        assert_eq!(v.devices[1].access, Access::DEVICE_DEFAULT);
+        assert_eq!(v.devices[2].kind, DevKind::Fifo);
+    }
+
+    /// gVisor's rule: a spec GPU is a char device 195:N with N <= 247.
+    #[test]
+    fn gpu_minor_rule() {
+        let s = spec(
+            json!([{"path": "/dev/nvidia3", "type": "c", "major": 195, "minor": 3},
+                   {"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255},
+                   {"path": "/dev/x", "type": "b", "major": 195, "minor": 1}]),
+            json!([]),
+        );
+        let v = parse(s.to_string().as_bytes()).unwrap();
+        let minors: Vec<_> = v.devices.iter().map(SpecDevice::gpu_minor).collect();
+        assert_eq!(minors, vec![Some(3), None, None]);
+    }
+
+    /// Hook detection: hook path suffixes, NVIDIA_VISIBLE_DEVICES non-empty and not void, and
+    /// the CDI toolkit's trailing `void` ignored.
+    #[test]
+    fn hook_request_rules() {
+        let with = |hooks: serde_json::Value, env: &[&str]| {
+            let mut s = spec(json!([]), json!([]));
+            s["hooks"] = hooks;
+            s["process"]["env"] = json!(env);
+            parse(s.to_string().as_bytes()).unwrap().wants_hook
+        };
+        let legacy = json!({"prestart": [{"path": "/usr/bin/nvidia-container-runtime-hook"}]});
+        let cdi = json!({"createContainer": [{"path": "/usr/bin/nvidia-cdi-hook"}]});
+        assert!(with(legacy.clone(), &["NVIDIA_VISIBLE_DEVICES=all"]));
+        assert!(!with(legacy.clone(), &["NVIDIA_VISIBLE_DEVICES=void"]));
+        assert!(!with(legacy.clone(), &["NVIDIA_VISIBLE_DEVICES="]));
+        assert!(!with(legacy.clone(), &["PATH=/bin"]));
+        assert!(!with(legacy, &["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_VISIBLE_DEVICES=void"]));
+        assert!(with(cdi.clone(), &["NVIDIA_VISIBLE_DEVICES=0,1", "NVIDIA_VISIBLE_DEVICES=void"]));
+        assert!(!with(cdi, &["NVIDIA_VISIBLE_DEVICES=void"]));
+        assert!(!with(json!({"prestart": [{"path": "/bin/other-hook"}]}), &["NVIDIA_VISIBLE_DEVICES=all"]));
+    }
+
+    /// Bad specs are refused: not a spec, wrong types, numbers out of range, `..` escapes.
+    #[test]
+    fn bad_specs() {
+        assert!(matches!(parse(b"{"), Err(SpecError::Parse(_))));
+        assert!(matches!(parse(b"[]"), Err(SpecError::Parse(_))));
+        let bad_dev = |d: serde_json::Value| parse(spec(json!([d]), json!([])).to_string().as_bytes()).unwrap_err().to_string();
+        assert!(bad_dev(json!({"path": "/dev/x", "type": "c", "major": -1, "minor": 0})).contains("out of range"));
+        assert!(bad_dev(json!({"path": "/dev/../etc/x", "type": "c", "major": 1, "minor": 3})).contains(".."));
+        assert!(bad_dev(json!({"path": "/dev/x", "type": "a"})).contains("not a device node type"));
+        assert!(bad_dev(json!({"path": "dev/x", "type": "c", "major": 1, "minor": 3})).contains("absolute"));
+        let err = parse(spec(json!([]), json!([{"destination": "/dev/../x", "type": "tmpfs"}])).to_string().as_bytes());
+        assert!(matches!(err, Err(SpecError::Mount { .. })));
+    }
 }

@@ -173,7 +173,10 @@ impl TreeBuilder {
     pub fn insert(&mut self, path: &str, node: Node) -> Result<(), TreeError> {
         let (parent, _) = Tree::split(path);
         if !parent.is_empty() {
-            self.mkdir_all(parent)?;
+            self.mkdir_all(parent).map_err(|e| match e {
+                TreeError::DirOverNode { path: parent, .. } => TreeError::ParentNotDir { path: path.to_owned(), parent },
+                other => other,
+            })?;
         }
         if self.nodes.get(path).is_some_and(|n| n.kind == NodeKind::Dir) {
             return Err(TreeError::NodeOverDir { path: path.to_owned(), new: kind_name(&node) });
