@@ -17,6 +17,29 @@ pub struct Cli {
 pub enum Command {
     /// Print the remap table and the /dev tree the inputs give, without mounting anything.
     Plan(PlanArgs),
+    /// Mount the tree over FUSE at MOUNTPOINT and serve it in the foreground; SIGHUP reloads.
+    Mount(MountArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct MountArgs {
+    /// Where to mount the devfs (an empty directory).
+    pub mountpoint: PathBuf,
+    #[command(flatten)]
+    pub inputs: InputArgs,
+    /// Write the daemon's pid here once the mount answers; removed at exit.
+    #[arg(long, value_name = "PATH")]
+    pub pid_file: Option<PathBuf>,
+    /// Keep the served plan, generation and last reload error here (JSON, replaced atomically).
+    #[arg(long, value_name = "PATH")]
+    pub state_file: Option<PathBuf>,
+    /// Threads answering the kernel.
+    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub threads: u16,
+    /// Entry and attribute timeout given to the kernel, in seconds; every change is pushed to
+    /// the kernel, so it can be long.
+    #[arg(long, value_name = "SECONDS", default_value_t = 86400)]
+    pub ttl: u64,
 }
 
 #[derive(Debug, Args)]

@@ -2,6 +2,7 @@
 //! flags, and maps every error to one line `error: ...` and exit status 1.
 
 mod cli;
+mod daemon;
 
 use clap::Parser;
 use cli::{Cli, Command};
@@ -10,7 +11,7 @@ use devremap::render;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info,fuser=warn"))
         .format_timestamp_millis()
         .init();
     let cli = match Cli::try_parse() {
@@ -29,6 +30,7 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Plan(args) => plan(&args),
+        Command::Mount(args) => daemon::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

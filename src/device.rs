@@ -99,3 +99,10 @@ impl RestoredGpu {
 pub fn gpu_name(minor: u32) -> String {
     format!("nvidia{minor}")
 }
+
+impl Rdev {
+    /// The number as FUSE carries it (`fuse_attr.rdev`, the kernel's `new_encode_dev`).
+    pub fn to_fuse(self) -> u32 {
+        (self.minor & 0xff) | (self.major << 8) | ((self.minor & !0xff) << 12)
+    }
+}

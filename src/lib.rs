@@ -6,6 +6,7 @@
 //! devices, [`load`] reads the input files. The library only logs through `log` macros; the
 //! `devremapd` binary sets a logger up.
 
+pub mod adapter;
 pub mod device;
 pub mod host;
 pub mod load;
@@ -13,6 +14,7 @@ pub mod metadata;
 pub mod pairing;
 pub mod plan;
 pub mod render;
+pub mod served;
 pub mod spec;
 pub mod tree;
 

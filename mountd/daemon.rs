@@ -1,0 +1,329 @@
+//! `devremapd mount`: mounts the devfs, serves it, reloads it on SIGHUP, and unmounts on
+//! SIGTERM/SIGINT or when someone else unmounts it.
+//!
+//! Everything happens on the main thread, one event at a time (signals, retired nodes let go,
+//! the session ending), so reloads never overlap and SIGHUPs that arrive during one are
+//! coalesced into one more. The FUSE session runs on its own threads and only reads the
+//! shared [`Devfs`]. Readiness (pid file, state file, `READY=1`) is declared only once the
+//! mount has answered a request.
+
+use crate::cli::MountArgs;
+use devremap::adapter::Adapter;
+use devremap::load::{self, Loaded, Sources};
+use devremap::render;
+use devremap::served::{Change, Devfs};
+use fuser::{Config, INodeNo, MountOption, Notifier, Session, SessionACL};
+use log::{info, warn};
+use serde_json::Value;
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
+use std::ffi::{CString, OsStr};
+use std::io::{self, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
+
+/// What the main loop reacts to.
+enum Event {
+    Signal(i32),
+    /// A retired node was let go: the state file's count is stale.
+    Retired,
+    /// The FUSE session ended: someone unmounted us.
+    Ended(io::Result<()>),
+}
+
+struct Daemon {
+    sources: Sources,
+    mountpoint: PathBuf,
+    state_file: Option<PathBuf>,
+    devfs: Arc<Devfs>,
+    notifier: Notifier,
+    current: Loaded,
+    last_error: Option<String>,
+}
+
+pub fn run(args: &MountArgs) -> Result<(), String> {
+    let sources = args.inputs.sources();
+    let loaded = load::load(&sources).map_err(|e| e.to_string())?;
+    let mountpoint = &args.mountpoint;
+    let m = mountpoint.display();
+    prepare_mountpoint(mountpoint)?;
+
+    let devfs = Arc::new(Devfs::new(loaded.plan.tree.clone()));
+    let (tx, rx) = mpsc::channel();
+    let retired_tx = tx.clone();
+    let on_retired = Box::new(move || {
+        let _ = retired_tx.send(Event::Retired);
+    });
+    let adapter = Adapter::new(devfs.clone(), Duration::from_secs(args.ttl), Some(on_retired));
+    let mut config = Config::default();
+    config.mount_options = vec![
+        MountOption::FSName("devremap".into()),
+        MountOption::Dev,
+        MountOption::NoSuid,
+        MountOption::NoExec,
+        MountOption::NoAtime,
+        MountOption::DefaultPermissions,
+    ];
+    config.acl = SessionACL::All;
+    config.n_threads = Some(args.threads.into());
+    let mut session = Session::new(adapter, mountpoint, &config).map_err(|e| format!("{m}: cannot mount: {e}"))?;
+    let notifier = session.notifier();
+    let mut unmounter = session.unmount_callable();
+    let session_tx = tx.clone();
+    let session_thread = std::thread::Builder::new()
+        .name("fuse-session".into())
+        .spawn(move || {
+            let _ = session_tx.send(Event::Ended(session.run()));
+        })
+        .map_err(|e| format!("cannot start the session thread: {e}"))?;
+
+    let mut signals = Signals::new([SIGHUP, SIGTERM, SIGINT]).map_err(|e| format!("cannot handle signals: {e}"))?;
+    let signal_tx = tx;
+    std::thread::spawn(move || {
+        for sig in signals.forever() {
+            if signal_tx.send(Event::Signal(sig)).is_err() {
+                break;
+            }
+        }
+    });
+
+    wait_answering(mountpoint)?;
+    let mut daemon = Daemon {
+        sources,
+        mountpoint: mountpoint.clone(),
+        state_file: args.state_file.clone(),
+        devfs,
+        notifier,
+        current: loaded,
+        last_error: None,
+    };
+    daemon.write_state();
+    if let Some(pid_file) = &args.pid_file {
+        write_atomic(pid_file, format!("{}\n", std::process::id()).as_bytes())
+            .map_err(|e| format!("{}: cannot write the pid file: {e}", pid_file.display()))?;
+    }
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
+    info!(
+        "serving {m}: generation 1, {} nodes, {} remapped GPUs{}",
+        daemon.current.plan.tree.len() - 1,
+        daemon.current.plan.remap.iter().filter(|e| e.served).count(),
+        daemon.current.plan.warnings.iter().map(|w| format!("; warning: {w}")).collect::<String>()
+    );
+
+    let ended_by_us = daemon.serve(&rx);
+    if ended_by_us {
+        if let Err(e) = unmounter.unmount() {
+            // Busy (a container still has it bind-mounted): detach; the mount dies with us.
+            warn!("{m}: unmount failed ({e}); detaching");
+            detach(mountpoint);
+        }
+        // The session thread ends once the kernel lets go; a detached mount that is still
+        // referenced keeps it waiting, and exiting closes the connection anyway.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while !session_thread.is_finished() && Instant::now() < deadline {
+            match rx.recv_timeout(Duration::from_millis(50)) {
+                Ok(Event::Ended(_)) | Err(RecvTimeoutError::Disconnected) => break,
+                _ => {}
+            }
+        }
+    }
+    if let Some(pid_file) = &args.pid_file {
+        let _ = std::fs::remove_file(pid_file);
+    }
+    info!("unmounted {m}");
+    Ok(())
+}
+
+impl Daemon {
+    /// Handles events until the daemon must stop. Returns true when we must unmount
+    /// (a signal), false when the mount is already gone.
+    fn serve(&mut self, rx: &Receiver<Event>) -> bool {
+        loop {
+            let Ok(event) = rx.recv() else { return true };
+            match event {
+                Event::Signal(SIGHUP) => {
+                    // Coalesce: SIGHUPs already queued are served by this one reload.
+                    let mut rest = Vec::new();
+                    while let Ok(e) = rx.try_recv() {
+                        rest.push(e);
+                    }
+                    self.reload();
+                    for e in rest {
+                        match e {
+                            Event::Signal(SIGHUP) | Event::Retired => {}
+                            Event::Signal(sig) => {
+                                info!("signal {sig}: stopping");
+                                return true;
+                            }
+                            Event::Ended(r) => return self.ended(r),
+                        }
+                    }
+                }
+                Event::Signal(sig) => {
+                    info!("signal {sig}: stopping");
+                    return true;
+                }
+                Event::Retired => {
+                    while let Ok(Event::Retired) = rx.try_recv() {}
+                    self.write_state();
+                }
+                Event::Ended(r) => return self.ended(r),
+            }
+        }
+    }
+
+    fn ended(&self, result: io::Result<()>) -> bool {
+        match result {
+            Ok(()) => info!("{}: unmounted from outside", self.mountpoint.display()),
+            Err(e) => warn!("{}: the FUSE session ended: {e}", self.mountpoint.display()),
+        }
+        false
+    }
+
+    fn reload(&mut self) {
+        let generation = self.devfs.snapshot().generation;
+        let loaded = match load::load(&self.sources) {
+            Ok(l) => l,
+            Err(e) => {
+                warn!("reload refused: {e}; still serving generation {generation}");
+                self.last_error = Some(e.to_string());
+                self.write_state();
+                return;
+            }
+        };
+        let change = self.devfs.replace(loaded.plan.tree.clone());
+        self.invalidate(&change);
+        info!("reloaded: generation {}: {}", change.generation, describe(&change, &self.current, &loaded));
+        self.current = loaded;
+        self.last_error = None;
+        self.write_state();
+    }
+
+    /// Drops what the kernel cached of every changed name, so the next lookup asks us.
+    fn invalidate(&self, change: &Change) {
+        for (parent, name) in &change.invalidate {
+            // ENOENT: the kernel had nothing cached there.
+            if let Err(e) = self.notifier.inval_entry(INodeNo(*parent), OsStr::new(name)) {
+                if e.raw_os_error() != Some(libc::ENOENT) {
+                    warn!("invalidating {name}: {e}");
+                }
+            }
+        }
+        for dir in &change.dirs {
+            let _ = self.notifier.inval_inode(INodeNo(*dir), 0, 0);
+        }
+    }
+
+    fn write_state(&self) {
+        let Some(path) = &self.state_file else { return };
+        let mut state = render::plan_json(&self.current.plan, self.current.metadata.as_ref());
+        state.insert("generation".into(), self.devfs.snapshot().generation.into());
+        state.insert("last_error".into(), self.last_error.clone().map_or(Value::Null, Value::from));
+        state.insert("retired_nodes".into(), self.devfs.retired_count().into());
+        state.insert("pid".into(), std::process::id().into());
+        state.insert("mountpoint".into(), self.mountpoint.display().to_string().into());
+        let mut text = Value::Object(state).to_string();
+        text.push('\n');
+        if let Err(e) = write_atomic(path, text.as_bytes()) {
+            warn!("{}: cannot write the state file: {e}", path.display());
+        }
+    }
+}
+
+/// `nvidia0: 1:5 -> 1:7, nvidia9: added 1:8, nvidia3: removed` for the reload log line.
+fn describe(change: &Change, old: &Loaded, new: &Loaded) -> String {
+    let show = |l: &Loaded, p: &str| {
+        l.plan.tree.get(p).map_or("?".to_owned(), |n| match &n.kind {
+            devremap::tree::NodeKind::Device(_, rdev) => rdev.to_string(),
+            devremap::tree::NodeKind::Symlink(t) => format!("-> {t}"),
+            devremap::tree::NodeKind::Dir => "dir".to_owned(),
+        })
+    };
+    let d = &change.diff;
+    let parts: Vec<String> = d
+        .changed
+        .iter()
+        .map(|p| format!("{p}: {} -> {}", show(old, p), show(new, p)))
+        .chain(d.added.iter().map(|p| format!("{p}: added {}", show(new, p))))
+        .chain(d.removed.iter().map(|p| format!("{p}: removed")))
+        .collect();
+    if parts.is_empty() { "no change".to_owned() } else { parts.join(", ") }
+}
+
+/// Detaches a dead FUSE mount left at the mountpoint (ENOTCONN) and refuses to stack on a
+/// live mount.
+fn prepare_mountpoint(path: &Path) -> Result<(), String> {
+    let m = path.display();
+    match std::fs::metadata(path) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            warn!("{m}: a dead FUSE mount was left here; detaching it");
+            detach(path);
+            std::fs::metadata(path).map_err(|e| format!("{m}: still unusable after detaching a dead mount: {e}"))?;
+        }
+        Err(e) => return Err(format!("{m}: {e}")),
+        Ok(meta) if !meta.is_dir() => return Err(format!("{m}: not a directory")),
+        Ok(_) => {}
+    }
+    let canonical = path.canonicalize().map_err(|e| format!("{m}: {e}"))?;
+    if let Some(fs) = mounted_at(&canonical) {
+        return Err(format!("{m}: already a mount point ({fs}); refusing to mount over it"));
+    }
+    Ok(())
+}
+
+/// The filesystem type and source mounted exactly at `path`, if any.
+fn mounted_at(path: &Path) -> Option<String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let target = path.to_str()?;
+    info.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let dash = fields.iter().position(|f| *f == "-")?;
+        let mount_point = fields.get(4)?.replace("\\040", " ");
+        if mount_point != target {
+            return None;
+        }
+        Some(format!("{} {}", fields.get(dash + 1)?, fields.get(dash + 2)?))
+    })
+}
+
+fn detach(path: &Path) {
+    if let Ok(c) = CString::new(path.as_os_str().as_bytes()) {
+        // SAFETY: a valid NUL-terminated path; umount2 does not keep it.
+        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+/// Waits until the mount answers a request (statfs through it reaches our daemon).
+fn wait_answering(path: &Path) -> Result<(), String> {
+    let c = CString::new(path.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        // SAFETY: statfs writes into a zeroed struct we own.
+        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+        if unsafe { libc::statfs(c.as_ptr(), &mut st) } == 0 && st.f_type as i64 == FUSE_SUPER_MAGIC {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{}: the mount did not answer within 10 s", path.display()));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Replaces `path` atomically: a temporary file in the same directory, then rename.
+fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let name = path.file_name().ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let tmp = dir.join(format!(".{}.{}.tmp", name.to_string_lossy(), std::process::id()));
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_data()?;
+    drop(f);
+    std::fs::rename(&tmp, path)
+}
+

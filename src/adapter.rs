@@ -1,0 +1,222 @@
+//! The `fuser::Filesystem` implementation: a thin adapter from requests to [`Devfs`] and back
+//! to `Reply*`. Every decision about names and nodes is made in [`crate::served`]; this file
+//! only translates, refuses every change, and reports retired nodes let go.
+//!
+//! Refusals: setattr answers EPERM, so that runtimes which chown their std streams carry on
+//! (crun 1.8 aborts on anything but EPERM or EINVAL); every other change answers EROFS.
+
+use crate::served::Devfs;
+use fuser::{
+    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, KernelConfig,
+    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
+    ReplyEntry, ReplyOpen, ReplyStatfs, Request, TimeOrNow,
+};
+use std::ffi::OsStr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+/// Serves a [`Devfs`] to the kernel.
+pub struct Adapter {
+    fs: Arc<Devfs>,
+    ttl: Duration,
+    /// Called whenever a retired node is let go, so the state file can be brought up to date.
+    on_retired: Option<Box<dyn Fn() + Send + Sync>>,
+}
+
+impl std::fmt::Debug for Adapter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Adapter").field("fs", &self.fs).field("ttl", &self.ttl).finish_non_exhaustive()
+    }
+}
+
+impl Adapter {
+    pub fn new(fs: Arc<Devfs>, ttl: Duration, on_retired: Option<Box<dyn Fn() + Send + Sync>>) -> Adapter {
+        Adapter { fs, ttl, on_retired }
+    }
+
+    fn forgot(&self, ino: u64, n: u64) {
+        if self.fs.forget(ino, n) {
+            if let Some(f) = &self.on_retired {
+                f();
+            }
+        }
+    }
+}
+
+/// The attributes of "no such name", which the kernel caches as a negative entry.
+fn negative() -> FileAttr {
+    FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: SystemTime::UNIX_EPOCH,
+        mtime: SystemTime::UNIX_EPOCH,
+        ctime: SystemTime::UNIX_EPOCH,
+        crtime: SystemTime::UNIX_EPOCH,
+        kind: FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 0,
+        flags: 0,
+    }
+}
+
+impl Filesystem for Adapter {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // Ask for readdirplus where the kernel offers it; without it, plain readdir serves.
+        let _ = config.add_capabilities(fuser::InitFlags::FUSE_DO_READDIRPLUS | fuser::InitFlags::FUSE_READDIRPLUS_AUTO);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        match self.fs.lookup(parent.0, name) {
+            Ok(attr) => reply.entry(&self.ttl, &attr, Generation(0)),
+            // A negative entry lets the kernel answer the next miss itself; a reload that
+            // adds the name invalidates it.
+            Err(Errno::ENOENT) if !self.ttl.is_zero() && self.fs.entry(parent.0).is_some() => {
+                reply.entry(&self.ttl, &negative(), Generation(0))
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.forgot(ino.0, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.fs.entry(ino.0) {
+            Some(e) => reply.attr(&self.ttl, &e.attr()),
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _mode: Option<u32>,
+        _uid: Option<u32>,
+        _gid: Option<u32>,
+        _size: Option<u64>,
+        _atime: Option<TimeOrNow>,
+        _mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        reply.error(Errno::EPERM);
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let result = self.fs.entry(ino.0).ok_or(Errno::ENOENT).and_then(|e| match &e.node.kind {
+            crate::tree::NodeKind::Symlink(target) => Ok(target.clone()),
+            _ => Err(Errno::EINVAL),
+        });
+        match result {
+            Ok(target) => reply.data(target.as_bytes()),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn mknod(&self, _req: &Request, _p: INodeNo, _n: &OsStr, _m: u32, _u: u32, _r: u32, reply: ReplyEntry) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn mkdir(&self, _req: &Request, _p: INodeNo, _n: &OsStr, _m: u32, _u: u32, reply: ReplyEntry) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn unlink(&self, _req: &Request, _p: INodeNo, _n: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn rmdir(&self, _req: &Request, _p: INodeNo, _n: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn symlink(&self, _req: &Request, _p: INodeNo, _n: &OsStr, _t: &Path, reply: ReplyEntry) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn rename(&self, _req: &Request, _p: INodeNo, _n: &OsStr, _np: INodeNo, _nn: &OsStr, _f: RenameFlags, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn link(&self, _req: &Request, _i: INodeNo, _np: INodeNo, _nn: &OsStr, reply: ReplyEntry) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn create(&self, _req: &Request, _p: INodeNo, _n: &OsStr, _m: u32, _u: u32, _f: i32, reply: ReplyCreate) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn getxattr(&self, _req: &Request, _i: INodeNo, _n: &OsStr, _s: u32, reply: fuser::ReplyXattr) {
+        // ENOSYS once makes the kernel stop asking (no xattrs here, ever).
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn listxattr(&self, _req: &Request, _i: INodeNo, _s: u32, reply: fuser::ReplyXattr) {
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn setxattr(&self, _req: &Request, _i: INodeNo, _n: &OsStr, _v: &[u8], _f: i32, _p: u32, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn removexattr(&self, _req: &Request, _i: INodeNo, _n: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.entry(ino.0).map(|e| e.file_type()) {
+            Some(FileType::Directory) => reply.opened(FileHandle(0), FopenFlags::empty()),
+            Some(_) => reply.error(Errno::ENOTDIR),
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let snap = self.fs.snapshot();
+        let Some(dir) = snap.dir(ino.0) else { return reply.error(Errno::ENOENT) };
+        let dots = [(".", ino.0), ("..", dir.parent)];
+        let dots = dots.iter().map(|(n, i)| (*n, *i, FileType::Directory));
+        let children = dir.children().iter().map(|(n, i)| (n.as_str(), *i, snap.entry(*i).map_or(FileType::RegularFile, |e| e.file_type())));
+        for (i, (name, child, kind)) in dots.chain(children).enumerate().skip(offset as usize) {
+            if reply.add(INodeNo(child), i as u64 + 1, kind, name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn readdirplus(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+        let ttl = self.ttl;
+        let r = self.fs.list_plus(ino.0, offset, |ino, next, name, attr| reply.add(INodeNo(ino), next, name, &ttl, attr, Generation(0)));
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let files = self.fs.snapshot().tree.len() as u64;
+        reply.statfs(0, 0, 0, files, 0, 4096, 255, 4096);
+    }
+
+    fn access(&self, _req: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+        // Permissions are the kernel's (default_permissions); this only says the node exists.
+        match self.fs.entry(ino.0) {
+            Some(_) => reply.ok(),
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+}

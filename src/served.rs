@@ -1,0 +1,396 @@
+//! The live filesystem state: the served tree as node ids, swapped whole on reload.
+//!
+//! Kernel rules this module follows (see docs/architecture.md): an inode's rdev never changes,
+//! so a name whose node changes gets a new node id; node ids are never reused; the kernel may
+//! still ask for the attributes of a node it holds (an open file, a cwd) after a reload replaced
+//! it, so a replaced node that the kernel has looked up is kept, as *retired*, until the kernel
+//! forgets it. Lookup counts are per node and survive reloads for nodes that did not change.
+//!
+//! Concurrency: requests take the read lock; a reload takes the write lock only to swap the
+//! snapshot and move replaced nodes aside, so no lookup can count a node that is being retired.
+//! Nothing here talks to the kernel: [`Devfs::replace`] returns the names the caller must
+//! invalidate, after the lock is released.
+
+use crate::device::DevKind;
+use crate::tree::{self, Diff, Node, NodeKind, Tree};
+use fuser::{Errno, FileAttr, FileType, INodeNo};
+use parking_lot::RwLock;
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::SystemTime;
+
+/// One node id: a node of the tree at a path, as the kernel knows it.
+#[derive(Debug)]
+pub struct Entry {
+    pub ino: u64,
+    pub path: String,
+    pub node: Node,
+    /// When this node id was made: its mtime and ctime.
+    pub born: SystemTime,
+    nlookup: AtomicU64,
+}
+
+impl Entry {
+    pub fn file_type(&self) -> FileType {
+        match &self.node.kind {
+            NodeKind::Dir => FileType::Directory,
+            NodeKind::Symlink(_) => FileType::Symlink,
+            NodeKind::Device(DevKind::Char, _) => FileType::CharDevice,
+            NodeKind::Device(DevKind::Block, _) => FileType::BlockDevice,
+            NodeKind::Device(DevKind::Fifo, _) => FileType::NamedPipe,
+        }
+    }
+
+    pub fn attr(&self) -> FileAttr {
+        let (size, nlink, rdev) = match &self.node.kind {
+            NodeKind::Dir => (0, 2, 0),
+            NodeKind::Symlink(target) => (target.len() as u64, 1, 0),
+            NodeKind::Device(_, rdev) => (0, 1, rdev.to_fuse()),
+        };
+        FileAttr {
+            ino: INodeNo(self.ino),
+            size,
+            blocks: 0,
+            atime: self.born,
+            mtime: self.born,
+            ctime: self.born,
+            crtime: self.born,
+            kind: self.file_type(),
+            perm: self.node.access.mode as u16,
+            nlink,
+            uid: self.node.access.uid,
+            gid: self.node.access.gid,
+            rdev,
+            blksize: 4096,
+            flags: 0,
+        }
+    }
+}
+
+/// A directory's children, in name order (the order `readdir` lists them).
+#[derive(Debug, Default)]
+pub struct Dir {
+    pub parent: u64,
+    names: Vec<(String, u64)>,
+    index: HashMap<String, u64>,
+}
+
+impl Dir {
+    /// `(name, node id)` of every child.
+    pub fn children(&self) -> &[(String, u64)] {
+        &self.names
+    }
+}
+
+/// One generation of the served tree.
+#[derive(Debug)]
+pub struct Snapshot {
+    pub generation: u64,
+    pub tree: Tree,
+    entries: HashMap<u64, Arc<Entry>>,
+    dirs: HashMap<u64, Dir>,
+    paths: HashMap<String, u64>,
+}
+
+impl Snapshot {
+    pub fn entry(&self, ino: u64) -> Option<&Arc<Entry>> {
+        self.entries.get(&ino)
+    }
+
+    pub fn dir(&self, ino: u64) -> Option<&Dir> {
+        self.dirs.get(&ino)
+    }
+
+    /// The node id of `path` (`""` is the root).
+    pub fn ino_of(&self, path: &str) -> Option<u64> {
+        self.paths.get(path).copied()
+    }
+
+    /// Numbers `tree`, keeping the node ids (and lookup counts) of nodes unchanged since `prev`.
+    fn build(prev: Option<&Snapshot>, tree: Tree, generation: u64, next_ino: &mut u64, now: SystemTime) -> Snapshot {
+        let mut snap = Snapshot { generation, tree: Tree::clone(&tree), entries: HashMap::new(), dirs: HashMap::new(), paths: HashMap::new() };
+        let root = std::iter::once(("", tree.get("").expect("a tree has its root")));
+        // Sorted by path, so every parent is numbered before its children.
+        for (path, node) in root.chain(tree.iter()) {
+            let kept = prev
+                .and_then(|p| p.paths.get(path).and_then(|ino| p.entries.get(ino)))
+                .filter(|e| e.node == *node)
+                .cloned();
+            let entry = kept.unwrap_or_else(|| {
+                let ino = if path.is_empty() { fuser::INodeNo::ROOT.0 } else { take(next_ino) };
+                Arc::new(Entry { ino, path: path.to_owned(), node: node.clone(), born: now, nlookup: AtomicU64::new(0) })
+            });
+            let ino = entry.ino;
+            if node.kind == NodeKind::Dir {
+                snap.dirs.insert(ino, Dir::default());
+            }
+            if !path.is_empty() {
+                let (parent_path, name) = Tree::split(path);
+                let parent = snap.paths[parent_path];
+                let dir = snap.dirs.get_mut(&parent).expect("a node's parent is a directory");
+                dir.names.push((name.to_owned(), ino));
+                dir.index.insert(name.to_owned(), ino);
+                if let Some(d) = snap.dirs.get_mut(&ino) {
+                    d.parent = parent;
+                }
+            } else {
+                snap.dirs.get_mut(&ino).expect("the root is a directory").parent = ino;
+            }
+            snap.paths.insert(path.to_owned(), ino);
+            snap.entries.insert(ino, entry);
+        }
+        snap
+    }
+}
+
+fn take(next: &mut u64) -> u64 {
+    let ino = *next;
+    *next += 1;
+    ino
+}
+
+/// What a reload changed, for the caller to push to the kernel and to log.
+#[derive(Debug, Default)]
+pub struct Change {
+    pub generation: u64,
+    pub diff: Diff,
+    /// `(parent node id, name)` of every name whose node changed, appeared or went away, in
+    /// the tree the kernel may have cached (the old one for removals and changes).
+    pub invalidate: Vec<(u64, String)>,
+    /// Directories whose listing changed.
+    pub dirs: Vec<u64>,
+}
+
+#[derive(Debug)]
+struct State {
+    snap: Arc<Snapshot>,
+    retired: HashMap<u64, Arc<Entry>>,
+    next_ino: u64,
+}
+
+/// The live filesystem: answers what the FUSE adapter asks, swaps trees on reload.
+#[derive(Debug)]
+pub struct Devfs {
+    state: RwLock<State>,
+}
+
+impl Devfs {
+    pub fn new(tree: Tree) -> Devfs {
+        let mut next_ino = fuser::INodeNo::ROOT.0 + 1;
+        let snap = Snapshot::build(None, tree, 1, &mut next_ino, SystemTime::now());
+        Devfs { state: RwLock::new(State { snap: Arc::new(snap), retired: HashMap::new(), next_ino }) }
+    }
+
+    /// The current generation.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.state.read().snap.clone()
+    }
+
+    /// Resolves `name` in directory `parent` and counts a kernel reference to the result.
+    pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<FileAttr, Errno> {
+        let state = self.state.read();
+        let dir = state.snap.dir(parent).ok_or(if state.snap.entry(parent).is_some() { Errno::ENOTDIR } else { Errno::ENOENT })?;
+        let name = std::str::from_utf8(name.as_bytes()).map_err(|_| Errno::ENOENT)?;
+        let ino = dir.index.get(name).ok_or(Errno::ENOENT)?;
+        let entry = &state.snap.entries[ino];
+        entry.nlookup.fetch_add(1, Ordering::Relaxed);
+        Ok(entry.attr())
+    }
+
+    /// Drops `n` kernel references to `ino`. Returns true when a retired node was let go.
+    pub fn forget(&self, ino: u64, n: u64) -> bool {
+        let drained = {
+            let state = self.state.read();
+            let Some(entry) = state.snap.entry(ino).or_else(|| state.retired.get(&ino)) else { return false };
+            let before = entry
+                .nlookup
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| Some(c.saturating_sub(n)))
+                .unwrap_or_else(|c| c);
+            before <= n && state.retired.contains_key(&ino)
+        };
+        if !drained {
+            return false;
+        }
+        let mut state = self.state.write();
+        let gone = state.retired.get(&ino).is_some_and(|e| e.nlookup.load(Ordering::Relaxed) == 0);
+        if gone {
+            state.retired.remove(&ino);
+        }
+        gone
+    }
+
+    /// Lists directory `dir` from `offset` (`.` and `..` first) to `add`, which answers true
+    /// when its buffer is full. Every name but the dots counts a kernel reference, as a
+    /// lookup does: the kernel takes one for each entry readdirplus gives it.
+    pub fn list_plus(
+        &self,
+        dir: u64,
+        offset: u64,
+        mut add: impl FnMut(u64, u64, &str, &FileAttr) -> bool,
+    ) -> Result<(), Errno> {
+        let state = self.state.read();
+        let snap = &state.snap;
+        let d = snap.dir(dir).ok_or(Errno::ENOENT)?;
+        let dots = [(".", dir), ("..", d.parent)];
+        let names = dots.into_iter().chain(d.children().iter().map(|(n, i)| (n.as_str(), *i)));
+        for (i, (name, ino)) in names.enumerate().skip(offset as usize) {
+            let entry = &snap.entries[&ino];
+            if add(ino, i as u64 + 1, name, &entry.attr()) {
+                break;
+            }
+            if i >= 2 {
+                entry.nlookup.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+
+    /// A live or retired node.
+    pub fn entry(&self, ino: u64) -> Option<Arc<Entry>> {
+        let state = self.state.read();
+        state.snap.entry(ino).or_else(|| state.retired.get(&ino)).cloned()
+    }
+
+    /// How many replaced nodes the kernel still holds.
+    pub fn retired_count(&self) -> usize {
+        self.state.read().retired.len()
+    }
+
+    /// Serves `tree` from now on. Nodes that did not change keep their ids; the rest get new
+    /// ones; replaced nodes the kernel holds are retired. Returns what to tell the kernel.
+    pub fn replace(&self, tree: Tree) -> Change {
+        let mut state = self.state.write();
+        let old = state.snap.clone();
+        let generation = old.generation + 1;
+        let mut next_ino = state.next_ino;
+        let new = Snapshot::build(Some(&old), tree, generation, &mut next_ino, SystemTime::now());
+        state.next_ino = next_ino;
+        let diff = tree::diff(&old.tree, &new.tree);
+        let mut change = Change { generation, ..Change::default() };
+        let parent_in = |snap: &Snapshot, path: &str| snap.ino_of(Tree::split(path).0);
+        for path in diff.changed.iter().chain(&diff.removed) {
+            let ino = old.ino_of(path).expect("a diffed path is in the old tree");
+            let entry = &old.entries[&ino];
+            if entry.nlookup.load(Ordering::Relaxed) > 0 {
+                state.retired.insert(ino, entry.clone());
+            }
+            change.invalidate.push((parent_in(&old, path).expect("parents precede children"), Tree::split(path).1.to_owned()));
+        }
+        for path in &diff.added {
+            // A parent that is itself new was never cached by the kernel: nothing to drop there.
+            if let Some(parent) = parent_in(&old, path).filter(|p| new.entry(*p).is_some()) {
+                change.invalidate.push((parent, Tree::split(path).1.to_owned()));
+            }
+        }
+        change.dirs = old
+            .dirs
+            .iter()
+            .filter(|(ino, d)| new.dir(**ino).is_some_and(|n| n.names != d.names))
+            .map(|(ino, _)| *ino)
+            .collect();
+        change.diff = diff;
+        state.snap = Arc::new(new);
+        change
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::{Access, Rdev};
+    use crate::tree::TreeBuilder;
+
+    fn tree(gpus: &[(u32, u32)]) -> Tree {
+        let mut b = TreeBuilder::default();
+        b.insert("null", Node::device(DevKind::Char, Rdev::new(1, 3), Access::DEVICE_DEFAULT)).unwrap();
+        b.mkdir_all("pts").unwrap();
+        for &(n, minor) in gpus {
+            b.insert(&format!("nvidia{n}"), Node::device(DevKind::Char, Rdev::new(1, minor), Access::DEVICE_DEFAULT)).unwrap();
+        }
+        b.build()
+    }
+
+    fn name(s: &str) -> &OsStr {
+        OsStr::new(s)
+    }
+
+    /// Lookup without a mount: names resolve to their node's attributes, rdev encoded for FUSE.
+    #[test]
+    fn lookup_resolves_names() {
+        let fs = Devfs::new(tree(&[(0, 5)]));
+        let attr = fs.lookup(1, name("nvidia0")).unwrap();
+        assert_eq!(attr.kind, FileType::CharDevice);
+        assert_eq!(attr.rdev, Rdev::new(1, 5).to_fuse());
+        assert_eq!(attr.perm, 0o666);
+        assert_eq!(fs.lookup(1, name("nvidia1")), Err(Errno::ENOENT));
+        let null = fs.lookup(1, name("null")).unwrap().ino.0;
+        assert_eq!(fs.lookup(null, name("x")), Err(Errno::ENOTDIR));
+        assert_eq!(fs.lookup(9999, name("x")), Err(Errno::ENOENT));
+    }
+
+    /// Kernel fact: an inode's rdev is fixed, so a changed name gets a new node id; unchanged
+    /// names keep theirs, and only changed names are invalidated.
+    #[test]
+    fn reload_renumbers_only_changed_names() {
+        let fs = Devfs::new(tree(&[(0, 5), (1, 7)]));
+        let a0 = fs.lookup(1, name("nvidia0")).unwrap().ino.0;
+        let a1 = fs.lookup(1, name("nvidia1")).unwrap().ino.0;
+        let pts = fs.lookup(1, name("pts")).unwrap().ino.0;
+        let change = fs.replace(tree(&[(0, 7), (1, 7)]));
+        assert_eq!(change.generation, 2);
+        assert_eq!(change.invalidate, vec![(1, "nvidia0".to_owned())]);
+        let b0 = fs.lookup(1, name("nvidia0")).unwrap();
+        assert_ne!(b0.ino.0, a0);
+        assert_eq!(b0.rdev, Rdev::new(1, 7).to_fuse());
+        assert_eq!(fs.lookup(1, name("nvidia1")).unwrap().ino.0, a1);
+        assert_eq!(fs.lookup(1, name("pts")).unwrap().ino.0, pts);
+        // The listing carries node ids, so the directory's cached listing is stale too.
+        assert_eq!(change.dirs, vec![1]);
+    }
+
+    /// Node ids are never reused, and a retired node answers getattr until forgotten.
+    #[test]
+    fn retired_nodes_live_until_forgotten() {
+        let fs = Devfs::new(tree(&[(0, 5)]));
+        let old = fs.lookup(1, name("nvidia0")).unwrap().ino.0;
+        fs.lookup(1, name("nvidia0")).unwrap();
+        fs.replace(tree(&[(0, 7)]));
+        fs.replace(tree(&[(0, 5)]));
+        let now = fs.lookup(1, name("nvidia0")).unwrap().ino.0;
+        assert!(now > old, "a node id came back: {now} <= {old}");
+        assert_eq!(fs.retired_count(), 1);
+        assert_eq!(fs.entry(old).unwrap().node.rdev(), Some(Rdev::new(1, 5)));
+        assert!(!fs.forget(old, 1));
+        assert!(fs.forget(old, 1));
+        assert_eq!(fs.retired_count(), 0);
+        assert!(fs.entry(old).is_none());
+    }
+
+    /// A replaced node the kernel never looked up is not kept.
+    #[test]
+    fn unlooked_nodes_are_not_retired() {
+        let fs = Devfs::new(tree(&[(0, 5)]));
+        for i in 0..100 {
+            fs.replace(tree(&[(0, 5 + i % 2)]));
+        }
+        assert_eq!(fs.retired_count(), 0);
+    }
+
+    /// Names that appear or vanish are invalidated (a cached negative lookup would hide a new
+    /// name), and the directory's listing is reported as changed.
+    #[test]
+    fn added_and_removed_names_are_invalidated() {
+        let fs = Devfs::new(tree(&[(0, 5)]));
+        let change = fs.replace(tree(&[(1, 5)]));
+        let mut inval = change.invalidate.clone();
+        inval.sort();
+        assert_eq!(inval, vec![(1, "nvidia0".to_owned()), (1, "nvidia1".to_owned())]);
+        assert_eq!(change.dirs, vec![1]);
+        let snap = fs.snapshot();
+        let listed: Vec<&str> = snap.dir(1).unwrap().children().iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(listed, ["null", "nvidia1", "pts"]);
+    }
+}
