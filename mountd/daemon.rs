@@ -141,38 +141,28 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
 
 impl Daemon {
     /// Handles events until the daemon must stop. Returns true when we must unmount
-    /// (a signal), false when the mount is already gone.
+    /// (a signal), false when the mount is already gone. Events queued together are handled
+    /// as one batch: any number of SIGHUPs make one reload, and a stop wins over a reload.
     fn serve(&mut self, rx: &Receiver<Event>) -> bool {
         loop {
-            let Ok(event) = rx.recv() else { return true };
-            match event {
-                Event::Signal(SIGHUP) => {
-                    // Coalesce: SIGHUPs already queued are served by this one reload.
-                    let mut rest = Vec::new();
-                    while let Ok(e) = rx.try_recv() {
-                        rest.push(e);
+            let Ok(first) = rx.recv() else { return true };
+            let batch: Vec<Event> = std::iter::once(first).chain(rx.try_iter()).collect();
+            let (mut reload, mut retired) = (false, false);
+            for event in batch {
+                match event {
+                    Event::Ended(r) => return self.ended(r),
+                    Event::Signal(SIGHUP) => reload = true,
+                    Event::Signal(sig) => {
+                        info!("signal {sig}: stopping");
+                        return true;
                     }
-                    self.reload();
-                    for e in rest {
-                        match e {
-                            Event::Signal(SIGHUP) | Event::Retired => {}
-                            Event::Signal(sig) => {
-                                info!("signal {sig}: stopping");
-                                return true;
-                            }
-                            Event::Ended(r) => return self.ended(r),
-                        }
-                    }
+                    Event::Retired => retired = true,
                 }
-                Event::Signal(sig) => {
-                    info!("signal {sig}: stopping");
-                    return true;
-                }
-                Event::Retired => {
-                    while let Ok(Event::Retired) = rx.try_recv() {}
-                    self.write_state();
-                }
-                Event::Ended(r) => return self.ended(r),
+            }
+            if reload {
+                self.reload();
+            } else if retired {
+                self.write_state();
             }
         }
     }
@@ -259,12 +249,16 @@ fn describe(change: &Change, old: &Loaded, new: &Loaded) -> String {
 /// live mount.
 fn prepare_mountpoint(path: &Path) -> Result<(), String> {
     let m = path.display();
-    match std::fs::metadata(path) {
-        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
-            warn!("{m}: a dead FUSE mount was left here; detaching it");
-            detach(path);
-            std::fs::metadata(path).map_err(|e| format!("{m}: still unusable after detaching a dead mount: {e}"))?;
+    // statfs always reaches a FUSE daemon (stat may be answered from the kernel's cache), so
+    // ENOTCONN here means the daemon behind the mount is gone.
+    if let Err(e) = statfs(path) {
+        if e.raw_os_error() != Some(libc::ENOTCONN) {
+            return Err(format!("{m}: {}", e));
         }
+        warn!("{m}: a dead FUSE mount was left here; detaching it");
+        detach(path);
+    }
+    match std::fs::metadata(path) {
         Err(e) => return Err(format!("{m}: {e}")),
         Ok(meta) if !meta.is_dir() => return Err(format!("{m}: not a directory")),
         Ok(_) => {}
@@ -300,12 +294,9 @@ fn detach(path: &Path) {
 
 /// Waits until the mount answers a request (statfs through it reaches our daemon).
 fn wait_answering(path: &Path) -> Result<(), String> {
-    let c = CString::new(path.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        // SAFETY: statfs writes into a zeroed struct we own.
-        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-        if unsafe { libc::statfs(c.as_ptr(), &mut st) } == 0 && st.f_type as i64 == FUSE_SUPER_MAGIC {
+        if statfs(path).is_ok_and(|st| st.f_type as i64 == FUSE_SUPER_MAGIC) {
             return Ok(());
         }
         if Instant::now() > deadline {
@@ -313,6 +304,13 @@ fn wait_answering(path: &Path) -> Result<(), String> {
         }
         std::thread::sleep(Duration::from_millis(1));
     }
+}
+
+fn statfs(path: &Path) -> io::Result<libc::statfs> {
+    let c = CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other)?;
+    // SAFETY: statfs writes into a zeroed struct we own; `c` is NUL-terminated.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } == 0 { Ok(st) } else { Err(io::Error::last_os_error()) }
 }
 
 /// Replaces `path` atomically: a temporary file in the same directory, then rename.

@@ -1,0 +1,178 @@
+//! A live `devremapd mount` for tests: starts the real binary on a temporary mountpoint,
+//! waits for its state file, and always unmounts, in `Drop` too, so a failing test leaves no
+//! mount behind. Waiting is done by polling (the state file, the mount table), never by
+//! sleeping a fixed time.
+
+use super::BIN;
+use serde_json::Value;
+use std::ffi::CString;
+use std::fs;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+use tempfile::TempDir;
+
+/// How long any wait may take before the test fails.
+pub const PATIENCE: Duration = Duration::from_secs(20);
+
+/// Whether FUSE mounts can be made here (root and `/dev/fuse`). Outside CI a missing one
+/// skips the calling test with a printed reason; with `CI=true` it is a failure.
+pub fn need_fuse() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let fuse = Path::new("/dev/fuse").exists();
+    if root && fuse {
+        return true;
+    }
+    let why = if root { "/dev/fuse is missing" } else { "mounting FUSE needs root" };
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("{why}, and CI=true requires this test to run");
+    }
+    eprintln!("skipped: {why} (set CI=true to make this a failure)");
+    false
+}
+
+/// Polls `f` until it returns `Some`, failing the test after [`PATIENCE`].
+pub fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::yield_now();
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// Whether `path` is a mount point in this process's mount table.
+pub fn is_mounted(path: &Path) -> bool {
+    let Ok(canon) = path.canonicalize().or_else(|_| Ok::<_, ()>(path.to_owned())) else { return false };
+    let target = canon.to_string_lossy().replace(' ', "\\040");
+    fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(target.as_str()))
+}
+
+/// Lazily unmounts `path` and waits until the mount table no longer shows it.
+pub fn unmount(path: &Path) {
+    let c = CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid path; umount2 does not keep it.
+    unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    wait_for("the mount to go away", || (!is_mounted(path)).then_some(()));
+}
+
+/// A running daemon and its files.
+pub struct Daemon {
+    pub child: Child,
+    pub dir: TempDir,
+    pub mountpoint: PathBuf,
+    pub state_file: PathBuf,
+    pub pid_file: PathBuf,
+    pub log: PathBuf,
+}
+
+impl Daemon {
+    /// Starts `devremapd mount <tmp>/mnt --state-file .. --pid-file .. <args>` and waits for
+    /// the state file, which the daemon writes only once the mount answers.
+    pub fn start(args: &[&str]) -> Daemon {
+        let dir = TempDir::new().expect("a temp dir");
+        let mountpoint = dir.path().join("mnt");
+        fs::create_dir(&mountpoint).unwrap();
+        Daemon::start_at(dir, mountpoint, args)
+    }
+
+    /// Like [`Daemon::start`] on a given mountpoint, which `dir` owns or outlives.
+    pub fn start_at(dir: TempDir, mountpoint: PathBuf, args: &[&str]) -> Daemon {
+        let state_file = dir.path().join("state.json");
+        let pid_file = dir.path().join("devremapd.pid");
+        let log = dir.path().join("daemon.log");
+        let child = Command::new(BIN)
+            .arg("mount")
+            .arg(&mountpoint)
+            .arg("--state-file")
+            .arg(&state_file)
+            .arg("--pid-file")
+            .arg(&pid_file)
+            .args(args)
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("devremapd starts");
+        let mut d = Daemon { child, dir, mountpoint, state_file, pid_file, log };
+        wait_for("the state file", || {
+            if let Ok(Some(status)) = d.child.try_wait() {
+                panic!("devremapd exited early with {status}: {}", d.log_text());
+            }
+            d.state_file.exists().then_some(())
+        });
+        d
+    }
+
+    pub fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The state file, parsed.
+    pub fn state(&self) -> Value {
+        let text = fs::read_to_string(&self.state_file).expect("the state file is readable");
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("state file is not JSON ({e}): {text}"))
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.state()["generation"].as_u64().expect("generation is a number")
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.mountpoint.join(name)
+    }
+
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: kill with a child's pid and a valid signal.
+        let rc = unsafe { libc::kill(self.child.id() as libc::pid_t, sig) };
+        assert_eq!(rc, 0, "kill: {}", std::io::Error::last_os_error());
+    }
+
+    /// Sends SIGHUP and waits until the state file shows a new generation (a good reload) or a
+    /// new `last_error` (a refused one). Returns the new state.
+    pub fn reload(&self) -> Value {
+        let before = self.state();
+        self.signal(libc::SIGHUP);
+        wait_for("the reload to show in the state file", || {
+            let now = fs::read_to_string(&self.state_file).ok().and_then(|t| serde_json::from_str::<Value>(&t).ok())?;
+            let moved = now["generation"] != before["generation"]
+                || (now["last_error"] != before["last_error"] && !now["last_error"].is_null());
+            moved.then_some(now)
+        })
+    }
+
+    /// Sends SIGTERM and waits for the exit status.
+    pub fn stop(mut self) -> ExitStatus {
+        self.signal(libc::SIGTERM);
+        let status = wait_for("devremapd to exit", || self.child.try_wait().unwrap());
+        assert!(!is_mounted(&self.mountpoint), "SIGTERM left the mount behind");
+        status
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            // SAFETY: as in `signal`.
+            unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+            let deadline = Instant::now() + PATIENCE;
+            while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        if is_mounted(&self.mountpoint) {
+            unmount(&self.mountpoint);
+        }
+    }
+}

@@ -1,0 +1,398 @@
+//! `devremapd mount` end to end: a real FUSE mount, real device nodes opened through it, real
+//! signals. Fake host GPUs are real char devices (`nvidia0`..`nvidia3` open null, zero, full
+//! and random), so a read tells which host device a name reached.
+
+mod common;
+
+use common::daemon::{Daemon, is_mounted, need_fuse, wait_for};
+use common::{FakeHost, fake_rdev, plan_json};
+use serde_json::Value;
+use std::collections::BTreeSet;
+use std::ffi::CString;
+use std::fs::{self, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// The device a node opens, told by reading (and writing) it.
+fn identify(path: &Path) -> std::io::Result<&'static str> {
+    let mut f = OpenOptions::new().read(true).write(true).open(path)?;
+    let mut buf = [0u8; 16];
+    let n = f.read(&mut buf)?;
+    Ok(identify_read(&buf[..n], || f.write(&[1]).map(|_| ())))
+}
+
+fn identify_read(read: &[u8], write: impl FnOnce() -> std::io::Result<()>) -> &'static str {
+    if read.is_empty() {
+        "null"
+    } else if read.iter().any(|b| *b != 0) {
+        "random"
+    } else if write().is_err_and(|e| e.raw_os_error() == Some(libc::ENOSPC)) {
+        "full"
+    } else {
+        "zero"
+    }
+}
+
+fn device_of((major, minor): (u32, u32)) -> &'static str {
+    match (major, minor) {
+        (1, 3) => "null",
+        (1, 5) => "zero",
+        (1, 7) => "full",
+        (1, 8) | (1, 9) => "random",
+        other => panic!("not a test device: {other:?}"),
+    }
+}
+
+fn rdev_of(path: &Path) -> (u32, u32) {
+    let rdev = fs::symlink_metadata(path).unwrap_or_else(|e| panic!("stat {}: {e}", path.display())).rdev();
+    (libc::major(rdev), libc::minor(rdev))
+}
+
+/// A host with GPUs 0..=3 and checkpoint metadata saving `saved`.
+fn host_and_metadata(saved: &[u32]) -> (FakeHost, String) {
+    let host = FakeHost::with_gpus(&[0, 1, 2, 3]);
+    let meta = host.tmp.path().join("meta.json");
+    write_saved(&meta, saved);
+    (host, meta.to_str().unwrap().to_owned())
+}
+
+fn write_saved(path: &Path, saved: &[u32]) {
+    let list: Vec<Value> = saved.iter().map(|m| serde_json::json!({"minor": m, "pci_vendor_id": 4318, "pci_device_id": 8896})).collect();
+    fs::write(path, Value::from(list).to_string()).unwrap();
+}
+
+fn inputs<'a>(host: &'a FakeHost, meta: &'a str) -> Vec<String> {
+    vec!["--metadata".into(), meta.into(), "--host-dev".into(), host.dev().to_str().unwrap().into(), "--host-root".into(), host.root().to_str().unwrap().into()]
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+/// Removes or restores host GPU 0, which shifts the positional pairing of saved {4,5} between
+/// host {0,1} and host {1,2}.
+fn set_host_gpu0(host: &FakeHost, present: bool) {
+    let p = host.dev().join("nvidia0");
+    if present {
+        host.node("nvidia0", fake_rdev(0));
+    } else {
+        fs::remove_file(p).unwrap();
+    }
+}
+
+/// Rule: the mount serves exactly the plan: every node of `plan --json` with its type, rdev,
+/// mode, owner or target, and readdir lists exactly those names.
+#[test]
+fn stat_and_readdir_match_the_plan() {
+    if !need_fuse() {
+        return;
+    }
+    let (host, meta) = host_and_metadata(&[4, 5]);
+    let args = inputs(&host, &meta);
+    let plan = plan_json(&strs(&args));
+    let d = Daemon::start(&strs(&args));
+    let nodes = plan["nodes"].as_array().unwrap();
+    for n in nodes {
+        let path = d.path(n["path"].as_str().unwrap());
+        let meta = fs::symlink_metadata(&path).unwrap_or_else(|e| panic!("stat {}: {e}", path.display()));
+        let ft = meta.file_type();
+        match n["type"].as_str().unwrap() {
+            "symlink" => {
+                assert!(ft.is_symlink());
+                assert_eq!(fs::read_link(&path).unwrap().to_str(), n["target"].as_str());
+                continue;
+            }
+            "dir" => assert!(ft.is_dir()),
+            "char" => {
+                assert!(ft.is_char_device(), "{}", path.display());
+                assert_eq!(rdev_of(&path), (n["major"].as_u64().unwrap() as u32, n["minor"].as_u64().unwrap() as u32));
+            }
+            other => panic!("unexpected type {other}"),
+        }
+        assert_eq!(u64::from(meta.mode() & 0o7777), n["mode"].as_u64().unwrap(), "{}", path.display());
+        assert_eq!(u64::from(meta.uid()), n["uid"].as_u64().unwrap());
+        assert_eq!(u64::from(meta.gid()), n["gid"].as_u64().unwrap());
+    }
+    let listed: BTreeSet<String> = fs::read_dir(&d.mountpoint).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    let planned: BTreeSet<String> = nodes.iter().map(|n| n["path"].as_str().unwrap().to_owned()).filter(|p| !p.contains('/')).collect();
+    assert_eq!(listed, planned);
+    // The state file is the plan plus the daemon's own keys.
+    let state = d.state();
+    assert_eq!(state["nodes"], plan["nodes"]);
+    assert_eq!(state["remap"], plan["remap"]);
+    assert_eq!(state["generation"], 1);
+    assert_eq!(state["last_error"], Value::Null);
+    assert_eq!(state["pid"], d.child.id());
+    assert_eq!(fs::read_to_string(&d.pid_file).unwrap().trim(), d.child.id().to_string());
+    assert!(d.stop().success());
+}
+
+/// Rule: a checkpoint name opens the paired host device, a native name its own; symlinks
+/// resolve like runc's.
+#[test]
+fn remapped_names_reach_the_paired_device() {
+    if !need_fuse() {
+        return;
+    }
+    let (host, meta) = host_and_metadata(&[4, 5]);
+    let d = Daemon::start(&strs(&inputs(&host, &meta)));
+    assert_eq!(identify(&d.path("nvidia4")).unwrap(), "null");
+    assert_eq!(identify(&d.path("nvidia5")).unwrap(), "zero");
+    assert_eq!(identify(&d.path("nvidia2")).unwrap(), "full");
+    assert_eq!(identify(&d.path("nvidia3")).unwrap(), "random");
+    assert_eq!(identify(&d.path("zero")).unwrap(), "zero");
+    assert_eq!(fs::read_link(d.path("fd")).unwrap(), Path::new("/proc/self/fd"));
+    assert_eq!(fs::read_link(d.path("ptmx")).unwrap(), Path::new("pts/ptmx"));
+    // /dev/fd resolves through /proc/self/fd to this process's descriptors.
+    assert!(fs::metadata(d.path("fd")).unwrap().is_dir());
+    assert!(fs::metadata(d.path("stdin")).is_ok());
+}
+
+fn errno<T: std::fmt::Debug>(r: std::io::Result<T>) -> i32 {
+    r.expect_err("a change to the tree must fail").raw_os_error().expect("an OS error")
+}
+
+fn cpath(p: &Path) -> CString {
+    CString::new(p.as_os_str().as_bytes()).unwrap()
+}
+
+fn libc_result(rc: libc::c_int) -> std::io::Result<()> {
+    if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+}
+
+/// Rule: every change to the tree is refused: setattr with EPERM (crun tolerates it), the
+/// rest with EROFS.
+#[test]
+fn every_change_is_refused() {
+    if !need_fuse() {
+        return;
+    }
+    let d = Daemon::start(&["--host-root", "/nonexistent-root"]);
+    let null = d.path("null");
+    let c = cpath(&null);
+    // setattr: chmod, chown, utimes, truncate.
+    assert_eq!(errno(fs::set_permissions(&null, std::os::unix::fs::PermissionsExt::from_mode(0o600))), libc::EPERM);
+    assert_eq!(errno(libc_result(unsafe { libc::chown(c.as_ptr(), 1, 1) })), libc::EPERM);
+    assert_eq!(errno(libc_result(unsafe { libc::utimes(c.as_ptr(), std::ptr::null()) })), libc::EPERM);
+    // truncate never reaches the daemon: the tree has no regular files, and the kernel
+    // refuses to truncate anything else itself.
+    assert_eq!(errno(fs::set_permissions(&d.mountpoint, std::os::unix::fs::PermissionsExt::from_mode(0o777))), libc::EPERM);
+    // Everything else.
+    let new = cpath(&d.path("new"));
+    assert_eq!(errno(libc_result(unsafe { libc::mknod(new.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) })), libc::EROFS);
+    assert_eq!(errno(fs::create_dir(d.path("dir"))), libc::EROFS);
+    assert_eq!(errno(fs::File::create(d.path("file"))), libc::EROFS);
+    assert_eq!(errno(fs::remove_file(&null)), libc::EROFS);
+    assert_eq!(errno(fs::create_dir_all(d.path("pts")).and_then(|_| fs::remove_dir(d.path("ptmx")))), libc::EROFS);
+    assert_eq!(errno(fs::rename(&null, d.path("moved"))), libc::EROFS);
+    assert_eq!(errno(fs::hard_link(&null, d.path("linked"))), libc::EROFS);
+    assert_eq!(errno(std::os::unix::fs::symlink("null", d.path("sym"))), libc::EROFS);
+    // user.* xattrs reach the filesystem only on files and directories.
+    let root = cpath(&d.mountpoint);
+    let name = CString::new("user.test").unwrap();
+    let rc = unsafe { libc::setxattr(root.as_ptr(), name.as_ptr(), b"x".as_ptr().cast(), 1, 0) };
+    assert_eq!(errno(libc_result(rc)), libc::EROFS);
+    assert_eq!(errno(libc_result(unsafe { libc::removexattr(root.as_ptr(), name.as_ptr()) })), libc::EROFS);
+    // Nothing changed.
+    assert_eq!(fs::symlink_metadata(&null).unwrap().mode() & 0o7777, 0o666);
+    assert!(fs::symlink_metadata(d.path("new")).is_err());
+}
+
+/// Kernel fact: cached dentries must be invalidated. A reload that changes the pairing is seen
+/// by the very next stat and open, with the default (long) TTL.
+#[test]
+fn reload_is_visible_to_the_next_stat_and_open() {
+    if !need_fuse() {
+        return;
+    }
+    let (host, meta) = host_and_metadata(&[4, 5]);
+    let d = Daemon::start(&strs(&inputs(&host, &meta)));
+    for round in 0..5 {
+        let present = round % 2 == 1;
+        // Warm the kernel's caches with the current answers.
+        let expect_before = if present { ("zero", "full") } else { ("null", "zero") };
+        assert_eq!(identify(&d.path("nvidia4")).unwrap(), expect_before.0);
+        assert_eq!(device_of(rdev_of(&d.path("nvidia5"))), expect_before.1);
+        assert_eq!(d.path("nvidia0").exists(), !present);
+        set_host_gpu0(&host, present);
+        let state = d.reload();
+        assert_eq!(state["generation"], round + 2);
+        let expect = if present { ("null", "zero") } else { ("zero", "full") };
+        assert_eq!(device_of(rdev_of(&d.path("nvidia4"))), expect.0);
+        assert_eq!(identify(&d.path("nvidia4")).unwrap(), expect.0);
+        assert_eq!(identify(&d.path("nvidia5")).unwrap(), expect.1);
+        // A name that appeared is not hidden by a cached negative lookup, and one that went
+        // away is gone.
+        assert_eq!(d.path("nvidia0").exists(), present);
+    }
+    let log = d.log_text();
+    let line = log.lines().find(|l| l.contains("reloaded: generation 2:")).unwrap_or_else(|| panic!("{log}"));
+    assert!(line.contains("nvidia4: 1:3 -> 1:5") && line.contains("nvidia0: removed"), "{line}");
+}
+
+/// Rule: a bad reload changes nothing: same tree, same generation, `last_error` set; the next
+/// good reload clears it.
+#[test]
+fn bad_reload_changes_nothing() {
+    if !need_fuse() {
+        return;
+    }
+    let (host, meta) = host_and_metadata(&[4, 5]);
+    let d = Daemon::start(&strs(&inputs(&host, &meta)));
+    let before = d.state();
+    let listing = |d: &Daemon| -> Vec<(String, (u32, u32))> {
+        let mut v: Vec<_> = fs::read_dir(&d.mountpoint).unwrap().map(|e| {
+            let e = e.unwrap();
+            (e.file_name().into_string().unwrap(), rdev_of(&e.path()))
+        }).collect();
+        v.sort();
+        v
+    };
+    let tree = listing(&d);
+    fs::write(&meta, b"gVisorSF\x00\x00").unwrap();
+    set_host_gpu0(&host, false);
+    let state = d.reload();
+    assert_eq!(state["generation"], 1);
+    let err = state["last_error"].as_str().unwrap();
+    assert!(err.contains("meta.json") && err.contains("truncated"), "{err}");
+    assert_eq!(state["nodes"], before["nodes"]);
+    assert_eq!(listing(&d), tree);
+    assert_eq!(identify(&d.path("nvidia4")).unwrap(), "null");
+    assert!(d.log_text().contains("reload refused"));
+    write_saved(Path::new(&meta), &[4, 5]);
+    let state = d.reload();
+    assert_eq!(state["generation"], 2);
+    assert_eq!(state["last_error"], Value::Null);
+    assert_eq!(identify(&d.path("nvidia4")).unwrap(), "zero");
+}
+
+/// Kernel fact: an inode keeps its rdev. An fd opened before a reload keeps reaching the old
+/// device, the replaced node answers fstat until the kernel forgets it, and is then let go.
+#[test]
+fn fd_opened_before_a_reload_keeps_working() {
+    if !need_fuse() {
+        return;
+    }
+    let (host, meta) = host_and_metadata(&[4, 5]);
+    let d = Daemon::start(&strs(&inputs(&host, &meta)));
+    let mut old = OpenOptions::new().read(true).write(true).open(d.path("nvidia5")).unwrap();
+    set_host_gpu0(&host, false);
+    d.reload();
+    let mut buf = [7u8; 8];
+    assert_eq!(old.read(&mut buf).unwrap(), 8);
+    assert_eq!(identify_read(&buf, || old.write(&[1]).map(|_| ())), "zero", "the old fd must still reach zero");
+    let st = old.metadata().unwrap();
+    assert_eq!((libc::major(st.rdev()), libc::minor(st.rdev())), (1, 5));
+    assert_eq!(identify(&d.path("nvidia5")).unwrap(), "full");
+    wait_for("one retired node held by the open fd", || (d.state()["retired_nodes"] == 1).then_some(()));
+    drop(old);
+    wait_for("the retired node to be let go", || (d.state()["retired_nodes"] == 0).then_some(()));
+}
+
+/// Rule: readers never see an error or a device from neither table while 100 reloads flip it.
+#[test]
+fn concurrent_stat_and_open_during_100_reloads() {
+    if !need_fuse() {
+        return;
+    }
+    let (host, meta) = host_and_metadata(&[4, 5]);
+    let d = Daemon::start(&strs(&inputs(&host, &meta)));
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = (0..2)
+        .map(|i| {
+            let path = d.path(if i == 0 { "nvidia4" } else { "nvidia5" });
+            let allowed: &[(u32, u32)] = if i == 0 { &[(1, 3), (1, 5)] } else { &[(1, 5), (1, 7)] };
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut seen = BTreeSet::new();
+                let mut ops = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let rdev = rdev_of(&path);
+                    assert!(allowed.contains(&rdev), "{}: stat saw {rdev:?}", path.display());
+                    let f = fs::File::open(&path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+                    let st = f.metadata().unwrap();
+                    let opened = (libc::major(st.rdev()), libc::minor(st.rdev()));
+                    assert!(allowed.contains(&opened), "{}: open saw {opened:?}", path.display());
+                    seen.insert(opened);
+                    ops += 1;
+                }
+                (seen, ops)
+            })
+        })
+        .collect();
+    for round in 0..100 {
+        set_host_gpu0(&host, round % 2 == 1);
+        let state = d.reload();
+        assert_eq!(state["generation"], round + 2);
+    }
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        let (seen, ops) = w.join().expect("a reader failed");
+        assert!(ops > 0);
+        assert_eq!(seen.len(), 2, "readers should have seen both tables: {seen:?}");
+    }
+}
+
+/// Rule: SIGTERM unmounts, removes the pid file and exits 0; SIGINT too.
+#[test]
+fn sigterm_and_sigint_unmount() {
+    if !need_fuse() {
+        return;
+    }
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        let mut d = Daemon::start(&["--host-root", "/nonexistent-root"]);
+        assert!(is_mounted(&d.mountpoint));
+        d.signal(sig);
+        let status = wait_for("exit", || d.child.try_wait().unwrap());
+        assert_eq!(status.code(), Some(0));
+        assert!(!is_mounted(&d.mountpoint), "signal {sig} left the mount");
+        assert!(!d.pid_file.exists());
+    }
+}
+
+/// Rule: an unmount from outside ends the daemon cleanly.
+#[test]
+fn unmount_from_outside_ends_the_daemon() {
+    if !need_fuse() {
+        return;
+    }
+    let mut d = Daemon::start(&["--host-root", "/nonexistent-root"]);
+    let c = cpath(&d.mountpoint);
+    assert_eq!(unsafe { libc::umount(c.as_ptr()) }, 0, "umount: {}", std::io::Error::last_os_error());
+    let status = wait_for("exit", || d.child.try_wait().unwrap());
+    assert_eq!(status.code(), Some(0));
+    assert!(!d.pid_file.exists());
+}
+
+/// Rule: a dead FUSE mount at the mountpoint (ENOTCONN, left by SIGKILL) is detached and
+/// reused; a live mount is refused, never stacked on.
+#[test]
+fn dead_mount_is_reused_and_live_mount_refused() {
+    if !need_fuse() {
+        return;
+    }
+    let mut first = Daemon::start(&["--host-root", "/nonexistent-root"]);
+    let out = std::process::Command::new(common::BIN)
+        .args(["mount", first.mountpoint.to_str().unwrap(), "--host-root", "/nonexistent-root"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.lines().last().unwrap().starts_with("error: ") && err.contains("already a mount point"), "{err}");
+    first.child.kill().unwrap();
+    first.child.wait().unwrap();
+    // The kernel may still answer stat from its cache; statfs always asks the daemon.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statfs(cpath(&first.mountpoint).as_ptr(), &mut st) }, -1);
+    assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::ENOTCONN));
+    let dir = tempfile::TempDir::new().unwrap();
+    let second = Daemon::start_at(dir, first.mountpoint.clone(), &["--host-root", "/nonexistent-root"]);
+    assert_eq!(identify(&second.path("zero")).unwrap(), "zero");
+    assert!(second.log_text().contains("dead FUSE mount"));
+    assert!(second.stop().success());
+    drop(first);
+}
