@@ -8,11 +8,12 @@
 
 use crate::host::{self, HostError};
 use crate::metadata::{self, MAX_METADATA_LEN, Metadata, MetadataError};
-use crate::pairing::MapPair;
+use crate::pairing::{MapPair, PairingError};
 use crate::plan::{self, Inputs, Plan, PlanError, Prefer};
 use crate::spec::{self, SpecError};
 use std::fs::File;
 use std::io::{self, Read};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 
@@ -49,6 +50,8 @@ pub enum LoadError {
     Metadata(PathBuf, MetadataError),
     #[error("{}: {}", .0.display(), .1)]
     Spec(PathBuf, SpecError),
+    #[error("{}: is {}; expected a regular file", .0.display(), .1)]
+    NotRegular(PathBuf, &'static str),
     #[error(transparent)]
     Host(#[from] HostError),
     #[error("{0}: {1}")]
@@ -67,15 +70,38 @@ fn read_up_to(file: &mut File, limit: u64, buf: &mut Vec<u8>) -> io::Result<()> 
     file.take(limit.saturating_sub(buf.len() as u64)).read_to_end(buf).map(|_| ())
 }
 
+/// Opens an input file, refusing anything but a regular file: a FIFO or a device would block
+/// or never end (opened non-blocking, so a FIFO without a writer cannot hang us).
+fn open_regular(path: &Path) -> Result<File, LoadError> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| LoadError::Io(path.to_owned(), e))?;
+    let meta = file.metadata().map_err(|e| LoadError::Io(path.to_owned(), e))?;
+    if !meta.is_file() {
+        use std::os::unix::fs::FileTypeExt;
+        let ft = meta.file_type();
+        let what = if ft.is_dir() {
+            "a directory"
+        } else if ft.is_fifo() {
+            "a FIFO"
+        } else if ft.is_char_device() || ft.is_block_device() {
+            "a device"
+        } else {
+            "a special file"
+        };
+        return Err(LoadError::NotRegular(path.to_owned(), what));
+    }
+    Ok(file)
+}
+
 /// Reads checkpoint metadata from a state file, a checkpoint directory, or a JSON file,
 /// reading no more of the file than its header.
 pub fn read_metadata(path: &Path) -> Result<Metadata, LoadError> {
     let io_err = |p: &Path, e| LoadError::Io(p.to_owned(), e);
     let path = if path.is_dir() { path.join("checkpoint.img") } else { path.to_owned() };
-    let mut file = File::open(&path).map_err(|e| io_err(&path, e))?;
-    if file.metadata().map_err(|e| io_err(&path, e))?.is_dir() {
-        return Err(io_err(&path, io::Error::from(io::ErrorKind::IsADirectory)));
-    }
+    let mut file = open_regular(&path)?;
     let mut buf = Vec::new();
     read_up_to(&mut file, 16, &mut buf).map_err(|e| io_err(&path, e))?;
     let meta_err = |e| LoadError::Metadata(path.clone(), e);
@@ -86,11 +112,24 @@ pub fn read_metadata(path: &Path) -> Result<Metadata, LoadError> {
 
 /// Reads what of an OCI runtime spec shapes `/dev`.
 pub fn read_spec(path: &Path) -> Result<spec::SpecView, LoadError> {
-    let mut file = File::open(path).map_err(|e| LoadError::Io(path.to_owned(), e))?;
+    let mut view = parse_spec(path)?;
+    // A bind mount whose source is not a directory needs a non-directory mount point. A
+    // relative source is relative to the bundle, the spec's directory.
+    let bundle = path.parent().unwrap_or(Path::new("."));
+    for m in &mut view.dev_mounts {
+        if let Some(source) = &m.bind_source {
+            m.onto_file = std::fs::metadata(bundle.join(source)).is_ok_and(|meta| !meta.is_dir());
+        }
+    }
+    Ok(view)
+}
+
+fn parse_spec(path: &Path) -> Result<spec::SpecView, LoadError> {
+    let mut file = open_regular(path)?;
     let mut buf = Vec::new();
     read_up_to(&mut file, MAX_METADATA_LEN + 1, &mut buf).map_err(|e| LoadError::Io(path.to_owned(), e))?;
     if buf.len() as u64 > MAX_METADATA_LEN {
-        return Err(LoadError::Spec(path.to_owned(), SpecError::Parse(format!("larger than {MAX_METADATA_LEN} bytes"))));
+        return Err(LoadError::Spec(path.to_owned(), SpecError::TooLarge));
     }
     spec::parse(&buf).map_err(|e| LoadError::Spec(path.to_owned(), e))
 }
@@ -115,20 +154,26 @@ pub fn gather(sources: &Sources) -> Result<Inputs, LoadError> {
     })
 }
 
+/// The input a plan error is about: the checkpoint for its own devices, the host for the
+/// restored ones, the flag for explicit pairs, the spec for nodes.
+fn blame(e: &PlanError, sources: &Sources) -> String {
+    let show = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
+    let who = match e {
+        PlanError::Pairing(PairingError::BadMapEntry { .. } | PairingError::Unknown { .. } | PairingError::Claimed { .. }) => {
+            Some("--device-map".to_owned())
+        }
+        PlanError::Pairing(PairingError::Heterogeneous { side: "restored", .. }) => {
+            Some(sources.host_root.display().to_string())
+        }
+        PlanError::Pairing(_) => show(&sources.metadata),
+        PlanError::SpecDevice(_) | PlanError::SpecMount(_) => show(&sources.spec).or_else(|| show(&sources.host_dev)),
+    };
+    who.unwrap_or_else(|| "inputs".to_owned())
+}
+
 /// Reads every input and builds the plan.
 pub fn load(sources: &Sources) -> Result<Loaded, LoadError> {
     let inputs = gather(sources)?;
-    let plan = plan::build(&inputs).map_err(|e| {
-        // Blame the input the rule is about: the checkpoint for pairing, the spec for nodes.
-        let blamed = match (&e, &sources.metadata, &sources.spec) {
-            (PlanError::Pairing(crate::pairing::PairingError::Claimed { .. } | crate::pairing::PairingError::Unknown { .. }), _, _) => {
-                "--device-map".to_owned()
-            }
-            (PlanError::Pairing(_), Some(m), _) => m.display().to_string(),
-            (PlanError::SpecDevice(_) | PlanError::SpecMount(_), _, Some(s)) => s.display().to_string(),
-            _ => "inputs".to_owned(),
-        };
-        LoadError::Plan(blamed, e)
-    })?;
+    let plan = plan::build(&inputs).map_err(|e| LoadError::Plan(blame(&e, sources), e))?;
     Ok(Loaded { plan, metadata: inputs.metadata })
 }

@@ -75,6 +75,8 @@ pub enum MetadataError {
     Truncated(String),
     #[error("metadata length {0} is over the limit of {MAX_METADATA_LEN} bytes")]
     TooLong(u64),
+    #[error("the file is larger than the limit of {MAX_METADATA_LEN} bytes")]
+    TooLarge,
     #[error("not checkpoint metadata: expected a gVisor state file, a JSON object or a JSON array")]
     UnknownFormat,
     #[error("invalid JSON: {0}")]
@@ -132,7 +134,7 @@ pub fn parse(bytes: &[u8]) -> Result<Metadata, MetadataError> {
         return parse_state_file(bytes);
     }
     if bytes.len() as u64 > MAX_METADATA_LEN {
-        return Err(MetadataError::TooLong(bytes.len() as u64));
+        return Err(MetadataError::TooLarge);
     }
     match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
         Some(b'{') => {
@@ -206,7 +208,8 @@ fn embedded(key: &'static str, value: &Value) -> Result<Value, MetadataError> {
             key,
             what: format!("the string value is not valid JSON: {e}"),
         }),
-        Value::Array(_) => Ok(value.clone()),
+        // A hand-written `null` means what Go's `null` list means: no devices.
+        Value::Array(_) | Value::Null => Ok(value.clone()),
         other => Err(MetadataError::Shape {
             key,
             what: format!("expected a JSON array or a string holding one, found {}", describe(other)),
@@ -421,6 +424,7 @@ mod tests {
             (json!([dev(1, "GPU-a"), dev(2, "GPU-a")]), "uuid GPU-a appears twice"),
             (json!([[1]]), "expected an object"),
             (json!({GPU_KEY: 5}), "expected a JSON array or a string"),
+            (json!({GPU_KEY: {}}), "expected a JSON array or a string"),
             (json!({GPU_KEY: "{}"}), "expected a JSON array of device ids"),
             (json!({GPU_KEY: "[nope"}), "not valid JSON"),
         ];

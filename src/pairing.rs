@@ -61,9 +61,9 @@ pub enum PairingError {
     Subdevice { minor: u32, instance: u32 },
     #[error("invalid --device-map entry {entry:?}: {what}")]
     BadMapEntry { entry: String, what: &'static str },
-    #[error("--device-map names {side} device {reference}, which is not among the {side} devices")]
+    #[error("{side} device {reference} is not among the {side} devices")]
     Unknown { side: &'static str, reference: DeviceRef },
-    #[error("--device-map pairs {side} device {reference} twice")]
+    #[error("{side} device {reference} is paired twice")]
     Claimed { side: &'static str, reference: DeviceRef },
 }
 

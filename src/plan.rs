@@ -11,7 +11,7 @@ use crate::host::{DevDirScan, HostFacts};
 use crate::metadata::{DeviceId, Metadata};
 use crate::pairing::{self, MapPair, PairingError};
 use crate::spec::SpecView;
-use crate::tree::{Node, Tree, TreeBuilder, TreeError};
+use crate::tree::{Node, NodeKind, Tree, TreeBuilder, TreeError};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use thiserror::Error;
@@ -88,6 +88,13 @@ const DEFAULT_LINKS: &[(&str, &str)] = &[
     ("ptmx", "pts/ptmx"),
 ];
 
+/// What a file mount point (a file bind mount, the console a terminal gets) is before the
+/// runtime mounts over it: a non-directory is needed and the tree has no regular files, so it
+/// is `/dev/null`'s device, which opens harmlessly and which every device cgroup allows.
+fn placeholder() -> Node {
+    Node::device(DevKind::Char, Rdev::new(1, 3), Access::DEVICE_DEFAULT)
+}
+
 /// The restored GPUs: the spec's 195:N devices and the device directory's `nvidiaN` nodes
 /// (whose stat'd number wins), with what the driver says of them, sorted by minor.
 pub fn restored_gpus(inputs: &Inputs) -> Vec<RestoredGpu> {
@@ -135,9 +142,6 @@ pub fn build(inputs: &Inputs) -> Result<Plan, PlanError> {
         b.insert("core", Node::symlink("/proc/kcore")).expect("defaults fit an empty tree");
     }
     if let Some(spec) = &inputs.spec {
-        for dir in &spec.dev_mounts {
-            b.mkdir_all(dir).map_err(PlanError::SpecMount)?;
-        }
         for dev in &spec.devices {
             match &dev.rel_path {
                 Some(rel) => b.insert(rel, Node::device(dev.kind, dev.rdev, dev.access)).map_err(PlanError::SpecDevice)?,
@@ -185,6 +189,25 @@ pub fn build(inputs: &Inputs) -> Result<Plan, PlanError> {
         remap.push(RemapEntry { old: p.old, new: p.new, explicit: p.explicit, served });
     }
 
+    // Mount points last: a file mount goes onto whatever non-directory is there (a GPU node a
+    // restore bind-mounts over, say), any other mount onto a directory; only a missing one is
+    // made.
+    if let Some(spec) = &inputs.spec {
+        for m in &spec.dev_mounts {
+            match b.get(&m.rel_path) {
+                Some(_) if !m.onto_file => b.mkdir_all(&m.rel_path),
+                Some(n) if n.kind == NodeKind::Dir => Err(TreeError::NodeOverDir { path: m.rel_path.clone(), new: "file mount" }),
+                Some(_) => Ok(()),
+                None if m.onto_file => b.insert(&m.rel_path, placeholder()),
+                None => b.mkdir_all(&m.rel_path),
+            }
+            .map_err(PlanError::SpecMount)?;
+        }
+        if spec.terminal && b.get("console").is_none() {
+            b.insert("console", placeholder()).expect("the root takes a console");
+        }
+    }
+
     let tpus = inputs.metadata.as_ref().map(|m| m.tpus.clone()).unwrap_or_default();
     Ok(Plan { remap, restored, tree: b.build(), warnings, tpus })
 }
@@ -194,8 +217,7 @@ mod tests {
     use super::*;
     use crate::host::HostNode;
     use crate::metadata::Format;
-    use crate::spec::SpecDevice;
-    use crate::tree::NodeKind;
+    use crate::spec::{DevMount, SpecDevice};
 
     fn saved(minor: u32) -> DeviceId {
         DeviceId {
@@ -308,7 +330,7 @@ mod tests {
         };
         let spec = SpecView {
             devices: vec![dev("/dev/dri/card0", Rdev::new(226, 0)), dev("/dev/nvidia7", Rdev::new(195, 7)), dev("/opt/x", Rdev::new(1, 3))],
-            dev_mounts: vec!["pts".into(), "shm".into()],
+            dev_mounts: ["pts", "shm"].map(|p| DevMount { rel_path: p.into(), ..DevMount::default() }).to_vec(),
             ..SpecView::default()
         };
         let plan = build(&Inputs { spec: Some(spec.clone()), ..Inputs::default() }).unwrap();
@@ -320,7 +342,27 @@ mod tests {
 
         let mut clash = spec;
         clash.devices.push(dev("/dev/pts", Rdev::new(1, 3)));
-        assert!(matches!(build(&Inputs { spec: Some(clash), ..Inputs::default() }), Err(PlanError::SpecDevice(_))));
+        assert!(matches!(build(&Inputs { spec: Some(clash), ..Inputs::default() }), Err(PlanError::SpecMount(TreeError::DirOverNode { .. }))));
+    }
+
+    /// Mount points: a mount onto an existing node (a restore's bind mount over a GPU) keeps
+    /// the node; a file bind mount and a terminal's console get a non-directory placeholder.
+    #[test]
+    fn mount_points_onto_nodes_files_and_console() {
+        let mut inp = inputs(&[], &[0]);
+        let mount = |p: &str, file: bool| DevMount { rel_path: p.into(), bind_source: Some("/x".into()), onto_file: file };
+        inp.spec = Some(SpecView {
+            dev_mounts: vec![mount("nvidia0", true), mount("termination-log", true), mount("data/sub", false)],
+            terminal: true,
+            ..SpecView::default()
+        });
+        let plan = build(&inp).unwrap();
+        assert_eq!(rdev_at(&plan, "nvidia0"), Some(Rdev::new(1, 3)), "the GPU node stays as the mount point");
+        assert_eq!(rdev_at(&plan, "termination-log"), Some(Rdev::new(1, 3)));
+        assert_eq!(rdev_at(&plan, "console"), Some(Rdev::new(1, 3)));
+        assert_eq!(plan.tree.get("data/sub").unwrap().kind, NodeKind::Dir);
+        let no_tty = build(&Inputs { spec: Some(SpecView::default()), ..Inputs::default() }).unwrap();
+        assert!(no_tty.tree.get("console").is_none());
     }
 
     /// Nothing enters the tree that no input asked for: every node is a default, a spec node,

@@ -30,12 +30,24 @@ impl SpecDevice {
     }
 }
 
+/// A mount the spec places under `/dev`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DevMount {
+    /// The destination relative to `/dev` (`pts`, `shm`, `termination-log`).
+    pub rel_path: String,
+    /// For a bind mount, its source as the spec writes it.
+    pub bind_source: Option<String>,
+    /// The source is not a directory, so the mount point must be a non-directory. Set by
+    /// the loader, which can look at the source.
+    pub onto_file: bool,
+}
+
 /// What of a spec matters to `/dev`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SpecView {
     pub devices: Vec<SpecDevice>,
-    /// Mount destinations under `/dev`, relative to it (`pts`, `shm`, `mqueue`, ...).
-    pub dev_mounts: Vec<String>,
+    /// Mounts under `/dev` (`pts`, `shm`, `mqueue`, ...).
+    pub dev_mounts: Vec<DevMount>,
     /// The spec asks for GPUs through the NVIDIA hook, so the host's `/dev` names GPUs too.
     pub wants_hook: bool,
     /// `process.terminal`: the runtime bind-mounts the console onto `/dev/console`.
@@ -47,6 +59,8 @@ pub struct SpecView {
 pub enum SpecError {
     #[error("not a valid OCI runtime spec: {0}")]
     Parse(String),
+    #[error("larger than {} bytes", crate::metadata::MAX_METADATA_LEN)]
+    TooLarge,
     #[error("linux.devices[{index}] ({path}): {what}")]
     Device { index: usize, path: String, what: String },
     #[error("mounts[{index}]: destination {path:?} {what}")]
@@ -97,8 +111,11 @@ pub fn parse(bytes: &[u8]) -> Result<SpecView, SpecError> {
     for (index, mount) in spec.mounts().iter().flatten().enumerate() {
         let path = mount.destination().to_string_lossy().into_owned();
         let rel = dev_relative(&path).map_err(|what| SpecError::Mount { index, path: path.clone(), what })?;
-        if let Some(rel) = rel.filter(|r| !r.is_empty()) {
-            view.dev_mounts.push(rel);
+        if let Some(rel_path) = rel.filter(|r| !r.is_empty()) {
+            let is_bind = mount.typ().as_deref() == Some("bind")
+                || mount.options().iter().flatten().any(|o| o == "bind" || o == "rbind");
+            let bind_source = is_bind.then(|| mount.source().as_ref().map(|s| s.to_string_lossy().into_owned())).flatten();
+            view.dev_mounts.push(DevMount { rel_path, bind_source, onto_file: false });
         }
     }
     Ok(view)
@@ -167,10 +184,14 @@ mod tests {
             json!([{"destination": "/dev", "type": "tmpfs", "source": "tmpfs"},
                    {"destination": "/dev/pts", "type": "devpts", "source": "devpts"},
                    {"destination": "/proc", "type": "proc", "source": "proc"},
-                   {"destination": "/dev/shm/", "type": "tmpfs", "source": "shm"}]),
+                   {"destination": "/dev/shm/", "type": "tmpfs", "source": "shm"},
+                   {"destination": "/dev/termination-log", "source": "/var/log/t", "options": ["rbind", "ro"]}]),
         );
         let v = parse(s.to_string().as_bytes()).unwrap();
-        assert_eq!(v.dev_mounts, vec!["pts", "shm"]);
+        let rels: Vec<&str> = v.dev_mounts.iter().map(|m| m.rel_path.as_str()).collect();
+        assert_eq!(rels, ["pts", "shm", "termination-log"]);
+        assert_eq!(v.dev_mounts[2].bind_source.as_deref(), Some("/var/log/t"));
+        assert_eq!(v.dev_mounts[0].bind_source, None);
         assert!(v.terminal && !v.wants_hook);
         assert_eq!(v.devices[0].rel_path.as_deref(), Some("fuse"));
         assert_eq!(v.devices[0].access, Access { mode: 0o600, uid: 7, gid: 8 });
