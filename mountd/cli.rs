@@ -19,6 +19,20 @@ pub enum Command {
     Plan(PlanArgs),
     /// Mount the tree over FUSE at MOUNTPOINT and serve it in the foreground; SIGHUP reloads.
     Mount(MountArgs),
+    /// Print (or write) an OCI runtime spec whose /dev is a bind mount of a devremap mount.
+    OciPatch(OciPatchArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct OciPatchArgs {
+    /// The bundle's config.json.
+    pub config: PathBuf,
+    /// The devremap mountpoint to bind at the container's /dev.
+    #[arg(long = "dev", value_name = "MOUNTPOINT")]
+    pub dev: PathBuf,
+    /// Replace CONFIG (atomically) instead of printing the result.
+    #[arg(long)]
+    pub in_place: bool,
 }
 
 #[derive(Debug, Args)]

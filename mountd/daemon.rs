@@ -314,11 +314,16 @@ fn statfs(path: &Path) -> io::Result<libc::statfs> {
 }
 
 /// Replaces `path` atomically: a temporary file in the same directory, then rename.
-fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+/// A temporary file left by a crash is named `.<name>.<pid>.tmp`.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let name = path.file_name().ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
     let tmp = dir.join(format!(".{}.{}.tmp", name.to_string_lossy(), std::process::id()));
     let mut f = std::fs::File::create(&tmp)?;
+    // A replaced file keeps its permissions (a config.json may be private).
+    if let Ok(meta) = std::fs::metadata(path) {
+        f.set_permissions(meta.permissions())?;
+    }
     f.write_all(bytes)?;
     f.sync_data()?;
     drop(f);

@@ -31,6 +31,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Plan(args) => plan(&args),
         Command::Mount(args) => daemon::run(&args),
+        Command::OciPatch(args) => oci_patch(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -39,6 +40,26 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn oci_patch(args: &cli::OciPatchArgs) -> Result<(), String> {
+    let path = &args.config;
+    let p = path.display();
+    let text = std::fs::read(path).map_err(|e| format!("{p}: {e}"))?;
+    let spec: serde_json::Value = serde_json::from_slice(&text).map_err(|e| format!("{p}: not a valid OCI runtime spec: {e}"))?;
+    let dev = std::path::absolute(&args.dev).map_err(|e| format!("{}: {e}", args.dev.display()))?;
+    let dev = dev.to_str().ok_or_else(|| format!("{}: not a UTF-8 path", dev.display()))?;
+    let patched = devremap::oci_patch::patch(&spec, dev).map_err(|e| format!("{p}: {e}"))?;
+    let mut out = serde_json::to_string_pretty(&patched).expect("a JSON value serialises");
+    out.push('\n');
+    if !args.in_place {
+        print!("{out}");
+        return Ok(());
+    }
+    if patched == spec {
+        return Ok(());
+    }
+    daemon::write_atomic(path, out.as_bytes()).map_err(|e| format!("{p}: cannot write: {e}"))
 }
 
 fn plan(args: &cli::PlanArgs) -> Result<(), String> {

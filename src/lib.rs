@@ -11,6 +11,7 @@ pub mod device;
 pub mod host;
 pub mod load;
 pub mod metadata;
+pub mod oci_patch;
 pub mod pairing;
 pub mod plan;
 pub mod render;
