@@ -176,6 +176,7 @@ impl Daemon {
     }
 
     fn reload(&mut self) {
+        let started = Instant::now();
         let generation = self.devfs.snapshot().generation;
         let loaded = match load::load(&self.sources) {
             Ok(l) => l,
@@ -188,7 +189,12 @@ impl Daemon {
         };
         let change = self.devfs.replace(loaded.plan.tree.clone());
         self.invalidate(&change);
-        info!("reloaded: generation {}: {}", change.generation, describe(&change, &self.current, &loaded));
+        info!(
+            "reloaded: generation {} in {:.2} ms: {}",
+            change.generation,
+            started.elapsed().as_secs_f64() * 1e3,
+            describe(&change, &self.current, &loaded)
+        );
         self.current = loaded;
         self.last_error = None;
         self.write_state();

@@ -20,6 +20,9 @@ use std::time::{Duration, SystemTime};
 pub struct Adapter {
     fs: Arc<Devfs>,
     ttl: Duration,
+    /// The kernel agreed to go without opendir: answering ENOSYS once makes it stop sending
+    /// opendir and releasedir and cache directory listings (`FOPEN_CACHE_DIR`).
+    no_opendir: bool,
     /// Called whenever a retired node is let go, so the state file can be brought up to date.
     on_retired: Option<Box<dyn Fn() + Send + Sync>>,
 }
@@ -32,7 +35,7 @@ impl std::fmt::Debug for Adapter {
 
 impl Adapter {
     pub fn new(fs: Arc<Devfs>, ttl: Duration, on_retired: Option<Box<dyn Fn() + Send + Sync>>) -> Adapter {
-        Adapter { fs, ttl, on_retired }
+        Adapter { fs, ttl, no_opendir: false, on_retired }
     }
 
     fn forgot(&self, ino: u64, n: u64) {
@@ -67,8 +70,15 @@ fn negative() -> FileAttr {
 
 impl Filesystem for Adapter {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        // Ask for readdirplus where the kernel offers it; without it, plain readdir serves.
-        let _ = config.add_capabilities(fuser::InitFlags::FUSE_DO_READDIRPLUS | fuser::InitFlags::FUSE_READDIRPLUS_AUTO);
+        use fuser::InitFlags as F;
+        // Each where the kernel offers it: listings and symlink targets cached by the kernel,
+        // parallel lookups in one directory, readdirplus. Without them, plain requests serve.
+        for flag in [F::FUSE_NO_OPENDIR_SUPPORT, F::FUSE_CACHE_SYMLINKS, F::FUSE_PARALLEL_DIROPS, F::FUSE_DO_READDIRPLUS | F::FUSE_READDIRPLUS_AUTO] {
+            let granted = config.add_capabilities(flag).is_ok();
+            if flag == F::FUSE_NO_OPENDIR_SUPPORT {
+                self.no_opendir = granted && !self.ttl.is_zero();
+            }
+        }
         Ok(())
     }
 
@@ -177,6 +187,9 @@ impl Filesystem for Adapter {
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        if self.no_opendir {
+            return reply.error(Errno::ENOSYS);
+        }
         match self.fs.entry(ino.0).map(|e| e.file_type()) {
             Some(FileType::Directory) => reply.opened(FileHandle(0), FopenFlags::empty()),
             Some(_) => reply.error(Errno::ENOTDIR),

@@ -52,6 +52,10 @@ fn rdev_of(path: &Path) -> (u32, u32) {
     (libc::major(rdev), libc::minor(rdev))
 }
 
+fn listing(dir: &Path) -> BTreeSet<String> {
+    fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect()
+}
+
 /// A host with GPUs 0..=3 and checkpoint metadata saving `saved`.
 fn host_and_metadata(saved: &[u32]) -> (FakeHost, String) {
     let host = FakeHost::with_gpus(&[0, 1, 2, 3]);
@@ -117,7 +121,7 @@ fn stat_and_readdir_match_the_plan() {
         assert_eq!(u64::from(meta.uid()), n["uid"].as_u64().unwrap());
         assert_eq!(u64::from(meta.gid()), n["gid"].as_u64().unwrap());
     }
-    let listed: BTreeSet<String> = fs::read_dir(&d.mountpoint).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    let listed = listing(&d.mountpoint);
     let planned: BTreeSet<String> = nodes.iter().map(|n| n["path"].as_str().unwrap().to_owned()).filter(|p| !p.contains('/')).collect();
     assert_eq!(listed, planned);
     // The state file is the plan plus the daemon's own keys.
@@ -218,6 +222,7 @@ fn reload_is_visible_to_the_next_stat_and_open() {
         assert_eq!(identify(&d.path("nvidia4")).unwrap(), expect_before.0);
         assert_eq!(device_of(rdev_of(&d.path("nvidia5"))), expect_before.1);
         assert_eq!(d.path("nvidia0").exists(), !present);
+        assert_eq!(listing(&d.mountpoint).contains("nvidia0"), !present);
         set_host_gpu0(&host, present);
         let state = d.reload();
         assert_eq!(state["generation"], round + 2);
@@ -226,11 +231,12 @@ fn reload_is_visible_to_the_next_stat_and_open() {
         assert_eq!(identify(&d.path("nvidia4")).unwrap(), expect.0);
         assert_eq!(identify(&d.path("nvidia5")).unwrap(), expect.1);
         // A name that appeared is not hidden by a cached negative lookup, and one that went
-        // away is gone.
+        // away is gone, from lookups and from the (kernel-cached) listing alike.
         assert_eq!(d.path("nvidia0").exists(), present);
+        assert_eq!(listing(&d.mountpoint).contains("nvidia0"), present);
     }
     let log = d.log_text();
-    let line = log.lines().find(|l| l.contains("reloaded: generation 2:")).unwrap_or_else(|| panic!("{log}"));
+    let line = log.lines().find(|l| l.contains("reloaded: generation 2 ")).unwrap_or_else(|| panic!("{log}"));
     assert!(line.contains("nvidia4: 1:3 -> 1:5") && line.contains("nvidia0: removed"), "{line}");
 }
 

@@ -8,6 +8,7 @@
 
 #![allow(dead_code)]
 
+pub mod bundle;
 pub mod daemon;
 
 use serde_json::Value;

@@ -1,0 +1,314 @@
+//! Real containers on a devremap `/dev`, end to end, with runc and with crun: the commands of
+//! docs/containers.md (`devremapd mount`, `devremapd oci-patch --in-place`, `<runtime> run`,
+//! SIGHUP), and a busybox script inside the container that prints what it sees.
+//!
+//! The fake host: GPUs `nvidia0`..`nvidia3` are real char devices 1:3, 1:5, 1:7, 1:8 (null,
+//! zero, full, random), so a read inside the container tells which host GPU a name reached.
+//! The checkpoint saved GPUs {4, 5}, paired with host {0, 1}: `/dev/nvidia4` opens null and
+//! `/dev/nvidia5` zero. The reload removes host GPU 0, so the pairing becomes {4, 5} -> {1, 2}:
+//! `nvidia4` opens zero, `nvidia5` full, and `nvidia0` is gone.
+//!
+//! The denied node: host GPU `nvidia6` is a char device 10:229 (the FUSE device). Every rdev
+//! the fake GPUs 0..3 use is on the default allow list of both runtimes (runc 1.1 and crun 1.8
+//! always append null, zero, full, random, urandom, tty, console, ptmx, pts and tun after the
+//! spec's rules), so a denied node needs a number outside that list; 10:229 is outside it, and
+//! opening it would be harmless if a runtime allowed it after all (an unused FUSE connection).
+//! The spec's `linux.resources.devices` deny everything and then allow the four fake GPUs'
+//! numbers (explicitly, though the defaults cover them), never 10:229. So `/dev/nvidia6` is
+//! visible with its number, and opening it fails with EPERM: the filesystem grants nothing the
+//! cgroup denies, and the cgroup judges the rdev, not the name.
+//!
+//! The reload happens while the container's process runs: after its first report it waits for
+//! `/xchg/go` (written by the test into the read-only rootfs from outside), then reports
+//! again; a descriptor it opened before the reload must keep reaching the old device.
+
+mod common;
+
+use common::bundle::{Bundle, Container, Runtime, allow_char, need_containers, oci_config};
+use common::daemon::Daemon;
+use common::{BIN, FakeHost, arg, fake_rdev, saved_devices};
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// One container at a time: the machine may be small, and the tests share nothing else.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// How long a container may take to start and report, or to finish after the reload.
+const CONTAINER_PATIENCE: Duration = Duration::from_secs(60);
+
+/// The rdev of host GPU 6, which the container's device cgroup denies.
+const DENIED: (u32, u32) = (10, 229);
+
+/// The script the container runs (busybox sh). Every fact is one line `<phase> <key>: <value>`.
+const SCRIPT: &str = r#"#!/bin/sh
+# The device a node opens: null (reads nothing), zero (reads zeros, takes writes), full
+# (reads zeros, refuses writes), random (reads bytes), or the error of open.
+ident() {
+  if ! err=$(head -c 8 "$1" 2>&1 >/dev/null); then echo "error: $err"; return; fi
+  b=$(head -c 8 "$1" | od -An -tx1 | tr -d ' \n')
+  case "$b" in
+    "") echo null ;;
+    0000000000000000) if (echo x >> "$1") 2>/dev/null; then echo zero; else echo full; fi ;;
+    *) echo random ;;
+  esac
+}
+node() {
+  if [ -c "/dev/$2" ]; then echo "$1 $2: char $(stat -c '%t:%T %a %u:%g' "/dev/$2")"
+  elif [ -e "/dev/$2" ]; then echo "$1 $2: not a char device"
+  else echo "$1 $2: missing"; fi
+}
+try() {
+  p=$1; k=$2; shift 2
+  if out=$("$@" 2>&1); then echo "$p $k: ok"; else echo "$p $k: failed: $out"; fi
+}
+report() {
+  p=$1
+  for n in nvidia0 nvidia1 nvidia2 nvidia3 nvidia4 nvidia5 nvidia6 null zero full random urandom tty; do
+    node "$p" "$n"
+  done
+  for n in nvidia0 nvidia1 nvidia2 nvidia3 nvidia4 nvidia5 nvidia6 null zero full random urandom; do
+    echo "$p $n.opens: $(ident "/dev/$n")"
+  done
+  while read -r src mp fs rest; do
+    case "$mp" in /dev|/dev/*) echo "$p mount $mp: $fs" ;; esac
+  done < /proc/mounts
+  echo "$p ls: $(ls /dev | tr '\n' ' ')"
+  echo "$p fd0: $(readlink /dev/fd/0)"
+  echo "$p stdout.link: $(readlink /dev/stdout)"
+  echo "$p fd.list: $(ls /dev/fd/ | tr '\n' ' ')"
+  try "$p" shm.write sh -c 'echo hi > /dev/shm/f && cat /dev/shm/f'
+  try "$p" mknod mknod /dev/x c 1 3
+  try "$p" touch touch /dev/y
+  try "$p" mkdir mkdir /dev/d
+  try "$p" rm rm /dev/null
+  try "$p" chmod chmod 600 /dev/null
+  try "$p" chown chown 1:1 /dev/null
+  echo "$p null.after: $(stat -c '%a %u:%g' /dev/null)"
+  echo "$p created: $(ls /dev | grep -x -e x -e y -e d | tr '\n' ' ')"
+}
+echo "via /dev/stdout" >> /dev/stdout
+report phase1
+exec 3<> /dev/nvidia5
+echo "phase1 fd3: $(stat -L -c '%t:%T' /proc/self/fd/3)"
+echo "phase1 done"
+i=0
+while [ ! -e /xchg/go ]; do
+  i=$((i + 1))
+  if [ "$i" -gt 1200 ]; then echo "phase2 timeout"; exit 1; fi
+  sleep 0.05
+done
+report phase2
+echo "phase2 fd3: $(stat -L -c '%t:%T' /proc/self/fd/3)"
+if (echo x >&3) 2>/dev/null; then echo "phase2 fd3.opens: zero"; else echo "phase2 fd3.opens: full"; fi
+echo "phase2 done"
+"#;
+
+/// `major:minor` as busybox `stat -c %t:%T` prints it (hex).
+fn hex((major, minor): (u32, u32)) -> String {
+    format!("{major:x}:{minor:x}")
+}
+
+/// The `<phase> <key>: <value>` lines of a transcript.
+fn facts(stdout: &str) -> BTreeMap<String, String> {
+    stdout
+        .lines()
+        .filter(|l| l.starts_with("phase"))
+        .filter_map(|l| l.split_once(": ").map(|(k, v)| (k.to_owned(), v.trim_end().to_owned())))
+        .collect()
+}
+
+/// Asserts on the facts a container printed, showing the whole transcript on failure.
+struct Facts<'a> {
+    map: BTreeMap<String, String>,
+    transcript: &'a str,
+}
+
+impl Facts<'_> {
+    fn get(&self, key: &str) -> &str {
+        self.map.get(key).map(String::as_str).unwrap_or_else(|| panic!("the container printed no {key:?}\n{}", self.transcript))
+    }
+
+    fn eq(&self, key: &str, want: &str) {
+        assert_eq!(self.get(key), want, "{key}\n{}", self.transcript);
+    }
+
+    fn contains(&self, key: &str, needle: &str) {
+        let got = self.get(key);
+        assert!(got.contains(needle), "{key}: {got:?} does not contain {needle:?}\n{}", self.transcript);
+    }
+
+    /// `/dev/<name>` is a char device `rdev`, mode 0666, owned by root, and opens `device`.
+    fn device(&self, phase: &str, name: &str, rdev: (u32, u32), device: &str) {
+        self.eq(&format!("{phase} {name}"), &format!("char {} 666 0:0", hex(rdev)));
+        self.eq(&format!("{phase} {name}.opens"), device);
+    }
+
+    /// What holds in both phases: runc's /dev, its mounts, the refusals, the denied node.
+    fn common(&self, p: &str, expected_ls: &str) {
+        for (name, rdev, device) in [
+            ("null", (1, 3), "null"),
+            ("zero", (1, 5), "zero"),
+            ("full", (1, 7), "full"),
+            ("random", (1, 8), "random"),
+            ("urandom", (1, 9), "random"),
+        ] {
+            self.device(p, name, rdev, device);
+        }
+        self.eq(&format!("{p} tty"), "char 5:0 666 0:0");
+        // Native names of the host GPUs that stay.
+        for (minor, device) in [(1, "zero"), (2, "full"), (3, "random")] {
+            self.device(p, &format!("nvidia{minor}"), fake_rdev(minor), device);
+        }
+        // The cgroup denies the rdev, whatever the name: visible, but open fails with EPERM.
+        self.eq(&format!("{p} nvidia6"), &format!("char {} 666 0:0", hex(DENIED)));
+        self.contains(&format!("{p} nvidia6.opens"), "error: ");
+        self.contains(&format!("{p} nvidia6.opens"), "Operation not permitted");
+        // The runtime's mounts land on the devremap tree and stay there across a reload.
+        self.eq(&format!("{p} mount /dev"), "fuse");
+        self.eq(&format!("{p} mount /dev/pts"), "devpts");
+        self.eq(&format!("{p} mount /dev/shm"), "tmpfs");
+        self.eq(&format!("{p} mount /dev/mqueue"), "mqueue");
+        self.eq(&format!("{p} ls"), expected_ls);
+        // runc's symlinks resolve through the container's /proc.
+        assert!(!self.get(&format!("{p} fd0")).is_empty(), "/dev/fd/0 does not resolve\n{}", self.transcript);
+        self.eq(&format!("{p} stdout.link"), "/proc/self/fd/1");
+        let fds: Vec<&str> = self.get(&format!("{p} fd.list")).split(' ').collect();
+        assert!(["0", "1", "2"].iter().all(|fd| fds.contains(fd)), "/dev/fd lists {fds:?}\n{}", self.transcript);
+        self.eq(&format!("{p} shm.write"), "ok");
+        // Every change to the tree is refused by the filesystem (the process has CAP_MKNOD,
+        // CAP_CHOWN, CAP_FOWNER): setattr with EPERM, the rest with EROFS.
+        for key in ["mknod", "touch", "mkdir", "rm"] {
+            self.contains(&format!("{p} {key}"), "failed: ");
+            self.contains(&format!("{p} {key}"), "Read-only file system");
+        }
+        for key in ["chmod", "chown"] {
+            self.contains(&format!("{p} {key}"), "failed: ");
+            self.contains(&format!("{p} {key}"), "Operation not permitted");
+        }
+        self.eq(&format!("{p} null.after"), "666 0:0");
+        self.eq(&format!("{p} created"), "");
+    }
+}
+
+/// The names directly under `/dev` that the daemon serves (mount points included), as the
+/// container's `ls /dev | tr '\n' ' '` prints them (its trailing space trimmed).
+fn expected_ls(state: &Value) -> String {
+    let names: BTreeSet<&str> = state["nodes"]
+        .as_array()
+        .expect("nodes is an array")
+        .iter()
+        .filter_map(|n| n["path"].as_str())
+        .filter(|p| !p.contains('/'))
+        .collect();
+    names.into_iter().collect::<Vec<_>>().join(" ")
+}
+
+fn container_on_devremap(runtime: Runtime) {
+    if !need_containers(runtime) {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+
+    // The restore host and the checkpoint.
+    let host = FakeHost::with_gpus(&[0, 1, 2, 3]);
+    host.node("nvidia6", DENIED);
+    let meta = host.tmp.path().join("meta.json");
+    fs::write(&meta, saved_devices(&[4, 5]).to_string()).unwrap();
+
+    // The bundle: runc's default spec, its device cgroup allowing the fake GPUs only.
+    let rules: Vec<Value> = (0..4).map(|m| fake_rdev(m)).map(|(ma, mi)| allow_char(ma, mi)).collect();
+    let bundle = Bundle::new(SCRIPT, &oci_config(&format!("devremap-{}", runtime.name()), &rules));
+
+    // 1. Mount, with the spec so that the runtime's mount points exist.
+    let d = Daemon::start(&[
+        "--metadata",
+        arg(&meta),
+        "--host-dev",
+        arg(&host.dev()),
+        "--host-root",
+        arg(&host.root()),
+        "--spec",
+        arg(&bundle.config_path()),
+    ]);
+    let state = d.state();
+    let remap: Vec<(String, String)> = state["remap"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["name"].as_str().unwrap().to_owned(), e["new"]["name"].as_str().unwrap_or_default().to_owned()))
+        .collect();
+    assert!(remap.iter().any(|(n, _)| n == "nvidia4"), "{}", state["remap"]);
+
+    // 2. Patch the bundle's spec: /dev becomes a bind mount of the devremap mount.
+    let out = Command::new(BIN)
+        .args(["oci-patch", arg(&bundle.config_path()), "--dev", arg(&d.mountpoint), "--in-place"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "oci-patch failed: {}", String::from_utf8_lossy(&out.stderr));
+    let config = bundle.config();
+    let dev_mounts: Vec<&Value> = config["mounts"].as_array().unwrap().iter().filter(|m| m["destination"] == "/dev").collect();
+    assert_eq!(dev_mounts.len(), 1);
+    assert_eq!(dev_mounts[0]["type"], "bind");
+    assert_eq!(dev_mounts[0]["source"], arg(&d.mountpoint));
+
+    // 3. Run the container; it reports, then waits for the reload.
+    let id = format!("devremap-test-{}-{}", runtime.name(), std::process::id());
+    let mut c = Container::run(runtime, &bundle, &id);
+    c.wait_line("phase1 done", CONTAINER_PATIENCE);
+    let out1 = c.stdout();
+    let transcript = format!("{out1}--- runtime stderr ---\n{}--- daemon log ---\n{}", c.stderr(), d.log_text());
+    let f = Facts { map: facts(&out1), transcript: &transcript };
+    assert!(out1.lines().any(|l| l == "via /dev/stdout"), "/dev/stdout does not reach the container's stdout\n{transcript}");
+    f.common("phase1", &expected_ls(&state));
+    // Checkpoint names reach the paired host GPUs; native names their own.
+    f.device("phase1", "nvidia4", fake_rdev(0), "null");
+    f.device("phase1", "nvidia5", fake_rdev(1), "zero");
+    f.device("phase1", "nvidia0", fake_rdev(0), "null");
+    f.eq("phase1 fd3", &hex(fake_rdev(1)));
+
+    // 4. Reload with a new pairing while the container runs: host GPU 0 is gone, so saved
+    // {4, 5} now pair with host {1, 2}.
+    fs::remove_file(host.dev().join("nvidia0")).unwrap();
+    let state2 = d.reload();
+    assert_eq!(state2["generation"], 2, "{}", d.log_text());
+    assert_eq!(state2["last_error"], Value::Null);
+    fs::write(bundle.xchg().join("go"), "").unwrap();
+    let status = c.wait(CONTAINER_PATIENCE);
+    let out = c.stdout();
+    let transcript = format!("{out}--- runtime stderr ---\n{}--- daemon log ---\n{}", c.stderr(), d.log_text());
+    assert!(status.success(), "{} run exited with {status}\n{transcript}", runtime.name());
+    let f = Facts { map: facts(&out), transcript: &transcript };
+    assert!(out.lines().any(|l| l == "phase2 done"), "the container did not finish its report\n{transcript}");
+    // The running container's next open reaches the new device; the old native name is gone.
+    f.device("phase2", "nvidia4", fake_rdev(1), "zero");
+    f.device("phase2", "nvidia5", fake_rdev(2), "full");
+    f.eq("phase2 nvidia0", "missing");
+    f.contains("phase2 nvidia0.opens", "error: ");
+    f.common("phase2", &expected_ls(&state2));
+    // A descriptor opened before the reload keeps its device.
+    f.eq("phase2 fd3", &hex(fake_rdev(1)));
+    f.eq("phase2 fd3.opens", "zero");
+
+    // 5. Clean up: the container first, so that nothing holds the mount.
+    let deleted = c.delete();
+    assert!(deleted.status.success(), "{} delete -f: {}", runtime.name(), String::from_utf8_lossy(&deleted.stderr));
+    drop(c);
+    assert!(d.stop().success());
+}
+
+/// runc 1.1 runs a restored container on a devremap /dev and sees a reload.
+#[test]
+fn runc_container_on_devremap() {
+    container_on_devremap(Runtime::Runc);
+}
+
+/// crun 1.8 runs a restored container on a devremap /dev and sees a reload (on a hybrid cgroup
+/// host, in a mount namespace without the cgroup2 mount).
+#[test]
+fn crun_container_on_devremap() {
+    container_on_devremap(Runtime::Crun);
+}
