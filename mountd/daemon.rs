@@ -59,7 +59,8 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
     let on_retired = Box::new(move || {
         let _ = retired_tx.send(Event::Retired);
     });
-    let adapter = Adapter::new(devfs.clone(), Duration::from_secs(args.ttl), Some(on_retired));
+    let failpoint = std::env::var("DEVREMAPD_FAILPOINT").ok().and_then(|f| f.strip_prefix("lookup-panic:").map(str::to_owned));
+    let adapter = Adapter::new(devfs.clone(), Duration::from_secs(args.ttl), Some(on_retired)).panic_on_lookup(failpoint);
     let mut config = Config::default();
     config.mount_options = vec![
         MountOption::FSName("devremap".into()),

@@ -25,6 +25,8 @@ pub struct Adapter {
     no_opendir: bool,
     /// Called whenever a retired node is let go, so the state file can be brought up to date.
     on_retired: Option<Box<dyn Fn() + Send + Sync>>,
+    /// Fault injection for tests: a lookup of this name panics.
+    panic_on_lookup: Option<String>,
 }
 
 impl std::fmt::Debug for Adapter {
@@ -35,7 +37,14 @@ impl std::fmt::Debug for Adapter {
 
 impl Adapter {
     pub fn new(fs: Arc<Devfs>, ttl: Duration, on_retired: Option<Box<dyn Fn() + Send + Sync>>) -> Adapter {
-        Adapter { fs, ttl, no_opendir: false, on_retired }
+        Adapter { fs, ttl, no_opendir: false, on_retired, panic_on_lookup: None }
+    }
+
+    /// Makes every lookup of `name` panic, to test that a panicking request cannot end the
+    /// daemon (the daemon sets it from `DEVREMAPD_FAILPOINT=lookup-panic:NAME`).
+    pub fn panic_on_lookup(mut self, name: Option<String>) -> Adapter {
+        self.panic_on_lookup = name;
+        self
     }
 
     fn forgot(&self, ino: u64, n: u64) {
@@ -44,6 +53,20 @@ impl Adapter {
                 f();
             }
         }
+    }
+}
+
+/// Runs a request handler so that a panic in it answers EIO (the unsent reply is dropped,
+/// and fuser answers a dropped reply with EIO) and is logged, instead of ending the thread
+/// that serves the kernel.
+fn guard(op: &str, f: impl FnOnce()) {
+    if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".to_owned());
+        log::error!("{op}: handler panicked ({what}); answered EIO and serving on");
     }
 }
 
@@ -83,26 +106,35 @@ impl Filesystem for Adapter {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match self.fs.lookup(parent.0, name) {
-            Ok(attr) => reply.entry(&self.ttl, &attr, Generation(0)),
-            // A negative entry lets the kernel answer the next miss itself; a reload that
-            // adds the name invalidates it.
-            Err(Errno::ENOENT) if !self.ttl.is_zero() && self.fs.entry(parent.0).is_some() => {
-                reply.entry(&self.ttl, &negative(), Generation(0))
+        guard("lookup", || {
+            if self.panic_on_lookup.as_deref().is_some_and(|n| name == OsStr::new(n)) {
+                panic!("fault injected on lookup of {name:?}");
             }
-            Err(e) => reply.error(e),
-        }
+            match self.fs.lookup(parent.0, name) {
+                Ok(attr) => reply.entry(&self.ttl, &attr, Generation(0)),
+                // A negative entry lets the kernel answer the next miss itself; a reload that
+                // adds the name invalidates it.
+                Err(Errno::ENOENT) if !self.ttl.is_zero() && self.fs.entry(parent.0).is_some() => {
+                    reply.entry(&self.ttl, &negative(), Generation(0))
+                }
+                Err(e) => reply.error(e),
+            }
+        });
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        self.forgot(ino.0, nlookup);
+        guard("forget", || {
+            self.forgot(ino.0, nlookup);
+        });
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.fs.entry(ino.0) {
-            Some(e) => reply.attr(&self.ttl, &e.attr()),
-            None => reply.error(Errno::ENOENT),
-        }
+        guard("getattr", || {
+            match self.fs.entry(ino.0) {
+                Some(e) => reply.attr(&self.ttl, &e.attr()),
+                None => reply.error(Errno::ENOENT),
+            }
+        });
     }
 
     fn setattr(
@@ -127,14 +159,16 @@ impl Filesystem for Adapter {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        let result = self.fs.entry(ino.0).ok_or(Errno::ENOENT).and_then(|e| match &e.node.kind {
-            crate::tree::NodeKind::Symlink(target) => Ok(target.clone()),
-            _ => Err(Errno::EINVAL),
+        guard("readlink", || {
+            let result = self.fs.entry(ino.0).ok_or(Errno::ENOENT).and_then(|e| match &e.node.kind {
+                crate::tree::NodeKind::Symlink(target) => Ok(target.clone()),
+                _ => Err(Errno::EINVAL),
+            });
+            match result {
+                Ok(target) => reply.data(target.as_bytes()),
+                Err(e) => reply.error(e),
+            }
         });
-        match result {
-            Ok(target) => reply.data(target.as_bytes()),
-            Err(e) => reply.error(e),
-        }
     }
 
     fn mknod(&self, _req: &Request, _p: INodeNo, _n: &OsStr, _m: u32, _u: u32, _r: u32, reply: ReplyEntry) {
@@ -187,49 +221,59 @@ impl Filesystem for Adapter {
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        if self.no_opendir {
-            return reply.error(Errno::ENOSYS);
-        }
-        match self.fs.entry(ino.0).map(|e| e.file_type()) {
-            Some(FileType::Directory) => reply.opened(FileHandle(0), FopenFlags::empty()),
-            Some(_) => reply.error(Errno::ENOTDIR),
-            None => reply.error(Errno::ENOENT),
-        }
+        guard("opendir", || {
+            if self.no_opendir {
+                return reply.error(Errno::ENOSYS);
+            }
+            match self.fs.entry(ino.0).map(|e| e.file_type()) {
+                Some(FileType::Directory) => reply.opened(FileHandle(0), FopenFlags::empty()),
+                Some(_) => reply.error(Errno::ENOTDIR),
+                None => reply.error(Errno::ENOENT),
+            }
+        });
     }
 
     fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
-        let snap = self.fs.snapshot();
-        let Some(dir) = snap.dir(ino.0) else { return reply.error(Errno::ENOENT) };
-        let dots = [(".", ino.0), ("..", dir.parent)];
-        let dots = dots.iter().map(|(n, i)| (*n, *i, FileType::Directory));
-        let children = dir.children().iter().map(|(n, i)| (n.as_str(), *i, snap.entry(*i).map_or(FileType::RegularFile, |e| e.file_type())));
-        for (i, (name, child, kind)) in dots.chain(children).enumerate().skip(offset as usize) {
-            if reply.add(INodeNo(child), i as u64 + 1, kind, name) {
-                break;
+        guard("readdir", || {
+            let snap = self.fs.snapshot();
+            let Some(dir) = snap.dir(ino.0) else { return reply.error(Errno::ENOENT) };
+            let dots = [(".", ino.0), ("..", dir.parent)];
+            let dots = dots.iter().map(|(n, i)| (*n, *i, FileType::Directory));
+            let children = dir.children().iter().map(|(n, i)| (n.as_str(), *i, snap.entry(*i).map_or(FileType::RegularFile, |e| e.file_type())));
+            for (i, (name, child, kind)) in dots.chain(children).enumerate().skip(offset as usize) {
+                if reply.add(INodeNo(child), i as u64 + 1, kind, name) {
+                    break;
+                }
             }
-        }
-        reply.ok();
+            reply.ok();
+        });
     }
 
     fn readdirplus(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
-        let ttl = self.ttl;
-        let r = self.fs.list_plus(ino.0, offset, |ino, next, name, attr| reply.add(INodeNo(ino), next, name, &ttl, attr, Generation(0)));
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        guard("readdirplus", || {
+            let ttl = self.ttl;
+            let r = self.fs.list_plus(ino.0, offset, |ino, next, name, attr| reply.add(INodeNo(ino), next, name, &ttl, attr, Generation(0)));
+            match r {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e),
+            }
+        });
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let files = self.fs.snapshot().tree.len() as u64;
-        reply.statfs(0, 0, 0, files, 0, 4096, 255, 4096);
+        guard("statfs", || {
+            let files = self.fs.snapshot().tree.len() as u64;
+            reply.statfs(0, 0, 0, files, 0, 4096, 255, 4096);
+        });
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
-        // Permissions are the kernel's (default_permissions); this only says the node exists.
-        match self.fs.entry(ino.0) {
-            Some(_) => reply.ok(),
-            None => reply.error(Errno::ENOENT),
-        }
+        guard("access", || {
+            // Permissions are the kernel's (default_permissions); this only says the node exists.
+            match self.fs.entry(ino.0) {
+                Some(_) => reply.ok(),
+                None => reply.error(Errno::ENOENT),
+            }
+        });
     }
 }
