@@ -9,9 +9,9 @@
 //! `nvidia4` opens zero, `nvidia5` full, and `nvidia0` is gone.
 //!
 //! The denied node: host GPU `nvidia6` is a char device 10:229 (the FUSE device). Every rdev
-//! the fake GPUs 0..3 use is on the default allow list of both runtimes (runc 1.1 and crun 1.8
-//! always append null, zero, full, random, urandom, tty, console, ptmx, pts and tun after the
-//! spec's rules), so a denied node needs a number outside that list; 10:229 is outside it, and
+//! the fake GPUs 0..3 use is on the default allow list of both runtimes (runc 1.1.5 and crun
+//! 1.8.1 always add null, zero, full, random, urandom, tty, ptmx and pts 136:*, runc also tun
+//! 10:200, crun console 5:1), so a denied node needs a number outside that list; 10:229 is, and
 //! opening it would be harmless if a runtime allowed it after all (an unused FUSE connection).
 //! The spec's `linux.resources.devices` deny everything and then allow the four fake GPUs'
 //! numbers (explicitly, though the defaults cover them), never 10:229. So `/dev/nvidia6` is
@@ -220,7 +220,7 @@ fn container_on_devremap(runtime: Runtime) {
     fs::write(&meta, saved_devices(&[4, 5]).to_string()).unwrap();
 
     // The bundle: runc's default spec, its device cgroup allowing the fake GPUs only.
-    let rules: Vec<Value> = (0..4).map(|m| fake_rdev(m)).map(|(ma, mi)| allow_char(ma, mi)).collect();
+    let rules: Vec<Value> = (0..4).map(fake_rdev).map(|(ma, mi)| allow_char(ma, mi)).collect();
     let bundle = Bundle::new(SCRIPT, &oci_config(&format!("devremap-{}", runtime.name()), &rules));
 
     // 1. Mount, with the spec so that the runtime's mount points exist.
