@@ -111,7 +111,7 @@ impl Snapshot {
 
     /// Numbers `tree`, keeping the node ids (and lookup counts) of nodes unchanged since `prev`.
     fn build(prev: Option<&Snapshot>, tree: Tree, generation: u64, next_ino: &mut u64, now: SystemTime) -> Snapshot {
-        let mut snap = Snapshot { generation, tree: Tree::clone(&tree), entries: HashMap::new(), dirs: HashMap::new(), paths: HashMap::new() };
+        let (mut entries, mut dirs, mut paths) = (HashMap::new(), HashMap::<u64, Dir>::new(), HashMap::new());
         let root = std::iter::once(("", tree.get("").expect("a tree has its root")));
         // Sorted by path, so every parent is numbered before its children.
         for (path, node) in root.chain(tree.iter()) {
@@ -125,24 +125,24 @@ impl Snapshot {
             });
             let ino = entry.ino;
             if node.kind == NodeKind::Dir {
-                snap.dirs.insert(ino, Dir::default());
+                dirs.insert(ino, Dir::default());
             }
             if !path.is_empty() {
                 let (parent_path, name) = Tree::split(path);
-                let parent = snap.paths[parent_path];
-                let dir = snap.dirs.get_mut(&parent).expect("a node's parent is a directory");
+                let parent = paths[parent_path];
+                let dir = dirs.get_mut(&parent).expect("a node's parent is a directory");
                 dir.names.push((name.to_owned(), ino));
                 dir.index.insert(name.to_owned(), ino);
-                if let Some(d) = snap.dirs.get_mut(&ino) {
+                if let Some(d) = dirs.get_mut(&ino) {
                     d.parent = parent;
                 }
             } else {
-                snap.dirs.get_mut(&ino).expect("the root is a directory").parent = ino;
+                dirs.get_mut(&ino).expect("the root is a directory").parent = ino;
             }
-            snap.paths.insert(path.to_owned(), ino);
-            snap.entries.insert(ino, entry);
+            paths.insert(path.to_owned(), ino);
+            entries.insert(ino, entry);
         }
-        snap
+        Snapshot { generation, tree, entries, dirs, paths }
     }
 }
 
