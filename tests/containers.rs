@@ -312,3 +312,51 @@ fn runc_container_on_devremap() {
 fn crun_container_on_devremap() {
     container_on_devremap(Runtime::Crun);
 }
+
+/// Shell-quotes a command for `script -c`.
+fn shell_line(cmd: &Command) -> String {
+    let quote = |s: &std::ffi::OsStr| format!("'{}'", s.to_str().expect("a UTF-8 argument").replace('\'', r"'\''"));
+    std::iter::once(quote(cmd.get_program())).chain(cmd.get_args().map(quote)).collect::<Vec<_>>().join(" ")
+}
+
+/// With `process.terminal`, the runtime bind-mounts the container's pty onto `/dev/console`,
+/// which it cannot create on our tree: the tree holds a placeholder there (char 1:3), and the
+/// runtime's console mount covers it. `script` gives the runtime the terminal it needs.
+fn terminal_console(runtime: Runtime) {
+    if !need_containers(runtime) {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let script = "tty; stat -c 'console %F %t:%T' /dev/console; grep ' /dev/console ' /proc/mounts | cut -d' ' -f3\n";
+    let mut config = oci_config("tty", &[]);
+    config["process"]["terminal"] = Value::Bool(true);
+    let bundle = Bundle::new(script, &config);
+    let host = FakeHost::new();
+    let config_path = bundle.config_path();
+    let d = Daemon::start(&["--spec", arg(&config_path), "--host-root", arg(&host.root())]);
+    let state = d.state();
+    let console = state["nodes"].as_array().unwrap().iter().find(|n| n["path"] == "console").expect("a console placeholder");
+    assert_eq!((console["type"].as_str(), console["major"].as_u64(), console["minor"].as_u64()), (Some("char"), Some(1), Some(3)));
+    let out = Command::new(BIN).args(["oci-patch", arg(&config_path), "--dev", arg(&d.mountpoint), "--in-place"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let id = format!("devremap-tty-{}", runtime.name());
+    let run = runtime.command(&bundle.state_root(), &["run", "--bundle", arg(bundle.dir()), &id]);
+    let out = Command::new("script").args(["-qec", &shell_line(&run), "/dev/null"]).stdin(std::process::Stdio::null()).output().unwrap();
+    let _ = runtime.command(&bundle.state_root(), &["delete", "-f", &id]).output();
+    let text = String::from_utf8_lossy(&out.stdout).replace('\r', "");
+    assert!(out.status.success(), "{} with a terminal failed: {text}{}", runtime.name(), String::from_utf8_lossy(&out.stderr));
+    assert!(text.lines().any(|l| l.contains("/dev/pts/")), "no tty: {text}");
+    assert!(text.contains("console character special file 88:0"), "the console is not the pty: {text}");
+    assert!(text.lines().any(|l| l == "devpts"), "the console is not mounted from devpts: {text}");
+    assert!(d.stop().success());
+}
+
+#[test]
+fn runc_terminal_console() {
+    terminal_console(Runtime::Runc);
+}
+
+#[test]
+fn crun_terminal_console() {
+    terminal_console(Runtime::Crun);
+}
