@@ -118,18 +118,23 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
 
     let ended_by_us = daemon.serve(&rx);
     if ended_by_us {
-        if let Err(e) = unmounter.unmount() {
-            // Busy (a container still has it bind-mounted): detach; the mount dies with us.
-            warn!("{m}: unmount failed ({e}); detaching");
-            detach(mountpoint);
-        }
-        // The session thread ends once the kernel lets go; a detached mount that is still
-        // referenced keeps it waiting, and exiting closes the connection anyway.
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while !session_thread.is_finished() && Instant::now() < deadline {
-            match rx.recv_timeout(Duration::from_millis(50)) {
-                Ok(Event::Ended(_)) | Err(RecvTimeoutError::Disconnected) => break,
-                _ => {}
+        match unmounter.unmount() {
+            // The session thread ends once the kernel lets go of the connection.
+            Ok(()) => {
+                let deadline = Instant::now() + Duration::from_secs(2);
+                while !session_thread.is_finished() && Instant::now() < deadline {
+                    match rx.recv_timeout(Duration::from_millis(50)) {
+                        Ok(Event::Ended(_)) | Err(RecvTimeoutError::Disconnected) => break,
+                        _ => {}
+                    }
+                }
+            }
+            // Busy (a container still has it bind-mounted): detach. The connection lives as
+            // long as those references do, so waiting is pointless; exiting closes it, and
+            // what still holds the mount sees ENOTCONN.
+            Err(e) => {
+                warn!("{m}: unmount failed ({e}); detaching, and the mounts still holding it lose their /dev");
+                detach(mountpoint);
             }
         }
     }
