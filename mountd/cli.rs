@@ -103,6 +103,10 @@ pub struct InputArgs {
     /// Which name wins when a checkpoint name is another restored GPU's native name.
     #[arg(long, value_enum, default_value = "native")]
     pub prefer: PreferArg,
+    /// A file holding `native` or `checkpoint`, read at every (re)load and winning over
+    /// --prefer: write it and send SIGHUP to switch a running daemon.
+    #[arg(long, value_name = "PATH")]
+    pub prefer_file: Option<PathBuf>,
 }
 
 impl InputArgs {
@@ -117,6 +121,7 @@ impl InputArgs {
                 PreferArg::Native => Prefer::Native,
                 PreferArg::Checkpoint => Prefer::Checkpoint,
             },
+            prefer_file: self.prefer_file.clone(),
         }
     }
 }

@@ -10,7 +10,7 @@
 use crate::cli::MountArgs;
 use devremap::adapter::Adapter;
 use devremap::load::{self, Loaded, Sources};
-use devremap::render;
+use devremap::{io_message, render};
 use devremap::served::{Change, Devfs};
 use fuser::{Config, INodeNo, MountOption, Notifier, Session, SessionACL};
 use log::{info, warn};
@@ -72,7 +72,7 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
     ];
     config.acl = SessionACL::All;
     config.n_threads = Some(args.threads.into());
-    let mut session = Session::new(adapter, mountpoint, &config).map_err(|e| format!("{m}: cannot mount: {e}"))?;
+    let mut session = Session::new(adapter, mountpoint, &config).map_err(|e| format!("{m}: cannot mount: {}", io_message(&e)))?;
     let notifier = session.notifier();
     let mut unmounter = session.unmount_callable();
     let session_tx = tx.clone();
@@ -106,11 +106,11 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
     daemon.write_state();
     if let Some(pid_file) = &args.pid_file {
         write_atomic(pid_file, format!("{}\n", std::process::id()).as_bytes())
-            .map_err(|e| format!("{}: cannot write the pid file: {e}", pid_file.display()))?;
+            .map_err(|e| format!("{}: cannot write the pid file: {}", pid_file.display(), io_message(&e)))?;
     }
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
     info!(
-        "serving {m}: generation 1, {} nodes, {} remapped GPUs{}",
+        "serving {m}: generation 1, nodes: {}, remapped GPUs: {}{}",
         daemon.current.plan.tree.len() - 1,
         daemon.current.plan.remap.iter().filter(|e| e.served).count(),
         daemon.current.plan.warnings.iter().map(|w| format!("; warning: {w}")).collect::<String>()
@@ -119,29 +119,33 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
     let ended_by_us = daemon.serve(&rx);
     if ended_by_us {
         match unmounter.unmount() {
-            // The session thread ends once the kernel lets go of the connection.
+            // Unmounted here; the connection ends once no other mount holds it. A container's
+            // bind mount of it does: then exiting ends it, and the container sees ENOTCONN.
             Ok(()) => {
-                let deadline = Instant::now() + Duration::from_secs(2);
-                while !session_thread.is_finished() && Instant::now() < deadline {
-                    match rx.recv_timeout(Duration::from_millis(50)) {
-                        Ok(Event::Ended(_)) | Err(RecvTimeoutError::Disconnected) => break,
-                        _ => {}
+                let deadline = Instant::now() + Duration::from_millis(500);
+                let ended = loop {
+                    match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                        Ok(Event::Ended(_)) | Err(RecvTimeoutError::Disconnected) => break true,
+                        Ok(_) => {}
+                        Err(RecvTimeoutError::Timeout) => break session_thread.is_finished(),
                     }
+                };
+                if ended {
+                    info!("unmounted {m}");
+                } else {
+                    warn!("unmounted {m}, but other mounts of it (a container's /dev?) remain; they lose their /dev as we exit");
                 }
             }
-            // Busy (a container still has it bind-mounted): detach. The connection lives as
-            // long as those references do, so waiting is pointless; exiting closes it, and
-            // what still holds the mount sees ENOTCONN.
+            // Busy (a process has its cwd in it): detach; the same holds for its last users.
             Err(e) => {
-                warn!("{m}: unmount failed ({e}); detaching, and the mounts still holding it lose their /dev");
+                warn!("{m}: unmount failed ({}); detached it, and what still holds it loses its /dev as we exit", io_message(&e));
                 detach(mountpoint);
             }
         }
     }
-    if let Some(pid_file) = &args.pid_file {
-        let _ = std::fs::remove_file(pid_file);
+    for file in [&args.pid_file, &args.state_file].into_iter().flatten() {
+        let _ = std::fs::remove_file(file);
     }
-    info!("unmounted {m}");
     Ok(())
 }
 
@@ -232,7 +236,7 @@ impl Daemon {
         let mut text = Value::Object(state).to_string();
         text.push('\n');
         if let Err(e) = write_atomic(path, text.as_bytes()) {
-            warn!("{}: cannot write the state file: {e}", path.display());
+            warn!("{}: cannot write the state file: {}", path.display(), io_message(&e));
         }
     }
 }
@@ -265,17 +269,17 @@ fn prepare_mountpoint(path: &Path) -> Result<(), String> {
     // ENOTCONN here means the daemon behind the mount is gone.
     if let Err(e) = statfs(path) {
         if e.raw_os_error() != Some(libc::ENOTCONN) {
-            return Err(format!("{m}: {}", e));
+            return Err(format!("{m}: {}", io_message(&e)));
         }
         warn!("{m}: a dead FUSE mount was left here; detaching it");
         detach(path);
     }
     match std::fs::metadata(path) {
-        Err(e) => return Err(format!("{m}: {e}")),
+        Err(e) => return Err(format!("{m}: {}", io_message(&e))),
         Ok(meta) if !meta.is_dir() => return Err(format!("{m}: not a directory")),
         Ok(_) => {}
     }
-    let canonical = path.canonicalize().map_err(|e| format!("{m}: {e}"))?;
+    let canonical = path.canonicalize().map_err(|e| format!("{m}: {}", io_message(&e)))?;
     if let Some(fs) = mounted_at(&canonical) {
         return Err(format!("{m}: already a mount point ({fs}); refusing to mount over it"));
     }

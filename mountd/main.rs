@@ -11,9 +11,17 @@ use devremap::render;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info,fuser=warn"))
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info,fuser=error"))
         .format_timestamp_millis()
         .init();
+    // A request handler's panic is answered with EIO and logged in one line by the adapter;
+    // any other panic keeps the default report.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if !std::thread::current().name().is_some_and(|n| n.starts_with("fuser-")) {
+            default_hook(info);
+        }
+    }));
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         // Help and version are not errors.
@@ -45,9 +53,9 @@ fn main() -> ExitCode {
 fn oci_patch(args: &cli::OciPatchArgs) -> Result<(), String> {
     let path = &args.config;
     let p = path.display();
-    let text = std::fs::read(path).map_err(|e| format!("{p}: {e}"))?;
+    let text = std::fs::read(path).map_err(|e| format!("{p}: {}", devremap::io_message(&e)))?;
     let spec: serde_json::Value = serde_json::from_slice(&text).map_err(|e| format!("{p}: not a valid OCI runtime spec: {e}"))?;
-    let dev = std::path::absolute(&args.dev).map_err(|e| format!("{}: {e}", args.dev.display()))?;
+    let dev = std::path::absolute(&args.dev).map_err(|e| format!("{}: {}", args.dev.display(), devremap::io_message(&e)))?;
     let dev = dev.to_str().ok_or_else(|| format!("{}: not a UTF-8 path", dev.display()))?;
     let patched = devremap::oci_patch::patch(&spec, dev).map_err(|e| format!("{p}: {e}"))?;
     let mut out = serde_json::to_string_pretty(&patched).expect("a JSON value serialises");
@@ -59,7 +67,7 @@ fn oci_patch(args: &cli::OciPatchArgs) -> Result<(), String> {
     if patched == spec {
         return Ok(());
     }
-    daemon::write_atomic(path, out.as_bytes()).map_err(|e| format!("{p}: cannot write: {e}"))
+    daemon::write_atomic(path, out.as_bytes()).map_err(|e| format!("{p}: cannot write: {}", devremap::io_message(&e)))
 }
 
 fn plan(args: &cli::PlanArgs) -> Result<(), String> {

@@ -20,7 +20,7 @@ pub mod spec;
 pub mod tree;
 
 /// An I/O error as a lower-case message without the `(os error N)` suffix.
-pub(crate) fn io_message(e: &std::io::Error) -> String {
+pub fn io_message(e: &std::io::Error) -> String {
     let text = match e.raw_os_error() {
         Some(code) => {
             let full = std::io::Error::from_raw_os_error(code).to_string();

@@ -26,6 +26,9 @@ pub struct Sources {
     pub host_root: PathBuf,
     pub device_map: Vec<MapPair>,
     pub prefer: Prefer,
+    /// A file holding `native` or `checkpoint`, read at every load and winning over
+    /// `prefer`: how a running daemon is switched between the two (write it, then SIGHUP).
+    pub prefer_file: Option<PathBuf>,
 }
 
 impl Default for Sources {
@@ -37,6 +40,7 @@ impl Default for Sources {
             host_root: PathBuf::from("/"),
             device_map: Vec::new(),
             prefer: Prefer::Native,
+            prefer_file: None,
         }
     }
 }
@@ -56,6 +60,8 @@ pub enum LoadError {
     Host(#[from] HostError),
     #[error("{0}: {1}")]
     Plan(String, PlanError),
+    #[error("{}: expected `native` or `checkpoint`, found {:?}", .0.display(), .1)]
+    Prefer(PathBuf, String),
 }
 
 /// A loaded plan together with the metadata it came from.
@@ -134,6 +140,19 @@ fn parse_spec(path: &Path) -> Result<spec::SpecView, LoadError> {
     spec::parse(&buf).map_err(|e| LoadError::Spec(path.to_owned(), e))
 }
 
+/// Reads a `--prefer-file`: one word, `native` or `checkpoint`.
+fn read_prefer(path: &Path) -> Result<Prefer, LoadError> {
+    let mut file = open_regular(path)?;
+    let mut buf = Vec::new();
+    read_up_to(&mut file, 64, &mut buf).map_err(|e| LoadError::Io(path.to_owned(), e))?;
+    let word = String::from_utf8_lossy(&buf).trim().to_owned();
+    match word.as_str() {
+        "native" => Ok(Prefer::Native),
+        "checkpoint" => Ok(Prefer::Checkpoint),
+        _ => Err(LoadError::Prefer(path.to_owned(), word)),
+    }
+}
+
 /// Reads every input named by `sources`.
 pub fn gather(sources: &Sources) -> Result<Inputs, LoadError> {
     let metadata = sources.metadata.as_deref().map(read_metadata).transpose()?;
@@ -150,7 +169,10 @@ pub fn gather(sources: &Sources) -> Result<Inputs, LoadError> {
         dev_dir,
         host: host::read_host_facts(&sources.host_root),
         device_map: sources.device_map.clone(),
-        prefer: sources.prefer,
+        prefer: match &sources.prefer_file {
+            Some(path) => read_prefer(path)?,
+            None => sources.prefer,
+        },
     })
 }
 

@@ -35,6 +35,13 @@ pub struct DeviceId {
     pub uuid: String,
 }
 
+impl DeviceId {
+    /// PCI vendor and device id; `None` when the list left them out (0 is no vendor).
+    pub fn pci(&self) -> Option<(u32, u32)> {
+        (self.pci_vendor_id != 0).then_some((self.pci_vendor_id, self.pci_device_id))
+    }
+}
+
 /// Which of the accepted forms the input was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {

@@ -129,7 +129,7 @@ pub fn pair(
     if let Some(d) = saved.iter().find(|d| d.subdevice_instance != 0) {
         return Err(PairingError::Subdevice { minor: d.minor, instance: d.subdevice_instance });
     }
-    homogeneous("saved", saved.iter().map(|d| (format!("nvidia{}", d.minor), (d.pci_vendor_id, d.pci_device_id))))?;
+    homogeneous("saved", saved.iter().filter_map(|d| Some((format!("nvidia{}", d.minor), d.pci()?))))?;
     homogeneous("restored", restored.iter().filter_map(|g| Some((g.name(), g.pci?))))?;
 
     let mut new_of_old: Vec<Option<(usize, bool)>> = vec![None; saved.len()];
@@ -165,8 +165,7 @@ pub fn pair(
         .zip(new_of_old)
         .filter_map(|(old, slot)| slot.map(|(i, explicit)| Pair { old: old.clone(), new: restored[i].clone(), explicit }))
         .collect();
-    if let (Some(old), Some(new)) = (saved.first(), restored.iter().find_map(|g| g.pci)) {
-        let old_pci = (old.pci_vendor_id, old.pci_device_id);
+    if let (Some(old_pci), Some(new)) = (saved.iter().find_map(DeviceId::pci), restored.iter().find_map(|g| g.pci)) {
         if old_pci != new {
             warnings.push(format!(
                 "saved GPUs are {} but restored GPUs are {}: the checkpoint may not restore on this model",
@@ -258,6 +257,17 @@ mod tests {
         let map = parse_device_map("1=2,0=5").unwrap();
         let p = pair(&[saved(0), saved(1)], &[restored(2), restored(5)], &map).unwrap();
         assert_eq!(minors(&p), vec![(0, 5), (1, 2)]);
+    }
+
+    /// Saved devices without PCI ids (hand-written lists) are neither compared nor warned about.
+    #[test]
+    fn missing_pci_ids_are_unknown_not_zero() {
+        let mut bare = saved(1);
+        (bare.pci_vendor_id, bare.pci_device_id) = (0, 0);
+        let p = pair(&[saved(0), bare.clone()], &[restored(0), restored(1)], &[]).unwrap();
+        assert!(p.warnings.is_empty(), "{:?}", p.warnings);
+        let p = pair(&[bare], &[restored(0)], &[]).unwrap();
+        assert!(p.warnings.is_empty(), "{:?}", p.warnings);
     }
 
     /// Explicit pairs naming unknown devices, or claiming one twice, are errors.

@@ -1,10 +1,11 @@
 //! From gathered inputs to the remap table and the `/dev` tree: the whole decision, pure.
 //!
 //! Order of construction, each step able to replace a device placed by an earlier one: runc's
-//! default nodes; a directory for every spec mount under `/dev`; the spec's devices; the host's
-//! pass-through NVIDIA nodes; every restored GPU under its native name; every saved GPU under
-//! its checkpoint name, unless that name is another restored GPU's native name and natives are
-//! preferred. Nothing else enters the tree.
+//! default nodes; the spec's devices; the host's pass-through NVIDIA nodes; every restored GPU
+//! under its native name; every saved GPU under its checkpoint name, unless that name is
+//! another restored GPU's native name and natives are preferred; last, the mount points of the
+//! spec's mounts under `/dev` (a directory, or for a file bind mount whatever node is there or
+//! a placeholder) and, for a terminal, the `console` placeholder. Nothing else enters the tree.
 
 use crate::device::{Access, DevKind, Rdev, RestoredGpu, gpu_name};
 use crate::host::{DevDirScan, HostFacts};

@@ -44,7 +44,7 @@ pub fn plan_json(plan: &Plan, metadata: Option<&Metadata>) -> Map<String, Value>
                 "major": e.new.rdev.major,
                 "minor": e.new.rdev.minor,
                 "new_name": e.new.name(),
-                "old_uuid": e.old.uuid,
+                "old_uuid": Some(&e.old.uuid).filter(|u| !u.is_empty()),
                 "new_uuid": e.new.uuid,
                 "served": e.served,
                 "explicit": e.explicit,

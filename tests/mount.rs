@@ -402,3 +402,33 @@ fn dead_mount_is_reused_and_live_mount_refused() {
     assert!(second.stop().success());
     drop(first);
 }
+
+/// Rule (remap semantics, collisions): which name wins can be switched on a running daemon,
+/// through `--prefer-file` and a SIGHUP, without unmounting the container's /dev.
+#[test]
+fn prefer_file_switches_collisions_on_reload() {
+    if !need_fuse() {
+        return;
+    }
+    // Saved {0,1} onto host {1,2}: nvidia1 is host GPU 1 (zero) natively, host GPU 2 (full)
+    // for the checkpoint.
+    let host = FakeHost::with_gpus(&[1, 2]);
+    let meta = host.tmp.path().join("meta.json");
+    write_saved(&meta, &[0, 1]);
+    let prefer = host.tmp.path().join("prefer");
+    fs::write(&prefer, "native\n").unwrap();
+    let mut args = inputs(&host, meta.to_str().unwrap());
+    args.extend(["--prefer-file".to_owned(), prefer.to_str().unwrap().to_owned()]);
+    let d = Daemon::start(&strs(&args));
+    assert_eq!(identify(&d.path("nvidia1")).unwrap(), "zero");
+    fs::write(&prefer, "checkpoint\n").unwrap();
+    assert_eq!(d.reload()["generation"], 2);
+    assert_eq!(identify(&d.path("nvidia1")).unwrap(), "full");
+    fs::write(&prefer, "both\n").unwrap();
+    let state = d.reload();
+    assert!(state["last_error"].as_str().unwrap().contains("expected `native` or `checkpoint`"), "{state}");
+    assert_eq!(identify(&d.path("nvidia1")).unwrap(), "full");
+    fs::write(&prefer, "native").unwrap();
+    assert_eq!(d.reload()["generation"], 3);
+    assert_eq!(identify(&d.path("nvidia1")).unwrap(), "zero");
+}
