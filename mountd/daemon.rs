@@ -59,6 +59,16 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
     let on_retired = Box::new(move || {
         let _ = retired_tx.send(Event::Retired);
     });
+    let mut signals = Signals::new([SIGHUP, SIGTERM, SIGINT]).map_err(|e| format!("cannot handle signals: {e}"))?;
+    let signal_tx = tx.clone();
+    std::thread::spawn(move || {
+        for sig in signals.forever() {
+            if signal_tx.send(Event::Signal(sig)).is_err() {
+                break;
+            }
+        }
+    });
+
     let failpoint = std::env::var("DEVREMAPD_FAILPOINT").ok().and_then(|f| f.strip_prefix("lookup-panic:").map(str::to_owned));
     let adapter = Adapter::new(devfs.clone(), Duration::from_secs(args.ttl), Some(on_retired)).panic_on_lookup(failpoint);
     let mut config = Config::default();
@@ -83,17 +93,6 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
         })
         .map_err(|e| format!("cannot start the session thread: {e}"))?;
 
-    let mut signals = Signals::new([SIGHUP, SIGTERM, SIGINT]).map_err(|e| format!("cannot handle signals: {e}"))?;
-    let signal_tx = tx;
-    std::thread::spawn(move || {
-        for sig in signals.forever() {
-            if signal_tx.send(Event::Signal(sig)).is_err() {
-                break;
-            }
-        }
-    });
-
-    wait_answering(mountpoint)?;
     let mut daemon = Daemon {
         sources,
         mountpoint: mountpoint.clone(),
@@ -103,10 +102,22 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
         current: loaded,
         last_error: None,
     };
-    daemon.write_state();
-    if let Some(pid_file) = &args.pid_file {
-        write_atomic(pid_file, format!("{}\n", std::process::id()).as_bytes())
-            .map_err(|e| format!("{}: cannot write the pid file: {}", pid_file.display(), io_message(&e)))?;
+    // Ready only once the mount answers: the pid file, then the state file (which scripts and
+    // tests wait for). If either fails, nothing is left behind: no mount, no files.
+    let ready = wait_answering(mountpoint).and_then(|()| {
+        if let Some(pid_file) = &args.pid_file {
+            write_atomic(pid_file, format!("{}\n", std::process::id()).as_bytes())
+                .map_err(|e| format!("{}: cannot write the pid file: {}", pid_file.display(), io_message(&e)))?;
+        }
+        daemon.write_state()
+    });
+    if let Err(e) = ready {
+        let _ = unmounter.unmount();
+        detach(mountpoint);
+        for file in [&args.pid_file, &args.state_file].into_iter().flatten() {
+            let _ = std::fs::remove_file(file);
+        }
+        return Err(e);
     }
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
     info!(
@@ -172,7 +183,7 @@ impl Daemon {
             if reload {
                 self.reload();
             } else if retired {
-                self.write_state();
+                self.update_state();
             }
         }
     }
@@ -193,7 +204,7 @@ impl Daemon {
             Err(e) => {
                 warn!("reload refused: {e}; still serving generation {generation}");
                 self.last_error = Some(e.to_string());
-                self.write_state();
+                self.update_state();
                 return;
             }
         };
@@ -207,7 +218,7 @@ impl Daemon {
         );
         self.current = loaded;
         self.last_error = None;
-        self.write_state();
+        self.update_state();
     }
 
     /// Drops what the kernel cached of every changed name, so the next lookup asks us.
@@ -225,8 +236,9 @@ impl Daemon {
         }
     }
 
-    fn write_state(&self) {
-        let Some(path) = &self.state_file else { return };
+    /// Replaces the state file, if there is one.
+    fn write_state(&self) -> Result<(), String> {
+        let Some(path) = &self.state_file else { return Ok(()) };
         let mut state = render::plan_json(&self.current.plan, self.current.metadata.as_ref());
         state.insert("generation".into(), self.devfs.snapshot().generation.into());
         state.insert("last_error".into(), self.last_error.clone().map_or(Value::Null, Value::from));
@@ -235,8 +247,13 @@ impl Daemon {
         state.insert("mountpoint".into(), self.mountpoint.display().to_string().into());
         let mut text = Value::Object(state).to_string();
         text.push('\n');
-        if let Err(e) = write_atomic(path, text.as_bytes()) {
-            warn!("{}: cannot write the state file: {}", path.display(), io_message(&e));
+        write_atomic(path, text.as_bytes()).map_err(|e| format!("{}: cannot write the state file: {}", path.display(), io_message(&e)))
+    }
+
+    /// Replaces the state file after a change; a failure is logged, and serving goes on.
+    fn update_state(&self) {
+        if let Err(e) = self.write_state() {
+            warn!("{e}");
         }
     }
 }

@@ -31,8 +31,10 @@ fn main() -> ExitCode {
         }
         // Every bad flag is bad input: one line, status 1.
         Err(e) => {
+            // clap's message, up to its usage text, folded onto one line.
             let text = e.render().to_string();
-            eprintln!("{}", text.lines().next().unwrap_or("error: invalid arguments"));
+            let words: Vec<&str> = text.lines().take_while(|l| !l.starts_with("Usage:")).map(str::trim).filter(|l| !l.is_empty()).collect();
+            eprintln!("{}", words.join(" "));
             return ExitCode::FAILURE;
         }
     };

@@ -4,9 +4,11 @@
 //! This is an I/O edge. Assumptions: entries are examined with `lstat` and never followed, so a
 //! symlink under a GPU name is refused rather than resolved; only char devices count; the N of
 //! `nvidiaN` is ASCII digits (Rust's `\d` would take any Unicode digit, gVisor's does not).
-//! Missing driver files are not errors: a GPU is still served without its uuid or PCI ids.
+//! Missing driver files are not errors: a GPU is still served without its uuid or PCI ids; nor
+//! are driver files that are not small regular files, which are skipped unread.
 
 use crate::device::{Access, MAX_REGULAR_MINOR, Rdev};
+use crate::files;
 use regex::Regex;
 use std::fs;
 use std::io;
@@ -19,6 +21,8 @@ use thiserror::Error;
 /// dynamic (`nvidia-uvm`, `nvidia-caps`), so they are read again at every load.
 const PASSTHROUGH: &[&str] = &["nvidiactl", "nvidia-modeset", "nvidia-uvm", "nvidia-uvm-tools"];
 const CAPS_DIR: &str = "nvidia-caps";
+/// The driver's files are a few hundred bytes; more is not theirs.
+const INFO_LIMIT: u64 = 64 << 10;
 
 static GPU_NAME: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"^nvidia([0-9]+)$").expect("a valid regex"));
@@ -152,13 +156,13 @@ pub fn read_host_facts(root: &Path) -> HostFacts {
         .into_iter()
         .flatten()
         .flatten()
-        .filter_map(|e| fs::read_to_string(e.path().join("information")).ok())
+        .filter_map(|e| files::read_small_text(&e.path().join("information"), INFO_LIMIT))
         .map(|text| parse_information(&text))
         .collect();
     for info in &mut gpu_info {
         if let Some(bus) = &info.bus {
             let pci_dir = root.join("sys/bus/pci/devices").join(bus.to_ascii_lowercase());
-            let read_hex = |f: &str| fs::read_to_string(pci_dir.join(f)).ok().and_then(|s| parse_hex(&s));
+            let read_hex = |f: &str| files::read_small_text(&pci_dir.join(f), INFO_LIMIT).and_then(|s| parse_hex(&s));
             info.pci = read_hex("vendor").zip(read_hex("device"));
         }
     }

@@ -8,6 +8,7 @@
 
 pub mod adapter;
 pub mod device;
+pub mod files;
 pub mod host;
 pub mod load;
 pub mod metadata;

@@ -6,14 +6,14 @@
 //! calls [`load`] again for every reload and the dynamic majors of pass-through nodes are
 //! never cached.
 
+use crate::files::{self, FileError, read_up_to};
 use crate::host::{self, HostError};
 use crate::metadata::{self, MAX_METADATA_LEN, Metadata, MetadataError};
 use crate::pairing::{MapPair, PairingError};
 use crate::plan::{self, Inputs, Plan, PlanError, Prefer};
 use crate::spec::{self, SpecError};
 use std::fs::File;
-use std::io::{self, Read};
-use std::os::unix::fs::OpenOptionsExt;
+use std::io;
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 
@@ -71,35 +71,12 @@ pub struct Loaded {
     pub metadata: Option<Metadata>,
 }
 
-/// Reads at most `limit` bytes of `file`.
-fn read_up_to(file: &mut File, limit: u64, buf: &mut Vec<u8>) -> io::Result<()> {
-    file.take(limit.saturating_sub(buf.len() as u64)).read_to_end(buf).map(|_| ())
-}
-
-/// Opens an input file, refusing anything but a regular file: a FIFO or a device would block
-/// or never end (opened non-blocking, so a FIFO without a writer cannot hang us).
+/// Opens an input file, refusing anything but a regular file.
 fn open_regular(path: &Path) -> Result<File, LoadError> {
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| LoadError::Io(path.to_owned(), e))?;
-    let meta = file.metadata().map_err(|e| LoadError::Io(path.to_owned(), e))?;
-    if !meta.is_file() {
-        use std::os::unix::fs::FileTypeExt;
-        let ft = meta.file_type();
-        let what = if ft.is_dir() {
-            "a directory"
-        } else if ft.is_fifo() {
-            "a FIFO"
-        } else if ft.is_char_device() || ft.is_block_device() {
-            "a device"
-        } else {
-            "a special file"
-        };
-        return Err(LoadError::NotRegular(path.to_owned(), what));
-    }
-    Ok(file)
+    files::open_regular(path).map_err(|e| match e {
+        FileError::Io(e) => LoadError::Io(path.to_owned(), e),
+        FileError::NotRegular(what) => LoadError::NotRegular(path.to_owned(), what),
+    })
 }
 
 /// Reads checkpoint metadata from a state file, a checkpoint directory, or a JSON file,

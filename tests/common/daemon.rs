@@ -84,8 +84,22 @@ impl Daemon {
         Daemon::start_at(dir, mountpoint, args)
     }
 
+    /// Like [`Daemon::start`], with `env` added to the daemon's environment (for instance
+    /// `DEVREMAPD_FAILPOINT`).
+    pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Daemon {
+        let dir = TempDir::new().expect("a temp dir");
+        let mountpoint = dir.path().join("mnt");
+        fs::create_dir(&mountpoint).unwrap();
+        Daemon::start_at_with_env(dir, mountpoint, args, env)
+    }
+
     /// Like [`Daemon::start`] on a given mountpoint, which `dir` owns or outlives.
     pub fn start_at(dir: TempDir, mountpoint: PathBuf, args: &[&str]) -> Daemon {
+        Daemon::start_at_with_env(dir, mountpoint, args, &[])
+    }
+
+    /// Like [`Daemon::start_at`], with `env` added to the daemon's environment.
+    pub fn start_at_with_env(dir: TempDir, mountpoint: PathBuf, args: &[&str], env: &[(&str, &str)]) -> Daemon {
         let state_file = dir.path().join("state.json");
         let pid_file = dir.path().join("devremapd.pid");
         let log = dir.path().join("daemon.log");
@@ -98,6 +112,7 @@ impl Daemon {
             .arg(&pid_file)
             .args(args)
             .env_remove("RUST_LOG")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(fs::File::create(&log).unwrap())

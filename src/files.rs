@@ -1,0 +1,63 @@
+//! Opening input files without being tricked: every input is meant to be a small regular file.
+//!
+//! A path is checked with `stat` before it is opened, so a device is never opened (opening
+//! some, like a watchdog, acts); it is opened non-blocking, so a FIFO swapped in between cannot
+//! hang the daemon; and the opened file must be the one that was checked. Reads are bounded.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::Path;
+
+/// Why an input file could not be read.
+#[derive(Debug)]
+pub enum FileError {
+    Io(io::Error),
+    /// Not a regular file: what it is instead.
+    NotRegular(&'static str),
+}
+
+fn kind(meta: &std::fs::Metadata) -> &'static str {
+    let ft = meta.file_type();
+    if ft.is_dir() {
+        "a directory"
+    } else if ft.is_fifo() {
+        "a FIFO"
+    } else if ft.is_char_device() || ft.is_block_device() {
+        "a device"
+    } else if ft.is_socket() {
+        "a socket"
+    } else {
+        "a special file"
+    }
+}
+
+/// Opens `path` for reading if it is a regular file (symlinks followed).
+pub fn open_regular(path: &Path) -> Result<File, FileError> {
+    let before = std::fs::metadata(path).map_err(FileError::Io)?;
+    if !before.is_file() {
+        return Err(FileError::NotRegular(kind(&before)));
+    }
+    let file = OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path).map_err(FileError::Io)?;
+    let after = file.metadata().map_err(FileError::Io)?;
+    if !after.is_file() {
+        return Err(FileError::NotRegular(kind(&after)));
+    }
+    if (after.dev(), after.ino()) != (before.dev(), before.ino()) {
+        return Err(FileError::Io(io::Error::other("replaced while being opened")));
+    }
+    Ok(file)
+}
+
+/// Appends at most `limit - buf.len()` more bytes of `file` to `buf`.
+pub fn read_up_to(file: &mut File, limit: u64, buf: &mut Vec<u8>) -> io::Result<()> {
+    file.take(limit.saturating_sub(buf.len() as u64)).read_to_end(buf).map(|_| ())
+}
+
+/// The first `limit` bytes of a small regular file, as text; `None` for anything else.
+pub fn read_small_text(path: &Path, limit: u64) -> Option<String> {
+    let mut file = open_regular(path).ok()?;
+    let mut buf = Vec::new();
+    read_up_to(&mut file, limit, &mut buf).ok()?;
+    String::from_utf8(buf).ok()
+}
