@@ -61,8 +61,14 @@ fn main() {
     ];
     let targets: [(&str, &Path); 3] = [("devfs", &devfs.mountpoint), ("tmpfs", &tmpfs.path), ("bare", &bare.path)];
 
-    println!("devfs benchmark: {} nodes, 8 remapped GPUs, {ROUNDS} rounds of {SLICE:?} per cell, median ops/s", nodes.len());
-    println!("{:<10} {:>3}  {:>12} {:>12} {:>12}  {:>10} {:>10}", "op", "thr", "devfs", "tmpfs", "bare", "vs tmpfs", "vs bare");
+    println!(
+        "devfs benchmark: {} nodes, 8 remapped GPUs, {ROUNDS} rounds of {SLICE:?} per cell, median ops/s",
+        nodes.len()
+    );
+    println!(
+        "{:<10} {:>3}  {:>12} {:>12} {:>12}  {:>10} {:>10}",
+        "op", "thr", "devfs", "tmpfs", "bare", "vs tmpfs", "vs bare"
+    );
     let mut summary = serde_json::Map::new();
     for (name, op, set) in ops {
         for threads in [1, 2] {
@@ -101,7 +107,10 @@ fn main() {
     let uncached_us = 1e6 / median(uncached.0.clone());
     let bare_us = 1e6 / median(uncached.1.clone());
     let vs_cached = median((0..ROUNDS).map(|r| uncached.0[r] / uncached.2[r]).collect());
-    println!("uncached stat (--ttl 0): {uncached_us:.1} us, bare fuser {bare_us:.1} us ({:.2}x), {vs_cached:.3} of the cached devfs", uncached_us / bare_us);
+    println!(
+        "uncached stat (--ttl 0): {uncached_us:.1} us, bare fuser {bare_us:.1} us ({:.2}x), {vs_cached:.3} of the cached devfs",
+        uncached_us / bare_us
+    );
     summary.insert("uncached_stat_us".into(), round2(uncached_us));
     summary.insert("uncached_vs_bare".into(), round2(uncached_us / bare_us));
     summary.insert("uncached_vs_cached".into(), json!((vs_cached * 1000.0).round() / 1000.0));
@@ -110,14 +119,19 @@ fn main() {
     let before = devfs0.rss_kib();
     let served = drive(&devfs0.mountpoint, &nodes, 1_000_000);
     let rss_after = devfs0.rss_kib().max(devfs.rss_kib());
-    println!("resident memory: {rss_mount} KiB after mount; {before} -> {} KiB (--ttl 0 daemon) after {served} stats", devfs0.rss_kib());
+    println!(
+        "resident memory: {rss_mount} KiB after mount; {before} -> {} KiB (--ttl 0 daemon) after {served} stats",
+        devfs0.rss_kib()
+    );
     summary.insert("rss_kib".into(), rss_after.into());
     summary.insert("rss_mount_kib".into(), rss_mount.into());
     drop(devfs0);
     drop(devfs);
 
     let (p50, p99) = reload_latency(&host, &w.join("reload8"), 200);
-    println!("reload, 8 GPUs: SIGHUP to the new rdev, p50 {p50:.3} ms, p99 {p99:.3} ms (200 reloads, 9 names change each)");
+    println!(
+        "reload, 8 GPUs: SIGHUP to the new rdev, p50 {p50:.3} ms, p99 {p99:.3} ms (200 reloads, 9 names change each)"
+    );
     let host248 = Host::new(&w.join("h248"), 248);
     let (p50_248, p99_248) = reload_latency(&host248, &w.join("reload248"), 200);
     println!("reload, 248 GPUs: p50 {p50_248:.3} ms, p99 {p99_248:.3} ms (200 reloads, 248 names change each)");
@@ -157,7 +171,13 @@ fn cpath(p: &Path) -> CString {
 
 /// Top-level names of plan nodes matching `keep`.
 fn names(plan: &Value, keep: impl Fn(&Value) -> bool) -> Vec<String> {
-    plan["nodes"].as_array().unwrap().iter().filter(|n| !n["path"].as_str().unwrap().contains('/') && keep(n)).map(|n| n["path"].as_str().unwrap().to_owned()).collect()
+    plan["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| !n["path"].as_str().unwrap().contains('/') && keep(n))
+        .map(|n| n["path"].as_str().unwrap().to_owned())
+        .collect()
 }
 
 /// A fake restore host: GPUs `0..=n` under `dev/` (capped at 247) and metadata saving
@@ -177,8 +197,11 @@ impl Host {
     fn new(dir: &Path, n: u32) -> Host {
         fs::create_dir_all(dir.join("dev")).unwrap();
         fs::create_dir_all(dir.join("root")).unwrap();
-        let (host, saved): (Vec<u32>, Vec<u32>) =
-            if n <= 100 { ((0..=n).collect(), (100..100 + n).collect()) } else { ((0..n).collect(), (0..n - 1).collect()) };
+        let (host, saved): (Vec<u32>, Vec<u32>) = if n <= 100 {
+            ((0..=n).collect(), (100..100 + n).collect())
+        } else {
+            ((0..n).collect(), (0..n - 1).collect())
+        };
         let extra = if n <= 100 { vec![] } else { vec!["--prefer".into(), "checkpoint".into()] };
         let h = Host { dir: dir.to_owned(), extra, probe: *saved.last().unwrap() };
         for m in host {
@@ -202,7 +225,8 @@ impl Host {
 
     fn args(&self) -> Vec<String> {
         let d = |s: &str| self.dir.join(s).to_str().unwrap().to_owned();
-        let mut args = vec!["--metadata".into(), d("meta.json"), "--host-dev".into(), d("dev"), "--host-root".into(), d("root")];
+        let mut args =
+            vec!["--metadata".into(), d("meta.json"), "--host-dev".into(), d("dev"), "--host-root".into(), d("root")];
         args.extend(self.extra.iter().cloned());
         args
     }
@@ -260,7 +284,11 @@ impl Daemon {
 
     fn rss_kib(&self) -> u64 {
         let status = fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
-        status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok()).unwrap()
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+            .unwrap()
     }
 }
 
@@ -281,7 +309,15 @@ impl Tmpfs {
     fn new(path: &Path, plan: &Value) -> Tmpfs {
         fs::create_dir_all(path).unwrap();
         let src = CString::new("tmpfs").unwrap();
-        let rc = unsafe { libc::mount(src.as_ptr(), cpath(path).as_ptr(), src.as_ptr(), libc::MS_NOSUID | libc::MS_NOEXEC, std::ptr::null()) };
+        let rc = unsafe {
+            libc::mount(
+                src.as_ptr(),
+                cpath(path).as_ptr(),
+                src.as_ptr(),
+                libc::MS_NOSUID | libc::MS_NOEXEC,
+                std::ptr::null(),
+            )
+        };
         assert_eq!(rc, 0, "mount tmpfs: {}", std::io::Error::last_os_error());
         for n in plan["nodes"].as_array().unwrap() {
             let p = path.join(n["path"].as_str().unwrap());
@@ -290,7 +326,9 @@ impl Tmpfs {
                 "symlink" => std::os::unix::fs::symlink(n["target"].as_str().unwrap(), &p).unwrap(),
                 _ => {
                     let dev = libc::makedev(n["major"].as_u64().unwrap() as u32, n["minor"].as_u64().unwrap() as u32);
-                    let rc = unsafe { libc::mknod(cpath(&p).as_ptr(), libc::S_IFCHR | n["mode"].as_u64().unwrap() as u32, dev) };
+                    let rc = unsafe {
+                        libc::mknod(cpath(&p).as_ptr(), libc::S_IFCHR | n["mode"].as_u64().unwrap() as u32, dev)
+                    };
                     assert_eq!(rc, 0);
                 }
             }
@@ -319,10 +357,29 @@ impl BareFs {
     fn new(plan: &Value, ttl: Duration) -> BareFs {
         let now = SystemTime::now();
         let attr = |ino: u64, kind: FileType, perm: u16, rdev: u32, size: u64| FileAttr {
-            ino: INodeNo(ino), size, blocks: 0, atime: now, mtime: now, ctime: now, crtime: now, kind, perm,
-            nlink: 1, uid: 0, gid: 0, rdev, blksize: 4096, flags: 0,
+            ino: INodeNo(ino),
+            size,
+            blocks: 0,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            crtime: now,
+            kind,
+            perm,
+            nlink: 1,
+            uid: 0,
+            gid: 0,
+            rdev,
+            blksize: 4096,
+            flags: 0,
         };
-        let mut fs = BareFs { ttl, attrs: vec![attr(1, FileType::Directory, 0o755, 0, 0)], by_name: HashMap::new(), names: vec![String::new()], targets: vec![String::new()] };
+        let mut fs = BareFs {
+            ttl,
+            attrs: vec![attr(1, FileType::Directory, 0o755, 0, 0)],
+            by_name: HashMap::new(),
+            names: vec![String::new()],
+            targets: vec![String::new()],
+        };
         for n in plan["nodes"].as_array().unwrap() {
             let path = n["path"].as_str().unwrap();
             if path.contains('/') {
@@ -335,7 +392,13 @@ impl BareFs {
                 "symlink" => attr(ino, FileType::Symlink, 0o777, 0, target.len() as u64),
                 _ => {
                     let (ma, mi) = (n["major"].as_u64().unwrap() as u32, n["minor"].as_u64().unwrap() as u32);
-                    attr(ino, FileType::CharDevice, n["mode"].as_u64().unwrap() as u16, (mi & 0xff) | (ma << 8) | ((mi & !0xff) << 12), 0)
+                    attr(
+                        ino,
+                        FileType::CharDevice,
+                        n["mode"].as_u64().unwrap() as u16,
+                        (mi & 0xff) | (ma << 8) | ((mi & !0xff) << 12),
+                        0,
+                    )
                 }
             };
             fs.by_name.insert(path.as_bytes().to_vec(), fs.attrs.len());
@@ -383,7 +446,8 @@ impl Bare {
     fn mount(path: &Path, plan: &Value, ttl: Duration) -> Bare {
         fs::create_dir_all(path).unwrap();
         let mut config = fuser::Config::default();
-        config.mount_options = vec![MountOption::FSName("bare".into()), MountOption::Dev, MountOption::DefaultPermissions];
+        config.mount_options =
+            vec![MountOption::FSName("bare".into()), MountOption::Dev, MountOption::DefaultPermissions];
         config.acl = SessionACL::All;
         config.n_threads = Some(2);
         let session = fuser::spawn_mount(BareFs::new(plan, ttl), path, &config).unwrap();

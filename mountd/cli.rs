@@ -7,7 +7,11 @@ use devremap::plan::Prefer;
 use std::path::PathBuf;
 
 #[derive(Debug, Parser)]
-#[command(name = "devremapd", version, about = "A FUSE /dev for containers whose GPUs were remapped by checkpoint/restore")]
+#[command(
+    name = "devremapd",
+    version,
+    about = "A FUSE /dev for containers whose GPUs were remapped by checkpoint/restore"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,

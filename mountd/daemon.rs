@@ -8,24 +8,22 @@
 //! mount has answered a request.
 
 use crate::cli::MountArgs;
+use crate::mountpoint::{detach, prepare_mountpoint, wait_answering};
 use devremap::adapter::Adapter;
 use devremap::load::{self, Loaded, Sources};
-use devremap::{io_message, render};
 use devremap::served::{Change, Devfs};
+use devremap::{io_message, render};
 use fuser::{Config, INodeNo, MountOption, Notifier, Session, SessionACL};
 use log::{info, warn};
 use serde_json::Value;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
-use std::ffi::{CString, OsStr};
+use std::ffi::OsStr;
 use std::io::{self, Write};
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
-
-const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
 
 /// What the main loop reacts to.
 enum Event {
@@ -69,8 +67,10 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
         }
     });
 
-    let failpoint = std::env::var("DEVREMAPD_FAILPOINT").ok().and_then(|f| f.strip_prefix("lookup-panic:").map(str::to_owned));
-    let adapter = Adapter::new(devfs.clone(), Duration::from_secs(args.ttl), Some(on_retired)).panic_on_lookup(failpoint);
+    let failpoint =
+        std::env::var("DEVREMAPD_FAILPOINT").ok().and_then(|f| f.strip_prefix("lookup-panic:").map(str::to_owned));
+    let adapter =
+        Adapter::new(devfs.clone(), Duration::from_secs(args.ttl), Some(on_retired)).panic_on_lookup(failpoint);
     let mut config = Config::default();
     config.mount_options = vec![
         MountOption::FSName("devremap".into()),
@@ -82,7 +82,8 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
     ];
     config.acl = SessionACL::All;
     config.n_threads = Some(args.threads.into());
-    let mut session = Session::new(adapter, mountpoint, &config).map_err(|e| format!("{m}: cannot mount: {}", io_message(&e)))?;
+    let mut session =
+        Session::new(adapter, mountpoint, &config).map_err(|e| format!("{m}: cannot mount: {}", io_message(&e)))?;
     let notifier = session.notifier();
     let mut unmounter = session.unmount_callable();
     let session_tx = tx.clone();
@@ -144,12 +145,17 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
                 if ended {
                     info!("unmounted {m}");
                 } else {
-                    warn!("unmounted {m}, but other mounts of it (a container's /dev?) remain; they lose their /dev as we exit");
+                    warn!(
+                        "unmounted {m}, but other mounts of it (a container's /dev?) remain; they lose their /dev as we exit"
+                    );
                 }
             }
             // Busy (a process has its cwd in it): detach; the same holds for its last users.
             Err(e) => {
-                warn!("{m}: unmount failed ({}); detached it, and what still holds it loses its /dev as we exit", io_message(&e));
+                warn!(
+                    "{m}: unmount failed ({}); detached it, and what still holds it loses its /dev as we exit",
+                    io_message(&e)
+                );
                 detach(mountpoint);
             }
         }
@@ -225,10 +231,10 @@ impl Daemon {
     fn invalidate(&self, change: &Change) {
         for (parent, name) in &change.invalidate {
             // ENOENT: the kernel had nothing cached there.
-            if let Err(e) = self.notifier.inval_entry(INodeNo(*parent), OsStr::new(name)) {
-                if e.raw_os_error() != Some(libc::ENOENT) {
-                    warn!("invalidating {name}: {e}");
-                }
+            if let Err(e) = self.notifier.inval_entry(INodeNo(*parent), OsStr::new(name))
+                && e.raw_os_error() != Some(libc::ENOENT)
+            {
+                warn!("invalidating {name}: {e}");
             }
         }
         for dir in &change.dirs {
@@ -247,7 +253,8 @@ impl Daemon {
         state.insert("mountpoint".into(), self.mountpoint.display().to_string().into());
         let mut text = Value::Object(state).to_string();
         text.push('\n');
-        write_atomic(path, text.as_bytes()).map_err(|e| format!("{}: cannot write the state file: {}", path.display(), io_message(&e)))
+        write_atomic(path, text.as_bytes())
+            .map_err(|e| format!("{}: cannot write the state file: {}", path.display(), io_message(&e)))
     }
 
     /// Replaces the state file after a change; a failure is logged, and serving goes on.
@@ -278,74 +285,6 @@ fn describe(change: &Change, old: &Loaded, new: &Loaded) -> String {
     if parts.is_empty() { "no change".to_owned() } else { parts.join(", ") }
 }
 
-/// Detaches a dead FUSE mount left at the mountpoint (ENOTCONN) and refuses to stack on a
-/// live mount.
-fn prepare_mountpoint(path: &Path) -> Result<(), String> {
-    let m = path.display();
-    // statfs always reaches a FUSE daemon (stat may be answered from the kernel's cache), so
-    // ENOTCONN here means the daemon behind the mount is gone.
-    if let Err(e) = statfs(path) {
-        if e.raw_os_error() != Some(libc::ENOTCONN) {
-            return Err(format!("{m}: {}", io_message(&e)));
-        }
-        warn!("{m}: a dead FUSE mount was left here; detaching it");
-        detach(path);
-    }
-    match std::fs::metadata(path) {
-        Err(e) => return Err(format!("{m}: {}", io_message(&e))),
-        Ok(meta) if !meta.is_dir() => return Err(format!("{m}: not a directory")),
-        Ok(_) => {}
-    }
-    let canonical = path.canonicalize().map_err(|e| format!("{m}: {}", io_message(&e)))?;
-    if let Some(fs) = mounted_at(&canonical) {
-        return Err(format!("{m}: already a mount point ({fs}); refusing to mount over it"));
-    }
-    Ok(())
-}
-
-/// The filesystem type and source mounted exactly at `path`, if any.
-fn mounted_at(path: &Path) -> Option<String> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let target = path.to_str()?;
-    info.lines().find_map(|line| {
-        let fields: Vec<&str> = line.split(' ').collect();
-        let dash = fields.iter().position(|f| *f == "-")?;
-        let mount_point = fields.get(4)?.replace("\\040", " ");
-        if mount_point != target {
-            return None;
-        }
-        Some(format!("{} {}", fields.get(dash + 1)?, fields.get(dash + 2)?))
-    })
-}
-
-fn detach(path: &Path) {
-    if let Ok(c) = CString::new(path.as_os_str().as_bytes()) {
-        // SAFETY: a valid NUL-terminated path; umount2 does not keep it.
-        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
-    }
-}
-
-/// Waits until the mount answers a request (statfs through it reaches our daemon).
-fn wait_answering(path: &Path) -> Result<(), String> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if statfs(path).is_ok_and(|st| st.f_type as i64 == FUSE_SUPER_MAGIC) {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            return Err(format!("{}: the mount did not answer within 10 s", path.display()));
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
-fn statfs(path: &Path) -> io::Result<libc::statfs> {
-    let c = CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other)?;
-    // SAFETY: statfs writes into a zeroed struct we own; `c` is NUL-terminated.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    if unsafe { libc::statfs(c.as_ptr(), &mut st) } == 0 { Ok(st) } else { Err(io::Error::last_os_error()) }
-}
-
 /// Replaces `path` atomically: a temporary file in the same directory, then rename.
 /// A temporary file left by a crash is named `.<name>.<pid>.tmp`.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
@@ -362,4 +301,3 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     drop(f);
     std::fs::rename(&tmp, path)
 }
-

@@ -3,6 +3,7 @@
 
 mod cli;
 mod daemon;
+mod mountpoint;
 
 use clap::Parser;
 use cli::{Cli, Command};
@@ -33,7 +34,12 @@ fn main() -> ExitCode {
         Err(e) => {
             // clap's message, up to its usage text, folded onto one line.
             let text = e.render().to_string();
-            let words: Vec<&str> = text.lines().take_while(|l| !l.starts_with("Usage:")).map(str::trim).filter(|l| !l.is_empty()).collect();
+            let words: Vec<&str> = text
+                .lines()
+                .take_while(|l| !l.starts_with("Usage:"))
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .collect();
             eprintln!("{}", words.join(" "));
             return ExitCode::FAILURE;
         }
@@ -56,8 +62,10 @@ fn oci_patch(args: &cli::OciPatchArgs) -> Result<(), String> {
     let path = &args.config;
     let p = path.display();
     let text = std::fs::read(path).map_err(|e| format!("{p}: {}", devremap::io_message(&e)))?;
-    let spec: serde_json::Value = serde_json::from_slice(&text).map_err(|e| format!("{p}: not a valid OCI runtime spec: {e}"))?;
-    let dev = std::path::absolute(&args.dev).map_err(|e| format!("{}: {}", args.dev.display(), devremap::io_message(&e)))?;
+    let spec: serde_json::Value =
+        serde_json::from_slice(&text).map_err(|e| format!("{p}: not a valid OCI runtime spec: {e}"))?;
+    let dev =
+        std::path::absolute(&args.dev).map_err(|e| format!("{}: {}", args.dev.display(), devremap::io_message(&e)))?;
     let dev = dev.to_str().ok_or_else(|| format!("{}: not a UTF-8 path", dev.display()))?;
     let patched = devremap::oci_patch::patch(&spec, dev).map_err(|e| format!("{p}: {e}"))?;
     let mut out = serde_json::to_string_pretty(&patched).expect("a JSON value serialises");

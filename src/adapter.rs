@@ -48,10 +48,10 @@ impl Adapter {
     }
 
     fn forgot(&self, ino: u64, n: u64) {
-        if self.fs.forget(ino, n) {
-            if let Some(f) = &self.on_retired {
-                f();
-            }
+        if self.fs.forget(ino, n)
+            && let Some(f) = &self.on_retired
+        {
+            f();
         }
     }
 }
@@ -96,7 +96,12 @@ impl Filesystem for Adapter {
         use fuser::InitFlags as F;
         // Each where the kernel offers it: listings and symlink targets cached by the kernel,
         // parallel lookups in one directory, readdirplus. Without them, plain requests serve.
-        for flag in [F::FUSE_NO_OPENDIR_SUPPORT, F::FUSE_CACHE_SYMLINKS, F::FUSE_PARALLEL_DIROPS, F::FUSE_DO_READDIRPLUS | F::FUSE_READDIRPLUS_AUTO] {
+        for flag in [
+            F::FUSE_NO_OPENDIR_SUPPORT,
+            F::FUSE_CACHE_SYMLINKS,
+            F::FUSE_PARALLEL_DIROPS,
+            F::FUSE_DO_READDIRPLUS | F::FUSE_READDIRPLUS_AUTO,
+        ] {
             let granted = config.add_capabilities(flag).is_ok();
             if flag == F::FUSE_NO_OPENDIR_SUPPORT {
                 self.no_opendir = granted && !self.ttl.is_zero();
@@ -129,11 +134,9 @@ impl Filesystem for Adapter {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        guard("getattr", || {
-            match self.fs.entry(ino.0) {
-                Some(e) => reply.attr(&self.ttl, &e.attr()),
-                None => reply.error(Errno::ENOENT),
-            }
+        guard("getattr", || match self.fs.entry(ino.0) {
+            Some(e) => reply.attr(&self.ttl, &e.attr()),
+            None => reply.error(Errno::ENOENT),
         });
     }
 
@@ -191,7 +194,16 @@ impl Filesystem for Adapter {
         reply.error(Errno::EROFS);
     }
 
-    fn rename(&self, _req: &Request, _p: INodeNo, _n: &OsStr, _np: INodeNo, _nn: &OsStr, _f: RenameFlags, reply: ReplyEmpty) {
+    fn rename(
+        &self,
+        _req: &Request,
+        _p: INodeNo,
+        _n: &OsStr,
+        _np: INodeNo,
+        _nn: &OsStr,
+        _f: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
         reply.error(Errno::EROFS);
     }
 
@@ -239,7 +251,10 @@ impl Filesystem for Adapter {
             let Some(dir) = snap.dir(ino.0) else { return reply.error(Errno::ENOENT) };
             let dots = [(".", ino.0), ("..", dir.parent)];
             let dots = dots.iter().map(|(n, i)| (*n, *i, FileType::Directory));
-            let children = dir.children().iter().map(|(n, i)| (n.as_str(), *i, snap.entry(*i).map_or(FileType::RegularFile, |e| e.file_type())));
+            let children = dir
+                .children()
+                .iter()
+                .map(|(n, i)| (n.as_str(), *i, snap.entry(*i).map_or(FileType::RegularFile, |e| e.file_type())));
             for (i, (name, child, kind)) in dots.chain(children).enumerate().skip(offset as usize) {
                 if reply.add(INodeNo(child), i as u64 + 1, kind, name) {
                     break;
@@ -252,7 +267,9 @@ impl Filesystem for Adapter {
     fn readdirplus(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
         guard("readdirplus", || {
             let ttl = self.ttl;
-            let r = self.fs.list_plus(ino.0, offset, |ino, next, name, attr| reply.add(INodeNo(ino), next, name, &ttl, attr, Generation(0)));
+            let r = self.fs.list_plus(ino.0, offset, |ino, next, name, attr| {
+                reply.add(INodeNo(ino), next, name, &ttl, attr, Generation(0))
+            });
             match r {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(e),

@@ -24,8 +24,7 @@ const CAPS_DIR: &str = "nvidia-caps";
 /// The driver's files are a few hundred bytes; more is not theirs.
 const INFO_LIMIT: u64 = 64 << 10;
 
-static GPU_NAME: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"^nvidia([0-9]+)$").expect("a valid regex"));
+static GPU_NAME: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^nvidia([0-9]+)$").expect("a valid regex"));
 
 /// A device node found on the host.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,8 +81,7 @@ pub fn gpu_minor_of_name(name: &str) -> Result<Option<u32>, String> {
     if digits.len() > 1 && digits.starts_with('0') {
         return Err(format!("GPU name {name:?} has a leading zero; the driver never makes one"));
     }
-    let minor: u32 =
-        digits.parse().map_err(|_| format!("GPU name {name:?}: the number is out of range"))?;
+    let minor: u32 = digits.parse().map_err(|_| format!("GPU name {name:?}: the number is out of range"))?;
     if minor > MAX_REGULAR_MINOR {
         return Err(format!("GPU name {name:?}: minor {minor} is over {MAX_REGULAR_MINOR}"));
     }
@@ -98,9 +96,7 @@ pub fn scan_dev_dir(dir: &Path) -> Result<DevDirScan, HostError> {
         let entry = entry.map_err(|e| HostError::ReadDir(dir.to_owned(), e))?;
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
-        if let Some(minor) =
-            gpu_minor_of_name(name).map_err(|m| HostError::BadName(entry.path(), m))?
-        {
+        if let Some(minor) = gpu_minor_of_name(name).map_err(|m| HostError::BadName(entry.path(), m))? {
             scan.gpus.push((minor, char_node(dir, name)?));
         } else if PASSTHROUGH.contains(&name) {
             scan.passthrough.push(char_node(dir, name)?);
@@ -216,7 +212,8 @@ mod tests {
     /// The driver's information file gives minor, uuid and bus.
     #[test]
     fn parses_driver_information() {
-        let text = "Model: \t\t NVIDIA A100\nGPU UUID: \t GPU-5b2c\nBus Location: \t 0000:3B:00.0\nDevice Minor: \t 3\n";
+        let text =
+            "Model: \t\t NVIDIA A100\nGPU UUID: \t GPU-5b2c\nBus Location: \t 0000:3B:00.0\nDevice Minor: \t 3\n";
         let info = parse_information(text);
         assert_eq!(info.minor, Some(3));
         assert_eq!(info.uuid.as_deref(), Some("GPU-5b2c"));

@@ -59,7 +59,7 @@ pub enum LoadError {
     #[error(transparent)]
     Host(#[from] HostError),
     #[error("{0}: {1}")]
-    Plan(String, PlanError),
+    Plan(String, Box<PlanError>),
     #[error("{}: expected `native` or `checkpoint`, found {:?}", .0.display(), .1)]
     Prefer(PathBuf, String),
 }
@@ -135,10 +135,8 @@ pub fn gather(sources: &Sources) -> Result<Inputs, LoadError> {
     let metadata = sources.metadata.as_deref().map(read_metadata).transpose()?;
     let spec = sources.spec.as_deref().map(read_spec).transpose()?;
     // A spec that asks for GPUs through the NVIDIA hook means the host's /dev names them.
-    let host_dev = sources
-        .host_dev
-        .clone()
-        .or_else(|| spec.as_ref().filter(|s| s.wants_hook).map(|_| PathBuf::from("/dev")));
+    let host_dev =
+        sources.host_dev.clone().or_else(|| spec.as_ref().filter(|s| s.wants_hook).map(|_| PathBuf::from("/dev")));
     let dev_dir = host_dev.as_deref().map(host::scan_dev_dir).transpose()?;
     Ok(Inputs {
         metadata,
@@ -158,9 +156,9 @@ pub fn gather(sources: &Sources) -> Result<Inputs, LoadError> {
 fn blame(e: &PlanError, sources: &Sources) -> String {
     let show = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
     let who = match e {
-        PlanError::Pairing(PairingError::BadMapEntry { .. } | PairingError::Unknown { .. } | PairingError::Claimed { .. }) => {
-            Some("--device-map".to_owned())
-        }
+        PlanError::Pairing(
+            PairingError::BadMapEntry { .. } | PairingError::Unknown { .. } | PairingError::Claimed { .. },
+        ) => Some("--device-map".to_owned()),
         PlanError::Pairing(PairingError::Heterogeneous { side: "restored", .. }) => {
             Some(sources.host_root.display().to_string())
         }
@@ -173,6 +171,6 @@ fn blame(e: &PlanError, sources: &Sources) -> String {
 /// Reads every input and builds the plan.
 pub fn load(sources: &Sources) -> Result<Loaded, LoadError> {
     let inputs = gather(sources)?;
-    let plan = plan::build(&inputs).map_err(|e| LoadError::Plan(blame(&e, sources), e))?;
+    let plan = plan::build(&inputs).map_err(|e| LoadError::Plan(blame(&e, sources), Box::new(e)))?;
     Ok(Loaded { plan, metadata: inputs.metadata })
 }

@@ -150,12 +150,7 @@ pub fn parse(bytes: &[u8]) -> Result<Metadata, MetadataError> {
         }
         Some(b'[') => {
             let value = parse_json(bytes)?;
-            Ok(Metadata {
-                format: Format::Array,
-                gpus: device_list(&value)?,
-                gpu_key_present: true,
-                tpus: Vec::new(),
-            })
+            Ok(Metadata { format: Format::Array, gpus: device_list(&value)?, gpu_key_present: true, tpus: Vec::new() })
         }
         _ => Err(MetadataError::UnknownFormat),
     }
@@ -163,10 +158,7 @@ pub fn parse(bytes: &[u8]) -> Result<Metadata, MetadataError> {
 
 fn parse_state_file(bytes: &[u8]) -> Result<Metadata, MetadataError> {
     if bytes.len() < PREFIX_LEN {
-        return Err(MetadataError::Truncated(format!(
-            "{} bytes, the magic and length take {PREFIX_LEN}",
-            bytes.len()
-        )));
+        return Err(MetadataError::Truncated(format!("{} bytes, the magic and length take {PREFIX_LEN}", bytes.len())));
     }
     let len = header_len(bytes)? as usize;
     let header = bytes.get(PREFIX_LEN..PREFIX_LEN + len).ok_or_else(|| {
@@ -211,10 +203,8 @@ fn from_map(format: Format, map: &Map<String, Value>) -> Result<Metadata, Metada
 /// gVisor stores a list as a string holding JSON; hand-written maps may hold the list itself.
 fn embedded(key: &'static str, value: &Value) -> Result<Value, MetadataError> {
     match value {
-        Value::String(s) => serde_json::from_str(s).map_err(|e| MetadataError::Shape {
-            key,
-            what: format!("the string value is not valid JSON: {e}"),
-        }),
+        Value::String(s) => serde_json::from_str(s)
+            .map_err(|e| MetadataError::Shape { key, what: format!("the string value is not valid JSON: {e}") }),
         // A hand-written `null` means what Go's `null` list means: no devices.
         Value::Array(_) | Value::Null => Ok(value.clone()),
         other => Err(MetadataError::Shape {
@@ -249,11 +239,8 @@ fn tpu_list(value: &Value) -> Result<Vec<Value>, MetadataError> {
 
 fn device_list(value: &Value) -> Result<Vec<DeviceId>, MetadataError> {
     let items = list_items(GPU_KEY, value)?;
-    let mut gpus = items
-        .iter()
-        .enumerate()
-        .map(|(index, item)| device_id(index, item))
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut gpus =
+        items.iter().enumerate().map(|(index, item)| device_id(index, item)).collect::<Result<Vec<_>, _>>()?;
     gpus.sort_by_key(|d| d.minor);
     if let Some(w) = gpus.windows(2).find(|w| w[0].minor == w[1].minor) {
         return Err(MetadataError::DuplicateMinor(w[0].minor));
@@ -281,13 +268,11 @@ fn device_id(index: usize, item: &Value) -> Result<DeviceId, MetadataError> {
                 expected: "an unsigned 32-bit integer",
                 found: "nothing".into(),
             }),
-            Some(v) => v.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(|| {
-                MetadataError::Field {
-                    index,
-                    field,
-                    expected: "an unsigned 32-bit integer",
-                    found: describe(v),
-                }
+            Some(v) => v.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(|| MetadataError::Field {
+                index,
+                field,
+                expected: "an unsigned 32-bit integer",
+                found: describe(v),
             }),
         }
     };
@@ -299,12 +284,7 @@ fn device_id(index: usize, item: &Value) -> Result<DeviceId, MetadataError> {
         None => String::new(),
         Some(Value::String(s)) => s.clone(),
         Some(v) => {
-            return Err(MetadataError::Field {
-                index,
-                field: "uuid",
-                expected: "a string",
-                found: describe(v),
-            });
+            return Err(MetadataError::Field { index, field: "uuid", expected: "a string", found: describe(v) });
         }
     };
     Ok(DeviceId {
@@ -369,10 +349,18 @@ mod tests {
         let m = parse(&state_file(&json!([dev(3, "GPU-b"), dev(1, "GPU-a")]))).unwrap();
         assert_eq!(m.format, Format::StateFile);
         assert_eq!(m.gpus.iter().map(|d| d.minor).collect::<Vec<_>>(), vec![1, 3]);
-        assert_eq!(m.gpus[0], DeviceId {
-            minor: 1, pci_vendor_id: 4318, pci_device_id: 8896, gpu_id: 769,
-            device_instance: 1, subdevice_instance: 0, uuid: "GPU-a".into(),
-        });
+        assert_eq!(
+            m.gpus[0],
+            DeviceId {
+                minor: 1,
+                pci_vendor_id: 4318,
+                pci_device_id: 8896,
+                gpu_id: 769,
+                device_instance: 1,
+                subdevice_instance: 0,
+                uuid: "GPU-a".into(),
+            }
+        );
     }
 
     /// Format: the three forms are told apart by content and agree.
@@ -391,7 +379,10 @@ mod tests {
     /// An absent key means nothing to remap, not an error; a TPU list is kept for the report.
     #[test]
     fn absent_gpu_key_and_tpu_key() {
-        let m = parse(json!({"_timestamp": "x", TPU_KEY: "[{\"BDF\":\"0000:00:04.0\",\"vfio_group\":3}]"}).to_string().as_bytes()).unwrap();
+        let m = parse(
+            json!({"_timestamp": "x", TPU_KEY: "[{\"BDF\":\"0000:00:04.0\",\"vfio_group\":3}]"}).to_string().as_bytes(),
+        )
+        .unwrap();
         assert!(m.gpus.is_empty() && !m.gpu_key_present);
         assert_eq!(m.tpus.len(), 1);
     }

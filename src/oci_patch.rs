@@ -33,7 +33,8 @@ pub fn patch(spec: &Value, dev: &str) -> Result<Value, PatchError> {
     // The runtime must be able to read what we write: check the spec parses as one.
     serde_json::from_value::<oci_spec::runtime::Spec>(spec.clone()).map_err(|e| PatchError::Spec(e.to_string()))?;
     let mut spec = spec.clone();
-    let obj: &mut Map<String, Value> = spec.as_object_mut().ok_or_else(|| PatchError::Spec("expected a JSON object".into()))?;
+    let obj: &mut Map<String, Value> =
+        spec.as_object_mut().ok_or_else(|| PatchError::Spec("expected a JSON object".into()))?;
     let mounts = obj.entry("mounts").or_insert_with(|| Value::Array(Vec::new()));
     let mounts = mounts.as_array_mut().ok_or_else(|| PatchError::Spec("mounts: expected an array".into()))?;
     // Every mount has a string destination: the spec parsed.
@@ -67,8 +68,10 @@ mod tests {
     /// The tmpfs /dev becomes our bind mount in the same place; the rest is untouched.
     #[test]
     fn replaces_dev_in_place() {
-        let s = spec(json!([{"destination": "/proc", "type": "proc"}, {"destination": "/dev", "type": "tmpfs", "source": "tmpfs"},
-                            {"destination": "/dev/pts", "type": "devpts"}]));
+        let s = spec(
+            json!([{"destination": "/proc", "type": "proc"}, {"destination": "/dev", "type": "tmpfs", "source": "tmpfs"},
+                            {"destination": "/dev/pts", "type": "devpts"}]),
+        );
         let p = patch(&s, "/run/devremap/c1").unwrap();
         assert_eq!(dests(&p), ["/proc", "/dev", "/dev/pts"]);
         assert_eq!(p["mounts"][1], dev_mount("/run/devremap/c1"));
@@ -96,6 +99,9 @@ mod tests {
     fn refuses_bad_specs() {
         assert!(matches!(patch(&json!([]), "/d"), Err(PatchError::Spec(_))));
         assert!(matches!(patch(&json!({"mounts": 5}), "/d"), Err(PatchError::Spec(_))));
-        assert_eq!(patch(&spec(json!([{"type": "tmpfs"}])), "/d").unwrap_err(), PatchError::Spec("missing field `destination`".into()));
+        assert_eq!(
+            patch(&spec(json!([{"type": "tmpfs"}])), "/d").unwrap_err(),
+            PatchError::Spec("missing field `destination`".into())
+        );
     }
 }

@@ -118,11 +118,7 @@ fn homogeneous<'a>(
 }
 
 /// Pairs `saved` (sorted by minor) with `restored` (sorted by minor).
-pub fn pair(
-    saved: &[DeviceId],
-    restored: &[RestoredGpu],
-    map: &[MapPair],
-) -> Result<Pairing, PairingError> {
+pub fn pair(saved: &[DeviceId], restored: &[RestoredGpu], map: &[MapPair]) -> Result<Pairing, PairingError> {
     if saved.len() > restored.len() {
         return Err(PairingError::Count { saved: saved.len(), restored: restored.len() });
     }
@@ -163,16 +159,18 @@ pub fn pair(
     let pairs: Vec<Pair> = saved
         .iter()
         .zip(new_of_old)
-        .filter_map(|(old, slot)| slot.map(|(i, explicit)| Pair { old: old.clone(), new: restored[i].clone(), explicit }))
+        .filter_map(|(old, slot)| {
+            slot.map(|(i, explicit)| Pair { old: old.clone(), new: restored[i].clone(), explicit })
+        })
         .collect();
-    if let (Some(old_pci), Some(new)) = (saved.iter().find_map(DeviceId::pci), restored.iter().find_map(|g| g.pci)) {
-        if old_pci != new {
-            warnings.push(format!(
-                "saved GPUs are {} but restored GPUs are {}: the checkpoint may not restore on this model",
-                pci_text(old_pci),
-                pci_text(new)
-            ));
-        }
+    if let (Some(old_pci), Some(new)) = (saved.iter().find_map(DeviceId::pci), restored.iter().find_map(|g| g.pci))
+        && old_pci != new
+    {
+        warnings.push(format!(
+            "saved GPUs are {} but restored GPUs are {}: the checkpoint may not restore on this model",
+            pci_text(old_pci),
+            pci_text(new)
+        ));
     }
     Ok(Pairing { pairs, warnings })
 }

@@ -145,14 +145,15 @@ pub fn build(inputs: &Inputs) -> Result<Plan, PlanError> {
     if let Some(spec) = &inputs.spec {
         for dev in &spec.devices {
             match &dev.rel_path {
-                Some(rel) => b.insert(rel, Node::device(dev.kind, dev.rdev, dev.access)).map_err(PlanError::SpecDevice)?,
+                Some(rel) => {
+                    b.insert(rel, Node::device(dev.kind, dev.rdev, dev.access)).map_err(PlanError::SpecDevice)?
+                }
                 None => warnings.push(format!("spec device {} is outside /dev; not served", dev.path)),
             }
         }
     }
     for node in inputs.dev_dir.iter().flat_map(|d| &d.passthrough) {
-        b.insert(&node.rel_path, Node::device(DevKind::Char, node.rdev, node.access))
-            .map_err(PlanError::SpecDevice)?;
+        b.insert(&node.rel_path, Node::device(DevKind::Char, node.rdev, node.access)).map_err(PlanError::SpecDevice)?;
     }
     for gpu in &restored {
         b.insert(&gpu.name(), Node::device(DevKind::Char, gpu.rdev, gpu.access)).map_err(PlanError::SpecDevice)?;
@@ -197,7 +198,9 @@ pub fn build(inputs: &Inputs) -> Result<Plan, PlanError> {
         for m in &spec.dev_mounts {
             match b.get(&m.rel_path) {
                 Some(_) if !m.onto_file => b.mkdir_all(&m.rel_path),
-                Some(n) if n.kind == NodeKind::Dir => Err(TreeError::NodeOverDir { path: m.rel_path.clone(), new: "file mount" }),
+                Some(n) if n.kind == NodeKind::Dir => {
+                    Err(TreeError::NodeOverDir { path: m.rel_path.clone(), new: "file mount" })
+                }
                 Some(_) => Ok(()),
                 None if m.onto_file => b.insert(&m.rel_path, placeholder()),
                 None => b.mkdir_all(&m.rel_path),
@@ -261,10 +264,14 @@ mod tests {
     fn no_inputs_is_runcs_default_dev() {
         let plan = build(&Inputs::default()).unwrap();
         let names: Vec<&str> = plan.tree.iter().map(|(p, _)| p).collect();
-        assert_eq!(names, ["fd", "full", "null", "ptmx", "random", "stderr", "stdin", "stdout", "tty", "urandom", "zero"]);
+        assert_eq!(
+            names,
+            ["fd", "full", "null", "ptmx", "random", "stderr", "stdin", "stdout", "tty", "urandom", "zero"]
+        );
         assert_eq!(rdev_at(&plan, "tty"), Some(Rdev::new(5, 0)));
         assert!(plan.remap.is_empty() && plan.warnings.is_empty());
-        let with_core = build(&Inputs { host: HostFacts { has_kcore: true, ..Default::default() }, ..Default::default() }).unwrap();
+        let with_core =
+            build(&Inputs { host: HostFacts { has_kcore: true, ..Default::default() }, ..Default::default() }).unwrap();
         assert_eq!(with_core.tree.get("core").unwrap().kind, NodeKind::Symlink("/proc/kcore".into()));
     }
 
@@ -330,7 +337,11 @@ mod tests {
             access: Access { mode: 0o600, uid: 1, gid: 2 },
         };
         let spec = SpecView {
-            devices: vec![dev("/dev/dri/card0", Rdev::new(226, 0)), dev("/dev/nvidia7", Rdev::new(195, 7)), dev("/opt/x", Rdev::new(1, 3))],
+            devices: vec![
+                dev("/dev/dri/card0", Rdev::new(226, 0)),
+                dev("/dev/nvidia7", Rdev::new(195, 7)),
+                dev("/opt/x", Rdev::new(1, 3)),
+            ],
             dev_mounts: ["pts", "shm"].map(|p| DevMount { rel_path: p.into(), ..DevMount::default() }).to_vec(),
             ..SpecView::default()
         };
@@ -343,7 +354,10 @@ mod tests {
 
         let mut clash = spec;
         clash.devices.push(dev("/dev/pts", Rdev::new(1, 3)));
-        assert!(matches!(build(&Inputs { spec: Some(clash), ..Inputs::default() }), Err(PlanError::SpecMount(TreeError::DirOverNode { .. }))));
+        assert!(matches!(
+            build(&Inputs { spec: Some(clash), ..Inputs::default() }),
+            Err(PlanError::SpecMount(TreeError::DirOverNode { .. }))
+        ));
     }
 
     /// Mount points: a mount onto an existing node (a restore's bind mount over a GPU) keeps
@@ -351,7 +365,8 @@ mod tests {
     #[test]
     fn mount_points_onto_nodes_files_and_console() {
         let mut inp = inputs(&[], &[0]);
-        let mount = |p: &str, file: bool| DevMount { rel_path: p.into(), bind_source: Some("/x".into()), onto_file: file };
+        let mount =
+            |p: &str, file: bool| DevMount { rel_path: p.into(), bind_source: Some("/x".into()), onto_file: file };
         inp.spec = Some(SpecView {
             dev_mounts: vec![mount("nvidia0", true), mount("termination-log", true), mount("data/sub", false)],
             terminal: true,

@@ -74,9 +74,10 @@ pub fn plan_json(plan: &Plan, metadata: Option<&Metadata>) -> Map<String, Value>
     o.insert("tpu_devices".into(), plan.tpus.clone().into());
     o.insert(
         "metadata".into(),
-        metadata.map_or(Value::Null, |m| {
-            json!({"format": m.format.as_str(), "gpu_key_present": m.gpu_key_present, "saved_gpus": m.gpus.len()})
-        }),
+        metadata.map_or(
+            Value::Null,
+            |m| json!({"format": m.format.as_str(), "gpu_key_present": m.gpu_key_present, "saved_gpus": m.gpus.len()}),
+        ),
     );
     o
 }

@@ -121,7 +121,13 @@ impl Snapshot {
                 .cloned();
             let entry = kept.unwrap_or_else(|| {
                 let ino = if path.is_empty() { fuser::INodeNo::ROOT.0 } else { take(next_ino) };
-                Arc::new(Entry { ino, path: path.to_owned(), node: node.clone(), born: now, nlookup: AtomicU64::new(0) })
+                Arc::new(Entry {
+                    ino,
+                    path: path.to_owned(),
+                    node: node.clone(),
+                    born: now,
+                    nlookup: AtomicU64::new(0),
+                })
             });
             let ino = entry.ino;
             if node.kind == NodeKind::Dir {
@@ -192,7 +198,11 @@ impl Devfs {
     /// Resolves `name` in directory `parent` and counts a kernel reference to the result.
     pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<FileAttr, Errno> {
         let state = self.state.read();
-        let dir = state.snap.dir(parent).ok_or(if state.snap.entry(parent).is_some() { Errno::ENOTDIR } else { Errno::ENOENT })?;
+        let dir = state.snap.dir(parent).ok_or(if state.snap.entry(parent).is_some() {
+            Errno::ENOTDIR
+        } else {
+            Errno::ENOENT
+        })?;
         let name = std::str::from_utf8(name.as_bytes()).map_err(|_| Errno::ENOENT)?;
         let ino = dir.index.get(name).ok_or(Errno::ENOENT)?;
         let entry = &state.snap.entries[ino];
@@ -277,7 +287,9 @@ impl Devfs {
             if entry.nlookup.load(Ordering::Relaxed) > 0 {
                 state.retired.insert(ino, entry.clone());
             }
-            change.invalidate.push((parent_in(&old, path).expect("parents precede children"), Tree::split(path).1.to_owned()));
+            change
+                .invalidate
+                .push((parent_in(&old, path).expect("parents precede children"), Tree::split(path).1.to_owned()));
         }
         for path in &diff.added {
             // A parent that is itself new was never cached by the kernel: nothing to drop there.
@@ -308,7 +320,8 @@ mod tests {
         b.insert("null", Node::device(DevKind::Char, Rdev::new(1, 3), Access::DEVICE_DEFAULT)).unwrap();
         b.mkdir_all("pts").unwrap();
         for &(n, minor) in gpus {
-            b.insert(&format!("nvidia{n}"), Node::device(DevKind::Char, Rdev::new(1, minor), Access::DEVICE_DEFAULT)).unwrap();
+            b.insert(&format!("nvidia{n}"), Node::device(DevKind::Char, Rdev::new(1, minor), Access::DEVICE_DEFAULT))
+                .unwrap();
         }
         b.build()
     }

@@ -90,12 +90,14 @@ pub fn parse(bytes: &[u8]) -> Result<SpecView, SpecError> {
             LinuxDeviceType::P => DevKind::Fifo,
             LinuxDeviceType::A => return Err(err("type \"a\" is not a device node type".into())),
         };
-        let number = |n: i64, which: &str| {
-            u32::try_from(n).map_err(|_| err(format!("{which} number {n} is out of range")))
-        };
+        let number =
+            |n: i64, which: &str| u32::try_from(n).map_err(|_| err(format!("{which} number {n} is out of range")));
         let rdev = Rdev::new(number(dev.major(), "major")?, number(dev.minor(), "minor")?);
         if dev.file_mode().is_some_and(|m| m & !0o7777 != 0) {
-            return Err(err(format!("fileMode {:#o} has bits beyond the permission bits", dev.file_mode().unwrap_or(0))));
+            return Err(err(format!(
+                "fileMode {:#o} has bits beyond the permission bits",
+                dev.file_mode().unwrap_or(0)
+            )));
         }
         let access = Access {
             mode: dev.file_mode().unwrap_or(Access::DEVICE_DEFAULT.mode),
@@ -114,7 +116,8 @@ pub fn parse(bytes: &[u8]) -> Result<SpecView, SpecError> {
         if let Some(rel_path) = rel.filter(|r| !r.is_empty()) {
             let is_bind = mount.typ().as_deref() == Some("bind")
                 || mount.options().iter().flatten().any(|o| o == "bind" || o == "rbind");
-            let bind_source = is_bind.then(|| mount.source().as_ref().map(|s| s.to_string_lossy().into_owned())).flatten();
+            let bind_source =
+                is_bind.then(|| mount.source().as_ref().map(|s| s.to_string_lossy().into_owned())).flatten();
             view.dev_mounts.push(DevMount { rel_path, bind_source, onto_file: false });
         }
     }
@@ -151,8 +154,7 @@ fn wants_hook(spec: &Spec) -> bool {
         return false;
     }
     let env = spec.process().as_ref().and_then(|p| p.env().clone()).unwrap_or_default();
-    let values: Vec<&str> =
-        env.iter().filter_map(|e| e.strip_prefix("NVIDIA_VISIBLE_DEVICES=")).collect();
+    let values: Vec<&str> = env.iter().filter_map(|e| e.strip_prefix("NVIDIA_VISIBLE_DEVICES=")).collect();
     // The CDI toolkit appends `NVIDIA_VISIBLE_DEVICES=void` after the user's own value.
     let effective = match values.as_slice() {
         [.., user, "void"] if cdi => Some(*user),
@@ -241,7 +243,8 @@ mod tests {
     fn bad_specs() {
         assert!(matches!(parse(b"{"), Err(SpecError::Parse(_))));
         assert!(matches!(parse(b"[]"), Err(SpecError::Parse(_))));
-        let bad_dev = |d: serde_json::Value| parse(spec(json!([d]), json!([])).to_string().as_bytes()).unwrap_err().to_string();
+        let bad_dev =
+            |d: serde_json::Value| parse(spec(json!([d]), json!([])).to_string().as_bytes()).unwrap_err().to_string();
         assert!(bad_dev(json!({"path": "/dev/x", "type": "c", "major": -1, "minor": 0})).contains("out of range"));
         assert!(bad_dev(json!({"path": "/dev/../etc/x", "type": "c", "major": 1, "minor": 3})).contains(".."));
         assert!(bad_dev(json!({"path": "/dev/x", "type": "a"})).contains("not a device node type"));

@@ -174,7 +174,9 @@ impl TreeBuilder {
         let (parent, _) = Tree::split(path);
         if !parent.is_empty() {
             self.mkdir_all(parent).map_err(|e| match e {
-                TreeError::DirOverNode { path: parent, .. } => TreeError::ParentNotDir { path: path.to_owned(), parent },
+                TreeError::DirOverNode { path: parent, .. } => {
+                    TreeError::ParentNotDir { path: path.to_owned(), parent }
+                }
                 other => other,
             })?;
         }

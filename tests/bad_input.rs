@@ -386,7 +386,12 @@ impl Run {
     fn describe(&self) -> String {
         match self.code {
             None => format!("still running after {DEADLINE:?} (killed); stderr: {:?}", self.stderr),
-            Some(c) => format!("exit {c}, stdout {} bytes, stderr {:?}, peak RSS {} KiB", self.stdout.len(), self.stderr, self.max_rss_kib),
+            Some(c) => format!(
+                "exit {c}, stdout {} bytes, stderr {:?}, peak RSS {} KiB",
+                self.stdout.len(),
+                self.stderr,
+                self.max_rss_kib
+            ),
         }
     }
 }
@@ -541,7 +546,12 @@ fn corpus_is_well_formed() {
     files.sort();
     used.sort();
     assert_eq!(files, used, "committed files and cases differ");
-    eprintln!("corpus: {} cases ({errors} errors, {} ignored inputs), {} committed files", cases.len(), cases.len() - errors, files.len());
+    eprintln!(
+        "corpus: {} cases ({errors} errors, {} ignored inputs), {} committed files",
+        cases.len(),
+        cases.len() - errors,
+        files.len()
+    );
 }
 
 /// Rule: every bad input makes `devremapd plan` exit 1 with nothing on stdout and exactly one
@@ -598,7 +608,10 @@ fn ignored_inputs_give_the_good_plan() {
         let why = if run.code != Some(0) || !run.stderr.is_empty() {
             Some("expected success with nothing on stderr".to_owned())
         } else if plan.as_ref().map(|p| &p["nodes"]) != Some(&good["nodes"]) {
-            Some(format!("the tree differs from the good inputs' (nodes: {})", plan.as_ref().map_or(Value::Null, |p| p["nodes"].clone())))
+            Some(format!(
+                "the tree differs from the good inputs' (nodes: {})",
+                plan.as_ref().map_or(Value::Null, |p| p["nodes"].clone())
+            ))
         } else if restored != Some(vec!["nvidia0", "nvidia1"]) {
             Some(format!("restored GPUs {restored:?}, expected nvidia0 and nvidia1"))
         } else if run.max_rss_kib > MAX_RSS_KIB {
@@ -665,8 +678,16 @@ fn mount_without_a_usable_mountpoint_fails_with_one_line() {
     let no_root = ["--host-root", "/nonexistent-root"].map(String::from);
     let cases: Vec<(Vec<String>, String, Option<&str>)> = vec![
         (vec!["mount".into()], "MOUNTPOINT".into(), None),
-        ([vec!["mount".into(), arg(&missing).into()], no_root.to_vec()].concat(), format!("error: {}", missing.display()), Some("no such file or directory")),
-        ([vec!["mount".into(), arg(&file).into()], no_root.to_vec()].concat(), format!("error: {}", file.display()), Some("not a directory")),
+        (
+            [vec!["mount".into(), arg(&missing).into()], no_root.to_vec()].concat(),
+            format!("error: {}", missing.display()),
+            Some("no such file or directory"),
+        ),
+        (
+            [vec!["mount".into(), arg(&file).into()], no_root.to_vec()].concat(),
+            format!("error: {}", file.display()),
+            Some("not a directory"),
+        ),
     ];
     let mut failures = Vec::new();
     for (args, blame, expect) in &cases {
@@ -678,7 +699,11 @@ fn mount_without_a_usable_mountpoint_fails_with_one_line() {
             && run.stderr.contains(blame.as_str())
             && expect.is_none_or(|e| run.stderr.contains(e));
         if !ok {
-            failures.push(format!("devremapd {}: expected one line naming {blame:?}: {}", args.join(" "), run.describe()));
+            failures.push(format!(
+                "devremapd {}: expected one line naming {blame:?}: {}",
+                args.join(" "),
+                run.describe()
+            ));
         }
         if let Some(p) = args.get(1) {
             assert!(!is_mounted(Path::new(p)));
@@ -694,7 +719,10 @@ fn mount_without_a_usable_mountpoint_fails_with_one_line() {
 /// Every node under the mount, as `path type mode uid:gid rdev ino [-> target]`, sorted.
 fn walk(root: &Path) -> Vec<String> {
     fn go(root: &Path, dir: &Path, out: &mut Vec<String>) {
-        let mut entries: Vec<_> = fs::read_dir(dir).unwrap_or_else(|e| panic!("readdir {}: {e}", dir.display())).map(|e| e.unwrap().path()).collect();
+        let mut entries: Vec<_> = fs::read_dir(dir)
+            .unwrap_or_else(|e| panic!("readdir {}: {e}", dir.display()))
+            .map(|e| e.unwrap().path())
+            .collect();
         entries.sort();
         for p in entries {
             let m = fs::symlink_metadata(&p).unwrap_or_else(|e| panic!("stat {}: {e}", p.display()));
@@ -710,7 +738,8 @@ fn walk(root: &Path) -> Vec<String> {
             } else {
                 "other"
             };
-            let target = if ft.is_symlink() { format!(" -> {}", fs::read_link(&p).unwrap().display()) } else { String::new() };
+            let target =
+                if ft.is_symlink() { format!(" -> {}", fs::read_link(&p).unwrap().display()) } else { String::new() };
             let rel = p.strip_prefix(root).unwrap().display().to_string();
             out.push(format!(
                 "{rel} {kind} {:o} {}:{} {}:{} ino {}{target}",
@@ -742,7 +771,8 @@ fn reload_within(d: &Daemon, before: &Value) -> Option<Value> {
     let deadline = Instant::now() + DEADLINE;
     while Instant::now() < deadline {
         if let Some(now) = read_state(d) {
-            let moved = now["generation"] != before["generation"] || (now["last_error"] != before["last_error"] && !now["last_error"].is_null());
+            let moved = now["generation"] != before["generation"]
+                || (now["last_error"] != before["last_error"] && !now["last_error"].is_null());
             if moved {
                 return Some(now);
             }
@@ -760,7 +790,9 @@ fn serving(d: &mut Daemon) -> Result<(), String> {
     }
     fs::symlink_metadata(d.path("null")).map_err(|e| format!("stat null: {e}"))?;
     let mut buf = [0u8; 4];
-    let n = fs::File::open(d.path("nvidia4")).and_then(|mut f| f.read(&mut buf)).map_err(|e| format!("open nvidia4: {e}"))?;
+    let n = fs::File::open(d.path("nvidia4"))
+        .and_then(|mut f| f.read(&mut buf))
+        .map_err(|e| format!("open nvidia4: {e}"))?;
     if n != 0 {
         return Err("nvidia4 no longer opens host GPU 0".into());
     }
@@ -798,7 +830,8 @@ fn every_bad_input_leaves_a_live_daemon_unchanged() {
                 let mut got = None;
                 for _ in 0..250 {
                     applied.unblock();
-                    got = read_state(&d).filter(|s| s["generation"] != before["generation"] || !s["last_error"].is_null());
+                    got = read_state(&d)
+                        .filter(|s| s["generation"] != before["generation"] || !s["last_error"].is_null());
                     if got.is_some() {
                         break;
                     }
@@ -811,10 +844,17 @@ fn every_bad_input_leaves_a_live_daemon_unchanged() {
             Some(expect) => {
                 let err = after["last_error"].as_str().unwrap_or("");
                 if after["generation"] != before["generation"] {
-                    why.push(format!("the generation moved {} -> {}: the bad input was taken", before["generation"], after["generation"]));
+                    why.push(format!(
+                        "the generation moved {} -> {}: the bad input was taken",
+                        before["generation"], after["generation"]
+                    ));
                 }
                 if !err.starts_with(&env.blame(case)[0]) || !err.contains(expect.as_str()) {
-                    why.push(format!("last_error {:?} does not start with {:?} and hold {expect:?}", after["last_error"], env.blame(case)));
+                    why.push(format!(
+                        "last_error {:?} does not start with {:?} and hold {expect:?}",
+                        after["last_error"],
+                        env.blame(case)
+                    ));
                 }
                 if after["nodes"] != base["nodes"] || after["remap"] != base["remap"] {
                     why.push("the state's nodes or remap changed".into());
@@ -831,7 +871,10 @@ fn every_bad_input_leaves_a_live_daemon_unchanged() {
         }
         let now_walk = walk(&d.mountpoint);
         if now_walk != base_walk {
-            why.push(format!("the mount changed: {:?}", now_walk.iter().filter(|l| !base_walk.contains(l)).collect::<Vec<_>>()));
+            why.push(format!(
+                "the mount changed: {:?}",
+                now_walk.iter().filter(|l| !base_walk.contains(l)).collect::<Vec<_>>()
+            ));
         }
         if let Err(e) = serving(&mut d) {
             why.push(e);
@@ -901,7 +944,12 @@ fn file_rewritten_while_read_gives_one_clean_outcome() {
     for _ in 0..40 {
         let run = run_limited(&args, out.path());
         let outcome = match run.code {
-            Some(0) if serde_json::from_str::<Value>(&run.stdout).is_ok_and(|p| p["nodes"] == good["nodes"] && p["remap"] == good["remap"]) => "ok".to_owned(),
+            Some(0)
+                if serde_json::from_str::<Value>(&run.stdout)
+                    .is_ok_and(|p| p["nodes"] == good["nodes"] && p["remap"] == good["remap"]) =>
+            {
+                "ok".to_owned()
+            }
             Some(1) => match check_error(&run, &[arg(&env.meta).to_owned()], true, "") {
                 Ok(line) => allowed.iter().find(|a| line.contains(*a)).map(|a| a.to_string()).unwrap_or_else(|| {
                     failures.push(format!("plan: unexpected error {line:?}"));
@@ -986,7 +1034,12 @@ fn a_gpu_symlink_is_never_followed() {
     let mut args = vec!["plan".to_owned(), "--json".to_owned()];
     args.extend(env.args());
     let run = run_limited(&args, out.path());
-    let result = check_error(&run, &[arg(&env.host.dev()).to_owned()], true, "nvidia2: is a symlink, not a char device; refused");
+    let result = check_error(
+        &run,
+        &[arg(&env.host.dev()).to_owned()],
+        true,
+        "nvidia2: is a symlink, not a char device; refused",
+    );
     std::thread::sleep(Duration::from_millis(50));
     let opened = watcher.is_finished();
     // Release the watcher ourselves.

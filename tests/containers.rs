@@ -129,7 +129,10 @@ struct Facts<'a> {
 
 impl Facts<'_> {
     fn get(&self, key: &str) -> &str {
-        self.map.get(key).map(String::as_str).unwrap_or_else(|| panic!("the container printed no {key:?}\n{}", self.transcript))
+        self.map
+            .get(key)
+            .map(String::as_str)
+            .unwrap_or_else(|| panic!("the container printed no {key:?}\n{}", self.transcript))
     }
 
     fn eq(&self, key: &str, want: &str) {
@@ -250,7 +253,8 @@ fn container_on_devremap(runtime: Runtime) {
         .unwrap();
     assert!(out.status.success(), "oci-patch failed: {}", String::from_utf8_lossy(&out.stderr));
     let config = bundle.config();
-    let dev_mounts: Vec<&Value> = config["mounts"].as_array().unwrap().iter().filter(|m| m["destination"] == "/dev").collect();
+    let dev_mounts: Vec<&Value> =
+        config["mounts"].as_array().unwrap().iter().filter(|m| m["destination"] == "/dev").collect();
     assert_eq!(dev_mounts.len(), 1);
     assert_eq!(dev_mounts[0]["type"], "bind");
     assert_eq!(dev_mounts[0]["source"], arg(&d.mountpoint));
@@ -262,7 +266,10 @@ fn container_on_devremap(runtime: Runtime) {
     let out1 = c.stdout();
     let transcript = format!("{out1}--- runtime stderr ---\n{}--- daemon log ---\n{}", c.stderr(), d.log_text());
     let f = Facts { map: facts(&out1), transcript: &transcript };
-    assert!(out1.lines().any(|l| l == "via /dev/stdout"), "/dev/stdout does not reach the container's stdout\n{transcript}");
+    assert!(
+        out1.lines().any(|l| l == "via /dev/stdout"),
+        "/dev/stdout does not reach the container's stdout\n{transcript}"
+    );
     f.common("phase1", &expected_ls(&state));
     // Checkpoint names reach the paired host GPUs; native names their own.
     f.device("phase1", "nvidia4", fake_rdev(0), "null");
@@ -335,16 +342,32 @@ fn terminal_console(runtime: Runtime) {
     let config_path = bundle.config_path();
     let d = Daemon::start(&["--spec", arg(&config_path), "--host-root", arg(&host.root())]);
     let state = d.state();
-    let console = state["nodes"].as_array().unwrap().iter().find(|n| n["path"] == "console").expect("a console placeholder");
-    assert_eq!((console["type"].as_str(), console["major"].as_u64(), console["minor"].as_u64()), (Some("char"), Some(1), Some(3)));
-    let out = Command::new(BIN).args(["oci-patch", arg(&config_path), "--dev", arg(&d.mountpoint), "--in-place"]).output().unwrap();
+    let console =
+        state["nodes"].as_array().unwrap().iter().find(|n| n["path"] == "console").expect("a console placeholder");
+    assert_eq!(
+        (console["type"].as_str(), console["major"].as_u64(), console["minor"].as_u64()),
+        (Some("char"), Some(1), Some(3))
+    );
+    let out = Command::new(BIN)
+        .args(["oci-patch", arg(&config_path), "--dev", arg(&d.mountpoint), "--in-place"])
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let id = format!("devremap-tty-{}", runtime.name());
     let run = runtime.command(&bundle.state_root(), &["run", "--bundle", arg(bundle.dir()), &id]);
-    let out = Command::new("script").args(["-qec", &shell_line(&run), "/dev/null"]).stdin(std::process::Stdio::null()).output().unwrap();
+    let out = Command::new("script")
+        .args(["-qec", &shell_line(&run), "/dev/null"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
     let _ = runtime.command(&bundle.state_root(), &["delete", "-f", &id]).output();
     let text = String::from_utf8_lossy(&out.stdout).replace('\r', "");
-    assert!(out.status.success(), "{} with a terminal failed: {text}{}", runtime.name(), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{} with a terminal failed: {text}{}",
+        runtime.name(),
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(text.lines().any(|l| l.contains("/dev/pts/")), "no tty: {text}");
     assert!(text.contains("console character special file 88:0"), "the console is not the pty: {text}");
     assert!(text.lines().any(|l| l == "devpts"), "the console is not mounted from devpts: {text}");

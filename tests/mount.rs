@@ -65,12 +65,20 @@ fn host_and_metadata(saved: &[u32]) -> (FakeHost, String) {
 }
 
 fn write_saved(path: &Path, saved: &[u32]) {
-    let list: Vec<Value> = saved.iter().map(|m| serde_json::json!({"minor": m, "pci_vendor_id": 4318, "pci_device_id": 8896})).collect();
+    let list: Vec<Value> =
+        saved.iter().map(|m| serde_json::json!({"minor": m, "pci_vendor_id": 4318, "pci_device_id": 8896})).collect();
     fs::write(path, Value::from(list).to_string()).unwrap();
 }
 
 fn inputs<'a>(host: &'a FakeHost, meta: &'a str) -> Vec<String> {
-    vec!["--metadata".into(), meta.into(), "--host-dev".into(), host.dev().to_str().unwrap().into(), "--host-root".into(), host.root().to_str().unwrap().into()]
+    vec![
+        "--metadata".into(),
+        meta.into(),
+        "--host-dev".into(),
+        host.dev().to_str().unwrap().into(),
+        "--host-root".into(),
+        host.root().to_str().unwrap().into(),
+    ]
 }
 
 fn strs(v: &[String]) -> Vec<&str> {
@@ -122,7 +130,8 @@ fn stat_and_readdir_match_the_plan() {
         assert_eq!(u64::from(meta.gid()), n["gid"].as_u64().unwrap());
     }
     let listed = listing(&d.mountpoint);
-    let planned: BTreeSet<String> = nodes.iter().map(|n| n["path"].as_str().unwrap().to_owned()).filter(|p| !p.contains('/')).collect();
+    let planned: BTreeSet<String> =
+        nodes.iter().map(|n| n["path"].as_str().unwrap().to_owned()).filter(|p| !p.contains('/')).collect();
     assert_eq!(listed, planned);
     // The state file is the plan plus the daemon's own keys.
     let state = d.state();
@@ -184,10 +193,16 @@ fn every_change_is_refused() {
     assert_eq!(errno(libc_result(unsafe { libc::utimes(c.as_ptr(), std::ptr::null()) })), libc::EPERM);
     // truncate never reaches the daemon: the tree has no regular files, and the kernel
     // refuses to truncate anything else itself.
-    assert_eq!(errno(fs::set_permissions(&d.mountpoint, std::os::unix::fs::PermissionsExt::from_mode(0o777))), libc::EPERM);
+    assert_eq!(
+        errno(fs::set_permissions(&d.mountpoint, std::os::unix::fs::PermissionsExt::from_mode(0o777))),
+        libc::EPERM
+    );
     // Everything else.
     let new = cpath(&d.path("new"));
-    assert_eq!(errno(libc_result(unsafe { libc::mknod(new.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) })), libc::EROFS);
+    assert_eq!(
+        errno(libc_result(unsafe { libc::mknod(new.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) })),
+        libc::EROFS
+    );
     assert_eq!(errno(fs::create_dir(d.path("dir"))), libc::EROFS);
     assert_eq!(errno(fs::File::create(d.path("file"))), libc::EROFS);
     assert_eq!(errno(fs::remove_file(&null)), libc::EROFS);
@@ -251,10 +266,13 @@ fn bad_reload_changes_nothing() {
     let d = Daemon::start(&strs(&inputs(&host, &meta)));
     let before = d.state();
     let listing = |d: &Daemon| -> Vec<(String, (u32, u32))> {
-        let mut v: Vec<_> = fs::read_dir(&d.mountpoint).unwrap().map(|e| {
-            let e = e.unwrap();
-            (e.file_name().into_string().unwrap(), rdev_of(&e.path()))
-        }).collect();
+        let mut v: Vec<_> = fs::read_dir(&d.mountpoint)
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (e.file_name().into_string().unwrap(), rdev_of(&e.path()))
+            })
+            .collect();
         v.sort();
         v
     };

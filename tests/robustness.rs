@@ -22,7 +22,8 @@ use tempfile::TempDir;
 fn host_and_metadata() -> (FakeHost, Vec<String>) {
     let host = FakeHost::with_gpus(&[0, 1, 2, 3]);
     let meta = host.tmp.path().join("meta.json");
-    let list: Vec<Value> = [4, 5].iter().map(|m| serde_json::json!({"minor": m, "pci_vendor_id": 4318, "pci_device_id": 8896})).collect();
+    let list: Vec<Value> =
+        [4, 5].iter().map(|m| serde_json::json!({"minor": m, "pci_vendor_id": 4318, "pci_device_id": 8896})).collect();
     fs::write(&meta, Value::from(list).to_string()).unwrap();
     let args = vec![
         "--metadata".into(),
@@ -102,7 +103,9 @@ fn a_panicking_handler_answers_eio_and_the_daemon_serves_on() {
     let workers: Vec<_> = (0..4)
         .map(|_| {
             let p = d.path("boom");
-            std::thread::spawn(move || (0..5).map(|_| fs::metadata(&p).err().and_then(|e| e.raw_os_error())).collect::<Vec<_>>())
+            std::thread::spawn(move || {
+                (0..5).map(|_| fs::metadata(&p).err().and_then(|e| e.raw_os_error())).collect::<Vec<_>>()
+            })
         })
         .collect();
     for w in workers {
@@ -111,10 +114,15 @@ fn a_panicking_handler_answers_eio_and_the_daemon_serves_on() {
     assert!(matches!(d.child.try_wait(), Ok(None)), "the daemon died: {}", d.log_text());
     assert_eq!(rdev_of(&d.path("nvidia4")), fake_rdev(0));
     let mut buf = [1u8; 8];
-    assert_eq!(fs::File::open(d.path("nvidia4")).unwrap().read(&mut buf).unwrap(), 0, "nvidia4 opens host GPU 0 (null)");
+    assert_eq!(
+        fs::File::open(d.path("nvidia4")).unwrap().read(&mut buf).unwrap(),
+        0,
+        "nvidia4 opens host GPU 0 (null)"
+    );
     assert_eq!(fs::File::open(d.path("zero")).unwrap().read(&mut buf).unwrap(), 8);
     assert_eq!(buf, [0; 8]);
-    let names: Vec<String> = fs::read_dir(&d.mountpoint).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    let names: Vec<String> =
+        fs::read_dir(&d.mountpoint).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     assert!(names.iter().any(|n| n == "nvidia5") && !names.iter().any(|n| n == "boom"), "{names:?}");
     assert_eq!(fs::metadata(d.path("nope")).unwrap_err().raw_os_error(), Some(libc::ENOENT));
     let log = d.log_text();
@@ -260,7 +268,15 @@ fn sigkill_then_a_new_mount_serves_again() {
     let bind = BindMount(bind_dir.path().join("container-dev"));
     fs::create_dir(&bind.0).unwrap();
     // SAFETY: valid paths; a bind mount of a directory.
-    let rc = unsafe { libc::mount(cpath(&mountpoint).as_ptr(), cpath(&bind.0).as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null()) };
+    let rc = unsafe {
+        libc::mount(
+            cpath(&mountpoint).as_ptr(),
+            cpath(&bind.0).as_ptr(),
+            std::ptr::null(),
+            libc::MS_BIND,
+            std::ptr::null(),
+        )
+    };
     assert_eq!(rc, 0, "bind mount: {}", std::io::Error::last_os_error());
     assert_eq!(rdev_of(&bind.0.join("nvidia4")), fake_rdev(0));
 
@@ -342,8 +358,19 @@ fn unprivileged_callers_cannot_change_the_tree_or_open_private_nodes() {
     assert_eq!(fs::symlink_metadata(d.path("secret")).unwrap().mode() & 0o7777, 0o600);
 
     let p = |name: &str| cpath(&d.path(name));
-    let (root, null, secret, open, new, fifo, newdir, pts, moved, linked, sym) =
-        (cpath(&d.mountpoint), p("null"), p("secret"), p("open"), p("new"), p("fifo"), p("newdir"), p("pts"), p("moved"), p("linked"), p("sym"));
+    let (root, null, secret, open, new, fifo, newdir, pts, moved, linked, sym) = (
+        cpath(&d.mountpoint),
+        p("null"),
+        p("secret"),
+        p("open"),
+        p("new"),
+        p("fifo"),
+        p("newdir"),
+        p("pts"),
+        p("moved"),
+        p("linked"),
+        p("sym"),
+    );
     let (user_x, trusted_x) = (CString::new("user.x").unwrap(), CString::new("trusted.x").unwrap());
     let target = CString::new("null").unwrap();
     // SAFETY (all closures): raw libc calls on NUL-terminated strings that outlive the child.
@@ -371,32 +398,179 @@ fn unprivileged_callers_cannot_change_the_tree_or_open_private_nodes() {
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     let st_ptr = &mut st as *mut libc::stat as usize;
     let tries: Vec<Try> = vec![
-        Try { what: "stat null (the mount is reachable)", expect: None, run: { let n = null.clone(); call!(libc::lstat(n.as_ptr(), st_ptr as *mut libc::stat)) } },
+        Try {
+            what: "stat null (the mount is reachable)",
+            expect: None,
+            run: {
+                let n = null.clone();
+                call!(libc::lstat(n.as_ptr(), st_ptr as *mut libc::stat))
+            },
+        },
         Try { what: "open 0666 null read-write", expect: None, run: oc(&null, libc::O_RDWR) },
         Try { what: "open 0666 spec node open read-write", expect: None, run: oc(&open, libc::O_RDWR) },
         Try { what: "open 0600 secret read-only", expect: Some(libc::EACCES), run: oc(&secret, libc::O_RDONLY) },
         Try { what: "open 0600 secret write-only", expect: Some(libc::EACCES), run: oc(&secret, libc::O_WRONLY) },
-        Try { what: "access 0600 secret R_OK", expect: Some(libc::EACCES), run: { let s = secret.clone(); call!(libc::access(s.as_ptr(), libc::R_OK)) } },
-        Try { what: "mknod char new", expect: Some(libc::EACCES), run: { let n = new.clone(); call!(libc::mknod(n.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3))) } },
-        Try { what: "mkfifo fifo", expect: Some(libc::EACCES), run: { let n = fifo.clone(); call!(libc::mkfifo(n.as_ptr(), 0o666)) } },
+        Try {
+            what: "access 0600 secret R_OK",
+            expect: Some(libc::EACCES),
+            run: {
+                let s = secret.clone();
+                call!(libc::access(s.as_ptr(), libc::R_OK))
+            },
+        },
+        Try {
+            what: "mknod char new",
+            expect: Some(libc::EACCES),
+            run: {
+                let n = new.clone();
+                call!(libc::mknod(n.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)))
+            },
+        },
+        Try {
+            what: "mkfifo fifo",
+            expect: Some(libc::EACCES),
+            run: {
+                let n = fifo.clone();
+                call!(libc::mkfifo(n.as_ptr(), 0o666))
+            },
+        },
         Try { what: "open O_CREAT new", expect: Some(libc::EACCES), run: oc(&new, libc::O_CREAT | libc::O_WRONLY) },
-        Try { what: "mkdir newdir", expect: Some(libc::EACCES), run: { let n = newdir.clone(); call!(libc::mkdir(n.as_ptr(), 0o755)) } },
-        Try { what: "symlink sym -> null", expect: Some(libc::EACCES), run: { let (t, s) = (target.clone(), sym.clone()); call!(libc::symlink(t.as_ptr(), s.as_ptr())) } },
-        Try { what: "link null -> linked", expect: Some(libc::EPERM), run: { let (a, b) = (null.clone(), linked.clone()); call!(libc::link(a.as_ptr(), b.as_ptr())) } },
-        Try { what: "unlink null", expect: Some(libc::EACCES), run: { let n = null.clone(); call!(libc::unlink(n.as_ptr())) } },
-        Try { what: "rmdir pts", expect: Some(libc::EACCES), run: { let n = pts.clone(); call!(libc::rmdir(n.as_ptr())) } },
-        Try { what: "rename null -> moved", expect: Some(libc::EACCES), run: { let (a, b) = (null.clone(), moved.clone()); call!(libc::rename(a.as_ptr(), b.as_ptr())) } },
-        Try { what: "chmod null 0777", expect: Some(libc::EPERM), run: { let n = null.clone(); call!(libc::chmod(n.as_ptr(), 0o777)) } },
-        Try { what: "chmod secret 0666", expect: Some(libc::EPERM), run: { let n = secret.clone(); call!(libc::chmod(n.as_ptr(), 0o666)) } },
-        Try { what: "chmod the root 0777", expect: Some(libc::EPERM), run: { let n = root.clone(); call!(libc::chmod(n.as_ptr(), 0o777)) } },
-        Try { what: "chown null to 65534", expect: Some(libc::EPERM), run: { let n = null.clone(); call!(libc::chown(n.as_ptr(), 65534, 65534)) } },
-        Try { what: "utimes null to now (reaches the daemon)", expect: Some(libc::EPERM), run: { let n = null.clone(); call!(libc::utimes(n.as_ptr(), std::ptr::null())) } },
-        Try { what: "utimes secret to now (no write permission)", expect: Some(libc::EACCES), run: { let n = secret.clone(); call!(libc::utimes(n.as_ptr(), std::ptr::null())) } },
-        Try { what: "truncate null", expect: Some(libc::EINVAL), run: { let n = null.clone(); call!(libc::truncate(n.as_ptr(), 0)) } },
-        Try { what: "setxattr user.x on the root", expect: Some(libc::EACCES), run: { let (n, x) = (root.clone(), user_x.clone()); call!(libc::setxattr(n.as_ptr(), x.as_ptr(), b"v".as_ptr().cast(), 1, 0)) } },
-        Try { what: "setxattr user.x on null", expect: Some(libc::EPERM), run: { let (n, x) = (null.clone(), user_x.clone()); call!(libc::setxattr(n.as_ptr(), x.as_ptr(), b"v".as_ptr().cast(), 1, 0)) } },
-        Try { what: "setxattr trusted.x on the root", expect: Some(libc::EPERM), run: { let (n, x) = (root.clone(), trusted_x.clone()); call!(libc::setxattr(n.as_ptr(), x.as_ptr(), b"v".as_ptr().cast(), 1, 0)) } },
-        Try { what: "removexattr user.x on the root", expect: Some(libc::EACCES), run: { let (n, x) = (root.clone(), user_x.clone()); call!(libc::removexattr(n.as_ptr(), x.as_ptr())) } },
+        Try {
+            what: "mkdir newdir",
+            expect: Some(libc::EACCES),
+            run: {
+                let n = newdir.clone();
+                call!(libc::mkdir(n.as_ptr(), 0o755))
+            },
+        },
+        Try {
+            what: "symlink sym -> null",
+            expect: Some(libc::EACCES),
+            run: {
+                let (t, s) = (target.clone(), sym.clone());
+                call!(libc::symlink(t.as_ptr(), s.as_ptr()))
+            },
+        },
+        Try {
+            what: "link null -> linked",
+            expect: Some(libc::EPERM),
+            run: {
+                let (a, b) = (null.clone(), linked.clone());
+                call!(libc::link(a.as_ptr(), b.as_ptr()))
+            },
+        },
+        Try {
+            what: "unlink null",
+            expect: Some(libc::EACCES),
+            run: {
+                let n = null.clone();
+                call!(libc::unlink(n.as_ptr()))
+            },
+        },
+        Try {
+            what: "rmdir pts",
+            expect: Some(libc::EACCES),
+            run: {
+                let n = pts.clone();
+                call!(libc::rmdir(n.as_ptr()))
+            },
+        },
+        Try {
+            what: "rename null -> moved",
+            expect: Some(libc::EACCES),
+            run: {
+                let (a, b) = (null.clone(), moved.clone());
+                call!(libc::rename(a.as_ptr(), b.as_ptr()))
+            },
+        },
+        Try {
+            what: "chmod null 0777",
+            expect: Some(libc::EPERM),
+            run: {
+                let n = null.clone();
+                call!(libc::chmod(n.as_ptr(), 0o777))
+            },
+        },
+        Try {
+            what: "chmod secret 0666",
+            expect: Some(libc::EPERM),
+            run: {
+                let n = secret.clone();
+                call!(libc::chmod(n.as_ptr(), 0o666))
+            },
+        },
+        Try {
+            what: "chmod the root 0777",
+            expect: Some(libc::EPERM),
+            run: {
+                let n = root.clone();
+                call!(libc::chmod(n.as_ptr(), 0o777))
+            },
+        },
+        Try {
+            what: "chown null to 65534",
+            expect: Some(libc::EPERM),
+            run: {
+                let n = null.clone();
+                call!(libc::chown(n.as_ptr(), 65534, 65534))
+            },
+        },
+        Try {
+            what: "utimes null to now (reaches the daemon)",
+            expect: Some(libc::EPERM),
+            run: {
+                let n = null.clone();
+                call!(libc::utimes(n.as_ptr(), std::ptr::null()))
+            },
+        },
+        Try {
+            what: "utimes secret to now (no write permission)",
+            expect: Some(libc::EACCES),
+            run: {
+                let n = secret.clone();
+                call!(libc::utimes(n.as_ptr(), std::ptr::null()))
+            },
+        },
+        Try {
+            what: "truncate null",
+            expect: Some(libc::EINVAL),
+            run: {
+                let n = null.clone();
+                call!(libc::truncate(n.as_ptr(), 0))
+            },
+        },
+        Try {
+            what: "setxattr user.x on the root",
+            expect: Some(libc::EACCES),
+            run: {
+                let (n, x) = (root.clone(), user_x.clone());
+                call!(libc::setxattr(n.as_ptr(), x.as_ptr(), b"v".as_ptr().cast(), 1, 0))
+            },
+        },
+        Try {
+            what: "setxattr user.x on null",
+            expect: Some(libc::EPERM),
+            run: {
+                let (n, x) = (null.clone(), user_x.clone());
+                call!(libc::setxattr(n.as_ptr(), x.as_ptr(), b"v".as_ptr().cast(), 1, 0))
+            },
+        },
+        Try {
+            what: "setxattr trusted.x on the root",
+            expect: Some(libc::EPERM),
+            run: {
+                let (n, x) = (root.clone(), trusted_x.clone());
+                call!(libc::setxattr(n.as_ptr(), x.as_ptr(), b"v".as_ptr().cast(), 1, 0))
+            },
+        },
+        Try {
+            what: "removexattr user.x on the root",
+            expect: Some(libc::EACCES),
+            run: {
+                let (n, x) = (root.clone(), user_x.clone());
+                call!(libc::removexattr(n.as_ptr(), x.as_ptr()))
+            },
+        },
     ];
     const MAX: usize = 64;
     assert!(tries.len() <= MAX);
@@ -448,7 +622,8 @@ fn unprivileged_callers_cannot_change_the_tree_or_open_private_nodes() {
     assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
     let code = if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { -1 };
     assert!(code != 2 && code != 3, "the child could not become uid 65534 (exit {code})");
-    let words: Vec<libc::c_int> = raw.chunks_exact(4).map(|c| libc::c_int::from_ne_bytes(c.try_into().unwrap())).collect();
+    let words: Vec<libc::c_int> =
+        raw.chunks_exact(4).map(|c| libc::c_int::from_ne_bytes(c.try_into().unwrap())).collect();
     let name = |e: i32| std::io::Error::from_raw_os_error(e).to_string();
     let table: Vec<String> = tries
         .iter()
@@ -460,7 +635,14 @@ fn unprivileged_callers_cannot_change_the_tree_or_open_private_nodes() {
             format!("{:>2} {:<45} expected {want:<28} got {got}", i, t.what)
         })
         .collect();
-    assert_eq!(code, 0, "first failed check: {} ({})\n{}", code - 10, tries.get((code - 10).max(0) as usize).map_or("?", |t| t.what), table.join("\n"));
+    assert_eq!(
+        code,
+        0,
+        "first failed check: {} ({})\n{}",
+        code - 10,
+        tries.get((code - 10).max(0) as usize).map_or("?", |t| t.what),
+        table.join("\n")
+    );
     eprintln!("{}", table.join("\n"));
     // Nothing changed.
     assert_eq!(fs::symlink_metadata(d.path("null")).unwrap().mode() & 0o7777, 0o666);

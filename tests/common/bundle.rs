@@ -21,8 +21,8 @@ pub const BUSYBOX: &str = "/bin/busybox";
 
 /// The applets a test script may call, each a symlink to busybox in the rootfs.
 pub const APPLETS: &[&str] = &[
-    "sh", "cat", "chmod", "chown", "dd", "echo", "grep", "head", "ls", "mkdir", "mknod", "mount", "od", "readlink", "rm",
-    "sleep", "stat", "test", "touch", "tr", "true", "false",
+    "sh", "cat", "chmod", "chown", "dd", "echo", "grep", "head", "ls", "mkdir", "mknod", "mount", "od", "readlink",
+    "rm", "sleep", "stat", "test", "touch", "tr", "true", "false",
 ];
 
 /// A hybrid cgroup layout mounts cgroup2 here, beside the v1 controllers.
@@ -55,7 +55,14 @@ impl Runtime {
         let bin = self.binary().unwrap_or_else(|| panic!("{} is not on PATH", self.name()));
         if self == Runtime::Crun && is_mount_point(Path::new(HYBRID_UNIFIED)) {
             let mut c = Command::new("unshare");
-            c.args(["-m", "--propagation", "private", "sh", "-c", &format!("umount {HYBRID_UNIFIED} && exec \"$0\" \"$@\"")]);
+            c.args([
+                "-m",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                &format!("umount {HYBRID_UNIFIED} && exec \"$0\" \"$@\""),
+            ]);
             c.arg(bin).arg("--root").arg(state_root).args(args);
             c
         } else {
@@ -91,7 +98,8 @@ pub fn need_containers(runtime: Runtime) -> bool {
 }
 
 fn find_in_path(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into());
+    let path = std::env::var_os("PATH")
+        .unwrap_or_else(|| "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into());
     std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file())
 }
 
@@ -184,7 +192,13 @@ impl Bundle {
 /// missing capability.
 pub fn oci_config(hostname: &str, devices: &[Value]) -> Value {
     let caps = json!([
-        "CAP_AUDIT_WRITE", "CAP_KILL", "CAP_NET_BIND_SERVICE", "CAP_MKNOD", "CAP_CHOWN", "CAP_FOWNER", "CAP_DAC_OVERRIDE"
+        "CAP_AUDIT_WRITE",
+        "CAP_KILL",
+        "CAP_NET_BIND_SERVICE",
+        "CAP_MKNOD",
+        "CAP_CHOWN",
+        "CAP_FOWNER",
+        "CAP_DAC_OVERRIDE"
     ]);
     let mut rules = vec![json!({"allow": false, "access": "rwm"})];
     rules.extend(devices.iter().cloned());
@@ -284,7 +298,11 @@ impl<'a> Container<'a> {
                 }
                 panic!("{} exited with {status} before printing {line:?}\n{}", self.runtime.name(), self.transcript());
             }
-            assert!(Instant::now() < deadline, "timed out waiting for {line:?} from the container\n{}", self.transcript());
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {line:?} from the container\n{}",
+                self.transcript()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -316,7 +334,11 @@ impl<'a> Container<'a> {
 /// `/dev/stdout` (crun hands the container this very file) then writes after what is there,
 /// instead of over it.
 fn append_to(path: &Path) -> fs::File {
-    fs::OpenOptions::new().create_new(true).append(true).open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    fs::OpenOptions::new()
+        .create_new(true)
+        .append(true)
+        .open(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 impl Drop for Container<'_> {
