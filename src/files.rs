@@ -17,14 +17,20 @@ pub enum FileError {
     NotRegular(&'static str),
 }
 
-fn kind(meta: &std::fs::Metadata) -> &'static str {
-    let ft = meta.file_type();
-    if ft.is_dir() {
+/// What a file is, with its article, for messages: `a FIFO`, `a symlink`, ...
+pub fn describe(ft: std::fs::FileType) -> &'static str {
+    if ft.is_file() {
+        "a regular file"
+    } else if ft.is_dir() {
         "a directory"
+    } else if ft.is_symlink() {
+        "a symlink"
     } else if ft.is_fifo() {
         "a FIFO"
-    } else if ft.is_char_device() || ft.is_block_device() {
-        "a device"
+    } else if ft.is_char_device() {
+        "a char device"
+    } else if ft.is_block_device() {
+        "a block device"
     } else if ft.is_socket() {
         "a socket"
     } else {
@@ -36,12 +42,12 @@ fn kind(meta: &std::fs::Metadata) -> &'static str {
 pub fn open_regular(path: &Path) -> Result<File, FileError> {
     let before = std::fs::metadata(path).map_err(FileError::Io)?;
     if !before.is_file() {
-        return Err(FileError::NotRegular(kind(&before)));
+        return Err(FileError::NotRegular(describe(before.file_type())));
     }
     let file = OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path).map_err(FileError::Io)?;
     let after = file.metadata().map_err(FileError::Io)?;
     if !after.is_file() {
-        return Err(FileError::NotRegular(kind(&after)));
+        return Err(FileError::NotRegular(describe(after.file_type())));
     }
     if (after.dev(), after.ino()) != (before.dev(), before.ino()) {
         return Err(FileError::Io(io::Error::other("replaced while being opened")));

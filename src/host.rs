@@ -69,7 +69,7 @@ pub enum HostError {
     Stat(PathBuf, io::Error),
     #[error("{}: {}", .0.display(), .1)]
     BadName(PathBuf, String),
-    #[error("{}: is a {}, not a char device; refused", .0.display(), .1)]
+    #[error("{}: is {}, not a char device; refused", .0.display(), .1)]
     NotCharDevice(PathBuf, &'static str),
 }
 
@@ -123,17 +123,7 @@ fn char_node(dir: &Path, rel: &str) -> Result<HostNode, HostError> {
     let meta = fs::symlink_metadata(&path).map_err(|e| HostError::Stat(path.clone(), e))?;
     let ft = meta.file_type();
     if !ft.is_char_device() {
-        let kind = if ft.is_symlink() {
-            "symlink"
-        } else if ft.is_block_device() {
-            "block device"
-        } else if ft.is_dir() {
-            "directory"
-        } else if ft.is_file() {
-            "regular file"
-        } else {
-            "special file"
-        };
+        let kind = files::describe(ft);
         return Err(HostError::NotCharDevice(path, kind));
     }
     Ok(HostNode {
