@@ -15,6 +15,7 @@ use devremap::served::{Change, Devfs};
 use devremap::{io_message, render};
 use fuser::{Config, INodeNo, MountOption, Notifier, Session, SessionACL};
 use log::{info, warn};
+use sd_notify::NotifyState;
 use serde_json::Value;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
@@ -120,7 +121,7 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
         }
         return Err(e);
     }
-    let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
+    notify(&[NotifyState::Ready]);
     info!(
         "serving {m}: generation 1, nodes: {}, remapped GPUs: {}{}",
         daemon.current.plan.tree.len() - 1,
@@ -181,6 +182,7 @@ impl Daemon {
                     Event::Signal(SIGHUP) => reload = true,
                     Event::Signal(sig) => {
                         info!("signal {sig}: stopping");
+                        notify(&[NotifyState::Stopping]);
                         return true;
                     }
                     Event::Retired => retired = true,
@@ -204,6 +206,15 @@ impl Daemon {
 
     fn reload(&mut self) {
         let started = Instant::now();
+        // systemd (Type=notify or notify-reload) shows the unit as reloading until READY=1.
+        let mut reloading = vec![NotifyState::Reloading];
+        reloading.extend(NotifyState::monotonic_usec_now().ok());
+        notify(&reloading);
+        self.reload_inputs(started);
+        notify(&[NotifyState::Ready]);
+    }
+
+    fn reload_inputs(&mut self, started: Instant) {
         let generation = self.devfs.snapshot().generation;
         let loaded = match load::load(&self.sources) {
             Ok(l) => l,
@@ -262,6 +273,13 @@ impl Daemon {
         if let Err(e) = self.write_state() {
             warn!("{e}");
         }
+    }
+}
+
+/// Tells systemd, when it started us with a notify socket; without one this does nothing.
+fn notify(states: &[NotifyState]) {
+    if let Err(e) = sd_notify::notify(states) {
+        warn!("cannot notify systemd: {}", io_message(&e));
     }
 }
 

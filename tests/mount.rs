@@ -450,3 +450,33 @@ fn prefer_file_switches_collisions_on_reload() {
     assert_eq!(d.reload()["generation"], 3);
     assert_eq!(identify(&d.path("nvidia1")).unwrap(), "zero");
 }
+
+/// Readiness under systemd: READY=1 only once the mount answers (the state file exists by
+/// then), RELOADING=1 with MONOTONIC_USEC then READY=1 around a reload, STOPPING=1 at SIGTERM.
+#[test]
+fn systemd_notifications() {
+    if !need_fuse() {
+        return;
+    }
+    let sock_dir = tempfile::TempDir::new().unwrap();
+    let sock_path = sock_dir.path().join("notify");
+    let sock = std::os::unix::net::UnixDatagram::bind(&sock_path).unwrap();
+    sock.set_read_timeout(Some(common::daemon::PATIENCE)).unwrap();
+    let recv = || {
+        let mut buf = [0u8; 512];
+        let n = sock.recv(&mut buf).expect("a notification");
+        String::from_utf8_lossy(&buf[..n]).trim_end().to_owned()
+    };
+    let d = Daemon::start_with_env(
+        &["--host-root", "/nonexistent-root"],
+        &[("NOTIFY_SOCKET", sock_path.to_str().unwrap())],
+    );
+    assert_eq!(recv(), "READY=1");
+    assert!(d.state_file.exists() && d.pid_file.exists());
+    d.reload();
+    let reloading = recv();
+    assert!(reloading.starts_with("RELOADING=1\nMONOTONIC_USEC="), "{reloading:?}");
+    assert_eq!(recv(), "READY=1");
+    assert!(d.stop().success());
+    assert_eq!(recv(), "STOPPING=1");
+}
