@@ -1,0 +1,157 @@
+//! Fuzz target: the spec-to-tree path.
+//!
+//! The input is `SPEC [\0 EXTRA]`. SPEC goes to `spec::parse`; when it parses, EXTRA (JSON
+//! never holds a raw NUL, so the split is unambiguous) is read as a little program that adds
+//! saved GPUs (as the metadata reader would give them: sorted, unique minors <= 247, unique
+//! UUIDs), a host device directory scan (`nvidiaN` nodes and pass-through nodes, as the scanner
+//! would give them), `--device-map` pairs, file mounts and `--prefer`. Then `plan::build` must
+//! answer Ok or Err, never panic; on Ok, the tree must be a tree: every node's parent is a
+//! directory, no path has an empty, `.` or `..` component, and every served checkpoint name is
+//! the restored GPU's device.
+#![no_main]
+
+use devremap::device::{Access, DevKind, MAX_REGULAR_MINOR, Rdev};
+use devremap::host::{DevDirScan, HostFacts, HostNode};
+use devremap::metadata::{DeviceId, Format, Metadata};
+use devremap::pairing::{DeviceRef, MapPair};
+use devremap::plan::{self, Inputs, Prefer};
+use devremap::spec;
+use devremap::tree::{NodeKind, Tree};
+use libfuzzer_sys::fuzz_target;
+use std::collections::BTreeMap;
+
+const PASSTHROUGH: &[&str] = &["nvidiactl", "nvidia-modeset", "nvidia-uvm", "nvidia-uvm-tools"];
+
+fn minor(b: u8) -> u32 {
+    u32::from(b) % (MAX_REGULAR_MINOR + 1)
+}
+
+fn reference(tag: u8, b: u8) -> DeviceRef {
+    if tag & 1 == 0 { DeviceRef::Minor(u32::from(b)) } else { DeviceRef::Uuid(format!("GPU-{}", b % 16)) }
+}
+
+/// Builds the inputs beside the spec from EXTRA.
+fn extra_inputs(view: spec::SpecView, extra: &[u8]) -> Inputs {
+    let mut view = view;
+    let Some((&flags, ops)) = extra.split_first() else {
+        return Inputs { spec: Some(view), ..Default::default() };
+    };
+    let mut saved: BTreeMap<u32, DeviceId> = BTreeMap::new();
+    let mut gpus: BTreeMap<u32, HostNode> = BTreeMap::new();
+    let mut passthrough: BTreeMap<String, HostNode> = BTreeMap::new();
+    let mut device_map = Vec::new();
+    for op in ops.chunks_exact(3) {
+        let (tag, a, b) = (op[0], op[1], op[2]);
+        match tag % 5 {
+            0 => {
+                let m = minor(a);
+                let uuid = if b & 0x80 != 0 { String::new() } else { format!("GPU-{}", b % 16) };
+                // The metadata reader refuses a UUID twice.
+                if !uuid.is_empty() && saved.values().any(|d| d.uuid == uuid) {
+                    continue;
+                }
+                saved.insert(m, DeviceId {
+                    minor: m,
+                    pci_vendor_id: 0x10de,
+                    pci_device_id: if tag & 0x40 != 0 { u32::from(b) } else { 0x20b0 },
+                    gpu_id: 0,
+                    device_instance: m,
+                    subdevice_instance: u32::from(tag >> 7),
+                    uuid,
+                });
+            }
+            1 => {
+                let m = minor(a);
+                let rdev = if tag & 0x80 != 0 { Rdev::new(u32::from(b), m) } else { Rdev::new(195, m) };
+                let access = Access { mode: u32::from(b) << 1 & 0o7777, uid: u32::from(tag >> 5), gid: 0 };
+                gpus.insert(m, HostNode { rel_path: format!("nvidia{m}"), rdev, access });
+            }
+            2 => {
+                let rel = match a % 6 {
+                    i @ 0..4 => PASSTHROUGH[usize::from(i)].to_owned(),
+                    4 => format!("nvidia-caps/nvidia-cap{b}"),
+                    _ => format!("nvidia-caps/nvidia-cap{}", char::from(b'a' + b % 26)),
+                };
+                let node = HostNode { rel_path: rel.clone(), rdev: Rdev::new(u32::from(tag), u32::from(b)), access: Access::DEVICE_DEFAULT };
+                passthrough.insert(rel, node);
+            }
+            3 => device_map.push(MapPair { old: reference(tag >> 1, a), new: reference(tag >> 2, b) }),
+            _ => {
+                // The loader marks a mount whose source is not a directory.
+                if let Some(m) = view.dev_mounts.get_mut(usize::from(a)) {
+                    m.onto_file = b & 1 != 0;
+                }
+            }
+        }
+    }
+    let metadata = (flags & 1 != 0).then(|| Metadata {
+        format: Format::Array,
+        gpus: saved.into_values().collect(),
+        gpu_key_present: true,
+        tpus: Vec::new(),
+    });
+    let dev_dir = (flags & 2 != 0).then(|| DevDirScan {
+        gpus: gpus.into_iter().collect(),
+        passthrough: passthrough.into_values().collect(),
+    });
+    // The driver's information files name some GPUs by minor.
+    let gpu_info = (0..u32::from(flags >> 5))
+        .map(|m| devremap::host::GpuInfo { minor: Some(m), uuid: Some(format!("GPU-{m}")), bus: None, pci: Some((0x10de, 0x20b0)) })
+        .collect();
+    Inputs {
+        metadata,
+        spec: Some(view),
+        dev_dir,
+        host: HostFacts { gpu_info, has_kcore: flags & 4 != 0 },
+        device_map,
+        prefer: if flags & 8 != 0 { Prefer::Checkpoint } else { Prefer::Native },
+    }
+}
+
+fn check_tree(tree: &Tree) {
+    assert_eq!(tree.get("").map(|n| &n.kind), Some(&NodeKind::Dir), "the root is not a directory");
+    for (path, _) in tree.iter() {
+        assert!(
+            path.split('/').all(|c| !c.is_empty() && c != "." && c != ".."),
+            "bad path component in {path:?}"
+        );
+        let (parent, _) = Tree::split(path);
+        if !parent.is_empty() {
+            match tree.get(parent) {
+                Some(n) if n.kind == NodeKind::Dir => {}
+                other => panic!("{path:?}: parent {parent:?} is {other:?}, not a directory"),
+            }
+        }
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    let (spec_bytes, extra) = match data.iter().position(|&b| b == 0) {
+        Some(i) => (&data[..i], &data[i + 1..]),
+        None => (data, &[][..]),
+    };
+    let Ok(view) = spec::parse(spec_bytes) else { return };
+
+    // The spec alone, as `plan --spec` sees it.
+    let alone = Inputs { spec: Some(view.clone()), ..Default::default() };
+    if let Ok(plan) = plan::build(&alone) {
+        check_tree(&plan.tree);
+    }
+
+    if extra.is_empty() {
+        return;
+    }
+    let inputs = extra_inputs(view, extra);
+    if let Ok(plan) = plan::build(&inputs) {
+        check_tree(&plan.tree);
+        for e in plan.remap.iter().filter(|e| e.served) {
+            let node = plan.tree.get(&e.name());
+            assert_eq!(
+                node.map(|n| &n.kind),
+                Some(&NodeKind::Device(DevKind::Char, e.new.rdev)),
+                "served checkpoint name {} is not the restored GPU's device",
+                e.name()
+            );
+        }
+    }
+});
