@@ -45,11 +45,6 @@ impl Rdev {
     pub fn from_raw(raw: u64) -> Self {
         Rdev::new(libc::major(raw as libc::dev_t), libc::minor(raw as libc::dev_t))
     }
-
-    /// The encoded number the kernel expects in an inode's rdev.
-    pub fn to_raw(self) -> u64 {
-        libc::makedev(self.major, self.minor) as u64
-    }
 }
 
 impl fmt::Display for Rdev {

@@ -22,11 +22,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
 
-/// One node id: a node of the tree at a path, as the kernel knows it.
+/// One node id: a node of the tree, as the kernel knows it.
 #[derive(Debug)]
 pub struct Entry {
     pub ino: u64,
-    pub path: String,
     pub node: Node,
     /// When this node id was made: its mtime and ctime.
     pub born: SystemTime,
@@ -121,13 +120,7 @@ impl Snapshot {
                 .cloned();
             let entry = kept.unwrap_or_else(|| {
                 let ino = if path.is_empty() { fuser::INodeNo::ROOT.0 } else { take(next_ino) };
-                Arc::new(Entry {
-                    ino,
-                    path: path.to_owned(),
-                    node: node.clone(),
-                    born: now,
-                    nlookup: AtomicU64::new(0),
-                })
+                Arc::new(Entry { ino, node: node.clone(), born: now, nlookup: AtomicU64::new(0) })
             });
             let ino = entry.ino;
             if node.kind == NodeKind::Dir {
