@@ -45,6 +45,11 @@ impl Rdev {
     pub fn from_raw(raw: u64) -> Self {
         Rdev::new(libc::major(raw as libc::dev_t), libc::minor(raw as libc::dev_t))
     }
+
+    /// The number as FUSE carries it (`fuse_attr.rdev`, the kernel's `new_encode_dev`).
+    pub fn to_fuse(self) -> u32 {
+        (self.minor & 0xff) | (self.major << 8) | ((self.minor & !0xff) << 12)
+    }
 }
 
 impl fmt::Display for Rdev {
@@ -95,9 +100,18 @@ pub fn gpu_name(minor: u32) -> String {
     format!("nvidia{minor}")
 }
 
-impl Rdev {
-    /// The number as FUSE carries it (`fuse_attr.rdev`, the kernel's `new_encode_dev`).
-    pub fn to_fuse(self) -> u32 {
-        (self.minor & 0xff) | (self.major << 8) | ((self.minor & !0xff) << 12)
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Kernel fact: FUSE carries rdev as `new_encode_dev`, which for majors below 4096 is the
+    /// low 32 bits of glibc's `makedev`, minors above 255 included.
+    #[test]
+    fn fuse_rdev_encoding_matches_the_kernel() {
+        for (major, minor) in [(1, 3), (195, 247), (195, 255), (511, 300), (4095, 1 << 19)] {
+            let raw = libc::makedev(major, minor) as u64;
+            assert_eq!(u64::from(Rdev::new(major, minor).to_fuse()), raw & 0xffff_ffff, "{major}:{minor}");
+            assert_eq!(Rdev::from_raw(raw), Rdev::new(major, minor));
+        }
     }
 }
