@@ -106,17 +106,20 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
     };
     // Ready only once the mount answers: the pid file, then the state file (which scripts and
     // tests wait for). If either fails, nothing is left behind: no mount, no files.
+    let mut written = Vec::new();
     let ready = wait_answering(mountpoint).and_then(|()| {
         if let Some(pid_file) = &args.pid_file {
             write_atomic(pid_file, format!("{}\n", std::process::id()).as_bytes())
                 .map_err(|e| format!("{}: cannot write the pid file: {}", pid_file.display(), io_message(&e)))?;
+            written.push(pid_file);
         }
         daemon.write_state()
     });
     if let Err(e) = ready {
         let _ = unmounter.unmount();
         detach(mountpoint);
-        for file in [&args.pid_file, &args.state_file].into_iter().flatten() {
+        // Only what this daemon wrote: a state file that failed to write was never ours.
+        for file in written {
             let _ = std::fs::remove_file(file);
         }
         return Err(e);
@@ -126,7 +129,7 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
         "serving {m}: generation 1, nodes: {}, remapped GPUs: {}{}",
         daemon.current.plan.tree.len() - 1,
         daemon.current.plan.remap.iter().filter(|e| e.served).count(),
-        daemon.current.plan.warnings.iter().map(|w| format!("; warning: {w}")).collect::<String>()
+        warnings(&daemon.current)
     );
 
     let ended_by_us = daemon.serve(&rx);
@@ -228,10 +231,11 @@ impl Daemon {
         let change = self.devfs.replace(loaded.plan.tree.clone());
         self.invalidate(&change);
         info!(
-            "reloaded: generation {} in {:.2} ms: {}",
+            "reloaded: generation {} in {:.2} ms: {}{}",
             change.generation,
             started.elapsed().as_secs_f64() * 1e3,
-            describe(&change, &self.current, &loaded)
+            describe(&change, &self.current, &loaded),
+            warnings(&loaded)
         );
         self.current = loaded;
         self.last_error = None;
@@ -274,6 +278,11 @@ impl Daemon {
             warn!("{e}");
         }
     }
+}
+
+/// `; warning: ...` for each warning of a plan, for the log line that serves it.
+fn warnings(loaded: &Loaded) -> String {
+    loaded.plan.warnings.iter().map(|w| format!("; warning: {w}")).collect()
 }
 
 /// Tells systemd, when it started us with a notify socket; without one this does nothing.

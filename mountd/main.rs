@@ -36,7 +36,7 @@ fn main() -> ExitCode {
             let text = e.render().to_string();
             let words: Vec<&str> = text
                 .lines()
-                .take_while(|l| !l.starts_with("Usage:"))
+                .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
                 .map(str::trim)
                 .filter(|l| !l.is_empty())
                 .collect();

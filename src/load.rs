@@ -121,8 +121,11 @@ fn parse_spec(path: &Path) -> Result<spec::SpecView, LoadError> {
 fn read_prefer(path: &Path) -> Result<Prefer, LoadError> {
     let mut file = open_regular(path)?;
     let mut buf = Vec::new();
-    read_up_to(&mut file, 64, &mut buf).map_err(|e| LoadError::Io(path.to_owned(), e))?;
-    let word = String::from_utf8_lossy(&buf).trim().to_owned();
+    read_up_to(&mut file, 65, &mut buf).map_err(|e| LoadError::Io(path.to_owned(), e))?;
+    let word = String::from_utf8_lossy(&buf[..buf.len().min(64)]).trim().to_owned();
+    if buf.len() > 64 {
+        return Err(LoadError::Prefer(path.to_owned(), format!("{word}...")));
+    }
     match word.as_str() {
         "native" => Ok(Prefer::Native),
         "checkpoint" => Ok(Prefer::Checkpoint),

@@ -168,7 +168,7 @@ pub fn build(inputs: &Inputs) -> Result<Plan, PlanError> {
             (Some(_), Prefer::Native) => {
                 warnings.push(format!(
                     "{name}: checkpoint name of saved GPU {} (now {}) collides with host GPU {name}; \
-                     serving the host GPU (--prefer checkpoint serves the saved one)",
+                     serving the host GPU (prefer checkpoint to serve the saved one)",
                     p.old.minor,
                     p.new.name()
                 ));

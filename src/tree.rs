@@ -124,7 +124,9 @@ fn kind_name(node: &Node) -> &'static str {
     match &node.kind {
         NodeKind::Dir => "directory",
         NodeKind::Symlink(_) => "symlink",
-        NodeKind::Device(kind, _) => kind.as_str(),
+        NodeKind::Device(DevKind::Char, _) => "char device",
+        NodeKind::Device(DevKind::Block, _) => "block device",
+        NodeKind::Device(DevKind::Fifo, _) => "FIFO",
     }
 }
 
