@@ -247,30 +247,23 @@ impl Filesystem for Adapter {
 
     fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
         guard("readdir", || {
-            let snap = self.fs.snapshot();
-            let Some(dir) = snap.dir(ino.0) else { return reply.error(Errno::ENOENT) };
-            let dots = [(".", ino.0), ("..", dir.parent)];
-            let dots = dots.iter().map(|(n, i)| (*n, *i, FileType::Directory));
-            let children = dir
-                .children()
-                .iter()
-                .map(|(n, i)| (n.as_str(), *i, snap.entry(*i).map_or(FileType::RegularFile, |e| e.file_type())));
-            for (i, (name, child, kind)) in dots.chain(children).enumerate().skip(offset as usize) {
-                if reply.add(INodeNo(child), i as u64 + 1, kind, name) {
-                    break;
-                }
+            match self
+                .fs
+                .list(ino.0, offset, false, |e, next, name| reply.add(INodeNo(e.ino), next, e.file_type(), name))
+            {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e),
             }
-            reply.ok();
         });
     }
 
     fn readdirplus(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
         guard("readdirplus", || {
             let ttl = self.ttl;
-            let r = self.fs.list_plus(ino.0, offset, |ino, next, name, attr| {
-                reply.add(INodeNo(ino), next, name, &ttl, attr, Generation(0))
+            let listed = self.fs.list(ino.0, offset, true, |e, next, name| {
+                reply.add(INodeNo(e.ino), next, name, &ttl, &e.attr(), Generation(0))
             });
-            match r {
+            match listed {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(e),
             }

@@ -226,13 +226,14 @@ impl Devfs {
     }
 
     /// Lists directory `dir` from `offset` (`.` and `..` first) to `add`, which answers true
-    /// when its buffer is full. Every name but the dots counts a kernel reference, as a
-    /// lookup does: the kernel takes one for each entry readdirplus gives it.
-    pub fn list_plus(
+    /// when its buffer is full. With `counted` (readdirplus), every name but the dots counts a
+    /// kernel reference, as a lookup does: the kernel takes one for each entry it is given.
+    pub fn list(
         &self,
         dir: u64,
         offset: u64,
-        mut add: impl FnMut(u64, u64, &str, &FileAttr) -> bool,
+        counted: bool,
+        mut add: impl FnMut(&Entry, u64, &str) -> bool,
     ) -> Result<(), Errno> {
         let state = self.state.read();
         let snap = &state.snap;
@@ -241,10 +242,10 @@ impl Devfs {
         let names = dots.into_iter().chain(d.children().iter().map(|(n, i)| (n.as_str(), *i)));
         for (i, (name, ino)) in names.enumerate().skip(offset as usize) {
             let entry = &snap.entries[&ino];
-            if add(ino, i as u64 + 1, name, &entry.attr()) {
+            if add(entry, i as u64 + 1, name) {
                 break;
             }
-            if i >= 2 {
+            if counted && i >= 2 {
                 entry.nlookup.fetch_add(1, Ordering::Relaxed);
             }
         }
