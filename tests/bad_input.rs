@@ -558,10 +558,9 @@ fn corpus_is_well_formed() {
 /// stderr line `error: <path or flag>: <what>` holding the case's expected message; no case
 /// hangs (deadline) or reads without bound (address-space cap, peak RSS checked).
 #[test]
+#[ignore = "needs root (makes device nodes)"]
 fn every_bad_input_fails_plan_with_one_line() {
-    if !need_root() {
-        return;
-    }
+    need_root();
     let env = Env::new();
     let out = TempDir::new().unwrap();
     let (mut failures, mut ran) = (Vec::new(), 0);
@@ -586,10 +585,9 @@ fn every_bad_input_fails_plan_with_one_line() {
 /// like the good inputs: exit 0, the same tree, host GPUs 0 and 1 only; none hangs or reads
 /// without bound (a driver file that is a FIFO or `/dev/zero` must be skipped or capped).
 #[test]
+#[ignore = "needs root (makes device nodes)"]
 fn ignored_inputs_give_the_good_plan() {
-    if !need_root() {
-        return;
-    }
+    need_root();
     let env = Env::new();
     let good = good_plan(&env);
     let out = TempDir::new().unwrap();
@@ -630,10 +628,9 @@ fn ignored_inputs_give_the_good_plan() {
 /// `error:` line with the expected message, and no mount left behind (not even a dead one), no
 /// state file written.
 #[test]
+#[ignore = "needs root and /dev/fuse"]
 fn every_bad_input_fails_mount_startup_and_leaves_no_mount() {
-    if !need_fuse() {
-        return;
-    }
+    need_fuse();
     let env = Env::new();
     let out = TempDir::new().unwrap();
     let (mut failures, mut ran) = (Vec::new(), 0);
@@ -805,10 +802,9 @@ fn serving(d: &mut Daemon) -> Result<(), String> {
 /// is unchanged, and the daemon serves on; restoring the good input and reloading clears
 /// `last_error`. An ignored input reloads like the good one (same tree). No reload may hang.
 #[test]
+#[ignore = "needs root and /dev/fuse"]
 fn every_bad_input_leaves_a_live_daemon_unchanged() {
-    if !need_fuse() {
-        return;
-    }
+    need_fuse();
     let env = Env::new();
     let mut d = Daemon::start(&env.args().iter().map(String::as_str).collect::<Vec<_>>());
     let base = d.state();
@@ -902,10 +898,9 @@ fn every_bad_input_leaves_a_live_daemon_unchanged() {
 /// them a run gets depends on timing; the set of allowed outcomes does not. A live daemon
 /// reloading the same file either takes the good tree or refuses and keeps it.
 #[test]
+#[ignore = "needs root and /dev/fuse"]
 fn file_rewritten_while_read_gives_one_clean_outcome() {
-    if !need_fuse() {
-        return;
-    }
+    need_fuse();
     let env = Env::new();
     let good = good_plan(&env);
     // A large header (about 1 MiB) widens the window between the reader's two reads.
@@ -1017,10 +1012,9 @@ fn file_rewritten_while_read_gives_one_clean_outcome() {
 /// without opening its target. Shown with a FIFO as the target: a writer blocked in opening it
 /// would be released by any reader.
 #[test]
+#[ignore = "needs root (makes device nodes)"]
 fn a_gpu_symlink_is_never_followed() {
-    if !need_root() {
-        return;
-    }
+    need_root();
     let env = Env::new();
     let fifo = env.host.tmp.path().join("watch.fifo");
     mkfifo(&fifo);

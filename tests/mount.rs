@@ -99,10 +99,9 @@ fn set_host_gpu0(host: &FakeHost, present: bool) {
 /// Rule: the mount serves exactly the plan: every node of `plan --json` with its type, rdev,
 /// mode, owner or target, and readdir lists exactly those names.
 #[test]
+#[ignore = "needs root and /dev/fuse"]
 fn stat_and_readdir_match_the_plan() {
-    if !need_fuse() {
-        return;
-    }
+    need_fuse();
     let (host, meta) = host_and_metadata(&[4, 5]);
     let args = inputs(&host, &meta);
     let plan = plan_json(&strs(&args));
@@ -147,10 +146,9 @@ fn stat_and_readdir_match_the_plan() {
 /// Rule: a checkpoint name opens the paired host device, a native name its own; symlinks
 /// resolve like runc's.
 #[test]
+#[ignore = "needs root and /dev/fuse"]
 fn remapped_names_reach_the_paired_device() {
-    if !need_fuse() {
-        return;
-    }
+    need_fuse();
     let (host, meta) = host_and_metadata(&[4, 5]);
     let d = Daemon::start(&strs(&inputs(&host, &meta)));
     assert_eq!(identify(&d.path("nvidia4")).unwrap(), "null");
@@ -180,10 +178,9 @@ fn libc_result(rc: libc::c_int) -> std::io::Result<()> {
 /// Rule: every change to the tree is refused: setattr with EPERM (crun tolerates it), the
 /// rest with EROFS.
 #[test]
+#[ignore = "needs root and /dev/fuse"]
 fn every_change_is_refused() {
-    if !need_fuse() {
-        return;
-    }
+    need_fuse();
     let d = Daemon::start(&["--host-root", "/nonexistent-root"]);
     let null = d.path("null");
     let c = cpath(&null);
@@ -224,10 +221,9 @@ fn every_change_is_refused() {
 /// Kernel fact: cached dentries must be invalidated. A reload that changes the pairing is seen
 /// by the very next stat and open, with the default (long) TTL.
 #[test]
+#[ignore = "needs root and /dev/fuse"]
 fn reload_is_visible_to_the_next_stat_and_open() {
-    if !need_fuse() {
-        return;
-    }
+    need_fuse();
     let (host, meta) = host_and_metadata(&[4, 5]);
     let d = Daemon::start(&strs(&inputs(&host, &meta)));
     for round in 0..5 {
@@ -258,10 +254,9 @@ fn reload_is_visible_to_the_next_stat_and_open() {
 /// Rule: a bad reload changes nothing: same tree, same generation, `last_error` set; the next
 /// good reload clears it.
 #[test]
+#[ignore = "needs root and /dev/fuse"]
 fn bad_reload_changes_nothing() {
-    if !need_fuse() {
-        return;
-    }
+    need_fuse();
     let (host, meta) = host_and_metadata(&[4, 5]);
     let d = Daemon::start(&strs(&inputs(&host, &meta)));
     let before = d.state();
@@ -297,10 +292,9 @@ fn bad_reload_changes_nothing() {
 /// Kernel fact: an inode keeps its rdev. An fd opened before a reload keeps reaching the old
 /// device, the replaced node answers fstat until the kernel forgets it, and is then let go.
 #[test]
+#[ignore = "needs root and /dev/fuse"]
 fn fd_opened_before_a_reload_keeps_working() {
-    if !need_fuse() {
-        return;
-    }
+    need_fuse();
     let (host, meta) = host_and_metadata(&[4, 5]);
     let d = Daemon::start(&strs(&inputs(&host, &meta)));
     let mut old = OpenOptions::new().read(true).write(true).open(d.path("nvidia5")).unwrap();
@@ -319,10 +313,9 @@ fn fd_opened_before_a_reload_keeps_working() {
 
 /// Rule: readers never see an error or a device from neither table while 100 reloads flip it.
 #[test]
+#[ignore = "needs root and /dev/fuse"]
 fn concurrent_stat_and_open_during_100_reloads() {
-    if !need_fuse() {
-        return;
-    }
+    need_fuse();
     let (host, meta) = host_and_metadata(&[4, 5]);
     let d = Daemon::start(&strs(&inputs(&host, &meta)));
     let stop = Arc::new(AtomicBool::new(false));
@@ -363,10 +356,9 @@ fn concurrent_stat_and_open_during_100_reloads() {
 
 /// Rule: SIGTERM unmounts, removes the pid file and exits 0; SIGINT too.
 #[test]
+#[ignore = "needs root and /dev/fuse"]
 fn sigterm_and_sigint_unmount() {
-    if !need_fuse() {
-        return;
-    }
+    need_fuse();
     for sig in [libc::SIGTERM, libc::SIGINT] {
         let mut d = Daemon::start(&["--host-root", "/nonexistent-root"]);
         assert!(is_mounted(&d.mountpoint));
@@ -380,10 +372,9 @@ fn sigterm_and_sigint_unmount() {
 
 /// Rule: an unmount from outside ends the daemon cleanly.
 #[test]
+#[ignore = "needs root and /dev/fuse"]
 fn unmount_from_outside_ends_the_daemon() {
-    if !need_fuse() {
-        return;
-    }
+    need_fuse();
     let mut d = Daemon::start(&["--host-root", "/nonexistent-root"]);
     let c = cpath(&d.mountpoint);
     assert_eq!(unsafe { libc::umount(c.as_ptr()) }, 0, "umount: {}", std::io::Error::last_os_error());
@@ -395,10 +386,9 @@ fn unmount_from_outside_ends_the_daemon() {
 /// Rule: a dead FUSE mount at the mountpoint (ENOTCONN, left by SIGKILL) is detached and
 /// reused; a live mount is refused, never stacked on.
 #[test]
+#[ignore = "needs root and /dev/fuse"]
 fn dead_mount_is_reused_and_live_mount_refused() {
-    if !need_fuse() {
-        return;
-    }
+    need_fuse();
     let mut first = Daemon::start(&["--host-root", "/nonexistent-root"]);
     let out = std::process::Command::new(common::BIN)
         .args(["mount", first.mountpoint.to_str().unwrap(), "--host-root", "/nonexistent-root"])
@@ -424,10 +414,9 @@ fn dead_mount_is_reused_and_live_mount_refused() {
 /// Rule (remap semantics, collisions): which name wins can be switched on a running daemon,
 /// through `--prefer-file` and a SIGHUP, without unmounting the container's /dev.
 #[test]
+#[ignore = "needs root and /dev/fuse"]
 fn prefer_file_switches_collisions_on_reload() {
-    if !need_fuse() {
-        return;
-    }
+    need_fuse();
     // Saved {0,1} onto host {1,2}: nvidia1 is host GPU 1 (zero) natively, host GPU 2 (full)
     // for the checkpoint.
     let host = FakeHost::with_gpus(&[1, 2]);
@@ -454,10 +443,9 @@ fn prefer_file_switches_collisions_on_reload() {
 /// Readiness under systemd: READY=1 only once the mount answers (the state file exists by
 /// then), RELOADING=1 with MONOTONIC_USEC then READY=1 around a reload, STOPPING=1 at SIGTERM.
 #[test]
+#[ignore = "needs root and /dev/fuse"]
 fn systemd_notifications() {
-    if !need_fuse() {
-        return;
-    }
+    need_fuse();
     let sock_dir = tempfile::TempDir::new().unwrap();
     let sock_path = sock_dir.path().join("notify");
     let sock = std::os::unix::net::UnixDatagram::bind(&sock_path).unwrap();

@@ -106,10 +106,9 @@ fn text_output_succeeds() {
 /// the metadata map with the list as a string or as an array, and the bare array are told apart
 /// by content and all give the same remap.
 #[test]
+#[ignore = "needs root (makes device nodes)"]
 fn every_metadata_form_gives_the_same_remap() {
-    if !need_root() {
-        return;
-    }
+    need_root();
     let host = FakeHost::with_gpus(&[2, 3]);
     let mut first: Option<Value> = None;
     for &(name, format) in METADATA_FORMS {
@@ -153,10 +152,9 @@ fn forms_are_told_apart_by_content_not_name() {
 /// Rule (semantics §1): `_timestamp`, `compression` and keys of other features are ignored:
 /// changing them changes nothing, and a value of another feature need not be a device list.
 #[test]
+#[ignore = "needs root (makes device nodes)"]
 fn other_metadata_keys_are_ignored() {
-    if !need_root() {
-        return;
-    }
+    need_root();
     let host = FakeHost::with_gpus(&[2, 3]);
     let tmp = TempDir::new().unwrap();
     let reference = plan_json(&with(&host.args(), &["--metadata", &fixture("checkpoint/checkpoint.img")]));
@@ -232,10 +230,9 @@ fn null_or_empty_device_list_means_nothing_to_remap() {
 /// Rule (semantics §4, gvisor#14525): without the GPU key nothing is remapped, yet every
 /// restored GPU is still served under its native name.
 #[test]
+#[ignore = "needs root (makes device nodes)"]
 fn absent_gpu_key_remaps_nothing_but_serves_native_names() {
-    if !need_root() {
-        return;
-    }
+    need_root();
     let host = FakeHost::with_gpus(&[2, 3]);
     let plan = plan_json(&with(&host.args(), &["--metadata", &fixture("metadata-nogpu.json")]));
     assert_eq!(plan["metadata"], json!({"format": "map", "gpu_key_present": false, "saved_gpus": 0}));
@@ -268,10 +265,9 @@ fn tpu_key_is_reported_not_remapped() {
 /// saved GPU is the i-th restored one, so `nvidia0` opens host GPU 2 and `nvidia1` host GPU 3;
 /// the native names `nvidia2`/`nvidia3` are served too; each remap entry carries its keys.
 #[test]
+#[ignore = "needs root (makes device nodes)"]
 fn positional_pairing_onto_other_minors() {
-    if !need_root() {
-        return;
-    }
+    need_root();
     let host = FakeHost::with_described_gpus(&[2, 3]);
     let plan = plan_json(&with(&host.args(), &["--metadata", &fixture("checkpoint")]));
     assert_eq!(node_rdev(&plan, "nvidia0"), fake_rdev(2));
@@ -303,10 +299,9 @@ fn positional_pairing_onto_other_minors() {
 /// Rule (semantics §2, §3): a restore onto the same GPUs is the identity: saved {0,1} on host
 /// {0,1} maps each name to itself, with no collision.
 #[test]
+#[ignore = "needs root (makes device nodes)"]
 fn restore_onto_the_same_gpus_is_the_identity() {
-    if !need_root() {
-        return;
-    }
+    need_root();
     let host = FakeHost::with_gpus(&[0, 1]);
     let plan = plan_json(&with(&host.args(), &["--metadata", &fixture("metadata.json")]));
     assert_eq!(remap_targets(&plan), vec![("nvidia0".into(), fake_rdev(0)), ("nvidia1".into(), fake_rdev(1))]);
@@ -319,10 +314,9 @@ fn restore_onto_the_same_gpus_is_the_identity() {
 /// Rule (semantics §3): extra restored GPUs stay unpaired, and are served under their native
 /// names. Saved {0,1} on host {0,1,2,3}: identity, and nvidia2/nvidia3 as themselves.
 #[test]
+#[ignore = "needs root (makes device nodes)"]
 fn extra_restored_gpus_stay_unpaired() {
-    if !need_root() {
-        return;
-    }
+    need_root();
     let host = FakeHost::with_gpus(&[0, 1, 2, 3]);
     let plan = plan_json(&with(&host.args(), &["--metadata", &fixture("devices.json")]));
     assert_eq!(remap_targets(&plan), vec![("nvidia0".into(), fake_rdev(0)), ("nvidia1".into(), fake_rdev(1))]);
@@ -337,10 +331,9 @@ fn extra_restored_gpus_stay_unpaired() {
 /// remap entry of `nvidia1` (now host 2) is `served: false`, a warning names `nvidia1`;
 /// `nvidia0` (no collision) opens host GPU 1.
 #[test]
+#[ignore = "needs root (makes device nodes)"]
 fn collision_native_name_wins_by_default() {
-    if !need_root() {
-        return;
-    }
+    need_root();
     let host = FakeHost::with_gpus(&[1, 2]);
     let plan = plan_json(&with(&host.args(), &["--metadata", &fixture("checkpoint")]));
     assert_eq!(node_rdev(&plan, "nvidia0"), fake_rdev(1));
@@ -363,10 +356,9 @@ fn collision_native_name_wins_by_default() {
 /// `nvidia1` opens host GPU 2 (what saved GPU 1 now is), served, and the collision is still
 /// named in a warning.
 #[test]
+#[ignore = "needs root (makes device nodes)"]
 fn collision_prefer_checkpoint_serves_the_saved_gpu() {
-    if !need_root() {
-        return;
-    }
+    need_root();
     let host = FakeHost::with_gpus(&[1, 2]);
     let plan = plan_json(&with(&host.args(), &["--metadata", &fixture("checkpoint"), "--prefer", "checkpoint"]));
     assert_eq!(node_rdev(&plan, "nvidia0"), fake_rdev(1));
@@ -382,10 +374,9 @@ fn collision_prefer_checkpoint_serves_the_saved_gpu() {
 /// `nvidia1` and `nvidia2` collide; by default both stay native, with `--prefer checkpoint` both
 /// lead to the saved GPU's new device, and either way there is one warning per collision.
 #[test]
+#[ignore = "needs root (makes device nodes)"]
 fn every_collision_is_named() {
-    if !need_root() {
-        return;
-    }
+    need_root();
     let host = FakeHost::with_gpus(&[1, 2, 3]);
     let tmp = TempDir::new().unwrap();
     let path = write_file(tmp.path(), "m.json", saved_devices(&[0, 1, 2]).to_string());
@@ -409,10 +400,9 @@ fn every_collision_is_named() {
 /// models still pair; the plan warns with both PCI ids. The host's `Bus Location` may be upper
 /// case; its sysfs directory is lower case.
 #[test]
+#[ignore = "needs root (makes device nodes)"]
 fn another_model_on_restore_is_a_warning() {
-    if !need_root() {
-        return;
-    }
+    need_root();
     let host = FakeHost::with_gpus(&[0, 1]);
     for m in [0, 1] {
         let gpu = GpuFacts::nvidia(m);
@@ -429,10 +419,9 @@ fn another_model_on_restore_is_a_warning() {
 /// Rule (semantics §3): more saved GPUs than restored ones is gVisor's error, naming both
 /// counts and the metadata file.
 #[test]
+#[ignore = "needs root (makes device nodes)"]
 fn more_saved_than_restored_is_an_error() {
-    if !need_root() {
-        return;
-    }
+    need_root();
     let host = FakeHost::with_gpus(&[3]);
     let path = fixture("checkpoint/checkpoint.img");
     let line = plan_error(&with(&host.args(), &["--metadata", &path]), &path);
@@ -446,10 +435,9 @@ fn more_saved_than_restored_is_an_error() {
 /// Rule (semantics §3): saved devices must be homogeneous (same PCI vendor and device id); the
 /// error names the metadata file and both differing devices.
 #[test]
+#[ignore = "needs root (makes device nodes)"]
 fn heterogeneous_saved_gpus_are_an_error() {
-    if !need_root() {
-        return;
-    }
+    need_root();
     let host = FakeHost::with_gpus(&[0, 1]);
     let tmp = TempDir::new().unwrap();
     let mut devices = saved_devices(&[0, 1]);
@@ -463,10 +451,9 @@ fn heterogeneous_saved_gpus_are_an_error() {
 /// Rule (semantics §3): restored devices must be homogeneous too; the host's PCI ids come from
 /// `sys/bus/pci/devices/<bus>/{vendor,device}`.
 #[test]
+#[ignore = "needs root (makes device nodes)"]
 fn heterogeneous_restored_gpus_are_an_error() {
-    if !need_root() {
-        return;
-    }
+    need_root();
     let host = FakeHost::with_gpus(&[0, 1]);
     host.describe(&GpuFacts::nvidia(0));
     host.describe(&GpuFacts { device: 0x2330, ..GpuFacts::nvidia(1) });
@@ -477,10 +464,9 @@ fn heterogeneous_restored_gpus_are_an_error() {
 
 /// Rule (semantics §3): every saved `subdevice_instance` must be 0.
 #[test]
+#[ignore = "needs root (makes device nodes)"]
 fn nonzero_subdevice_instance_is_an_error() {
-    if !need_root() {
-        return;
-    }
+    need_root();
     let host = FakeHost::with_gpus(&[0, 1]);
     let tmp = TempDir::new().unwrap();
     let mut devices = saved_devices(&[0, 1]);
@@ -493,10 +479,9 @@ fn nonzero_subdevice_instance_is_an_error() {
 /// Rule (semantics §1, §2): minor 247 (`NV_MINOR_DEVICE_NUMBER_REGULAR_MAX`) is a valid saved
 /// GPU; it pairs like any other.
 #[test]
+#[ignore = "needs root (makes device nodes)"]
 fn saved_minor_247_is_accepted() {
-    if !need_root() {
-        return;
-    }
+    need_root();
     let host = FakeHost::with_gpus(&[0]);
     let tmp = TempDir::new().unwrap();
     let path = write_file(tmp.path(), "m.json", saved_devices(&[247]).to_string());
@@ -512,10 +497,9 @@ fn saved_minor_247_is_accepted() {
 /// Rule (semantics §3): an explicit pair by minor wins over position. Saved {0,1} on host {2,3}
 /// with `0=3,1=2` crosses the positional pairing; the entries are `explicit`.
 #[test]
+#[ignore = "needs root (makes device nodes)"]
 fn device_map_by_minor_wins_over_position() {
-    if !need_root() {
-        return;
-    }
+    need_root();
     let host = FakeHost::with_gpus(&[2, 3]);
     let plan = plan_json(&with(&host.args(), &["--metadata", &fixture("checkpoint"), "--device-map", "0=3,1=2"]));
     assert_eq!(remap_targets(&plan), vec![("nvidia0".into(), fake_rdev(3)), ("nvidia1".into(), fake_rdev(2))]);
@@ -527,10 +511,9 @@ fn device_map_by_minor_wins_over_position() {
 /// Rule (semantics §3): explicit pairs are taken first; the positional rule pairs what is left,
 /// in order. Saved {0,1} on host {2,3} with only `0=3`: `nvidia1` gets the free host GPU 2.
 #[test]
+#[ignore = "needs root (makes device nodes)"]
 fn device_map_partial_leaves_the_rest_to_position() {
-    if !need_root() {
-        return;
-    }
+    need_root();
     let host = FakeHost::with_gpus(&[2, 3]);
     let plan = plan_json(&with(&host.args(), &["--metadata", &fixture("checkpoint"), "--device-map", "0=3"]));
     assert_eq!(remap_targets(&plan), vec![("nvidia0".into(), fake_rdev(3)), ("nvidia1".into(), fake_rdev(2))]);
@@ -541,10 +524,9 @@ fn device_map_partial_leaves_the_rest_to_position() {
 /// Rule (semantics §3, §4): cuda-checkpoint style pairs by UUID (saved UUID from the metadata,
 /// new UUID from the host's driver files) win over position; `--device-map` may be repeated.
 #[test]
+#[ignore = "needs root (makes device nodes)"]
 fn device_map_by_uuid_wins_over_position() {
-    if !need_root() {
-        return;
-    }
+    need_root();
     let host = FakeHost::with_described_gpus(&[2, 3]);
     let first = format!("{}={}", saved_uuid(0), host_uuid(3));
     let second = format!("{}={}", saved_uuid(1), host_uuid(2));
@@ -565,10 +547,9 @@ fn device_map_by_uuid_wins_over_position() {
 /// Rule (semantics §3): a pair naming a device that is not among the saved or restored devices
 /// is an error: exit 1, one `error:` line naming the device.
 #[test]
+#[ignore = "needs root (makes device nodes)"]
 fn device_map_naming_an_unknown_device_is_an_error() {
-    if !need_root() {
-        return;
-    }
+    need_root();
     let host = FakeHost::with_described_gpus(&[2, 3]);
     let unknown_uuid = "GPU-00000000-0000-0000-0000-000000000000";
     let cases = [
@@ -591,10 +572,9 @@ fn device_map_naming_an_unknown_device_is_an_error() {
 
 /// Rule (semantics §3): two pairs claiming one device (restored or saved) is an error.
 #[test]
+#[ignore = "needs root (makes device nodes)"]
 fn device_map_claiming_a_device_twice_is_an_error() {
-    if !need_root() {
-        return;
-    }
+    need_root();
     let host = FakeHost::with_gpus(&[2, 3]);
     for map in [vec!["0=2,1=2"], vec!["0=2,0=3"], vec!["0=2", "1=2"]] {
         let mut args = vec!["--metadata".to_owned(), fixture("metadata.json")];
@@ -702,10 +682,9 @@ fn spec_gpu_devices_are_the_restored_gpus() {
 /// `.../nvidia-container-runtime-hook`, `NVIDIA_VISIBLE_DEVICES=all`) with `--host-dev` takes the
 /// restored GPUs from that directory's `nvidiaN` names.
 #[test]
+#[ignore = "needs root (makes device nodes)"]
 fn hook_spec_takes_gpus_from_the_host_dev_dir() {
-    if !need_root() {
-        return;
-    }
+    need_root();
     let host = FakeHost::with_gpus(&[2, 3]);
     let plan =
         plan_json(&with(&host.args(), &["--spec", &fixture("spec-hook.json"), "--metadata", &fixture("checkpoint")]));
@@ -764,10 +743,9 @@ fn hook_spec_without_host_dev_scans_dev_only_when_gpus_are_asked_for() {
 /// `nvidia-uvm-tools`, `nvidia-modeset`, `nvidia-caps/nvidia-capN`) are served with the numbers
 /// they have on the host, never remapped; other host nodes are not served.
 #[test]
+#[ignore = "needs root (makes device nodes)"]
 fn host_passthrough_nodes_are_served_as_they_are() {
-    if !need_root() {
-        return;
-    }
+    need_root();
     let host = FakeHost::with_gpus(&[0]);
     host.node("nvidiactl", (1, 3));
     host.node("nvidia-uvm", (1, 5));
@@ -789,10 +767,9 @@ fn host_passthrough_nodes_are_served_as_they_are() {
 /// error (not a skip), and so is a GPU name that is not a char device (a symlink is refused,
 /// never followed); each error names the entry.
 #[test]
+#[ignore = "needs root (makes device nodes)"]
 fn bad_host_gpu_entries_are_errors() {
-    if !need_root() {
-        return;
-    }
+    need_root();
     let host = FakeHost::with_gpus(&[0]);
     host.node("nvidia248", (1, 3));
     plan_error(&with(&host.args(), &[]), "nvidia248");

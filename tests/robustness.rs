@@ -87,10 +87,9 @@ fn cpath(p: &Path) -> CString {
 /// are threads serving the kernel (2), so no thread died of it; the panic is logged; stat,
 /// open and readdir of real nodes still work, and the daemon stops cleanly.
 #[test]
+#[ignore = "needs root and /dev/fuse"]
 fn a_panicking_handler_answers_eio_and_the_daemon_serves_on() {
-    if !need_fuse() {
-        return;
-    }
+    need_fuse();
     let (_host, args) = host_and_metadata();
     let mut all = strs(&args);
     all.extend(["--threads", "2"]);
@@ -136,10 +135,9 @@ fn a_panicking_handler_answers_eio_and_the_daemon_serves_on() {
 /// flat (VmRSS after the storm within 512 KiB of before, after a warm-up of 20 reloads so the
 /// allocator has its working set), and the daemon serves and reloads after.
 #[test]
+#[ignore = "needs root and /dev/fuse"]
 fn a_storm_of_1000_sighups_is_coalesced_and_memory_stays_flat() {
-    if !need_fuse() {
-        return;
-    }
+    need_fuse();
     let (host, args) = host_and_metadata();
     let d = Daemon::start(&strs(&args));
     let pid = d.child.id();
@@ -183,10 +181,9 @@ fn a_storm_of_1000_sighups_is_coalesced_and_memory_stays_flat() {
 /// reload here (2 cores), so 10,000 take about 18 s; `DEVREMAP_RELOADS` overrides the count
 /// (for a quick local run).
 #[test]
+#[ignore = "needs root and /dev/fuse"]
 fn ten_thousand_pairing_reloads_leave_no_retired_nodes() {
-    if !need_fuse() {
-        return;
-    }
+    need_fuse();
     let count: u64 = std::env::var("DEVREMAP_RELOADS").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000);
     let (host, args) = host_and_metadata();
     let d = Daemon::start(&strs(&args));
@@ -257,10 +254,9 @@ fn statfs_errno(path: &Path) -> Option<i32> {
 /// connection, and the new daemon cannot revive it; the container must be restarted (or its
 /// /dev bind-mounted again) to see the new mount.
 #[test]
+#[ignore = "needs root and /dev/fuse"]
 fn sigkill_then_a_new_mount_serves_again() {
-    if !need_fuse() {
-        return;
-    }
+    need_fuse();
     let (_host, args) = host_and_metadata();
     let mut first = Daemon::start(&strs(&args));
     let mountpoint = first.mountpoint.clone();
@@ -333,10 +329,9 @@ struct Try {
 /// (all strings are prepared before the fork), reports each result through a pipe, and exits
 /// with 10 + the index of the first failed check (0 when all passed).
 #[test]
+#[ignore = "needs root and /dev/fuse"]
 fn unprivileged_callers_cannot_change_the_tree_or_open_private_nodes() {
-    if !need_fuse() {
-        return;
-    }
+    need_fuse();
     let tmp = TempDir::new().unwrap();
     let spec = tmp.path().join("config.json");
     fs::write(

@@ -3,8 +3,8 @@
 //! and a guard that deletes the container even when the test fails.
 //!
 //! Assumptions: root, a static `/bin/busybox` (Debian's `busybox-static`), and the runtime on
-//! `PATH`. [`need_containers`] checks them: outside CI a missing one skips the calling test with
-//! a printed reason; with `CI=true` it is a failure. crun 1.8 refuses a hybrid cgroup layout
+//! `PATH`. The tests that need them are `#[ignore]`d, and [`need_containers`] fails one that is
+//! asked to run without them. crun 1.8 refuses a hybrid cgroup layout
 //! (v1 controllers plus cgroup2 at `/sys/fs/cgroup/unified`), so on such a host crun runs in a
 //! private mount namespace in which that cgroup2 mount is gone (see [`Runtime::command`]).
 
@@ -73,13 +73,11 @@ impl Runtime {
     }
 }
 
-/// Whether this test can run containers with `runtime` over a devremap `/dev`: root,
-/// `/dev/fuse`, the runtime binary, `unshare` for crun, and a static busybox. When not: prints
-/// why the calling test is skipped and returns false, unless `CI=true`, where it panics.
-pub fn need_containers(runtime: Runtime) -> bool {
-    if !need_fuse() {
-        return false;
-    }
+/// Fails the calling (`#[ignore]`d) test unless it can run containers with `runtime` over a
+/// devremap `/dev`: root, `/dev/fuse`, the runtime binary, `unshare` for crun, and a static
+/// busybox.
+pub fn need_containers(runtime: Runtime) {
+    need_fuse();
     let missing = if runtime.binary().is_none() {
         Some(format!("{} is not installed (apt-get install {})", runtime.name(), runtime.name()))
     } else if runtime == Runtime::Crun && find_in_path("unshare").is_none() {
@@ -89,12 +87,9 @@ pub fn need_containers(runtime: Runtime) -> bool {
     } else {
         None
     };
-    let Some(why) = missing else { return true };
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("{why}, and CI=true requires this test to run");
+    if let Some(why) = missing {
+        panic!("{why}: this test runs a container");
     }
-    eprintln!("skipped: {why} (set CI=true to make this a failure)");
-    false
 }
 
 fn find_in_path(name: &str) -> Option<PathBuf> {

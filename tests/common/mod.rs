@@ -3,8 +3,9 @@
 //! root holding the driver's `/proc` and `/sys` files).
 //!
 //! Fake GPUs are real char devices made with `mknod`, so creating them needs root. Tests that
-//! need them call [`need_root`] first: outside CI they are skipped (with a reason printed) when
-//! not root; with `CI=true` not being root is a failure, never a silent skip.
+//! need them are `#[ignore]`d with the reason and call [`need_root`] first, which fails them
+//! when they are asked to run without root: a plain `cargo test` reports them as ignored, never
+//! as passed.
 
 #![allow(dead_code)]
 
@@ -32,20 +33,15 @@ pub fn fake_rdev(minor: u32) -> (u32, u32) {
     FAKE_RDEV[minor as usize]
 }
 
-/// Whether this process runs as root. When not: prints why the calling test is skipped and
-/// returns false, unless `CI=true`, where it panics (CI must run every test).
-pub fn need_root() -> bool {
+/// Fails the calling test unless this process runs as root. Every test that calls it is
+/// `#[ignore]`d, so it runs only when asked for (`-- --include-ignored`, as the README's test
+/// command and CI do): a run that cannot make device nodes then fails with the reason instead
+/// of passing without having tested anything.
+pub fn need_root() {
     // SAFETY: geteuid has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
+    if unsafe { libc::geteuid() } != 0 {
+        panic!("this test makes device nodes with mknod and must run as root");
     }
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("this test makes device nodes with mknod and must run as root when CI=true");
-    }
-    eprintln!(
-        "skipped: this test makes device nodes with mknod and needs root (run as root, or set CI=true to make this a failure)"
-    );
-    false
 }
 
 /// The path of a committed fixture, `tests/fixtures/<name>`.
