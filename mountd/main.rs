@@ -7,13 +7,15 @@ mod mountpoint;
 
 use clap::Parser;
 use cli::{Cli, Command};
+use devremap::escape::escape;
 use devremap::load;
 use devremap::render;
+use std::io::Write;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info,fuser=error"))
-        .format_timestamp_millis()
+        .format(log_line)
         .init();
     // A request handler's panic is answered with EIO and logged in one line by the adapter;
     // any other panic keeps the default report.
@@ -40,7 +42,7 @@ fn main() -> ExitCode {
                 .map(str::trim)
                 .filter(|l| !l.is_empty())
                 .collect();
-            eprintln!("{}", words.join(" "));
+            eprintln!("{}", escape(&words.join(" ")));
             return ExitCode::FAILURE;
         }
     };
@@ -52,10 +54,17 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
-            eprintln!("error: {message}");
+            eprintln!("error: {}", escape(&message));
             ExitCode::FAILURE
         }
     }
+}
+
+/// One log record on one line, as env_logger's own format with millisecond timestamps, its
+/// message escaped: a name from an input cannot forge a second record or drive a terminal.
+fn log_line(buf: &mut env_logger::fmt::Formatter, record: &log::Record) -> std::io::Result<()> {
+    let message = record.args().to_string();
+    writeln!(buf, "[{} {:<5} {}] {}", buf.timestamp_millis(), record.level(), record.target(), escape(&message))
 }
 
 fn oci_patch(args: &cli::OciPatchArgs) -> Result<(), String> {

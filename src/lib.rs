@@ -8,8 +8,10 @@
 
 pub mod adapter;
 pub mod device;
+pub mod escape;
 pub mod files;
 pub mod host;
+pub mod limits;
 pub mod load;
 pub mod metadata;
 pub mod oci_patch;

@@ -1,10 +1,12 @@
 //! How a plan is shown: one JSON object for scripts (`plan --json`, the state file), and
 //! aligned tables for people. The JSON keys are a contract; add, never rename.
 
+use crate::escape::escape;
 use crate::metadata::Metadata;
 use crate::plan::Plan;
 use crate::tree::{Node, NodeKind};
 use serde_json::{Map, Value, json};
+use std::borrow::Cow;
 use std::fmt::Write;
 
 /// The JSON of one node, `path` relative to `/dev`.
@@ -82,20 +84,25 @@ pub fn plan_json(plan: &Plan, metadata: Option<&Metadata>) -> Map<String, Value>
     o
 }
 
+/// Columns are padded to their widest cell, up to this width: a longer cell (a long path) runs
+/// over and shifts its own line only.
+const MAX_COLUMN: usize = 40;
+
+/// An aligned table. Every cell is escaped (see [`crate::escape`]): cells hold names, paths and
+/// uuids from the inputs.
 fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for row in rows {
+    let cells: Vec<Vec<Cow<str>>> = std::iter::once(header.iter().map(|h| escape(h)).collect())
+        .chain(rows.iter().map(|row| row.iter().map(|c| escape(c)).collect()))
+        .collect();
+    let mut widths = vec![0; header.len()];
+    for row in &cells {
         for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.len());
+            *w = (*w).max(cell.chars().count()).min(MAX_COLUMN);
         }
     }
-    let mut line = |cells: &mut dyn Iterator<Item = &str>| {
-        let text: Vec<String> = cells.zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+    for row in &cells {
+        let text: Vec<String> = row.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
         let _ = writeln!(out, "  {}", text.join("  ").trim_end());
-    };
-    line(&mut header.iter().copied());
-    for row in rows {
-        line(&mut row.iter().map(String::as_str));
     }
 }
 
@@ -143,7 +150,7 @@ pub fn plan_text(plan: &Plan) -> String {
         .collect();
     table(&mut out, &["PATH", "TYPE", "DEVICE/TARGET", "MODE"], &rows);
     for w in &plan.warnings {
-        let _ = writeln!(out, "warning: {w}");
+        let _ = writeln!(out, "warning: {}", escape(w));
     }
     out
 }

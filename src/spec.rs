@@ -69,20 +69,27 @@ pub enum SpecError {
 
 /// Parses a spec and keeps what shapes `/dev`.
 pub fn parse(bytes: &[u8]) -> Result<SpecView, SpecError> {
-    // Through a Value first: serde would also take a struct from a JSON array.
-    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| SpecError::Parse(e.to_string()))?;
-    if !value.is_object() {
+    let parse_error = |e: serde_json::Error| SpecError::Parse(e.to_string());
+    // Checked and counted first (memory stays bounded), then parsed straight into the spec,
+    // which skips unknown fields without keeping them. Serde would also take a struct from a
+    // JSON array.
+    crate::limits::check_json(bytes).map_err(parse_error)?;
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         return Err(SpecError::Parse("expected a JSON object".into()));
     }
-    let spec: Spec = serde_json::from_value(value).map_err(|e| SpecError::Parse(e.to_string()))?;
+    let mut spec: Spec = serde_json::from_slice(bytes).map_err(parse_error)?;
     let mut view = SpecView {
         wants_hook: wants_hook(&spec),
         terminal: spec.process().as_ref().and_then(|p| p.terminal()).unwrap_or(false),
         ..SpecView::default()
     };
-    let devices = spec.linux().as_ref().and_then(|l| l.devices().clone()).unwrap_or_default();
-    for (index, dev) in devices.iter().enumerate() {
-        let path = dev.path().to_string_lossy().into_owned();
+    // Taken out of the spec, each path moved rather than copied: memory holds one copy of them.
+    let devices = spec.linux_mut().as_mut().and_then(|l| l.devices_mut().take()).unwrap_or_default();
+    for (index, mut dev) in devices.into_iter().enumerate() {
+        let path = std::mem::take(dev.path_mut())
+            .into_os_string()
+            .into_string()
+            .unwrap_or_else(|p| p.to_string_lossy().into_owned());
         let err = |what: String| SpecError::Device { index, path: path.clone(), what };
         let kind = match dev.typ() {
             LinuxDeviceType::C | LinuxDeviceType::U => DevKind::Char,
@@ -127,17 +134,26 @@ pub fn parse(bytes: &[u8]) -> Result<SpecView, SpecError> {
 /// `/dev/a/b` -> `Some("a/b")`, `/dev` -> `Some("")`, `/other` -> `None`. Refuses `..`, which
 /// would let a spec place a node outside the tree.
 fn dev_relative(path: &str) -> Result<Option<String>, &'static str> {
-    let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty() && *p != ".").collect();
-    if parts.contains(&"..") {
+    // Walked, not collected: a path of millions of components takes no more than its length.
+    let parts = || path.split('/').filter(|p| !p.is_empty() && *p != ".");
+    if parts().any(|p| p == "..") {
         return Err("contains \"..\"");
     }
     if !path.starts_with('/') {
         return Err("is not an absolute path");
     }
-    Ok(match parts.split_first() {
-        Some((&"dev", rest)) => Some(rest.join("/")),
-        _ => None,
-    })
+    let mut rest = parts();
+    if rest.next() != Some("dev") {
+        return Ok(None);
+    }
+    let mut rel = String::new();
+    for part in rest {
+        if !rel.is_empty() {
+            rel.push('/');
+        }
+        rel.push_str(part);
+    }
+    Ok(Some(rel))
 }
 
 /// gVisor's `GPUFunctionalityRequestedViaHook`: an NVIDIA hook is installed and
