@@ -6,7 +6,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read};
-use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
 /// Why an input file could not be read.
@@ -17,24 +17,18 @@ pub enum FileError {
     NotRegular(&'static str),
 }
 
-/// What a file is, with its article, for messages: `a FIFO`, `a symlink`, ...
-pub fn describe(ft: std::fs::FileType) -> &'static str {
-    if ft.is_file() {
-        "a regular file"
-    } else if ft.is_dir() {
-        "a directory"
-    } else if ft.is_symlink() {
-        "a symlink"
-    } else if ft.is_fifo() {
-        "a FIFO"
-    } else if ft.is_char_device() {
-        "a char device"
-    } else if ft.is_block_device() {
-        "a block device"
-    } else if ft.is_socket() {
-        "a socket"
-    } else {
-        "a special file"
+/// What a file of mode `mode` (`st_mode`) is, with its article, for messages: `a FIFO`,
+/// `a symlink`, ...
+pub fn describe(mode: u32) -> &'static str {
+    match mode & libc::S_IFMT {
+        libc::S_IFREG => "a regular file",
+        libc::S_IFDIR => "a directory",
+        libc::S_IFLNK => "a symlink",
+        libc::S_IFIFO => "a FIFO",
+        libc::S_IFCHR => "a char device",
+        libc::S_IFBLK => "a block device",
+        libc::S_IFSOCK => "a socket",
+        _ => "a special file",
     }
 }
 
@@ -42,12 +36,12 @@ pub fn describe(ft: std::fs::FileType) -> &'static str {
 pub fn open_regular(path: &Path) -> Result<File, FileError> {
     let before = std::fs::metadata(path).map_err(FileError::Io)?;
     if !before.is_file() {
-        return Err(FileError::NotRegular(describe(before.file_type())));
+        return Err(FileError::NotRegular(describe(before.mode())));
     }
     let file = OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path).map_err(FileError::Io)?;
     let after = file.metadata().map_err(FileError::Io)?;
     if !after.is_file() {
-        return Err(FileError::NotRegular(describe(after.file_type())));
+        return Err(FileError::NotRegular(describe(after.mode())));
     }
     if (after.dev(), after.ino()) != (before.dev(), before.ino()) {
         return Err(FileError::Io(io::Error::other("replaced while being opened")));

@@ -1,18 +1,23 @@
 //! The restore host's devices: the `nvidiaN` nodes of a device directory, the NVIDIA nodes that
 //! pass through unchanged, and what the driver's `/proc` and `/sys` files tell of each GPU.
 //!
-//! This is an I/O edge. Assumptions: entries are examined with `lstat` and never followed, so a
-//! symlink under a GPU name is refused rather than resolved; only char devices count; the N of
+//! This is an I/O edge. Assumptions: the device directory is read through one open descriptor,
+//! so a scan sees one directory even while a symlink to it is flipped; entries are examined
+//! with `lstat` and never followed, so a symlink under a GPU name is refused rather than
+//! resolved; only char devices count; the N of
 //! `nvidiaN` is ASCII digits (Rust's `\d` would take any Unicode digit, gVisor's does not).
 //! Missing driver files are not errors: a GPU is still served without its uuid or PCI ids; nor
 //! are driver files that are not small regular files, which are skipped unread.
 
 use crate::device::{Access, MAX_REGULAR_MINOR, Rdev};
-use crate::files;
+use crate::{files, limits};
+use nix::dir::Dir;
+use nix::errno::Errno;
+use nix::fcntl::{AtFlags, OFlag};
+use nix::sys::stat::{Mode, fstatat};
 use regex::Regex;
 use std::fs;
 use std::io;
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::LazyLock;
 use thiserror::Error;
@@ -71,6 +76,8 @@ pub enum HostError {
     BadName(PathBuf, String),
     #[error("{}: is {}, not a char device; refused", .0.display(), .1)]
     NotCharDevice(PathBuf, &'static str),
+    #[error("{}: holds more than {} NVIDIA nodes", .0.display(), limits::MAX_NODES)]
+    TooMany(PathBuf),
 }
 
 /// The GPU minor a device file name stands for: `Ok(None)` for a name that is not a GPU
@@ -89,47 +96,71 @@ pub fn gpu_minor_of_name(name: &str) -> Result<Option<u32>, String> {
 }
 
 /// Lists the GPU and pass-through NVIDIA nodes of `dir`.
+///
+/// The directory is opened once (following `dir` itself if it is a symlink: the caller named
+/// it), and its entries are listed and `lstat`ed through that one descriptor, as is
+/// `nvidia-caps` (opened without following a symlink). A directory swapped while it is scanned
+/// (a symlink flipped to another) cannot mix into the scan: it is all of the directory opened.
 pub fn scan_dev_dir(dir: &Path) -> Result<DevDirScan, HostError> {
-    let entries = fs::read_dir(dir).map_err(|e| HostError::ReadDir(dir.to_owned(), e))?;
+    let mut fd = Dir::open(dir, OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())
+        .map_err(|e| HostError::ReadDir(dir.to_owned(), e.into()))?;
     let mut scan = DevDirScan::default();
-    for entry in entries {
-        let entry = entry.map_err(|e| HostError::ReadDir(dir.to_owned(), e))?;
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        if let Some(minor) = gpu_minor_of_name(name).map_err(|m| HostError::BadName(entry.path(), m))? {
-            scan.gpus.push((minor, char_node(dir, name)?));
-        } else if PASSTHROUGH.contains(&name) {
-            scan.passthrough.push(char_node(dir, name)?);
+    for name in entry_names(&mut fd, dir)? {
+        if let Some(minor) = gpu_minor_of_name(&name).map_err(|m| HostError::BadName(dir.join(&name), m))? {
+            scan.gpus.push((minor, char_node(&fd, dir, &name, name.clone())?));
+        } else if PASSTHROUGH.contains(&name.as_str()) {
+            scan.passthrough.push(char_node(&fd, dir, &name, name.clone())?);
         }
     }
     let caps = dir.join(CAPS_DIR);
-    if fs::symlink_metadata(&caps).is_ok_and(|m| m.is_dir()) {
-        let entries = fs::read_dir(&caps).map_err(|e| HostError::ReadDir(caps.clone(), e))?;
-        for entry in entries {
-            let entry = entry.map_err(|e| HostError::ReadDir(caps.clone(), e))?;
-            if let Some(name) = entry.file_name().to_str().filter(|n| n.starts_with("nvidia-cap")) {
-                scan.passthrough.push(char_node(dir, &format!("{CAPS_DIR}/{name}"))?);
+    let no_follow = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    match Dir::openat(&fd, CAPS_DIR, no_follow, Mode::empty()) {
+        Ok(mut caps_fd) => {
+            for name in entry_names(&mut caps_fd, &caps)?.into_iter().filter(|n| n.starts_with("nvidia-cap")) {
+                let rel = format!("{CAPS_DIR}/{name}");
+                scan.passthrough.push(char_node(&caps_fd, dir, &name, rel)?);
             }
         }
+        // None there, or not a directory (a symlink is never followed): no caps.
+        Err(Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP) => {}
+        Err(e) => return Err(HostError::ReadDir(caps, e.into())),
+    }
+    if scan.gpus.len() + scan.passthrough.len() > limits::MAX_NODES {
+        return Err(HostError::TooMany(dir.to_owned()));
     }
     scan.gpus.sort_by_key(|(minor, _)| *minor);
     scan.passthrough.sort_by(|a, b| a.rel_path.cmp(&b.rel_path));
     Ok(scan)
 }
 
-/// `lstat`s `dir/rel` and takes it only if it is a char device.
-fn char_node(dir: &Path, rel: &str) -> Result<HostNode, HostError> {
-    let path = dir.join(rel);
-    let meta = fs::symlink_metadata(&path).map_err(|e| HostError::Stat(path.clone(), e))?;
-    let ft = meta.file_type();
-    if !ft.is_char_device() {
-        let kind = files::describe(ft);
-        return Err(HostError::NotCharDevice(path, kind));
+/// The names of the entries of an open directory that may be GPU or NVIDIA nodes: UTF-8 names
+/// starting `nvidia`, at most one more than [`limits::MAX_NODES`] of them.
+fn entry_names(fd: &mut Dir, path: &Path) -> Result<Vec<String>, HostError> {
+    let mut names = Vec::new();
+    for entry in fd.iter() {
+        let entry = entry.map_err(|e| HostError::ReadDir(path.to_owned(), e.into()))?;
+        if let Some(name) = entry.file_name().to_str().ok().filter(|n| n.starts_with("nvidia")) {
+            names.push(name.to_owned());
+            if names.len() > limits::MAX_NODES {
+                return Err(HostError::TooMany(path.to_owned()));
+            }
+        }
+    }
+    Ok(names)
+}
+
+/// `lstat`s `name` in the open directory `fd` and takes it only if it is a char device; it is
+/// served as `rel` (its path under `dir`, which messages name).
+fn char_node(fd: &Dir, dir: &Path, name: &str, rel: String) -> Result<HostNode, HostError> {
+    let path = || dir.join(&rel);
+    let st = fstatat(fd, name, AtFlags::AT_SYMLINK_NOFOLLOW).map_err(|e| HostError::Stat(path(), e.into()))?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFCHR {
+        return Err(HostError::NotCharDevice(path(), files::describe(st.st_mode)));
     }
     Ok(HostNode {
-        rel_path: rel.to_owned(),
-        rdev: Rdev::from_raw(meta.rdev()),
-        access: Access { mode: meta.mode() & 0o7777, uid: meta.uid(), gid: meta.gid() },
+        rel_path: rel,
+        rdev: Rdev::from_raw(st.st_rdev),
+        access: Access { mode: st.st_mode & 0o7777, uid: st.st_uid, gid: st.st_gid },
     })
 }
 

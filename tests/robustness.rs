@@ -1,7 +1,8 @@
 //! Faults and hostile callers against a live `devremapd mount` (issue 6): a panicking handler,
 //! a storm of SIGHUPs, thousands of reloads, SIGKILL, and an unprivileged user poking at the
-//! tree. Each test names the rule it pins. Fake host GPUs are real char devices (`nvidia0`..
-//! `nvidia3` open null, zero, full and random; see `common`).
+//! tree, and a device directory swapped during a scan. Each test names the rule it pins. Fake
+//! host GPUs are real char devices (`nvidia0`..`nvidia3` open null, zero, full and random; see
+//! `common`).
 
 mod common;
 
@@ -647,4 +648,57 @@ fn unprivileged_callers_cannot_change_the_tree_or_open_private_nodes() {
     }
     assert_eq!(d.generation(), 1);
     assert!(d.stop().success());
+}
+
+/// Bug (issue 9.8): the host-dev scan read a directory's names, then stat'ed each by path, so
+/// a directory swapped during a scan (a symlink flipped between two) gave scans that mixed both
+/// (1,160 of 192,000 samples). Now the directory is opened once and read and stat'ed through
+/// that descriptor: while a thread flips `dev` between two directories with the same 32 GPU
+/// names (all `1:3` in one, all `1:5` in the other), each of 20,000 scans is all of one
+/// directory, and scans see both.
+#[test]
+#[ignore = "needs root (makes device nodes)"]
+fn a_host_dev_scan_never_mixes_two_directories() {
+    common::need_root();
+    let tmp = TempDir::new().unwrap();
+    for (dir, rdev) in [("a", (1, 3)), ("b", (1, 5))] {
+        fs::create_dir(tmp.path().join(dir)).unwrap();
+        for minor in 0..32 {
+            common::mknod_char(&tmp.path().join(dir).join(format!("nvidia{minor}")), rdev, 0o666);
+        }
+    }
+    let link = tmp.path().join("dev");
+    std::os::unix::fs::symlink("a", &link).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flipper = {
+        let (stop, dir) = (stop.clone(), tmp.path().to_owned());
+        std::thread::spawn(move || {
+            let mut flips = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let next = dir.join("dev.next");
+                std::os::unix::fs::symlink(if flips.is_multiple_of(2) { "b" } else { "a" }, &next).unwrap();
+                fs::rename(&next, dir.join("dev")).unwrap();
+                flips += 1;
+            }
+            flips
+        })
+    };
+    let (mut seen, mut bad) = (std::collections::BTreeMap::new(), Vec::new());
+    for _ in 0..20_000 {
+        match devremap::host::scan_dev_dir(&link) {
+            Ok(scan) => {
+                let rdevs: std::collections::BTreeSet<_> = scan.gpus.iter().map(|(_, n)| n.rdev.to_string()).collect();
+                if scan.gpus.len() != 32 || rdevs.len() != 1 {
+                    bad.push(format!("{} GPUs, devices {rdevs:?}", scan.gpus.len()));
+                }
+                *seen.entry(rdevs.into_iter().collect::<Vec<_>>().join(",")).or_insert(0u32) += 1;
+            }
+            Err(e) => bad.push(e.to_string()),
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let flips = flipper.join().unwrap();
+    eprintln!("{flips} flips; scans by device: {seen:?}; {} bad", bad.len());
+    assert!(bad.is_empty(), "{} of 20000 scans mixed or failed, e.g. {:?}", bad.len(), &bad[..bad.len().min(5)]);
+    assert!(seen.len() == 2, "the scans did not see both directories: {seen:?}");
 }
