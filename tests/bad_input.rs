@@ -262,6 +262,16 @@ fn json_over_limit(open: u8, close: u8) -> Vec<u8> {
     v
 }
 
+/// JSON holding one value more than the limit (262,144): an array of 262,144 zeros, in a spec
+/// object for `--spec`.
+fn values_over_limit(feed: Feed) -> String {
+    let zeros = vec!["0"; 1 << 18].join(",");
+    match feed {
+        Feed::Spec => format!(r#"{{"ociVersion":"1.0.2","x":[{zeros}]}}"#),
+        _ => format!("[{zeros}]"),
+    }
+}
+
 impl Applied {
     fn new() -> Applied {
         Applied { remove: Vec::new(), moved: Vec::new(), fifos: Vec::new(), extra_args: Vec::new() }
@@ -300,6 +310,7 @@ impl Applied {
                 _ => fs::write(path, json_over_limit(b'[', b']')).unwrap(),
             },
             "state-at-limit" => fs::write(path, state_at_limit()).unwrap(),
+            "values-over-limit" => fs::write(path, values_over_limit(feed)).unwrap(),
             other => panic!("unknown kind {other:?}"),
         }
     }
