@@ -6,12 +6,14 @@
 //! UUIDs), a host device directory scan (`nvidiaN` nodes and pass-through nodes, as the scanner
 //! would give them), `--device-map` pairs, file mounts and `--prefer`. Then `plan::build` must
 //! answer Ok or Err, never panic; on Ok, the tree must be a tree: every node's parent is a
-//! directory, no path has an empty, `.` or `..` component, and every served checkpoint name is
+//! directory, no path has an empty, `.` or `..` component, every path, name and device number
+//! is within `limits` (and the tree within its budget), and every served checkpoint name is
 //! the restored GPU's device.
 #![no_main]
 
 use devremap::device::{Access, DevKind, MAX_REGULAR_MINOR, Rdev};
 use devremap::host::{DevDirScan, HostFacts, HostNode};
+use devremap::limits;
 use devremap::metadata::{DeviceId, Format, Metadata};
 use devremap::pairing::{DeviceRef, MapPair};
 use devremap::plan::{self, Inputs, Prefer};
@@ -110,11 +112,17 @@ fn extra_inputs(view: spec::SpecView, extra: &[u8]) -> Inputs {
 
 fn check_tree(tree: &Tree) {
     assert_eq!(tree.get("").map(|n| &n.kind), Some(&NodeKind::Dir), "the root is not a directory");
-    for (path, _) in tree.iter() {
+    assert!(tree.len() <= limits::MAX_NODES, "{} nodes", tree.len());
+    assert!(tree.iter().map(|(p, _)| p.len()).sum::<usize>() <= limits::MAX_TREE_PATH_BYTES);
+    for (path, node) in tree.iter() {
         assert!(
             path.split('/').all(|c| !c.is_empty() && c != "." && c != ".."),
             "bad path component in {path:?}"
         );
+        assert_eq!(limits::check_dev_path(path), Ok(()), "a path the kernel cannot take");
+        if let Some(rdev) = node.rdev() {
+            assert_eq!(limits::check_rdev(rdev), Ok(()), "{path}: a device number FUSE cannot carry");
+        }
         let (parent, _) = Tree::split(path);
         if !parent.is_empty() {
             match tree.get(parent) {
