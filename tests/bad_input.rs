@@ -683,7 +683,10 @@ fn mount_without_a_usable_mountpoint_fails_with_one_line() {
     let tmp = TempDir::new().unwrap();
     let file = write_file(tmp.path(), "file", "x");
     let missing = tmp.path().join("missing");
-    let no_root = ["--host-root", "/nonexistent-root"].map(String::from);
+    // An empty host root, so the real host's driver files are not read.
+    let empty_root = tmp.path().join("empty-root");
+    fs::create_dir(&empty_root).unwrap();
+    let no_root = ["--host-root".to_owned(), arg(&empty_root).to_owned()];
     let cases: Vec<(Vec<String>, String, Option<&str>)> = vec![
         (vec!["mount".into()], "MOUNTPOINT".into(), None),
         (

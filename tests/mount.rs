@@ -5,7 +5,7 @@
 mod common;
 
 use common::daemon::{Daemon, is_mounted, need_fuse, wait_for};
-use common::{FakeHost, fake_rdev, plan_json};
+use common::{FakeHost, empty_root, fake_rdev, plan_json};
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::ffi::CString;
@@ -181,7 +181,7 @@ fn libc_result(rc: libc::c_int) -> std::io::Result<()> {
 #[ignore = "needs root and /dev/fuse"]
 fn every_change_is_refused() {
     need_fuse();
-    let d = Daemon::start(&["--host-root", "/nonexistent-root"]);
+    let d = Daemon::start(&["--host-root", &empty_root()]);
     let null = d.path("null");
     let c = cpath(&null);
     // setattr: chmod, chown, utimes, truncate.
@@ -360,7 +360,7 @@ fn concurrent_stat_and_open_during_100_reloads() {
 fn sigterm_and_sigint_unmount() {
     need_fuse();
     for sig in [libc::SIGTERM, libc::SIGINT] {
-        let mut d = Daemon::start(&["--host-root", "/nonexistent-root"]);
+        let mut d = Daemon::start(&["--host-root", &empty_root()]);
         assert!(is_mounted(&d.mountpoint));
         d.signal(sig);
         let status = wait_for("exit", || d.child.try_wait().unwrap());
@@ -375,7 +375,7 @@ fn sigterm_and_sigint_unmount() {
 #[ignore = "needs root and /dev/fuse"]
 fn unmount_from_outside_ends_the_daemon() {
     need_fuse();
-    let mut d = Daemon::start(&["--host-root", "/nonexistent-root"]);
+    let mut d = Daemon::start(&["--host-root", &empty_root()]);
     let c = cpath(&d.mountpoint);
     assert_eq!(unsafe { libc::umount(c.as_ptr()) }, 0, "umount: {}", std::io::Error::last_os_error());
     let status = wait_for("exit", || d.child.try_wait().unwrap());
@@ -389,9 +389,9 @@ fn unmount_from_outside_ends_the_daemon() {
 #[ignore = "needs root and /dev/fuse"]
 fn dead_mount_is_reused_and_live_mount_refused() {
     need_fuse();
-    let mut first = Daemon::start(&["--host-root", "/nonexistent-root"]);
+    let mut first = Daemon::start(&["--host-root", &empty_root()]);
     let out = std::process::Command::new(common::BIN)
-        .args(["mount", first.mountpoint.to_str().unwrap(), "--host-root", "/nonexistent-root"])
+        .args(["mount", first.mountpoint.to_str().unwrap(), "--host-root", &empty_root()])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
@@ -404,7 +404,7 @@ fn dead_mount_is_reused_and_live_mount_refused() {
     assert_eq!(unsafe { libc::statfs(cpath(&first.mountpoint).as_ptr(), &mut st) }, -1);
     assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::ENOTCONN));
     let dir = tempfile::TempDir::new().unwrap();
-    let second = Daemon::start_at(dir, first.mountpoint.clone(), &["--host-root", "/nonexistent-root"]);
+    let second = Daemon::start_at(dir, first.mountpoint.clone(), &["--host-root", &empty_root()]);
     assert_eq!(identify(&second.path("zero")).unwrap(), "zero");
     assert!(second.log_text().contains("dead FUSE mount"));
     assert!(second.stop().success());
@@ -456,7 +456,7 @@ fn systemd_notifications() {
         String::from_utf8_lossy(&buf[..n]).trim_end().to_owned()
     };
     let d = Daemon::start_with_env(
-        &["--host-root", "/nonexistent-root"],
+        &["--host-root", &empty_root()],
         &[("NOTIFY_SOCKET", sock_path.to_str().unwrap())],
     );
     assert_eq!(recv(), "READY=1");

@@ -7,7 +7,7 @@
 mod common;
 
 use common::daemon::{Daemon, is_mounted, need_fuse, unmount, wait_for};
-use common::{FakeHost, fake_rdev};
+use common::{FakeHost, empty_root, fake_rdev};
 use serde_json::Value;
 use std::ffi::CString;
 use std::fs;
@@ -348,7 +348,7 @@ fn unprivileged_callers_cannot_change_the_tree_or_open_private_nodes() {
         .to_string(),
     )
     .unwrap();
-    let d = Daemon::start(&["--spec", spec.to_str().unwrap(), "--host-root", "/nonexistent-root"]);
+    let d = Daemon::start(&["--spec", spec.to_str().unwrap(), "--host-root", &empty_root()]);
     // The daemon's temp dir is 0700: let the unprivileged user reach the mountpoint.
     fs::set_permissions(d.dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
     assert_eq!(fs::symlink_metadata(d.path("secret")).unwrap().mode() & 0o7777, 0o600);

@@ -49,6 +49,12 @@ pub fn fixture(name: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name).to_str().expect("a UTF-8 path").to_owned()
 }
 
+/// A `--host-root` with no driver files and no `/proc/kcore`, for tests that need none (a
+/// missing host root is an error).
+pub fn empty_root() -> String {
+    fixture("empty-root")
+}
+
 /// A path as a `&str` argument.
 pub fn arg(path: &Path) -> &str {
     path.to_str().expect("a UTF-8 path")
