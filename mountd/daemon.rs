@@ -292,21 +292,23 @@ fn notify(states: &[NotifyState]) {
     }
 }
 
-/// `nvidia0: 1:5 -> 1:7, nvidia9: added 1:8, nvidia3: removed` for the reload log line.
+/// `nvidia0: 1:5 -> 1:7, nvidia1: mode 0666 -> 0600, nvidia9: added 1:8, nvidia3: removed` for
+/// the reload log line.
 fn describe(change: &Change, old: &Loaded, new: &Loaded) -> String {
-    let show = |l: &Loaded, p: &str| {
-        l.plan.tree.get(p).map_or("?".to_owned(), |n| match &n.kind {
-            devremap::tree::NodeKind::Device(_, rdev) => rdev.to_string(),
-            devremap::tree::NodeKind::Symlink(t) => format!("-> {t}"),
-            devremap::tree::NodeKind::Dir => "dir".to_owned(),
-        })
-    };
+    let node = |l: &Loaded, p: &str| l.plan.tree.get(p).cloned();
     let d = &change.diff;
     let parts: Vec<String> = d
         .changed
         .iter()
-        .map(|p| format!("{p}: {} -> {}", show(old, p), show(new, p)))
-        .chain(d.added.iter().map(|p| format!("{p}: added {}", show(new, p))))
+        .map(|p| match (node(old, p), node(new, p)) {
+            (Some(before), Some(after)) => format!("{p}: {}", render::node_change(&before, &after)),
+            _ => format!("{p}: changed"),
+        })
+        .chain(
+            d.added
+                .iter()
+                .map(|p| format!("{p}: added {}", node(new, p).map_or("?".into(), |n| render::node_what(&n)))),
+        )
         .chain(d.removed.iter().map(|p| format!("{p}: removed")))
         .collect();
     if parts.is_empty() { "no change".to_owned() } else { parts.join(", ") }

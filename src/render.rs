@@ -158,3 +158,49 @@ pub fn plan_text(plan: &Plan) -> String {
 fn or_dash(s: Option<&String>) -> String {
     s.cloned().unwrap_or_else(|| "-".into())
 }
+
+/// What a node is, in a word: its device number, `symlink <target>`, or `dir`.
+pub fn node_what(node: &Node) -> String {
+    match &node.kind {
+        NodeKind::Device(_, rdev) => rdev.to_string(),
+        NodeKind::Symlink(t) => format!("symlink {t}"),
+        NodeKind::Dir => "dir".to_owned(),
+    }
+}
+
+/// What changed between two nodes at one name, for the reload log line: the device (or
+/// target), the mode, the owner; only the parts that differ, so a change of mode alone does not
+/// read `1:3 -> 1:3`.
+pub fn node_change(before: &Node, after: &Node) -> String {
+    let mut parts = Vec::new();
+    if before.kind != after.kind {
+        parts.push(format!("{} -> {}", node_what(before), node_what(after)));
+    }
+    let (a, b) = (before.access, after.access);
+    if a.mode != b.mode {
+        parts.push(format!("mode {:04o} -> {:04o}", a.mode, b.mode));
+    }
+    if (a.uid, a.gid) != (b.uid, b.gid) {
+        parts.push(format!("owner {}:{} -> {}:{}", a.uid, a.gid, b.uid, b.gid));
+    }
+    parts.join(" and ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::{Access, DevKind, Rdev};
+
+    /// Bug (issue 10.9): a reload that changed only a node's mode or owner logged
+    /// `nvidia0: 1:3 -> 1:3`; the line says what changed, and only that.
+    #[test]
+    fn node_change_names_what_changed() {
+        let dev = |minor, mode, uid| Node::device(DevKind::Char, Rdev::new(1, minor), Access { mode, uid, gid: 0 });
+        assert_eq!(node_change(&dev(3, 0o666, 0), &dev(3, 0o600, 0)), "mode 0666 -> 0600");
+        assert_eq!(node_change(&dev(3, 0o666, 0), &dev(3, 0o666, 7)), "owner 0:0 -> 7:0");
+        assert_eq!(node_change(&dev(3, 0o666, 0), &dev(5, 0o666, 0)), "1:3 -> 1:5");
+        assert_eq!(node_change(&dev(3, 0o666, 0), &dev(5, 0o660, 0)), "1:3 -> 1:5 and mode 0666 -> 0660");
+        assert_eq!(node_change(&dev(3, 0o666, 0), &Node::dir()), "1:3 -> dir and mode 0666 -> 0755");
+        assert_eq!(node_change(&Node::symlink("a"), &Node::symlink("b")), "symlink a -> symlink b");
+    }
+}
