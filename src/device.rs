@@ -95,6 +95,16 @@ impl RestoredGpu {
     }
 }
 
+/// Whether `s` is a well-formed GPU UUID as the driver prints it: `GPU-` and 8-4-4-4-12 hex
+/// digits. Anything else is no identity: the driver prints `GPU-????????-????-????-????-????????????`
+/// for every GPU whose UUID it could not read, so two GPUs may "share" such a string.
+pub fn is_gpu_uuid(s: &str) -> bool {
+    let Some(rest) = s.strip_prefix("GPU-") else { return false };
+    let groups: Vec<&str> = rest.split('-').collect();
+    groups.len() == 5
+        && groups.iter().zip([8, 4, 4, 4, 12]).all(|(g, n)| g.len() == n && g.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
 /// `nvidia<minor>`, the device file name of a GPU minor.
 pub fn gpu_name(minor: u32) -> String {
     format!("nvidia{minor}")
@@ -112,6 +122,27 @@ mod tests {
             let raw = libc::makedev(major, minor) as u64;
             assert_eq!(u64::from(Rdev::new(major, minor).to_fuse()), raw & 0xffff_ffff, "{major}:{minor}");
             assert_eq!(Rdev::from_raw(raw), Rdev::new(major, minor));
+        }
+    }
+
+    /// Bug (issue 10.3): the driver's placeholder `GPU-????????-????-????-????-????????????`
+    /// (UUID unreadable) and any other malformed string is not a UUID, so never an identity.
+    #[test]
+    fn only_well_formed_gpu_uuids_are_identities() {
+        assert!(is_gpu_uuid("GPU-9221d5d1-b60b-a624-bf14-0a1819cfda3b"));
+        assert!(is_gpu_uuid("GPU-9221D5D1-B60B-A624-BF14-0A1819CFDA3B"));
+        for bad in [
+            "GPU-????????-????-????-????-????????????",
+            "GPU-nope",
+            "GPU-",
+            "9221d5d1-b60b-a624-bf14-0a1819cfda3b",
+            "MIG-9221d5d1-b60b-a624-bf14-0a1819cfda3b",
+            "GPU-9221d5d1-b60b-a624-bf14-0a1819cfda3",
+            "GPU-9221d5d1-b60b-a624-bf14-0a1819cfda3b-1",
+            "GPU-9221d5d1b60b-a624-bf14-0a1819cfda3b",
+            "GPU-9221d5d1-b60b-a624-bf14-0a1819cfda3g",
+        ] {
+            assert!(!is_gpu_uuid(bad), "{bad}");
         }
     }
 }

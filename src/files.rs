@@ -59,10 +59,26 @@ pub fn read_up_to(file: &mut File, limit: u64, buf: &mut Vec<u8>) -> io::Result<
     file.take(want).read_to_end(buf).map(|_| ())
 }
 
-/// The first `limit` bytes of a small regular file, as text; `None` for anything else.
-pub fn read_small_text(path: &Path, limit: u64) -> Option<String> {
-    let mut file = open_regular(path).ok()?;
+/// What [`read_small_text`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SmallText {
+    Text(String),
+    /// A regular file longer than the limit (read up to one byte past it: procfs files report
+    /// size 0, so their size cannot be trusted).
+    TooLarge,
+    /// Missing, not a regular file, unreadable, or not UTF-8.
+    Unreadable,
+}
+
+/// A small regular file of at most `limit` bytes, as text.
+pub fn read_small_text(path: &Path, limit: u64) -> SmallText {
+    let Ok(mut file) = open_regular(path) else { return SmallText::Unreadable };
     let mut buf = Vec::new();
-    read_up_to(&mut file, limit, &mut buf).ok()?;
-    String::from_utf8(buf).ok()
+    if read_up_to(&mut file, limit + 1, &mut buf).is_err() {
+        return SmallText::Unreadable;
+    }
+    if buf.len() as u64 > limit {
+        return SmallText::TooLarge;
+    }
+    String::from_utf8(buf).map_or(SmallText::Unreadable, SmallText::Text)
 }

@@ -7,10 +7,14 @@
 //! resolved; only char devices count; the N of
 //! `nvidiaN` is ASCII digits (Rust's `\d` would take any Unicode digit, gVisor's does not).
 //! Missing driver files are not errors: a GPU is still served without its uuid or PCI ids; nor
-//! are driver files that are not small regular files, which are skipped unread.
+//! are driver files that are not small regular files, which are skipped unread (one over
+//! [`INFO_LIMIT`] with a warning, since it is no file the driver writes). A `GPU UUID` that is
+//! not a well-formed UUID (the driver prints `GPU-????????-????-????-????-????????????` when it
+//! cannot read one) is unknown, never an identity.
 
-use crate::device::{Access, MAX_REGULAR_MINOR, Rdev};
-use crate::{files, limits};
+use crate::device::{Access, MAX_REGULAR_MINOR, Rdev, is_gpu_uuid};
+use crate::files::{self, SmallText};
+use crate::limits;
 use nix::dir::Dir;
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag};
@@ -26,8 +30,8 @@ use thiserror::Error;
 /// dynamic (`nvidia-uvm`, `nvidia-caps`), so they are read again at every load.
 const PASSTHROUGH: &[&str] = &["nvidiactl", "nvidia-modeset", "nvidia-uvm", "nvidia-uvm-tools"];
 const CAPS_DIR: &str = "nvidia-caps";
-/// The driver's files are a few hundred bytes; more is not theirs.
-const INFO_LIMIT: u64 = 64 << 10;
+/// The driver's files are a few hundred bytes; a larger one is not theirs and is skipped.
+pub const INFO_LIMIT: u64 = 64 << 10;
 
 static GPU_NAME: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^nvidia([0-9]+)$").expect("a valid regex"));
 
@@ -52,15 +56,24 @@ pub struct DevDirScan {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct GpuInfo {
     pub minor: Option<u32>,
+    /// A well-formed `GPU-` UUID; `None` when the driver gave none or a placeholder.
     pub uuid: Option<String>,
+    /// The PCI bus location (`Bus Location`, else the directory's name).
     pub bus: Option<String>,
     pub pci: Option<(u32, u32)>,
+    /// `GPU Excluded: Yes` (`Blacklisted: Yes` before driver 450): not usable, not enumerated.
+    pub excluded: bool,
 }
 
 /// Facts about the host beyond its GPU nodes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HostFacts {
     pub gpu_info: Vec<GpuInfo>,
+    /// The GPU directories (bus ids) under `proc/driver/nvidia/gpus` whose information file
+    /// could not be read: GPUs the host has but whose facts are unknown.
+    pub unread: Vec<String>,
+    /// What a user should hear about the driver's files (an oversized file skipped).
+    pub warnings: Vec<String>,
     /// The host has `/proc/kcore`, so runc would add the `core` symlink.
     pub has_kcore: bool,
 }
@@ -166,27 +179,47 @@ fn char_node(fd: &Dir, dir: &Path, name: &str, rel: String) -> Result<HostNode, 
 
 /// Reads what `<root>/proc/driver/nvidia/gpus/*/information` and
 /// `<root>/sys/bus/pci/devices/<bus>/{vendor,device}` say. Best effort: what is missing or
-/// unreadable is left out.
+/// unreadable is left out, a file over [`INFO_LIMIT`] with a warning.
 pub fn read_host_facts(root: &Path) -> HostFacts {
+    let mut facts = HostFacts { has_kcore: root.join("proc/kcore").exists(), ..HostFacts::default() };
     let gpus_dir = root.join("proc/driver/nvidia/gpus");
-    let mut gpu_info: Vec<GpuInfo> = fs::read_dir(&gpus_dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| files::read_small_text(&e.path().join("information"), INFO_LIMIT))
-        .map(|text| parse_information(&text))
-        .collect();
-    for info in &mut gpu_info {
+    let mut dirs: Vec<fs::DirEntry> = fs::read_dir(&gpus_dir).into_iter().flatten().flatten().collect();
+    dirs.sort_by_key(fs::DirEntry::file_name);
+    for dir in dirs {
+        let dir_name = dir.file_name().to_string_lossy().into_owned();
+        let Some(text) = small_text(&dir.path().join("information"), &mut facts.warnings) else {
+            facts.unread.push(dir_name);
+            continue;
+        };
+        let mut info = parse_information(&text);
+        info.bus = info.bus.or(Some(dir_name));
         if let Some(bus) = &info.bus {
             let pci_dir = root.join("sys/bus/pci/devices").join(bus.to_ascii_lowercase());
-            let read_hex = |f: &str| files::read_small_text(&pci_dir.join(f), INFO_LIMIT).and_then(|s| parse_hex(&s));
+            let mut read_hex = |f: &str| small_text(&pci_dir.join(f), &mut facts.warnings).and_then(|s| parse_hex(&s));
             info.pci = read_hex("vendor").zip(read_hex("device"));
         }
+        facts.gpu_info.push(info);
     }
-    HostFacts { gpu_info, has_kcore: root.join("proc/kcore").exists() }
+    facts
 }
 
-/// Parses the driver's `information` file (`Key: value` lines).
+/// A driver file's text, if it is a small regular file; a larger one is skipped with a warning.
+fn small_text(path: &Path, warnings: &mut Vec<String>) -> Option<String> {
+    match files::read_small_text(path, INFO_LIMIT) {
+        SmallText::Text(text) => Some(text),
+        SmallText::TooLarge => {
+            warnings.push(format!(
+                "{}: larger than {} KiB, not a driver file; skipped",
+                path.display(),
+                INFO_LIMIT >> 10
+            ));
+            None
+        }
+        SmallText::Unreadable => None,
+    }
+}
+
+/// Parses the driver's `information` file (`Key: \t value` lines).
 pub fn parse_information(text: &str) -> GpuInfo {
     let mut info = GpuInfo::default();
     for line in text.lines() {
@@ -194,8 +227,9 @@ pub fn parse_information(text: &str) -> GpuInfo {
         let value = value.trim();
         match key.trim() {
             "Device Minor" => info.minor = value.parse().ok(),
-            "GPU UUID" if !value.is_empty() => info.uuid = Some(value.to_owned()),
+            "GPU UUID" if is_gpu_uuid(value) => info.uuid = Some(value.to_owned()),
             "Bus Location" if !value.is_empty() => info.bus = Some(value.to_owned()),
+            "GPU Excluded" | "Blacklisted" => info.excluded = value == "Yes",
             _ => {}
         }
     }
@@ -230,15 +264,28 @@ mod tests {
         assert!(gpu_minor_of_name("nvidia01").unwrap_err().contains("leading zero"));
     }
 
-    /// The driver's information file gives minor, uuid and bus.
+    /// The driver's information file gives minor, uuid, bus and exclusion, each field as the
+    /// driver prints it (`Key: \t value`, `GPU Excluded:\t No`).
     #[test]
     fn parses_driver_information() {
-        let text =
-            "Model: \t\t NVIDIA A100\nGPU UUID: \t GPU-5b2c\nBus Location: \t 0000:3B:00.0\nDevice Minor: \t 3\n";
+        let text = "Model: \t\t NVIDIA A100-SXM4-80GB\nIRQ:   \t\t 156\n\
+                    GPU UUID: \t GPU-5b2c6f7e-0d1a-4c3e-9f10-aa0000000000\nVideo BIOS: \t 92.00.45.00.06\n\
+                    Bus Type: \t PCIe\nDMA Size: \t 47 bits\nDMA Mask: \t 0x7fffffffffff\n\
+                    Bus Location: \t 0000:3B:00.0\nDevice Minor: \t 3\nGPU Excluded:\t No\n";
         let info = parse_information(text);
         assert_eq!(info.minor, Some(3));
-        assert_eq!(info.uuid.as_deref(), Some("GPU-5b2c"));
+        assert_eq!(info.uuid.as_deref(), Some("GPU-5b2c6f7e-0d1a-4c3e-9f10-aa0000000000"));
         assert_eq!(info.bus.as_deref(), Some("0000:3B:00.0"));
+        assert!(!info.excluded);
+        assert!(parse_information("Blacklisted:\t Yes\n").excluded);
+        assert!(parse_information("GPU Excluded:\t Yes\n").excluded);
         assert_eq!(parse_hex("0x10de\n"), Some(0x10de));
+    }
+
+    /// Bug (issue 10.3): the placeholder the driver prints for an unreadable UUID is no UUID.
+    #[test]
+    fn placeholder_uuid_is_unknown() {
+        let info = parse_information("GPU UUID: \t GPU-????????-????-????-????-????????????\nDevice Minor: \t 0\n");
+        assert_eq!((info.uuid, info.minor), (None, Some(0)));
     }
 }

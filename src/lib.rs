@@ -1,10 +1,10 @@
 //! devremap: a synthetic `/dev` for containers whose GPUs were remapped by a checkpoint/restore.
 //!
 //! The core is pure: [`metadata`] parses the checkpoint's device list, [`spec`] reads what an
-//! OCI spec puts in `/dev`, [`pairing`] pairs saved with restored GPUs, [`plan`] builds the
-//! remap table and the [`tree`]. I/O sits at the edges: [`host`] looks at the restore host's
-//! devices, [`load`] reads the input files. The library only logs through `log` macros; the
-//! `devremapd` binary sets a logger up.
+//! OCI spec puts in `/dev`, [`visible`] reads its `NVIDIA_VISIBLE_DEVICES`, [`pairing`] pairs
+//! saved with restored GPUs, [`plan`] builds the remap table and the [`tree`]. I/O sits at the
+//! edges: [`host`] looks at the restore host's devices, [`load`] reads the input files. The
+//! library only logs through `log` macros; the `devremapd` binary sets a logger up.
 
 pub mod adapter;
 pub mod device;
@@ -21,6 +21,7 @@ pub mod render;
 pub mod served;
 pub mod spec;
 pub mod tree;
+pub mod visible;
 
 /// An I/O error as a lower-case message without the `(os error N)` suffix.
 pub fn io_message(e: &std::io::Error) -> String {

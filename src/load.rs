@@ -9,11 +9,12 @@
 use crate::files::{self, FileError, read_up_to};
 use crate::host::{self, HostError};
 use crate::metadata::{self, MAX_METADATA_LEN, Metadata, MetadataError};
-use crate::pairing::{MapPair, PairingError};
-use crate::plan::{self, Inputs, Plan, PlanError, Prefer};
+use crate::pairing::MapPair;
+use crate::plan::{self, Input, Inputs, Plan, PlanError, Prefer};
 use crate::spec::{self, SpecError};
 use std::fs::File;
 use std::io;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 
@@ -56,6 +57,8 @@ pub enum LoadError {
     Spec(PathBuf, SpecError),
     #[error("{}: is {}; expected a regular file", .0.display(), .1)]
     NotRegular(PathBuf, &'static str),
+    #[error("{}: is {}; expected a directory", .0.display(), .1)]
+    NotDir(PathBuf, &'static str),
     #[error(transparent)]
     Host(#[from] HostError),
     #[error("{0}: {1}")]
@@ -95,26 +98,17 @@ pub fn read_metadata(path: &Path) -> Result<Metadata, LoadError> {
 
 /// Reads what of an OCI runtime spec shapes `/dev`.
 pub fn read_spec(path: &Path) -> Result<spec::SpecView, LoadError> {
-    let mut view = parse_spec(path)?;
-    // A bind mount whose source is not a directory needs a non-directory mount point. A
-    // relative source is relative to the bundle, the spec's directory.
-    let bundle = path.parent().unwrap_or(Path::new("."));
-    for m in &mut view.dev_mounts {
-        if let Some(source) = &m.bind_source {
-            m.onto_file = std::fs::metadata(bundle.join(source)).is_ok_and(|meta| !meta.is_dir());
-        }
-    }
-    Ok(view)
-}
-
-fn parse_spec(path: &Path) -> Result<spec::SpecView, LoadError> {
     let mut file = open_regular(path)?;
     let mut buf = Vec::new();
     read_up_to(&mut file, MAX_METADATA_LEN + 1, &mut buf).map_err(|e| LoadError::Io(path.to_owned(), e))?;
     if buf.len() as u64 > MAX_METADATA_LEN {
         return Err(LoadError::Spec(path.to_owned(), SpecError::TooLarge));
     }
-    spec::parse(&buf).map_err(|e| LoadError::Spec(path.to_owned(), e))
+    // A bind mount whose source is not a directory needs a non-directory mount point. A
+    // relative source is relative to the bundle, the spec's directory.
+    let bundle = path.parent().unwrap_or(Path::new("."));
+    let file_source = |source: &str| std::fs::metadata(bundle.join(source)).is_ok_and(|meta| !meta.is_dir());
+    spec::parse(&buf, &file_source).map_err(|e| LoadError::Spec(path.to_owned(), e))
 }
 
 /// Reads a `--prefer-file`: one word, `native` or `checkpoint`.
@@ -133,19 +127,28 @@ fn read_prefer(path: &Path) -> Result<Prefer, LoadError> {
     }
 }
 
+/// The device directory scanned: `--host-dev`, else `/dev` when the spec asks for GPUs through
+/// the NVIDIA hook.
+fn dev_dir_of(sources: &Sources, spec: Option<&spec::SpecView>) -> Option<PathBuf> {
+    sources.host_dev.clone().or_else(|| spec.filter(|s| s.hook.is_some()).map(|_| PathBuf::from("/dev")))
+}
+
 /// Reads every input named by `sources`.
 pub fn gather(sources: &Sources) -> Result<Inputs, LoadError> {
     let metadata = sources.metadata.as_deref().map(read_metadata).transpose()?;
     let spec = sources.spec.as_deref().map(read_spec).transpose()?;
-    // A spec that asks for GPUs through the NVIDIA hook means the host's /dev names them.
-    let host_dev =
-        sources.host_dev.clone().or_else(|| spec.as_ref().filter(|s| s.wants_hook).map(|_| PathBuf::from("/dev")));
-    let dev_dir = host_dev.as_deref().map(host::scan_dev_dir).transpose()?;
+    let dev_dir = dev_dir_of(sources, spec.as_ref()).as_deref().map(host::scan_dev_dir).transpose()?;
+    // A host root that is not there would read as a host without driver files, in silence.
+    let root = &sources.host_root;
+    let meta = std::fs::metadata(root).map_err(|e| LoadError::Io(root.clone(), e))?;
+    if !meta.is_dir() {
+        return Err(LoadError::NotDir(root.clone(), files::describe(meta.mode())));
+    }
     Ok(Inputs {
         metadata,
         spec,
         dev_dir,
-        host: host::read_host_facts(&sources.host_root),
+        host: host::read_host_facts(root),
         device_map: sources.device_map.clone(),
         prefer: match &sources.prefer_file {
             Some(path) => read_prefer(path)?,
@@ -154,26 +157,27 @@ pub fn gather(sources: &Sources) -> Result<Inputs, LoadError> {
     })
 }
 
-/// The input a plan error is about: the checkpoint for its own devices, the host for the
-/// restored ones, the flag for explicit pairs, the spec for nodes.
-fn blame(e: &PlanError, sources: &Sources) -> String {
-    let show = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
-    let who = match e {
-        PlanError::Pairing(
-            PairingError::BadMapEntry { .. } | PairingError::Unknown { .. } | PairingError::Claimed { .. },
-        ) => Some("--device-map".to_owned()),
-        PlanError::Pairing(PairingError::Heterogeneous { side: "restored", .. }) => {
-            Some(sources.host_root.display().to_string())
-        }
-        PlanError::Pairing(_) => show(&sources.metadata),
-        PlanError::SpecDevice(_) | PlanError::SpecMount(_) => show(&sources.spec).or_else(|| show(&sources.host_dev)),
+/// The path (or flag) of the input that holds the cause of a plan error.
+fn input_name(input: Input, inputs: &Inputs, sources: &Sources) -> String {
+    let path = match input {
+        Input::Checkpoint => sources.metadata.clone(),
+        Input::Spec => sources.spec.clone(),
+        Input::HostDev => dev_dir_of(sources, inputs.spec.as_ref()),
+        Input::HostRoot => Some(sources.host_root.clone()),
+        Input::DeviceMap => return "--device-map".to_owned(),
     };
-    who.unwrap_or_else(|| "inputs".to_owned())
+    // Each variant is made only when its input was given; "inputs" is never expected.
+    path.map_or_else(|| "inputs".to_owned(), |p| p.display().to_string())
 }
 
 /// Reads every input and builds the plan.
 pub fn load(sources: &Sources) -> Result<Loaded, LoadError> {
     let inputs = gather(sources)?;
-    let plan = plan::build(&inputs).map_err(|e| LoadError::Plan(blame(&e, sources), Box::new(e)))?;
+    let mut plan =
+        plan::build(&inputs).map_err(|e| LoadError::Plan(input_name(e.input(), &inputs, sources), Box::new(e)))?;
+    if let (Some(path), Some(meta)) = (&sources.metadata, &inputs.metadata) {
+        let noted = meta.warnings.iter().map(|w| format!("{}: {w}", path.display()));
+        plan.warnings.splice(0..0, noted);
+    }
     Ok(Loaded { plan, metadata: inputs.metadata })
 }

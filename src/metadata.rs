@@ -8,7 +8,7 @@
 //! [`needed_len`] tells a reader how many bytes that is, so a 50 GiB image costs 16 bytes
 //! plus its header.
 
-use crate::device::MAX_REGULAR_MINOR;
+use crate::device::{MAX_REGULAR_MINOR, is_gpu_uuid};
 use serde_json::{Map, Value};
 use std::collections::BTreeSet;
 use thiserror::Error;
@@ -32,6 +32,8 @@ pub struct DeviceId {
     pub gpu_id: u32,
     pub device_instance: u32,
     pub subdevice_instance: u32,
+    /// A well-formed `GPU-` UUID, or empty when unknown: a missing or malformed one (the
+    /// driver's `GPU-????????-...` placeholder) is never an identity.
     pub uuid: String,
 }
 
@@ -70,6 +72,8 @@ pub struct Metadata {
     pub gpu_key_present: bool,
     /// Saved TPUs, as written; reported, not remapped.
     pub tpus: Vec<Value>,
+    /// What a user should hear about the input (the caller prefixes the file).
+    pub warnings: Vec<String>,
 }
 
 /// Why metadata bytes were refused. Messages name the key and index at fault; the caller
@@ -150,7 +154,13 @@ pub fn parse(bytes: &[u8]) -> Result<Metadata, MetadataError> {
         }
         Some(b'[') => {
             let value = parse_json(bytes)?;
-            Ok(Metadata { format: Format::Array, gpus: device_list(&value)?, gpu_key_present: true, tpus: Vec::new() })
+            Ok(Metadata {
+                format: Format::Array,
+                gpus: device_list(&value)?,
+                gpu_key_present: true,
+                tpus: Vec::new(),
+                warnings: Vec::new(),
+            })
         }
         _ => Err(MetadataError::UnknownFormat),
     }
@@ -197,7 +207,21 @@ fn from_map(format: Format, map: &Map<String, Value>) -> Result<Metadata, Metada
         Some(v) => tpu_list(&embedded(TPU_KEY, v)?)?,
         None => Vec::new(),
     };
-    Ok(Metadata { format, gpus, gpu_key_present: map.contains_key(GPU_KEY), tpus })
+    let mut warnings = Vec::new();
+    // gVisor always writes `_timestamp`: a map with neither it nor the GPU list is some other
+    // JSON object (a spec given as --metadata, say), which would otherwise pass as "no GPUs".
+    if format == Format::Map && !map.is_empty() && !map.contains_key(GPU_KEY) && !map.contains_key("_timestamp") {
+        let mut keys: Vec<&str> = map.keys().take(6).map(String::as_str).collect();
+        if map.len() > keys.len() {
+            keys.push("...");
+        }
+        warnings.push(format!(
+            "a JSON object with neither {GPU_KEY} nor _timestamp (its keys: {}): not checkpoint metadata? \
+             no saved GPUs",
+            keys.join(", ")
+        ));
+    }
+    Ok(Metadata { format, gpus, gpu_key_present: map.contains_key(GPU_KEY), tpus, warnings })
 }
 
 /// gVisor stores a list as a string holding JSON; hand-written maps may hold the list itself.
@@ -282,7 +306,8 @@ fn device_id(index: usize, item: &Value) -> Result<DeviceId, MetadataError> {
     }
     let uuid = match obj.get("uuid") {
         None => String::new(),
-        Some(Value::String(s)) => s.clone(),
+        Some(Value::String(s)) if is_gpu_uuid(s) => s.clone(),
+        Some(Value::String(_)) => String::new(),
         Some(v) => {
             return Err(MetadataError::Field { index, field: "uuid", expected: "a string", found: describe(v) });
         }
@@ -327,6 +352,9 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    const UA: &str = "GPU-5b2c6f7e-0d1a-4c3e-9f10-aa0000000000";
+    const UB: &str = "GPU-5b2c6f7e-0d1a-4c3e-9f10-aa0000000001";
+
     fn dev(minor: u32, uuid: &str) -> Value {
         json!({"minor": minor, "pci_vendor_id": 4318, "pci_device_id": 8896, "gpu_id": 768 + minor,
                "device_instance": minor, "subdevice_instance": 0, "uuid": uuid, "future_field": true})
@@ -346,7 +374,7 @@ mod tests {
     /// ones ignored, and the result is sorted by minor.
     #[test]
     fn state_file_header_gives_sorted_devices() {
-        let m = parse(&state_file(&json!([dev(3, "GPU-b"), dev(1, "GPU-a")]))).unwrap();
+        let m = parse(&state_file(&json!([dev(3, UB), dev(1, UA)]))).unwrap();
         assert_eq!(m.format, Format::StateFile);
         assert_eq!(m.gpus.iter().map(|d| d.minor).collect::<Vec<_>>(), vec![1, 3]);
         assert_eq!(
@@ -358,7 +386,7 @@ mod tests {
                 gpu_id: 769,
                 device_instance: 1,
                 subdevice_instance: 0,
-                uuid: "GPU-a".into(),
+                uuid: UA.into(),
             }
         );
     }
@@ -366,7 +394,7 @@ mod tests {
     /// Format: the three forms are told apart by content and agree.
     #[test]
     fn map_and_array_forms_agree_with_state_file() {
-        let list = json!([dev(0, "GPU-a"), dev(1, "GPU-b")]);
+        let list = json!([dev(0, UA), dev(1, UB)]);
         let from_state = parse(&state_file(&list)).unwrap().gpus;
         let as_string = json!({ GPU_KEY: list.to_string() }).to_string();
         let as_array = json!({ GPU_KEY: list }).to_string();
@@ -387,10 +415,45 @@ mod tests {
         assert_eq!(m.tpus.len(), 1);
     }
 
+    /// Bug (issue 10.3): a UUID that is not well formed (the driver's placeholder for an
+    /// unreadable one) is unknown: two saved GPUs with it are not duplicates, and it is no
+    /// identity a `--device-map` could name.
+    #[test]
+    fn malformed_saved_uuids_are_unknown() {
+        let placeholder = "GPU-????????-????-????-????-????????????";
+        let m =
+            parse(json!([dev(0, placeholder), dev(1, placeholder), dev(2, "GPU-a")]).to_string().as_bytes()).unwrap();
+        assert!(m.gpus.iter().all(|d| d.uuid.is_empty()), "{:?}", m.gpus);
+    }
+
+    /// Bug (issue 10.8): a JSON object with neither the GPU list nor gVisor's `_timestamp` (a
+    /// spec given as --metadata) is accepted as "no saved GPUs" but warned about, naming its
+    /// keys; gVisor's own map without the GPU list (nothing was open at save) is not.
+    #[test]
+    fn map_that_is_not_metadata_is_warned_about() {
+        let spec = json!({"ociVersion": "1.0.2", "process": {}, "root": {}, "hostname": "h", "mounts": [],
+                          "linux": {}, "hooks": {}});
+        let m = parse(spec.to_string().as_bytes()).unwrap();
+        assert!(m.gpus.is_empty() && !m.gpu_key_present);
+        assert_eq!(m.warnings.len(), 1);
+        assert!(m.warnings[0].contains("neither nvproxy-device-remap-ids nor _timestamp"), "{:?}", m.warnings);
+        assert!(
+            m.warnings[0].contains("(its keys: ociVersion, process, root, hostname, mounts, linux, ...)"),
+            "{:?}",
+            m.warnings
+        );
+        for quiet in [json!({"_timestamp": "x", "compression": "none"}), json!({}), json!({GPU_KEY: "[]", "x": 1})] {
+            assert!(parse(quiet.to_string().as_bytes()).unwrap().warnings.is_empty(), "{quiet}");
+        }
+        let mut map = Map::new();
+        map.insert("other".into(), "x".into());
+        assert!(parse(&encode_state_header(&map)).unwrap().warnings.is_empty(), "a state file is a checkpoint");
+    }
+
     /// Header: only the header is needed; `needed_len` stops a reader there.
     #[test]
     fn needed_len_is_the_header() {
-        let bytes = state_file(&json!([dev(0, "GPU-a")]));
+        let bytes = state_file(&json!([dev(0, UA)]));
         let n = needed_len(&bytes[..16]).unwrap().unwrap() as usize;
         assert!(n < bytes.len());
         assert_eq!(parse(&bytes[..n]).unwrap().gpus.len(), 1);
@@ -400,7 +463,7 @@ mod tests {
     /// Bad input: each malformed header or list is refused with a message naming the problem.
     #[test]
     fn malformed_inputs_are_refused() {
-        let good = state_file(&json!([dev(0, "GPU-a")]));
+        let good = state_file(&json!([dev(0, UA)]));
         assert_eq!(parse(b""), Err(MetadataError::Empty));
         assert!(matches!(parse(&good[..12]), Err(MetadataError::Truncated(_))));
         assert!(matches!(parse(&good[..20]), Err(MetadataError::Truncated(_))));
@@ -419,7 +482,7 @@ mod tests {
             (json!([{"uuid": "GPU-a"}]), "found nothing"),
             (json!([{"minor": 248}]), "minor 248 is over 247"),
             (json!([{"minor": 1}, {"minor": 1}]), "minor 1 appears twice"),
-            (json!([dev(1, "GPU-a"), dev(2, "GPU-a")]), "uuid GPU-a appears twice"),
+            (json!([dev(1, UA), dev(2, UA)]), "uuid GPU-5b2c6f7e-0d1a-4c3e-9f10-aa0000000000 appears twice"),
             (json!([[1]]), "expected an object"),
             (json!({GPU_KEY: 5}), "expected a JSON array or a string"),
             (json!({GPU_KEY: {}}), "expected a JSON array or a string"),

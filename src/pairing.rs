@@ -3,9 +3,11 @@
 //! Pure. Assumes both lists are sorted by minor (the metadata reader and the restore-side
 //! discovery both sort), which makes the positional rule reproducible: a restore onto the same
 //! set of GPUs is the identity. Explicit pairs (`--device-map`) are taken first; the positional
-//! rule pairs what is left, in order.
+//! rule pairs what is left, in order. Each side is checked on its own ([`check_saved`],
+//! [`check_restored`], [`check_count`]) so that the caller can name the input at fault. A UUID
+//! is an identity only when well formed, on either side and in `--device-map`.
 
-use crate::device::RestoredGpu;
+use crate::device::{RestoredGpu, is_gpu_uuid};
 use crate::metadata::DeviceId;
 use std::collections::BTreeSet;
 use std::fmt;
@@ -65,6 +67,8 @@ pub enum PairingError {
     Unknown { side: &'static str, reference: DeviceRef },
     #[error("{side} device {reference} is paired twice")]
     Claimed { side: &'static str, reference: DeviceRef },
+    #[error("no checkpoint was given (--metadata), so there are no saved devices to pair")]
+    NoCheckpoint,
 }
 
 /// Parses one `--device-map` value: `OLD=NEW[,OLD=NEW...]`, each a minor or a `GPU-` UUID.
@@ -76,7 +80,12 @@ pub fn parse_device_map(value: &str) -> Result<Vec<MapPair>, PairingError> {
             let (old, new) = entry.split_once('=').ok_or_else(|| bad("expected OLD=NEW"))?;
             let parse = |s: &str| -> Result<DeviceRef, PairingError> {
                 let s = s.trim();
-                if s.starts_with("GPU-") && s.len() > 4 {
+                if s.starts_with("GPU-????????") {
+                    Err(bad("the driver prints this placeholder for a UUID it cannot read; name the GPU by its minor"))
+                } else if s.starts_with("GPU-") && s.len() > 4 {
+                    if !is_gpu_uuid(s) {
+                        return Err(bad("a GPU- UUID is GPU- and 8-4-4-4-12 hex digits"));
+                    }
                     Ok(DeviceRef::Uuid(s.to_owned()))
                 } else if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
                     s.parse().map(DeviceRef::Minor).map_err(|_| bad("minor out of range"))
@@ -117,28 +126,45 @@ fn homogeneous<'a>(
     Ok(())
 }
 
-/// Pairs `saved` (sorted by minor) with `restored` (sorted by minor).
-pub fn pair(saved: &[DeviceId], restored: &[RestoredGpu], map: &[MapPair]) -> Result<Pairing, PairingError> {
-    if saved.len() > restored.len() {
-        return Err(PairingError::Count { saved: saved.len(), restored: restored.len() });
-    }
+/// The saved side can be remapped: every `subdevice_instance` 0, one model (where known).
+pub fn check_saved(saved: &[DeviceId]) -> Result<(), PairingError> {
     if let Some(d) = saved.iter().find(|d| d.subdevice_instance != 0) {
         return Err(PairingError::Subdevice { minor: d.minor, instance: d.subdevice_instance });
     }
-    homogeneous("saved", saved.iter().filter_map(|d| Some((format!("nvidia{}", d.minor), d.pci()?))))?;
-    homogeneous("restored", restored.iter().filter_map(|g| Some((g.name(), g.pci?))))?;
+    homogeneous("saved", saved.iter().filter_map(|d| Some((format!("nvidia{}", d.minor), d.pci()?))))
+}
 
+/// The restored side is one model (where the host tells). Only asked when something is to be
+/// remapped: gVisor refuses mixed models then, and a host with two models serves fine
+/// otherwise.
+pub fn check_restored(restored: &[RestoredGpu]) -> Result<(), PairingError> {
+    homogeneous("restored", restored.iter().filter_map(|g| Some((g.name(), g.pci?))))
+}
+
+/// There are at least as many restored GPUs as saved ones.
+pub fn check_count(saved: &[DeviceId], restored: &[RestoredGpu]) -> Result<(), PairingError> {
+    if saved.len() > restored.len() {
+        return Err(PairingError::Count { saved: saved.len(), restored: restored.len() });
+    }
+    Ok(())
+}
+
+/// Pairs `saved` (sorted by minor) with `restored` (sorted by minor): explicit pairs, then by
+/// position. The sides are checked by the caller ([`check_saved`], [`check_restored`]); the
+/// count is checked again here since the positional rule depends on it.
+pub fn pair(saved: &[DeviceId], restored: &[RestoredGpu], map: &[MapPair]) -> Result<Pairing, PairingError> {
+    check_count(saved, restored)?;
     let mut new_of_old: Vec<Option<(usize, bool)>> = vec![None; saved.len()];
     let mut taken = BTreeSet::new();
     for p in map {
         let old = saved.iter().position(|d| match &p.old {
             DeviceRef::Minor(m) => d.minor == *m,
-            DeviceRef::Uuid(u) => d.uuid == *u,
+            DeviceRef::Uuid(u) => is_gpu_uuid(&d.uuid) && d.uuid == *u,
         });
         let old = old.ok_or_else(|| PairingError::Unknown { side: "saved", reference: p.old.clone() })?;
         let new = restored.iter().position(|g| match &p.new {
             DeviceRef::Minor(m) => g.minor == *m,
-            DeviceRef::Uuid(u) => g.uuid.as_deref() == Some(u.as_str()),
+            DeviceRef::Uuid(u) => g.uuid.as_deref().is_some_and(|g| is_gpu_uuid(g) && g == u),
         });
         let new = new.ok_or_else(|| PairingError::Unknown { side: "restored", reference: p.new.clone() })?;
         if new_of_old[old].is_some() {
@@ -189,7 +215,7 @@ mod tests {
             gpu_id: 0,
             device_instance: 0,
             subdevice_instance: 0,
-            uuid: format!("GPU-old-{minor}"),
+            uuid: format!("GPU-0000aaaa-0000-0000-0000-{minor:012}"),
         }
     }
 
@@ -198,7 +224,7 @@ mod tests {
             minor,
             rdev: Rdev::new(195, minor),
             access: Access::DEVICE_DEFAULT,
-            uuid: Some(format!("GPU-new-{minor}")),
+            uuid: Some(format!("GPU-0000bbbb-0000-0000-0000-{minor:012}")),
             bus: None,
             pci: Some((0x10de, 0x20b0)),
         }
@@ -234,21 +260,22 @@ mod tests {
     fn homogeneity_and_subdevice() {
         let mut odd = saved(1);
         odd.pci_device_id = 0x2330;
-        let err = pair(&[saved(0), odd], &[restored(0), restored(1)], &[]).unwrap_err().to_string();
+        let err = check_saved(&[saved(0), odd]).unwrap_err().to_string();
         assert!(err.contains("nvidia0 is 10de:20b0 but nvidia1 is 10de:2330"), "{err}");
         let mut odd = restored(1);
         odd.pci = Some((0x10de, 0x2330));
-        let err = pair(&[saved(0)], &[restored(0), odd], &[]).unwrap_err().to_string();
+        let err = check_restored(&[restored(0), odd]).unwrap_err().to_string();
         assert!(err.starts_with("restored devices are not homogeneous"), "{err}");
         let mut sub = saved(0);
         sub.subdevice_instance = 1;
-        assert_eq!(pair(&[sub], &[restored(0)], &[]), Err(PairingError::Subdevice { minor: 0, instance: 1 }));
+        assert_eq!(check_saved(&[sub]), Err(PairingError::Subdevice { minor: 0, instance: 1 }));
     }
 
     /// Explicit pairs win over position; the rest pair positionally among what is left.
     #[test]
     fn explicit_pairs_win() {
-        let map = parse_device_map("GPU-old-0=GPU-new-7").unwrap();
+        let map = parse_device_map("GPU-0000aaaa-0000-0000-0000-000000000000=GPU-0000bbbb-0000-0000-0000-000000000007")
+            .unwrap();
         let p = pair(&[saved(0), saved(1)], &[restored(2), restored(5), restored(7)], &map).unwrap();
         assert_eq!(minors(&p), vec![(0, 7), (1, 2)]);
         assert!(p.pairs[0].explicit && !p.pairs[1].explicit);
@@ -275,12 +302,32 @@ mod tests {
         let r = [restored(2), restored(5)];
         let run = |m: &str| pair(&s, &r, &parse_device_map(m).unwrap()).unwrap_err();
         assert!(matches!(run("9=2"), PairingError::Unknown { side: "saved", .. }));
-        assert!(matches!(run("0=GPU-nope"), PairingError::Unknown { side: "restored", .. }));
+        assert!(matches!(
+            run("0=GPU-0000cccc-0000-0000-0000-000000000000"),
+            PairingError::Unknown { side: "restored", .. }
+        ));
         assert!(matches!(run("0=2,1=2"), PairingError::Claimed { side: "restored", .. }));
         assert!(matches!(run("0=2,0=5"), PairingError::Claimed { side: "saved", .. }));
-        for bad in ["", "0", "a=1", "0=GPU-", "1=2,", "99999999999=1"] {
+        for bad in ["", "0", "a=1", "0=GPU-", "1=2,", "99999999999=1", "0=GPU-nope"] {
             assert!(parse_device_map(bad).is_err(), "{bad:?}");
         }
+    }
+
+    /// Bug (issue 10.3): a placeholder or malformed UUID is no identity: `--device-map` naming
+    /// one is refused with a reason, and two GPUs carrying the placeholder match nothing.
+    #[test]
+    fn malformed_uuids_are_no_identity() {
+        let placeholder = "GPU-????????-????-????-????-????????????";
+        let err = parse_device_map(&format!("0={placeholder}")).unwrap_err().to_string();
+        assert!(err.contains("placeholder for a UUID it cannot read; name the GPU by its minor"), "{err}");
+        let err = parse_device_map("GPU-5b2c=1").unwrap_err().to_string();
+        assert!(err.contains("8-4-4-4-12 hex digits"), "{err}");
+        // A restored GPU whose uuid is malformed (never made so by the parsers, but a
+        // hand-built list) is not found by a UUID that equals it.
+        let mut odd = restored(2);
+        odd.uuid = Some("GPU-5b2c".into());
+        let map = vec![MapPair { old: DeviceRef::Minor(0), new: DeviceRef::Uuid("GPU-5b2c".into()) }];
+        assert!(matches!(pair(&[saved(0)], &[odd], &map), Err(PairingError::Unknown { side: "restored", .. })));
     }
 
     fn minor_set(max: usize) -> impl Strategy<Value = Vec<u32>> {

@@ -6,6 +6,11 @@
 //! another restored GPU's native name and natives are preferred; last, the mount points of the
 //! spec's mounts under `/dev` (a directory, or for a file bind mount whatever node is there or
 //! a placeholder) and, for a terminal, the `console` placeholder. Nothing else enters the tree.
+//!
+//! The restored GPUs are the spec's GPU devices and the device directory's `nvidiaN` nodes; when
+//! the spec asks for GPUs through the NVIDIA hook, only the directory's GPUs that
+//! `NVIDIA_VISIBLE_DEVICES` selects (see [`crate::visible`]). Every error is made where its
+//! cause is known, as the variant of the input that holds it ([`PlanError::input`]).
 
 use crate::device::{Access, DevKind, Rdev, RestoredGpu, gpu_name};
 use crate::host::{DevDirScan, HostFacts};
@@ -13,8 +18,10 @@ use crate::metadata::{DeviceId, Metadata};
 use crate::pairing::{self, MapPair, PairingError};
 use crate::spec::SpecView;
 use crate::tree::{Node, NodeKind, Tree, TreeBuilder, TreeError};
+use crate::visible::{self, VisibleError};
 use serde_json::Value;
-use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
+use std::collections::{BTreeMap, BTreeSet};
 use thiserror::Error;
 
 /// Which name wins when a checkpoint name is another restored GPU's native name.
@@ -66,15 +73,64 @@ pub struct Plan {
     pub tpus: Vec<Value>,
 }
 
-/// Why no plan could be made from inputs that each parsed.
+/// Why no plan could be made from inputs that each parsed: one variant per input that can hold
+/// the cause, made where the cause is known.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum PlanError {
-    #[error(transparent)]
-    Pairing(#[from] PairingError),
+    /// The saved GPUs cannot be remapped (a subdevice, mixed models), or there is nothing on the
+    /// restore side at all to pair them with.
+    #[error("{0}")]
+    Checkpoint(PairingError),
+    /// The spec gives the restored GPUs (its devices, or the hook's selection) and too few.
+    #[error("{0}")]
+    SpecGpus(PairingError),
+    /// `NVIDIA_VISIBLE_DEVICES` names GPUs the host cannot give.
+    #[error("{0}")]
+    Visible(VisibleError),
+    /// The device directory gives the restored GPUs and too few.
+    #[error("{0}")]
+    HostDevGpus(PairingError),
+    /// `NVIDIA_VISIBLE_DEVICES` selects a GPU that the device directory holds no node of.
+    #[error("NVIDIA_VISIBLE_DEVICES selects nvidia{0}, which is not here")]
+    HostDevMissing(u32),
+    /// A host pass-through node cannot be placed (a spec node is in its way).
+    #[error("host node {0}")]
+    HostNode(TreeError),
+    /// The restored GPUs' PCI ids, which the host root tells, differ.
+    #[error("{0}")]
+    HostRoot(PairingError),
+    /// An explicit pair cannot be made.
+    #[error("{0}")]
+    DeviceMap(PairingError),
     #[error("spec device {0}")]
     SpecDevice(TreeError),
     #[error("spec mount {0}")]
     SpecMount(TreeError),
+}
+
+/// The inputs a plan error can be about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Input {
+    Checkpoint,
+    Spec,
+    HostDev,
+    HostRoot,
+    DeviceMap,
+}
+
+impl PlanError {
+    /// The input that holds the cause.
+    pub fn input(&self) -> Input {
+        match self {
+            PlanError::Checkpoint(_) => Input::Checkpoint,
+            PlanError::SpecGpus(_) | PlanError::Visible(_) | PlanError::SpecDevice(_) | PlanError::SpecMount(_) => {
+                Input::Spec
+            }
+            PlanError::HostDevGpus(_) | PlanError::HostDevMissing(_) | PlanError::HostNode(_) => Input::HostDev,
+            PlanError::HostRoot(_) => Input::HostRoot,
+            PlanError::DeviceMap(_) => Input::DeviceMap,
+        }
+    }
 }
 
 /// runc's default device nodes.
@@ -97,18 +153,27 @@ fn placeholder() -> Node {
 }
 
 /// The restored GPUs: the spec's 195:N devices and the device directory's `nvidiaN` nodes
-/// (whose stat'd number wins), with what the driver says of them, sorted by minor.
-pub fn restored_gpus(inputs: &Inputs) -> Vec<RestoredGpu> {
+/// (whose stat'd number wins; only those the hook's `NVIDIA_VISIBLE_DEVICES` selects when the
+/// spec asks through the hook), with what the driver says of them, sorted by minor.
+pub fn restored_gpus(inputs: &Inputs) -> Result<Vec<RestoredGpu>, PlanError> {
     let mut by_minor: BTreeMap<u32, (Rdev, Access)> = BTreeMap::new();
     for dev in inputs.spec.iter().flat_map(|s| &s.devices) {
         if let Some(minor) = dev.gpu_minor() {
             by_minor.insert(minor, (dev.rdev, dev.access));
         }
     }
-    for (minor, node) in inputs.dev_dir.iter().flat_map(|d| &d.gpus) {
-        by_minor.insert(*minor, (node.rdev, node.access));
+    let selected = hook_selection(inputs)?;
+    if let (Some(selected), Some(dir)) = (&selected, &inputs.dev_dir)
+        && let Some(missing) = selected.iter().find(|m| !dir.gpus.iter().any(|(n, _)| n == *m))
+    {
+        return Err(PlanError::HostDevMissing(*missing));
     }
-    by_minor
+    for (minor, node) in inputs.dev_dir.iter().flat_map(|d| &d.gpus) {
+        if selected.as_ref().is_none_or(|s| s.contains(minor)) {
+            by_minor.insert(*minor, (node.rdev, node.access));
+        }
+    }
+    Ok(by_minor
         .into_iter()
         .map(|(minor, (rdev, access))| {
             let info = inputs.host.gpu_info.iter().find(|i| i.minor == Some(minor));
@@ -121,15 +186,45 @@ pub fn restored_gpus(inputs: &Inputs) -> Vec<RestoredGpu> {
                 pci: info.and_then(|i| i.pci),
             }
         })
-        .collect()
+        .collect())
+}
+
+/// The host minors the spec's hook request selects; `None` for no selection (no hook request,
+/// or `all`).
+fn hook_selection(inputs: &Inputs) -> Result<Option<BTreeSet<u32>>, PlanError> {
+    let Some(hook) = inputs.spec.as_ref().and_then(|s| s.hook.as_ref()) else { return Ok(None) };
+    visible::resolve(hook, &inputs.host.gpu_info, &inputs.host.unread).map_err(PlanError::Visible)
+}
+
+/// The error for too few restored GPUs, as the input that gave them: the spec when it names
+/// GPUs (devices or the hook's selection), else the device directory, else (no restore side
+/// given at all) the checkpoint.
+fn too_few(inputs: &Inputs, error: PairingError) -> PlanError {
+    let spec_names_gpus =
+        inputs.spec.as_ref().is_some_and(|s| s.hook.is_some() || s.devices.iter().any(|d| d.gpu_minor().is_some()));
+    match (&inputs.spec, &inputs.dev_dir) {
+        (Some(_), _) if spec_names_gpus => PlanError::SpecGpus(error),
+        (_, Some(_)) => PlanError::HostDevGpus(error),
+        (Some(_), None) => PlanError::SpecGpus(error),
+        (None, None) => PlanError::Checkpoint(error),
+    }
 }
 
 /// Computes the remap table and the tree.
 pub fn build(inputs: &Inputs) -> Result<Plan, PlanError> {
-    let restored = restored_gpus(inputs);
+    let restored = restored_gpus(inputs)?;
     let saved = inputs.metadata.as_ref().map(|m| m.gpus.as_slice()).unwrap_or_default();
-    let pairing = pairing::pair(saved, &restored, &inputs.device_map)?;
-    let mut warnings = pairing.warnings;
+    if inputs.metadata.is_none() && !inputs.device_map.is_empty() {
+        return Err(PlanError::DeviceMap(PairingError::NoCheckpoint));
+    }
+    pairing::check_saved(saved).map_err(PlanError::Checkpoint)?;
+    pairing::check_count(saved, &restored).map_err(|e| too_few(inputs, e))?;
+    if !saved.is_empty() {
+        pairing::check_restored(&restored).map_err(PlanError::HostRoot)?;
+    }
+    let pairing = pairing::pair(saved, &restored, &inputs.device_map).map_err(PlanError::DeviceMap)?;
+    let mut warnings = inputs.host.warnings.clone();
+    warnings.extend(pairing.warnings);
 
     let mut b = TreeBuilder::default();
     for &(name, major, minor) in DEFAULT_DEVICES {
@@ -143,17 +238,30 @@ pub fn build(inputs: &Inputs) -> Result<Plan, PlanError> {
         b.insert("core", Node::symlink("/proc/kcore")).expect("defaults fit an empty tree");
     }
     if let Some(spec) = &inputs.spec {
+        // runc keeps the first entry of a path: specconv's createDevices appends every
+        // linux.devices entry in order, and rootfs_linux.go's createDeviceNode takes EEXIST from
+        // mknod as success, so a later entry for the same path never replaces the node.
+        let mut first_of: BTreeMap<&str, &str> = BTreeMap::new();
         for dev in &spec.devices {
-            match &dev.rel_path {
-                Some(rel) => {
-                    b.insert(rel, Node::device(dev.kind, dev.rdev, dev.access)).map_err(PlanError::SpecDevice)?
+            let Some(rel) = &dev.rel_path else {
+                warnings.push(format!("spec device {} is outside /dev; not served", dev.path));
+                continue;
+            };
+            match first_of.entry(rel) {
+                Entry::Occupied(first) => warnings.push(format!(
+                    "spec device {} is listed again as {}; serving the first entry, as runc does",
+                    first.get(),
+                    dev.path
+                )),
+                Entry::Vacant(slot) => {
+                    slot.insert(&dev.path);
+                    b.insert(rel, Node::device(dev.kind, dev.rdev, dev.access)).map_err(PlanError::SpecDevice)?;
                 }
-                None => warnings.push(format!("spec device {} is outside /dev; not served", dev.path)),
             }
         }
     }
     for node in inputs.dev_dir.iter().flat_map(|d| &d.passthrough) {
-        b.insert(&node.rel_path, Node::device(DevKind::Char, node.rdev, node.access)).map_err(PlanError::SpecDevice)?;
+        b.insert(&node.rel_path, Node::device(DevKind::Char, node.rdev, node.access)).map_err(PlanError::HostNode)?;
     }
     for gpu in &restored {
         b.insert(&gpu.name(), Node::device(DevKind::Char, gpu.rdev, gpu.access)).map_err(PlanError::SpecDevice)?;
@@ -219,9 +327,10 @@ pub fn build(inputs: &Inputs) -> Result<Plan, PlanError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::host::HostNode;
+    use crate::host::{GpuInfo, HostNode};
     use crate::metadata::Format;
     use crate::spec::{DevMount, SpecDevice};
+    use crate::visible::{Selector, Visible};
 
     fn saved(minor: u32) -> DeviceId {
         DeviceId {
@@ -249,9 +358,21 @@ mod tests {
                 gpus: old.iter().copied().map(saved).collect(),
                 gpu_key_present: true,
                 tpus: vec![],
+                warnings: vec![],
             }),
             dev_dir: Some(DevDirScan { gpus, passthrough: vec![] }),
             ..Inputs::default()
+        }
+    }
+
+    /// A spec char device at `path` (under `/dev/` when it starts so).
+    fn spec_dev(path: &str, rdev: Rdev, access: Access) -> SpecDevice {
+        SpecDevice {
+            rel_path: path.strip_prefix("/dev/").map(str::to_owned),
+            path: path.into(),
+            kind: DevKind::Char,
+            rdev,
+            access,
         }
     }
 
@@ -329,13 +450,7 @@ mod tests {
     /// restored GPUs; a device outside /dev is reported; a device over a mount point is refused.
     #[test]
     fn spec_shapes_the_tree() {
-        let dev = |path: &str, rdev: Rdev| SpecDevice {
-            rel_path: path.strip_prefix("/dev/").map(str::to_owned),
-            path: path.into(),
-            kind: DevKind::Char,
-            rdev,
-            access: Access { mode: 0o600, uid: 1, gid: 2 },
-        };
+        let dev = |path: &str, rdev: Rdev| spec_dev(path, rdev, Access { mode: 0o600, uid: 1, gid: 2 });
         let spec = SpecView {
             devices: vec![
                 dev("/dev/dri/card0", Rdev::new(226, 0)),
@@ -395,5 +510,140 @@ mod tests {
         let gpus: Vec<&str> = plan.tree.iter().map(|(p, _)| p).filter(|p| p.starts_with("nvidia")).collect();
         assert_eq!(gpus, ["nvidia0", "nvidia1", "nvidia2", "nvidia5", "nvidia6", "nvidia7", "nvidia9", "nvidiactl"]);
         assert_eq!(plan.tree.iter().count(), 11 + gpus.len());
+    }
+
+    /// Host facts for GPUs `minors`, each on a bus in the given order, with PCI ids `pci`.
+    fn described(buses_by_minor: &[(u32, &str)], pci: (u32, u32)) -> HostFacts {
+        let gpu_info = buses_by_minor
+            .iter()
+            .map(|&(minor, bus)| GpuInfo {
+                minor: Some(minor),
+                uuid: Some(format!("GPU-0b5e55ed-1111-4222-8333-{minor:012}")),
+                bus: Some(bus.to_owned()),
+                pci: Some(pci),
+                excluded: false,
+            })
+            .collect();
+        HostFacts { gpu_info, ..HostFacts::default() }
+    }
+
+    fn hook(visible: Visible) -> Option<SpecView> {
+        Some(SpecView { hook: Some(visible), ..SpecView::default() })
+    }
+
+    fn native_gpus(plan: &Plan) -> Vec<u32> {
+        plan.restored.iter().map(|g| g.minor).collect()
+    }
+
+    /// Bug (issue 10.1): in hook mode the restored GPUs are exactly those NVIDIA_VISIBLE_DEVICES
+    /// selects, by the driver's (PCI bus) order: `2,3` on a host whose minors 0..3 sit on buses
+    /// 3c, 3d, 1a, 1b are minors 0 and 1; only they get native names; one GPU for two saved ones
+    /// is too few, blamed on the spec.
+    #[test]
+    fn hook_mode_serves_only_the_selected_gpus() {
+        let mut inp = inputs(&[0, 1], &[0, 1, 2, 3]);
+        inp.host = described(
+            &[(0, "0000:3c:00.0"), (1, "0000:3d:00.0"), (2, "0000:1a:00.0"), (3, "0000:1b:00.0")],
+            (0x10de, 0x2330),
+        );
+        inp.spec = hook(Visible::Devices(vec![Selector::Index(2), Selector::Index(3)]));
+        let plan = build(&inp).unwrap();
+        assert_eq!(native_gpus(&plan), [0, 1]);
+        assert!(plan.tree.get("nvidia2").is_none() && plan.tree.get("nvidia3").is_none());
+
+        inp.spec = hook(Visible::Devices(vec![Selector::Index(0)]));
+        let err = build(&inp).unwrap_err();
+        assert_eq!(err, PlanError::SpecGpus(PairingError::Count { saved: 2, restored: 1 }));
+        assert_eq!(err.input(), Input::Spec);
+
+        inp.spec = hook(Visible::None);
+        inp.metadata = None;
+        assert_eq!(native_gpus(&build(&inp).unwrap()), [0u32; 0]);
+        inp.spec = hook(Visible::All);
+        assert_eq!(native_gpus(&build(&inp).unwrap()), [0, 1, 2, 3]);
+        inp.spec = hook(Visible::Devices(vec![Selector::Index(4)]));
+        assert!(matches!(build(&inp), Err(PlanError::Visible(_))));
+        inp.dev_dir.as_mut().unwrap().gpus.retain(|(m, _)| *m != 2);
+        inp.spec = hook(Visible::Devices(vec![Selector::Index(0)]));
+        assert_eq!(build(&inp).unwrap_err(), PlanError::HostDevMissing(2));
+        assert_eq!(PlanError::HostDevMissing(2).input(), Input::HostDev);
+    }
+
+    /// Bug (issue 10.2): with nothing to remap (no metadata, or metadata without GPUs) a host
+    /// with two GPU models is served; with saved GPUs the mixed restored side is refused, as the
+    /// host root's fault.
+    #[test]
+    fn mixed_models_refused_only_with_something_to_remap() {
+        let mut inp = inputs(&[], &[0, 1]);
+        inp.host = described(&[(0, "0000:3c:00.0"), (1, "0000:3d:00.0")], (0x10de, 0x2330));
+        inp.host.gpu_info[1].pci = Some((0x10de, 0x2684));
+        assert_eq!(native_gpus(&build(&inp).unwrap()), [0, 1]);
+        inp.metadata = None;
+        assert_eq!(native_gpus(&build(&inp).unwrap()), [0, 1]);
+        let mut with_saved = inputs(&[0], &[0, 1]);
+        with_saved.host = inp.host.clone();
+        let err = build(&with_saved).unwrap_err();
+        assert!(matches!(err, PlanError::HostRoot(PairingError::Heterogeneous { side: "restored", .. })), "{err}");
+    }
+
+    /// Bug (issue 10.6): the same path twice in linux.devices: the first entry is served, as runc
+    /// does, and a warning names both.
+    #[test]
+    fn duplicate_spec_device_path_keeps_the_first() {
+        let dev = |path: &str, minor: u32| spec_dev(path, Rdev::new(1, minor), Access::DEVICE_DEFAULT);
+        let spec =
+            SpecView { devices: vec![dev("/dev/x", 3), dev("/dev/y", 7), dev("/dev/x", 5)], ..SpecView::default() };
+        let plan = build(&Inputs { spec: Some(spec), ..Inputs::default() }).unwrap();
+        assert_eq!(rdev_at(&plan, "x"), Some(Rdev::new(1, 3)));
+        assert_eq!(
+            plan.warnings,
+            ["spec device /dev/x is listed again as /dev/x; serving the first entry, as runc does"]
+        );
+    }
+
+    /// Bug (issue 10.7): each error is the variant of the input that holds its cause: too few
+    /// GPUs is the spec's when the spec names the GPUs, the device directory's when it alone
+    /// does; a pass-through node in a spec node's way is the host's; --device-map without a
+    /// checkpoint is the flag's.
+    #[test]
+    fn errors_name_the_input_that_holds_the_cause() {
+        let spec_gpu = spec_dev("/dev/nvidia3", Rdev::new(195, 3), Access::DEVICE_DEFAULT);
+        let mut inp = inputs(&[0, 1], &[]);
+        inp.dev_dir = None;
+        inp.spec = Some(SpecView { devices: vec![spec_gpu], ..SpecView::default() });
+        assert_eq!(build(&inp).unwrap_err().input(), Input::Spec);
+        let mut inp = inputs(&[0, 1], &[5]);
+        inp.spec = Some(SpecView::default());
+        assert_eq!(build(&inp).unwrap_err(), PlanError::HostDevGpus(PairingError::Count { saved: 2, restored: 1 }));
+        let mut inp = inputs(&[0, 1], &[]);
+        inp.dev_dir = None;
+        assert_eq!(build(&inp).unwrap_err().input(), Input::Checkpoint);
+
+        let mut inp = inputs(&[], &[]);
+        inp.dev_dir.as_mut().unwrap().passthrough.push(HostNode {
+            rel_path: "nvidia-caps/nvidia-cap1".into(),
+            rdev: Rdev::new(508, 1),
+            access: Access::DEVICE_DEFAULT,
+        });
+        let caps_file = spec_dev("/dev/nvidia-caps", Rdev::new(1, 3), Access::DEVICE_DEFAULT);
+        inp.spec = Some(SpecView { devices: vec![caps_file], ..SpecView::default() });
+        let err = build(&inp).unwrap_err();
+        assert!(matches!(err, PlanError::HostNode(TreeError::ParentNotDir { .. })), "{err}");
+        assert_eq!(err.input(), Input::HostDev);
+
+        let mut inp = inputs(&[], &[2]);
+        inp.metadata = None;
+        inp.device_map =
+            vec![MapPair { old: crate::pairing::DeviceRef::Minor(0), new: crate::pairing::DeviceRef::Minor(2) }];
+        let err = build(&inp).unwrap_err();
+        assert_eq!(err, PlanError::DeviceMap(PairingError::NoCheckpoint));
+        assert_eq!(err.to_string(), "no checkpoint was given (--metadata), so there are no saved devices to pair");
+    }
+
+    /// Rule: the host's warnings (an oversized driver file skipped) reach the plan's.
+    #[test]
+    fn host_warnings_reach_the_plan() {
+        let host = HostFacts { warnings: vec!["x: skipped".into()], ..HostFacts::default() };
+        assert_eq!(build(&Inputs { host, ..Inputs::default() }).unwrap().warnings, ["x: skipped"]);
     }
 }

@@ -2,11 +2,14 @@
 //! places under `/dev`, whether it asks for GPUs through the NVIDIA hook, and whether the
 //! process has a terminal.
 //!
-//! Pure: [`parse`] takes the spec's bytes. Paths are taken as the runtime takes them: absolute,
+//! Pure: [`parse`] takes the spec's bytes, and the one fact about the bundle the spec alone
+//! cannot tell (whether a bind mount's source is a non-directory), so the view is complete
+//! when it returns. Paths are taken as the runtime takes them: absolute,
 //! `/dev/`-relative for what we serve; a device outside `/dev` is not ours to serve and is
 //! reported, not refused.
 
 use crate::device::{Access, DevKind, MAX_REGULAR_MINOR, NV_MAJOR, Rdev};
+use crate::visible::{self, Visible, VisibleError};
 use oci_spec::runtime::{LinuxDeviceType, Spec};
 use thiserror::Error;
 
@@ -37,8 +40,7 @@ pub struct DevMount {
     pub rel_path: String,
     /// For a bind mount, its source as the spec writes it.
     pub bind_source: Option<String>,
-    /// The source is not a directory, so the mount point must be a non-directory. Set by
-    /// the loader, which can look at the source.
+    /// The source is not a directory, so the mount point must be a non-directory.
     pub onto_file: bool,
 }
 
@@ -48,8 +50,9 @@ pub struct SpecView {
     pub devices: Vec<SpecDevice>,
     /// Mounts under `/dev` (`pts`, `shm`, `mqueue`, ...).
     pub dev_mounts: Vec<DevMount>,
-    /// The spec asks for GPUs through the NVIDIA hook, so the host's `/dev` names GPUs too.
-    pub wants_hook: bool,
+    /// What the spec asks for through the NVIDIA hook (`NVIDIA_VISIBLE_DEVICES`), so the
+    /// host's `/dev` names GPUs too; `None` when it asks for nothing that way.
+    pub hook: Option<Visible>,
     /// `process.terminal`: the runtime bind-mounts the console onto `/dev/console`.
     pub terminal: bool,
 }
@@ -65,10 +68,14 @@ pub enum SpecError {
     Device { index: usize, path: String, what: String },
     #[error("mounts[{index}]: destination {path:?} {what}")]
     Mount { index: usize, path: String, what: &'static str },
+    #[error("process.env: {0}")]
+    Visible(VisibleError),
 }
 
-/// Parses a spec and keeps what shapes `/dev`.
-pub fn parse(bytes: &[u8]) -> Result<SpecView, SpecError> {
+/// Parses a spec and keeps what shapes `/dev`. `file_source(source)` tells whether a bind
+/// mount's source (as the spec writes it) is a non-directory, which needs a non-directory mount
+/// point.
+pub fn parse(bytes: &[u8], file_source: &dyn Fn(&str) -> bool) -> Result<SpecView, SpecError> {
     let parse_error = |e: serde_json::Error| SpecError::Parse(e.to_string());
     // Checked and counted first (memory stays bounded), then parsed straight into the spec,
     // which skips unknown fields without keeping them. Serde would also take a struct from a
@@ -79,7 +86,7 @@ pub fn parse(bytes: &[u8]) -> Result<SpecView, SpecError> {
     }
     let mut spec: Spec = serde_json::from_slice(bytes).map_err(parse_error)?;
     let mut view = SpecView {
-        wants_hook: wants_hook(&spec),
+        hook: hook_request(&spec).map_err(SpecError::Visible)?,
         terminal: spec.process().as_ref().and_then(|p| p.terminal()).unwrap_or(false),
         ..SpecView::default()
     };
@@ -100,14 +107,9 @@ pub fn parse(bytes: &[u8]) -> Result<SpecView, SpecError> {
         let number =
             |n: i64, which: &str| u32::try_from(n).map_err(|_| err(format!("{which} number {n} is out of range")));
         let rdev = Rdev::new(number(dev.major(), "major")?, number(dev.minor(), "minor")?);
-        if dev.file_mode().is_some_and(|m| m & !0o7777 != 0) {
-            return Err(err(format!(
-                "fileMode {:#o} has bits beyond the permission bits",
-                dev.file_mode().unwrap_or(0)
-            )));
-        }
+        let mode = dev.file_mode().map(|m| permission_bits(m, kind)).transpose().map_err(err)?;
         let access = Access {
-            mode: dev.file_mode().unwrap_or(Access::DEVICE_DEFAULT.mode),
+            mode: mode.unwrap_or(Access::DEVICE_DEFAULT.mode),
             uid: dev.uid().unwrap_or(0),
             gid: dev.gid().unwrap_or(0),
         };
@@ -125,10 +127,32 @@ pub fn parse(bytes: &[u8]) -> Result<SpecView, SpecError> {
                 || mount.options().iter().flatten().any(|o| o == "bind" || o == "rbind");
             let bind_source =
                 is_bind.then(|| mount.source().as_ref().map(|s| s.to_string_lossy().into_owned())).flatten();
-            view.dev_mounts.push(DevMount { rel_path, bind_source, onto_file: false });
+            let onto_file = bind_source.as_deref().is_some_and(file_source);
+            view.dev_mounts.push(DevMount { rel_path, bind_source, onto_file });
         }
     }
     Ok(view)
+}
+
+/// The permission bits of a device's `fileMode`. containerd wrote the file-type bits too
+/// (0o20666 for a char device, containerd#5028) and runc ORs the type into the mode before
+/// mknod, so type bits that match the device's type are harmless and dropped; others would make
+/// another kind of node and are refused.
+fn permission_bits(mode: u32, kind: DevKind) -> Result<u32, String> {
+    let type_bits = match kind {
+        DevKind::Char => libc::S_IFCHR,
+        DevKind::Block => libc::S_IFBLK,
+        DevKind::Fifo => libc::S_IFIFO,
+    };
+    match mode & !0o7777 {
+        0 => Ok(mode),
+        bits if bits == type_bits => Ok(mode & 0o7777),
+        bits if bits & !libc::S_IFMT == 0 => Err(format!(
+            "fileMode {mode:#o}: its file-type bits {bits:#o} are not those of a {} node ({type_bits:#o})",
+            kind.as_str()
+        )),
+        _ => Err(format!("fileMode {mode:#o} has bits beyond the file type and permission bits")),
+    }
 }
 
 /// `/dev/a/b` -> `Some("a/b")`, `/dev` -> `Some("")`, `/other` -> `None`. Refuses `..`, which
@@ -157,9 +181,9 @@ fn dev_relative(path: &str) -> Result<Option<String>, &'static str> {
 }
 
 /// gVisor's `GPUFunctionalityRequestedViaHook`: an NVIDIA hook is installed and
-/// `NVIDIA_VISIBLE_DEVICES` asks for something.
-fn wants_hook(spec: &Spec) -> bool {
-    let Some(hooks) = spec.hooks() else { return false };
+/// `NVIDIA_VISIBLE_DEVICES` asks for something; what it asks for, read as the toolkit reads it.
+fn hook_request(spec: &Spec) -> Result<Option<Visible>, VisibleError> {
+    let Some(hooks) = spec.hooks() else { return Ok(None) };
     let ends = |hooks: &Option<Vec<oci_spec::runtime::Hook>>, suffix: &str| {
         hooks.iter().flatten().any(|h| h.path().to_string_lossy().ends_with(suffix))
     };
@@ -167,7 +191,7 @@ fn wants_hook(spec: &Spec) -> bool {
     #[allow(deprecated)]
     let legacy = ends(hooks.prestart(), "/nvidia-container-runtime-hook");
     if !cdi && !legacy {
-        return false;
+        return Ok(None);
     }
     let env = spec.process().as_ref().and_then(|p| p.env().clone()).unwrap_or_default();
     let values: Vec<&str> = env.iter().filter_map(|e| e.strip_prefix("NVIDIA_VISIBLE_DEVICES=")).collect();
@@ -177,13 +201,18 @@ fn wants_hook(spec: &Spec) -> bool {
         [.., last] => Some(*last),
         [] => None,
     };
-    effective.is_some_and(|v| !v.is_empty() && v != "void")
+    effective.map_or(Ok(None), visible::parse)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::visible::Selector;
     use serde_json::json;
+
+    fn no_files(_: &str) -> bool {
+        false
+    }
 
     fn spec(linux_devices: serde_json::Value, mounts: serde_json::Value) -> serde_json::Value {
         json!({"ociVersion": "1.0.2", "root": {"path": "rootfs"},
@@ -205,12 +234,12 @@ mod tests {
                    {"destination": "/dev/shm/", "type": "tmpfs", "source": "shm"},
                    {"destination": "/dev/termination-log", "source": "/var/log/t", "options": ["rbind", "ro"]}]),
         );
-        let v = parse(s.to_string().as_bytes()).unwrap();
+        let v = parse(s.to_string().as_bytes(), &no_files).unwrap();
         let rels: Vec<&str> = v.dev_mounts.iter().map(|m| m.rel_path.as_str()).collect();
         assert_eq!(rels, ["pts", "shm", "termination-log"]);
         assert_eq!(v.dev_mounts[2].bind_source.as_deref(), Some("/var/log/t"));
         assert_eq!(v.dev_mounts[0].bind_source, None);
-        assert!(v.terminal && !v.wants_hook);
+        assert!(v.terminal && v.hook.is_none());
         assert_eq!(v.devices[0].rel_path.as_deref(), Some("fuse"));
         assert_eq!(v.devices[0].access, Access { mode: 0o600, uid: 7, gid: 8 });
         assert_eq!((v.devices[1].kind, v.devices[1].rdev), (DevKind::Block, Rdev::new(8, 0)));
@@ -227,45 +256,107 @@ mod tests {
                    {"path": "/dev/x", "type": "b", "major": 195, "minor": 1}]),
             json!([]),
         );
-        let v = parse(s.to_string().as_bytes()).unwrap();
+        let v = parse(s.to_string().as_bytes(), &no_files).unwrap();
         let minors: Vec<_> = v.devices.iter().map(SpecDevice::gpu_minor).collect();
         assert_eq!(minors, vec![Some(3), None, None]);
     }
 
-    /// Hook detection: hook path suffixes, NVIDIA_VISIBLE_DEVICES non-empty and not void, and
-    /// the CDI toolkit's trailing `void` ignored.
+    /// Hook detection: hook path suffixes, NVIDIA_VISIBLE_DEVICES asking for something (not
+    /// void or empty), and the CDI toolkit's trailing `void` ignored; what it asks for is read
+    /// as the toolkit reads it.
     #[test]
     fn hook_request_rules() {
         let with = |hooks: serde_json::Value, env: &[&str]| {
             let mut s = spec(json!([]), json!([]));
             s["hooks"] = hooks;
             s["process"]["env"] = json!(env);
-            parse(s.to_string().as_bytes()).unwrap().wants_hook
+            parse(s.to_string().as_bytes(), &no_files).map(|v| v.hook)
         };
         let legacy = json!({"prestart": [{"path": "/usr/bin/nvidia-container-runtime-hook"}]});
         let cdi = json!({"createContainer": [{"path": "/usr/bin/nvidia-cdi-hook"}]});
-        assert!(with(legacy.clone(), &["NVIDIA_VISIBLE_DEVICES=all"]));
-        assert!(!with(legacy.clone(), &["NVIDIA_VISIBLE_DEVICES=void"]));
-        assert!(!with(legacy.clone(), &["NVIDIA_VISIBLE_DEVICES="]));
-        assert!(!with(legacy.clone(), &["PATH=/bin"]));
-        assert!(!with(legacy, &["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_VISIBLE_DEVICES=void"]));
-        assert!(with(cdi.clone(), &["NVIDIA_VISIBLE_DEVICES=0,1", "NVIDIA_VISIBLE_DEVICES=void"]));
-        assert!(!with(cdi, &["NVIDIA_VISIBLE_DEVICES=void"]));
-        assert!(!with(json!({"prestart": [{"path": "/bin/other-hook"}]}), &["NVIDIA_VISIBLE_DEVICES=all"]));
+        let env = |v: &str| format!("NVIDIA_VISIBLE_DEVICES={v}");
+        assert_eq!(with(legacy.clone(), &[&env("all")]), Ok(Some(Visible::All)));
+        assert_eq!(with(legacy.clone(), &[&env("none")]), Ok(Some(Visible::None)));
+        assert_eq!(
+            with(legacy.clone(), &[&env("2,3")]),
+            Ok(Some(Visible::Devices(vec![Selector::Index(2), Selector::Index(3)])))
+        );
+        for nothing in [vec![env("void")], vec![env("")], vec![env(" , ")], vec!["PATH=/bin".into()]] {
+            let nothing: Vec<&str> = nothing.iter().map(String::as_str).collect();
+            assert_eq!(with(legacy.clone(), &nothing), Ok(None), "{nothing:?}");
+        }
+        assert_eq!(with(legacy.clone(), &[&env("all"), &env("void")]), Ok(None));
+        assert_eq!(with(cdi.clone(), &[&env("0,1"), &env("void")]), with(legacy.clone(), &[&env("0,1")]));
+        assert_eq!(with(cdi, &[&env("void")]), Ok(None));
+        assert_eq!(with(json!({"prestart": [{"path": "/bin/other-hook"}]}), &[&env("MIG-x")]), Ok(None));
+        // Bug (issue 10.1): a MIG device is refused, but only where the hook would read it.
+        let mig = with(legacy, &[&env("0:1")]).unwrap_err().to_string();
+        assert_eq!(
+            mig,
+            "process.env: NVIDIA_VISIBLE_DEVICES: \"0:1\" is a MIG device; MIG devices are not supported yet"
+        );
+    }
+
+    /// Bug (issue 10.4): containerd wrote `fileMode` with the file-type bits set
+    /// (containerd#5028); type bits matching the device's type are accepted and dropped, other
+    /// type bits (which would make runc create another kind of node) are refused.
+    #[test]
+    fn file_mode_type_bits() {
+        let mode = |typ: &str, file_mode: u32| {
+            let d = json!({"path": "/dev/x", "type": typ, "major": 1, "minor": 3, "fileMode": file_mode});
+            parse(spec(json!([d]), json!([])).to_string().as_bytes(), &no_files).map(|v| v.devices[0].access.mode)
+        };
+        assert_eq!(mode("c", 0o20666), Ok(0o666));
+        assert_eq!(mode("u", 0o20600), Ok(0o600));
+        assert_eq!(mode("b", 0o60660), Ok(0o660));
+        assert_eq!(mode("p", 0o10644), Ok(0o644));
+        assert_eq!(mode("c", 0o4755), Ok(0o4755));
+        let err = mode("c", 0o60666).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "linux.devices[0] (/dev/x): fileMode 0o60666: its file-type bits 0o60000 are not those of a char node (0o20000)"
+        );
+        assert!(mode("b", 0o20666).is_err());
+        assert!(mode("c", 0o100666).is_err());
+        assert!(mode("c", 0o1020666).unwrap_err().to_string().contains("beyond the file type and permission bits"));
+    }
+
+    /// Rule: a bind mount onto `/dev` whose source is a file needs a file mount point; the
+    /// parser asks once, for bind mounts only, with the source as written.
+    #[test]
+    fn bind_sources_are_asked_once() {
+        let s = spec(
+            json!([]),
+            json!([{"destination": "/dev/termination-log", "source": "log", "options": ["rbind"]},
+                   {"destination": "/dev/data", "source": "data", "type": "bind"},
+                   {"destination": "/dev/shm", "source": "log", "type": "tmpfs"}]),
+        );
+        let asked = std::cell::RefCell::new(Vec::new());
+        let is_file = |src: &str| {
+            asked.borrow_mut().push(src.to_owned());
+            src == "log"
+        };
+        let v = parse(s.to_string().as_bytes(), &is_file).unwrap();
+        assert_eq!(v.dev_mounts.iter().map(|m| m.onto_file).collect::<Vec<_>>(), [true, false, false]);
+        assert_eq!(*asked.borrow(), ["log", "data"]);
     }
 
     /// Bad specs are refused: not a spec, wrong types, numbers out of range, `..` escapes.
     #[test]
     fn bad_specs() {
-        assert!(matches!(parse(b"{"), Err(SpecError::Parse(_))));
-        assert!(matches!(parse(b"[]"), Err(SpecError::Parse(_))));
-        let bad_dev =
-            |d: serde_json::Value| parse(spec(json!([d]), json!([])).to_string().as_bytes()).unwrap_err().to_string();
+        assert!(matches!(parse(b"{", &no_files), Err(SpecError::Parse(_))));
+        assert!(matches!(parse(b"[]", &no_files), Err(SpecError::Parse(_))));
+        let bad_dev = |d: serde_json::Value| {
+            parse(spec(json!([d]), json!([])).to_string().as_bytes(), &no_files).unwrap_err().to_string()
+        };
         assert!(bad_dev(json!({"path": "/dev/x", "type": "c", "major": -1, "minor": 0})).contains("out of range"));
         assert!(bad_dev(json!({"path": "/dev/../etc/x", "type": "c", "major": 1, "minor": 3})).contains(".."));
         assert!(bad_dev(json!({"path": "/dev/x", "type": "a"})).contains("not a device node type"));
         assert!(bad_dev(json!({"path": "dev/x", "type": "c", "major": 1, "minor": 3})).contains("absolute"));
-        let err = parse(spec(json!([]), json!([{"destination": "/dev/../x", "type": "tmpfs"}])).to_string().as_bytes());
+        let err = parse(
+            spec(json!([]), json!([{"destination": "/dev/../x", "type": "tmpfs"}])).to_string().as_bytes(),
+            &no_files,
+        );
         assert!(matches!(err, Err(SpecError::Mount { .. })));
     }
 }

@@ -455,10 +455,7 @@ fn systemd_notifications() {
         let n = sock.recv(&mut buf).expect("a notification");
         String::from_utf8_lossy(&buf[..n]).trim_end().to_owned()
     };
-    let d = Daemon::start_with_env(
-        &["--host-root", &empty_root()],
-        &[("NOTIFY_SOCKET", sock_path.to_str().unwrap())],
-    );
+    let d = Daemon::start_with_env(&["--host-root", &empty_root()], &[("NOTIFY_SOCKET", sock_path.to_str().unwrap())]);
     assert_eq!(recv(), "READY=1");
     assert!(d.state_file.exists() && d.pid_file.exists());
     d.reload();

@@ -417,19 +417,22 @@ fn another_model_on_restore_is_a_warning() {
 }
 
 /// Rule (semantics §3): more saved GPUs than restored ones is gVisor's error, naming both
-/// counts and the metadata file.
+/// counts and (issue 10.7) the input that gave too few GPUs: here the device directory; with no
+/// restore-side input at all, the metadata file.
 #[test]
 #[ignore = "needs root (makes device nodes)"]
 fn more_saved_than_restored_is_an_error() {
     need_root();
     let host = FakeHost::with_gpus(&[3]);
     let path = fixture("checkpoint/checkpoint.img");
-    let line = plan_error(&with(&host.args(), &["--metadata", &path]), &path);
-    assert!(line.contains("can't remap 2 saved devices to 1 restored devices"), "{line}");
+    let line = plan_error(&with(&host.args(), &["--metadata", &path]), "");
+    assert_eq!(line, format!("error: {}: can't remap 2 saved devices to 1 restored devices", host.dev().display()));
     // No restored GPU at all is the same error.
     let empty = FakeHost::new();
-    let line = plan_error(&with(&empty.args(), &["--metadata", &path]), &path);
-    assert!(line.contains("can't remap 2 saved devices to 0 restored devices"), "{line}");
+    let line = plan_error(&with(&empty.args(), &["--metadata", &path]), "");
+    assert_eq!(line, format!("error: {}: can't remap 2 saved devices to 0 restored devices", empty.dev().display()));
+    let line = plan_error(&with(&empty.root_args(), &["--metadata", &path]), "");
+    assert_eq!(line, format!("error: {path}: can't remap 2 saved devices to 0 restored devices"));
 }
 
 /// Rule (semantics §3): saved devices must be homogeneous (same PCI vendor and device id); the

@@ -28,8 +28,13 @@ fn minor(b: u8) -> u32 {
     u32::from(b) % (MAX_REGULAR_MINOR + 1)
 }
 
+/// A well-formed GPU UUID numbered `n`.
+fn uuid(n: u8) -> String {
+    format!("GPU-5b2c6f7e-0d1a-4c3e-9f10-{n:012}")
+}
+
 fn reference(tag: u8, b: u8) -> DeviceRef {
-    if tag & 1 == 0 { DeviceRef::Minor(u32::from(b)) } else { DeviceRef::Uuid(format!("GPU-{}", b % 16)) }
+    if tag & 1 == 0 { DeviceRef::Minor(u32::from(b)) } else { DeviceRef::Uuid(uuid(b % 16)) }
 }
 
 /// Builds the inputs beside the spec from EXTRA.
@@ -47,7 +52,7 @@ fn extra_inputs(view: spec::SpecView, extra: &[u8]) -> Inputs {
         match tag % 5 {
             0 => {
                 let m = minor(a);
-                let uuid = if b & 0x80 != 0 { String::new() } else { format!("GPU-{}", b % 16) };
+                let uuid = if b & 0x80 != 0 { String::new() } else { uuid(b % 16) };
                 // The metadata reader refuses a UUID twice.
                 if !uuid.is_empty() && saved.values().any(|d| d.uuid == uuid) {
                     continue;
@@ -79,7 +84,7 @@ fn extra_inputs(view: spec::SpecView, extra: &[u8]) -> Inputs {
             }
             3 => device_map.push(MapPair { old: reference(tag >> 1, a), new: reference(tag >> 2, b) }),
             _ => {
-                // The loader marks a mount whose source is not a directory.
+                // A bind mount whose source is not a directory (the parser asks the loader).
                 if let Some(m) = view.dev_mounts.get_mut(usize::from(a)) {
                     m.onto_file = b & 1 != 0;
                 }
@@ -91,6 +96,7 @@ fn extra_inputs(view: spec::SpecView, extra: &[u8]) -> Inputs {
         gpus: saved.into_values().collect(),
         gpu_key_present: true,
         tpus: Vec::new(),
+        warnings: Vec::new(),
     });
     let dev_dir = (flags & 2 != 0).then(|| DevDirScan {
         gpus: gpus.into_iter().collect(),
@@ -98,13 +104,20 @@ fn extra_inputs(view: spec::SpecView, extra: &[u8]) -> Inputs {
     });
     // The driver's information files name some GPUs by minor.
     let gpu_info = (0..u32::from(flags >> 5))
-        .map(|m| devremap::host::GpuInfo { minor: Some(m), uuid: Some(format!("GPU-{m}")), bus: None, pci: Some((0x10de, 0x20b0)) })
+        .map(|m| devremap::host::GpuInfo {
+            minor: Some(m),
+            uuid: Some(uuid(m as u8)),
+            // Bus order is not minor order, as on real hosts.
+            bus: Some(format!("0000:{:02x}:00.0", 0xff - m)),
+            pci: Some((0x10de, 0x20b0)),
+            excluded: false,
+        })
         .collect();
     Inputs {
         metadata,
         spec: Some(view),
         dev_dir,
-        host: HostFacts { gpu_info, has_kcore: flags & 4 != 0 },
+        host: HostFacts { gpu_info, has_kcore: flags & 4 != 0, ..HostFacts::default() },
         device_map,
         prefer: if flags & 8 != 0 { Prefer::Checkpoint } else { Prefer::Native },
     }
@@ -138,7 +151,7 @@ fuzz_target!(|data: &[u8]| {
         Some(i) => (&data[..i], &data[i + 1..]),
         None => (data, &[][..]),
     };
-    let Ok(view) = spec::parse(spec_bytes) else { return };
+    let Ok(view) = spec::parse(spec_bytes, &|_| false) else { return };
 
     // The spec alone, as `plan --spec` sees it.
     let alone = Inputs { spec: Some(view.clone()), ..Default::default() };
