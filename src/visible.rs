@@ -283,4 +283,18 @@ mod tests {
         assert!(matches!(pick("1", &host(), &unread), Err(VisibleError::OrderUnknown { .. })));
         assert_eq!(pick(&uuid(1), &host(), &unread), Ok(set(&[1])));
     }
+
+    proptest::proptest! {
+        /// Property: any value, however odd (non-ASCII, huge numbers, stray colons), is read
+        /// and resolved to an answer or an error, never a panic; a selection only names minors
+        /// the driver describes.
+        #[test]
+        fn any_value_is_answered(value in "[0-9a-fA-F:.,GPUMI \\-\u{e9}\u{663}]{0,40}") {
+            if let Ok(Some(visible)) = parse(&value)
+                && let Ok(Some(minors)) = resolve(&visible, &host(), &[])
+            {
+                proptest::prop_assert!(minors.iter().all(|m| *m < 4));
+            }
+        }
+    }
 }
