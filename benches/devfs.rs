@@ -37,7 +37,9 @@ fn main() {
         println!("devfs benchmark skipped: it mounts FUSE and tmpfs and needs root and /dev/fuse");
         return;
     }
-    let work = tempfile::TempDir::new().unwrap();
+    // 0700: devremapd mount refuses a mountpoint that users other than root can reach.
+    let work =
+        tempfile::Builder::new().permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700)).tempdir().unwrap();
     let w = work.path();
     let host = Host::new(w, 8);
     let plan = host.plan();

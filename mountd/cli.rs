@@ -41,7 +41,7 @@ pub struct OciPatchArgs {
 
 #[derive(Debug, Args)]
 pub struct MountArgs {
-    /// Where to mount the devfs (an empty directory).
+    /// Where to mount the devfs: an empty directory under one that only root can enter.
     pub mountpoint: PathBuf,
     #[command(flatten)]
     pub inputs: InputArgs,
@@ -58,6 +58,10 @@ pub struct MountArgs {
     /// the kernel, so it can be long.
     #[arg(long, value_name = "SECONDS", default_value_t = 86400)]
     pub ttl: u64,
+    /// A reload whose inputs have not loaded within this many seconds (an input on a stuck
+    /// filesystem) is abandoned: the served tree stays and `last_error` says so.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub reload_timeout: u64,
 }
 
 #[derive(Debug, Args)]

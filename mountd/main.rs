@@ -1,8 +1,10 @@
 //! `devremapd`: the command line around the `devremap` library. Sets the logger up, parses
 //! flags, and maps every error to one line `error: ...` and exit status 1.
 
+mod atomic;
 mod cli;
 mod daemon;
+mod logging;
 mod mountpoint;
 
 use clap::Parser;
@@ -10,13 +12,11 @@ use cli::{Cli, Command};
 use devremap::escape::escape;
 use devremap::load;
 use devremap::render;
-use std::io::Write;
 use std::process::ExitCode;
+use std::time::Duration;
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info,fuser=error"))
-        .format(log_line)
-        .init();
+    logging::init();
     // A request handler's panic is answered with EIO and logged in one line by the adapter;
     // any other panic keeps the default report.
     let default_hook = std::panic::take_hook();
@@ -51,20 +51,18 @@ fn main() -> ExitCode {
         Command::Mount(args) => daemon::run(&args),
         Command::OciPatch(args) => oci_patch(&args),
     };
+    // The log lines first, then the error line after them; but a stderr that nobody reads
+    // must not keep us from exiting.
+    let drained = logging::flush(Duration::from_millis(200));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
-            eprintln!("error: {}", escape(&message));
+            if drained {
+                eprintln!("error: {}", escape(&message));
+            }
             ExitCode::FAILURE
         }
     }
-}
-
-/// One log record on one line, as env_logger's own format with millisecond timestamps, its
-/// message escaped: a name from an input cannot forge a second record or drive a terminal.
-fn log_line(buf: &mut env_logger::fmt::Formatter, record: &log::Record) -> std::io::Result<()> {
-    let message = record.args().to_string();
-    writeln!(buf, "[{} {:<5} {}] {}", buf.timestamp_millis(), record.level(), record.target(), escape(&message))
 }
 
 fn oci_patch(args: &cli::OciPatchArgs) -> Result<(), String> {
@@ -86,7 +84,9 @@ fn oci_patch(args: &cli::OciPatchArgs) -> Result<(), String> {
     if patched == spec {
         return Ok(());
     }
-    daemon::write_atomic(path, out.as_bytes()).map_err(|e| format!("{p}: cannot write: {}", devremap::io_message(&e)))
+    atomic::write_atomic(path, out.as_bytes())
+        .map(drop)
+        .map_err(|e| format!("{p}: cannot write: {}", devremap::io_message(&e)))
 }
 
 fn plan(args: &cli::PlanArgs) -> Result<(), String> {

@@ -1,40 +1,157 @@
-//! The mountpoint, before and after serving: what is mounted there, whether a FUSE daemon
-//! behind it still answers, and detaching what is left.
+//! The mountpoint, before and after serving: who may reach it, the lock that makes one daemon
+//! its only server, what is mounted there, whether a FUSE daemon behind it still answers, and
+//! detaching what is left.
 //!
-//! Assumption: `statfs` on a FUSE mount always reaches its daemon (the kernel caches stat
-//! answers, never statfs), so it tells a live mount from a dead one (ENOTCONN).
+//! Assumptions:
+//! - `statfs` on a FUSE mount always reaches its daemon (the kernel caches stat answers, never
+//!   statfs), so it tells a live mount from a dead one (ENOTCONN).
+//! - The mount lives in the host's mount namespace with `allow_other` and `dev`: whoever can
+//!   walk to the mountpoint can open every node the tree makes 0666. So a directory above it
+//!   must keep out every user but root. Only mode bits and owners are read: POSIX ACLs on the
+//!   directories above are not, and must not open them to others.
 
 use devremap::io_message;
 use log::warn;
-use std::ffi::CString;
-use std::io;
-use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use nix::errno::Errno;
+use nix::fcntl::{Flock, FlockArg, OFlag};
+use nix::mount::MntFlags;
+use nix::sys::stat::Mode;
+use nix::sys::statfs::{FUSE_SUPER_MAGIC, Statfs};
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
+/// What to tell an operator whose mountpoint others can reach.
+const HOW_TO_FIX: &str = "mount under a directory only root can enter, e.g. `install -d -m 0700 /run/devremap` \
+     and a mountpoint in it";
 
-/// Detaches a dead FUSE mount left at the mountpoint (ENOTCONN) and refuses to stack on a
-/// live mount.
-pub fn prepare_mountpoint(path: &Path) -> Result<(), String> {
+/// The mountpoint's canonical path, which must be a directory, or a dead FUSE mount (on which
+/// `realpath` fails with ENOTCONN; its parent is resolved instead).
+pub fn resolve(path: &Path) -> Result<PathBuf, String> {
     let m = path.display();
+    let fail = |e: &std::io::Error| format!("{m}: {}", io_message(e));
+    let canonical = match path.canonicalize() {
+        Ok(canonical) => canonical,
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else { return Err(fail(&e)) };
+            let parent = if parent.as_os_str().is_empty() { Path::new(".") } else { parent };
+            return Ok(parent.canonicalize().map_err(|e| fail(&e))?.join(name));
+        }
+        Err(e) => return Err(fail(&e)),
+    };
+    if !std::fs::metadata(&canonical).map_err(|e| fail(&e))?.is_dir() {
+        return Err(format!("{m}: not a directory"));
+    }
+    Ok(canonical)
+}
+
+/// Refuses a mountpoint that a user other than root can reach, or could swap for another path.
+///
+/// Rule: some directory above the mountpoint (the mountpoint itself is hidden by the mount) is
+/// owned by root and not searchable by others (nor by its group, unless that is root's group),
+/// and neither it nor any directory above it can be changed by a user other than root (owned by
+/// root; writable by others only with the sticky bit, by its group only when that is root's).
+pub fn check_private(canonical: &Path, m: &str) -> Result<(), String> {
+    // From `/` down to the mountpoint's parent.
+    let mut ancestors: Vec<&Path> = canonical.ancestors().skip(1).collect();
+    ancestors.reverse();
+    for dir in ancestors {
+        let meta = std::fs::symlink_metadata(dir).map_err(|e| format!("{}: {}", dir.display(), io_message(&e)))?;
+        let (mode, root_group) = (meta.mode(), meta.gid() == 0);
+        let sticky = mode & 0o1000 != 0;
+        let changeable_by_others =
+            meta.uid() != 0 || (mode & 0o002 != 0 && !sticky) || (mode & 0o020 != 0 && !sticky && !root_group);
+        if changeable_by_others {
+            return Err(format!(
+                "{m}: {} can be changed by users other than root, who could swap the path; {HOW_TO_FIX}",
+                dir.display()
+            ));
+        }
+        let closed = mode & 0o001 == 0 && (root_group || mode & 0o010 == 0);
+        if closed {
+            return Ok(());
+        }
+    }
+    Err(format!("{m}: users other than root can reach it, and through it every device it would serve; {HOW_TO_FIX}"))
+}
+
+/// An exclusive lock on a mountpoint, held for the daemon's life: a file `.<name>.lock` beside
+/// the mountpoint, `flock`ed. Dropping it removes the file (while still holding the lock) and
+/// releases it; a daemon killed outright leaves the file, and the kernel releases the lock.
+#[derive(Debug)]
+pub struct MountLock {
+    path: PathBuf,
+    lock: Flock<File>,
+}
+
+impl MountLock {
+    /// Takes the lock of `mountpoint`, or says that another daemon holds it. The file is opened
+    /// without following a symlink; after locking, it must still be the file at the path (a
+    /// daemon that exits removes it, so a lock on a removed file is taken again).
+    pub fn take(canonical: &Path, m: &str) -> Result<MountLock, String> {
+        let (Some(dir), Some(name)) = (canonical.parent(), canonical.file_name()) else {
+            return Err(format!("{m}: cannot mount on the root directory"));
+        };
+        let path = dir.join(format!(".{}.lock", name.to_string_lossy()));
+        let p = path.display();
+        loop {
+            let flags = OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+            let fd = nix::fcntl::open(&path, flags, Mode::from_bits_truncate(0o600))
+                .map_err(|e| format!("{p}: cannot open the lock file: {}", io_message(&e.into())))?;
+            let lock = match Flock::lock(File::from(fd), FlockArg::LockExclusiveNonblock) {
+                Ok(lock) => lock,
+                Err((_, Errno::EWOULDBLOCK)) => {
+                    return Err(format!("{m}: another devremapd serves it (it holds {p}); refusing to start a second"));
+                }
+                Err((_, e)) => return Err(format!("{p}: cannot lock: {}", io_message(&e.into()))),
+            };
+            let held = lock.metadata().map_err(|e| format!("{p}: {}", io_message(&e)))?;
+            if std::fs::symlink_metadata(&path).is_ok_and(|now| now.dev() == held.dev() && now.ino() == held.ino()) {
+                return Ok(MountLock { path, lock });
+            }
+        }
+    }
+}
+
+impl Drop for MountLock {
+    fn drop(&mut self) {
+        // Still ours: nobody else removes or replaces the file while we hold the lock.
+        if let (Ok(now), Ok(held)) = (std::fs::symlink_metadata(&self.path), self.lock.metadata())
+            && now.dev() == held.dev()
+            && now.ino() == held.ino()
+        {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Detaches a dead FUSE mount left at the (canonical) mountpoint (ENOTCONN), refuses to stack
+/// on a live mount, and refuses a directory that is not empty: what is in it would be hidden by the
+/// mount (a runtime may have written `pts`, `shm`, `mqueue` there while no mount was up).
+pub fn prepare_mountpoint(path: &Path, m: &str) -> Result<(), String> {
     // statfs always reaches a FUSE daemon (stat may be answered from the kernel's cache), so
     // ENOTCONN here means the daemon behind the mount is gone.
     if let Err(e) = statfs(path) {
-        if e.raw_os_error() != Some(libc::ENOTCONN) {
-            return Err(format!("{m}: {}", io_message(&e)));
+        if e != Errno::ENOTCONN {
+            return Err(format!("{m}: {}", io_message(&e.into())));
         }
         warn!("{m}: a dead FUSE mount was left here; detaching it");
         detach(path);
     }
-    match std::fs::metadata(path) {
-        Err(e) => return Err(format!("{m}: {}", io_message(&e))),
-        Ok(meta) if !meta.is_dir() => return Err(format!("{m}: not a directory")),
-        Ok(_) => {}
-    }
-    let canonical = path.canonicalize().map_err(|e| format!("{m}: {}", io_message(&e)))?;
-    if let Some(fs) = mounted_at(&canonical) {
+    if let Some(fs) = mounted_at(path) {
         return Err(format!("{m}: already a mount point ({fs}); refusing to mount over it"));
+    }
+    let entries = std::fs::read_dir(path).map_err(|e| format!("{m}: {}", io_message(&e)))?;
+    let names: Vec<String> =
+        entries.take(4).map(|e| e.map_or("?".into(), |e| format!("{:?}", e.file_name()))).collect();
+    if !names.is_empty() {
+        let more = if names.len() > 3 { ", ..." } else { "" };
+        let shown = names.iter().take(3).map(String::as_str).collect::<Vec<_>>().join(", ");
+        return Err(format!(
+            "{m}: not empty ({shown}{more}); the mount would hide it (a container runtime may have written there \
+             while no mount was up): empty it, then start again"
+        ));
     }
     Ok(())
 }
@@ -54,18 +171,16 @@ fn mounted_at(path: &Path) -> Option<String> {
     })
 }
 
+/// Lazily unmounts `path` (`umount -l`); what still uses the mount keeps it until done.
 pub fn detach(path: &Path) {
-    if let Ok(c) = CString::new(path.as_os_str().as_bytes()) {
-        // SAFETY: a valid NUL-terminated path; umount2 does not keep it.
-        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
-    }
+    let _ = nix::mount::umount2(path, MntFlags::MNT_DETACH);
 }
 
 /// Waits until the mount answers a request (statfs through it reaches our daemon).
 pub fn wait_answering(path: &Path) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        if statfs(path).is_ok_and(|st| st.f_type == FUSE_SUPER_MAGIC) {
+        if statfs(path).is_ok_and(|st| st.filesystem_type() == FUSE_SUPER_MAGIC) {
             return Ok(());
         }
         if Instant::now() > deadline {
@@ -75,9 +190,11 @@ pub fn wait_answering(path: &Path) -> Result<(), String> {
     }
 }
 
-fn statfs(path: &Path) -> io::Result<libc::statfs> {
-    let c = CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other)?;
-    // SAFETY: statfs writes into a zeroed struct we own; `c` is NUL-terminated.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    if unsafe { libc::statfs(c.as_ptr(), &mut st) } == 0 { Ok(st) } else { Err(io::Error::last_os_error()) }
+/// Whether a FUSE mount whose daemon is gone sits at `path` (statfs answers ENOTCONN).
+pub fn is_dead_mount(path: &Path) -> bool {
+    statfs(path).err() == Some(Errno::ENOTCONN)
+}
+
+fn statfs(path: &Path) -> nix::Result<Statfs> {
+    nix::sys::statfs::statfs(path)
 }

@@ -26,6 +26,7 @@ pub struct Adapter {
     /// Called whenever a retired node is let go, so the state file can be brought up to date.
     on_retired: Option<Box<dyn Fn() + Send + Sync>>,
     /// Fault injection for tests: a lookup of this name panics.
+    #[cfg(feature = "test-hooks")]
     panic_on_lookup: Option<String>,
 }
 
@@ -37,11 +38,20 @@ impl std::fmt::Debug for Adapter {
 
 impl Adapter {
     pub fn new(fs: Arc<Devfs>, ttl: Duration, on_retired: Option<Box<dyn Fn() + Send + Sync>>) -> Adapter {
-        Adapter { fs, ttl, no_opendir: false, on_retired, panic_on_lookup: None }
+        Adapter {
+            fs,
+            ttl,
+            no_opendir: false,
+            on_retired,
+            #[cfg(feature = "test-hooks")]
+            panic_on_lookup: None,
+        }
     }
 
     /// Makes every lookup of `name` panic, to test that a panicking request cannot end the
-    /// daemon (the daemon sets it from `DEVREMAPD_FAILPOINT=lookup-panic:NAME`).
+    /// daemon (the daemon sets it from `DEVREMAPD_FAILPOINT=lookup-panic:NAME`). Only in a
+    /// build with the `test-hooks` feature.
+    #[cfg(feature = "test-hooks")]
     pub fn panic_on_lookup(mut self, name: Option<String>) -> Adapter {
         self.panic_on_lookup = name;
         self
@@ -112,6 +122,7 @@ impl Filesystem for Adapter {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         guard("lookup", || {
+            #[cfg(feature = "test-hooks")]
             if self.panic_on_lookup.as_deref().is_some_and(|n| name == OsStr::new(n)) {
                 panic!("fault injected on lookup of {name:?}");
             }

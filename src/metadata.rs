@@ -337,8 +337,9 @@ pub(crate) fn describe(value: &Value) -> String {
 }
 
 /// Serialises a state file header exactly as gVisor writes it (magic, big-endian length, JSON),
-/// for tests and fixtures.
-pub fn encode_state_header(map: &Map<String, Value>) -> Vec<u8> {
+/// for the unit tests below (integration tests and fixtures have their own writers).
+#[cfg(test)]
+fn encode_state_header(map: &Map<String, Value>) -> Vec<u8> {
     let json = serde_json::to_vec(map).expect("a JSON map always serialises");
     let mut out = Vec::with_capacity(PREFIX_LEN + json.len());
     out.extend_from_slice(MAGIC);

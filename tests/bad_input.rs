@@ -16,7 +16,7 @@
 
 mod common;
 
-use common::daemon::{Daemon, is_mounted, need_fuse, unmount};
+use common::daemon::{Daemon, is_mounted, need_fuse, private_dir, unmount};
 use common::*;
 use serde_json::{Value, json};
 use std::ffi::{CString, OsString};
@@ -643,7 +643,7 @@ fn ignored_inputs_give_the_good_plan() {
 fn every_bad_input_fails_mount_startup_and_leaves_no_mount() {
     need_fuse();
     let env = Env::new();
-    let out = TempDir::new().unwrap();
+    let out = private_dir();
     let (mut failures, mut ran) = (Vec::new(), 0);
     for (i, case) in cases().iter().filter(|c| c.in_mount_startup()).enumerate() {
         let mnt = out.path().join(format!("mnt{i}"));

@@ -384,7 +384,7 @@ fn unmount_from_outside_ends_the_daemon() {
 }
 
 /// Rule: a dead FUSE mount at the mountpoint (ENOTCONN, left by SIGKILL) is detached and
-/// reused; a live mount is refused, never stacked on.
+/// reused; a live daemon's mount is refused (its lock), never stacked on.
 #[test]
 #[ignore = "needs root and /dev/fuse"]
 fn dead_mount_is_reused_and_live_mount_refused() {
@@ -396,7 +396,7 @@ fn dead_mount_is_reused_and_live_mount_refused() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.lines().last().unwrap().starts_with("error: ") && err.contains("already a mount point"), "{err}");
+    assert!(err.lines().last().unwrap().starts_with("error: ") && err.contains("another devremapd serves it"), "{err}");
     first.child.kill().unwrap();
     first.child.wait().unwrap();
     // The kernel may still answer stat from its cache; statfs always asks the daemon.

@@ -7,13 +7,13 @@
 mod common;
 
 use common::daemon::{Daemon, is_mounted, need_fuse, unmount, wait_for};
-use common::{FakeHost, empty_root, fake_rdev};
+use common::{FakeHost, empty_root, fake_rdev, need_test_hooks};
 use serde_json::Value;
 use std::ffi::CString;
 use std::fs;
 use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tempfile::TempDir;
@@ -88,9 +88,10 @@ fn cpath(p: &Path) -> CString {
 /// are threads serving the kernel (2), so no thread died of it; the panic is logged; stat,
 /// open and readdir of real nodes still work, and the daemon stops cleanly.
 #[test]
-#[ignore = "needs root and /dev/fuse"]
+#[ignore = "needs root, /dev/fuse and --features test-hooks"]
 fn a_panicking_handler_answers_eio_and_the_daemon_serves_on() {
     need_fuse();
+    need_test_hooks();
     let (_host, args) = host_and_metadata();
     let mut all = strs(&args);
     all.extend(["--threads", "2"]);
@@ -326,9 +327,10 @@ struct Try {
 /// daemon, which refuses every setattr with EPERM (on the 0600 node the kernel refuses it
 /// first, EACCES).
 ///
-/// The checks run in a forked child that drops to uid 65534 and uses only raw libc calls
-/// (all strings are prepared before the fork), reports each result through a pipe, and exits
-/// with 10 + the index of the first failed check (0 when all passed).
+/// The checks run in a forked child that enters the mount (its working directory: the mountpoint
+/// is under a 0700 directory that keeps uid 65534 out by path), drops to uid 65534 and uses only
+/// raw libc calls (all strings are prepared before the fork), reports each result through a
+/// pipe, and exits with 10 + the index of the first failed check (0 when all passed).
 #[test]
 #[ignore = "needs root and /dev/fuse"]
 fn unprivileged_callers_cannot_change_the_tree_or_open_private_nodes() {
@@ -349,13 +351,16 @@ fn unprivileged_callers_cannot_change_the_tree_or_open_private_nodes() {
     )
     .unwrap();
     let d = Daemon::start(&["--spec", spec.to_str().unwrap(), "--host-root", &empty_root()]);
-    // The daemon's temp dir is 0700: let the unprivileged user reach the mountpoint.
-    fs::set_permissions(d.dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
     assert_eq!(fs::symlink_metadata(d.path("secret")).unwrap().mode() & 0o7777, 0o600);
 
-    let p = |name: &str| cpath(&d.path(name));
+    // The mountpoint sits under a 0700 directory, which keeps uid 65534 out (issue 9.3). So the
+    // child enters the mount as root and then drops to 65534: it calls through its working
+    // directory, as a process inside a container does through its /dev.
+    let mount_dir = cpath(&d.mountpoint);
+    let host_path = cpath(&d.path("null"));
+    let p = |name: &str| CString::new(name).unwrap();
     let (root, null, secret, open, new, fifo, newdir, pts, moved, linked, sym) = (
-        cpath(&d.mountpoint),
+        p("."),
         p("null"),
         p("secret"),
         p("open"),
@@ -394,6 +399,14 @@ fn unprivileged_callers_cannot_change_the_tree_or_open_private_nodes() {
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     let st_ptr = &mut st as *mut libc::stat as usize;
     let tries: Vec<Try> = vec![
+        Try {
+            what: "stat null by its host path (a 0700 dir above)",
+            expect: Some(libc::EACCES),
+            run: {
+                let n = host_path.clone();
+                call!(libc::lstat(n.as_ptr(), st_ptr as *mut libc::stat))
+            },
+        },
         Try {
             what: "stat null (the mount is reachable)",
             expect: None,
@@ -581,6 +594,9 @@ fn unprivileged_callers_cannot_change_the_tree_or_open_private_nodes() {
     if pid == 0 {
         unsafe {
             libc::close(fds[0]);
+            if libc::chdir(mount_dir.as_ptr()) != 0 {
+                libc::_exit(4);
+            }
             if libc::setgroups(0, std::ptr::null()) != 0 || libc::setgid(65534) != 0 || libc::setuid(65534) != 0 {
                 libc::_exit(2);
             }
@@ -618,6 +634,7 @@ fn unprivileged_callers_cannot_change_the_tree_or_open_private_nodes() {
     assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
     let code = if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { -1 };
     assert!(code != 2 && code != 3, "the child could not become uid 65534 (exit {code})");
+    assert!(code != 4, "the child could not enter the mount");
     let words: Vec<libc::c_int> =
         raw.chunks_exact(4).map(|c| libc::c_int::from_ne_bytes(c.try_into().unwrap())).collect();
     let name = |e: i32| std::io::Error::from_raw_os_error(e).to_string();

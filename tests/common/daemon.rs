@@ -59,6 +59,15 @@ pub fn unmount(path: &Path) {
     wait_for("the mount to go away", || (!is_mounted(path)).then_some(()));
 }
 
+/// A temporary directory only root can enter (0700), as `devremapd mount` requires above its
+/// mountpoint (the docs' `install -d -m 0700 /run/devremap`); `TempDir::new` makes 0755 ones.
+pub fn private_dir() -> TempDir {
+    tempfile::Builder::new()
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
+        .tempdir()
+        .expect("a temp dir")
+}
+
 /// A running daemon and its files.
 pub struct Daemon {
     pub child: Child,
@@ -73,7 +82,7 @@ impl Daemon {
     /// Starts `devremapd mount <tmp>/mnt --state-file .. --pid-file .. <args>` and waits for
     /// the state file, which the daemon writes only once the mount answers.
     pub fn start(args: &[&str]) -> Daemon {
-        let dir = TempDir::new().expect("a temp dir");
+        let dir = private_dir();
         let mountpoint = dir.path().join("mnt");
         fs::create_dir(&mountpoint).unwrap();
         Daemon::start_at(dir, mountpoint, args)
@@ -82,7 +91,7 @@ impl Daemon {
     /// Like [`Daemon::start`], with `env` added to the daemon's environment (for instance
     /// `DEVREMAPD_FAILPOINT`).
     pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Daemon {
-        let dir = TempDir::new().expect("a temp dir");
+        let dir = private_dir();
         let mountpoint = dir.path().join("mnt");
         fs::create_dir(&mountpoint).unwrap();
         Daemon::start_at_with_env(dir, mountpoint, args, env)

@@ -44,6 +44,15 @@ pub fn need_root() {
     }
 }
 
+/// Fails the calling (`#[ignore]`d) test unless the binary has the test hooks
+/// (`DEVREMAPD_FAILPOINT`): a build with `--features test-hooks`, as the README's test command
+/// makes. A release build has none.
+pub fn need_test_hooks() {
+    if !cfg!(feature = "test-hooks") {
+        panic!("this test injects faults through DEVREMAPD_FAILPOINT: run it with --features test-hooks");
+    }
+}
+
 /// The path of a committed fixture, `tests/fixtures/<name>`.
 pub fn fixture(name: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name).to_str().expect("a UTF-8 path").to_owned()

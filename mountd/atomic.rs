@@ -1,0 +1,62 @@
+//! The files `devremapd` writes (the pid file, the state file, `oci-patch --in-place`):
+//! replaced atomically, never through a symlink someone planted, and removed at exit only while
+//! they are still the ones this process wrote.
+//!
+//! Assumption: the directory of such a file may be writable by users other than root, who may
+//! plant symlinks or files under any name they can predict. So the temporary file is created by
+//! `tempfile` (`O_CREAT|O_EXCL`, an unpredictable name, mode 0600), filled, given the mode and
+//! owner of the file it replaces, and renamed over it (a rename replaces a symlink, it never
+//! follows it). Every failure, a full or read-only filesystem included, removes the temporary
+//! file; only a process killed outright can leave one (`.<name>.<random>.tmp`).
+
+use std::io::{self, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// The mode of a file that did not exist before: readable by all, like `File::create` under the
+/// usual umask (the pid and state files are read by scripts and monitoring).
+const NEW_FILE_MODE: u32 = 0o644;
+
+/// A file this process wrote: its path and the inode it got.
+#[derive(Debug)]
+pub struct Written {
+    path: PathBuf,
+    dev: u64,
+    ino: u64,
+}
+
+impl Written {
+    /// Removes the file if the path still names the inode written here: a file that another
+    /// process (another daemon given the same path) wrote since is left alone.
+    pub fn remove_if_ours(&self) {
+        if std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.dev() == self.dev && m.ino() == self.ino) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Replaces `path` with `bytes` atomically: a reader sees the old content or the new, never a
+/// mix, and a file that replaces another keeps its mode and owner.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<Written> {
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let name = path.file_name().ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // The file being replaced, never a symlink's target: a planted symlink is replaced too.
+    let old = std::fs::symlink_metadata(path).ok().filter(|m| m.file_type().is_file());
+    let mut tmp =
+        tempfile::Builder::new().prefix(&format!(".{}.", name.to_string_lossy())).suffix(".tmp").tempfile_in(dir)?;
+    // From here on, dropping `tmp` (any `?` below) removes the temporary file.
+    let file = tmp.as_file();
+    let mode = old.as_ref().map_or(NEW_FILE_MODE, |m| m.mode() & 0o7777);
+    file.set_permissions(std::fs::Permissions::from_mode(mode))?;
+    // Only root can give a file away; as another user the new file is that user's.
+    if let Some(old) = &old
+        && nix::unistd::geteuid().is_root()
+    {
+        std::os::unix::fs::fchown(file, Some(old.uid()), Some(old.gid()))?;
+    }
+    tmp.write_all(bytes)?;
+    tmp.as_file().sync_data()?;
+    let meta = tmp.as_file().metadata()?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    Ok(Written { path: path.to_owned(), dev: meta.dev(), ino: meta.ino() })
+}
