@@ -295,17 +295,19 @@ fn unmount(
     }
 }
 
-/// The session ended without a stop. A clean outside `umount` took the mount with it: exit 0.
-/// An aborted connection (`umount -f` of a busy mount, a write to
-/// `/sys/fs/fuse/connections/N/abort`) leaves a dead mount answering ENOTCONN: detach it and
-/// fail, so that a supervisor (systemd's `Restart=on-failure`) starts a new daemon.
+/// The session ended without a stop. A clean outside `umount` ends it with ENODEV (`Ok`):
+/// exit 0. An aborted connection (`umount -f`, a write to `/sys/fs/fuse/connections/N/abort`)
+/// ends it with ECONNABORTED (the adapter asks for `FUSE_ABORT_ERROR`) and may leave a dead
+/// mount answering ENOTCONN (when it was busy): detach that and fail, so that a supervisor
+/// (systemd's `Restart=on-failure`) starts a new daemon.
 fn ended(mountpoint: &Path, m: &str, result: io::Result<()>) -> Result<(), String> {
+    let aborted = result.as_ref().err().and_then(io::Error::raw_os_error) == Some(libc::ECONNABORTED);
     if is_dead_mount(mountpoint) {
         detach(mountpoint);
-        let why = result.err().map(|e| format!(" ({})", io_message(&e))).unwrap_or_default();
-        return Err(format!("{m}: the FUSE connection was aborted{why}; detached the dead mount"));
+        return Err(format!("{m}: the FUSE connection was aborted; detached the dead mount"));
     }
     match result {
+        _ if aborted => return Err(format!("{m}: the FUSE connection was aborted")),
         Ok(()) => info!("{m}: unmounted from outside"),
         Err(e) => warn!("{m}: the FUSE session ended: {e}"),
     }

@@ -15,7 +15,7 @@ use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::time::Duration;
 
 /// Lines waiting for stderr before new ones are dropped.
-const QUEUE_LINES: usize = 1024;
+const QUEUE_LINES: usize = 256;
 
 static DROPPED: AtomicU64 = AtomicU64::new(0);
 static QUEUE: OnceLock<SyncSender<Message>> = OnceLock::new();

@@ -106,7 +106,10 @@ impl Filesystem for Adapter {
         use fuser::InitFlags as F;
         // Each where the kernel offers it: listings and symlink targets cached by the kernel,
         // parallel lookups in one directory, readdirplus. Without them, plain requests serve.
+        // FUSE_ABORT_ERROR makes an aborted connection end the session with ECONNABORTED
+        // rather than the ENODEV of an unmount, so the daemon can tell the two apart.
         for flag in [
+            F::FUSE_ABORT_ERROR,
             F::FUSE_NO_OPENDIR_SUPPORT,
             F::FUSE_CACHE_SYMLINKS,
             F::FUSE_PARALLEL_DIROPS,

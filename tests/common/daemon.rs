@@ -104,6 +104,13 @@ impl Daemon {
 
     /// Like [`Daemon::start_at`], with `env` added to the daemon's environment.
     pub fn start_at_with_env(dir: TempDir, mountpoint: PathBuf, args: &[&str], env: &[(&str, &str)]) -> Daemon {
+        let log = fs::File::create(dir.path().join("daemon.log")).unwrap();
+        Daemon::launch(dir, mountpoint, args, env, log.into())
+    }
+
+    /// Like [`Daemon::start_at_with_env`], with the daemon's stderr going to `stderr` (then
+    /// [`Daemon::log_text`] is empty).
+    pub fn launch(dir: TempDir, mountpoint: PathBuf, args: &[&str], env: &[(&str, &str)], stderr: Stdio) -> Daemon {
         let state_file = dir.path().join("state.json");
         let pid_file = dir.path().join("devremapd.pid");
         let log = dir.path().join("daemon.log");
@@ -119,7 +126,7 @@ impl Daemon {
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(fs::File::create(&log).unwrap())
+            .stderr(stderr)
             .spawn()
             .expect("devremapd starts");
         let mut d = Daemon { child, dir, mountpoint, state_file, pid_file, log };
