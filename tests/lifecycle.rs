@@ -5,21 +5,21 @@
 
 mod common;
 
-use common::daemon::{Daemon, is_mounted, need_fuse, private_dir, unmount, wait_for};
+use common::daemon::{Daemon, Spawned, is_mounted, need_fuse, private_dir, private_mountpoint, wait_for};
 use common::{arg, need_root};
 use std::fs;
 use std::io::Read;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
 const NO_ROOT: [&str; 2] = ["--host-root", "/nonexistent-root"];
 
 /// `devremapd mount MOUNTPOINT --state-file STATE <args>`, started and left running.
-fn spawn_mount(mountpoint: &Path, state: &Path, args: &[&str]) -> Child {
-    Command::new(common::BIN)
+fn spawn_mount(mountpoint: &Path, state: &Path, args: &[&str]) -> Spawned {
+    let child = Command::new(common::BIN)
         .arg("mount")
         .arg(mountpoint)
         .arg("--state-file")
@@ -30,7 +30,8 @@ fn spawn_mount(mountpoint: &Path, state: &Path, args: &[&str]) -> Child {
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("devremapd starts")
+        .expect("devremapd starts");
+    Spawned::new(child, mountpoint)
 }
 
 /// Runs a `devremapd mount` that must be refused at start: returns its exit status and stderr.
@@ -38,20 +39,13 @@ fn spawn_mount(mountpoint: &Path, state: &Path, args: &[&str]) -> Child {
 fn refused(mountpoint: &Path, args: &[&str]) -> (i32, String) {
     let files = private_dir();
     let state = files.path().join("state.json");
-    let mut child = spawn_mount(mountpoint, &state, args);
+    let mut mount = spawn_mount(mountpoint, &state, args);
     let status = wait_for("devremapd to exit or serve", || {
-        if state.exists() {
-            let _ = child.kill();
-            let _ = child.wait();
-            if is_mounted(mountpoint) {
-                unmount(mountpoint);
-            }
-            panic!("devremapd mount {} served; it must be refused", mountpoint.display());
-        }
-        child.try_wait().unwrap()
+        assert!(!state.exists(), "devremapd mount {} served; it must be refused", mountpoint.display());
+        mount.child.try_wait().unwrap()
     });
     let mut stderr = String::new();
-    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    mount.child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
     assert!(!is_mounted(mountpoint), "a refused start left a mount");
     (status.code().unwrap_or(-1), stderr)
 }
@@ -144,9 +138,7 @@ fn host_users_cannot_reach_the_mount() {
 #[ignore = "needs root and /dev/fuse"]
 fn a_non_empty_mountpoint_is_refused() {
     need_fuse();
-    let dir = private_dir();
-    let mnt = dir.path().join("mnt");
-    fs::create_dir(&mnt).unwrap();
+    let (_dir, mnt) = private_mountpoint();
     for name in ["pts", "shm"] {
         fs::create_dir(mnt.join(name)).unwrap();
     }
@@ -192,36 +184,31 @@ fn mount_without_a_spec_warns_that_the_runtime_has_no_mount_points() {
 #[ignore = "needs root and /dev/fuse"]
 fn two_daemons_on_one_mountpoint_one_wins() {
     need_fuse();
-    let dir = private_dir();
-    let mnt = dir.path().join("mnt");
-    fs::create_dir(&mnt).unwrap();
+    let (dir, mnt) = private_mountpoint();
     for round in 0..20 {
         let states = [dir.path().join(format!("a{round}.json")), dir.path().join(format!("b{round}.json"))];
-        let mut children: Vec<Child> = states.iter().map(|s| spawn_mount(&mnt, s, &NO_ROOT)).collect();
+        let mut mounts: Vec<Spawned> = states.iter().map(|s| spawn_mount(&mnt, s, &NO_ROOT)).collect();
         // One exits (refused), the other serves (its state file appears).
         let (loser, code) = wait_for("one daemon to be refused", || {
-            children.iter_mut().enumerate().find_map(|(i, c)| c.try_wait().unwrap().map(|s| (i, s.code())))
+            mounts.iter_mut().enumerate().find_map(|(i, m)| m.child.try_wait().unwrap().map(|s| (i, s.code())))
         });
         let winner = 1 - loser;
         wait_for("the winner's state file", || {
-            assert!(children[winner].try_wait().unwrap().is_none(), "round {round}: both daemons exited");
+            assert!(mounts[winner].child.try_wait().unwrap().is_none(), "round {round}: both daemons exited");
             states[winner].exists().then_some(())
         });
         let mut stderr = String::new();
-        children[loser].stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+        mounts[loser].child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
         assert_eq!(code, Some(1), "round {round}: {stderr}");
         assert!(
             stderr.contains("another devremapd serves it") || stderr.contains("already a mount point"),
             "round {round}: {stderr}"
         );
-        let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
-        let at = mounts.lines().filter(|l| l.split(' ').nth(4) == Some(arg(&mnt))).count();
+        let table = fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let at = table.lines().filter(|l| l.split(' ').nth(4) == Some(arg(&mnt))).count();
         assert_eq!(at, 1, "round {round}: {at} mounts stacked at the mountpoint");
         assert!(!states[loser].exists(), "round {round}: the refused daemon wrote a state file");
-        // SAFETY: kill with our child's pid.
-        unsafe { libc::kill(children[winner].id() as libc::pid_t, libc::SIGTERM) };
-        let status = wait_for("the winner to exit", || children[winner].try_wait().unwrap());
-        assert!(status.success());
+        assert!(mounts[winner].stop().success());
         assert!(!is_mounted(&mnt), "round {round}: a mount is left");
     }
     assert_eq!(
@@ -243,28 +230,23 @@ fn a_daemon_removes_only_what_it_wrote() {
     let start = |name: &str| {
         let (mnt, state) = (dir.path().join(name), dir.path().join(format!("{name}.json")));
         fs::create_dir(&mnt).unwrap();
-        let mut child = spawn_mount(&mnt, &state, &["--pid-file", arg(&shared), "--host-root", "/nonexistent-root"]);
+        let mut mount = spawn_mount(&mnt, &state, &["--pid-file", arg(&shared), "--host-root", "/nonexistent-root"]);
         wait_for("the daemon's state file", || {
-            assert!(child.try_wait().unwrap().is_none(), "{name} exited");
+            assert!(mount.child.try_wait().unwrap().is_none(), "{name} exited");
             state.exists().then_some(())
         });
-        (child, mnt, state)
-    };
-    let stop = |child: &mut Child| {
-        // SAFETY: kill with our child's pid.
-        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
-        assert!(wait_for("the daemon to exit", || child.try_wait().unwrap()).success());
+        (mount, mnt, state)
     };
     let (mut first, first_mnt, first_state) = start("first");
     let (mut second, second_mnt, second_state) = start("second");
-    assert_eq!(fs::read_to_string(&shared).unwrap().trim(), second.id().to_string());
-    stop(&mut first);
+    assert_eq!(fs::read_to_string(&shared).unwrap().trim(), second.child.id().to_string());
+    assert!(first.stop().success());
     assert!(!first_state.exists() && !is_mounted(&first_mnt));
     assert_eq!(
         fs::read_to_string(&shared).expect("the second daemon's pid file is left").trim(),
-        second.id().to_string()
+        second.child.id().to_string()
     );
-    stop(&mut second);
+    assert!(second.stop().success());
     assert!(!shared.exists() && !second_state.exists() && !is_mounted(&second_mnt));
 }
 
@@ -407,9 +389,7 @@ fn an_unread_stderr_never_blocks_the_daemon() {
     // SAFETY: fcntl on a pipe end we own; F_SETPIPE_SZ takes an int.
     let size = unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&reader), libc::F_SETPIPE_SZ, 4096) };
     assert!(size > 0, "F_SETPIPE_SZ: {}", std::io::Error::last_os_error());
-    let dir = private_dir();
-    let mnt = dir.path().join("mnt");
-    fs::create_dir(&mnt).unwrap();
+    let (dir, mnt) = private_mountpoint();
     let mut d = Daemon::launch(dir, mnt, &NO_ROOT, &[], writer.into());
     let mut state = d.state();
     for _ in 0..400 {

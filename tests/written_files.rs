@@ -4,12 +4,12 @@
 
 mod common;
 
-use common::daemon::{is_mounted, need_fuse, private_dir, unmount, wait_for};
+use common::daemon::{Spawned, is_mounted, need_fuse, private_dir, private_mountpoint, unmount, wait_for};
 use common::{arg, need_root};
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use tempfile::TempDir;
 
 /// The old temporary names were `.<name>.<pid>.tmp`; in a new pid namespace the command is
@@ -97,18 +97,20 @@ fn planted_symlinks_never_redirect_a_write() {
     let mnt = keep.path().join("mnt");
     fs::create_dir(&mnt).unwrap();
     let (state, pid_file) = (users.join("state.json"), users.join("d.pid"));
-    let mut unshare = Command::new("unshare")
-        .args(["-p", "-f", common::BIN, "mount", arg(&mnt), "--host-root", "/nonexistent-root"])
+    // --kill-child: if the test ends unshare, the daemon gets SIGTERM too.
+    let child = Command::new("unshare")
+        .args(["-p", "-f", "--kill-child=SIGTERM", common::BIN, "mount", arg(&mnt), "--host-root", "/nonexistent-root"])
         .args(["--state-file", arg(&state), "--pid-file", arg(&pid_file)])
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
+    let mut unshare = Spawned::new(child, &mnt);
     let daemon: i32 = wait_for("the daemon in its pid namespace", || {
-        let children = fs::read_to_string(format!("/proc/{0}/task/{0}/children", unshare.id())).ok()?;
+        let children = fs::read_to_string(format!("/proc/{0}/task/{0}/children", unshare.child.id())).ok()?;
         children.split_whitespace().next()?.parse().ok()
     });
     wait_for("the state file", || {
-        assert!(unshare.try_wait().unwrap().is_none(), "the daemon exited");
+        assert!(unshare.child.try_wait().unwrap().is_none(), "the daemon exited");
         fs::symlink_metadata(&state).is_ok_and(|m| m.is_file()).then_some(())
     });
     assert_untouched(&secret);
@@ -117,11 +119,8 @@ fn planted_symlinks_never_redirect_a_write() {
     assert_eq!(written["generation"], 1);
     // SAFETY: kill with the pid of our grandchild, read from /proc.
     unsafe { libc::kill(daemon, libc::SIGTERM) };
-    assert!(wait_for("the daemon to exit", || unshare.try_wait().unwrap()).success());
-    if is_mounted(&mnt) {
-        unmount(&mnt);
-        panic!("the daemon left its mount");
-    }
+    assert!(wait_for("the daemon to exit", || unshare.child.try_wait().unwrap()).success());
+    assert!(!is_mounted(&mnt), "the daemon left its mount");
     assert_untouched(&secret);
     let planted = |n: &String| fs::symlink_metadata(users.join(n)).unwrap().file_type().is_symlink();
     let left: Vec<String> = listing(&users).into_iter().filter(|n| !planted(n)).collect();
@@ -183,14 +182,15 @@ impl Drop for Tmpfs {
 }
 
 /// `devremapd mount` with its pid and state files in `files`, its log in `log`.
-fn spawn_mount(mnt: &Path, files: &Path, log: &Path) -> Child {
-    Command::new(common::BIN)
+fn spawn_mount(mnt: &Path, files: &Path, log: &Path) -> Spawned {
+    let child = Command::new(common::BIN)
         .args(["mount", arg(mnt), "--host-root", "/nonexistent-root"])
         .args(["--state-file", arg(&files.join("state.json")), "--pid-file", arg(&files.join("d.pid"))])
         .env_remove("RUST_LOG")
         .stderr(fs::File::create(log).unwrap())
         .spawn()
-        .unwrap()
+        .unwrap();
+    Spawned::new(child, mnt)
 }
 
 /// Bug (issue 9.2): a write that failed (a full disk, at start or later) left its temporary
@@ -202,9 +202,8 @@ fn spawn_mount(mnt: &Path, files: &Path, log: &Path) -> Child {
 #[ignore = "needs root and /dev/fuse"]
 fn a_failed_write_leaves_no_temporary_file() {
     need_fuse();
-    let dir = private_dir();
-    let (mnt, log) = (dir.path().join("mnt"), dir.path().join("daemon.log"));
-    fs::create_dir(&mnt).unwrap();
+    let (dir, mnt) = private_mountpoint();
+    let log = dir.path().join("daemon.log");
     let tmpfs = Tmpfs::mount(&dir.path().join("fs"), 16);
     let files = tmpfs.0.clone();
 
@@ -213,8 +212,8 @@ fn a_failed_write_leaves_no_temporary_file() {
     let filler = files.join("filler");
     let full = fs::metadata(&filler).unwrap().len();
     fs::File::options().write(true).open(&filler).unwrap().set_len(full - 4096).unwrap();
-    let mut child = spawn_mount(&mnt, &files, &log);
-    let status = wait_for("the start to fail", || child.try_wait().unwrap());
+    let mut mount = spawn_mount(&mnt, &files, &log);
+    let status = wait_for("the start to fail", || mount.child.try_wait().unwrap());
     let text = fs::read_to_string(&log).unwrap();
     assert_eq!(status.code(), Some(1), "{text}");
     assert!(text.contains("cannot write the state file: no space left on device"), "{text}");
@@ -223,17 +222,17 @@ fn a_failed_write_leaves_no_temporary_file() {
 
     // Later: a running daemon, then a full disk, then a read-only filesystem.
     fs::remove_file(&filler).unwrap();
-    let mut child = spawn_mount(&mnt, &files, &log);
+    let mut mount = spawn_mount(&mnt, &files, &log);
     let state = files.join("state.json");
     wait_for("the state file", || {
-        assert!(child.try_wait().unwrap().is_none(), "{}", fs::read_to_string(&log).unwrap());
+        assert!(mount.child.try_wait().unwrap().is_none(), "{}", fs::read_to_string(&log).unwrap());
         state.exists().then_some(())
     });
     let before = fs::read_to_string(&state).unwrap();
     tmpfs.fill("filler");
     let hup = |failures: usize| {
         // SAFETY: kill with our child's pid.
-        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGHUP) };
+        unsafe { libc::kill(mount.child.id() as libc::pid_t, libc::SIGHUP) };
         wait_for("the failed write to be logged", || {
             let text = fs::read_to_string(&log).unwrap();
             (text.matches("cannot write the state file").count() >= failures).then_some(text)
@@ -249,8 +248,6 @@ fn a_failed_write_leaves_no_temporary_file() {
     assert!(text.contains("read-only file system"), "{text}");
     assert_eq!(listing(&files), ["d.pid", "state.json"]);
     tmpfs.remount("rw");
-    // SAFETY: as above.
-    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
-    assert!(wait_for("the daemon to exit", || child.try_wait().unwrap()).success());
+    assert!(mount.stop().success());
     assert!(listing(&files).is_empty(), "the daemon left files: {:?}", listing(&files));
 }

@@ -68,6 +68,14 @@ pub fn private_dir() -> TempDir {
         .expect("a temp dir")
 }
 
+/// A [`private_dir`] holding an empty mountpoint `mnt`.
+pub fn private_mountpoint() -> (TempDir, PathBuf) {
+    let dir = private_dir();
+    let mnt = dir.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    (dir, mnt)
+}
+
 /// A running daemon and its files.
 pub struct Daemon {
     pub child: Child,
@@ -82,18 +90,14 @@ impl Daemon {
     /// Starts `devremapd mount <tmp>/mnt --state-file .. --pid-file .. <args>` and waits for
     /// the state file, which the daemon writes only once the mount answers.
     pub fn start(args: &[&str]) -> Daemon {
-        let dir = private_dir();
-        let mountpoint = dir.path().join("mnt");
-        fs::create_dir(&mountpoint).unwrap();
+        let (dir, mountpoint) = private_mountpoint();
         Daemon::start_at(dir, mountpoint, args)
     }
 
     /// Like [`Daemon::start`], with `env` added to the daemon's environment (for instance
     /// `DEVREMAPD_FAILPOINT`).
     pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Daemon {
-        let dir = private_dir();
-        let mountpoint = dir.path().join("mnt");
-        fs::create_dir(&mountpoint).unwrap();
+        let (dir, mountpoint) = private_mountpoint();
         Daemon::start_at_with_env(dir, mountpoint, args, env)
     }
 
@@ -187,18 +191,50 @@ impl Daemon {
 
 impl Drop for Daemon {
     fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            // SAFETY: as in `signal`.
-            unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
-            let deadline = Instant::now() + PATIENCE;
-            while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            let _ = self.child.kill();
-            let _ = self.child.wait();
+        end(&mut self.child, &self.mountpoint);
+    }
+}
+
+/// Ends `child` if it still runs (SIGTERM, then SIGKILL after [`PATIENCE`]) and unmounts
+/// whatever is left at `mountpoint`.
+fn end(child: &mut Child, mountpoint: &Path) {
+    if let Ok(None) = child.try_wait() {
+        // SAFETY: kill with our child's pid and a valid signal.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+        let deadline = Instant::now() + PATIENCE;
+        while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
         }
-        if is_mounted(&self.mountpoint) {
-            unmount(&self.mountpoint);
-        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    if is_mounted(mountpoint) {
+        unmount(mountpoint);
+    }
+}
+
+/// A `devremapd mount` (or a command that runs one) a test started itself, with its own flags:
+/// ended and its mountpoint unmounted on drop, like [`Daemon`], even when the test fails.
+pub struct Spawned {
+    pub child: Child,
+    pub mountpoint: PathBuf,
+}
+
+impl Spawned {
+    pub fn new(child: Child, mountpoint: &Path) -> Spawned {
+        Spawned { child, mountpoint: mountpoint.to_owned() }
+    }
+
+    /// Sends SIGTERM and waits for the exit status.
+    pub fn stop(&mut self) -> ExitStatus {
+        // SAFETY: kill with our child's pid.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        wait_for("the daemon to exit", || self.child.try_wait().unwrap())
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        end(&mut self.child, &self.mountpoint);
     }
 }
