@@ -132,15 +132,17 @@ fn start_signal_thread(events: Sender<Event>) -> Result<(), String> {
 pub fn run(args: &MountArgs) -> Result<(), String> {
     let sources = args.inputs.sources();
     let loaded = load::load(&sources).map_err(|e| e.to_string())?;
-    let m = args.mountpoint.display().to_string();
-    // Every directory above it is root's alone (check_private), so the canonical path stays
-    // the one checked; a symlink in the path as given could not be trusted to.
-    let mountpoint = resolve(&args.mountpoint)?;
+    // Before the mountpoint is looked at: under a directory only root can enter, another user
+    // would only be told "permission denied".
     if !nix::unistd::geteuid().is_root() {
         return Err("devremapd mount needs root: only root can mount a FUSE filesystem whose device nodes open \
                     devices (the `dev` mount option)"
             .into());
     }
+    let m = args.mountpoint.display().to_string();
+    // Every directory above it is root's alone (check_private), so the canonical path stays
+    // the one checked; a symlink in the path as given could not be trusted to.
+    let mountpoint = resolve(&args.mountpoint)?;
     check_private(&mountpoint, &m)?;
     // Held until we return: a second daemon on this mountpoint stops here.
     let _lock = MountLock::take(&mountpoint, &m)?;
@@ -413,7 +415,7 @@ impl Daemon {
     /// A worker's result: applied if it is the reload in flight, dropped if it was abandoned.
     fn loaded(&mut self, id: u64, result: Result<Loaded, LoadError>) {
         let Some(started) = self.reloading.as_ref().filter(|r| r.id == id).map(|r| r.started) else {
-            self.stuck -= 1;
+            self.stuck = self.stuck.saturating_sub(1);
             info!("an abandoned reload finished after all; its result was dropped");
             return;
         };

@@ -677,9 +677,11 @@ fn every_bad_input_fails_mount_startup_and_leaves_no_mount() {
 
 /// Rule: `devremapd mount` without a usable mountpoint fails with one line naming what is
 /// wrong: no mountpoint argument (the line must name MOUNTPOINT), a missing directory, a
-/// regular file.
+/// regular file. (As root: any other user is told that `mount` needs root first.)
 #[test]
+#[ignore = "needs root"]
 fn mount_without_a_usable_mountpoint_fails_with_one_line() {
+    need_root();
     let tmp = TempDir::new().unwrap();
     let file = write_file(tmp.path(), "file", "x");
     let missing = tmp.path().join("missing");

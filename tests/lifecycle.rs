@@ -148,20 +148,25 @@ fn a_non_empty_mountpoint_is_refused() {
     assert!(mnt.join("pts").is_dir() && mnt.join("shm").is_dir(), "what was there is left alone");
 }
 
-/// Bug (issue 11.3): a non-root `mount` said "permission denied"; now it says that it needs
-/// root. (Bad inputs and a missing mountpoint are still reported first, as for root.)
+/// Bug (issue 11.3): a non-root `mount` said "permission denied" (from the mount, or from the
+/// 0700 directory above the mountpoint); now it says that it needs root, wherever the
+/// mountpoint is. (Bad inputs are still reported first, as for root.)
 #[test]
 #[ignore = "needs root (to become uid 65534)"]
 fn a_non_root_mount_says_it_needs_root() {
     need_root();
     let tmp = TempDir::new().unwrap();
     fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
-    let mnt = make_dir(tmp.path(), "mnt", 0o755, 65534, 65534);
-    let out = as_nobody(&[common::BIN, "mount", arg(&mnt), "--host-root", "/nonexistent-root"]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(stderr.starts_with("error: ") && stderr.contains("needs root"), "{stderr}");
-    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    let own = make_dir(tmp.path(), "mnt", 0o755, 65534, 65534);
+    let closed = make_dir(tmp.path(), "devremap", 0o700, 0, 0);
+    let docs = make_dir(&closed, "ctr1", 0o755, 0, 0);
+    for mnt in [own, docs] {
+        let out = as_nobody(&[common::BIN, "mount", arg(&mnt), "--host-root", "/nonexistent-root"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.starts_with("error: ") && stderr.contains("needs root"), "{}: {stderr}", mnt.display());
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    }
 }
 
 /// Bug (issue 11.3): without `--spec` the tree has no mount points for the runtime, and runc
