@@ -3,14 +3,14 @@
 //! they are still the ones this process wrote.
 //!
 //! Assumption: the directory of such a file may be writable by users other than root, who may
-//! plant symlinks or files under any name they can predict. So the temporary file is created by
-//! `tempfile` (`O_CREAT|O_EXCL`, an unpredictable name, mode 0600), filled, given the mode and
-//! owner of the file it replaces, and renamed over it (a rename replaces a symlink, it never
-//! follows it). Every failure, a full or read-only filesystem included, removes the temporary
+//! plant symlinks or files under any name they can predict. So the temporary file is created
+//! under a name `tempfile` makes unpredictable (`O_CREAT|O_EXCL`, mode 0600), filled, given
+//! the mode and owner of the file it replaces, and renamed over it (a rename replaces a
+//! symlink, it never follows it). Every failure, a full or read-only filesystem included, removes the temporary
 //! file; only a process killed outright can leave one (`.<name>.<random>.tmp`).
 
 use std::io::{self, Write};
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// The mode of a file that did not exist before: readable by all, like `File::create` under the
@@ -42,21 +42,27 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<Written> {
     let name = path.file_name().ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
     // The file being replaced, never a symlink's target: a planted symlink is replaced too.
     let old = std::fs::symlink_metadata(path).ok().filter(|m| m.file_type().is_file());
-    let mut tmp =
-        tempfile::Builder::new().prefix(&format!(".{}.", name.to_string_lossy())).suffix(".tmp").tempfile_in(dir)?;
+    // O_CREAT|O_EXCL (`create_new`) never follows a symlink, not even a dangling one. Opened
+    // here rather than by `tempfile_in`, whose errors carry the path in their text.
+    let mut tmp = tempfile::Builder::new().prefix(&format!(".{}.", name.to_string_lossy())).suffix(".tmp").make_in(
+        dir,
+        |path| {
+            std::fs::File::options().write(true).create_new(true).mode(0o600).custom_flags(libc::O_CLOEXEC).open(path)
+        },
+    )?;
     // From here on, dropping `tmp` (any `?` below) removes the temporary file.
-    let file = tmp.as_file();
+    let file = tmp.as_file_mut();
     let mode = old.as_ref().map_or(NEW_FILE_MODE, |m| m.mode() & 0o7777);
     file.set_permissions(std::fs::Permissions::from_mode(mode))?;
     // Only root can give a file away; as another user the new file is that user's.
     if let Some(old) = &old
         && nix::unistd::geteuid().is_root()
     {
-        std::os::unix::fs::fchown(file, Some(old.uid()), Some(old.gid()))?;
+        std::os::unix::fs::fchown(&*file, Some(old.uid()), Some(old.gid()))?;
     }
-    tmp.write_all(bytes)?;
-    tmp.as_file().sync_data()?;
-    let meta = tmp.as_file().metadata()?;
+    file.write_all(bytes)?;
+    file.sync_data()?;
+    let meta = file.metadata()?;
     tmp.persist(path).map_err(|e| e.error)?;
     Ok(Written { path: path.to_owned(), dev: meta.dev(), ino: meta.ino() })
 }

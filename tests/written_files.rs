@@ -216,7 +216,7 @@ fn a_failed_write_leaves_no_temporary_file() {
     let status = wait_for("the start to fail", || mount.child.try_wait().unwrap());
     let text = fs::read_to_string(&log).unwrap();
     assert_eq!(status.code(), Some(1), "{text}");
-    assert!(text.contains("cannot write the state file: no space left on device"), "{text}");
+    assert!(text.contains("cannot write the state file: no space left on device\n"), "{text}");
     assert!(!is_mounted(&mnt));
     assert_eq!(listing(&files), ["filler"], "a failed start left files");
 
@@ -239,13 +239,13 @@ fn a_failed_write_leaves_no_temporary_file() {
         })
     };
     let text = hup(1);
-    assert!(text.contains("no space left on device"), "{text}");
+    assert!(text.contains("cannot write the state file: no space left on device\n"), "{text}");
     assert_eq!(fs::read_to_string(&state).unwrap(), before, "the old state file is whole");
     assert_eq!(listing(&files), ["d.pid", "filler", "state.json"], "a failed write left files");
     fs::remove_file(&filler).unwrap();
     tmpfs.remount("ro");
     let text = hup(2);
-    assert!(text.contains("read-only file system"), "{text}");
+    assert!(text.contains("cannot write the state file: read-only file system\n"), "{text}");
     assert_eq!(listing(&files), ["d.pid", "state.json"]);
     tmpfs.remount("rw");
     assert!(mount.stop().success());
