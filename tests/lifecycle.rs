@@ -259,9 +259,20 @@ fn a_daemon_removes_only_what_it_wrote() {
 struct Frozen<'a>(&'a Daemon);
 
 impl<'a> Frozen<'a> {
+    /// Stops `d` and waits until every one of its threads is stopped (`T` in its stat): until
+    /// then a thread could still answer a request.
     fn new(d: &'a Daemon) -> Frozen<'a> {
         d.signal(libc::SIGSTOP);
-        Frozen(d)
+        let frozen = Frozen(d);
+        let state = |task: &Path| {
+            let stat = fs::read_to_string(task.join("stat")).unwrap_or_default();
+            stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next())
+        };
+        wait_for("every thread to stop", || {
+            let tasks = fs::read_dir(format!("/proc/{}/task", d.child.id())).ok()?;
+            tasks.filter_map(Result::ok).all(|t| state(&t.path()) == Some('T')).then_some(())
+        });
+        frozen
     }
 }
 
