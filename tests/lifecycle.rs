@@ -15,7 +15,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
-const NO_ROOT: [&str; 2] = ["--host-root", "/nonexistent-root"];
+/// A host root with no driver files (`common::empty_root`, as a constant).
+const EMPTY_ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/empty-root");
+const NO_ROOT: [&str; 2] = ["--host-root", EMPTY_ROOT];
 
 /// `devremapd mount MOUNTPOINT --state-file STATE <args>`, started and left running.
 fn spawn_mount(mountpoint: &Path, state: &Path, args: &[&str]) -> Spawned {
@@ -117,7 +119,7 @@ fn host_users_cannot_reach_the_mount() {
     )
     .unwrap();
     let files = private_dir();
-    let d = Daemon::start_at(files, mnt.clone(), &["--spec", arg(&spec), "--host-root", "/nonexistent-root"]);
+    let d = Daemon::start_at(files, mnt.clone(), &["--spec", arg(&spec), "--host-root", EMPTY_ROOT]);
     assert_eq!(fs::metadata(d.path("open")).unwrap().mode() & 0o777, 0o666, "root sees the 0666 node");
     for argv in [
         vec!["stat", arg(&d.path("open"))],
@@ -161,7 +163,7 @@ fn a_non_root_mount_says_it_needs_root() {
     let closed = make_dir(tmp.path(), "devremap", 0o700, 0, 0);
     let docs = make_dir(&closed, "ctr1", 0o755, 0, 0);
     for mnt in [own, docs] {
-        let out = as_nobody(&[common::BIN, "mount", arg(&mnt), "--host-root", "/nonexistent-root"]);
+        let out = as_nobody(&[common::BIN, "mount", arg(&mnt), "--host-root", EMPTY_ROOT]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{stderr}");
         assert!(stderr.starts_with("error: ") && stderr.contains("needs root"), "{}: {stderr}", mnt.display());
@@ -235,7 +237,7 @@ fn a_daemon_removes_only_what_it_wrote() {
     let start = |name: &str| {
         let (mnt, state) = (dir.path().join(name), dir.path().join(format!("{name}.json")));
         fs::create_dir(&mnt).unwrap();
-        let mut mount = spawn_mount(&mnt, &state, &["--pid-file", arg(&shared), "--host-root", "/nonexistent-root"]);
+        let mut mount = spawn_mount(&mnt, &state, &["--pid-file", arg(&shared), "--host-root", EMPTY_ROOT]);
         wait_for("the daemon's state file", || {
             assert!(mount.child.try_wait().unwrap().is_none(), "{name} exited");
             state.exists().then_some(())
@@ -285,7 +287,7 @@ impl Drop for Frozen<'_> {
 /// A daemon `stuck` (`--ttl 0`, so every stat reaches it) and a spec whose bind source lies on
 /// it: reading that spec's inputs blocks while `stuck` is frozen.
 fn spec_on_a_stuck_mount(dir: &Path) -> (Daemon, PathBuf) {
-    let stuck = Daemon::start(&["--ttl", "0", "--host-root", "/nonexistent-root"]);
+    let stuck = Daemon::start(&["--ttl", "0", "--host-root", EMPTY_ROOT]);
     let spec = dir.join("config.json");
     fs::write(
         &spec,
@@ -317,7 +319,7 @@ fn sigterm_stops_the_daemon_during_a_stuck_reload() {
     need_fuse();
     let tmp = private_dir();
     let (stuck, spec) = spec_on_a_stuck_mount(tmp.path());
-    let mut d = Daemon::start(&["--spec", arg(&spec), "--host-root", "/nonexistent-root"]);
+    let mut d = Daemon::start(&["--spec", arg(&spec), "--host-root", EMPTY_ROOT]);
     let frozen = Frozen::new(&stuck);
     d.signal(libc::SIGHUP);
     wait_for("the reload to start", || has_thread(d.child.id(), "reload").then_some(()));
@@ -342,7 +344,7 @@ fn a_stuck_reload_is_abandoned_and_the_old_tree_serves() {
     need_fuse();
     let tmp = private_dir();
     let (stuck, spec) = spec_on_a_stuck_mount(tmp.path());
-    let d = Daemon::start(&["--spec", arg(&spec), "--host-root", "/nonexistent-root", "--reload-timeout", "1"]);
+    let d = Daemon::start(&["--spec", arg(&spec), "--host-root", EMPTY_ROOT, "--reload-timeout", "1"]);
     let frozen = Frozen::new(&stuck);
     let state = d.reload();
     let error = state["last_error"].as_str().unwrap_or_default().to_owned();

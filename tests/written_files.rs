@@ -5,7 +5,7 @@
 mod common;
 
 use common::daemon::{Spawned, is_mounted, need_fuse, private_dir, private_mountpoint, unmount, wait_for};
-use common::{arg, need_root};
+use common::{arg, empty_root, need_root};
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -99,7 +99,7 @@ fn planted_symlinks_never_redirect_a_write() {
     let (state, pid_file) = (users.join("state.json"), users.join("d.pid"));
     // --kill-child: if the test ends unshare, the daemon gets SIGTERM too.
     let child = Command::new("unshare")
-        .args(["-p", "-f", "--kill-child=SIGTERM", common::BIN, "mount", arg(&mnt), "--host-root", "/nonexistent-root"])
+        .args(["-p", "-f", "--kill-child=SIGTERM", common::BIN, "mount", arg(&mnt), "--host-root", &empty_root()])
         .args(["--state-file", arg(&state), "--pid-file", arg(&pid_file)])
         .stderr(Stdio::null())
         .spawn()
@@ -184,7 +184,7 @@ impl Drop for Tmpfs {
 /// `devremapd mount` with its pid and state files in `files`, its log in `log`.
 fn spawn_mount(mnt: &Path, files: &Path, log: &Path) -> Spawned {
     let child = Command::new(common::BIN)
-        .args(["mount", arg(mnt), "--host-root", "/nonexistent-root"])
+        .args(["mount", arg(mnt), "--host-root", &empty_root()])
         .args(["--state-file", arg(&files.join("state.json")), "--pid-file", arg(&files.join("d.pid"))])
         .env_remove("RUST_LOG")
         .stderr(fs::File::create(log).unwrap())
