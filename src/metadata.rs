@@ -8,7 +8,7 @@
 //! [`needed_len`] tells a reader how many bytes that is, so a 50 GiB image costs 16 bytes
 //! plus its header.
 
-use crate::device::{MAX_REGULAR_MINOR, is_gpu_uuid};
+use crate::device::{Access, MAX_REGULAR_MINOR, is_gpu_uuid};
 use serde_json::{Map, Value};
 use std::collections::BTreeSet;
 use thiserror::Error;
@@ -35,12 +35,36 @@ pub struct DeviceId {
     /// A well-formed `GPU-` UUID, or empty when unknown: a missing or malformed one (the
     /// driver's `GPU-????????-...` placeholder) is never an identity.
     pub uuid: String,
+    /// The mode, uid and gid the node had at save time, where `devremapd record` wrote them.
+    pub recorded: RecordedAccess,
 }
 
 impl DeviceId {
     /// PCI vendor and device id; `None` when the list left them out (0 is no vendor).
     pub fn pci(&self) -> Option<(u32, u32)> {
         (self.pci_vendor_id != 0).then_some((self.pci_vendor_id, self.pci_device_id))
+    }
+}
+
+/// The optional `mode`, `uid` and `gid` of a saved device: what its node was at save time.
+/// CRIU compares a reopened file's whole `st_mode` with the saved one, so a checkpoint name must
+/// keep the recorded mode even when the restore host's node has another.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RecordedAccess {
+    /// Permission bits, at most 0o7777.
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+}
+
+impl RecordedAccess {
+    /// `base` with each recorded field put in its place.
+    pub fn over(self, base: Access) -> Access {
+        Access {
+            mode: self.mode.unwrap_or(base.mode),
+            uid: self.uid.unwrap_or(base.uid),
+            gid: self.gid.unwrap_or(base.gid),
+        }
     }
 }
 
@@ -98,6 +122,8 @@ pub enum MetadataError {
     Shape { key: &'static str, what: String },
     #[error("{GPU_KEY}[{index}].{field}: expected {expected}, found {found}")]
     Field { index: usize, field: &'static str, expected: &'static str, found: String },
+    #[error("{GPU_KEY}[{index}].mode: {mode:#o} has bits beyond the permission bits (0o7777)")]
+    ModeTooLarge { index: usize, mode: u32 },
     #[error("{GPU_KEY}[{index}]: minor {minor} is over {MAX_REGULAR_MINOR}, the largest GPU minor")]
     MinorTooLarge { index: usize, minor: u32 },
     #[error("{GPU_KEY}: minor {0} appears twice")]
@@ -283,20 +309,27 @@ fn device_id(index: usize, item: &Value) -> Result<DeviceId, MetadataError> {
             what: format!("item {index}: expected an object, found {}", describe(item)),
         });
     };
+    let optional = |field: &'static str| -> Result<Option<u32>, MetadataError> {
+        obj.get(field)
+            .map(|v| {
+                v.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(|| MetadataError::Field {
+                    index,
+                    field,
+                    expected: "an unsigned 32-bit integer",
+                    found: describe(v),
+                })
+            })
+            .transpose()
+    };
     let number = |field: &'static str, required: bool| -> Result<u32, MetadataError> {
-        match obj.get(field) {
+        match optional(field)? {
+            Some(n) => Ok(n),
             None if !required => Ok(0),
             None => Err(MetadataError::Field {
                 index,
                 field,
                 expected: "an unsigned 32-bit integer",
                 found: "nothing".into(),
-            }),
-            Some(v) => v.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(|| MetadataError::Field {
-                index,
-                field,
-                expected: "an unsigned 32-bit integer",
-                found: describe(v),
             }),
         }
     };
@@ -312,6 +345,10 @@ fn device_id(index: usize, item: &Value) -> Result<DeviceId, MetadataError> {
             return Err(MetadataError::Field { index, field: "uuid", expected: "a string", found: describe(v) });
         }
     };
+    let recorded = RecordedAccess { mode: optional("mode")?, uid: optional("uid")?, gid: optional("gid")? };
+    if let Some(mode) = recorded.mode.filter(|m| m & !0o7777 != 0) {
+        return Err(MetadataError::ModeTooLarge { index, mode });
+    }
     Ok(DeviceId {
         minor,
         pci_vendor_id: number("pci_vendor_id", false)?,
@@ -320,6 +357,7 @@ fn device_id(index: usize, item: &Value) -> Result<DeviceId, MetadataError> {
         device_instance: number("device_instance", false)?,
         subdevice_instance: number("subdevice_instance", false)?,
         uuid,
+        recorded,
     })
 }
 
@@ -388,6 +426,7 @@ mod tests {
                 device_instance: 1,
                 subdevice_instance: 0,
                 uuid: UA.into(),
+                recorded: RecordedAccess::default(),
             }
         );
     }
@@ -489,6 +528,28 @@ mod tests {
             (json!({GPU_KEY: {}}), "expected a JSON array or a string"),
             (json!({GPU_KEY: "{}"}), "expected a JSON array of device ids"),
             (json!({GPU_KEY: "[nope"}), "not valid JSON"),
+        ];
+        for (input, expected) in cases {
+            let err = parse(input.to_string().as_bytes()).unwrap_err().to_string();
+            assert!(err.contains(expected), "{input}: {err:?} lacks {expected:?}");
+        }
+    }
+
+    /// Format: `mode`, `uid` and `gid` are optional and read when present; a mode with type
+    /// bits or a negative owner is refused.
+    #[test]
+    fn recorded_access_fields() {
+        let mut item = dev(0, "GPU-a");
+        item["mode"] = json!(0o660);
+        item["gid"] = json!(44);
+        let m = parse(json!([item, dev(1, "GPU-b")]).to_string().as_bytes()).unwrap();
+        assert_eq!(m.gpus[0].recorded, RecordedAccess { mode: Some(0o660), uid: None, gid: Some(44) });
+        assert_eq!(m.gpus[0].recorded.over(Access::DEVICE_DEFAULT), Access { mode: 0o660, uid: 0, gid: 44 });
+        assert_eq!(m.gpus[1].recorded, RecordedAccess::default());
+        let cases = [
+            (json!([{"minor": 0, "mode": 0o20666}]), "mode: 0o20666 has bits beyond the permission bits"),
+            (json!([{"minor": 0, "uid": -1}]), "[0].uid: expected an unsigned 32-bit integer, found -1"),
+            (json!([{"minor": 0, "gid": "5"}]), "[0].gid: expected an unsigned 32-bit integer"),
         ];
         for (input, expected) in cases {
             let err = parse(input.to_string().as_bytes()).unwrap_err().to_string();

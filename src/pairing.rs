@@ -216,6 +216,7 @@ mod tests {
             device_instance: 0,
             subdevice_instance: 0,
             uuid: format!("GPU-0000aaaa-0000-0000-0000-{minor:012}"),
+            recorded: Default::default(),
         }
     }
 

@@ -270,7 +270,9 @@ pub fn build(inputs: &Inputs) -> Result<Plan, PlanError> {
     let mut remap = Vec::with_capacity(pairing.pairs.len());
     for p in pairing.pairs {
         let name = gpu_name(p.old.minor);
-        let node = Node::device(DevKind::Char, p.new.rdev, p.new.access);
+        // The checkpoint name keeps the mode and owner it had at save time where the metadata
+        // recorded them: CRIU refuses a reopened file whose mode changed.
+        let node = Node::device(DevKind::Char, p.new.rdev, p.old.recorded.over(p.new.access));
         let holder = restored.iter().find(|g| g.minor == p.old.minor && g.minor != p.new.minor);
         let served = match (holder, inputs.prefer) {
             (Some(_), Prefer::Native) => {
@@ -328,7 +330,7 @@ pub fn build(inputs: &Inputs) -> Result<Plan, PlanError> {
 mod tests {
     use super::*;
     use crate::host::{GpuInfo, HostNode};
-    use crate::metadata::Format;
+    use crate::metadata::{Format, RecordedAccess};
     use crate::spec::{DevMount, SpecDevice};
     use crate::visible::{Selector, Visible};
 
@@ -341,6 +343,7 @@ mod tests {
             device_instance: 0,
             subdevice_instance: 0,
             uuid: format!("GPU-{minor}"),
+            recorded: Default::default(),
         }
     }
 
@@ -435,6 +438,21 @@ mod tests {
         assert_eq!(rdev_at(&plan, "nvidia0"), Some(Rdev::new(1, 3)));
         assert_eq!(rdev_at(&plan, "nvidia1"), Some(Rdev::new(1, 4)));
         assert!(plan.warnings.is_empty() && plan.remap.iter().all(|e| e.served));
+    }
+
+    /// Rule (issue 12.2): a checkpoint name is served with the mode, uid and gid the metadata
+    /// recorded; the native name keeps the host's; unrecorded fields come from the host node.
+    #[test]
+    fn checkpoint_names_keep_recorded_access() {
+        let mut inp = inputs(&[0, 1], &[4, 5]);
+        let gpus = &mut inp.metadata.as_mut().unwrap().gpus;
+        gpus[0].recorded = RecordedAccess { mode: Some(0o600), uid: Some(7), gid: Some(8) };
+        gpus[1].recorded = RecordedAccess { mode: Some(0o640), uid: None, gid: None };
+        let plan = build(&inp).unwrap();
+        assert_eq!(plan.tree.get("nvidia0").unwrap().access, Access { mode: 0o600, uid: 7, gid: 8 });
+        assert_eq!(plan.tree.get("nvidia1").unwrap().access, Access { mode: 0o640, uid: 0, gid: 0 });
+        assert_eq!(plan.tree.get("nvidia4").unwrap().access, Access::DEVICE_DEFAULT);
+        assert_eq!(rdev_at(&plan, "nvidia0"), Some(Rdev::new(1, 7)));
     }
 
     /// The metadata key absent (cuda-checkpoint released the devices): host GPUs still served.

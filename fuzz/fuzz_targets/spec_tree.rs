@@ -65,6 +65,10 @@ fn extra_inputs(view: spec::SpecView, extra: &[u8]) -> Inputs {
                     device_instance: m,
                     subdevice_instance: u32::from(tag >> 7),
                     uuid,
+                    recorded: devremap::metadata::RecordedAccess {
+                        mode: (b & 0x40 != 0).then_some(u32::from(b) & 0o777),
+                        ..Default::default()
+                    },
                 });
             }
             1 => {
