@@ -25,6 +25,27 @@ pub enum Command {
     Mount(MountArgs),
     /// Print (or write) an OCI runtime spec whose /dev is a bind mount of a devremap mount.
     OciPatch(OciPatchArgs),
+    /// Write the GPUs a container has as checkpoint metadata (the save side).
+    Record(RecordArgs),
+    /// Print the pairing as cuda-checkpoint's --device-map value: oldUUID=newUUID,...
+    CudaDeviceMap(InputArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RecordArgs {
+    /// The container's OCI runtime spec (config.json).
+    #[arg(long, value_name = "CONFIG")]
+    pub spec: PathBuf,
+    /// Device directory whose nvidiaN nodes are the container's GPUs (default /dev when the
+    /// spec asks for GPUs through the NVIDIA hook).
+    #[arg(long, value_name = "DIR")]
+    pub host_dev: Option<PathBuf>,
+    /// Root under which /proc/driver/nvidia and /sys/bus/pci are read.
+    #[arg(long, value_name = "DIR", default_value = "/")]
+    pub host_root: PathBuf,
+    /// Write the list here (atomically) instead of printing it.
+    #[arg(long, value_name = "PATH")]
+    pub output: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

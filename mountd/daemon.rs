@@ -11,7 +11,7 @@
 //!
 //! Assumption: one daemon per mountpoint, enforced by the [`MountLock`] held for its whole life.
 
-use crate::atomic::{Written, write_atomic};
+use devremap::atomic::{Written, write_atomic};
 use crate::cli::MountArgs;
 use crate::logging;
 use crate::mountpoint::{MountLock, check_private, detach, is_dead_mount, prepare_mountpoint, resolve, wait_answering};

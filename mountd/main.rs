@@ -1,7 +1,6 @@
 //! `devremapd`: the command line around the `devremap` library. Sets the logger up, parses
 //! flags, and maps every error to one line `error: ...` and exit status 1.
 
-mod atomic;
 mod cli;
 mod daemon;
 mod logging;
@@ -50,6 +49,8 @@ fn main() -> ExitCode {
         Command::Plan(args) => plan(&args),
         Command::Mount(args) => daemon::run(&args),
         Command::OciPatch(args) => oci_patch(&args),
+        Command::Record(args) => record(&args),
+        Command::CudaDeviceMap(args) => cuda_device_map(&args),
     };
     // The log lines first, then the error line after them; but a stderr that nobody reads
     // must not keep us from exiting.
@@ -84,7 +85,7 @@ fn oci_patch(args: &cli::OciPatchArgs) -> Result<(), String> {
     if patched == spec {
         return Ok(());
     }
-    atomic::write_atomic(path, out.as_bytes())
+    devremap::atomic::write_atomic(path, out.as_bytes())
         .map(drop)
         .map_err(|e| format!("{p}: cannot write: {}", devremap::io_message(&e)))
 }
@@ -97,5 +98,40 @@ fn plan(args: &cli::PlanArgs) -> Result<(), String> {
     } else {
         print!("{}", render::plan_text(&loaded.plan));
     }
+    Ok(())
+}
+
+fn record(args: &cli::RecordArgs) -> Result<(), String> {
+    let sources = load::Sources {
+        spec: Some(args.spec.clone()),
+        host_dev: args.host_dev.clone(),
+        host_root: args.host_root.clone(),
+        ..load::Sources::default()
+    };
+    let loaded = load::load(&sources).map_err(|e| e.to_string())?;
+    let list = devremap::record::devices(&loaded.plan);
+    let mut text = serde_json::to_string_pretty(&list).expect("a JSON value serialises");
+    text.push('\n');
+    let Some(path) = &args.output else {
+        print!("{text}");
+        return Ok(());
+    };
+    devremap::atomic::write_atomic(path, text.as_bytes())
+        .map_err(|e| format!("{}: cannot write: {}", path.display(), devremap::io_message(&e)))?;
+    log::info!("recorded {} GPUs to {}", list.as_array().map_or(0, Vec::len), path.display());
+    Ok(())
+}
+
+fn cuda_device_map(args: &cli::InputArgs) -> Result<(), String> {
+    let loaded = load::load(&args.sources()).map_err(|e| e.to_string())?;
+    let map = devremap::cuda_map::device_map(&loaded.plan).map_err(|e| {
+        // A restored GPU's UUID comes from the host's driver files, a saved one's from the checkpoint.
+        let from = match e {
+            devremap::cuda_map::CudaMapError::RestoredUuid { .. } => args.host_root.display().to_string(),
+            _ => args.metadata.as_ref().map_or("--metadata".to_owned(), |p| p.display().to_string()),
+        };
+        format!("{from}: {e}")
+    })?;
+    println!("{map}");
     Ok(())
 }

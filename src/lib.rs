@@ -7,6 +7,8 @@
 //! library only logs through `log` macros; the `devremapd` binary sets a logger up.
 
 pub mod adapter;
+pub mod atomic;
+pub mod cuda_map;
 pub mod device;
 pub mod escape;
 pub mod files;
@@ -17,6 +19,7 @@ pub mod metadata;
 pub mod oci_patch;
 pub mod pairing;
 pub mod plan;
+pub mod record;
 pub mod render;
 pub mod served;
 pub mod spec;

@@ -1,5 +1,6 @@
-//! The files `devremapd` writes (the pid file, the state file, `oci-patch --in-place`):
-//! replaced atomically, never through a symlink someone planted, and removed at exit only while
+//! The files devremap writes (`devremapd`'s pid file, state file, `oci-patch --in-place` and
+//! `record --output`; `devremap-runtime`'s patched spec and checkpoint record): replaced
+//! atomically, never through a symlink someone planted, and removed at exit only while
 //! they are still the ones this process wrote.
 //!
 //! Assumption: the directory of such a file may be writable by users other than root, who may
@@ -65,4 +66,31 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<Written> {
     let meta = file.metadata()?;
     tmp.persist(path).map_err(|e| e.error)?;
     Ok(Written { path: path.to_owned(), dev: meta.dev(), ino: meta.ino() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rule: a write replaces a symlink planted at the path instead of writing through it, a
+    /// replaced file keeps its mode, and no temporary file is left.
+    #[test]
+    fn never_follows_symlinks_and_keeps_the_mode() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let target = dir.path().join("target");
+        std::fs::write(&target, "precious").unwrap();
+        let path = dir.path().join("out.json");
+        std::os::unix::fs::symlink(&target, &path).unwrap();
+        write_atomic(&path, b"new").unwrap();
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "precious");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "new");
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        assert!(meta.is_file() && meta.mode() & 0o7777 == NEW_FILE_MODE);
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let written = write_atomic(&path, b"newer").unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().mode() & 0o7777, 0o600);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2, "no temporary file left");
+        written.remove_if_ours();
+        assert!(!path.exists());
+    }
 }

@@ -1,0 +1,149 @@
+//! The save side: the GPUs a container has, written as the device list `--metadata` reads, so
+//! that a checkpoint made with any runtime says which GPUs it had (gVisor writes the same list
+//! into its state file).
+//!
+//! Pure: [`devices`] takes a plan built without metadata and returns the list. The GPUs are
+//! the plan's restored GPUs, so whatever chooses them there (the spec's `linux.devices`, or in
+//! hook mode the device directory and `NVIDIA_VISIBLE_DEVICES`) chooses what is recorded, and a
+//! `plan --metadata` of the list on the same host pairs each GPU with itself. Each item also
+//! holds the `mode`, `uid` and `gid` of the node served under the GPU's name, which a restore
+//! gives the checkpoint name back (CRIU compares a reopened file's mode with the saved one).
+//!
+//! `gpu_id` and `device_instance` are informational (pairing never reads them): `gpu_id` is
+//! the PCI location encoded as the driver's gpu ids are, `domain << 16 | bus << 8 | device`
+//! (0x300 for `0000:03:00.0`); `device_instance` is the GPU's position in PCI bus order among
+//! the recorded GPUs. Both are 0 where the driver's files give no bus.
+
+use crate::device::RestoredGpu;
+use crate::plan::Plan;
+use serde_json::{Value, json};
+
+/// The recorded device list: one object per restored GPU, sorted by minor.
+pub fn devices(plan: &Plan) -> Value {
+    let mut by_bus: Vec<(u32, u32)> = plan.restored.iter().filter_map(|g| Some((gpu_id(g)?, g.minor))).collect();
+    by_bus.sort_unstable();
+    let items = plan
+        .restored
+        .iter()
+        .map(|g| {
+            let (vendor, device) = g.pci.unwrap_or((0, 0));
+            // The node served under the native name: the spec's fileMode/uid/gid, or the host's.
+            let access = plan.tree.get(&g.name()).map_or(g.access, |n| n.access);
+            json!({
+                "minor": g.minor,
+                "pci_vendor_id": vendor,
+                "pci_device_id": device,
+                "gpu_id": gpu_id(g).unwrap_or(0),
+                "device_instance": by_bus.iter().position(|&(_, m)| m == g.minor).unwrap_or(0),
+                "subdevice_instance": 0,
+                "uuid": g.uuid.clone().unwrap_or_default(),
+                "mode": access.mode,
+                "uid": access.uid,
+                "gid": access.gid,
+            })
+        })
+        .collect();
+    Value::Array(items)
+}
+
+/// `domain << 16 | bus << 8 | device` of a bus location `DDDD:BB:DD.F`, if it parses.
+fn gpu_id(gpu: &RestoredGpu) -> Option<u32> {
+    let bus = gpu.bus.as_deref()?;
+    let (domain, rest) = bus.split_once(':')?;
+    let (bus, rest) = rest.split_once(':')?;
+    let (device, _function) = rest.split_once('.')?;
+    let hex = |s: &str, max: u32| u32::from_str_radix(s, 16).ok().filter(|&n| n <= max);
+    Some((hex(domain, 0xffff)? << 16) | (hex(bus, 0xff)? << 8) | hex(device, 0x1f)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::{Access, Rdev};
+    use crate::host::{DevDirScan, GpuInfo, HostFacts, HostNode};
+    use crate::metadata;
+    use crate::plan::{self, Inputs};
+
+    fn uuid(minor: u32) -> String {
+        format!("GPU-00000000-0000-0000-0000-{minor:012}")
+    }
+
+    /// A host with GPUs `minors`, each 1:N+3 with `access`; the driver describes each, the bus
+    /// order being the reverse of the minor order.
+    fn host(minors: &[u32], access: Access) -> Inputs {
+        let gpus = minors
+            .iter()
+            .map(|&n| (n, HostNode { rel_path: format!("nvidia{n}"), rdev: Rdev::new(1, n + 3), access }))
+            .collect();
+        let gpu_info = minors
+            .iter()
+            .map(|&n| GpuInfo {
+                minor: Some(n),
+                uuid: Some(uuid(n)),
+                bus: Some(format!("0001:{:02x}:02.0", 0x40 - n)),
+                pci: Some((0x10de, 0x2330)),
+                ..GpuInfo::default()
+            })
+            .collect();
+        Inputs {
+            dev_dir: Some(DevDirScan { gpus, passthrough: vec![] }),
+            host: HostFacts { gpu_info, ..HostFacts::default() },
+            ..Inputs::default()
+        }
+    }
+
+    /// Rule (issue 12.1): every field of a recorded GPU, the node's mode and owner included.
+    #[test]
+    fn records_every_field() {
+        let plan = plan::build(&host(&[2, 5], Access { mode: 0o660, uid: 0, gid: 44 })).unwrap();
+        let list = devices(&plan);
+        assert_eq!(
+            list[0],
+            json!({"minor": 2, "pci_vendor_id": 0x10de, "pci_device_id": 0x2330, "gpu_id": 0x1_3e02,
+                   "device_instance": 1, "subdevice_instance": 0, "uuid": uuid(2),
+                   "mode": 0o660, "uid": 0, "gid": 44})
+        );
+        assert_eq!((list[1]["minor"].as_u64(), list[1]["device_instance"].as_u64()), (Some(5), Some(0)));
+    }
+
+    /// Rule (issue 12.1): what is recorded, read back as metadata and planned on the same host,
+    /// is the identity remap, and every checkpoint name keeps its node's access.
+    #[test]
+    fn round_trip_is_the_identity() {
+        let access = Access { mode: 0o640, uid: 3, gid: 4 };
+        let inputs = host(&[0, 3, 7], access);
+        let list = devices(&plan::build(&inputs).unwrap());
+        let meta = metadata::parse(list.to_string().as_bytes()).unwrap();
+        let plan = plan::build(&Inputs { metadata: Some(meta), ..inputs }).unwrap();
+        let pairs: Vec<(u32, u32)> = plan.remap.iter().map(|e| (e.old.minor, e.new.minor)).collect();
+        assert_eq!(pairs, [(0, 0), (3, 3), (7, 7)]);
+        assert!(plan.warnings.is_empty(), "{:?}", plan.warnings);
+        assert!(plan.remap.iter().all(|e| Some(&e.old.uuid) == e.new.uuid.as_ref()));
+        assert!(plan.tree.iter().filter(|(p, _)| p.starts_with("nvidia")).all(|(_, n)| n.access == access));
+    }
+
+    /// No GPUs: an empty list, which reads back as "no saved GPUs".
+    #[test]
+    fn no_gpus_is_an_empty_list() {
+        let list = devices(&plan::build(&Inputs::default()).unwrap());
+        assert_eq!(list, json!([]));
+        assert!(metadata::parse(list.to_string().as_bytes()).unwrap().gpus.is_empty());
+    }
+
+    /// A bus location that does not parse gives gpu_id 0, never a panic.
+    #[test]
+    fn odd_bus_locations() {
+        let gpu = |bus: &str| RestoredGpu {
+            minor: 0,
+            rdev: Rdev::new(195, 0),
+            access: Access::DEVICE_DEFAULT,
+            uuid: None,
+            bus: Some(bus.into()),
+            pci: None,
+        };
+        assert_eq!(gpu_id(&gpu("0000:03:00.0")), Some(0x300));
+        for bad in ["", "03:00.0", "0000:3b:00", "0000:zz:00.0", "10000:03:00.0", "0000:03:20.0"] {
+            assert_eq!(gpu_id(&gpu(bad)), None, "{bad}");
+        }
+    }
+}
