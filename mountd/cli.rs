@@ -83,6 +83,13 @@ pub struct MountArgs {
     /// filesystem) is abandoned: the served tree stays and `last_error` says so.
     #[arg(long, value_name = "SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub reload_timeout: u64,
+    /// Stop when the process whose pid this file holds (the container's init, as the runtime's
+    /// --pid-file writes it) exits, once the file appears.
+    #[arg(long, value_name = "PATH")]
+    pub container_pid_file: Option<PathBuf>,
+    /// Stop when process PID (whoever started us) exits before --container-pid-file appears.
+    #[arg(long, value_name = "PID")]
+    pub owner_pid: Option<u32>,
 }
 
 #[derive(Debug, Args)]

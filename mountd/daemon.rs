@@ -11,11 +11,11 @@
 //!
 //! Assumption: one daemon per mountpoint, enforced by the [`MountLock`] held for its whole life.
 
-use devremap::atomic::{Written, write_atomic};
 use crate::cli::MountArgs;
 use crate::logging;
 use crate::mountpoint::{MountLock, check_private, detach, is_dead_mount, prepare_mountpoint, resolve, wait_answering};
 use devremap::adapter::Adapter;
+use devremap::atomic::{Written, write_atomic};
 use devremap::load::{self, LoadError, Loaded, Sources};
 use devremap::served::{Change, Devfs};
 use devremap::{io_message, render};
@@ -221,6 +221,11 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
         return Err(e);
     }
     notify(&[NotifyState::Ready]);
+    let watch_tx = daemon.events.clone();
+    crate::watch::spawn(args.owner_pid, args.container_pid_file.clone(), move |why| {
+        info!("{why}: stopping");
+        let _ = watch_tx.send(Event::Signal(SIGTERM));
+    });
     info!(
         "serving {m}: generation 1, nodes: {}, remapped GPUs: {}{}",
         daemon.current.plan.tree.len() - 1,

@@ -5,6 +5,7 @@ mod cli;
 mod daemon;
 mod logging;
 mod mountpoint;
+mod watch;
 
 use clap::Parser;
 use cli::{Cli, Command};

@@ -21,6 +21,7 @@ pub mod pairing;
 pub mod plan;
 pub mod record;
 pub mod render;
+pub mod runtime;
 pub mod served;
 pub mod spec;
 pub mod tree;

@@ -26,7 +26,7 @@ pub const APPLETS: &[&str] = &[
 ];
 
 /// A hybrid cgroup layout mounts cgroup2 here, beside the v1 controllers.
-const HYBRID_UNIFIED: &str = "/sys/fs/cgroup/unified";
+pub const HYBRID_UNIFIED: &str = "/sys/fs/cgroup/unified";
 
 /// An OCI runtime under test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

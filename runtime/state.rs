@@ -1,0 +1,217 @@
+//! A container's devremap state: `<state_dir>/<id>/` holding the mountpoint `dev/`, the
+//! daemon's pid, state and log files, and the default pid file of the container's init.
+//!
+//! Assumptions: only root writes under `<state_dir>`, which is made (or checked to be) a
+//! root-owned directory of mode 0700, so a pid file found there was written by a daemon we
+//! started; still, a pid is signalled only if `/proc/<pid>/cmdline` names this container's
+//! mountpoint, so a stale file whose pid was reused never makes us signal another process.
+
+use devremap::io_message;
+use std::fs::{self, DirBuilder};
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a daemon may take to answer, and to stop.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// One container's directory.
+pub struct Container {
+    pub dir: PathBuf,
+}
+
+/// What the daemon is started with.
+pub struct DaemonArgs<'a> {
+    pub devremapd: &'a Path,
+    pub spec: &'a Path,
+    pub host_dev: Option<&'a Path>,
+    pub host_root: &'a Path,
+    pub metadata: Option<&'a Path>,
+    /// `--device-map` and `--prefer` from the annotations.
+    pub extra: Vec<String>,
+    /// The runtime's pid file of the container's init.
+    pub container_pid_file: &'a Path,
+}
+
+impl Container {
+    pub fn new(state_dir: &Path, id: &str) -> Container {
+        Container { dir: state_dir.join(id) }
+    }
+
+    pub fn dev(&self) -> PathBuf {
+        self.dir.join("dev")
+    }
+
+    fn pid_file(&self) -> PathBuf {
+        self.dir.join("devremapd.pid")
+    }
+
+    fn log(&self) -> PathBuf {
+        self.dir.join("devremapd.log")
+    }
+
+    /// The pid file given to the runtime when its caller gave none.
+    pub fn default_container_pid_file(&self) -> PathBuf {
+        self.dir.join("container.pid")
+    }
+
+    pub fn exists(&self) -> bool {
+        fs::symlink_metadata(&self.dir).is_ok()
+    }
+
+    /// Makes `<state_dir>` (root-owned, 0700) and this container's directory and mountpoint.
+    pub fn prepare(&self) -> Result<(), String> {
+        let state_dir = self.dir.parent().expect("a container dir has a parent");
+        ensure_private_dir(state_dir)?;
+        let builder = {
+            let mut b = DirBuilder::new();
+            b.mode(0o700);
+            b
+        };
+        builder.create(&self.dir).map_err(|e| format!("{}: {}", self.dir.display(), io_message(&e)))?;
+        builder.create(self.dev()).map_err(|e| format!("{}: {}", self.dev().display(), io_message(&e)))
+    }
+
+    /// Starts `devremapd mount` on `dev/`, detached (its own session, stdio to its log file, no
+    /// inherited descriptors), and waits until its mount answers (its pid file appears).
+    pub fn start_daemon(&self, a: &DaemonArgs) -> Result<Child, String> {
+        let log = fs::File::create(self.log()).map_err(|e| format!("{}: {}", self.log().display(), io_message(&e)))?;
+        let log2 = log.try_clone().map_err(|e| format!("{}: {}", self.log().display(), io_message(&e)))?;
+        let mut cmd = Command::new(a.devremapd);
+        cmd.arg("mount")
+            .arg(self.dev())
+            .arg("--spec")
+            .arg(a.spec)
+            .arg("--host-root")
+            .arg(a.host_root)
+            .arg("--pid-file")
+            .arg(self.pid_file())
+            .arg("--state-file")
+            .arg(self.dir.join("state.json"))
+            .arg("--container-pid-file")
+            .arg(a.container_pid_file)
+            .arg("--owner-pid")
+            .arg(std::process::id().to_string())
+            .args(&a.extra)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log2);
+        if let Some(dev) = a.host_dev {
+            cmd.arg("--host-dev").arg(dev);
+        }
+        if let Some(meta) = a.metadata {
+            cmd.arg("--metadata").arg(meta);
+        }
+        // SAFETY: setsid and close_range are async-signal-safe and touch only the child. The
+        // daemon must not share our session (a terminal's ^C) nor hold a descriptor of our
+        // caller's (containerd waits for EOF on the runtime's output pipes).
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::setsid();
+                libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+                Ok(())
+            });
+        }
+        let mut child =
+            cmd.spawn().map_err(|e| format!("cannot start {}: {}", a.devremapd.display(), io_message(&e)))?;
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if self.pid_file().exists() {
+                return Ok(child);
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(format!("devremapd exited ({status}) before its mount answered: {}", self.last_log_line()));
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "devremapd did not answer within {} s: {}",
+                    PATIENCE.as_secs(),
+                    self.last_log_line()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn last_log_line(&self) -> String {
+        let text = fs::read_to_string(self.log()).unwrap_or_default();
+        text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("(no log)").to_owned()
+    }
+
+    /// Stops the daemon (if it still runs), detaches whatever is left mounted on `dev/`, and
+    /// removes the directory. `child` is the daemon when this process started it (to reap it).
+    pub fn teardown(&self, child: Option<Child>) -> Result<(), String> {
+        if let Some(pid) = self.daemon_pid() {
+            stop(pid);
+        }
+        if let Some(mut child) = child {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        // A daemon that was killed leaves a dead FUSE mount; a live one has unmounted already.
+        if let Ok(c) = std::ffi::CString::new(self.dev().as_os_str().as_encoded_bytes()) {
+            // SAFETY: a valid path; EINVAL when nothing is mounted there.
+            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        }
+        match fs::remove_dir_all(&self.dir) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                Err(format!("{}: cannot remove: {}", self.dir.display(), io_message(&e)))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The daemon's pid, if its pid file names a live process serving this mountpoint.
+    fn daemon_pid(&self) -> Option<u32> {
+        let devremap::files::SmallText::Text(text) = devremap::files::read_small_text(&self.pid_file(), 64) else {
+            return None;
+        };
+        let pid: u32 = text.trim().parse().ok().filter(|&p| p > 1)?;
+        let cmdline = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        let dev = self.dev();
+        let dev = dev.as_os_str().as_encoded_bytes();
+        cmdline.split(|&b| b == 0).any(|arg| arg == dev).then_some(pid)
+    }
+}
+
+/// SIGTERM, then waits for the process to exit (SIGKILL after [`PATIENCE`]).
+fn stop(pid: u32) {
+    // SAFETY: kill with a pid checked to be our daemon.
+    unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+    let deadline = Instant::now() + PATIENCE;
+    // A zombie (our own child, not yet reaped) has no cmdline: it has exited.
+    let alive = || fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| !c.is_empty());
+    while alive() {
+        if Instant::now() > deadline {
+            // SAFETY: as above.
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Makes `dir` (and its missing parents) a directory of mode 0700, or checks that it is one
+/// owned by us: never a symlink, never a directory another user could write into.
+fn ensure_private_dir(dir: &Path) -> Result<(), String> {
+    let d = dir.display();
+    DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|e| format!("{d}: {}", io_message(&e)))?;
+    let meta = fs::symlink_metadata(dir).map_err(|e| format!("{d}: {}", io_message(&e)))?;
+    if !meta.is_dir() {
+        return Err(format!("{d}: is {}, not a directory; refused", devremap::files::describe(meta.mode())));
+    }
+    // SAFETY: geteuid cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if meta.uid() != me {
+        return Err(format!("{d}: owned by uid {}, not {me}; refused", meta.uid()));
+    }
+    if meta.mode() & 0o7777 != 0o700 {
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).map_err(|e| format!("{d}: {}", io_message(&e)))?;
+    }
+    Ok(())
+}

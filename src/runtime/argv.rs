@@ -1,0 +1,275 @@
+//! runc's command line, as the wrapper must understand it to pass it on unchanged:
+//! `runc [global flags] COMMAND [flags] ID`.
+//!
+//! Pure. Assumptions, from runc (urfave/cli over Go's `flag` package), which crun follows:
+//! a flag is `-name` or `--name`, its value either `=value` or the next argument, and a boolean
+//! flag never takes the next argument; flags come before the positional arguments, and the
+//! first argument that is not a flag (or the one after `--`) ends them. Only the flags that
+//! take a value must be known, to skip their values: an unknown flag is taken as a boolean, so
+//! a newer runtime's new boolean flags pass through. The wrapper never rewrites the command
+//! line; it only inserts `--pid-file` where a create, run or restore lacks one.
+
+/// The global flags of runc and crun that take a value.
+const GLOBAL_VALUE_FLAGS: &[&str] = &["log", "log-format", "root", "criu", "rootless", "cgroup-manager", "log-level"];
+
+/// The flags of runc's and crun's commands that take a value.
+const COMMAND_VALUE_FLAGS: &[&str] = &[
+    "bundle",
+    "b",
+    "console-socket",
+    "pid-file",
+    "preserve-fds",
+    "pidfd-socket",
+    "image-path",
+    "work-path",
+    "parent-path",
+    "page-server",
+    "manage-cgroups-mode",
+    "empty-ns",
+    "status-fd",
+    "lsm-profile",
+    "lsm-mount-context",
+    "criu",
+];
+
+/// One invocation of the runtime.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invocation {
+    /// The global flags, as given.
+    pub global: Vec<String>,
+    /// `--root`, where the runtime keeps its containers' state.
+    pub root: Option<String>,
+    /// `--log`, the file the runtime (and a caller like containerd) keeps errors in.
+    pub log: Option<String>,
+    /// `--log-format`.
+    pub log_format: Option<String>,
+    /// The command (`create`, `run`, ...), if any.
+    pub command: Option<String>,
+    /// Everything after the command, as given.
+    pub args: Vec<String>,
+}
+
+/// What a command's flags say that the wrapper needs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CommandArgs {
+    /// The first positional argument: the container id.
+    pub id: Option<String>,
+    pub bundle: Option<String>,
+    pub pid_file: Option<String>,
+    pub image_path: Option<String>,
+    /// `--force`/`-f` (delete).
+    pub force: bool,
+    /// `--detach`/`-d` (run, restore).
+    pub detach: bool,
+    /// `--keep` (run): the container is not deleted when it exits.
+    pub keep: bool,
+}
+
+/// `-name`, `--name`, `--name=value` -> `(name, Some(value))`; `None` when not a flag.
+fn flag(arg: &str) -> Option<(&str, Option<&str>)> {
+    let name = arg.strip_prefix("--").or_else(|| arg.strip_prefix('-')).filter(|n| !n.is_empty())?;
+    if arg == "-" {
+        return None;
+    }
+    Some(match name.split_once('=') {
+        Some((n, v)) => (n, Some(v)),
+        None => (name, None),
+    })
+}
+
+/// Walks flags from the start of `args`, calling `f(name, value)` for each, and returns the
+/// index of the first positional argument (`args.len()` when there is none).
+fn walk_flags<'a>(args: &'a [String], value_flags: &[&str], mut f: impl FnMut(&str, Option<&'a str>)) -> usize {
+    let mut i = 0;
+    while i < args.len() {
+        let arg = args[i].as_str();
+        if arg == "--" {
+            return i + 1;
+        }
+        let Some((name, inline)) = flag(arg) else { return i };
+        let value = match inline {
+            Some(v) => Some(v),
+            None if value_flags.contains(&name) => {
+                i += 1;
+                args.get(i).map(String::as_str)
+            }
+            None => None,
+        };
+        f(name, value);
+        i += 1;
+    }
+    args.len()
+}
+
+/// Splits a command line (without the program name).
+pub fn parse(argv: &[String]) -> Invocation {
+    let (mut root, mut log, mut log_format) = (None, None, None);
+    let end = walk_flags(argv, GLOBAL_VALUE_FLAGS, |name, value| {
+        let slot = match name {
+            "root" => &mut root,
+            "log" => &mut log,
+            "log-format" => &mut log_format,
+            _ => return,
+        };
+        *slot = value.map(str::to_owned);
+    });
+    // A `--` before the command leaves `end` past it; the command is what follows.
+    let global = argv[..end].iter().filter(|a| *a != "--").cloned().collect();
+    Invocation {
+        global,
+        root,
+        log,
+        log_format,
+        command: argv.get(end).cloned(),
+        args: argv.get(end + 1..).map(<[String]>::to_vec).unwrap_or_default(),
+    }
+}
+
+impl Invocation {
+    /// The command's flags and container id.
+    pub fn command_args(&self) -> CommandArgs {
+        let mut c = CommandArgs::default();
+        let end = walk_flags(&self.args, COMMAND_VALUE_FLAGS, |name, value| {
+            let value = value.map(str::to_owned);
+            // A boolean given as `--force=false` is false.
+            let on = value.as_deref().is_none_or(|v| v != "false");
+            match name {
+                "bundle" | "b" => c.bundle = value,
+                "pid-file" => c.pid_file = value,
+                "image-path" => c.image_path = value,
+                "force" | "f" => c.force = on,
+                "detach" | "d" => c.detach = on,
+                "keep" => c.keep = on,
+                _ => {}
+            }
+        });
+        c.id = self.args.get(end).cloned();
+        c
+    }
+
+    /// The whole command line, with `--pid-file PATH` added after the command's own flags
+    /// (before the container id) when it has none.
+    pub fn with_pid_file(&self, path: &str) -> Vec<String> {
+        let mut args = self.args.clone();
+        if self.command_args().pid_file.is_none() {
+            let end = walk_flags(&self.args, COMMAND_VALUE_FLAGS, |_, _| {});
+            // Before a `--` that ends the flags, or before the id.
+            let at = if end > 0 && self.args.get(end - 1).is_some_and(|a| a == "--") { end - 1 } else { end };
+            args.splice(at..at, ["--pid-file".to_owned(), path.to_owned()]);
+        }
+        self.line(args)
+    }
+
+    /// The command line as given.
+    pub fn original(&self) -> Vec<String> {
+        self.line(self.args.clone())
+    }
+
+    /// `runtime [global flags] <command>` followed by `rest`, for another command on the same
+    /// runtime state (`state ID`).
+    pub fn sibling(&self, command: &str, rest: &[&str]) -> Vec<String> {
+        let mut v = self.global.clone();
+        v.push(command.to_owned());
+        v.extend(rest.iter().map(|s| (*s).to_owned()));
+        v
+    }
+
+    fn line(&self, args: Vec<String>) -> Vec<String> {
+        let mut v = self.global.clone();
+        v.extend(self.command.clone());
+        v.extend(args);
+        v
+    }
+}
+
+/// A container id that is safe as one path component: runc's own rule (`^[\w+\-.]+$`), and not
+/// `.` or `..`.
+pub fn valid_id(id: &str) -> bool {
+    !id.is_empty()
+        && id != "."
+        && id != ".."
+        && id.len() <= 1024
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"_+-.".contains(&b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(s: &str) -> Vec<String> {
+        s.split_whitespace().map(str::to_owned).collect()
+    }
+
+    /// containerd's runc shim: global flags before the command, then create's flags and the id.
+    #[test]
+    fn containerd_create() {
+        let argv = v("--root /run/containerd/runc/k8s.io --log /b/log.json --log-format json --systemd-cgroup \
+                      create --bundle /b --pid-file /b/init.pid --console-socket /tmp/c.sock abc123");
+        let inv = parse(&argv);
+        assert_eq!(inv.root.as_deref(), Some("/run/containerd/runc/k8s.io"));
+        assert_eq!((inv.log.as_deref(), inv.log_format.as_deref()), (Some("/b/log.json"), Some("json")));
+        assert_eq!(inv.command.as_deref(), Some("create"));
+        let c = inv.command_args();
+        assert_eq!(c.id.as_deref(), Some("abc123"));
+        assert_eq!((c.bundle.as_deref(), c.pid_file.as_deref()), (Some("/b"), Some("/b/init.pid")));
+        assert_eq!(inv.original(), argv);
+        assert_eq!(inv.with_pid_file("/x"), argv, "a pid file given is kept");
+    }
+
+    /// Go's flag forms: one or two dashes, `=value`, short `-b`, booleans that take no value,
+    /// and `--` ending the flags.
+    #[test]
+    fn flag_forms() {
+        let inv = parse(&v("-root=/r --debug run -b=/bun -d --no-pivot --keep -- my-id"));
+        assert_eq!((inv.root.as_deref(), inv.command.as_deref()), (Some("/r"), Some("run")));
+        assert_eq!(inv.global, v("-root=/r --debug"));
+        let c = inv.command_args();
+        assert_eq!((c.id.as_deref(), c.bundle.as_deref()), (Some("my-id"), Some("/bun")));
+        assert!(c.detach && c.keep && !c.force);
+        assert_eq!(
+            inv.with_pid_file("/p"),
+            v("-root=/r --debug run -b=/bun -d --no-pivot --keep --pid-file /p -- my-id")
+        );
+        let del = parse(&v("delete --force=false c1")).command_args();
+        assert!(!del.force && del.id.as_deref() == Some("c1"));
+        assert!(parse(&v("delete -f c1")).command_args().force);
+    }
+
+    /// checkpoint and restore: `--image-path` and the other value flags are skipped right.
+    #[test]
+    fn checkpoint_and_restore() {
+        let c = parse(&v("--root /s checkpoint --image-path /img --work-path /w --leave-running c1")).command_args();
+        assert_eq!((c.image_path.as_deref(), c.id.as_deref()), (Some("/img"), Some("c1")));
+        let inv = parse(&v("restore --detach --image-path /img --bundle /b --manage-cgroups-mode soft c1"));
+        let c = inv.command_args();
+        assert_eq!(
+            (c.image_path.as_deref(), c.bundle.as_deref(), c.id.as_deref()),
+            (Some("/img"), Some("/b"), Some("c1"))
+        );
+        assert_eq!(inv.sibling("state", &["c1"]), v("state c1"));
+    }
+
+    /// Odd command lines never panic: nothing, flags only, a flag missing its value, no id.
+    #[test]
+    fn odd_command_lines() {
+        assert_eq!(parse(&[]).command, None);
+        assert_eq!(parse(&v("--version")).command, None);
+        assert_eq!(parse(&v("--root")).root, None);
+        let inv = parse(&v("create --bundle"));
+        assert_eq!(inv.command_args(), CommandArgs::default());
+        assert_eq!(inv.with_pid_file("/p"), v("create --bundle --pid-file /p"));
+        assert_eq!(parse(&v("state")).command_args().id, None);
+        assert_eq!(parse(&v("-- state x")).command.as_deref(), Some("state"));
+    }
+
+    /// Rule: an id is used as a path component only when it is runc's kind of id.
+    #[test]
+    fn ids() {
+        for good in ["abc", "a.b-c_d+e", "0123456789abcdef"] {
+            assert!(valid_id(good), "{good}");
+        }
+        for bad in ["", ".", "..", "a/b", "../x", "a b", "é"] {
+            assert!(!valid_id(bad), "{bad}");
+        }
+    }
+}

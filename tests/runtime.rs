@@ -1,0 +1,339 @@
+//! `devremap-runtime`, the OCI runtime wrapper, with real runtimes: runc's create/start/delete
+//! and run, crun through the config's `runtime`, the refusal of bad annotations and configs,
+//! and the daemon's lifetime (gone after delete, gone when the container's init exits, gone
+//! when the wrapper is killed before the container started).
+//!
+//! The fake host is the one of tests/containers.rs: GPUs `nvidia0` and `nvidia1` are char
+//! devices 1:3 (null) and 1:5 (zero). The bundle asks for devremap by annotation, since a fake
+//! GPU's number is not NVIDIA's. Every wrapper runs with its own config file
+//! (`DEVREMAP_RUNTIME_CONFIG`) whose `state_dir` is in the test's temporary directory.
+
+mod common;
+
+use common::bundle::{Bundle, HYBRID_UNIFIED, Runtime, allow_char, is_mount_point, need_containers, oci_config};
+use common::daemon::{is_mounted, wait_for};
+use common::{FakeHost, arg, fake_rdev, write_file};
+use serde_json::{Value, json};
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::Mutex;
+use tempfile::TempDir;
+
+const WRAPPER: &str = env!("CARGO_BIN_EXE_devremap-runtime");
+
+/// One container at a time, as in tests/containers.rs.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// The container reports what its `/dev` is, then waits for `/xchg/go`.
+const SCRIPT: &str = r#"#!/bin/sh
+while read -r src mp fs rest; do [ "$mp" = /dev ] && echo "dev.fs: $fs"; done < /proc/mounts
+echo "nvidia1: $(stat -c '%t:%T' /dev/nvidia1)"
+echo "nvidia1.reads: $(head -c 4 /dev/nvidia1 | od -An -tx1 | tr -d ' \n')"
+echo ready
+i=0
+while [ ! -e /xchg/go ]; do i=$((i + 1)); [ "$i" -gt 1200 ] && exit 1; sleep 0.05; done
+echo done
+"#;
+
+/// A fake host, a bundle asking for devremap, and the wrapper's config.
+struct Setup {
+    host: FakeHost,
+    bundle: Bundle,
+    tmp: TempDir,
+    config: PathBuf,
+}
+
+impl Setup {
+    fn new(runtime: Runtime, annotations: Value) -> Setup {
+        let host = FakeHost::with_gpus(&[0, 1]);
+        let rules: Vec<Value> = (0..2).map(fake_rdev).map(|(ma, mi)| allow_char(ma, mi)).collect();
+        let mut spec = oci_config("wrapped", &rules);
+        spec["annotations"] = annotations;
+        let bundle = Bundle::new(SCRIPT, &spec);
+        let tmp = TempDir::new().unwrap();
+        let config = write_file(
+            tmp.path(),
+            "runtime.json",
+            json!({"runtime": arg(&runtime_binary(runtime, tmp.path())), "host_dev": arg(&host.dev()),
+                   "host_root": arg(&host.root()), "state_dir": arg(&tmp.path().join("state"))})
+            .to_string(),
+        );
+        Setup { host, bundle, tmp, config }
+    }
+
+    fn state_dir(&self) -> PathBuf {
+        self.tmp.path().join("state")
+    }
+
+    /// `devremap-runtime --root <bundle state> <args>`, stdout and stderr to the bundle's files.
+    fn wrapper(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(WRAPPER);
+        c.env(devremap_config_env(), &self.config)
+            .env_remove("RUST_LOG")
+            .arg("--root")
+            .arg(self.bundle.state_root())
+            .args(args)
+            .stdin(Stdio::null());
+        c
+    }
+
+    /// Runs the wrapper to its end, the container's output going to `stdout`; returns its
+    /// status and what it wrote to stderr. Files, not pipes: a container started by `create`
+    /// keeps the runtime's stdio open.
+    fn run(&self, args: &[&str]) -> Ran {
+        let out = append(&self.bundle.dir().join("stdout"));
+        let err_path = self.tmp.path().join("wrapper.stderr");
+        let err = fs::File::create(&err_path).unwrap();
+        let status = self.wrapper(args).stdout(out).stderr(err).status().expect("the wrapper runs");
+        Ran { status, stderr: fs::read_to_string(&err_path).unwrap() }
+    }
+
+    fn stdout(&self) -> String {
+        fs::read_to_string(self.bundle.dir().join("stdout")).unwrap_or_default()
+    }
+
+    fn wait_line(&self, line: &str) {
+        wait_for(&format!("{line:?} from the container"), || self.stdout().lines().any(|l| l == line).then_some(()));
+    }
+
+    fn daemon_log(&self, id: &str) -> String {
+        fs::read_to_string(self.state_dir().join(id).join("devremapd.log")).unwrap_or_default()
+    }
+
+    /// The daemon's pid, from its pid file.
+    fn daemon_pid(&self, id: &str) -> u32 {
+        fs::read_to_string(self.state_dir().join(id).join("devremapd.pid")).unwrap().trim().parse().unwrap()
+    }
+}
+
+/// A wrapper's exit status and stderr.
+struct Ran {
+    status: ExitStatus,
+    stderr: String,
+}
+
+fn devremap_config_env() -> &'static str {
+    "DEVREMAP_RUNTIME_CONFIG"
+}
+
+fn append(path: &Path) -> fs::File {
+    fs::OpenOptions::new().create(true).append(true).open(path).unwrap()
+}
+
+/// The runtime's binary, or for crun on a hybrid cgroup host a script running it where the
+/// cgroup2 mount is gone (see tests/common/bundle.rs).
+fn runtime_binary(runtime: Runtime, dir: &Path) -> PathBuf {
+    let bin = runtime.binary().unwrap_or_else(|| panic!("{} is not on PATH", runtime.name()));
+    if runtime != Runtime::Crun || !is_mount_point(Path::new(HYBRID_UNIFIED)) {
+        return bin;
+    }
+    let script = write_file(
+        dir,
+        "crun.sh",
+        format!(
+            "#!/bin/sh\nexec unshare -m --propagation private sh -c 'umount {HYBRID_UNIFIED} && exec \"$0\" \"$@\"' {} \"$@\"\n",
+            bin.display()
+        ),
+    );
+    fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    script
+}
+
+/// Whether process `pid` is alive (a zombie is not).
+fn alive(pid: u32) -> bool {
+    fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| !c.is_empty())
+}
+
+fn dev_source(config: &Value) -> Option<String> {
+    config["mounts"]
+        .as_array()?
+        .iter()
+        .find(|m| m["destination"] == "/dev")
+        .and_then(|m| m["source"].as_str())
+        .map(str::to_owned)
+}
+
+fn assert_ok(out: &Ran, what: &str, s: &Setup, id: &str) {
+    assert!(
+        out.status.success(),
+        "{what} failed ({}): {}\n--- container ---\n{}--- daemon log ---\n{}",
+        out.status,
+        out.stderr,
+        s.stdout(),
+        s.daemon_log(id)
+    );
+}
+
+/// create, start, a container on the devremap `/dev`, its init's exit stopping the daemon,
+/// and delete removing the rest.
+fn create_start_delete(runtime: Runtime) {
+    need_containers(runtime);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Setup::new(runtime, json!({"devremap.io/enable": "true"}));
+    let id = format!("wrapped-{}-{}", runtime.name(), std::process::id());
+    let bundle = arg(s.bundle.dir()).to_owned();
+
+    let out = s.run(&["create", "--bundle", &bundle, &id]);
+    assert_ok(&out, "create", &s, &id);
+    let dir = s.state_dir().join(&id);
+    let meta = fs::metadata(s.state_dir()).unwrap();
+    assert_eq!((meta.mode() & 0o7777, meta.uid()), (0o700, 0), "the state dir is private to root");
+    assert!(is_mounted(&dir.join("dev")), "no mount at {}", dir.display());
+    assert_eq!(dev_source(&s.bundle.config()).as_deref(), Some(arg(&dir.join("dev"))));
+    let daemon = s.daemon_pid(&id);
+
+    let out = s.run(&["start", &id]);
+    assert_ok(&out, "start", &s, &id);
+    s.wait_line("ready");
+    let stdout = s.stdout();
+    assert!(stdout.contains("dev.fs: fuse\n"), "{stdout}");
+    assert!(stdout.contains("nvidia1: 1:5\n") && stdout.contains("nvidia1.reads: 00000000\n"), "{stdout}");
+
+    // The container's init exits: its daemon stops by itself, before anyone deletes it.
+    fs::write(s.bundle.xchg().join("go"), "").unwrap();
+    s.wait_line("done");
+    wait_for("the daemon to stop when the container exits", || (!alive(daemon)).then_some(()));
+    assert!(s.daemon_log(&id).contains("exited: stopping"), "{}", s.daemon_log(&id));
+    assert!(!is_mounted(&dir.join("dev")));
+
+    let out = s.run(&["delete", &id]);
+    assert_ok(&out, "delete", &s, &id);
+    assert!(!dir.exists(), "delete left {}", dir.display());
+}
+
+/// Rule (issue 12.3): runc through the wrapper: create/start/delete on a devremap /dev, no
+/// daemon left.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs a container"]
+fn runc_create_start_delete() {
+    create_start_delete(Runtime::Runc);
+}
+
+/// Rule (issue 12.3): crun as the config's `runtime`, the same flow.
+#[test]
+#[ignore = "needs root, /dev/fuse, crun and busybox-static: runs a container"]
+fn crun_create_start_delete() {
+    create_start_delete(Runtime::Crun);
+}
+
+/// Rule (issue 12.3): `run` in the foreground: the container runs on the devremap /dev, and
+/// when it ends the daemon, its directory and the spec's patch are gone; `delete --force` of a
+/// running container stops the daemon.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs a container"]
+fn runc_run_and_delete_force() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Setup::new(Runtime::Runc, json!({"devremap.io/enable": "true", "devremap.io/prefer": "checkpoint"}));
+    let original = fs::read(s.bundle.config_path()).unwrap();
+    let id = format!("wrapped-run-{}", std::process::id());
+    let bundle = arg(s.bundle.dir()).to_owned();
+    fs::write(s.bundle.xchg().join("go"), "").unwrap();
+    let out = s.run(&["run", "--bundle", &bundle, &id]);
+    assert_ok(&out, "run", &s, &id);
+    assert!(s.stdout().contains("dev.fs: fuse\n") && s.stdout().contains("done\n"), "{}", s.stdout());
+    assert!(!s.state_dir().join(&id).exists());
+    assert_eq!(fs::read(s.bundle.config_path()).unwrap(), original, "the spec is put back");
+
+    // Detached, then deleted by force while it runs.
+    fs::remove_file(s.bundle.xchg().join("go")).unwrap();
+    let mut child = s
+        .wrapper(&["run", "--detach", "--bundle", &bundle, &id])
+        .stdout(append(&s.bundle.dir().join("stdout")))
+        .spawn()
+        .unwrap();
+    let status = wait_for("run --detach", || child.try_wait().unwrap());
+    assert!(status.success());
+    s.wait_line("ready");
+    let daemon = s.daemon_pid(&id);
+    let out = s.run(&["delete", "--force", &id]);
+    assert_ok(&out, "delete --force", &s, &id);
+    assert!(!alive(daemon) && !s.state_dir().join(&id).exists());
+}
+
+/// Rule (issue 12.3): a bad annotation or config is one clear error, also in the runtime's
+/// `--log` where containerd reads it, and leaves no container, no daemon, no directory and the
+/// spec as it was.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs a container"]
+fn bad_annotations_and_config_leave_nothing() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Setup::new(Runtime::Runc, json!({"devremap.io/enable": "true", "devremap.io/device-map": "0-1"}));
+    let id = format!("wrapped-bad-{}", std::process::id());
+    let bundle = arg(s.bundle.dir()).to_owned();
+    let original = fs::read(s.bundle.config_path()).unwrap();
+    let log = s.tmp.path().join("log.json");
+    let out = s.run(&["--log", arg(&log), "--log-format", "json", "create", "--bundle", &bundle, &id]);
+    let stderr = &out.stderr;
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("annotation devremap.io/device-map: ") && stderr.contains(arg(&s.bundle.config_path())),
+        "{stderr}"
+    );
+    let logged: Value = serde_json::from_str(fs::read_to_string(&log).unwrap().lines().last().unwrap()).unwrap();
+    assert_eq!(logged["level"], "error");
+    assert!(logged["msg"].as_str().unwrap().contains("devremap.io/device-map"));
+    assert!(!s.state_dir().join(&id).exists());
+    assert!(!s.run(&["state", &id]).status.success(), "the runtime knows no such container");
+    assert_eq!(fs::read(s.bundle.config_path()).unwrap(), original);
+
+    // A daemon that cannot start (its host dev directory is gone) undoes everything too.
+    let mut spec = s.bundle.config();
+    spec["annotations"] = json!({"devremap.io/enable": "true"});
+    s.bundle.write_config(&spec);
+    let original = fs::read(s.bundle.config_path()).unwrap();
+    fs::rename(s.host.dev(), s.tmp.path().join("gone")).unwrap();
+    let out = s.run(&["create", "--bundle", &bundle, &id]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stderr.contains("devremapd exited"), "{}", out.stderr);
+    assert!(!s.state_dir().join(&id).exists());
+    assert_eq!(fs::read(s.bundle.config_path()).unwrap(), original);
+    fs::rename(s.tmp.path().join("gone"), s.host.dev()).unwrap();
+
+    // A bad config: one line naming the file and the key.
+    write_file(s.tmp.path(), "runtime.json", r#"{"state_dir": "relative"}"#);
+    let out = s.run(&["create", "--bundle", &bundle, &id]);
+    let stderr = &out.stderr;
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        stderr.trim_end(),
+        format!("devremap-runtime: error: {}: state_dir: \"relative\" is not an absolute path", s.config.display())
+    );
+    assert!(!s.run(&["state", &id]).status.success());
+}
+
+/// Rule (issue 12.3): a wrapper killed before the container started leaves no daemon behind
+/// (it watches the wrapper until the runtime's pid file appears), and the next delete of that
+/// id removes its directory.
+#[test]
+#[ignore = "needs root, /dev/fuse and busybox-static: starts the daemon"]
+fn killed_wrapper_leaves_no_daemon() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Setup::new(Runtime::Runc, json!({"devremap.io/enable": "true"}));
+    // A runtime that hangs in create and knows no containers.
+    let hang =
+        write_file(s.tmp.path(), "hang.sh", "#!/bin/sh\ncase \"$*\" in *create*) exec sleep 600;; esac\nexit 1\n");
+    fs::set_permissions(&hang, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut config: Value = serde_json::from_slice(&fs::read(&s.config).unwrap()).unwrap();
+    config["runtime"] = json!(arg(&hang));
+    fs::write(&s.config, config.to_string()).unwrap();
+    let id = format!("wrapped-killed-{}", std::process::id());
+    let bundle = arg(s.bundle.dir()).to_owned();
+    let mut wrapper = s.wrapper(&["create", "--bundle", &bundle, &id]).process_group(0).spawn().unwrap();
+    let pid_file = s.state_dir().join(&id).join("devremapd.pid");
+    wait_for("the daemon to answer", || pid_file.exists().then_some(()));
+    let daemon = s.daemon_pid(&id);
+    // SAFETY: kill the wrapper's process group (the wrapper and its hanging "runtime").
+    unsafe { libc::kill(-(wrapper.id() as i32), libc::SIGKILL) };
+    let _ = wrapper.wait();
+    wait_for("the daemon to stop after its wrapper died", || (!alive(daemon)).then_some(()));
+    assert!(s.daemon_log(&id).contains("exited before the container started"), "{}", s.daemon_log(&id));
+    let out = s.run(&["delete", &id]);
+    assert_eq!(out.status.code(), Some(1), "the runtime knows no such container");
+    assert!(!s.state_dir().join(&id).exists());
+}
