@@ -48,11 +48,15 @@ struct Setup {
 
 impl Setup {
     fn new(runtime: Runtime, annotations: Value) -> Setup {
+        Setup::with_script(runtime, annotations, SCRIPT)
+    }
+
+    fn with_script(runtime: Runtime, annotations: Value, script: &str) -> Setup {
         let host = FakeHost::with_gpus(&[0, 1]);
-        let rules: Vec<Value> = (0..2).map(fake_rdev).map(|(ma, mi)| allow_char(ma, mi)).collect();
+        let rules: Vec<Value> = (0..3).map(fake_rdev).map(|(ma, mi)| allow_char(ma, mi)).collect();
         let mut spec = oci_config("wrapped", &rules);
         spec["annotations"] = annotations;
-        let bundle = Bundle::new(SCRIPT, &spec);
+        let bundle = Bundle::new(script, &spec);
         let tmp = TempDir::new().unwrap();
         let config = write_file(
             tmp.path(),
@@ -106,6 +110,16 @@ impl Setup {
     /// The daemon's pid, from its pid file.
     fn daemon_pid(&self, id: &str) -> u32 {
         fs::read_to_string(self.state_dir().join(id).join("devremapd.pid")).unwrap().trim().parse().unwrap()
+    }
+}
+
+/// Deletes the container through the wrapper (`delete --force`, which stops its daemon) when
+/// dropped, so a failing test leaves no container, daemon or mount behind.
+struct Deleting<'a>(&'a Setup, String);
+
+impl Drop for Deleting<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.wrapper(&["delete", "--force", &self.1]).stdout(Stdio::null()).stderr(Stdio::null()).status();
     }
 }
 
@@ -174,6 +188,7 @@ fn create_start_delete(runtime: Runtime) {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let s = Setup::new(runtime, json!({"devremap.io/enable": "true"}));
     let id = format!("wrapped-{}-{}", runtime.name(), std::process::id());
+    let _delete = Deleting(&s, id.clone());
     let bundle = arg(s.bundle.dir()).to_owned();
 
     let out = s.run(&["create", "--bundle", &bundle, &id]);
@@ -230,6 +245,7 @@ fn runc_run_and_delete_force() {
     let s = Setup::new(Runtime::Runc, json!({"devremap.io/enable": "true", "devremap.io/prefer": "checkpoint"}));
     let original = fs::read(s.bundle.config_path()).unwrap();
     let id = format!("wrapped-run-{}", std::process::id());
+    let _delete = Deleting(&s, id.clone());
     let bundle = arg(s.bundle.dir()).to_owned();
     fs::write(s.bundle.xchg().join("go"), "").unwrap();
     let out = s.run(&["run", "--bundle", &bundle, &id]);
@@ -264,6 +280,7 @@ fn bad_annotations_and_config_leave_nothing() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let s = Setup::new(Runtime::Runc, json!({"devremap.io/enable": "true", "devremap.io/device-map": "0-1"}));
     let id = format!("wrapped-bad-{}", std::process::id());
+    let _delete = Deleting(&s, id.clone());
     let bundle = arg(s.bundle.dir()).to_owned();
     let original = fs::read(s.bundle.config_path()).unwrap();
     let log = s.tmp.path().join("log.json");
@@ -323,6 +340,7 @@ fn killed_wrapper_leaves_no_daemon() {
     config["runtime"] = json!(arg(&hang));
     fs::write(&s.config, config.to_string()).unwrap();
     let id = format!("wrapped-killed-{}", std::process::id());
+    let _delete = Deleting(&s, id.clone());
     let bundle = arg(s.bundle.dir()).to_owned();
     let mut wrapper = s.wrapper(&["create", "--bundle", &bundle, &id]).process_group(0).spawn().unwrap();
     let pid_file = s.state_dir().join(&id).join("devremapd.pid");
@@ -336,4 +354,134 @@ fn killed_wrapper_leaves_no_daemon() {
     let out = s.run(&["delete", &id]);
     assert_eq!(out.status.code(), Some(1), "the runtime knows no such container");
     assert!(!s.state_dir().join(&id).exists());
+}
+
+/// A CRIU that works here: a `criu` on PATH whose `criu check` passes, else the CRIU 4.2 build
+/// in `shared/tools/criu/` beside the repository (`../shared` in CI, `/work/shared` here).
+/// Fails the calling (`#[ignore]`d) test when there is none.
+fn need_criu() -> PathBuf {
+    let works = |criu: &Path| {
+        Command::new(criu).arg("check").output().is_ok_and(|o| {
+            o.status.success() && String::from_utf8_lossy(&[o.stdout, o.stderr].concat()).contains("Looks good")
+        })
+    };
+    let on_path = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+        .map(|d| d.join("criu"))
+        .find(|p| p.is_file());
+    let shared = [
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/tools/criu/criu"),
+        PathBuf::from("/work/shared/tools/criu/criu"),
+    ];
+    on_path.into_iter().chain(shared).find(|p| works(p)).unwrap_or_else(|| {
+        panic!(
+            "no working CRIU: neither a criu on PATH nor shared/tools/criu/criu passes `criu check` \
+             (it needs libprotobuf-c1 libnl-3-200 libnet1 libgnutls30 libbsd0 libuuid1 iptables)"
+        )
+    })
+}
+
+/// Runs the wrapper with the container's stdio on pipes (runc hands a restored container new
+/// pipes, while a host file or `/dev/null` outside its mounts cannot be dumped): stdin a pipe
+/// whose writer is closed, stdout and stderr a pipe into a `cat` appending to the bundle's
+/// `stdout`. Returns the wrapper's status and the `cat`, to be reaped by the caller.
+fn run_on_pipes(s: &Setup, args: &[&str]) -> (ExitStatus, std::process::Child) {
+    let mut cat = Command::new("cat")
+        .stdin(Stdio::piped())
+        .stdout(append(&s.bundle.dir().join("stdout")))
+        .spawn()
+        .expect("cat runs");
+    let pipe = std::os::fd::OwnedFd::from(cat.stdin.take().unwrap());
+    let status = s
+        .wrapper(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::from(pipe.try_clone().unwrap()))
+        .stderr(Stdio::from(pipe))
+        .status()
+        .expect("the wrapper runs");
+    (status, cat)
+}
+
+/// The last error lines of a CRIU log in the image directory, for failure messages.
+fn criu_log(image: &Path, name: &str) -> String {
+    let text = fs::read_to_string(image.join(name)).unwrap_or_default();
+    let errors: Vec<&str> = text.lines().filter(|l| l.contains("Error") || l.contains("rror (")).collect();
+    format!("{name}: {}", errors[errors.len().saturating_sub(8)..].join("\n"))
+}
+
+/// The container holds the checkpoint name `/dev/nvidia1` open on fd 3, then, after
+/// `/xchg/go`, reports where fd 3 and a reopen lead.
+const CRIU_SCRIPT: &str = r#"#!/bin/sh
+exec 3<> /dev/nvidia1
+echo "before fd3: $(stat -L -c '%t:%T' /proc/self/fd/3)"
+echo ready
+while [ ! -e /xchg/go ]; do sleep 0.05; done
+echo "after fd3: $(stat -L -c '%t:%T' /proc/self/fd/3)"
+echo "after reopen: $(stat -c '%t:%T %a' /dev/nvidia1)"
+if (echo x >&3) 2>/dev/null; then echo "after fd3.write: ok"; else echo "after fd3.write: refused"; fi
+echo done
+"#;
+
+/// Rule (issue 12.3): runc checkpoint and restore through the wrapper with a real CRIU. The
+/// container holds GPU 1 (zero, 1:5) open by its name; `checkpoint` records it in the image;
+/// the host then has GPU 2 (full, 1:7) instead, and `restore` pairs saved GPU 1 with it: the
+/// restored descriptor and a reopen of `/dev/nvidia1` both reach full.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc, busybox-static and CRIU: checkpoints a container"]
+fn runc_checkpoint_restore_onto_another_device() {
+    need_containers(Runtime::Runc);
+    let criu = need_criu();
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Setup::with_script(Runtime::Runc, json!({"devremap.io/enable": "true"}), CRIU_SCRIPT);
+    fs::remove_file(s.host.dev().join("nvidia0")).unwrap();
+    let id = format!("wrapped-criu-{}", std::process::id());
+    let _delete = Deleting(&s, id.clone());
+    let bundle = arg(s.bundle.dir()).to_owned();
+    let image = s.tmp.path().join("image");
+    let criu_flag = ["--criu", arg(&criu)];
+
+    let (status, cat1) = run_on_pipes(&s, &[&criu_flag[..], &["run", "--detach", "--bundle", &bundle, &id]].concat());
+    assert!(status.success(), "run --detach: {status}\n{}\n{}", s.stdout(), s.daemon_log(&id));
+    s.wait_line("ready");
+    assert!(s.stdout().contains("before fd3: 1:5\n"), "{}", s.stdout());
+    let daemon = s.daemon_pid(&id);
+
+    let out = s.run(&[&criu_flag[..], &["checkpoint", "--image-path", arg(&image), &id]].concat());
+    assert_ok(&out, &format!("checkpoint ({})", criu_log(&image, "dump.log")), &s, &id);
+    let recorded: Value = serde_json::from_slice(&fs::read(image.join("devremap-gpus.json")).unwrap()).unwrap();
+    assert_eq!(
+        recorded.as_array().map(|a| a.iter().map(|d| d["minor"].clone()).collect::<Vec<_>>()),
+        Some(vec![json!(1)])
+    );
+    assert_eq!(recorded[0]["mode"], 0o666);
+    wait_for("the daemon to stop with its checkpointed container", || (!alive(daemon)).then_some(()));
+
+    // The restore host: GPU 1 is gone, GPU 2 is there.
+    fs::remove_file(s.host.dev().join("nvidia1")).unwrap();
+    s.host.node("nvidia2", fake_rdev(2));
+    let (status, cat2) = run_on_pipes(
+        &s,
+        &[&criu_flag[..], &["restore", "--detach", "--image-path", arg(&image), "--bundle", &bundle, &id]].concat(),
+    );
+    assert!(
+        status.success(),
+        "restore: {status}\n{}\n{}\n{}",
+        criu_log(&image, "restore.log"),
+        s.stdout(),
+        s.daemon_log(&id)
+    );
+    let state: Value = serde_json::from_slice(&fs::read(s.state_dir().join(&id).join("state.json")).unwrap()).unwrap();
+    assert_eq!(state["remap"][0]["new_name"], "nvidia2", "{}", state["remap"]);
+    fs::write(s.bundle.xchg().join("go"), "").unwrap();
+    s.wait_line("done");
+    let stdout = s.stdout();
+    assert!(stdout.contains("after fd3: 1:7\n"), "the restored descriptor: {stdout}");
+    assert!(stdout.contains("after reopen: 1:7 666\n"), "a reopen: {stdout}");
+    assert!(stdout.contains("after fd3.write: refused\n"), "{stdout}");
+    let out = s.run(&["delete", "--force", &id]);
+    assert_ok(&out, "delete", &s, &id);
+    assert!(!s.state_dir().join(&id).exists());
+    for mut cat in [cat1, cat2] {
+        let _ = cat.kill();
+        let _ = cat.wait();
+    }
 }
