@@ -99,6 +99,32 @@ fn record_takes_the_device_directory() {
     assert_eq!((&list[0]["mode"], &list[1]["mode"]), (&json!(0o666), &json!(0o660)));
 }
 
+/// Rule (issue 12.1 with 10.1): in hook mode what is recorded is what the plan restores, the
+/// GPUs `NVIDIA_VISIBLE_DEVICES` selects (here host GPU 2 by UUID and GPU 0 by index), and the
+/// record read back on the same host is the identity.
+#[test]
+#[ignore = "needs root: makes device nodes with mknod"]
+fn record_in_hook_mode_follows_nvidia_visible_devices() {
+    need_root();
+    let host = FakeHost::with_described_gpus(&[0, 1, 2]);
+    let mut spec: Value = serde_json::from_str(&fs::read_to_string(fixture("spec-hook.json")).unwrap()).unwrap();
+    let env = spec["process"]["env"].as_array_mut().unwrap();
+    env.retain(|e| !e.as_str().unwrap().starts_with("NVIDIA_VISIBLE_DEVICES="));
+    env.push(json!(format!("NVIDIA_VISIBLE_DEVICES={},0", host_uuid(2))));
+    let spec = arg(&write_file(host.tmp.path(), "config.json", spec.to_string())).to_owned();
+    let args = host.args();
+    let out = host.tmp.path().join("gpus.json");
+    let (code, _, stderr) = devremapd("record", &with(&args, &["--spec", &spec, "--output", arg(&out)]));
+    assert_eq!(code, 0, "{stderr}");
+    let list: Value = serde_json::from_str(&fs::read_to_string(&out).unwrap()).unwrap();
+    let minors: Vec<u64> = list.as_array().unwrap().iter().map(|d| d["minor"].as_u64().unwrap()).collect();
+    assert_eq!(minors, [0, 2]);
+    let plan = plan_json(&with(&args, &["--metadata", arg(&out), "--spec", &spec]));
+    for name in ["nvidia0", "nvidia2"] {
+        assert_eq!(remap_entry(&plan, name)["new_name"], name);
+    }
+}
+
 /// Rule: the output is written without following a symlink planted at its path, and a bad
 /// spec is one error line naming it, with nothing written.
 #[test]
