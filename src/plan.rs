@@ -317,8 +317,9 @@ pub fn build(inputs: &Inputs) -> Result<Plan, PlanError> {
             }
             .map_err(PlanError::SpecMount)?;
         }
+        // The console can be the node past the tree's limits: refused like any other.
         if spec.terminal && b.get("console").is_none() {
-            b.insert("console", placeholder()).expect("the root takes a console");
+            b.insert("console", placeholder()).map_err(PlanError::SpecMount)?;
         }
     }
 
@@ -656,6 +657,26 @@ mod tests {
         let err = build(&inp).unwrap_err();
         assert_eq!(err, PlanError::DeviceMap(PairingError::NoCheckpoint));
         assert_eq!(err.to_string(), "no checkpoint was given (--metadata), so there are no saved devices to pair");
+    }
+
+    /// Bug (found from outside): a spec with a terminal whose other nodes fill the tree to its
+    /// node limit made `plan` panic (exit 101) placing the console, and a daemon reloading it
+    /// died, leaving a dead mount. The console past the limit is refused like any other node.
+    #[test]
+    fn a_console_past_the_node_limit_is_refused_not_a_panic() {
+        let defaults = build(&Inputs::default()).unwrap().tree.len();
+        let devices = (0..crate::limits::MAX_NODES - defaults)
+            .map(|i| spec_dev(&format!("/dev/d{i}"), Rdev::new(1, 3), Access::DEVICE_DEFAULT))
+            .collect();
+        let mut spec = SpecView { devices, ..SpecView::default() };
+        assert_eq!(
+            build(&Inputs { spec: Some(spec.clone()), ..Inputs::default() }).unwrap().tree.len(),
+            crate::limits::MAX_NODES
+        );
+        spec.terminal = true;
+        let err = build(&Inputs { spec: Some(spec), ..Inputs::default() }).unwrap_err();
+        assert_eq!(err.input(), Input::Spec);
+        assert_eq!(err.to_string(), "spec mount console: the tree would hold more than 16384 nodes");
     }
 
     /// Rule: the host's warnings (an oversized driver file skipped) reach the plan's.
