@@ -24,6 +24,10 @@ use std::collections::BTreeSet;
 use std::fmt;
 use thiserror::Error;
 
+/// The most entries a list may hold. A host has at most 248 GPUs; a list of millions (a 16 MiB
+/// spec allows eight million `0,`) would take hundreds of MiB as selectors.
+pub const MAX_ENTRIES: usize = crate::limits::MAX_NODES;
+
 /// What the variable asks for, when it asks for GPU support at all.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Visible {
@@ -66,6 +70,8 @@ pub enum VisibleError {
     Mig(String),
     #[error("NVIDIA_VISIBLE_DEVICES: {0:?} is not a GPU index, a GPU- UUID or a PCI bus id")]
     Unknown(String),
+    #[error("NVIDIA_VISIBLE_DEVICES lists more than {MAX_ENTRIES} devices")]
+    TooMany,
     #[error("NVIDIA_VISIBLE_DEVICES selects {selector}, which the host does not have ({listed})")]
     NotOnHost { selector: Selector, listed: String },
     #[error(
@@ -80,18 +86,26 @@ pub enum VisibleError {
 
 /// Reads the variable's value. `Ok(None)`: no GPU support asked for (`void`, or no entry).
 pub fn parse(value: &str) -> Result<Option<Visible>, VisibleError> {
-    let entries: Vec<&str> = value.split(',').map(str::trim).filter(|e| !e.is_empty()).collect();
+    // Walked, never collected whole: a 16 MiB spec can hold a value of eight million entries.
+    let entries = || value.split(',').map(str::trim).filter(|e| !e.is_empty());
     // The toolkit's precedence of the special values: void, then none, then all.
-    if entries.is_empty() || entries.contains(&"void") {
+    if entries().next().is_none() || entries().any(|e| e == "void") {
         return Ok(None);
     }
-    if entries.contains(&"none") {
+    if entries().any(|e| e == "none") {
         return Ok(Some(Visible::None));
     }
-    if entries.iter().any(|e| e.eq_ignore_ascii_case("all")) {
+    if entries().any(|e| e.eq_ignore_ascii_case("all")) {
         return Ok(Some(Visible::All));
     }
-    entries.into_iter().map(selector).collect::<Result<_, _>>().map(|list| Some(Visible::Devices(list)))
+    let mut list = Vec::new();
+    for entry in entries() {
+        if list.len() == MAX_ENTRIES {
+            return Err(VisibleError::TooMany);
+        }
+        list.push(selector(entry)?);
+    }
+    Ok(Some(Visible::Devices(list)))
 }
 
 fn selector(entry: &str) -> Result<Selector, VisibleError> {
@@ -282,6 +296,21 @@ mod tests {
         let unread = ["0000:50:00.0".to_owned()];
         assert!(matches!(pick("1", &host(), &unread), Err(VisibleError::OrderUnknown { .. })));
         assert_eq!(pick(&uuid(1), &host(), &unread), Ok(set(&[1])));
+    }
+
+    /// Bug (found from outside): a 16 MiB spec whose NVIDIA_VISIBLE_DEVICES lists `0,0,...`
+    /// eight million times made `plan` peak at 381 MiB; a list is held to 16,384 entries,
+    /// duplicates included, and the special values are still found anywhere in a longer one.
+    #[test]
+    fn long_lists_are_refused_past_the_entry_limit() {
+        let list = |n: usize| vec!["0"; n].join(",");
+        assert!(matches!(parse(&list(MAX_ENTRIES)), Ok(Some(Visible::Devices(l))) if l.len() == MAX_ENTRIES));
+        assert_eq!(parse(&list(MAX_ENTRIES + 1)), Err(VisibleError::TooMany));
+        assert_eq!(VisibleError::TooMany.to_string(), "NVIDIA_VISIBLE_DEVICES lists more than 16384 devices");
+        let long = list(1 << 20);
+        assert_eq!(parse(&format!("{long},void")), Ok(None));
+        assert_eq!(parse(&format!("{long},none")), Ok(Some(Visible::None)));
+        assert_eq!(parse(&format!("{long},ALL")), Ok(Some(Visible::All)));
     }
 
     proptest::proptest! {

@@ -241,6 +241,23 @@ fn worst_cases() -> Vec<Worst> {
                 )
             },
         },
+        // Bug (found from outside): one NVIDIA_VISIBLE_DEVICES of eight million indexes, read
+        // through the legacy hook, took 381 MiB as a list of selectors.
+        Worst {
+            name: "NVIDIA_VISIBLE_DEVICES of eight million indexes",
+            flag: "--spec",
+            write: |w| {
+                w.fill(
+                    &format!(
+                        r#"{SPEC_HEAD}"hooks":{{"prestart":[{{"path":"/usr/bin/nvidia-container-runtime-hook"}}]}},"process":{{"cwd":"/","args":["sh"],"user":{{"uid":0,"gid":0}},"env":["NVIDIA_VISIBLE_DEVICES="#
+                    ),
+                    ",",
+                    usize::MAX,
+                    |_| "0".into(),
+                    r#""]}}"#,
+                )
+            },
+        },
         Worst {
             name: "many small objects",
             flag: "--metadata",
