@@ -189,11 +189,11 @@ pub fn restored_gpus(inputs: &Inputs) -> Result<Vec<RestoredGpu>, PlanError> {
         .collect())
 }
 
-/// The host minors the spec's hook request selects; `None` for no selection (no hook request,
-/// or `all`).
+/// The host minors the spec's hook request selects; `None` for no selection (no hook request).
 fn hook_selection(inputs: &Inputs) -> Result<Option<BTreeSet<u32>>, PlanError> {
     let Some(hook) = inputs.spec.as_ref().and_then(|s| s.hook.as_ref()) else { return Ok(None) };
-    visible::resolve(hook, &inputs.host.gpu_info, &inputs.host.unread).map_err(PlanError::Visible)
+    let present: Vec<u32> = inputs.dev_dir.iter().flat_map(|d| &d.gpus).map(|(minor, _)| *minor).collect();
+    visible::resolve(hook, &inputs.host.gpu_info, &inputs.host.unread, &present).map(Some).map_err(PlanError::Visible)
 }
 
 /// The error for too few restored GPUs, as the input that gave them: the spec when it names

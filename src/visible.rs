@@ -16,7 +16,7 @@
 //!   yet: refused. Any other entry is an unknown device, which the toolkit refuses too.
 //!
 //! Assumption: a GPU the driver marks `GPU Excluded: Yes` (`Blacklisted: Yes` before driver 450)
-//! is not enumerated by NVML, so it takes no index and cannot be selected.
+//! is not enumerated by NVML, so it takes no index, cannot be selected and is not part of `all`.
 
 use crate::device::is_gpu_uuid;
 use crate::host::GpuInfo;
@@ -146,13 +146,22 @@ pub fn bus_id(text: &str) -> Option<BusId> {
     Some((hex(domain)?, hex(bus)?, hex(device)?, hex(function)?))
 }
 
-/// The host minors `visible` selects among the GPUs the driver describes: `None` for every GPU.
-/// `unread` names the GPUs whose information file could not be read (then indexes are refused,
-/// since the enumeration order is not known).
-pub fn resolve(visible: &Visible, gpus: &[GpuInfo], unread: &[String]) -> Result<Option<BTreeSet<u32>>, VisibleError> {
+/// The host minors `visible` selects among the GPUs the driver describes and the device
+/// directory holds (`present`, their minors). `all` is every present GPU but those the driver
+/// excludes, which NVML does not list. `unread` names the GPUs whose information file could
+/// not be read (then indexes are refused, since the enumeration order is not known).
+pub fn resolve(
+    visible: &Visible,
+    gpus: &[GpuInfo],
+    unread: &[String],
+    present: &[u32],
+) -> Result<BTreeSet<u32>, VisibleError> {
     let list = match visible {
-        Visible::All => return Ok(None),
-        Visible::None => return Ok(Some(BTreeSet::new())),
+        Visible::All => {
+            let excluded = |m: &u32| gpus.iter().any(|g| g.excluded && g.minor == Some(*m));
+            return Ok(present.iter().copied().filter(|m| !excluded(m)).collect());
+        }
+        Visible::None => return Ok(BTreeSet::new()),
         Visible::Devices(list) => list,
     };
     let mut enumerated: Vec<&GpuInfo> = gpus.iter().filter(|g| !g.excluded).collect();
@@ -184,7 +193,7 @@ pub fn resolve(visible: &Visible, gpus: &[GpuInfo], unread: &[String]) -> Result
         })?;
         minors.insert(minor);
     }
-    Ok(Some(minors))
+    Ok(minors)
 }
 
 #[cfg(test)]
@@ -216,12 +225,12 @@ mod tests {
         ]
     }
 
-    fn select(value: &str) -> Result<Option<BTreeSet<u32>>, VisibleError> {
-        resolve(&parse(value)?.expect("a request"), &host(), &[])
+    fn select(value: &str) -> Result<BTreeSet<u32>, VisibleError> {
+        resolve(&parse(value)?.expect("a request"), &host(), &[], &[0, 1, 2, 3, 9])
     }
 
-    fn set(minors: &[u32]) -> Option<BTreeSet<u32>> {
-        Some(minors.iter().copied().collect())
+    fn set(minors: &[u32]) -> BTreeSet<u32> {
+        minors.iter().copied().collect()
     }
 
     /// Rule (toolkit): `void` or no entry asks for nothing; `none` for no GPU; `all` for every
@@ -237,7 +246,7 @@ mod tests {
             assert_eq!(parse(all), Ok(Some(Visible::All)), "{all:?}");
         }
         assert_eq!(select("none"), Ok(set(&[])));
-        assert_eq!(select("all"), Ok(None));
+        assert_eq!(select("all"), Ok(set(&[0, 1, 2, 3, 9])));
     }
 
     /// Bug (issue 10.1): indexes follow the driver's enumeration order, PCI bus id order, not
@@ -277,7 +286,7 @@ mod tests {
         );
         assert!(matches!(select(&uuid(9)), Err(VisibleError::NotOnHost { .. })));
         assert!(matches!(select("0000:99:00.0"), Err(VisibleError::NotOnHost { .. })));
-        let none = resolve(&parse("0").unwrap().unwrap(), &[], &[]).unwrap_err().to_string();
+        let none = resolve(&parse("0").unwrap().unwrap(), &[], &[], &[]).unwrap_err().to_string();
         assert!(none.ends_with("(the driver's information files describe no GPU)"), "{none}");
     }
 
@@ -287,7 +296,9 @@ mod tests {
     fn excluded_unread_and_minorless_gpus() {
         let mut gpus = host();
         gpus[2].excluded = true; // bus 07: index 0 is now bus 0f (minor 3)
-        let pick = |v: &str, gpus: &[GpuInfo], unread: &[String]| resolve(&parse(v).unwrap().unwrap(), gpus, unread);
+        let pick = |v: &str, gpus: &[GpuInfo], unread: &[String]| {
+            resolve(&parse(v).unwrap().unwrap(), gpus, unread, &[0, 1, 2, 3])
+        };
         assert_eq!(pick("0", &gpus, &[]), Ok(set(&[3])));
         assert!(matches!(pick(&uuid(2), &gpus, &[]), Err(VisibleError::NotOnHost { .. })));
         gpus[3].minor = None;
@@ -296,6 +307,18 @@ mod tests {
         let unread = ["0000:50:00.0".to_owned()];
         assert!(matches!(pick("1", &host(), &unread), Err(VisibleError::OrderUnknown { .. })));
         assert_eq!(pick(&uuid(1), &host(), &unread), Ok(set(&[1])));
+    }
+
+    /// Bug (found from outside): `all` selected a GPU the driver marks `GPU Excluded: Yes`,
+    /// which NVML (and so the toolkit's `all`) never lists, while index 0 already skipped it;
+    /// `all` is every GPU of the directory but the excluded ones, those without a driver file
+    /// included.
+    #[test]
+    fn all_leaves_out_excluded_gpus() {
+        let mut gpus = host();
+        gpus[2].excluded = true; // minor 2
+        assert_eq!(resolve(&Visible::All, &gpus, &[], &[0, 1, 2, 3, 9]), Ok(set(&[0, 1, 3, 9])));
+        assert_eq!(resolve(&Visible::All, &host(), &[], &[0, 1, 2, 3]), Ok(set(&[0, 1, 2, 3])));
     }
 
     /// Bug (found from outside): a 16 MiB spec whose NVIDIA_VISIBLE_DEVICES lists `0,0,...`
@@ -320,7 +343,7 @@ mod tests {
         #[test]
         fn any_value_is_answered(value in "[0-9a-fA-F:.,GPUMI \\-\u{e9}\u{663}]{0,40}") {
             if let Ok(Some(visible)) = parse(&value)
-                && let Ok(Some(minors)) = resolve(&visible, &host(), &[])
+                && let Ok(minors) = resolve(&visible, &host(), &[], &[0, 1, 2, 3])
             {
                 proptest::prop_assert!(minors.iter().all(|m| *m < 4));
             }
