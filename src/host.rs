@@ -15,6 +15,7 @@
 use crate::device::{Access, MAX_REGULAR_MINOR, Rdev, is_gpu_uuid};
 use crate::files::{self, SmallText};
 use crate::limits;
+use crate::visible::bus_id;
 use nix::dir::Dir;
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag};
@@ -193,8 +194,11 @@ pub fn read_host_facts(root: &Path) -> HostFacts {
         };
         let mut info = parse_information(&text);
         info.bus = info.bus.or(Some(dir_name));
-        if let Some(bus) = &info.bus {
-            let pci_dir = root.join("sys/bus/pci/devices").join(bus.to_ascii_lowercase());
+        // Only a PCI bus id names a sysfs directory, written as sysfs does: any other text
+        // (`../..`, an absolute path) would lead out of the host root.
+        if let Some((domain, bus, device, function)) = info.bus.as_deref().and_then(bus_id) {
+            let name = format!("{domain:04x}:{bus:02x}:{device:02x}.{function:x}");
+            let pci_dir = root.join("sys/bus/pci/devices").join(name);
             let mut read_hex = |f: &str| small_text(&pci_dir.join(f), &mut facts.warnings).and_then(|s| parse_hex(&s));
             info.pci = read_hex("vendor").zip(read_hex("device"));
         }
@@ -280,6 +284,36 @@ mod tests {
         assert!(parse_information("Blacklisted:\t Yes\n").excluded);
         assert!(parse_information("GPU Excluded:\t Yes\n").excluded);
         assert_eq!(parse_hex("0x10de\n"), Some(0x10de));
+    }
+
+    /// Bug (found from outside): a `Bus Location` that is not a PCI bus id (`/etc/x`,
+    /// `../../../../x`) was joined to `sys/bus/pci/devices` as a path, so the PCI ids were
+    /// read from outside the host root. Only a bus id names a sysfs directory, written as
+    /// sysfs writes it (lower-case hex).
+    #[test]
+    fn a_bus_location_that_is_no_bus_id_never_leaves_the_host_root() {
+        let tmp = tempfile::TempDir::new().unwrap();
+        let (root, outside) = (tmp.path().join("root"), tmp.path().join("outside"));
+        let write = |path: &Path, text: &str| {
+            fs::create_dir_all(path.parent().unwrap()).unwrap();
+            fs::write(path, text).unwrap();
+        };
+        write(&outside.join("vendor"), "0x1234\n");
+        write(&outside.join("device"), "0x5678\n");
+        for (dir, bus) in [("0000:07:00.0", outside.to_str().unwrap()), ("0000:0f:00.0", "../../../../../outside")] {
+            let info = format!("GPU UUID: \t GPU-9221d5d1-b60b-a624-bf14-000000000000\nBus Location: \t {bus}\n");
+            write(&root.join("proc/driver/nvidia/gpus").join(dir).join("information"), &info);
+            fs::create_dir_all(root.join("sys/bus/pci/devices").join(dir)).unwrap();
+        }
+        let facts = read_host_facts(&root);
+        assert_eq!(facts.gpu_info.len(), 2);
+        assert!(facts.gpu_info.iter().all(|g| g.pci.is_none()), "{:?}", facts.gpu_info);
+
+        write(&root.join("proc/driver/nvidia/gpus/0000:3b:00.0/information"), "Bus Location: \t 0000:3B:00.0\n");
+        write(&root.join("sys/bus/pci/devices/0000:3b:00.0/vendor"), "0x10de\n");
+        write(&root.join("sys/bus/pci/devices/0000:3b:00.0/device"), "0x2330\n");
+        let facts = read_host_facts(&root);
+        assert_eq!(facts.gpu_info.iter().find_map(|g| g.pci), Some((0x10de, 0x2330)));
     }
 
     /// Bug (issue 10.3): the placeholder the driver prints for an unreadable UUID is no UUID.
