@@ -295,8 +295,9 @@ fn device_list(value: &Value) -> Result<Vec<DeviceId>, MetadataError> {
     if let Some(w) = gpus.windows(2).find(|w| w[0].minor == w[1].minor) {
         return Err(MetadataError::DuplicateMinor(w[0].minor));
     }
+    // A UUID's hex digits mean the same in either case.
     let mut uuids = BTreeSet::new();
-    if let Some(d) = gpus.iter().find(|d| !d.uuid.is_empty() && !uuids.insert(d.uuid.as_str())) {
+    if let Some(d) = gpus.iter().find(|d| !d.uuid.is_empty() && !uuids.insert(d.uuid.to_ascii_lowercase())) {
         return Err(MetadataError::DuplicateUuid(d.uuid.clone()));
     }
     Ok(gpus)
@@ -555,6 +556,14 @@ mod tests {
             let err = parse(input.to_string().as_bytes()).unwrap_err().to_string();
             assert!(err.contains(expected), "{input}: {err:?} lacks {expected:?}");
         }
+    }
+
+    /// Bug (found from outside): two saved GPUs whose UUIDs differ only in the case of their
+    /// hex digits are the same GPU, yet passed the duplicate check and were both remapped.
+    #[test]
+    fn a_uuid_twice_in_two_cases_is_a_duplicate() {
+        let err = parse(json!([dev(0, UA), dev(1, &UA.to_uppercase())]).to_string().as_bytes()).unwrap_err();
+        assert!(matches!(err, MetadataError::DuplicateUuid(_)), "{err}");
     }
 
     /// A state file's map holds strings only, as gVisor writes it.

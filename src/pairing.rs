@@ -5,7 +5,8 @@
 //! set of GPUs is the identity. Explicit pairs (`--device-map`) are taken first; the positional
 //! rule pairs what is left, in order. Each side is checked on its own ([`check_saved`],
 //! [`check_restored`], [`check_count`]) so that the caller can name the input at fault. A UUID
-//! is an identity only when well formed, on either side and in `--device-map`.
+//! is an identity only when well formed, on either side and in `--device-map`, and its hex
+//! digits are compared ignoring case, as `NVIDIA_VISIBLE_DEVICES` compares them.
 
 use crate::device::{RestoredGpu, is_gpu_uuid};
 use crate::metadata::DeviceId;
@@ -159,12 +160,12 @@ pub fn pair(saved: &[DeviceId], restored: &[RestoredGpu], map: &[MapPair]) -> Re
     for p in map {
         let old = saved.iter().position(|d| match &p.old {
             DeviceRef::Minor(m) => d.minor == *m,
-            DeviceRef::Uuid(u) => is_gpu_uuid(&d.uuid) && d.uuid == *u,
+            DeviceRef::Uuid(u) => is_gpu_uuid(&d.uuid) && d.uuid.eq_ignore_ascii_case(u),
         });
         let old = old.ok_or_else(|| PairingError::Unknown { side: "saved", reference: p.old.clone() })?;
         let new = restored.iter().position(|g| match &p.new {
             DeviceRef::Minor(m) => g.minor == *m,
-            DeviceRef::Uuid(u) => g.uuid.as_deref().is_some_and(|g| is_gpu_uuid(g) && g == u),
+            DeviceRef::Uuid(u) => g.uuid.as_deref().is_some_and(|g| is_gpu_uuid(g) && g.eq_ignore_ascii_case(u)),
         });
         let new = new.ok_or_else(|| PairingError::Unknown { side: "restored", reference: p.new.clone() })?;
         if new_of_old[old].is_some() {
@@ -312,6 +313,18 @@ mod tests {
         for bad in ["", "0", "a=1", "0=GPU-", "1=2,", "99999999999=1", "0=GPU-nope"] {
             assert!(parse_device_map(bad).is_err(), "{bad:?}");
         }
+    }
+
+    /// Bug (found from outside): `--device-map` compared UUIDs byte for byte, so a UUID
+    /// typed in upper case was "not among the restored devices" though the host had it, while
+    /// NVIDIA_VISIBLE_DEVICES takes either case. A UUID's hex digits match in either case.
+    #[test]
+    fn device_map_uuids_match_in_either_case() {
+        let map = parse_device_map("GPU-0000AAAA-0000-0000-0000-000000000001=GPU-0000BBBB-0000-0000-0000-000000000005")
+            .unwrap();
+        let p = pair(&[saved(0), saved(1)], &[restored(2), restored(5)], &map).unwrap();
+        assert_eq!(minors(&p), vec![(0, 2), (1, 5)]);
+        assert!(p.pairs[1].explicit);
     }
 
     /// Bug (issue 10.3): a placeholder or malformed UUID is no identity: `--device-map` naming
