@@ -241,6 +241,11 @@ pub fn build(inputs: &Inputs) -> Result<Plan, PlanError> {
         // runc keeps the first entry of a path: specconv's createDevices appends every
         // linux.devices entry in order, and rootfs_linux.go's createDeviceNode takes EEXIST from
         // mknod as success, so a later entry for the same path never replaces the node.
+        // specconv drops a default device only for a spec device whose path is the default's
+        // path as a string (`/dev/null`, not `/dev//null`); a default kept is made first, so an
+        // entry spelled otherwise finds it there. And setupPtmx replaces whatever is at
+        // /dev/ptmx with its symlink.
+        let default_dropped = |name: &str| spec.devices.iter().any(|d| d.path.strip_prefix("/dev/") == Some(name));
         let mut first_of: BTreeMap<&str, &str> = BTreeMap::new();
         for dev in &spec.devices {
             let Some(rel) = &dev.rel_path else {
@@ -253,6 +258,17 @@ pub fn build(inputs: &Inputs) -> Result<Plan, PlanError> {
                     first.get(),
                     dev.path
                 )),
+                Entry::Vacant(_) if rel == "ptmx" => warnings.push(format!(
+                    "spec device {}: runc makes /dev/ptmx the symlink pts/ptmx whatever the spec lists; \
+                     serving the symlink",
+                    dev.path
+                )),
+                Entry::Vacant(_) if DEFAULT_DEVICES.iter().any(|d| d.0 == rel) && !default_dropped(rel) => warnings
+                    .push(format!(
+                        "spec device {} is not written /dev/{rel}, so runc keeps its default /dev/{rel}; \
+                         serving the default",
+                        dev.path
+                    )),
                 Entry::Vacant(slot) => {
                     slot.insert(&dev.path);
                     b.insert(rel, Node::device(dev.kind, dev.rdev, dev.access)).map_err(PlanError::SpecDevice)?;
@@ -617,6 +633,45 @@ mod tests {
         assert_eq!(
             plan.warnings,
             ["spec device /dev/x is listed again as /dev/x; serving the first entry, as runc does"]
+        );
+    }
+
+    /// Bug (found from outside): runc's own /dev (runc 1.1.5, measured) differs from the spec's
+    /// list in two ways the plan did not follow: /dev/ptmx is always the symlink `pts/ptmx`
+    /// (setupPtmx removes what is there), and a default node is replaced only by a device
+    /// written exactly as its path (`/dev//null`, `/dev/./zero`, `/dev/full/` leave the
+    /// default, unless another entry is written `/dev/null`, which drops it). Each kept node
+    /// is warned about.
+    #[test]
+    fn spec_devices_over_defaults_follow_runc() {
+        let dev = |path: &str, minor: u32| spec_dev(path, Rdev::new(1, minor), Access::DEVICE_DEFAULT);
+        let d = |path: &str, minor: u32| {
+            let mut v = dev(path, minor);
+            v.rel_path = Some(path.trim_start_matches("/dev/").trim_matches(&['/', '.'][..]).replace("//", "/"));
+            v
+        };
+        let devices = vec![
+            d("/dev/ptmx", 2),
+            d("/dev//null", 5),
+            d("/dev/./zero", 7),
+            d("/dev/full/", 3),
+            d("/dev/fd", 9),
+            d("/dev//tty", 11),
+            d("/dev/tty", 12),
+        ];
+        let plan =
+            build(&Inputs { spec: Some(SpecView { devices, ..SpecView::default() }), ..Inputs::default() }).unwrap();
+        assert_eq!(plan.tree.get("ptmx").unwrap().kind, NodeKind::Symlink("pts/ptmx".into()));
+        assert_eq!(rdev_at(&plan, "null"), Some(Rdev::new(1, 3)));
+        assert_eq!(rdev_at(&plan, "zero"), Some(Rdev::new(1, 5)));
+        assert_eq!(rdev_at(&plan, "full"), Some(Rdev::new(1, 7)));
+        assert_eq!(rdev_at(&plan, "fd"), Some(Rdev::new(1, 9)), "a device over a default symlink stays");
+        assert_eq!(rdev_at(&plan, "tty"), Some(Rdev::new(1, 11)), "/dev/tty drops the default; the first entry wins");
+        assert_eq!(plan.warnings.len(), 5, "{:?}", plan.warnings);
+        assert!(plan.warnings[0].contains("runc makes /dev/ptmx the symlink pts/ptmx"), "{:?}", plan.warnings);
+        assert_eq!(
+            plan.warnings[1],
+            "spec device /dev//null is not written /dev/null, so runc keeps its default /dev/null; serving the default"
         );
     }
 

@@ -383,3 +383,47 @@ fn runc_terminal_console() {
 fn crun_terminal_console() {
     terminal_console(Runtime::Crun);
 }
+
+/// Bug (found from outside): the plan of a spec whose devices sit over runc's own nodes differed
+/// from the /dev runc 1.1.5 makes itself: runc turns /dev/ptmx into the symlink `pts/ptmx`
+/// whatever the spec lists, and replaces a default node only for a device written exactly as
+/// its path (`/dev//null`, `/dev/./zero`, `/dev/full/` leave the default). Here runc runs the
+/// spec with its own tmpfs /dev, and every node it made for these names is what `plan` serves.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc or crun, and busybox-static"]
+fn plan_matches_runcs_own_dev_for_spec_devices_over_defaults() {
+    need_containers(Runtime::Runc);
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let device = |path: &str, major: u32, minor: u32| serde_json::json!({"path": path, "type": "c", "major": major, "minor": minor});
+    let names = ["null", "zero", "full", "ptmx", "fd", "tty", "x"];
+    let script: String = names.iter().map(|n| format!("stat -c '%n %F %t:%T %a' /dev/{n}\n")).collect();
+    let mut config = oci_config("defaults", &[]);
+    config["linux"]["devices"] = serde_json::json!([
+        device("/dev//null", 1, 5),
+        device("/dev/./zero", 1, 7),
+        device("/dev/full/", 1, 3),
+        device("/dev/ptmx", 5, 2),
+        device("/dev/fd", 1, 9),
+        device("/dev//tty", 1, 8),
+        device("/dev/tty", 1, 9),
+        device("/dev/x/", 1, 9),
+    ]);
+    let bundle = Bundle::new(&script, &config);
+    let mut c = Container::run(Runtime::Runc, &bundle, "devremap-defaults");
+    assert!(c.wait(CONTAINER_PATIENCE).success(), "{}", c.transcript());
+    let seen = c.stdout();
+    let host = FakeHost::new();
+    let plan = common::plan_json(&["--spec", arg(&bundle.config_path()), "--host-root", arg(&host.root())]);
+    for name in names {
+        let node = common::node(&plan, name).unwrap_or_else(|| panic!("{name} is not in the plan: {plan}"));
+        let want = match node["type"].as_str() {
+            Some("symlink") => format!("/dev/{name} symbolic link"),
+            _ => format!(
+                "/dev/{name} character special file {}",
+                hex((node["major"].as_u64().unwrap() as u32, node["minor"].as_u64().unwrap() as u32))
+            ),
+        };
+        let line = seen.lines().find(|l| l.starts_with(&format!("/dev/{name} "))).unwrap_or_default();
+        assert!(line.starts_with(&want), "runc made {line:?}, the plan serves {want:?}\n{}", c.transcript());
+    }
+}
