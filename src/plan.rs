@@ -13,7 +13,7 @@
 //! cause is known, as the variant of the input that holds it ([`PlanError::input`]).
 
 use crate::device::{Access, DevKind, Rdev, RestoredGpu, gpu_name};
-use crate::host::{DevDirScan, HostFacts};
+use crate::host::{DevDirScan, GpuInfo, HostFacts};
 use crate::metadata::{DeviceId, Metadata};
 use crate::pairing::{self, MapPair, PairingError};
 use crate::spec::SpecView;
@@ -99,6 +99,10 @@ pub enum PlanError {
     /// The restored GPUs' PCI ids, which the host root tells, differ.
     #[error("{0}")]
     HostRoot(PairingError),
+    /// Two of the driver's information files describe the same GPU minor, UUID or bus, which
+    /// the driver never writes: which GPU a name means would be a guess.
+    #[error("the driver's information files of {first} and {second} both give {what}")]
+    DriverFilesClash { first: String, second: String, what: String },
     /// An explicit pair cannot be made.
     #[error("{0}")]
     DeviceMap(PairingError),
@@ -127,7 +131,7 @@ impl PlanError {
                 Input::Spec
             }
             PlanError::HostDevGpus(_) | PlanError::HostDevMissing(_) | PlanError::HostNode(_) => Input::HostDev,
-            PlanError::HostRoot(_) => Input::HostRoot,
+            PlanError::HostRoot(_) | PlanError::DriverFilesClash { .. } => Input::HostRoot,
             PlanError::DeviceMap(_) => Input::DeviceMap,
         }
     }
@@ -189,6 +193,32 @@ pub fn restored_gpus(inputs: &Inputs) -> Result<Vec<RestoredGpu>, PlanError> {
         .collect())
 }
 
+/// Refuses driver files that contradict each other: two GPUs with one Device Minor, one UUID
+/// (in either case) or one bus. The driver gives each GPU its own; a UUID or selection would
+/// otherwise silently mean the first of the two.
+fn check_driver_files(gpus: &[GpuInfo]) -> Result<(), PlanError> {
+    let key = |g: &GpuInfo| -> [Option<String>; 3] {
+        [
+            g.minor.map(|m| format!("Device Minor {m}")),
+            g.uuid.as_ref().map(|u| format!("GPU UUID GPU-{}", u[4..].to_ascii_lowercase())),
+            g.bus
+                .as_deref()
+                .and_then(visible::bus_id)
+                .map(|b| format!("Bus Location {:04x}:{:02x}:{:02x}.{:x}", b.0, b.1, b.2, b.3)),
+        ]
+    };
+    let mut seen: BTreeMap<String, &GpuInfo> = BTreeMap::new();
+    for gpu in gpus {
+        for what in key(gpu).into_iter().flatten() {
+            if let Some(first) = seen.insert(what.clone(), gpu) {
+                let name = |g: &GpuInfo| g.bus.clone().unwrap_or_else(|| "a GPU".into());
+                return Err(PlanError::DriverFilesClash { first: name(first), second: name(gpu), what });
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The host minors the spec's hook request selects; `None` for no selection (no hook request).
 fn hook_selection(inputs: &Inputs) -> Result<Option<BTreeSet<u32>>, PlanError> {
     let Some(hook) = inputs.spec.as_ref().and_then(|s| s.hook.as_ref()) else { return Ok(None) };
@@ -212,6 +242,7 @@ fn too_few(inputs: &Inputs, error: PairingError) -> PlanError {
 
 /// Computes the remap table and the tree.
 pub fn build(inputs: &Inputs) -> Result<Plan, PlanError> {
+    check_driver_files(&inputs.host.gpu_info)?;
     let restored = restored_gpus(inputs)?;
     let saved = inputs.metadata.as_ref().map(|m| m.gpus.as_slice()).unwrap_or_default();
     if inputs.metadata.is_none() && !inputs.device_map.is_empty() {
@@ -732,6 +763,30 @@ mod tests {
         let err = build(&Inputs { spec: Some(spec), ..Inputs::default() }).unwrap_err();
         assert_eq!(err.input(), Input::Spec);
         assert_eq!(err.to_string(), "spec mount console: the tree would hold more than 16384 nodes");
+    }
+
+    /// Bug (found from outside): two driver information files giving the same Device Minor
+    /// made NVIDIA_VISIBLE_DEVICES=<second GPU's UUID> serve that minor under the first GPU's
+    /// UUID, and `0,1` one GPU, in silence. Two files describing one minor, UUID (in either
+    /// case) or bus are refused, naming both, as the host root's fault.
+    #[test]
+    fn driver_files_that_contradict_each_other_are_refused() {
+        let host = |edit: fn(&mut GpuInfo)| {
+            let mut h = described(&[(0, "0000:3c:00.0"), (1, "0000:3d:00.0")], (0x10de, 0x2330));
+            edit(&mut h.gpu_info[1]);
+            Inputs { host: h, ..Inputs::default() }
+        };
+        let err = build(&host(|g| g.minor = Some(0))).unwrap_err();
+        assert_eq!(err.input(), Input::HostRoot);
+        assert_eq!(
+            err.to_string(),
+            "the driver's information files of 0000:3c:00.0 and 0000:3d:00.0 both give Device Minor 0"
+        );
+        let err = build(&host(|g| g.uuid = Some("GPU-0B5E55ED-1111-4222-8333-000000000000".into()))).unwrap_err();
+        assert!(err.to_string().ends_with("both give GPU UUID GPU-0b5e55ed-1111-4222-8333-000000000000"), "{err}");
+        let err = build(&host(|g| g.bus = Some("0000:3C:00.0".into()))).unwrap_err();
+        assert!(err.to_string().ends_with("both give Bus Location 0000:3c:00.0"), "{err}");
+        assert!(build(&host(|g| g.minor = None)).is_ok(), "a file without a minor contradicts nothing");
     }
 
     /// Rule: the host's warnings (an oversized driver file skipped) reach the plan's.
