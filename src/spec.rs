@@ -108,11 +108,11 @@ pub fn parse(bytes: &[u8], file_source: &dyn Fn(&str) -> bool) -> Result<SpecVie
             |n: i64, which: &str| u32::try_from(n).map_err(|_| err(format!("{which} number {n} is out of range")));
         let rdev = Rdev::new(number(dev.major(), "major")?, number(dev.minor(), "minor")?);
         let mode = dev.file_mode().map(|m| permission_bits(m, kind)).transpose().map_err(err)?;
-        let access = Access {
+        let access = as_runc_leaves_it(Access {
             mode: mode.unwrap_or(Access::DEVICE_DEFAULT.mode),
             uid: dev.uid().unwrap_or(0),
             gid: dev.gid().unwrap_or(0),
-        };
+        });
         let rel_path = dev_relative(&path).map_err(|what| err(what.to_string()))?;
         if rel_path.as_deref() == Some("") {
             return Err(err("is /dev itself".into()));
@@ -132,6 +132,19 @@ pub fn parse(bytes: &[u8], file_source: &dyn Fn(&str) -> bool) -> Result<SpecVie
         }
     }
     Ok(view)
+}
+
+/// A node's access as runc leaves it: runc makes each node as root and then chowns it to the
+/// spec's `uid` and `gid`, where 4294967295 is chown's "leave as is" (the node stays root's), and
+/// the kernel's chown of a non-directory clears set-user-ID, and set-group-ID where group execute
+/// is set (measured with runc 1.1.5: `fileMode` 0o7777 gives 0o1777).
+fn as_runc_leaves_it(access: Access) -> Access {
+    let unchanged = |id: u32| if id == u32::MAX { 0 } else { id };
+    let mut mode = access.mode & !libc::S_ISUID;
+    if mode & libc::S_IXGRP != 0 {
+        mode &= !libc::S_ISGID;
+    }
+    Access { mode, uid: unchanged(access.uid), gid: unchanged(access.gid) }
 }
 
 /// The permission bits of a device's `fileMode`. containerd wrote the file-type bits too
@@ -297,6 +310,26 @@ mod tests {
         );
     }
 
+    /// Bug (found from outside): runc 1.1.5 (measured) chowns every node it makes: `uid` and
+    /// `gid` 4294967295 leave it root's (chown's -1), and the chown clears set-user-ID, and
+    /// set-group-ID with group execute. The plan served 0o7777 and owner 4294967295, which the
+    /// kernel shows as nobody.
+    #[test]
+    fn access_is_what_runc_leaves_after_its_chown() {
+        let access = |extra: serde_json::Value| {
+            let mut d = json!({"path": "/dev/x", "type": "c", "major": 1, "minor": 3});
+            d.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            parse(spec(json!([d]), json!([])).to_string().as_bytes(), &no_files).unwrap().devices[0].access
+        };
+        assert_eq!(
+            access(json!({"uid": 4_294_967_295u32, "gid": 4_294_967_295u32, "fileMode": 0o600})),
+            Access { mode: 0o600, uid: 0, gid: 0 }
+        );
+        assert_eq!(access(json!({"fileMode": 0o7777})).mode, 0o1777);
+        assert_eq!(access(json!({"fileMode": 0o4640, "uid": 5, "gid": 6})), Access { mode: 0o640, uid: 5, gid: 6 });
+        assert_eq!(access(json!({"fileMode": 0o2640})).mode, 0o2640, "set-group-ID without group execute stays");
+    }
+
     /// Bug (issue 10.4): containerd wrote `fileMode` with the file-type bits set
     /// (containerd#5028); type bits matching the device's type are accepted and dropped, other
     /// type bits (which would make runc create another kind of node) are refused.
@@ -310,7 +343,7 @@ mod tests {
         assert_eq!(mode("u", 0o20600), Ok(0o600));
         assert_eq!(mode("b", 0o60660), Ok(0o660));
         assert_eq!(mode("p", 0o10644), Ok(0o644));
-        assert_eq!(mode("c", 0o4755), Ok(0o4755));
+        assert_eq!(mode("c", 0o4755), Ok(0o755), "runc's chown clears set-user-ID");
         let err = mode("c", 0o60666).unwrap_err().to_string();
         assert_eq!(
             err,

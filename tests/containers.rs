@@ -387,16 +387,18 @@ fn crun_terminal_console() {
 /// Bug (found from outside): the plan of a spec whose devices sit over runc's own nodes differed
 /// from the /dev runc 1.1.5 makes itself: runc turns /dev/ptmx into the symlink `pts/ptmx`
 /// whatever the spec lists, and replaces a default node only for a device written exactly as
-/// its path (`/dev//null`, `/dev/./zero`, `/dev/full/` leave the default). Here runc runs the
-/// spec with its own tmpfs /dev, and every node it made for these names is what `plan` serves.
+/// its path (`/dev//null`, `/dev/./zero`, `/dev/full/` leave the default); and its chown of
+/// every node leaves `uid` 4294967295 root's and clears set-user-ID (`fileMode` 0o7777 is
+/// 0o1777). Here runc runs the spec with its own tmpfs /dev, and every node it made for these
+/// names is what `plan` serves, mode and owner included.
 #[test]
 #[ignore = "needs root, /dev/fuse, runc or crun, and busybox-static"]
 fn plan_matches_runcs_own_dev_for_spec_devices_over_defaults() {
     need_containers(Runtime::Runc);
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let device = |path: &str, major: u32, minor: u32| serde_json::json!({"path": path, "type": "c", "major": major, "minor": minor});
-    let names = ["null", "zero", "full", "ptmx", "fd", "tty", "x"];
-    let script: String = names.iter().map(|n| format!("stat -c '%n %F %t:%T %a' /dev/{n}\n")).collect();
+    let names = ["null", "zero", "full", "ptmx", "fd", "tty", "x", "a", "b", "c"];
+    let script: String = names.iter().map(|n| format!("stat -c '%n %F %t:%T %a %u:%g' /dev/{n}\n")).collect();
     let mut config = oci_config("defaults", &[]);
     config["linux"]["devices"] = serde_json::json!([
         device("/dev//null", 1, 5),
@@ -407,6 +409,10 @@ fn plan_matches_runcs_own_dev_for_spec_devices_over_defaults() {
         device("/dev//tty", 1, 8),
         device("/dev/tty", 1, 9),
         device("/dev/x/", 1, 9),
+        serde_json::json!({"path": "/dev/a", "type": "c", "major": 1, "minor": 3,
+                           "uid": 4_294_967_295u32, "gid": 4_294_967_295u32, "fileMode": 0o600}),
+        serde_json::json!({"path": "/dev/b", "type": "c", "major": 1, "minor": 3, "fileMode": 0o7777}),
+        serde_json::json!({"path": "/dev/c", "type": "c", "major": 1, "minor": 3, "fileMode": 0o4640, "uid": 5, "gid": 6}),
     ]);
     let bundle = Bundle::new(&script, &config);
     let mut c = Container::run(Runtime::Runc, &bundle, "devremap-defaults");
@@ -419,8 +425,11 @@ fn plan_matches_runcs_own_dev_for_spec_devices_over_defaults() {
         let want = match node["type"].as_str() {
             Some("symlink") => format!("/dev/{name} symbolic link"),
             _ => format!(
-                "/dev/{name} character special file {}",
-                hex((node["major"].as_u64().unwrap() as u32, node["minor"].as_u64().unwrap() as u32))
+                "/dev/{name} character special file {} {:o} {}:{}",
+                hex((node["major"].as_u64().unwrap() as u32, node["minor"].as_u64().unwrap() as u32)),
+                node["mode"].as_u64().unwrap(),
+                node["uid"],
+                node["gid"]
             ),
         };
         let line = seen.lines().find(|l| l.starts_with(&format!("/dev/{name} "))).unwrap_or_default();
