@@ -109,6 +109,16 @@ pub fn shorten(s: &str) -> String {
     format!("{}...", escape(&s[..cut]))
 }
 
+/// What a byte-order mark at the start of `bytes` says the text is, when it has one: JSON text
+/// has none (RFC 8259), and one written by an editor would otherwise read as "not JSON".
+pub fn byte_order_mark(bytes: &[u8]) -> Option<&'static str> {
+    match bytes {
+        [0xef, 0xbb, 0xbf, ..] => Some("UTF-8 with a byte-order mark"),
+        [0xff, 0xfe, ..] | [0xfe, 0xff, ..] => Some("UTF-16"),
+        _ => None,
+    }
+}
+
 /// Parses JSON text holding at most [`MAX_JSON_VALUES`] values (see [`check_json`]).
 pub fn parse_json(bytes: &[u8]) -> Result<Value, serde_json::Error> {
     check_json(bytes)?;

@@ -114,6 +114,8 @@ pub enum MetadataError {
     TooLarge,
     #[error("not checkpoint metadata: expected a gVisor state file, a JSON object or a JSON array")]
     UnknownFormat,
+    #[error("the text is {0}; JSON is UTF-8 without a byte-order mark")]
+    Encoding(&'static str),
     #[error("invalid JSON: {0}")]
     Json(String),
     #[error("state file metadata: key {key:?} holds {found}, expected a string")]
@@ -188,7 +190,7 @@ pub fn parse(bytes: &[u8]) -> Result<Metadata, MetadataError> {
                 warnings: Vec::new(),
             })
         }
-        _ => Err(MetadataError::UnknownFormat),
+        _ => Err(crate::limits::byte_order_mark(bytes).map_or(MetadataError::UnknownFormat, MetadataError::Encoding)),
     }
 }
 
@@ -564,6 +566,19 @@ mod tests {
     fn a_uuid_twice_in_two_cases_is_a_duplicate() {
         let err = parse(json!([dev(0, UA), dev(1, &UA.to_uppercase())]).to_string().as_bytes()).unwrap_err();
         assert!(matches!(err, MetadataError::DuplicateUuid(_)), "{err}");
+    }
+
+    /// Bug (found from outside): a JSON file saved by an editor with a byte-order mark, or as
+    /// UTF-16, was "not checkpoint metadata: expected ... a JSON object or a JSON array",
+    /// though it held one; the error says what the text is.
+    #[test]
+    fn a_byte_order_mark_is_named() {
+        let err = parse(b"\xef\xbb\xbf[{\"minor\":0}]").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "the text is UTF-8 with a byte-order mark; JSON is UTF-8 without a byte-order mark"
+        );
+        assert_eq!(parse(b"\xff\xfe[\0]\0"), Err(MetadataError::Encoding("UTF-16")));
     }
 
     /// A state file's map holds strings only, as gVisor writes it.

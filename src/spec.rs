@@ -80,6 +80,9 @@ pub fn parse(bytes: &[u8], file_source: &dyn Fn(&str) -> bool) -> Result<SpecVie
     // Checked and counted first (memory stays bounded), then parsed straight into the spec,
     // which skips unknown fields without keeping them. Serde would also take a struct from a
     // JSON array.
+    if let Some(encoding) = crate::limits::byte_order_mark(bytes) {
+        return Err(SpecError::Parse(format!("the text is {encoding}; JSON is UTF-8 without a byte-order mark")));
+    }
     crate::limits::check_json(bytes).map_err(parse_error)?;
     if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         return Err(SpecError::Parse("expected a JSON object".into()));
@@ -328,6 +331,17 @@ mod tests {
         assert_eq!(access(json!({"fileMode": 0o7777})).mode, 0o1777);
         assert_eq!(access(json!({"fileMode": 0o4640, "uid": 5, "gid": 6})), Access { mode: 0o640, uid: 5, gid: 6 });
         assert_eq!(access(json!({"fileMode": 0o2640})).mode, 0o2640, "set-group-ID without group execute stays");
+    }
+
+    /// Bug (found from outside): a spec saved with a byte-order mark was "expected value at
+    /// line 1 column 1"; the error says what the text is.
+    #[test]
+    fn a_byte_order_mark_is_named() {
+        let err = parse(b"\xef\xbb\xbf{\"ociVersion\":\"1.0.2\"}", &no_files).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "not a valid OCI runtime spec: the text is UTF-8 with a byte-order mark; JSON is UTF-8 without a byte-order mark"
+        );
     }
 
     /// Bug (issue 10.4): containerd wrote `fileMode` with the file-type bits set
