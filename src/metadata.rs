@@ -124,8 +124,10 @@ pub enum MetadataError {
     Shape { key: &'static str, what: String },
     #[error("{GPU_KEY}[{index}].{field}: expected {expected}, found {found}")]
     Field { index: usize, field: &'static str, expected: &'static str, found: String },
-    #[error("{GPU_KEY}[{index}].mode: {mode:#o} has bits beyond the permission bits (0o7777)")]
+    #[error("{GPU_KEY}[{index}].mode: {mode:#o} has bits beyond the permission and sticky bits (0o1777)")]
     ModeTooLarge { index: usize, mode: u32 },
+    #[error("{GPU_KEY}[{index}].{field}: 4294967295 is no owner (chown reads it as \"leave unchanged\")")]
+    NoOwner { index: usize, field: &'static str },
     #[error("{GPU_KEY}[{index}]: minor {minor} is over {MAX_REGULAR_MINOR}, the largest GPU minor")]
     MinorTooLarge { index: usize, minor: u32 },
     #[error("{GPU_KEY}: minor {0} appears twice")]
@@ -349,8 +351,16 @@ fn device_id(index: usize, item: &Value) -> Result<DeviceId, MetadataError> {
         }
     };
     let recorded = RecordedAccess { mode: optional("mode")?, uid: optional("uid")?, gid: optional("gid")? };
-    if let Some(mode) = recorded.mode.filter(|m| m & !0o7777 != 0) {
+    // The metadata may come from another host: it may give a checkpoint name the mode the saved
+    // node had, but never setuid or setgid (runc clears them on device nodes too, so a node a
+    // checkpoint saw never had them) nor the owner id that means "no owner".
+    if let Some(mode) = recorded.mode.filter(|m| m & !0o1777 != 0) {
         return Err(MetadataError::ModeTooLarge { index, mode });
+    }
+    for (field, id) in [("uid", recorded.uid), ("gid", recorded.gid)] {
+        if id == Some(u32::MAX) {
+            return Err(MetadataError::NoOwner { index, field });
+        }
     }
     Ok(DeviceId {
         minor,
@@ -539,7 +549,8 @@ mod tests {
     }
 
     /// Format: `mode`, `uid` and `gid` are optional and read when present; a mode with type
-    /// bits or a negative owner is refused.
+    /// bits or a negative owner is refused. Bug (found from outside): metadata from another host
+    /// could give a served GPU node setuid/setgid or the owner 4294967295.
     #[test]
     fn recorded_access_fields() {
         let mut item = dev(0, "GPU-a");
@@ -550,7 +561,11 @@ mod tests {
         assert_eq!(m.gpus[0].recorded.over(Access::DEVICE_DEFAULT), Access { mode: 0o660, uid: 0, gid: 44 });
         assert_eq!(m.gpus[1].recorded, RecordedAccess::default());
         let cases = [
-            (json!([{"minor": 0, "mode": 0o20666}]), "mode: 0o20666 has bits beyond the permission bits"),
+            (json!([{"minor": 0, "mode": 0o20666}]), "mode: 0o20666 has bits beyond the permission and sticky bits"),
+            (json!([{"minor": 0, "mode": 0o4666}]), "mode: 0o4666 has bits beyond"),
+            (json!([{"minor": 0, "mode": 0o2666}]), "mode: 0o2666 has bits beyond"),
+            (json!([{"minor": 0, "uid": 4294967295u32}]), "[0].uid: 4294967295 is no owner"),
+            (json!([{"minor": 0, "gid": 4294967295u32}]), "[0].gid: 4294967295 is no owner"),
             (json!([{"minor": 0, "uid": -1}]), "[0].uid: expected an unsigned 32-bit integer, found -1"),
             (json!([{"minor": 0, "gid": "5"}]), "[0].gid: expected an unsigned 32-bit integer"),
         ];
