@@ -6,15 +6,30 @@
 //! it, so a replaced node that the kernel has looked up is kept, as *retired*, until the kernel
 //! forgets it. Lookup counts are per node and survive reloads for nodes that did not change.
 //!
-//! Concurrency: requests take the read lock; a reload takes the write lock only to swap the
-//! snapshot and move replaced nodes aside, so no lookup can count a node that is being retired.
-//! Nothing here talks to the kernel: [`Devfs::replace`] returns the names the caller must
-//! invalidate, after the lock is released.
+//! Concurrency: requests take the read lock. A reload builds the new snapshot and diffs it
+//! against the old one without it, then takes the write lock only to swap the snapshot and move
+//! replaced nodes aside, so no lookup can count a node that is being retired. Reloads are
+//! serialised by a mutex of their own, which requests never take. Nothing here talks to the
+//! kernel: [`Devfs::replace`] returns the names the caller must invalidate, after the lock is
+//! released.
+//!
+//! Listing offsets: the offset given with each `readdir` entry is a *cookie* naming that entry,
+//! not its position. A listing is resumed (with a small buffer, after a reload, after `seekdir`)
+//! from the offset of the last entry the caller got, possibly under a newer snapshot whose
+//! names are not at the same positions; a position would then skip or repeat names. So every
+//! name ever served gets a number the first time it is seen, kept for the life of the
+//! filesystem ([`Cookies`]), and listings go in name order: resuming from a cookie lists the
+//! names that sort after the cookie's name in the snapshot of that moment. Each listing is thus
+//! a walk in strictly increasing name order, whatever snapshots answered its parts: no name is
+//! given twice, and a name present in every snapshot it spanned is given once, even when the
+//! cookie's own name has gone. (A hash of the name, the other position-independent key, can
+//! collide and does not keep name order.) The table only grows, by the distinct names the
+//! inputs ever held, which are few.
 
 use crate::device::DevKind;
 use crate::tree::{self, Diff, Node, NodeKind, Tree};
 use fuser::{Errno, FileAttr, FileType, INodeNo};
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -69,18 +84,58 @@ impl Entry {
     }
 }
 
+/// One name in a directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Child {
+    pub name: String,
+    pub ino: u64,
+    /// The name's listing offset: see [`Cookies`].
+    cookie: u64,
+}
+
 /// A directory's children, in name order (the order `readdir` lists them).
 #[derive(Debug, Default)]
 pub struct Dir {
     pub parent: u64,
-    names: Vec<(String, u64)>,
+    names: Vec<Child>,
     index: HashMap<String, u64>,
 }
 
 impl Dir {
-    /// `(name, node id)` of every child.
-    pub fn children(&self) -> &[(String, u64)] {
+    /// Every child, in name order.
+    pub fn children(&self) -> &[Child] {
         &self.names
+    }
+}
+
+/// The listing offset of every name ever served, numbered in the order first seen: append-only,
+/// and shared by the snapshots (copied only by a reload that brings a new name), so a cookie
+/// handed out under any generation names the same name in every later one. `0` starts a
+/// listing, `.` is `1` and `..` is `2`.
+#[derive(Debug, Default, Clone)]
+struct Cookies {
+    names: Vec<String>,
+    index: HashMap<String, u64>,
+}
+
+impl Cookies {
+    /// The cookie of the first name.
+    const FIRST: u64 = 3;
+
+    fn get(&self, name: &str) -> Option<u64> {
+        self.index.get(name).copied()
+    }
+
+    fn name(&self, cookie: u64) -> Option<&str> {
+        let i = usize::try_from(cookie.checked_sub(Self::FIRST)?).ok()?;
+        self.names.get(i).map(String::as_str)
+    }
+
+    fn add(&mut self, name: &str) -> u64 {
+        let cookie = Self::FIRST + self.names.len() as u64;
+        self.names.push(name.to_owned());
+        self.index.insert(name.to_owned(), cookie);
+        cookie
     }
 }
 
@@ -92,6 +147,7 @@ pub struct Snapshot {
     entries: HashMap<u64, Arc<Entry>>,
     dirs: HashMap<u64, Dir>,
     paths: HashMap<String, u64>,
+    cookies: Arc<Cookies>,
 }
 
 impl Snapshot {
@@ -111,6 +167,7 @@ impl Snapshot {
     /// Numbers `tree`, keeping the node ids (and lookup counts) of nodes unchanged since `prev`.
     fn build(prev: Option<&Snapshot>, tree: Tree, generation: u64, next_ino: &mut u64, now: SystemTime) -> Snapshot {
         let (mut entries, mut dirs, mut paths) = (HashMap::new(), HashMap::<u64, Dir>::new(), HashMap::new());
+        let mut cookies = prev.map(|p| p.cookies.clone()).unwrap_or_default();
         let root = std::iter::once(("", tree.get("").expect("a tree has its root")));
         // Sorted by path, so every parent is numbered before its children.
         for (path, node) in root.chain(tree.iter()) {
@@ -130,7 +187,9 @@ impl Snapshot {
                 let (parent_path, name) = Tree::split(path);
                 let parent = paths[parent_path];
                 let dir = dirs.get_mut(&parent).expect("a node's parent is a directory");
-                dir.names.push((name.to_owned(), ino));
+                // Copies the table once, at the first new name; later ones go into the copy.
+                let cookie = cookies.get(name).unwrap_or_else(|| Arc::make_mut(&mut cookies).add(name));
+                dir.names.push(Child { name: name.to_owned(), ino, cookie });
                 dir.index.insert(name.to_owned(), ino);
                 if let Some(d) = dirs.get_mut(&ino) {
                     d.parent = parent;
@@ -141,7 +200,7 @@ impl Snapshot {
             paths.insert(path.to_owned(), ino);
             entries.insert(ino, entry);
         }
-        Snapshot { generation, tree, entries, dirs, paths }
+        Snapshot { generation, tree, entries, dirs, paths, cookies }
     }
 }
 
@@ -167,20 +226,25 @@ pub struct Change {
 struct State {
     snap: Arc<Snapshot>,
     retired: HashMap<u64, Arc<Entry>>,
-    next_ino: u64,
 }
 
 /// The live filesystem: answers what the FUSE adapter asks, swaps trees on reload.
 #[derive(Debug)]
 pub struct Devfs {
     state: RwLock<State>,
+    /// Held through a whole reload, so reloads never interleave; it guards the next free node
+    /// id, which only reloads take from.
+    reload: Mutex<u64>,
 }
 
 impl Devfs {
     pub fn new(tree: Tree) -> Devfs {
         let mut next_ino = fuser::INodeNo::ROOT.0 + 1;
         let snap = Snapshot::build(None, tree, 1, &mut next_ino, SystemTime::now());
-        Devfs { state: RwLock::new(State { snap: Arc::new(snap), retired: HashMap::new(), next_ino }) }
+        Devfs {
+            state: RwLock::new(State { snap: Arc::new(snap), retired: HashMap::new() }),
+            reload: Mutex::new(next_ino),
+        }
     }
 
     /// The current generation.
@@ -225,9 +289,12 @@ impl Devfs {
         gone
     }
 
-    /// Lists directory `dir` from `offset` (`.` and `..` first) to `add`, which answers true
-    /// when its buffer is full. With `counted` (readdirplus), every name but the dots counts a
-    /// kernel reference, as a lookup does: the kernel takes one for each entry it is given.
+    /// Lists directory `dir` (`.` and `..` first, then the names in order) to `add`, which is
+    /// given each entry with its cookie and answers true when its buffer is full. `offset` is 0
+    /// or the cookie of the last entry the caller got (under this or an earlier snapshot): the
+    /// listing goes on after it. An offset that is no cookie lists nothing. With `counted`
+    /// (readdirplus), every name but the dots counts a kernel reference, as a lookup does: the
+    /// kernel takes one for each entry it is given.
     pub fn list(
         &self,
         dir: u64,
@@ -238,14 +305,27 @@ impl Devfs {
         let state = self.state.read();
         let snap = &state.snap;
         let d = snap.dir(dir).ok_or(Errno::ENOENT)?;
-        let dots = [(".", dir), ("..", d.parent)];
-        let names = dots.into_iter().chain(d.children().iter().map(|(n, i)| (n.as_str(), *i)));
-        for (i, (name, ino)) in names.enumerate().skip(offset as usize) {
-            let entry = &snap.entries[&ino];
-            if add(entry, i as u64 + 1, name) {
+        let (dots, first_child) = match offset {
+            0 => (&[(".", dir, 1), ("..", d.parent, 2)][..], 0),
+            1 => (&[("..", d.parent, 2)][..], 0),
+            2 => (&[][..], 0),
+            cookie => {
+                let after = snap.cookies.name(cookie);
+                // The names after the cookie's, whether or not it is still here.
+                (&[][..], after.map_or(d.names.len(), |a| d.names.partition_point(|c| c.name.as_str() <= a)))
+            }
+        };
+        for &(name, ino, cookie) in dots {
+            if add(&snap.entries[&ino], cookie, name) {
+                return Ok(());
+            }
+        }
+        for child in &d.names[first_child..] {
+            let entry = &snap.entries[&child.ino];
+            if add(entry, child.cookie, &child.name) {
                 break;
             }
-            if counted && i >= 2 {
+            if counted {
                 entry.nlookup.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -266,21 +346,18 @@ impl Devfs {
     /// Serves `tree` from now on. Nodes that did not change keep their ids; the rest get new
     /// ones; replaced nodes the kernel holds are retired. Returns what to tell the kernel.
     pub fn replace(&self, tree: Tree) -> Change {
-        let mut state = self.state.write();
-        let old = state.snap.clone();
+        let mut next_ino = self.reload.lock();
+        // No other reload runs, so this stays the current snapshot until the swap below.
+        let old = self.snapshot();
         let generation = old.generation + 1;
-        let mut next_ino = state.next_ino;
         let new = Snapshot::build(Some(&old), tree, generation, &mut next_ino, SystemTime::now());
-        state.next_ino = next_ino;
         let diff = tree::diff(&old.tree, &new.tree);
         let mut change = Change { generation, ..Change::default() };
         let parent_in = |snap: &Snapshot, path: &str| snap.ino_of(Tree::split(path).0);
+        let mut replaced = Vec::new();
         for path in diff.changed.iter().chain(&diff.removed) {
             let ino = old.ino_of(path).expect("a diffed path is in the old tree");
-            let entry = &old.entries[&ino];
-            if entry.nlookup.load(Ordering::Relaxed) > 0 {
-                state.retired.insert(ino, entry.clone());
-            }
+            replaced.push(old.entries[&ino].clone());
             change
                 .invalidate
                 .push((parent_in(&old, path).expect("parents precede children"), Tree::split(path).1.to_owned()));
@@ -298,6 +375,14 @@ impl Devfs {
             .map(|(ino, _)| *ino)
             .collect();
         change.diff = diff;
+        let mut state = self.state.write();
+        // Lookups count references under the read lock, so these counts are final: a node
+        // looked up until now is kept for the kernel, and none can be looked up after the swap.
+        for entry in replaced {
+            if entry.nlookup.load(Ordering::Relaxed) > 0 {
+                state.retired.insert(entry.ino, entry);
+            }
+        }
         state.snap = Arc::new(new);
         change
     }
@@ -397,7 +482,97 @@ mod tests {
         assert_eq!(inval, vec![(1, "nvidia0".to_owned()), (1, "nvidia1".to_owned())]);
         assert_eq!(change.dirs, vec![1]);
         let snap = fs.snapshot();
-        let listed: Vec<&str> = snap.dir(1).unwrap().children().iter().map(|(n, _)| n.as_str()).collect();
+        let listed: Vec<&str> = snap.dir(1).unwrap().children().iter().map(|c| c.name.as_str()).collect();
         assert_eq!(listed, ["null", "nvidia1", "pts"]);
+    }
+
+    /// A tree of char devices named `names`.
+    fn named(names: &[&str]) -> Tree {
+        let mut b = TreeBuilder::default();
+        for n in names {
+            b.insert(n, Node::device(DevKind::Char, Rdev::new(1, 3), Access::DEVICE_DEFAULT)).unwrap();
+        }
+        b.build()
+    }
+
+    /// One getdents call as the kernel makes it: up to `room` entries of the root from
+    /// `offset`, and the offset to go on from (the last entry's cookie), or None at the end.
+    fn page(fs: &Devfs, offset: u64, room: usize, out: &mut Vec<String>) -> Option<u64> {
+        let (mut next, mut got) = (None, 0);
+        fs.list(1, offset, false, |_, cookie, name| {
+            if got == room {
+                return true;
+            }
+            out.push(name.to_owned());
+            next = Some(cookie);
+            got += 1;
+            false
+        })
+        .unwrap();
+        next
+    }
+
+    /// Bug (issue 10.5): offsets were positions, so a listing that spanned a reload adding or
+    /// removing a name that sorts first lost or repeated names. Rule: a listing split anywhere
+    /// by a reload gives every name of both trees exactly once, and no name twice.
+    #[test]
+    fn listing_spanning_a_reload_loses_and_repeats_nothing() {
+        let both = ["full", "null", "random", "tty", "zero"];
+        let a: Vec<&str> = both.iter().copied().chain(["aaa", "console", "urandom"]).collect();
+        let b: Vec<&str> = both.iter().copied().chain(["0first", "abc", "ptmx", "zzz"]).collect();
+        for (from, to) in [(&a, &b), (&b, &a)] {
+            for room in 1..4 {
+                for split in 0..=from.len() + 2 {
+                    let fs = Devfs::new(named(from));
+                    let (mut listed, mut offset) = (Vec::new(), 0);
+                    for _ in 0..split.div_ceil(room) {
+                        offset = page(&fs, offset, room, &mut listed).unwrap_or(u64::MAX);
+                    }
+                    fs.replace(named(to));
+                    while offset != u64::MAX {
+                        offset = page(&fs, offset, room, &mut listed).unwrap_or(u64::MAX);
+                    }
+                    let at = format!("{from:?} -> {to:?}, {room} a call, reload after {split}: {listed:?}");
+                    for name in [".", ".."].iter().chain(&both) {
+                        assert_eq!(listed.iter().filter(|n| n == name).count(), 1, "{name}: {at}");
+                    }
+                    let mut unique = listed.clone();
+                    unique.sort();
+                    unique.dedup();
+                    assert_eq!(unique.len(), listed.len(), "a name came twice: {at}");
+                }
+            }
+        }
+    }
+
+    /// Rule: a cookie keeps naming its name across reloads, also while the name is gone, so a
+    /// listing resumed after a vanished name goes on with the names after it; an offset that
+    /// was never a cookie lists nothing.
+    #[test]
+    fn cookies_outlive_their_names() {
+        let fs = Devfs::new(named(&["a", "b", "c"]));
+        let mut first = Vec::new();
+        let after_b = {
+            let o = page(&fs, 0, 3, &mut first).unwrap();
+            page(&fs, o, 1, &mut first).unwrap()
+        };
+        assert_eq!(first, [".", "..", "a", "b"]);
+        fs.replace(named(&["a", "bb", "c"]));
+        let mut rest = Vec::new();
+        assert!(page(&fs, after_b, 10, &mut rest).is_some());
+        assert_eq!(rest, ["bb", "c"]);
+        fs.replace(named(&["a", "b", "c"]));
+        let mut again = Vec::new();
+        page(&fs, 0, 4, &mut again);
+        let mut cookies = Vec::new();
+        fs.list(1, 0, false, |_, c, _| {
+            cookies.push(c);
+            false
+        })
+        .unwrap();
+        assert_eq!(cookies[3], after_b, "b's cookie changed when b came back");
+        let mut none = Vec::new();
+        assert_eq!(page(&fs, 1 << 40, 10, &mut none), None);
+        assert!(none.is_empty());
     }
 }
