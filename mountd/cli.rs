@@ -10,7 +10,8 @@ use std::path::PathBuf;
 #[command(
     name = "devremapd",
     version,
-    about = "A FUSE /dev for containers whose GPUs were remapped by checkpoint/restore"
+    about = "A FUSE /dev for containers whose GPUs were remapped by checkpoint/restore",
+    arg_required_else_help = true
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -58,6 +59,9 @@ pub struct OciPatchArgs {
     /// Replace CONFIG (atomically) instead of printing the result.
     #[arg(long)]
     pub in_place: bool,
+    /// Patch even if MOUNTPOINT is not (yet) a live devremap mount, to patch before mounting.
+    #[arg(long)]
+    pub allow_unmounted: bool,
 }
 
 #[derive(Debug, Args)]

@@ -13,7 +13,9 @@
 
 use crate::cli::MountArgs;
 use crate::logging;
-use crate::mountpoint::{MountLock, check_private, detach, is_dead_mount, prepare_mountpoint, resolve, wait_answering};
+use crate::mountpoint::{
+    FSNAME, MountLock, check_private, detach, is_dead_mount, prepare_mountpoint, resolve, wait_answering,
+};
 use devremap::adapter::Adapter;
 use devremap::atomic::{Written, write_atomic};
 use devremap::load::{self, LoadError, Loaded, Sources};
@@ -165,7 +167,7 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
     let adapter = hooks(Adapter::new(devfs.clone(), Duration::from_secs(args.ttl), Some(on_retired)));
     let mut config = Config::default();
     config.mount_options = vec![
-        MountOption::FSName("devremap".into()),
+        MountOption::FSName(FSNAME.into()),
         MountOption::Dev,
         MountOption::NoSuid,
         MountOption::NoExec,

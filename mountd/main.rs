@@ -32,6 +32,11 @@ fn main() -> ExitCode {
             let _ = e.print();
             return ExitCode::SUCCESS;
         }
+        // No arguments at all: the usage, whole, on stderr, and status 1 as for any bad input.
+        Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = e.print();
+            return ExitCode::FAILURE;
+        }
         // Every bad flag is bad input: one line, status 1.
         Err(e) => {
             // clap's message, up to its usage text, folded onto one line.
@@ -75,6 +80,14 @@ fn oci_patch(args: &cli::OciPatchArgs) -> Result<(), String> {
         serde_json::from_slice(&text).map_err(|e| format!("{p}: not a valid OCI runtime spec: {e}"))?;
     let dev =
         std::path::absolute(&args.dev).map_err(|e| format!("{}: {}", args.dev.display(), devremap::io_message(&e)))?;
+    if !args.allow_unmounted {
+        mountpoint::check_devremap_mount(&dev).map_err(|why| {
+            format!(
+                "{}: not a live devremap mount ({why}); mount it with `devremapd mount` first, or pass --allow-unmounted to patch before it exists",
+                dev.display()
+            )
+        })?;
+    }
     let dev = dev.to_str().ok_or_else(|| format!("{}: not a UTF-8 path", dev.display()))?;
     let patched = devremap::oci_patch::patch(&spec, dev).map_err(|e| format!("{p}: {e}"))?;
     let mut out = serde_json::to_string_pretty(&patched).expect("a JSON value serialises");

@@ -156,19 +156,75 @@ pub fn prepare_mountpoint(path: &Path, m: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// The filesystem type and source mounted exactly at `path`, if any.
-fn mounted_at(path: &Path) -> Option<String> {
+/// The source the daemon mounts with (`FSName`): with the type `fuse`, what marks a devremap
+/// mount in the mount table.
+pub const FSNAME: &str = "devremap";
+
+/// What is mounted at a mount point, as the mount table says.
+struct Mounted {
+    fstype: String,
+    source: String,
+}
+
+impl std::fmt::Display for Mounted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.fstype, self.source)
+    }
+}
+
+/// What is mounted exactly at `path` (canonical), if anything: the last, topmost, of the
+/// mounts there.
+fn mounted_at(path: &Path) -> Option<Mounted> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     let target = path.to_str()?;
-    info.lines().find_map(|line| {
+    info.lines().rev().find_map(|line| {
         let fields: Vec<&str> = line.split(' ').collect();
         let dash = fields.iter().position(|f| *f == "-")?;
-        let mount_point = fields.get(4)?.replace("\\040", " ");
-        if mount_point != target {
+        if unescape(fields.get(4)?) != target {
             return None;
         }
-        Some(format!("{} {}", fields.get(dash + 1)?, fields.get(dash + 2)?))
+        Some(Mounted { fstype: unescape(fields.get(dash + 1)?), source: unescape(fields.get(dash + 2)?) })
     })
+}
+
+/// Undoes the mount table's octal escapes (`\040` for a space, `\134` for a backslash, ...).
+fn unescape(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal =
+            bytes.get(i + 1..i + 4).filter(|d| bytes[i] == b'\\' && d.iter().all(|b| (b'0'..=b'7').contains(b)));
+        match octal {
+            Some(d) => {
+                out.push(d.iter().fold(0u8, |n, b| n.wrapping_mul(8).wrapping_add(b - b'0')));
+                i += 4;
+            }
+            None => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Checks that `path` is a live devremap mount: a mount point whose topmost mount is of type
+/// `fuse` with source [`FSNAME`], and whose daemon answers. Says what it is instead, if not.
+pub fn check_devremap_mount(path: &Path) -> Result<(), String> {
+    let why = |e: std::io::Error| {
+        if e.raw_os_error() == Some(libc::ENOTCONN) {
+            "a dead FUSE mount: its daemon is gone".to_owned()
+        } else {
+            io_message(&e)
+        }
+    };
+    let canonical = path.canonicalize().map_err(why)?;
+    match mounted_at(&canonical) {
+        None => Err("not a mount point".to_owned()),
+        Some(m) if m.fstype != "fuse" || m.source != FSNAME => Err(format!("a {} mount of {}", m.fstype, m.source)),
+        Some(_) => statfs(&canonical).map(|_| ()).map_err(|e| why(e.into())),
+    }
 }
 
 /// Lazily unmounts `path` (`umount -l`); what still uses the mount keeps it until done.
@@ -197,4 +253,16 @@ pub fn is_dead_mount(path: &Path) -> bool {
 
 fn statfs(path: &Path) -> nix::Result<Statfs> {
     nix::sys::statfs::statfs(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The mount table escapes space, tab, newline and backslash in octal; nothing else changes.
+    #[test]
+    fn unescapes_mount_table_fields() {
+        assert_eq!(unescape(r"/run/a\040b\011c\012d\134e"), "/run/a b\tc\nd\\e");
+        assert_eq!(unescape(r"/plain\09x\"), r"/plain\09x\");
+    }
 }

@@ -560,3 +560,24 @@ fn small_dev_listing_spanning_reloads_loses_and_repeats_nothing() {
     need_fuse();
     assert_eq!(losses_and_repeats_across_reloads(0, 1000), (0, 0));
 }
+
+/// Rule (issue 11.3): `oci-patch --dev` takes a live devremap mount, and refuses one whose
+/// daemon is gone (the container would get ENOTCONN for its `/dev`).
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn oci_patch_takes_a_live_mount_and_refuses_a_dead_one() {
+    need_fuse();
+    let mut d = Daemon::start(&["--spec", &common::fixture("spec-basic.json")]);
+    let tmp = tempfile::TempDir::new().unwrap();
+    let spec = tmp.path().join("config.json");
+    fs::copy(common::fixture("spec-basic.json"), &spec).unwrap();
+    let patch = || common::devremapd(&["oci-patch", spec.to_str().unwrap(), "--dev", d.mountpoint.to_str().unwrap()]);
+    let (code, stdout, stderr) = patch();
+    assert_eq!((code, stderr.as_str()), (0, ""));
+    assert!(stdout.contains(&format!("\"source\": \"{}\"", d.mountpoint.display())), "{stdout}");
+    d.signal(libc::SIGKILL);
+    d.child.wait().unwrap();
+    let (code, stdout, stderr) = patch();
+    assert_eq!((code, stdout.as_str()), (1, ""));
+    assert!(stderr.contains("not a live devremap mount (a dead FUSE mount: its daemon is gone)"), "{stderr}");
+}

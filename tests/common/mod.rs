@@ -73,16 +73,21 @@ fn run(args: &[&str]) -> Output {
     Command::new(BIN).args(args).env_remove("RUST_LOG").output().unwrap_or_else(|e| panic!("cannot run {BIN}: {e}"))
 }
 
-/// Runs `devremapd plan <args>`: (exit status, stdout, stderr). A death by signal is -1.
-pub fn plan(args: &[&str]) -> (i32, String, String) {
-    let mut all = vec!["plan"];
-    all.extend_from_slice(args);
-    let out = run(&all);
+/// Runs `devremapd <args>`: (exit status, stdout, stderr). A death by signal is -1.
+pub fn devremapd(args: &[&str]) -> (i32, String, String) {
+    let out = run(args);
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8(out.stdout).expect("stdout is UTF-8"),
         String::from_utf8(out.stderr).expect("stderr is UTF-8"),
     )
+}
+
+/// Runs `devremapd plan <args>`: (exit status, stdout, stderr). A death by signal is -1.
+pub fn plan(args: &[&str]) -> (i32, String, String) {
+    let mut all = vec!["plan"];
+    all.extend_from_slice(args);
+    devremapd(&all)
 }
 
 /// Runs `devremapd plan --json <args>`, asserts success with nothing on stderr, and returns the
