@@ -76,6 +76,8 @@ cleanup() {
 trap cleanup EXIT
 trap 'cleanup; exit 130' INT
 trap 'cleanup; exit 143' TERM
+trap 'cleanup; exit 129' HUP
+trap 'cleanup; exit 141' PIPE
 
 # Polls for up to 20 s until "$@" succeeds.
 wait_for() {
