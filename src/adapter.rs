@@ -2,14 +2,17 @@
 //! to `Reply*`. Every decision about names and nodes is made in [`crate::served`]; this file
 //! only translates, refuses every change, and reports retired nodes let go.
 //!
+//! No `access` handler: under `default_permissions` the kernel checks permissions itself and
+//! never sends one.
+//!
 //! Refusals: setattr answers EPERM, so that runtimes which chown their std streams carry on
 //! (crun 1.8 aborts on anything but EPERM or EINVAL); every other change answers EROFS.
 
 use crate::served::Devfs;
 use fuser::{
-    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, KernelConfig,
-    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
-    ReplyEntry, ReplyOpen, ReplyStatfs, Request, TimeOrNow,
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, KernelConfig, OpenFlags,
+    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
+    ReplyOpen, ReplyStatfs, Request, TimeOrNow,
 };
 use std::ffi::OsStr;
 use std::path::Path;
@@ -288,16 +291,6 @@ impl Filesystem for Adapter {
         guard("statfs", || {
             let files = self.fs.snapshot().tree.len() as u64;
             reply.statfs(0, 0, 0, files, 0, 4096, 255, 4096);
-        });
-    }
-
-    fn access(&self, _req: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
-        guard("access", || {
-            // Permissions are the kernel's (default_permissions); this only says the node exists.
-            match self.fs.entry(ino.0) {
-                Some(_) => reply.ok(),
-                None => reply.error(Errno::ENOENT),
-            }
         });
     }
 }
