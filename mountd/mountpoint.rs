@@ -254,15 +254,3 @@ pub fn is_dead_mount(path: &Path) -> bool {
 fn statfs(path: &Path) -> nix::Result<Statfs> {
     nix::sys::statfs::statfs(path)
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The mount table escapes space, tab, newline and backslash in octal; nothing else changes.
-    #[test]
-    fn unescapes_mount_table_fields() {
-        assert_eq!(unescape(r"/run/a\040b\011c\012d\134e"), "/run/a b\tc\nd\\e");
-        assert_eq!(unescape(r"/plain\09x\"), r"/plain\09x\");
-    }
-}

@@ -561,13 +561,17 @@ fn small_dev_listing_spanning_reloads_loses_and_repeats_nothing() {
     assert_eq!(losses_and_repeats_across_reloads(0, 1000), (0, 0));
 }
 
-/// Rule (issue 11.3): `oci-patch --dev` takes a live devremap mount, and refuses one whose
-/// daemon is gone (the container would get ENOTCONN for its `/dev`).
+/// Rule (issue 11.3): `oci-patch --dev` takes a live devremap mount, also at a path the mount
+/// table escapes (a space is `\040` there), and refuses one whose daemon is gone (the container
+/// would get ENOTCONN for its `/dev`).
 #[test]
 #[ignore = "needs root and /dev/fuse"]
 fn oci_patch_takes_a_live_mount_and_refuses_a_dead_one() {
     need_fuse();
-    let mut d = Daemon::start(&["--spec", &common::fixture("spec-basic.json")]);
+    let dir = tempfile::TempDir::new().unwrap();
+    let mountpoint = dir.path().join("dev remap");
+    fs::create_dir(&mountpoint).unwrap();
+    let mut d = Daemon::start_at(dir, mountpoint, &["--spec", &common::fixture("spec-basic.json")]);
     let tmp = tempfile::TempDir::new().unwrap();
     let spec = tmp.path().join("config.json");
     fs::copy(common::fixture("spec-basic.json"), &spec).unwrap();
