@@ -56,8 +56,15 @@ cleanup() {
     cleaned=1
     set +e
     if [ -n "$runc_pid" ]; then
-        runc_ delete -f "$id" >/dev/null 2>&1
+        # The container may not exist yet when runc is still creating it: try for a while.
+        for _ in $(seq 50); do
+            runc_ delete -f "$id" >/dev/null 2>&1
+            kill -0 "$runc_pid" 2>/dev/null || break
+            sleep 0.1
+        done
+        kill -KILL "$runc_pid" 2>/dev/null
         wait "$runc_pid" 2>/dev/null
+        runc_ delete -f "$id" >/dev/null 2>&1
     fi
     if [ -n "$daemon_pid" ]; then
         kill -TERM "$daemon_pid" 2>/dev/null
@@ -66,7 +73,7 @@ cleanup() {
     if mountpoint -q "$mnt" 2>/dev/null; then
         umount -l "$mnt"
     fi
-    if grep -q " $work" /proc/self/mountinfo; then
+    if grep -qF " $work" /proc/self/mountinfo; then
         say "demo.sh: something is still mounted under $work; left it there" >&2
         return
     fi
