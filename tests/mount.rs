@@ -519,7 +519,7 @@ fn losses_and_repeats_across_reloads(base: usize, listings: usize) -> (usize, us
     let tmp = tempfile::TempDir::new().unwrap();
     let spec = tmp.path().join("config.json");
     fs::write(&spec, &specs[0]).unwrap();
-    let d = Daemon::start(&["--spec", spec.to_str().unwrap(), "--host-root", tmp.path().to_str().unwrap()]);
+    let d = Daemon::start(&["--spec", spec.to_str().unwrap(), "--host-root", &empty_root()]);
     let mut in_both = listing(&d.mountpoint);
     in_both.retain(|n| !n.starts_with("aaa"));
     in_both.extend([".".to_owned(), "..".to_owned()]);
@@ -568,10 +568,14 @@ fn small_dev_listing_spanning_reloads_loses_and_repeats_nothing() {
 #[ignore = "needs root and /dev/fuse"]
 fn oci_patch_takes_a_live_mount_and_refuses_a_dead_one() {
     need_fuse();
-    let dir = tempfile::TempDir::new().unwrap();
+    let dir = common::daemon::private_dir();
     let mountpoint = dir.path().join("dev remap");
     fs::create_dir(&mountpoint).unwrap();
-    let mut d = Daemon::start_at(dir, mountpoint, &["--spec", &common::fixture("spec-basic.json")]);
+    let mut d = Daemon::start_at(
+        dir,
+        mountpoint,
+        &["--spec", &common::fixture("spec-basic.json"), "--host-root", &empty_root()],
+    );
     let tmp = tempfile::TempDir::new().unwrap();
     let spec = tmp.path().join("config.json");
     fs::copy(common::fixture("spec-basic.json"), &spec).unwrap();
