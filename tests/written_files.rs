@@ -84,7 +84,17 @@ fn planted_symlinks_never_redirect_a_write() {
         std::os::unix::fs::symlink(&secret, &link).unwrap();
     }
     let out = Command::new("unshare")
-        .args(["-p", "-f", common::BIN, "oci-patch", arg(&config), "--dev", "/run/devremap/ctr1", "--in-place"])
+        .args([
+            "-p",
+            "-f",
+            common::BIN,
+            "oci-patch",
+            arg(&config),
+            "--dev",
+            "/run/devremap/ctr1",
+            "--allow-unmounted",
+            "--in-place",
+        ])
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -139,7 +149,7 @@ fn oci_patch_in_place_keeps_mode_and_owner() {
     fs::set_permissions(&config, fs::Permissions::from_mode(0o640)).unwrap();
     std::os::unix::fs::chown(&config, Some(65534), Some(65534)).unwrap();
     let out = Command::new(common::BIN)
-        .args(["oci-patch", arg(&config), "--dev", "/run/devremap/ctr1", "--in-place"])
+        .args(["oci-patch", arg(&config), "--dev", "/run/devremap/ctr1", "--allow-unmounted", "--in-place"])
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
