@@ -1,13 +1,13 @@
 //! `devremapd mount`: mounts the devfs, serves it, reloads it on SIGHUP, and unmounts on
 //! SIGTERM/SIGINT or when someone else unmounts it.
 //!
-//! The main thread handles one batch of events at a time (signals, a reload's result, retired
-//! nodes let go, the session ending), so reloads never overlap and SIGHUPs that arrive during
-//! one are coalesced into one more. A reload's inputs are read on a worker thread: an input on
-//! a stuck filesystem can block that thread in the kernel for ever, so the main thread gives a
-//! reload `--reload-timeout` seconds and then abandons it, and a stop never waits for one. The
-//! FUSE session runs on its own threads and only reads the shared [`Devfs`]. Readiness (pid
-//! file, state file, `READY=1`) is declared only once the mount has answered a request.
+//! The rules of the daemon's life (reloads coalesced, never overlapping, abandoned after
+//! `--reload-timeout`; a stop wins and never waits) are the library's [`Lifecycle`]; this file
+//! is its edges: the mount, the signal thread that turns signals into events, the worker
+//! threads that load a reload's inputs (an input on a stuck filesystem can block one in the
+//! kernel for ever), the state file and systemd. The FUSE session runs on its own threads and
+//! only reads the shared [`Devfs`]. Readiness (pid file, state file, `READY=1`) is declared only
+//! once the mount has answered a request.
 //!
 //! Assumption: one daemon per mountpoint, enforced by the [`MountLock`] held for its whole life.
 
@@ -18,76 +18,38 @@ use crate::mountpoint::{
 };
 use devremap::adapter::Adapter;
 use devremap::atomic::{Written, write_atomic};
-use devremap::load::{self, LoadError, Loaded, Sources};
-use devremap::served::{Change, Devfs};
+use devremap::lifecycle::{End, Event, Lifecycle, Notice, Session, Status, warnings};
+use devremap::load::{self, Sources};
+use devremap::served::Devfs;
 use devremap::{io_message, render};
-use fuser::{Config, INodeNo, MountOption, Notifier, Session, SessionACL};
+use fuser::{Config, MountOption, SessionACL};
 use log::{info, warn};
 use sd_notify::NotifyState;
 use serde_json::Value;
-use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGPIPE, SIGTERM, SIGXFSZ};
 use signal_hook::iterator::Signals;
-use std::ffi::OsStr;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 
-/// Abandoned reloads still blocked on their inputs beyond which no new reload is started: each
-/// holds a thread until its input answers.
-const MAX_STUCK_RELOADS: usize = 4;
-
-/// What the main loop reacts to.
-enum Event {
-    /// SIGHUP, SIGTERM or SIGINT; the other signals are logged and ignored where received.
-    Signal(i32),
-    /// A reload's inputs, loaded (or refused) by its worker thread.
-    Loaded(u64, Box<Result<Loaded, LoadError>>),
-    /// A retired node was let go: the state file's count is stale.
-    Retired,
-    /// The FUSE session ended: someone unmounted us, or aborted the connection.
-    Ended(io::Result<()>),
-}
-
-/// Why serving ended.
-enum End {
-    /// SIGTERM or SIGINT: we unmount.
-    Stop,
-    /// The session ended under us.
-    Ended(io::Result<()>),
-}
-
-/// A reload whose inputs are being loaded.
-struct InFlight {
-    id: u64,
-    started: Instant,
-}
-
+/// The daemon around the FUSE session, as the [`Lifecycle`] sees it: loads inputs on worker
+/// threads, writes the state file, tells systemd.
 struct Daemon {
     sources: Sources,
     mountpoint: PathBuf,
     state_file: Option<PathBuf>,
     /// The state file as last written, removed at exit if still ours.
     state_written: Option<Written>,
-    devfs: Arc<Devfs>,
-    notifier: Notifier,
-    current: Loaded,
-    last_error: Option<String>,
     events: Sender<Event>,
-    reload_timeout: Duration,
-    reloading: Option<InFlight>,
-    /// SIGHUPs arrived during a reload: one more reload follows it.
-    reload_again: bool,
-    next_reload: u64,
-    /// Abandoned reloads whose worker has not returned yet.
-    stuck: usize,
 }
 
 /// Every signal whose default action ends the process and which the kernel does not send as
 /// the fault of an instruction (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGTRAP, SIGSYS keep their
 /// default: they mean this process is broken) nor as the consequence of our own write
-/// (SIGPIPE and SIGXFSZ are ignored instead: logging them from a write that failed would
+/// (SIGPIPE and SIGXFSZ are swallowed instead: logging them from a write that failed would
 /// write again). SIGHUP reloads, SIGTERM and SIGINT stop; the others are logged and ignored.
 fn handled_signals() -> Vec<i32> {
     use libc::*;
@@ -107,22 +69,31 @@ fn signal_name(sig: i32) -> String {
     }
 }
 
-/// Receives every handled signal for the daemon's life: passes SIGHUP, SIGTERM and SIGINT to
-/// the main loop and logs the others.
+/// Receives every handled signal for the daemon's life: passes SIGHUP (reload), SIGTERM and
+/// SIGINT (stop) to the main loop and logs the others.
 fn start_signal_thread(events: Sender<Event>) -> Result<(), String> {
-    for sig in [nix::sys::signal::Signal::SIGPIPE, nix::sys::signal::Signal::SIGXFSZ] {
-        // SAFETY: SIG_IGN runs no code in the handler's context.
-        unsafe { nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigIgn) }
-            .map_err(|e| format!("cannot ignore {sig}: {}", io_message(&e.into())))?;
+    // A handler that only sets a flag nobody reads, installed without `unsafe`: as with
+    // SIG_IGN, the signal no longer ends the process and the write that raised it fails with
+    // its error (EPIPE, EFBIG), which the writer handles.
+    let swallowed = Arc::new(AtomicBool::new(false));
+    for sig in [SIGPIPE, SIGXFSZ] {
+        signal_hook::flag::register(sig, swallowed.clone())
+            .map_err(|e| format!("cannot ignore {}: {}", signal_name(sig), io_message(&e)))?;
     }
     let mut signals = Signals::new(handled_signals()).map_err(|e| format!("cannot handle signals: {e}"))?;
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
             for sig in signals.forever() {
-                if ![SIGHUP, SIGTERM, SIGINT].contains(&sig) {
-                    info!("signal {}: ignored", signal_name(sig));
-                } else if events.send(Event::Signal(sig)).is_err() {
+                let event = match sig {
+                    SIGHUP => Event::Reload,
+                    SIGTERM | SIGINT => Event::Stop(format!("signal {}", signal_name(sig))),
+                    _ => {
+                        info!("signal {}: ignored", signal_name(sig));
+                        continue;
+                    }
+                };
+                if events.send(event).is_err() {
                     break;
                 }
             }
@@ -176,8 +147,8 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
     ];
     config.acl = SessionACL::All;
     config.n_threads = Some(args.threads.into());
-    let mut session =
-        Session::new(adapter, &mountpoint, &config).map_err(|e| format!("{m}: cannot mount: {}", io_message(&e)))?;
+    let mut session = fuser::Session::new(adapter, &mountpoint, &config)
+        .map_err(|e| format!("{m}: cannot mount: {}", io_message(&e)))?;
     let notifier = session.notifier();
     let mut unmounter = session.unmount_callable();
     let session_tx = tx.clone();
@@ -188,22 +159,14 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
         })
         .map_err(|e| format!("cannot start the session thread: {e}"))?;
 
-    let mut daemon = Daemon {
+    let daemon = Daemon {
         sources,
         mountpoint: args.mountpoint.clone(),
         state_file: args.state_file.clone(),
         state_written: None,
-        devfs,
-        notifier,
-        current: loaded,
-        last_error: None,
         events: tx,
-        reload_timeout: Duration::from_secs(args.reload_timeout),
-        reloading: None,
-        reload_again: false,
-        next_reload: 1,
-        stuck: 0,
     };
+    let mut life = Lifecycle::new(devfs, loaded, Duration::from_secs(args.reload_timeout), notifier, daemon);
     // Ready only once the mount answers: the pid file, then the state file (which scripts and
     // tests wait for). If either fails, nothing is left behind: no mount, no files.
     let mut pid_written = None;
@@ -213,7 +176,7 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
                 .map_err(|e| format!("{}: cannot write the pid file: {}", pid_file.display(), io_message(&e)))?;
             pid_written = Some(written);
         }
-        daemon.write_state()
+        life.ready()
     });
     if let Err(e) = ready {
         let _ = unmounter.unmount();
@@ -222,27 +185,26 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
         pid_written.iter().for_each(Written::remove_if_ours);
         return Err(e);
     }
-    notify(&[NotifyState::Ready]);
-    let watch_tx = daemon.events.clone();
+    let watch_tx = life.session().events.clone();
     crate::watch::spawn(args.owner_pid, args.container_pid_file.clone(), move |why| {
-        info!("{why}: stopping");
-        let _ = watch_tx.send(Event::Signal(SIGTERM));
+        let _ = watch_tx.send(Event::Stop(why));
     });
+    let current = life.current();
     info!(
         "serving {m}: generation 1, nodes: {}, remapped GPUs: {}{}",
-        daemon.current.plan.tree.len() - 1,
-        daemon.current.plan.remap.iter().filter(|e| e.served).count(),
-        warnings(&daemon.current)
+        current.plan.tree.len() - 1,
+        current.plan.remap.iter().filter(|e| e.served).count(),
+        warnings(current)
     );
 
-    let result = match daemon.serve(&rx) {
+    let result = match life.serve(&rx) {
         End::Stop => {
             unmount(&mut unmounter, &mountpoint, &rx, &session_thread, &m);
             Ok(())
         }
         End::Ended(result) => ended(&mountpoint, &m, result),
     };
-    for written in pid_written.iter().chain(&daemon.state_written) {
+    for written in pid_written.iter().chain(&life.session().state_written) {
         written.remove_if_ours();
     }
     if logging::dropped() > 0 {
@@ -323,159 +285,23 @@ fn ended(mountpoint: &Path, m: &str, result: io::Result<()>) -> Result<(), Strin
     Ok(())
 }
 
-impl Daemon {
-    /// Handles events until the daemon must stop. Events queued together are handled as one
-    /// batch: any number of SIGHUPs make one reload, and a stop wins over a reload.
-    fn serve(&mut self, rx: &Receiver<Event>) -> End {
-        loop {
-            let first = match &self.reloading {
-                Some(r) => {
-                    let left = (r.started + self.reload_timeout).saturating_duration_since(Instant::now());
-                    match rx.recv_timeout(left) {
-                        Ok(event) => event,
-                        Err(RecvTimeoutError::Timeout) => {
-                            self.abandon_reload();
-                            continue;
-                        }
-                        Err(RecvTimeoutError::Disconnected) => return End::Stop,
-                    }
-                }
-                None => match rx.recv() {
-                    Ok(event) => event,
-                    Err(_) => return End::Stop,
-                },
-            };
-            let batch: Vec<Event> = std::iter::once(first).chain(rx.try_iter()).collect();
-            let (mut reload, mut retired) = (false, false);
-            for event in batch {
-                match event {
-                    Event::Ended(r) => return End::Ended(r),
-                    Event::Signal(SIGHUP) => reload = true,
-                    Event::Signal(sig) => {
-                        info!("signal {}: stopping", signal_name(sig));
-                        notify(&[NotifyState::Stopping]);
-                        return End::Stop;
-                    }
-                    Event::Loaded(id, result) => self.loaded(id, *result),
-                    Event::Retired => retired = true,
-                }
-            }
-            self.reload_again |= reload;
-            if self.reloading.is_none() && std::mem::take(&mut self.reload_again) {
-                self.start_reload();
-            } else if retired {
-                self.update_state();
-            }
-        }
-    }
-
-    /// Starts loading the inputs on a worker thread; its result comes back as an event.
-    fn start_reload(&mut self) {
-        let generation = self.devfs.snapshot().generation;
-        if self.stuck >= MAX_STUCK_RELOADS {
-            let e = format!(
-                "not reloading: {} abandoned reloads are still blocked on their inputs (a stuck filesystem?)",
-                self.stuck
-            );
-            warn!("{e}; still serving generation {generation}");
-            self.last_error = Some(e);
-            self.update_state();
-            return;
-        }
-        // systemd (Type=notify or notify-reload) shows the unit as reloading until READY=1.
-        let mut reloading = vec![NotifyState::Reloading];
-        reloading.extend(NotifyState::monotonic_usec_now().ok());
-        notify(&reloading);
-        let id = self.next_reload;
-        self.next_reload += 1;
+impl Session for Daemon {
+    /// Loads the inputs on a worker thread: an input on a stuck filesystem blocks only it.
+    fn load(&mut self, id: u64) -> io::Result<()> {
         let (sources, events) = (self.sources.clone(), self.events.clone());
-        let spawned = std::thread::Builder::new().name("reload".into()).spawn(move || {
+        std::thread::Builder::new().name("reload".into()).spawn(move || {
             let _ = events.send(Event::Loaded(id, Box::new(load::load(&sources))));
-        });
-        match spawned {
-            Ok(_) => self.reloading = Some(InFlight { id, started: Instant::now() }),
-            Err(e) => {
-                warn!("reload refused: cannot start a thread: {e}; still serving generation {generation}");
-                self.last_error = Some(format!("cannot start a reload thread: {e}"));
-                self.update_state();
-                notify(&[NotifyState::Ready]);
-            }
-        }
-    }
-
-    /// A reload's inputs did not load in time: the served tree stays, and its worker is left
-    /// to finish (or not) on its own.
-    fn abandon_reload(&mut self) {
-        self.reloading = None;
-        self.stuck += 1;
-        let generation = self.devfs.snapshot().generation;
-        let e = format!(
-            "reload abandoned: the inputs did not load within {} s (an input on a stuck filesystem?)",
-            self.reload_timeout.as_secs()
-        );
-        warn!("{e}; still serving generation {generation}");
-        self.last_error = Some(e);
-        self.update_state();
-        notify(&[NotifyState::Ready]);
-    }
-
-    /// A worker's result: applied if it is the reload in flight, dropped if it was abandoned.
-    fn loaded(&mut self, id: u64, result: Result<Loaded, LoadError>) {
-        let Some(started) = self.reloading.as_ref().filter(|r| r.id == id).map(|r| r.started) else {
-            self.stuck = self.stuck.saturating_sub(1);
-            info!("an abandoned reload finished after all; its result was dropped");
-            return;
-        };
-        self.reloading = None;
-        let generation = self.devfs.snapshot().generation;
-        match result {
-            Ok(loaded) => self.swap(loaded, started),
-            Err(e) => {
-                warn!("reload refused: {e}; still serving generation {generation}");
-                self.last_error = Some(e.to_string());
-                self.update_state();
-            }
-        }
-        notify(&[NotifyState::Ready]);
-    }
-
-    fn swap(&mut self, loaded: Loaded, started: Instant) {
-        let change = self.devfs.replace(loaded.plan.tree.clone());
-        self.invalidate(&change);
-        info!(
-            "reloaded: generation {} in {:.2} ms: {}{}",
-            change.generation,
-            started.elapsed().as_secs_f64() * 1e3,
-            describe(&change, &self.current, &loaded),
-            warnings(&loaded)
-        );
-        self.current = loaded;
-        self.last_error = None;
-        self.update_state();
-    }
-
-    /// Drops what the kernel cached of every changed name, so the next lookup asks us.
-    fn invalidate(&self, change: &Change) {
-        for (parent, name) in &change.invalidate {
-            // ENOENT: the kernel had nothing cached there.
-            if let Err(e) = self.notifier.inval_entry(INodeNo(*parent), OsStr::new(name))
-                && e.raw_os_error() != Some(libc::ENOENT)
-            {
-                warn!("invalidating {name}: {e}");
-            }
-        }
-        for dir in &change.dirs {
-            let _ = self.notifier.inval_inode(INodeNo(*dir), 0, 0);
-        }
+        })?;
+        Ok(())
     }
 
     /// Replaces the state file, if there is one.
-    fn write_state(&mut self) -> Result<(), String> {
+    fn publish(&mut self, status: &Status<'_>) -> Result<(), String> {
         let Some(path) = &self.state_file else { return Ok(()) };
-        let mut state = render::plan_json(&self.current.plan, self.current.metadata.as_ref());
-        state.insert("generation".into(), self.devfs.snapshot().generation.into());
-        state.insert("last_error".into(), self.last_error.clone().map_or(Value::Null, Value::from));
-        state.insert("retired_nodes".into(), self.devfs.retired_count().into());
+        let mut state = render::plan_json(&status.loaded.plan, status.loaded.metadata.as_ref());
+        state.insert("generation".into(), status.generation.into());
+        state.insert("last_error".into(), status.last_error.map_or(Value::Null, Value::from));
+        state.insert("retired_nodes".into(), status.retired_nodes.into());
         state.insert("pid".into(), std::process::id().into());
         state.insert("mountpoint".into(), self.mountpoint.display().to_string().into());
         state.insert("log_lines_dropped".into(), logging::dropped().into());
@@ -487,17 +313,19 @@ impl Daemon {
         Ok(())
     }
 
-    /// Replaces the state file after a change; a failure is logged, and serving goes on.
-    fn update_state(&mut self) {
-        if let Err(e) = self.write_state() {
-            warn!("{e}");
+    /// Tells systemd, when it started us with a notify socket (`Type=notify` or
+    /// `notify-reload`, which shows the unit as reloading until `READY=1`).
+    fn notify(&mut self, notice: Notice) {
+        match notice {
+            Notice::Ready => notify(&[NotifyState::Ready]),
+            Notice::Stopping => notify(&[NotifyState::Stopping]),
+            Notice::Reloading => {
+                let mut reloading = vec![NotifyState::Reloading];
+                reloading.extend(NotifyState::monotonic_usec_now().ok());
+                notify(&reloading);
+            }
         }
     }
-}
-
-/// `; warning: ...` for each warning of a plan, for the log line that serves it.
-fn warnings(loaded: &Loaded) -> String {
-    loaded.plan.warnings.iter().map(|w| format!("; warning: {w}")).collect()
 }
 
 /// Tells systemd, when it started us with a notify socket; without one this does nothing.
@@ -505,26 +333,4 @@ fn notify(states: &[NotifyState]) {
     if let Err(e) = sd_notify::notify(states) {
         warn!("cannot notify systemd: {}", io_message(&e));
     }
-}
-
-/// `nvidia0: 1:5 -> 1:7, nvidia1: mode 0666 -> 0600, nvidia9: added 1:8, nvidia3: removed` for
-/// the reload log line.
-fn describe(change: &Change, old: &Loaded, new: &Loaded) -> String {
-    let node = |l: &Loaded, p: &str| l.plan.tree.get(p).cloned();
-    let d = &change.diff;
-    let parts: Vec<String> = d
-        .changed
-        .iter()
-        .map(|p| match (node(old, p), node(new, p)) {
-            (Some(before), Some(after)) => format!("{p}: {}", render::node_change(&before, &after)),
-            _ => format!("{p}: changed"),
-        })
-        .chain(
-            d.added
-                .iter()
-                .map(|p| format!("{p}: added {}", node(new, p).map_or("?".into(), |n| render::node_what(&n)))),
-        )
-        .chain(d.removed.iter().map(|p| format!("{p}: removed")))
-        .collect();
-    if parts.is_empty() { "no change".to_owned() } else { parts.join(", ") }
 }

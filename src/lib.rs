@@ -3,8 +3,10 @@
 //! The core is pure: [`metadata`] parses the checkpoint's device list, [`spec`] reads what an
 //! OCI spec puts in `/dev`, [`visible`] reads its `NVIDIA_VISIBLE_DEVICES`, [`pairing`] pairs
 //! saved with restored GPUs, [`plan`] builds the remap table and the [`tree`]. I/O sits at the
-//! edges: [`host`] looks at the restore host's devices, [`load`] reads the input files. The
-//! library only logs through `log` macros; the `devremapd` binary sets a logger up.
+//! edges: [`host`] looks at the restore host's devices, [`load`] reads the input files.
+//! [`lifecycle`] is the daemon's life (serving, reloading, stopping) as a state machine behind
+//! small traits. The library only logs through `log` macros; the `devremapd` binary sets a
+//! logger up.
 
 pub mod adapter;
 pub mod atomic;
@@ -13,6 +15,7 @@ pub mod device;
 pub mod escape;
 pub mod files;
 pub mod host;
+pub mod lifecycle;
 pub mod limits;
 pub mod load;
 pub mod metadata;
