@@ -8,7 +8,9 @@
 //! Refusals: setattr answers EPERM, so that runtimes which chown their std streams carry on
 //! (crun 1.8 aborts on anything but EPERM or EINVAL); every other change answers EROFS.
 
-use crate::served::Devfs;
+use crate::device::DevKind;
+use crate::served::{Devfs, Entry, Miss};
+use crate::tree::NodeKind;
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, KernelConfig, OpenFlags,
     RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
@@ -83,6 +85,52 @@ fn guard(op: &str, f: impl FnOnce()) {
     }
 }
 
+/// A miss as the kernel's errno.
+fn errno(miss: Miss) -> Errno {
+    match miss {
+        Miss::NotFound => Errno::ENOENT,
+        Miss::NotDir => Errno::ENOTDIR,
+    }
+}
+
+/// A node's type as FUSE names it.
+fn file_type(e: &Entry) -> FileType {
+    match &e.node.kind {
+        NodeKind::Dir => FileType::Directory,
+        NodeKind::Symlink(_) => FileType::Symlink,
+        NodeKind::Device(DevKind::Char, _) => FileType::CharDevice,
+        NodeKind::Device(DevKind::Block, _) => FileType::BlockDevice,
+        NodeKind::Device(DevKind::Fifo, _) => FileType::NamedPipe,
+    }
+}
+
+/// A node's attributes as FUSE carries them: its mtime and ctime are when its node id was
+/// made, rdev in FUSE's encoding, a symlink's size its target's length.
+fn attr(e: &Entry) -> FileAttr {
+    let (size, nlink, rdev) = match &e.node.kind {
+        NodeKind::Dir => (0, 2, 0),
+        NodeKind::Symlink(target) => (target.len() as u64, 1, 0),
+        NodeKind::Device(_, rdev) => (0, 1, rdev.to_fuse()),
+    };
+    FileAttr {
+        ino: INodeNo(e.ino),
+        size,
+        blocks: 0,
+        atime: e.born,
+        mtime: e.born,
+        ctime: e.born,
+        crtime: e.born,
+        kind: file_type(e),
+        perm: e.node.access.mode as u16,
+        nlink,
+        uid: e.node.access.uid,
+        gid: e.node.access.gid,
+        rdev,
+        blksize: 4096,
+        flags: 0,
+    }
+}
+
 /// The attributes of "no such name", which the kernel caches as a negative entry.
 fn negative() -> FileAttr {
     FileAttr {
@@ -133,13 +181,13 @@ impl Filesystem for Adapter {
                 panic!("fault injected on lookup of {name:?}");
             }
             match self.fs.lookup(parent.0, name) {
-                Ok(attr) => reply.entry(&self.ttl, &attr, Generation(0)),
+                Ok(entry) => reply.entry(&self.ttl, &attr(&entry), Generation(0)),
                 // A negative entry lets the kernel answer the next miss itself; a reload that
                 // adds the name invalidates it.
-                Err(Errno::ENOENT) if !self.ttl.is_zero() && self.fs.entry(parent.0).is_some() => {
+                Err(Miss::NotFound) if !self.ttl.is_zero() && self.fs.entry(parent.0).is_some() => {
                     reply.entry(&self.ttl, &negative(), Generation(0))
                 }
-                Err(e) => reply.error(e),
+                Err(e) => reply.error(errno(e)),
             }
         });
     }
@@ -152,7 +200,7 @@ impl Filesystem for Adapter {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         guard("getattr", || match self.fs.entry(ino.0) {
-            Some(e) => reply.attr(&self.ttl, &e.attr()),
+            Some(e) => reply.attr(&self.ttl, &attr(&e)),
             None => reply.error(Errno::ENOENT),
         });
     }
@@ -254,7 +302,7 @@ impl Filesystem for Adapter {
             if self.no_opendir {
                 return reply.error(Errno::ENOSYS);
             }
-            match self.fs.entry(ino.0).map(|e| e.file_type()) {
+            match self.fs.entry(ino.0).map(|e| file_type(&e)) {
                 Some(FileType::Directory) => reply.opened(FileHandle(0), FopenFlags::empty()),
                 Some(_) => reply.error(Errno::ENOTDIR),
                 None => reply.error(Errno::ENOENT),
@@ -266,10 +314,10 @@ impl Filesystem for Adapter {
         guard("readdir", || {
             match self
                 .fs
-                .list(ino.0, offset, false, |e, next, name| reply.add(INodeNo(e.ino), next, e.file_type(), name))
+                .list(ino.0, offset, false, |e, next, name| reply.add(INodeNo(e.ino), next, file_type(e), name))
             {
                 Ok(()) => reply.ok(),
-                Err(e) => reply.error(e),
+                Err(e) => reply.error(errno(e)),
             }
         });
     }
@@ -278,11 +326,11 @@ impl Filesystem for Adapter {
         guard("readdirplus", || {
             let ttl = self.ttl;
             let listed = self.fs.list(ino.0, offset, true, |e, next, name| {
-                reply.add(INodeNo(e.ino), next, name, &ttl, &e.attr(), Generation(0))
+                reply.add(INodeNo(e.ino), next, name, &ttl, &attr(e), Generation(0))
             });
             match listed {
                 Ok(()) => reply.ok(),
-                Err(e) => reply.error(e),
+                Err(e) => reply.error(errno(e)),
             }
         });
     }

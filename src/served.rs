@@ -26,9 +26,7 @@
 //! collide and does not keep name order.) The table only grows, by the distinct names the
 //! inputs ever held, which are few.
 
-use crate::device::DevKind;
 use crate::tree::{self, Diff, Node, NodeKind, Tree};
-use fuser::{Errno, FileAttr, FileType, INodeNo};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -36,6 +34,21 @@ use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
+use thiserror::Error;
+
+/// FUSE's node id of the root directory.
+pub const ROOT: u64 = 1;
+
+/// Why a request names nothing that [`Devfs`] serves; the adapter turns it into an errno.
+#[derive(Debug, Error, Clone, Copy, PartialEq, Eq)]
+pub enum Miss {
+    /// No such node id, or no such name in the directory.
+    #[error("no such node or name")]
+    NotFound,
+    /// The node looked in is not a directory.
+    #[error("not a directory")]
+    NotDir,
+}
 
 /// One node id: a node of the tree, as the kernel knows it.
 #[derive(Debug)]
@@ -45,43 +58,6 @@ pub struct Entry {
     /// When this node id was made: its mtime and ctime.
     pub born: SystemTime,
     nlookup: AtomicU64,
-}
-
-impl Entry {
-    pub fn file_type(&self) -> FileType {
-        match &self.node.kind {
-            NodeKind::Dir => FileType::Directory,
-            NodeKind::Symlink(_) => FileType::Symlink,
-            NodeKind::Device(DevKind::Char, _) => FileType::CharDevice,
-            NodeKind::Device(DevKind::Block, _) => FileType::BlockDevice,
-            NodeKind::Device(DevKind::Fifo, _) => FileType::NamedPipe,
-        }
-    }
-
-    pub fn attr(&self) -> FileAttr {
-        let (size, nlink, rdev) = match &self.node.kind {
-            NodeKind::Dir => (0, 2, 0),
-            NodeKind::Symlink(target) => (target.len() as u64, 1, 0),
-            NodeKind::Device(_, rdev) => (0, 1, rdev.to_fuse()),
-        };
-        FileAttr {
-            ino: INodeNo(self.ino),
-            size,
-            blocks: 0,
-            atime: self.born,
-            mtime: self.born,
-            ctime: self.born,
-            crtime: self.born,
-            kind: self.file_type(),
-            perm: self.node.access.mode as u16,
-            nlink,
-            uid: self.node.access.uid,
-            gid: self.node.access.gid,
-            rdev,
-            blksize: 4096,
-            flags: 0,
-        }
-    }
 }
 
 /// One name in a directory.
@@ -176,7 +152,7 @@ impl Snapshot {
                 .filter(|e| e.node == *node)
                 .cloned();
             let entry = kept.unwrap_or_else(|| {
-                let ino = if path.is_empty() { fuser::INodeNo::ROOT.0 } else { take(next_ino) };
+                let ino = if path.is_empty() { ROOT } else { take(next_ino) };
                 Arc::new(Entry { ino, node: node.clone(), born: now, nlookup: AtomicU64::new(0) })
             });
             let ino = entry.ino;
@@ -239,7 +215,7 @@ pub struct Devfs {
 
 impl Devfs {
     pub fn new(tree: Tree) -> Devfs {
-        let mut next_ino = fuser::INodeNo::ROOT.0 + 1;
+        let mut next_ino = ROOT + 1;
         let snap = Snapshot::build(None, tree, 1, &mut next_ino, SystemTime::now());
         Devfs {
             state: RwLock::new(State { snap: Arc::new(snap), retired: HashMap::new() }),
@@ -253,18 +229,18 @@ impl Devfs {
     }
 
     /// Resolves `name` in directory `parent` and counts a kernel reference to the result.
-    pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<FileAttr, Errno> {
+    pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<Arc<Entry>, Miss> {
         let state = self.state.read();
         let dir = state.snap.dir(parent).ok_or(if state.snap.entry(parent).is_some() {
-            Errno::ENOTDIR
+            Miss::NotDir
         } else {
-            Errno::ENOENT
+            Miss::NotFound
         })?;
-        let name = std::str::from_utf8(name.as_bytes()).map_err(|_| Errno::ENOENT)?;
-        let ino = dir.index.get(name).ok_or(Errno::ENOENT)?;
+        let name = std::str::from_utf8(name.as_bytes()).map_err(|_| Miss::NotFound)?;
+        let ino = dir.index.get(name).ok_or(Miss::NotFound)?;
         let entry = &state.snap.entries[ino];
         entry.nlookup.fetch_add(1, Ordering::Relaxed);
-        Ok(entry.attr())
+        Ok(entry.clone())
     }
 
     /// Drops `n` kernel references to `ino`. Returns true when a retired node was let go.
@@ -301,10 +277,10 @@ impl Devfs {
         offset: u64,
         counted: bool,
         mut add: impl FnMut(&Entry, u64, &str) -> bool,
-    ) -> Result<(), Errno> {
+    ) -> Result<(), Miss> {
         let state = self.state.read();
         let snap = &state.snap;
-        let d = snap.dir(dir).ok_or(Errno::ENOENT)?;
+        let d = snap.dir(dir).ok_or(Miss::NotFound)?;
         let (dots, first_child) = match offset {
             0 => (&[(".", dir, 1), ("..", d.parent, 2)][..], 0),
             1 => (&[("..", d.parent, 2)][..], 0),
@@ -391,7 +367,7 @@ impl Devfs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::{Access, Rdev};
+    use crate::device::{Access, DevKind, Rdev};
     use crate::tree::TreeBuilder;
 
     fn tree(gpus: &[(u32, u32)]) -> Tree {
@@ -409,18 +385,17 @@ mod tests {
         OsStr::new(s)
     }
 
-    /// Lookup without a mount: names resolve to their node's attributes, rdev encoded for FUSE.
+    /// Lookup without a mount: names resolve to their node; a missing name or a lookup in a
+    /// non-directory is a miss the adapter turns into ENOENT or ENOTDIR.
     #[test]
     fn lookup_resolves_names() {
         let fs = Devfs::new(tree(&[(0, 5)]));
-        let attr = fs.lookup(1, name("nvidia0")).unwrap();
-        assert_eq!(attr.kind, FileType::CharDevice);
-        assert_eq!(attr.rdev, Rdev::new(1, 5).to_fuse());
-        assert_eq!(attr.perm, 0o666);
-        assert_eq!(fs.lookup(1, name("nvidia1")), Err(Errno::ENOENT));
-        let null = fs.lookup(1, name("null")).unwrap().ino.0;
-        assert_eq!(fs.lookup(null, name("x")), Err(Errno::ENOTDIR));
-        assert_eq!(fs.lookup(9999, name("x")), Err(Errno::ENOENT));
+        let e = fs.lookup(1, name("nvidia0")).unwrap();
+        assert_eq!(e.node, Node::device(DevKind::Char, Rdev::new(1, 5), Access::DEVICE_DEFAULT));
+        assert_eq!(fs.lookup(1, name("nvidia1")).unwrap_err(), Miss::NotFound);
+        let null = fs.lookup(1, name("null")).unwrap().ino;
+        assert_eq!(fs.lookup(null, name("x")).unwrap_err(), Miss::NotDir);
+        assert_eq!(fs.lookup(9999, name("x")).unwrap_err(), Miss::NotFound);
     }
 
     /// Kernel fact: an inode's rdev is fixed, so a changed name gets a new node id; unchanged
@@ -428,17 +403,17 @@ mod tests {
     #[test]
     fn reload_renumbers_only_changed_names() {
         let fs = Devfs::new(tree(&[(0, 5), (1, 7)]));
-        let a0 = fs.lookup(1, name("nvidia0")).unwrap().ino.0;
-        let a1 = fs.lookup(1, name("nvidia1")).unwrap().ino.0;
-        let pts = fs.lookup(1, name("pts")).unwrap().ino.0;
+        let a0 = fs.lookup(1, name("nvidia0")).unwrap().ino;
+        let a1 = fs.lookup(1, name("nvidia1")).unwrap().ino;
+        let pts = fs.lookup(1, name("pts")).unwrap().ino;
         let change = fs.replace(tree(&[(0, 7), (1, 7)]));
         assert_eq!(change.generation, 2);
         assert_eq!(change.invalidate, vec![(1, "nvidia0".to_owned())]);
         let b0 = fs.lookup(1, name("nvidia0")).unwrap();
-        assert_ne!(b0.ino.0, a0);
-        assert_eq!(b0.rdev, Rdev::new(1, 7).to_fuse());
-        assert_eq!(fs.lookup(1, name("nvidia1")).unwrap().ino.0, a1);
-        assert_eq!(fs.lookup(1, name("pts")).unwrap().ino.0, pts);
+        assert_ne!(b0.ino, a0);
+        assert_eq!(b0.node.rdev(), Some(Rdev::new(1, 7)));
+        assert_eq!(fs.lookup(1, name("nvidia1")).unwrap().ino, a1);
+        assert_eq!(fs.lookup(1, name("pts")).unwrap().ino, pts);
         // The listing carries node ids, so the directory's cached listing is stale too.
         assert_eq!(change.dirs, vec![1]);
     }
@@ -447,11 +422,11 @@ mod tests {
     #[test]
     fn retired_nodes_live_until_forgotten() {
         let fs = Devfs::new(tree(&[(0, 5)]));
-        let old = fs.lookup(1, name("nvidia0")).unwrap().ino.0;
+        let old = fs.lookup(1, name("nvidia0")).unwrap().ino;
         fs.lookup(1, name("nvidia0")).unwrap();
         fs.replace(tree(&[(0, 7)]));
         fs.replace(tree(&[(0, 5)]));
-        let now = fs.lookup(1, name("nvidia0")).unwrap().ino.0;
+        let now = fs.lookup(1, name("nvidia0")).unwrap().ino;
         assert!(now > old, "a node id came back: {now} <= {old}");
         assert_eq!(fs.retired_count(), 1);
         assert_eq!(fs.entry(old).unwrap().node.rdev(), Some(Rdev::new(1, 5)));
