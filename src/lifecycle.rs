@@ -237,7 +237,7 @@ impl<N: Notifier, S: Session> Lifecycle<N, S> {
             "reload abandoned: the inputs did not load within {} s (an input on a stuck filesystem?)",
             self.reload_timeout.as_secs()
         );
-        self.refused(e);
+        self.refused("", e);
         self.session.notify(Notice::Ready);
     }
 
@@ -250,9 +250,10 @@ impl<N: Notifier, S: Session> Lifecycle<N, S> {
         self.devfs.snapshot().generation
     }
 
-    /// Logs a refused or abandoned reload, records it, and publishes it.
-    fn refused(&mut self, e: String) {
-        warn!("{e}; still serving generation {}", self.generation());
+    /// Logs a reload that was refused, abandoned or not started (`<log_prefix><e>; still
+    /// serving generation G`), records `e` as the last error, and publishes it.
+    fn refused(&mut self, log_prefix: &str, e: String) {
+        warn!("{log_prefix}{e}; still serving generation {}", self.generation());
         self.last_error = Some(e);
         self.update_state();
     }
@@ -260,10 +261,13 @@ impl<N: Notifier, S: Session> Lifecycle<N, S> {
     /// Starts loading the inputs; the result comes back as an event.
     fn start_reload(&mut self) {
         if self.stuck >= MAX_STUCK_RELOADS {
-            self.refused(format!(
-                "not reloading: {} abandoned reloads are still blocked on their inputs (a stuck filesystem?)",
-                self.stuck
-            ));
+            self.refused(
+                "",
+                format!(
+                    "not reloading: {} abandoned reloads are still blocked on their inputs (a stuck filesystem?)",
+                    self.stuck
+                ),
+            );
             return;
         }
         self.session.notify(Notice::Reloading);
@@ -275,7 +279,7 @@ impl<N: Notifier, S: Session> Lifecycle<N, S> {
                 self.state = State::Reloading;
             }
             Err(e) => {
-                self.refused(format!("cannot start a reload thread: {e}"));
+                self.refused("reload refused: ", format!("cannot start a reload thread: {e}"));
                 self.session.notify(Notice::Ready);
             }
         }
@@ -292,7 +296,7 @@ impl<N: Notifier, S: Session> Lifecycle<N, S> {
         self.state = State::Serving;
         match result {
             Ok(loaded) => self.swap(loaded, started),
-            Err(e) => self.refused(format!("reload refused: {e}")),
+            Err(e) => self.refused("reload refused: ", e.to_string()),
         }
         self.session.notify(Notice::Ready);
     }
@@ -561,7 +565,11 @@ mod tests {
             let w = world.0.borrow();
             let (generation, error, _) = w.published.last().unwrap();
             assert_eq!(*generation, 1);
-            assert!(error.as_deref().unwrap().starts_with("reload refused: p:"), "{error:?}");
+            assert_eq!(
+                error.as_deref(),
+                Some("p: expected `native` or `checkpoint`, found \"both\""),
+                "the error as loaded, without the log line's words"
+            );
             assert!(w.invalidated.is_empty());
             assert_eq!(w.notices.last(), Some(&Notice::Ready));
         }
