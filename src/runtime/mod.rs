@@ -1,7 +1,7 @@
 //! The pure part of `devremap-runtime`, the OCI runtime wrapper: its config file
 //! ([`config`]), the annotations a spec asks for devremap with ([`annotations`]), and runc's
-//! command line ([`argv`]). The binary (`runtime/`) does the I/O: it reads the files, starts and
-//! stops the daemon, and runs the real runtime.
+//! command line ([`argv`]). The binary (`mountd/runtime/`) does the I/O: it reads the files,
+//! starts and stops the daemon, and runs the real runtime.
 
 pub mod annotations;
 pub mod argv;
