@@ -6,8 +6,11 @@
 //! flag never takes the next argument; flags come before the positional arguments, and the
 //! first argument that is not a flag (or the one after `--`) ends them. Only the flags that
 //! take a value must be known, to skip their values: an unknown flag is taken as a boolean, so
-//! a newer runtime's new boolean flags pass through. The wrapper never rewrites the command
-//! line; it only inserts `--pid-file` where a create, run or restore lacks one.
+//! a newer runtime's new boolean flags pass through. A command's flags may also follow its
+//! container id: runc's urfave/cli moves them to the front before parsing (`runc create ID
+//! --bundle B` is `runc create --bundle B ID`), so they are read up to a `--` wherever they
+//! stand. The wrapper never rewrites the command line; it only inserts `--pid-file` where a
+//! create, run or restore lacks one.
 
 /// The global flags of runc and crun that take a value.
 const GLOBAL_VALUE_FLAGS: &[&str] = &["log", "log-format", "root", "criu", "rootless", "cgroup-manager", "log-level"];
@@ -129,21 +132,32 @@ impl Invocation {
     /// The command's flags and container id.
     pub fn command_args(&self) -> CommandArgs {
         let mut c = CommandArgs::default();
-        let end = walk_flags(&self.args, COMMAND_VALUE_FLAGS, |name, value| {
-            let value = value.map(str::to_owned);
-            // A boolean given as `--force=false` is false.
-            let on = value.as_deref().is_none_or(|v| v != "false");
-            match name {
-                "bundle" | "b" => c.bundle = value,
-                "pid-file" => c.pid_file = value,
-                "image-path" => c.image_path = value,
-                "force" | "f" => c.force = on,
-                "detach" | "d" => c.detach = on,
-                "keep" => c.keep = on,
-                _ => {}
+        let mut rest = &self.args[..];
+        while !rest.is_empty() {
+            let end = walk_flags(rest, COMMAND_VALUE_FLAGS, |name, value| {
+                let value = value.map(str::to_owned);
+                // A boolean given as `--force=false` is false.
+                let on = value.as_deref().is_none_or(|v| v != "false");
+                match name {
+                    "bundle" | "b" => c.bundle = value,
+                    "pid-file" => c.pid_file = value,
+                    "image-path" => c.image_path = value,
+                    "force" | "f" => c.force = on,
+                    "detach" | "d" => c.detach = on,
+                    "keep" => c.keep = on,
+                    _ => {}
+                }
+            });
+            // After a `--` every argument is positional; before it, flags may follow the id.
+            let ended = end > 0 && rest[end - 1] == "--";
+            if c.id.is_none() {
+                c.id = rest.get(end).cloned();
             }
-        });
-        c.id = self.args.get(end).cloned();
+            if ended {
+                break;
+            }
+            rest = rest.get(end + 1..).unwrap_or_default();
+        }
         c
     }
 
@@ -260,6 +274,29 @@ mod tests {
         assert_eq!(inv.with_pid_file("/p"), v("create --bundle --pid-file /p"));
         assert_eq!(parse(&v("state")).command_args().id, None);
         assert_eq!(parse(&v("-- state x")).command.as_deref(), Some("state"));
+    }
+
+    /// Bug (found from outside): runc takes a command's flags after the container id too
+    /// (urfave/cli reorders them), so `create ID --bundle B --pid-file P` created the bundle
+    /// `B`, while the wrapper read the spec in its working directory and gave the runtime a
+    /// second `--pid-file` that lost to the caller's, leaving the daemon waiting for a pid file
+    /// that never came.
+    #[test]
+    fn flags_after_the_id() {
+        let inv = parse(&v("--root /r create c1 --bundle /b -pid-file=/p --no-pivot"));
+        let c = inv.command_args();
+        assert_eq!((c.id.as_deref(), c.bundle.as_deref(), c.pid_file.as_deref()), (Some("c1"), Some("/b"), Some("/p")));
+        assert_eq!(inv.with_pid_file("/x"), inv.original(), "a pid file given after the id is kept");
+        let c = parse(&v("run c2 -d -b /b --keep")).command_args();
+        assert_eq!((c.id.as_deref(), c.bundle.as_deref(), c.detach, c.keep), (Some("c2"), Some("/b"), true, true));
+        let c = parse(&v("restore c3 --image-path /img --bundle /b")).command_args();
+        assert_eq!((c.id.as_deref(), c.image_path.as_deref()), (Some("c3"), Some("/img")));
+        assert!(parse(&v("delete c4 --force")).command_args().force);
+        // After `--`, a word that looks like a flag is an argument.
+        let c = parse(&v("create c5 -- --bundle /b")).command_args();
+        assert_eq!((c.id.as_deref(), c.bundle), (Some("c5"), None));
+        let c = parse(&v("create -- c6 --bundle /b")).command_args();
+        assert_eq!((c.id.as_deref(), c.bundle), (Some("c6"), None));
     }
 
     /// Rule: an id is used as a path component only when it is runc's kind of id.
