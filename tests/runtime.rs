@@ -111,6 +111,24 @@ impl Setup {
     fn daemon_pid(&self, id: &str) -> u32 {
         fs::read_to_string(self.state_dir().join(id).join("devremapd.pid")).unwrap().trim().parse().unwrap()
     }
+
+    /// Sets one key of the wrapper's config file.
+    fn set_config(&self, key: &str, value: &str) {
+        let mut config: Value = serde_json::from_slice(&fs::read(&self.config).unwrap()).unwrap();
+        config[key] = json!(value);
+        fs::write(&self.config, config.to_string()).unwrap();
+    }
+
+    /// Makes the real runtime a script that hangs in `create` and knows no containers.
+    fn hanging_runtime(&self) {
+        let hang = write_file(
+            self.tmp.path(),
+            "hang.sh",
+            "#!/bin/sh\ncase \"$*\" in *create*) exec sleep 600;; esac\nexit 1\n",
+        );
+        fs::set_permissions(&hang, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        self.set_config("runtime", arg(&hang));
+    }
 }
 
 /// Deletes the container through the wrapper (`delete --force`, which stops its daemon) when
@@ -332,13 +350,7 @@ fn killed_wrapper_leaves_no_daemon() {
     need_containers(Runtime::Runc);
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let s = Setup::new(Runtime::Runc, json!({"devremap.io/enable": "true"}));
-    // A runtime that hangs in create and knows no containers.
-    let hang =
-        write_file(s.tmp.path(), "hang.sh", "#!/bin/sh\ncase \"$*\" in *create*) exec sleep 600;; esac\nexit 1\n");
-    fs::set_permissions(&hang, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let mut config: Value = serde_json::from_slice(&fs::read(&s.config).unwrap()).unwrap();
-    config["runtime"] = json!(arg(&hang));
-    fs::write(&s.config, config.to_string()).unwrap();
+    s.hanging_runtime();
     let id = format!("wrapped-killed-{}", std::process::id());
     let _delete = Deleting(&s, id.clone());
     let bundle = arg(s.bundle.dir()).to_owned();
@@ -354,6 +366,51 @@ fn killed_wrapper_leaves_no_daemon() {
     let out = s.run(&["delete", &id]);
     assert_eq!(out.status.code(), Some(1), "the runtime knows no such container");
     assert!(!s.state_dir().join(&id).exists());
+}
+
+/// Bug (found from outside): an existing `state_dir` that was not mode 0700 was chmod'ed to
+/// 0700: a hurried operator's `"state_dir": "/tmp"` (or `/run`) took the sticky, world-writable
+/// `/tmp` away from every other user. An existing state dir is now checked, never changed: one
+/// that others can write into is refused, and one they can only read is used as it is.
+#[test]
+#[ignore = "needs root and runc: runs the wrapper's create"]
+fn existing_state_dir_is_never_chmoded() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Setup::new(Runtime::Runc, json!({"devremap.io/enable": "true"}));
+    // A runtime that fails at once, should the wrapper get that far.
+    s.set_config("runtime", "/bin/false");
+    let id = format!("wrapped-chmod-{}", std::process::id());
+    let bundle = arg(s.bundle.dir()).to_owned();
+    let original = fs::read(s.bundle.config_path()).unwrap();
+    let shared = s.tmp.path().join("shared");
+    fs::create_dir(&shared).unwrap();
+    fs::set_permissions(&shared, std::os::unix::fs::PermissionsExt::from_mode(0o1777)).unwrap();
+    s.set_config("state_dir", arg(&shared));
+    let out = s.run(&["create", "--bundle", &bundle, &id]);
+    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
+    assert!(
+        out.stderr.contains(&format!("{}: writable by group or others; refused", shared.display())),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(fs::metadata(&shared).unwrap().mode() & 0o7777, 0o1777, "the directory is left as it was");
+    assert!(!shared.join(&id).exists());
+    assert_eq!(fs::read(s.bundle.config_path()).unwrap(), original);
+
+    // Readable by others but writable only by root: used as it is.
+    fs::set_permissions(&shared, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    s.hanging_runtime();
+    let mut wrapper = s.wrapper(&["create", "--bundle", &bundle, &id]).process_group(0).spawn().unwrap();
+    let pid_file = shared.join(&id).join("devremapd.pid");
+    wait_for("the daemon to answer", || pid_file.exists().then_some(()));
+    assert_eq!(fs::metadata(&shared).unwrap().mode() & 0o7777, 0o755);
+    assert_eq!(fs::metadata(shared.join(&id)).unwrap().mode() & 0o7777, 0o700);
+    // SAFETY: kill the wrapper's process group (the wrapper and its hanging "runtime").
+    unsafe { libc::kill(-(wrapper.id() as i32), libc::SIGKILL) };
+    let _ = wrapper.wait();
+    let _ = s.run(&["delete", &id]);
+    assert!(!shared.join(&id).exists());
 }
 
 /// A CRIU that works here: a `criu` on PATH whose `criu check` passes, else the CRIU 4.2 build

@@ -1,15 +1,16 @@
 //! A container's devremap state: `<state_dir>/<id>/` holding the mountpoint `dev/`, the
 //! daemon's pid, state and log files, and the default pid file of the container's init.
 //!
-//! Assumptions: only root writes under `<state_dir>`, which is made (or checked to be) a
-//! root-owned directory of mode 0700, so a pid file found there was written by a daemon we
-//! started; still, a pid is signalled only if `/proc/<pid>/cmdline` names this container's
-//! mountpoint, so a stale file whose pid was reused never makes us signal another process.
+//! Assumptions: only root writes under `<state_dir>`, which is made a root-owned directory of
+//! mode 0700 (or checked to be root's and writable by no one else), so a pid file found there
+//! was written by a daemon we started; still, a pid is signalled only if `/proc/<pid>/cmdline`
+//! names this container's mountpoint, so a stale file whose pid was reused never makes us
+//! signal another process.
 
 use devremap::io_message;
 use std::fs::{self, DirBuilder};
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -197,7 +198,8 @@ fn stop(pid: u32) {
 }
 
 /// Makes `dir` (and its missing parents) a directory of mode 0700, or checks that it is one
-/// owned by us: never a symlink, never a directory another user could write into.
+/// owned by us: never a symlink, never a directory another user could write into. An existing
+/// directory is never changed: the config may name a shared one (`/run`, even `/tmp`).
 fn ensure_private_dir(dir: &Path) -> Result<(), String> {
     let d = dir.display();
     DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|e| format!("{d}: {}", io_message(&e)))?;
@@ -210,8 +212,8 @@ fn ensure_private_dir(dir: &Path) -> Result<(), String> {
     if meta.uid() != me {
         return Err(format!("{d}: owned by uid {}, not {me}; refused", meta.uid()));
     }
-    if meta.mode() & 0o7777 != 0o700 {
-        fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).map_err(|e| format!("{d}: {}", io_message(&e)))?;
+    if meta.mode() & 0o022 != 0 {
+        return Err(format!("{d}: writable by group or others; refused"));
     }
     Ok(())
 }
