@@ -174,6 +174,13 @@ fn runtime_binary(runtime: Runtime, dir: &Path) -> PathBuf {
     script
 }
 
+/// SIGKILLs a wrapper started in its own process group, with its "runtime", and reaps it.
+fn kill_group(wrapper: &mut std::process::Child) {
+    // SAFETY: kill the wrapper's process group (the wrapper and its hanging "runtime").
+    unsafe { libc::kill(-(wrapper.id() as i32), libc::SIGKILL) };
+    let _ = wrapper.wait();
+}
+
 /// Whether process `pid` is alive (a zombie is not).
 fn alive(pid: u32) -> bool {
     fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| !c.is_empty())
@@ -358,9 +365,7 @@ fn killed_wrapper_leaves_no_daemon() {
     let pid_file = s.state_dir().join(&id).join("devremapd.pid");
     wait_for("the daemon to answer", || pid_file.exists().then_some(()));
     let daemon = s.daemon_pid(&id);
-    // SAFETY: kill the wrapper's process group (the wrapper and its hanging "runtime").
-    unsafe { libc::kill(-(wrapper.id() as i32), libc::SIGKILL) };
-    let _ = wrapper.wait();
+    kill_group(&mut wrapper);
     wait_for("the daemon to stop after its wrapper died", || (!alive(daemon)).then_some(()));
     assert!(s.daemon_log(&id).contains("exited before the container started"), "{}", s.daemon_log(&id));
     let out = s.run(&["delete", &id]);
@@ -406,11 +411,82 @@ fn existing_state_dir_is_never_chmoded() {
     wait_for("the daemon to answer", || pid_file.exists().then_some(()));
     assert_eq!(fs::metadata(&shared).unwrap().mode() & 0o7777, 0o755);
     assert_eq!(fs::metadata(shared.join(&id)).unwrap().mode() & 0o7777, 0o700);
-    // SAFETY: kill the wrapper's process group (the wrapper and its hanging "runtime").
-    unsafe { libc::kill(-(wrapper.id() as i32), libc::SIGKILL) };
-    let _ = wrapper.wait();
+    kill_group(&mut wrapper);
     let _ = s.run(&["delete", &id]);
     assert!(!shared.join(&id).exists());
+}
+
+/// Bug (found from outside): a second `create` of an id whose first `create` was still in the
+/// runtime took the first one's directory for a killed wrapper's leftover (the runtime did not
+/// know the id yet) and tore it down, stopping the daemon under the first container; a
+/// `delete` of the id meanwhile did the same. Now the second is refused, the delete leaves it.
+#[test]
+#[ignore = "needs root, /dev/fuse and busybox-static: starts the daemon"]
+fn concurrent_create_of_one_id() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Setup::new(Runtime::Runc, json!({"devremap.io/enable": "true"}));
+    s.hanging_runtime();
+    let id = format!("wrapped-twice-{}", std::process::id());
+    let bundle = arg(s.bundle.dir()).to_owned();
+    let mut first = s.wrapper(&["create", "--bundle", &bundle, &id]).process_group(0).spawn().unwrap();
+    let dir = s.state_dir().join(&id);
+    wait_for("the daemon to answer", || dir.join("devremapd.pid").exists().then_some(()));
+    let daemon = s.daemon_pid(&id);
+
+    let out = s.run(&["create", "--bundle", &bundle, &id]);
+    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
+    assert!(
+        out.stderr.contains(&format!("container {id}: another devremap-runtime is setting it up")),
+        "{}",
+        out.stderr
+    );
+    assert!(alive(daemon) && is_mounted(&dir.join("dev")), "the first create's daemon is left alone");
+    let out = s.run(&["delete", &id]);
+    assert_eq!(out.status.code(), Some(1), "the runtime knows no such container");
+    assert!(alive(daemon) && is_mounted(&dir.join("dev")), "delete leaves a create in progress alone");
+
+    kill_group(&mut first);
+    wait_for("the daemon to stop after its wrapper died", || (!alive(daemon)).then_some(()));
+    let _ = s.run(&["delete", &id]);
+    assert!(!dir.exists());
+}
+
+/// Bug (found from outside): ids are unique per runtime root only (containerd gives each
+/// namespace its own `--root`), but the state dir is keyed by id: a `create` under another root
+/// found the running container's directory, asked its own root, was told no such container,
+/// and tore down the running container's daemon; a `delete` under the other root did too. Now
+/// the create is refused, naming the root, and the delete leaves it.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs a container"]
+fn one_id_under_two_runtime_roots() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Setup::new(Runtime::Runc, json!({"devremap.io/enable": "true"}));
+    let id = format!("wrapped-roots-{}", std::process::id());
+    let _delete = Deleting(&s, id.clone());
+    let bundle = arg(s.bundle.dir()).to_owned();
+    let out = s.run(&["create", "--bundle", &bundle, &id]);
+    assert_ok(&out, "create", &s, &id);
+    let dir = s.state_dir().join(&id);
+    let daemon = s.daemon_pid(&id);
+
+    // The last `--root` wins, for runc as for the wrapper.
+    let other = s.tmp.path().join("other-root");
+    let out = s.run(&["--root", arg(&other), "create", "--bundle", &bundle, &id]);
+    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
+    assert!(
+        out.stderr.contains(&format!(
+            "the id is in use by a devremap container of runtime root {:?}",
+            arg(&s.bundle.state_root())
+        )),
+        "{}",
+        out.stderr
+    );
+    let out = s.run(&["--root", arg(&other), "delete", &id]);
+    assert_eq!(out.status.code(), Some(1), "runc under the other root knows no such container");
+    assert!(alive(daemon) && is_mounted(&dir.join("dev")), "the running container's daemon is left alone");
+    assert!(s.run(&["state", &id]).status.success());
 }
 
 /// A CRIU that works here: a `criu` on PATH whose `criu check` passes, else the CRIU 4.2 build

@@ -24,7 +24,7 @@ use devremap::runtime::argv::{self, Invocation};
 use devremap::runtime::config::{self, Config};
 use serde_json::Value;
 use signal_hook::consts::signal::{SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2, SIGWINCH};
-use state::{Container, DaemonArgs};
+use state::{Container, DaemonArgs, Found};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode};
@@ -188,20 +188,34 @@ fn start(config: &Config, inv: &Invocation, restoring: Option<Restoring>) -> Res
         return Err(format!("container id {id:?}: only letters, digits and _+-. are allowed"));
     }
     let container = Container::new(&config.state_dir, &id);
+    let root = inv.root.as_deref();
+    // Claiming the id and tearing down a leftover happen under the state dir's lock; the
+    // container's own lock, held until this wrapper ends, tells others it is not a leftover.
+    let claiming = container.lock_state_dir()?;
     if container.exists() {
-        if runtime_knows(config, inv, &id).is_some() {
+        match container.found(root)? {
+            Found::Busy => {
+                return Err(format!("container {id}: another devremap-runtime is setting it up or running it"));
+            }
+            Found::OtherRoot(theirs) => {
+                return Err(format!(
+                    "container {id}: the id is in use by a devremap container of runtime root {theirs:?} \
+                     (ids are unique per root only)"
+                ));
+            }
             // The runtime refuses a second container of that id, in its own words.
-            return Err(exec(config, inv.original()));
+            Found::Idle if runtime_knows(config, inv, &id).is_some() => return Err(exec(config, inv.original())),
+            // Left by a wrapper killed mid-way: its container never ran or is gone.
+            Found::Idle => container.teardown(None)?,
         }
-        // Left by a wrapper killed mid-way: its container never ran or is gone.
-        container.teardown(None)?;
     }
     let pid_file = match &c.pid_file {
         Some(p) => absolute(p)?,
         None => container.default_container_pid_file(),
     };
     let pid_file_arg = pid_file.to_str().ok_or_else(|| format!("{}: not a UTF-8 path", pid_file.display()))?;
-    container.prepare()?;
+    let _mine = container.prepare(root).map_err(|e| undo(&container, None, &spec_path, None, e))?;
+    drop(claiming);
     let devremapd = devremapd_path(config)?;
     let daemon = container.start_daemon(&DaemonArgs {
         devremapd: &devremapd,
@@ -289,7 +303,9 @@ fn restore(config: &Config, inv: &Invocation) -> Result<u8, String> {
 fn checkpoint(config: &Config, inv: &Invocation) -> Result<u8, String> {
     let id = inv.command_args().id.filter(|id| argv::valid_id(id));
     if let Some(id) = id
-        && Container::new(&config.state_dir, &id).exists()
+        && let container = Container::new(&config.state_dir, &id)
+        && container.exists()
+        && container.other_root(inv.root.as_deref()).is_none()
     {
         let state =
             runtime_knows(config, inv, &id).ok_or_else(|| format!("container {id}: the runtime does not know it"))?;
@@ -324,8 +340,14 @@ fn delete(config: &Config, inv: &Invocation) -> Result<u8, String> {
     let code = run_runtime(config, &inv.original())?;
     if let Some(id) = inv.command_args().id.filter(|id| argv::valid_id(id)) {
         let container = Container::new(&config.state_dir, &id);
-        if container.exists() && runtime_knows(config, inv, &id).is_none() {
-            container.teardown(None)?;
+        if container.exists() {
+            // Not a container another wrapper is setting up or running, nor another root's.
+            let _claiming = container.lock_state_dir()?;
+            if let Found::Idle = container.found(inv.root.as_deref())?
+                && runtime_knows(config, inv, &id).is_none()
+            {
+                container.teardown(None)?;
+            }
         }
     }
     Ok(code)

@@ -8,6 +8,7 @@
 //! signal another process.
 
 use devremap::io_message;
+use nix::fcntl::{Flock, FlockArg};
 use std::fs::{self, DirBuilder};
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
@@ -22,6 +23,35 @@ const PATIENCE: Duration = Duration::from_secs(30);
 /// One container's directory.
 pub struct Container {
     pub dir: PathBuf,
+}
+
+/// An exclusive `flock` on a directory, released when dropped (or when its holder dies).
+pub struct Lock {
+    _held: Flock<fs::File>,
+}
+
+/// Locks directory `dir`: waits for the lock when `wait`, else `None` when another process
+/// holds it.
+fn lock_dir(dir: &Path, wait: bool) -> Result<Option<Lock>, String> {
+    let d = dir.display();
+    let file = fs::File::open(dir).map_err(|e| format!("{d}: {}", io_message(&e)))?;
+    let how = if wait { FlockArg::LockExclusive } else { FlockArg::LockExclusiveNonblock };
+    match Flock::lock(file, how) {
+        Ok(held) => Ok(Some(Lock { _held: held })),
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) if !wait => Ok(None),
+        Err((_, e)) => Err(format!("{d}: cannot lock: {}", e.desc())),
+    }
+}
+
+/// What a container directory found in the state dir is to the wrapper that finds it.
+pub enum Found {
+    /// A wrapper is setting it up, or running its container in the foreground.
+    Busy,
+    /// It belongs to a container of another runtime root (`--root`), named here.
+    OtherRoot(String),
+    /// Nobody holds it: the caller may tear it down if the runtime does not know the container
+    /// (no one can claim it meanwhile: that takes the state dir's lock the caller holds).
+    Idle,
 }
 
 /// What the daemon is started with.
@@ -63,17 +93,55 @@ impl Container {
         fs::symlink_metadata(&self.dir).is_ok()
     }
 
-    /// Makes `<state_dir>` (root-owned, 0700) and this container's directory and mountpoint.
-    pub fn prepare(&self) -> Result<(), String> {
-        let state_dir = self.dir.parent().expect("a container dir has a parent");
-        ensure_private_dir(state_dir)?;
+    fn state_dir(&self) -> &Path {
+        self.dir.parent().expect("a container dir has a parent")
+    }
+
+    /// The file naming the runtime root (`--root`, empty for the runtime's default) that the
+    /// container belongs to: ids are unique per root only.
+    fn root_file(&self) -> PathBuf {
+        self.dir.join("runtime-root")
+    }
+
+    /// Makes `<state_dir>` (root-owned, 0700) if missing and locks it: the lock serialises
+    /// wrappers claiming ids (`claim`, `prepare`) and tearing down leftovers.
+    pub fn lock_state_dir(&self) -> Result<Lock, String> {
+        ensure_private_dir(self.state_dir())?;
+        Ok(lock_dir(self.state_dir(), true)?.expect("a waiting lock is taken"))
+    }
+
+    /// What this existing directory is to a wrapper of runtime root `root` (under the state
+    /// dir's lock).
+    pub fn found(&self, root: Option<&str>) -> Result<Found, String> {
+        if lock_dir(&self.dir, false)?.is_none() {
+            return Ok(Found::Busy);
+        }
+        Ok(self.other_root(root).map_or(Found::Idle, Found::OtherRoot))
+    }
+
+    /// The runtime root this directory's container belongs to, when it is not `root`.
+    pub fn other_root(&self, root: Option<&str>) -> Option<String> {
+        // A directory without the file was left by a wrapper killed before writing it.
+        match devremap::files::read_small_text(&self.root_file(), 4096) {
+            devremap::files::SmallText::Text(theirs) if theirs != root.unwrap_or_default() => Some(theirs),
+            _ => None,
+        }
+    }
+
+    /// Makes this container's directory and mountpoint, records the runtime root, and locks
+    /// the directory for as long as the returned lock lives (under the state dir's lock).
+    pub fn prepare(&self, root: Option<&str>) -> Result<Lock, String> {
         let builder = {
             let mut b = DirBuilder::new();
             b.mode(0o700);
             b
         };
         builder.create(&self.dir).map_err(|e| format!("{}: {}", self.dir.display(), io_message(&e)))?;
-        builder.create(self.dev()).map_err(|e| format!("{}: {}", self.dev().display(), io_message(&e)))
+        let lock = lock_dir(&self.dir, true)?.expect("a waiting lock is taken");
+        builder.create(self.dev()).map_err(|e| format!("{}: {}", self.dev().display(), io_message(&e)))?;
+        devremap::atomic::write_atomic(&self.root_file(), root.unwrap_or_default().as_bytes())
+            .map_err(|e| format!("{}: cannot write: {}", self.root_file().display(), io_message(&e)))?;
+        Ok(lock)
     }
 
     /// Starts `devremapd mount` on `dev/`, detached (its own session, stdio to its log file, no
