@@ -489,6 +489,31 @@ fn one_id_under_two_runtime_roots() {
     assert!(s.run(&["state", &id]).status.success());
 }
 
+/// Bug (found from outside): a bundle whose `config.json` is a symlink (runc follows it) lost
+/// the link: the wrapper's patch, and its putting back of the original bytes when the runtime
+/// failed, replaced the link with a regular file. Now such a spec is refused before anything
+/// is set up, and the link is left as it was.
+#[test]
+#[ignore = "needs root and runc: runs the wrapper's create"]
+fn symlinked_spec_is_refused_and_kept() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Setup::new(Runtime::Runc, json!({"devremap.io/enable": "true"}));
+    s.set_config("runtime", "/bin/false");
+    let id = format!("wrapped-link-{}", std::process::id());
+    let bundle = arg(s.bundle.dir()).to_owned();
+    let real = s.bundle.dir().join("real.json");
+    fs::rename(s.bundle.config_path(), &real).unwrap();
+    std::os::unix::fs::symlink("real.json", s.bundle.config_path()).unwrap();
+    let original = fs::read(&real).unwrap();
+    let out = s.run(&["create", "--bundle", &bundle, &id]);
+    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
+    assert!(out.stderr.contains("config.json: is a symbolic link"), "{}", out.stderr);
+    assert!(fs::symlink_metadata(s.bundle.config_path()).unwrap().file_type().is_symlink(), "the link is kept");
+    assert_eq!(fs::read(&real).unwrap(), original);
+    assert!(!s.state_dir().join(&id).exists());
+}
+
 /// A CRIU that works here: a `criu` on PATH whose `criu check` passes, else the CRIU 4.2 build
 /// in `shared/tools/criu/` beside the repository (`../shared` in CI, `/work/shared` here).
 /// Fails the calling (`#[ignore]`d) test when there is none.

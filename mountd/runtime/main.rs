@@ -187,6 +187,12 @@ fn start(config: &Config, inv: &Invocation, restoring: Option<Restoring>) -> Res
     if !argv::valid_id(&id) {
         return Err(format!("container id {id:?}: only letters, digits and _+-. are allowed"));
     }
+    // The patch and its undoing replace the file: they would turn a link into a copy.
+    if std::fs::symlink_metadata(&spec_path).is_ok_and(|m| m.file_type().is_symlink()) {
+        return Err(format!(
+            "{s}: is a symbolic link; devremap-runtime rewrites the spec in place: give it a regular file"
+        ));
+    }
     let container = Container::new(&config.state_dir, &id);
     let root = inv.root.as_deref();
     // Claiming the id and tearing down a leftover happen under the state dir's lock; the
