@@ -514,6 +514,47 @@ fn symlinked_spec_is_refused_and_kept() {
     assert!(!s.state_dir().join(&id).exists());
 }
 
+/// Bug (found from outside): a config whose `runtime` is `devremap-runtime` itself (a hurried
+/// `"runtime": "/usr/local/bin/devremap-runtime"`) made every command exec the wrapper again,
+/// forever, instead of failing. Now it is one clear error naming the config.
+#[test]
+fn runtime_that_is_the_wrapper_itself_is_refused() {
+    let tmp = TempDir::new().unwrap();
+    let link = tmp.path().join("link");
+    std::os::unix::fs::symlink(WRAPPER, &link).unwrap();
+    for runtime in [WRAPPER, arg(&link)] {
+        let config = write_file(tmp.path(), "runtime.json", json!({"runtime": runtime}).to_string());
+        let err = tmp.path().join("stderr");
+        let child = Command::new(WRAPPER)
+            .env(devremap_config_env(), &config)
+            .args(["state", "x"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(&err).unwrap())
+            .spawn()
+            .unwrap();
+        let mut child = Killed(child);
+        let status = wait_for("the wrapper to exit", || child.0.try_wait().unwrap());
+        let stderr = fs::read_to_string(&err).unwrap();
+        assert_eq!(status.code(), Some(1), "{stderr}");
+        assert!(
+            stderr.contains(&format!("{}: runtime: ", config.display()))
+                && stderr.contains("is devremap-runtime itself"),
+            "{stderr}"
+        );
+    }
+}
+
+/// A child killed (and reaped) when dropped, so a failing test leaves no process behind.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A CRIU that works here: a `criu` on PATH whose `criu check` passes, else the CRIU 4.2 build
 /// in `shared/tools/criu/` beside the repository (`../shared` in CI, `/work/shared` here).
 /// Fails the calling (`#[ignore]`d) test when there is none.

@@ -25,6 +25,7 @@ use devremap::runtime::config::{self, Config};
 use serde_json::Value;
 use signal_hook::consts::signal::{SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2, SIGWINCH};
 use state::{Container, DaemonArgs, Found};
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode};
@@ -79,7 +80,25 @@ fn load_config() -> Result<Config, String> {
     let mut buf = Vec::new();
     devremap::files::read_up_to(&mut file, config::MAX_LEN + 1, &mut buf)
         .map_err(|e| format!("{p}: {}", io_message(&e)))?;
-    config::parse(&buf).map_err(|e| format!("{p}: {e}"))
+    let config = config::parse(&buf).map_err(|e| format!("{p}: {e}"))?;
+    if is_this_program(&config.runtime) {
+        return Err(format!("{p}: runtime: {} is devremap-runtime itself", config.runtime.display()));
+    }
+    Ok(config)
+}
+
+/// Whether `runtime` (a path, or a name looked up on `PATH`) is this executable: running it
+/// would run us again, forever.
+fn is_this_program(runtime: &Path) -> bool {
+    let found = if runtime.components().count() > 1 {
+        Some(runtime.to_owned())
+    } else {
+        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+            .map(|d| d.join(runtime))
+            .find(|p| p.is_file())
+    };
+    let same = |a: &Path, b: &Path| matches!((std::fs::metadata(a), std::fs::metadata(b)), (Ok(a), Ok(b)) if (a.dev(), a.ino()) == (b.dev(), b.ino()));
+    found.zip(std::env::current_exe().ok()).is_some_and(|(r, me)| same(&r, &me))
 }
 
 /// One error line on stderr and, as runc does, in the runtime's `--log` file, where
