@@ -4,7 +4,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use devremap::load::Sources;
 use devremap::pairing::{MapPair, parse_device_map};
 use devremap::plan::Prefer;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -94,6 +94,34 @@ pub struct MountArgs {
     /// Stop when process PID (whoever started us) exits before --container-pid-file appears.
     #[arg(long, value_name = "PID")]
     pub owner_pid: Option<u32>,
+}
+
+impl MountArgs {
+    /// Refuses one path given for two of the daemon's files: the state file's JSON would
+    /// replace the pid (or the container's pid), and whoever reads one file gets the other.
+    pub fn check_files(&self) -> Result<(), String> {
+        let flags = [
+            ("--pid-file", &self.pid_file),
+            ("--state-file", &self.state_file),
+            ("--container-pid-file", &self.container_pid_file),
+        ];
+        let given: Vec<(&str, &PathBuf, PathBuf)> =
+            flags.iter().filter_map(|(flag, path)| path.as_ref().map(|p| (*flag, p, place(p)))).collect();
+        for (i, (a, path, place_a)) in given.iter().enumerate() {
+            if let Some((b, ..)) = given[i + 1..].iter().find(|(_, _, place_b)| place_b == place_a) {
+                return Err(format!("{}: given as both {a} and {b}; each needs a file of its own", path.display()));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Where `path` puts its file: its directory resolved (`dir/./x`, a symlinked directory), then
+/// its name. A directory that cannot be resolved is compared as written (the write fails later).
+fn place(path: &Path) -> PathBuf {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else { return path.to_path_buf() };
+    let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
+    dir.canonicalize().map_or_else(|_| path.to_path_buf(), |d| d.join(name))
 }
 
 #[derive(Debug, Args)]

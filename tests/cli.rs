@@ -74,3 +74,28 @@ fn oci_patch_allow_unmounted_patches_before_the_mount() {
     assert_eq!(dev_mount["source"], arg(&dev));
     assert_eq!(dev_mount["type"], "bind");
 }
+
+/// Bug (found from outside): `mount --pid-file X --state-file X` was accepted; the state
+/// file's JSON then replaced the pid, so `kill -HUP "$(cat X)"` failed. Two of the daemon's
+/// files at one place (`dir/x` and `dir/./x` included) are now refused before anything is
+/// mounted or written, naming the path and both flags.
+#[test]
+fn mount_refuses_one_file_for_two_flags() {
+    let tmp = TempDir::new().unwrap();
+    let mountpoint = tmp.path().join("mnt");
+    fs::create_dir(&mountpoint).unwrap();
+    let file = tmp.path().join("x");
+    let same = tmp.path().join(".").join("x");
+    let cases = [
+        ["--pid-file", "--state-file"],
+        ["--state-file", "--container-pid-file"],
+        ["--pid-file", "--container-pid-file"],
+    ];
+    for [a, b] in cases {
+        let (code, _, stderr) = devremapd(&["mount", arg(&mountpoint), a, arg(&file), b, arg(&same)]);
+        assert_eq!(code, 1, "{a} {b}: {stderr}");
+        assert!(stderr.contains(&format!("given as both {a} and {b}")), "{a} {b}: {stderr}");
+        assert!(stderr.contains(arg(&file)), "{stderr}");
+        assert!(!file.exists(), "{a} {b}: nothing is written");
+    }
+}
