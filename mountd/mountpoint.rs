@@ -27,7 +27,9 @@ const HOW_TO_FIX: &str = "mount under a directory only root can enter, e.g. `ins
      and a mountpoint in it";
 
 /// The mountpoint's canonical path, which must be a directory, or a dead FUSE mount (on which
-/// `realpath` fails with ENOTCONN; its parent is resolved instead).
+/// `realpath` fails with ENOTCONN; its parent is resolved instead). `realpath` may also succeed
+/// there (it only reads links), and then `stat` of the root fails with ENOTCONN unless the
+/// kernel still has its attributes cached.
 pub fn resolve(path: &Path) -> Result<PathBuf, String> {
     let m = path.display();
     let fail = |e: &std::io::Error| format!("{m}: {}", io_message(e));
@@ -40,10 +42,12 @@ pub fn resolve(path: &Path) -> Result<PathBuf, String> {
         }
         Err(e) => return Err(fail(&e)),
     };
-    if !std::fs::metadata(&canonical).map_err(|e| fail(&e))?.is_dir() {
-        return Err(format!("{m}: not a directory"));
+    match std::fs::metadata(&canonical) {
+        Ok(meta) if meta.is_dir() => Ok(canonical),
+        Ok(_) => Err(format!("{m}: not a directory")),
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => Ok(canonical),
+        Err(e) => Err(fail(&e)),
     }
-    Ok(canonical)
 }
 
 /// Refuses a mountpoint that a user other than root can reach, or could swap for another path.

@@ -411,6 +411,30 @@ fn dead_mount_is_reused_and_live_mount_refused() {
     drop(first);
 }
 
+/// Bug (found from outside): a dead mount whose root the kernel no longer had cached (a
+/// reload that changed the root's names invalidates it) was not reused: `stat` of the
+/// mountpoint asks the dead daemon, and the new `mount` stopped at "transport endpoint is not
+/// connected" instead of detaching it, so a daemon killed after such a reload could not be
+/// restarted.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn dead_mount_is_reused_after_a_reload_changed_the_root() {
+    need_fuse();
+    let (host, meta) = host_and_metadata(&[4, 5]);
+    let args = inputs(&host, &meta);
+    let mut first = Daemon::start(&strs(&args));
+    fs::remove_file(host.dev().join("nvidia3")).unwrap();
+    let state = first.reload();
+    assert!(state["nodes"].as_array().unwrap().iter().all(|n| n["path"] != "nvidia3"), "{state}");
+    first.child.kill().unwrap();
+    first.child.wait().unwrap();
+    let second = Daemon::start_at(tempfile::TempDir::new().unwrap(), first.mountpoint.clone(), &strs(&args));
+    assert_eq!(identify(&second.path("zero")).unwrap(), "zero");
+    assert!(second.log_text().contains("dead FUSE mount"), "{}", second.log_text());
+    assert!(second.stop().success());
+    drop(first);
+}
+
 /// Rule (remap semantics, collisions): which name wins can be switched on a running daemon,
 /// through `--prefer-file` and a SIGHUP, without unmounting the container's /dev.
 #[test]
