@@ -124,6 +124,10 @@ fn record(args: &cli::RecordArgs) -> Result<(), String> {
     };
     let loaded = load::load(&sources).map_err(|e| e.to_string())?;
     let list = devremap::record::devices(&loaded.plan);
+    // Still exit 0: a record without uuids pairs by minor.
+    for gap in devremap::record::gaps(&loaded.plan) {
+        log::warn!("{}: {gap}", args.host_root.display());
+    }
     let mut text = serde_json::to_string_pretty(&list).expect("a JSON value serialises");
     text.push('\n');
     let Some(path) = &args.output else {

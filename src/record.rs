@@ -46,6 +46,39 @@ pub fn devices(plan: &Plan) -> Value {
     Value::Array(items)
 }
 
+/// One line per recorded GPU the host's driver files did not describe whole, naming the GPU
+/// and what it is recorded without. Such a record still pairs by minor, but
+/// `cuda-device-map` refuses a GPU without a uuid. A GPU without a bus location had no driver
+/// information file at all (a read file always gives one: its directory's name).
+pub fn gaps(plan: &Plan) -> Vec<String> {
+    plan.restored
+        .iter()
+        .filter_map(|g| {
+            let missing: Vec<&str> = [
+                (g.uuid.is_none(), "uuid"),
+                (g.bus.is_none(), "bus location (gpu_id 0)"),
+                (g.pci.is_none(), "PCI vendor and device ids"),
+            ]
+            .into_iter()
+            .filter_map(|(gone, what)| gone.then_some(what))
+            .collect();
+            if missing.is_empty() {
+                return None;
+            }
+            let why = if g.bus.is_none() {
+                format!("no driver information file names minor {}", g.minor)
+            } else {
+                "the driver's files do not give them".to_owned()
+            };
+            Some(format!(
+                "GPU {} recorded without {}: {why}; the record pairs by minor, but cuda-device-map needs the uuid",
+                g.name(),
+                missing.join(", ")
+            ))
+        })
+        .collect()
+}
+
 /// `domain << 16 | bus << 8 | device` of a bus location `DDDD:BB:DD.F`, if it parses.
 fn gpu_id(gpu: &RestoredGpu) -> Option<u32> {
     let bus = gpu.bus.as_deref()?;
@@ -128,6 +161,19 @@ mod tests {
         let list = devices(&plan::build(&Inputs::default()).unwrap());
         assert_eq!(list, json!([]));
         assert!(metadata::parse(list.to_string().as_bytes()).unwrap().gpus.is_empty());
+    }
+
+    /// Rule (issue 12.1): a GPU the driver's files describe whole is no gap; one they do not
+    /// describe at all, or only in part, is one line naming the GPU and what is missing.
+    #[test]
+    fn gaps_name_the_gpu_and_what_is_missing() {
+        let mut inputs = host(&[2, 5, 7], Access::DEVICE_DEFAULT);
+        inputs.host.gpu_info.retain(|i| i.minor != Some(5));
+        inputs.host.gpu_info.iter_mut().find(|i| i.minor == Some(7)).unwrap().uuid = None;
+        let gaps = gaps(&plan::build(&inputs).unwrap());
+        assert_eq!(gaps.len(), 2, "{gaps:?}");
+        assert!(gaps[0].starts_with("GPU nvidia5 recorded without uuid, bus location (gpu_id 0), PCI vendor and device ids: no driver information file names minor 5;"), "{}", gaps[0]);
+        assert!(gaps[1].starts_with("GPU nvidia7 recorded without uuid: the driver's files"), "{}", gaps[1]);
     }
 
     /// A bus location that does not parse gives gpu_id 0, never a panic.

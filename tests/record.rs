@@ -204,3 +204,25 @@ fn live_checkpoint_name_keeps_recorded_mode() {
     assert_eq!(fs::metadata(d.path("nvidia2")).unwrap().mode(), 0o20666);
     d.stop();
 }
+
+/// Bug (found from outside): `record` of a spec GPU the host's driver files do not describe
+/// wrote zeros and an empty uuid in silence and exited 0, and `cuda-device-map` refused the
+/// record later. Now each such GPU is one warning line naming it and what is missing; the exit
+/// status stays 0 (the record still pairs by minor) and a described GPU gets no line.
+#[test]
+fn record_warns_of_gpus_the_driver_files_do_not_describe() {
+    let host = described(&[2]);
+    let spec = gpu_spec(host.tmp.path(), &[2, 5]);
+    let root = host.root_args();
+    let (code, stdout, stderr) = devremapd("record", &with(&root, &["--spec", &spec]));
+    assert_eq!(code, 0, "{stderr}");
+    let list: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!((&list[1]["minor"], &list[1]["uuid"]), (&json!(5), &json!("")));
+    let warnings: Vec<&str> = stderr.lines().filter(|l| l.contains("WARN")).collect();
+    assert_eq!(warnings.len(), 1, "{stderr}");
+    assert!(
+        warnings[0].contains(&format!("{}: GPU nvidia5 recorded without uuid", root[1]))
+            && warnings[0].contains("no driver information file names minor 5"),
+        "{stderr}"
+    );
+}
