@@ -10,6 +10,7 @@
 //! symlink, it never follows it). Every failure, a full or read-only filesystem included, removes the temporary
 //! file; only a process killed outright can leave one (`.<name>.<random>.tmp`).
 
+use crate::device::Access;
 use std::io::{self, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -39,6 +40,12 @@ impl Written {
 /// Replaces `path` with `bytes` atomically: a reader sees the old content or the new, never a
 /// mix, and a file that replaces another keeps its mode and owner.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<Written> {
+    write_atomic_as(path, bytes, None)
+}
+
+/// As [`write_atomic`], but the new file gets `access` (mode bits and owner) when given,
+/// whatever the file it replaces had: how a saved file is put back as it was.
+pub fn write_atomic_as(path: &Path, bytes: &[u8], access: Option<Access>) -> io::Result<Written> {
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let name = path.file_name().ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
     // The file being replaced, never a symlink's target: a planted symlink is replaced too.
@@ -53,13 +60,13 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<Written> {
     )?;
     // From here on, dropping `tmp` (any `?` below) removes the temporary file.
     let file = tmp.as_file_mut();
-    let mode = old.as_ref().map_or(NEW_FILE_MODE, |m| m.mode() & 0o7777);
-    file.set_permissions(std::fs::Permissions::from_mode(mode))?;
+    let access = access.or_else(|| old.as_ref().map(|m| Access { mode: m.mode(), uid: m.uid(), gid: m.gid() }));
+    file.set_permissions(std::fs::Permissions::from_mode(access.map_or(NEW_FILE_MODE, |a| a.mode & 0o7777)))?;
     // Only root can give a file away; as another user the new file is that user's.
-    if let Some(old) = &old
+    if let Some(a) = access
         && nix::unistd::geteuid().is_root()
     {
-        std::os::unix::fs::fchown(&*file, Some(old.uid()), Some(old.gid()))?;
+        std::os::unix::fs::fchown(&*file, Some(a.uid), Some(a.gid))?;
     }
     file.write_all(bytes)?;
     file.sync_data()?;
@@ -92,5 +99,8 @@ mod tests {
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2, "no temporary file left");
         written.remove_if_ours();
         assert!(!path.exists());
+        write_atomic(&path, b"old").unwrap();
+        write_atomic_as(&path, b"back", Some(Access { mode: 0o640, uid: 0, gid: 0 })).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().mode() & 0o7777, 0o640, "the given mode, not the old one");
     }
 }

@@ -373,6 +373,89 @@ fn killed_wrapper_leaves_no_daemon() {
     assert!(!s.state_dir().join(&id).exists());
 }
 
+/// Bug (found from outside): the bundle's `config.json` stayed patched (its `/dev` mount on
+/// the devremap mount, gone with the container) after `create` -> `delete`. Now `create` keeps
+/// the original in the container's directory and `delete` puts it back, bytes, mode and owner;
+/// but never over a spec someone rewrote since.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs a container"]
+fn delete_puts_the_original_spec_back() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Setup::new(Runtime::Runc, json!({"devremap.io/enable": "true"}));
+    let id = format!("wrapped-putback-{}", std::process::id());
+    let _delete = Deleting(&s, id.clone());
+    let bundle = arg(s.bundle.dir()).to_owned();
+    let spec = s.bundle.config_path();
+    // Not pretty-printed as the wrapper writes it, and not the mode and owner a new file gets.
+    fs::write(&spec, s.bundle.config().to_string()).unwrap();
+    fs::set_permissions(&spec, std::os::unix::fs::PermissionsExt::from_mode(0o640)).unwrap();
+    std::os::unix::fs::chown(&spec, Some(1000), Some(44)).unwrap();
+    let original = fs::read(&spec).unwrap();
+
+    let out = s.run(&["create", "--bundle", &bundle, &id]);
+    assert_ok(&out, "create", &s, &id);
+    assert_eq!(dev_source(&s.bundle.config()).as_deref(), Some(arg(&s.state_dir().join(&id).join("dev"))));
+    let out = s.run(&["delete", &id]);
+    assert_ok(&out, "delete", &s, &id);
+    assert_eq!(fs::read(&spec).unwrap(), original, "delete puts the original spec back");
+    let meta = fs::metadata(&spec).unwrap();
+    assert_eq!((meta.mode() & 0o7777, meta.uid(), meta.gid()), (0o640, 1000, 44));
+    assert!(!s.state_dir().join(&id).exists());
+
+    // Rewritten in place while the container exists: the rewrite stays.
+    let out = s.run(&["create", "--bundle", &bundle, &id]);
+    assert_ok(&out, "create", &s, &id);
+    let mut rewritten = s.bundle.config();
+    rewritten["annotations"]["someone"] = json!("else");
+    s.bundle.write_config(&rewritten);
+    let out = s.run(&["delete", &id]);
+    assert_ok(&out, "delete", &s, &id);
+    assert_eq!(s.bundle.config(), rewritten, "a spec rewritten since is left as it is");
+    assert!(out.stderr.contains("rewritten since devremap-runtime patched it; left as it is"), "{}", out.stderr);
+    assert!(!s.state_dir().join(&id).exists());
+}
+
+/// Bug (found from outside): a wrapper SIGKILLed between patching the spec and the runtime's
+/// end left the bundle's `config.json` patched for good (its daemon stopped); worse, the next
+/// `create` of that id read the patched spec as the original. Now the leftover's saved
+/// original is put back before the next `create` reads the spec, and by a `delete`.
+#[test]
+#[ignore = "needs root, /dev/fuse and busybox-static: starts the daemon"]
+fn killed_wrapper_spec_is_put_back() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Setup::new(Runtime::Runc, json!({"devremap.io/enable": "true"}));
+    let id = format!("wrapped-killspec-{}", std::process::id());
+    let bundle = arg(s.bundle.dir()).to_owned();
+    let original = fs::read(s.bundle.config_path()).unwrap();
+    let dev = arg(&s.state_dir().join(&id).join("dev")).to_owned();
+    let kill_patched = || {
+        s.hanging_runtime();
+        let mut wrapper = s.wrapper(&["create", "--bundle", &bundle, &id]).process_group(0).spawn().unwrap();
+        wait_for("the spec to be patched", || (dev_source(&s.bundle.config()).as_deref() == Some(&dev)).then_some(()));
+        let daemon = s.daemon_pid(&id);
+        kill_group(&mut wrapper);
+        wait_for("the daemon to stop after its wrapper died", || (!alive(daemon)).then_some(()));
+        assert_ne!(fs::read(s.bundle.config_path()).unwrap(), original, "left patched by the killed wrapper");
+    };
+
+    // The next create (its runtime fails at once) takes the original, and puts it back.
+    kill_patched();
+    s.set_config("runtime", "/bin/false");
+    let out = s.run(&["create", "--bundle", &bundle, &id]);
+    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
+    assert_eq!(fs::read(s.bundle.config_path()).unwrap(), original, "{}", out.stderr);
+    assert!(!s.state_dir().join(&id).exists());
+
+    // A delete of the id puts it back too.
+    kill_patched();
+    let out = s.run(&["delete", &id]);
+    assert_eq!(out.status.code(), Some(1), "the runtime knows no such container");
+    assert_eq!(fs::read(s.bundle.config_path()).unwrap(), original);
+    assert!(!s.state_dir().join(&id).exists());
+}
+
 /// Bug (found from outside): an existing `state_dir` that was not mode 0700 was chmod'ed to
 /// 0700: a hurried operator's `"state_dir": "/tmp"` (or `/run`) took the sticky, world-writable
 /// `/tmp` away from every other user. An existing state dir is now checked, never changed: one

@@ -9,7 +9,8 @@
 //! - `restore`: as `create`, with the image's `devremap-gpus.json` (or a gVisor
 //!   `checkpoint.img`) as the daemon's metadata.
 //! - `delete`: after the runtime, once the runtime no longer knows the container, stop the
-//!   daemon and remove its directory; this also cleans up after a wrapper killed mid-create.
+//!   daemon, put the bundle's original spec back and remove its directory; this also cleans up
+//!   after a wrapper killed mid-create (as does the next `create` of that id).
 //! - anything else: exec the runtime unchanged.
 //!
 //! A daemon never outlives its container: it runs with `--owner-pid` (this process) and
@@ -18,10 +19,12 @@
 
 mod state;
 
+use devremap::device::Access;
 use devremap::io_message;
 use devremap::runtime::annotations;
 use devremap::runtime::argv::{self, Invocation};
 use devremap::runtime::config::{self, Config};
+use devremap::runtime::saved_spec::SavedSpec;
 use serde_json::Value;
 use signal_hook::consts::signal::{SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2, SIGWINCH};
 use state::{Container, DaemonArgs, Found};
@@ -182,6 +185,14 @@ struct Restoring {
 fn start(config: &Config, inv: &Invocation, restoring: Option<Restoring>) -> Result<u8, String> {
     let c = inv.command_args();
     let Some(id) = c.id.clone() else { return Err(exec(config, inv.original())) };
+    let root = inv.root.as_deref();
+    let container = argv::valid_id(&id).then(|| Container::new(&config.state_dir, &id));
+    // A killed wrapper's leftover for this id may hold the bundle's original spec: it is put
+    // back before the spec is read, or the patched one would be taken for the original.
+    let mut claimed = None;
+    if let Some(container) = container.as_ref().filter(|c| c.exists()) {
+        claimed = Some(claim(config, inv, container)?);
+    }
     let bundle = absolute(c.bundle.as_deref().unwrap_or("."))?;
     let spec_path = bundle.join("config.json");
     // A spec we cannot read or parse is the runtime's to refuse, in its own words.
@@ -203,43 +214,28 @@ fn start(config: &Config, inv: &Invocation, restoring: Option<Restoring>) -> Res
     if !(request.wanted(&view) || (recorded && request.enable != Some(false))) {
         return Err(exec(config, inv.original()));
     }
-    if !argv::valid_id(&id) {
+    let Some(container) = container else {
         return Err(format!("container id {id:?}: only letters, digits and _+-. are allowed"));
-    }
+    };
     // The patch and its undoing replace the file: they would turn a link into a copy.
-    if std::fs::symlink_metadata(&spec_path).is_ok_and(|m| m.file_type().is_symlink()) {
+    let spec_meta = std::fs::symlink_metadata(&spec_path).map_err(|e| format!("{s}: {}", io_message(&e)))?;
+    if spec_meta.file_type().is_symlink() {
         return Err(format!(
             "{s}: is a symbolic link; devremap-runtime rewrites the spec in place: give it a regular file"
         ));
     }
-    let container = Container::new(&config.state_dir, &id);
-    let root = inv.root.as_deref();
     // Claiming the id and tearing down a leftover happen under the state dir's lock; the
     // container's own lock, held until this wrapper ends, tells others it is not a leftover.
-    let claiming = container.lock_state_dir()?;
-    if container.exists() {
-        match container.found(root)? {
-            Found::Busy => {
-                return Err(format!("container {id}: another devremap-runtime is setting it up or running it"));
-            }
-            Found::OtherRoot(theirs) => {
-                return Err(format!(
-                    "container {id}: the id is in use by a devremap container of runtime root {theirs:?} \
-                     (ids are unique per root only)"
-                ));
-            }
-            // The runtime refuses a second container of that id, in its own words.
-            Found::Idle if runtime_knows(config, inv, &id).is_some() => return Err(exec(config, inv.original())),
-            // Left by a wrapper killed mid-way: its container never ran or is gone.
-            Found::Idle => container.teardown(None)?,
-        }
-    }
+    let claiming = match claimed {
+        Some(lock) => lock,
+        None => claim(config, inv, &container)?,
+    };
     let pid_file = match &c.pid_file {
         Some(p) => absolute(p)?,
         None => container.default_container_pid_file(),
     };
     let pid_file_arg = pid_file.to_str().ok_or_else(|| format!("{}: not a UTF-8 path", pid_file.display()))?;
-    let _mine = container.prepare(root).map_err(|e| undo(&container, None, &spec_path, None, e))?;
+    let _mine = container.prepare(root).map_err(|e| undo(&container, None, e))?;
     drop(claiming);
     let devremapd = devremapd_path(config)?;
     let daemon = container.start_daemon(&DaemonArgs {
@@ -253,38 +249,59 @@ fn start(config: &Config, inv: &Invocation, restoring: Option<Restoring>) -> Res
     });
     let daemon = match daemon {
         Ok(d) => d,
-        Err(e) => return Err(undo(&container, None, &spec_path, None, e)),
+        Err(e) => return Err(undo(&container, None, e)),
     };
-    let patched = patch_spec(&spec_path, &value, &container.dev());
-    if let Err(e) = patched {
-        return Err(undo(&container, Some(daemon), &spec_path, None, e));
+    let saved = SavedSpec {
+        path: spec_path.clone(),
+        access: Access { mode: spec_meta.mode() & 0o7777, uid: spec_meta.uid(), gid: spec_meta.gid() },
+        // The spec parsed as JSON, which is UTF-8.
+        original: String::from_utf8_lossy(&original).into_owned(),
+        patched: String::new(),
+    };
+    if let Err(e) = patch_spec(&container, saved, &value) {
+        return Err(undo(&container, Some(daemon), e));
     }
     let code = match run_runtime(config, &inv.with_pid_file(pid_file_arg)) {
         Ok(code) => code,
-        Err(e) => return Err(undo(&container, Some(daemon), &spec_path, Some(&original), e)),
+        Err(e) => return Err(undo(&container, Some(daemon), e)),
     };
     let foreground = inv.command.as_deref() != Some("create") && !c.detach;
     if code != 0 || (foreground && !c.keep) {
         // Failed, or a foreground container ended and the runtime deleted it.
-        let _ = restore_spec(&spec_path, &original);
         container.teardown(Some(daemon))?;
     }
     Ok(code)
 }
 
-/// Undoes a half-made start: stops the daemon, removes its directory, and puts the bundle's
-/// spec back as it was; returns `why`, with what could not be undone.
-fn undo(container: &Container, daemon: Option<Child>, spec: &Path, original: Option<&[u8]>, why: String) -> String {
-    let mut why = why;
-    if let Some(bytes) = original
-        && let Err(e) = restore_spec(spec, bytes)
-    {
-        why.push_str(&format!("; and {e}"));
+/// Takes the state dir's lock to claim `container`'s id, and tears down a killed wrapper's
+/// leftover directory for it (putting its bundle's spec back); refuses an id another wrapper
+/// holds or another runtime root uses. Replaces this process with the runtime when the runtime
+/// already knows the id (it refuses it in its own words).
+fn claim(config: &Config, inv: &Invocation, container: &Container) -> Result<state::Lock, String> {
+    let lock = container.lock_state_dir()?;
+    if !container.exists() {
+        return Ok(lock);
     }
-    if let Err(e) = container.teardown(daemon) {
-        why.push_str(&format!("; and {e}"));
+    let id = container.dir.file_name().unwrap_or_default().to_string_lossy();
+    match container.found(inv.root.as_deref())? {
+        Found::Busy => Err(format!("container {id}: another devremap-runtime is setting it up or running it")),
+        Found::OtherRoot(theirs) => Err(format!(
+            "container {id}: the id is in use by a devremap container of runtime root {theirs:?} \
+             (ids are unique per root only)"
+        )),
+        Found::Idle if runtime_knows(config, inv, &id).is_some() => Err(exec(config, inv.original())),
+        // Left by a wrapper killed mid-way: its container never ran or is gone.
+        Found::Idle => container.teardown(None).map(|()| lock),
     }
-    why
+}
+
+/// Undoes a half-made start: stops the daemon, puts the bundle's spec back and removes the
+/// directory; returns `why`, with what could not be undone.
+fn undo(container: &Container, daemon: Option<Child>, why: String) -> String {
+    match container.teardown(daemon) {
+        Ok(()) => why,
+        Err(e) => format!("{why}; and {e}"),
+    }
 }
 
 fn read_spec(path: &Path) -> Option<Vec<u8>> {
@@ -294,22 +311,19 @@ fn read_spec(path: &Path) -> Option<Vec<u8>> {
     Some(buf)
 }
 
-/// Points the spec's `/dev` at the mount, as `devremapd oci-patch --in-place` does.
-fn patch_spec(path: &Path, spec: &Value, dev: &Path) -> Result<(), String> {
-    let p = path.display();
+/// Points the spec's `/dev` at the mount, as `devremapd oci-patch --in-place` does, after
+/// saving the original in the container's directory (`saved` without its `patched`).
+fn patch_spec(container: &Container, mut saved: SavedSpec, spec: &Value) -> Result<(), String> {
+    let dev = container.dev();
+    let p = saved.path.display().to_string();
     let dev = dev.to_str().ok_or_else(|| format!("{}: not a UTF-8 path", dev.display()))?;
     let patched = devremap::oci_patch::patch(spec, dev).map_err(|e| format!("{p}: {e}"))?;
-    let mut text = serde_json::to_string_pretty(&patched).expect("a JSON value serialises");
-    text.push('\n');
-    devremap::atomic::write_atomic(path, text.as_bytes())
+    saved.patched = serde_json::to_string_pretty(&patched).expect("a JSON value serialises");
+    saved.patched.push('\n');
+    container.save_spec(&saved)?;
+    devremap::atomic::write_atomic(&saved.path, saved.patched.as_bytes())
         .map(drop)
         .map_err(|e| format!("{p}: cannot write: {}", io_message(&e)))
-}
-
-fn restore_spec(path: &Path, original: &[u8]) -> Result<(), String> {
-    devremap::atomic::write_atomic(path, original)
-        .map(drop)
-        .map_err(|e| format!("{}: cannot restore the original spec: {}", path.display(), io_message(&e)))
 }
 
 /// The image directory of a checkpoint or restore: `--image-path`, else runc's default

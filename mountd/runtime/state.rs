@@ -1,5 +1,6 @@
 //! A container's devremap state: `<state_dir>/<id>/` holding the mountpoint `dev/`, the
-//! daemon's pid, state and log files, and the default pid file of the container's init.
+//! daemon's pid, state and log files, the default pid file of the container's init, and the
+//! bundle's spec as it was before the patch (`spec.json`), put back at every teardown.
 //!
 //! Assumptions: only root writes under `<state_dir>`, which is made a root-owned directory of
 //! mode 0700 (or checked to be root's and writable by no one else), so a pid file found there
@@ -8,6 +9,7 @@
 //! signal another process.
 
 use devremap::io_message;
+use devremap::runtime::saved_spec::SavedSpec;
 use nix::fcntl::{Flock, FlockArg};
 use std::fs::{self, DirBuilder};
 use std::io;
@@ -212,8 +214,9 @@ impl Container {
         text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("(no log)").to_owned()
     }
 
-    /// Stops the daemon (if it still runs), detaches whatever is left mounted on `dev/`, and
-    /// removes the directory. `child` is the daemon when this process started it (to reap it).
+    /// Stops the daemon (if it still runs), detaches whatever is left mounted on `dev/`, puts
+    /// the bundle's original spec back, and removes the directory (kept, with the original,
+    /// when the spec could not be put back). `child` is the daemon when this process started it (to reap it).
     pub fn teardown(&self, child: Option<Child>) -> Result<(), String> {
         if let Some(pid) = self.daemon_pid() {
             stop(pid);
@@ -227,12 +230,65 @@ impl Container {
             // SAFETY: a valid path; EINVAL when nothing is mounted there.
             unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
         }
+        self.put_back_spec()?;
         match fs::remove_dir_all(&self.dir) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => {
                 Err(format!("{}: cannot remove: {}", self.dir.display(), io_message(&e)))
             }
             _ => Ok(()),
         }
+    }
+
+    fn saved_spec_file(&self) -> PathBuf {
+        self.dir.join("spec.json")
+    }
+
+    /// Keeps the bundle's original spec (and its mode and owner) in the directory, before the
+    /// wrapper writes `saved.patched` over it.
+    pub fn save_spec(&self, saved: &SavedSpec) -> Result<(), String> {
+        let path = self.saved_spec_file();
+        devremap::atomic::write_atomic(&path, &saved.to_json())
+            .map(drop)
+            .map_err(|e| format!("{}: cannot write: {}", path.display(), io_message(&e)))
+    }
+
+    /// Puts the saved original spec back, if the bundle's `config.json` is still the file the
+    /// wrapper wrote; a spec rewritten since (or gone with its bundle) is left as it is.
+    fn put_back_spec(&self) -> Result<(), String> {
+        let path = self.saved_spec_file();
+        let saved = match devremap::files::read_small_text(&path, 2 * devremap::metadata::MAX_METADATA_LEN + 4096) {
+            devremap::files::SmallText::Text(text) => SavedSpec::parse(text.as_bytes()),
+            // Never saved: the wrapper stopped before patching.
+            _ if !path.exists() => return Ok(()),
+            _ => return Err(format!("{}: cannot read", path.display())),
+        };
+        let saved = match saved {
+            Ok(saved) => saved,
+            Err(e) => {
+                // Nothing we could put back: no reason to keep the directory.
+                eprintln!("devremap-runtime: warning: {}: {e}; the bundle's spec is left as it is", path.display());
+                return Ok(());
+            }
+        };
+        let spec = saved.path.display();
+        let current = match devremap::files::read_small_text(&saved.path, saved.patched.len() as u64 + 1) {
+            devremap::files::SmallText::Text(text) => text,
+            _ if fs::symlink_metadata(&saved.path).is_err() => return Ok(()),
+            _ => String::new(),
+        };
+        if !saved.still_ours(current.as_bytes()) {
+            eprintln!("devremap-runtime: warning: {spec}: rewritten since devremap-runtime patched it; left as it is");
+            return Ok(());
+        }
+        devremap::atomic::write_atomic_as(&saved.path, saved.original.as_bytes(), Some(saved.access)).map(drop).map_err(
+            |e| {
+                format!(
+                    "{spec}: cannot put the original spec back ({}); it is kept in {}",
+                    io_message(&e),
+                    path.display()
+                )
+            },
+        )
     }
 
     /// The daemon's pid, if its pid file names a live process serving this mountpoint.
