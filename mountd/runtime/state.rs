@@ -256,7 +256,9 @@ impl Container {
     /// wrapper wrote; a spec rewritten since (or gone with its bundle) is left as it is.
     fn put_back_spec(&self) -> Result<(), String> {
         let path = self.saved_spec_file();
-        let saved = match devremap::files::read_small_text(&path, 2 * devremap::metadata::MAX_METADATA_LEN + 4096) {
+        // Written by a wrapper into root's private directory, and as large as two escaped
+        // specs (the patched one pretty-printed): bounded by memory only.
+        let saved = match devremap::files::read_small_text(&path, u64::MAX / 2) {
             devremap::files::SmallText::Text(text) => SavedSpec::parse(text.as_bytes()),
             // Never saved: the wrapper stopped before patching.
             _ if !path.exists() => return Ok(()),
