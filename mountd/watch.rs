@@ -29,14 +29,15 @@ fn pidfd_open(pid: u32) -> io::Result<std::os::fd::OwnedFd> {
 
 /// Waits up to `timeout` (forever with `None`) for the process behind `fd` to exit.
 fn exited(fd: &std::os::fd::OwnedFd, timeout: Option<Duration>) -> bool {
-    use std::os::fd::AsRawFd;
-    let mut p = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-    let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
+    use nix::poll::{PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+    // A timeout past poll's range (24 days) is as good as forever.
+    let timeout = timeout.map_or(PollTimeout::NONE, |t| PollTimeout::try_from(t).unwrap_or(PollTimeout::MAX));
     loop {
-        // SAFETY: one valid pollfd.
-        let rc = unsafe { libc::poll(&mut p, 1, ms) };
-        if rc >= 0 || io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-            return rc > 0;
+        match nix::poll::poll(&mut fds, timeout) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            rc => return rc.is_ok_and(|n| n > 0),
         }
     }
 }
