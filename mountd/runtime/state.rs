@@ -11,6 +11,8 @@
 use devremap::io_message;
 use devremap::runtime::saved_spec::SavedSpec;
 use nix::fcntl::{Flock, FlockArg};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
 use std::fs::{self, DirBuilder};
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
@@ -43,6 +45,12 @@ fn lock_dir(dir: &Path, wait: bool) -> Result<Option<Lock>, String> {
         Err((_, nix::errno::Errno::EWOULDBLOCK)) if !wait => Ok(None),
         Err((_, e)) => Err(format!("{d}: cannot lock: {}", e.desc())),
     }
+}
+
+/// Locks directory `dir`, waiting for another holder to let go.
+fn wait_lock_dir(dir: &Path) -> Result<Lock, String> {
+    // A waiting flock never answers EWOULDBLOCK, so `None` cannot come back.
+    lock_dir(dir, true)?.ok_or_else(|| format!("{}: cannot lock", dir.display()))
 }
 
 /// What a container directory found in the state dir is to the wrapper that finds it.
@@ -109,7 +117,7 @@ impl Container {
     /// wrappers claiming ids (`claim`, `prepare`) and tearing down leftovers.
     pub fn lock_state_dir(&self) -> Result<Lock, String> {
         ensure_private_dir(self.state_dir())?;
-        Ok(lock_dir(self.state_dir(), true)?.expect("a waiting lock is taken"))
+        wait_lock_dir(self.state_dir())
     }
 
     /// What this existing directory is to a wrapper of runtime root `root` (under the state
@@ -139,7 +147,7 @@ impl Container {
             b
         };
         builder.create(&self.dir).map_err(|e| format!("{}: {}", self.dir.display(), io_message(&e)))?;
-        let lock = lock_dir(&self.dir, true)?.expect("a waiting lock is taken");
+        let lock = wait_lock_dir(&self.dir)?;
         builder.create(self.dev()).map_err(|e| format!("{}: {}", self.dev().display(), io_message(&e)))?;
         devremap::atomic::write_atomic(&self.root_file(), root.unwrap_or_default().as_bytes())
             .map_err(|e| format!("{}: cannot write: {}", self.root_file().display(), io_message(&e)))?;
@@ -176,13 +184,19 @@ impl Container {
         if let Some(meta) = a.metadata {
             cmd.arg("--metadata").arg(meta);
         }
-        // SAFETY: setsid and close_range are async-signal-safe and touch only the child. The
-        // daemon must not share our session (a terminal's ^C) nor hold a descriptor of our
-        // caller's (containerd waits for EOF on the runtime's output pipes).
+        // The daemon must not share our session (a terminal's ^C) nor hold a descriptor of our
+        // caller's (containerd waits for EOF on the runtime's output pipes). Descriptors are
+        // marked close-on-exec rather than closed, so that the pipe `spawn` reports a failed
+        // exec through stays open; closing is the fallback before Linux 5.11.
+        // SAFETY: the closure runs in the forked child before exec, and calls only setsid and
+        // close_range, which are async-signal-safe, allocate nothing and touch only the child.
         unsafe {
             cmd.pre_exec(|| {
-                libc::setsid();
-                libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+                let _ = nix::unistd::setsid();
+                let (first, last) = (3u32, u32::MAX);
+                if libc::syscall(libc::SYS_close_range, first, last, libc::CLOSE_RANGE_CLOEXEC) != 0 {
+                    libc::syscall(libc::SYS_close_range, first, last, 0u32);
+                }
                 Ok(())
             });
         }
@@ -226,10 +240,8 @@ impl Container {
             let _ = child.wait();
         }
         // A daemon that was killed leaves a dead FUSE mount; a live one has unmounted already.
-        if let Ok(c) = std::ffi::CString::new(self.dev().as_os_str().as_encoded_bytes()) {
-            // SAFETY: a valid path; EINVAL when nothing is mounted there.
-            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
-        }
+        // EINVAL when nothing is mounted there.
+        let _ = nix::mount::umount2(&self.dev(), nix::mount::MntFlags::MNT_DETACH);
         self.put_back_spec()?;
         match fs::remove_dir_all(&self.dir) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => {
@@ -308,15 +320,15 @@ impl Container {
 
 /// SIGTERM, then waits for the process to exit (SIGKILL after [`PATIENCE`]).
 fn stop(pid: u32) {
-    // SAFETY: kill with a pid checked to be our daemon.
-    unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+    let pid = Pid::from_raw(pid as libc::pid_t);
+    // The pid was checked to be our daemon's; an error means it has exited already.
+    let _ = kill(pid, Signal::SIGTERM);
     let deadline = Instant::now() + PATIENCE;
     // A zombie (our own child, not yet reaped) has no cmdline: it has exited.
     let alive = || fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| !c.is_empty());
     while alive() {
         if Instant::now() > deadline {
-            // SAFETY: as above.
-            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+            let _ = kill(pid, Signal::SIGKILL);
             return;
         }
         std::thread::sleep(Duration::from_millis(5));
@@ -333,8 +345,7 @@ fn ensure_private_dir(dir: &Path) -> Result<(), String> {
     if !meta.is_dir() {
         return Err(format!("{d}: is {}, not a directory; refused", devremap::files::describe(meta.mode())));
     }
-    // SAFETY: geteuid cannot fail.
-    let me = unsafe { libc::geteuid() };
+    let me = nix::unistd::geteuid().as_raw();
     if meta.uid() != me {
         return Err(format!("{d}: owned by uid {}, not {me}; refused", meta.uid()));
     }
