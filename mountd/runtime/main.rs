@@ -25,6 +25,10 @@ use devremap::runtime::annotations;
 use devremap::runtime::argv::{self, Invocation};
 use devremap::runtime::config::{self, Config};
 use devremap::runtime::saved_spec::SavedSpec;
+use nix::errno::Errno;
+use nix::sys::signal::{Signal, kill};
+use nix::sys::wait::{Id, WaitPidFlag, waitid};
+use nix::unistd::Pid;
 use serde_json::Value;
 use signal_hook::consts::signal::{SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2, SIGWINCH};
 use state::{Container, DaemonArgs, Found};
@@ -136,20 +140,23 @@ fn run_runtime(config: &Config, args: &[String]) -> Result<u8, String> {
     let mut child = runtime_command(config, args)
         .spawn()
         .map_err(|e| format!("cannot run {}: {}", config.runtime.display(), io_message(&e)))?;
-    let pid = child.id() as libc::pid_t;
+    let pid = Pid::from_raw(child.id() as libc::pid_t);
     let mut signals =
         signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGWINCH])
             .map_err(|e| format!("cannot handle signals: {e}"))?;
     let handle = signals.handle();
     let forwarder = std::thread::spawn(move || {
-        for sig in signals.forever() {
-            // SAFETY: kill with our child's pid; it is reaped only after this thread ends.
-            unsafe { libc::kill(pid, sig) };
+        for sig in signals.forever().filter_map(|sig| Signal::try_from(sig).ok()) {
+            let _ = kill(pid, sig);
         }
     });
-    let status = child.wait();
+    // Wait for the exit without reaping: until the forwarder has stopped, the pid stays our
+    // child's (a zombie), so a late signal never reaches a process that reused it.
+    let exited = WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT;
+    while let Err(Errno::EINTR) = waitid(Id::Pid(pid), exited) {}
     handle.close();
     let _ = forwarder.join();
+    let status = child.wait();
     let status = status.map_err(|e| format!("waiting for {}: {}", config.runtime.display(), io_message(&e)))?;
     Ok(status.code().map_or_else(|| 128 + status.signal().unwrap_or(0) as u8, |c| c as u8))
 }
