@@ -90,8 +90,7 @@ fn oci_patch(args: &cli::OciPatchArgs) -> Result<(), String> {
     }
     let dev = dev.to_str().ok_or_else(|| format!("{}: not a UTF-8 path", dev.display()))?;
     let patched = devremap::oci_patch::patch(&spec, dev).map_err(|e| format!("{p}: {e}"))?;
-    let mut out = serde_json::to_string_pretty(&patched).expect("a JSON value serialises");
-    out.push('\n');
+    let out = format!("{patched:#}\n");
     if !args.in_place {
         print!("{out}");
         return Ok(());
@@ -128,8 +127,7 @@ fn record(args: &cli::RecordArgs) -> Result<(), String> {
     for gap in devremap::record::gaps(&loaded.plan) {
         log::warn!("{}: {gap}", args.host_root.display());
     }
-    let mut text = serde_json::to_string_pretty(&list).expect("a JSON value serialises");
-    text.push('\n');
+    let text = format!("{list:#}\n");
     let Some(path) = &args.output else {
         print!("{text}");
         return Ok(());

@@ -325,8 +325,7 @@ fn patch_spec(container: &Container, mut saved: SavedSpec, spec: &Value) -> Resu
     let p = saved.path.display().to_string();
     let dev = dev.to_str().ok_or_else(|| format!("{}: not a UTF-8 path", dev.display()))?;
     let patched = devremap::oci_patch::patch(spec, dev).map_err(|e| format!("{p}: {e}"))?;
-    saved.patched = serde_json::to_string_pretty(&patched).expect("a JSON value serialises");
-    saved.patched.push('\n');
+    saved.patched = format!("{patched:#}\n");
     container.save_spec(&saved)?;
     devremap::atomic::write_atomic(&saved.path, saved.patched.as_bytes())
         .map(drop)
@@ -369,8 +368,7 @@ fn checkpoint(config: &Config, inv: &Invocation) -> Result<u8, String> {
             ..Default::default()
         };
         let loaded = devremap::load::load(&sources).map_err(|e| e.to_string())?;
-        let mut text = serde_json::to_string_pretty(&devremap::record::devices(&loaded.plan)).expect("JSON serialises");
-        text.push('\n');
+        let text = format!("{:#}\n", devremap::record::devices(&loaded.plan));
         let out = image.join(RECORD_FILE);
         devremap::atomic::write_atomic(&out, text.as_bytes())
             .map(drop)
