@@ -52,12 +52,10 @@ pub fn write_atomic_as(path: &Path, bytes: &[u8], access: Option<Access>) -> io:
     let old = std::fs::symlink_metadata(path).ok().filter(|m| m.file_type().is_file());
     // O_CREAT|O_EXCL (`create_new`) never follows a symlink, not even a dangling one. Opened
     // here rather than by `tempfile_in`, whose errors carry the path in their text.
-    let mut tmp = tempfile::Builder::new().prefix(&format!(".{}.", name.to_string_lossy())).suffix(".tmp").make_in(
-        dir,
-        |path| {
-            std::fs::File::options().write(true).create_new(true).mode(0o600).custom_flags(libc::O_CLOEXEC).open(path)
-        },
-    )?;
+    let mut tmp = tempfile::Builder::new()
+        .prefix(&format!(".{}.", name.to_string_lossy()))
+        .suffix(".tmp")
+        .make_in(dir, |path| std::fs::File::options().write(true).create_new(true).mode(0o600).open(path))?;
     // From here on, dropping `tmp` (any `?` below) removes the temporary file.
     let file = tmp.as_file_mut();
     let access = access.or_else(|| old.as_ref().map(|m| Access { mode: m.mode(), uid: m.uid(), gid: m.gid() }));
