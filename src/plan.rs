@@ -200,7 +200,9 @@ fn check_driver_files(gpus: &[GpuInfo]) -> Result<(), PlanError> {
     let key = |g: &GpuInfo| -> [Option<String>; 3] {
         [
             g.minor.map(|m| format!("Device Minor {m}")),
-            g.uuid.as_ref().map(|u| format!("GPU UUID GPU-{}", u[4..].to_ascii_lowercase())),
+            // `get`: host.rs gives only `GPU-...` UUIDs, but `GpuInfo` is public, and a short or
+            // non-ASCII one must not panic here.
+            g.uuid.as_ref().map(|u| format!("GPU UUID GPU-{}", u.get(4..).unwrap_or(u).to_ascii_lowercase())),
             g.bus
                 .as_deref()
                 .and_then(visible::bus_id)

@@ -34,7 +34,8 @@ pub fn node_json(path: &str, node: &Node) -> Value {
     Value::Object(o)
 }
 
-/// The plan as one JSON object: `remap`, `nodes`, `warnings`, `tpu_devices`, `restored`.
+/// The plan as one JSON object: `remap`, `nodes`, `warnings`, `restored`, `tpu_devices`,
+/// `metadata` (`null` without checkpoint metadata).
 pub fn plan_json(plan: &Plan, metadata: Option<&Metadata>) -> Map<String, Value> {
     let remap: Vec<Value> = plan
         .remap
