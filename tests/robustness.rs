@@ -295,7 +295,8 @@ fn sigkill_then_a_new_mount_serves_again() {
     let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
     let here = mounts.lines().filter(|l| l.split(' ').nth(4) == target.to_str()).count();
     assert_eq!(here, 1, "the dead mount is still stacked under the new one:\n{mounts}");
-    assert!(second.log_text().contains("dead FUSE mount"), "{}", second.log_text());
+    // The log reaches the file through the daemon's writer thread, maybe after the state file.
+    wait_for("the dead FUSE mount log line", || second.log_text().contains("dead FUSE mount").then_some(()));
     // The container's bind of the dead mount stays dead.
     assert_eq!(statfs_errno(&bind.0), Some(libc::ENOTCONN));
     drop(bind);
