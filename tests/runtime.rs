@@ -336,6 +336,19 @@ fn bad_annotations_and_config_leave_nothing() {
     assert_eq!(fs::read(s.bundle.config_path()).unwrap(), original);
     fs::rename(s.tmp.path().join("gone"), s.host.dev()).unwrap();
 
+    // Bug (found in review): a devremapd that cannot be executed is named as such, not taken
+    // for a daemon that exited with nothing in its log (the fds the wrapper closed before exec
+    // included the pipe through which spawn reports a failed exec).
+    let missing = s.tmp.path().join("no-such-devremapd");
+    let mut config: Value = serde_json::from_slice(&fs::read(&s.config).unwrap()).unwrap();
+    config["devremapd"] = json!(arg(&missing));
+    fs::write(&s.config, config.to_string()).unwrap();
+    let out = s.run(&["create", "--bundle", &bundle, &id]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stderr.contains(&format!("cannot start {}: ", missing.display())), "{}", out.stderr);
+    assert!(!s.state_dir().join(&id).exists());
+    assert_eq!(fs::read(s.bundle.config_path()).unwrap(), original);
+
     // A bad config: one line naming the file and the key.
     write_file(s.tmp.path(), "runtime.json", r#"{"state_dir": "relative"}"#);
     let out = s.run(&["create", "--bundle", &bundle, &id]);
