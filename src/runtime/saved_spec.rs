@@ -45,9 +45,7 @@ impl SavedSpec {
             "original": self.original,
             "patched": self.patched,
         });
-        let mut text = serde_json::to_string_pretty(&value).expect("a JSON value serialises");
-        text.push('\n');
-        text.into_bytes()
+        format!("{value:#}\n").into_bytes()
     }
 
     pub fn parse(bytes: &[u8]) -> Result<SavedSpec, SavedSpecError> {
