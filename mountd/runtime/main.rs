@@ -111,6 +111,8 @@ fn is_this_program(runtime: &Path) -> bool {
 /// One error line on stderr and, as runc does, in the runtime's `--log` file, where
 /// containerd and Docker look for the reason a runtime failed.
 fn report(inv: &Invocation, message: &str) {
+    // A path in the message may hold control characters: never a forged line (issue 9.6).
+    let message = &*devremap::escape::escape(message);
     eprintln!("devremap-runtime: error: {message}");
     let Some(log) = &inv.log else { return };
     let line = if inv.log_format.as_deref() == Some("json") {
@@ -368,6 +370,11 @@ fn checkpoint(config: &Config, inv: &Invocation) -> Result<u8, String> {
             ..Default::default()
         };
         let loaded = devremap::load::load(&sources).map_err(|e| e.to_string())?;
+        // As `devremapd record` does: the record still pairs by minor, but say what it lacks.
+        for gap in devremap::record::gaps(&loaded.plan) {
+            let line = format!("{}: {gap}", config.host_root.display());
+            eprintln!("devremap-runtime: warning: {}", devremap::escape::escape(&line));
+        }
         let text = format!("{:#}\n", devremap::record::devices(&loaded.plan));
         let out = image.join(RECORD_FILE);
         devremap::atomic::write_atomic(&out, text.as_bytes())
