@@ -11,15 +11,17 @@ use std::borrow::Cow;
 use std::fmt::Write;
 
 /// `s` with every control character (C0, DEL, C1) written as an escape: `\n`, `\t`, `\r`, and
-/// `\x1b`-style for the rest (`\u{9b}` for C1). Everything else, non-ASCII letters included,
-/// is kept.
+/// `\x1b`-style for the rest (`\u{9b}` for C1). A backslash is written `\\`, so an escape and
+/// the same characters typed literally never print alike. Everything else, non-ASCII letters
+/// included, is kept.
 pub fn escape(s: &str) -> Cow<'_, str> {
-    if !s.chars().any(char::is_control) {
+    if !s.chars().any(|c| c.is_control() || c == '\\') {
         return Cow::Borrowed(s);
     }
     let mut out = String::with_capacity(s.len() + 8);
     for c in s.chars() {
         match c {
+            '\\' => out.push_str("\\\\"),
             '\n' => out.push_str("\\n"),
             '\t' => out.push_str("\\t"),
             '\r' => out.push_str("\\r"),
@@ -51,5 +53,15 @@ mod tests {
         for c in (0u32..0x20).chain(0x7f..0xa0).filter_map(char::from_u32) {
             assert!(!escape(&c.to_string()).chars().any(char::is_control), "{c:?}");
         }
+    }
+
+    /// Bug (found from outside): a name holding a literal backslash and `n` printed the same as
+    /// one holding a newline, because backslashes were kept as they were.
+    #[test]
+    fn backslash_is_escaped_so_output_is_unambiguous() {
+        assert_eq!(escape("a\\nb"), "a\\\\nb");
+        assert_ne!(escape("a\\nb"), escape("a\nb"));
+        assert_eq!(escape("\\"), "\\\\");
+        assert_eq!(escape("C:\\x1b"), "C:\\\\x1b");
     }
 }

@@ -18,7 +18,6 @@
 //! under 100 MiB.
 
 use crate::device::Rdev;
-use crate::escape::escape;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 use std::fmt;
@@ -99,14 +98,15 @@ pub fn check_rdev(rdev: Rdev) -> Result<(), LimitError> {
     Ok(())
 }
 
-/// A name or path as error messages show it: control characters escaped, and cut to its first
-/// bytes (and `...`) when it is long.
+/// A name or path as error messages show it: cut to its first bytes (and `...`) when it is
+/// long. It is not escaped here: the line it ends up in is escaped where it is written
+/// (`escape::escape`), and escaping twice would double every backslash.
 pub fn shorten(s: &str) -> String {
     if s.len() <= SHOWN {
-        return escape(s).into_owned();
+        return s.to_owned();
     }
     let cut = (0..=SHOWN).rev().find(|&i| s.is_char_boundary(i)).unwrap_or(0);
-    format!("{}...", escape(&s[..cut]))
+    format!("{}...", &s[..cut])
 }
 
 /// What a byte-order mark at the start of `bytes` says the text is, when it has one: JSON text
@@ -260,10 +260,11 @@ mod tests {
         assert!(parse_json(&[b'['; 10_000]).unwrap_err().to_string().contains("recursion limit"));
     }
 
-    /// Error messages show long names cut short and control characters escaped.
+    /// Error messages show long names cut short, not escaped: the written line is escaped once,
+    /// so a name's backslash is not doubled.
     #[test]
     fn long_names_are_shown_cut_short() {
-        assert_eq!(shorten("a\nb"), "a\\nb");
+        assert_eq!(shorten("a\nb\\"), "a\nb\\");
         let shown = shorten(&"é".repeat(100));
         assert!(shown.ends_with("é...") && shown.len() == 67, "{shown}");
     }
