@@ -90,6 +90,7 @@ fn errno(miss: Miss) -> Errno {
     match miss {
         Miss::NotFound => Errno::ENOENT,
         Miss::NotDir => Errno::ENOTDIR,
+        Miss::NameTooLong => Errno::ENAMETOOLONG,
     }
 }
 

@@ -48,6 +48,10 @@ pub enum Miss {
     /// The node looked in is not a directory.
     #[error("not a directory")]
     NotDir,
+    /// The name looked up is longer than `NAME_MAX`: no node can have it. The kernel passes
+    /// FUSE names up to 1,024 bytes; tmpfs answers ENAMETOOLONG for these, and so do we.
+    #[error("name too long")]
+    NameTooLong,
 }
 
 /// One node id: a node of the tree, as the kernel knows it.
@@ -236,6 +240,9 @@ impl Devfs {
         } else {
             Miss::NotFound
         })?;
+        if name.len() > crate::limits::MAX_NAME_LEN {
+            return Err(Miss::NameTooLong);
+        }
         let name = std::str::from_utf8(name.as_bytes()).map_err(|_| Miss::NotFound)?;
         let ino = dir.index.get(name).ok_or(Miss::NotFound)?;
         let entry = &state.snap.entries[ino];
@@ -396,6 +403,20 @@ mod tests {
         let null = fs.lookup(1, name("null")).unwrap().ino;
         assert_eq!(fs.lookup(null, name("x")).unwrap_err(), Miss::NotDir);
         assert_eq!(fs.lookup(9999, name("x")).unwrap_err(), Miss::NotFound);
+    }
+
+    /// Bug (found from outside): a lookup of a name over 255 bytes answered ENOENT where tmpfs
+    /// answers ENAMETOOLONG. 255 bytes is still an ordinary miss; a parent that is no directory
+    /// is still ENOTDIR, as the kernel's walk finds that first.
+    #[test]
+    fn lookup_of_a_name_over_255_bytes_is_name_too_long() {
+        let fs = Devfs::new(tree(&[(0, 5)]));
+        assert_eq!(fs.lookup(1, name(&"a".repeat(255))).unwrap_err(), Miss::NotFound);
+        assert_eq!(fs.lookup(1, name(&"a".repeat(256))).unwrap_err(), Miss::NameTooLong);
+        assert_eq!(fs.lookup(1, name(&"a".repeat(1024))).unwrap_err(), Miss::NameTooLong);
+        assert_eq!(fs.lookup(1, OsStr::from_bytes(&[0xff; 256])).unwrap_err(), Miss::NameTooLong);
+        let null = fs.lookup(1, name("null")).unwrap().ino;
+        assert_eq!(fs.lookup(null, name(&"a".repeat(256))).unwrap_err(), Miss::NotDir);
     }
 
     /// Kernel fact: an inode's rdev is fixed, so a changed name gets a new node id; unchanged

@@ -218,6 +218,22 @@ fn every_change_is_refused() {
     assert!(fs::symlink_metadata(d.path("new")).is_err());
 }
 
+/// Bug (found from outside): `stat` of a name over 255 bytes answered ENOENT where tmpfs
+/// answers ENAMETOOLONG; the kernel passes such names to FUSE. Asked twice, as a negative
+/// dentry could answer the second time.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn names_over_255_bytes_are_name_too_long() {
+    need_fuse();
+    let d = Daemon::start(&["--host-root", &empty_root()]);
+    for _ in 0..2 {
+        assert_eq!(errno(fs::metadata(d.path(&"a".repeat(255)))), libc::ENOENT);
+        assert_eq!(errno(fs::metadata(d.path(&"a".repeat(256)))), libc::ENAMETOOLONG);
+        assert_eq!(errno(fs::metadata(d.path(&"a".repeat(1024)))), libc::ENAMETOOLONG);
+        assert_eq!(errno(fs::symlink_metadata(d.path(&"é".repeat(128)))), libc::ENAMETOOLONG);
+    }
+}
+
 /// Kernel fact: cached dentries must be invalidated. A reload that changes the pairing is seen
 /// by the very next stat and open, with the default (long) TTL.
 #[test]
