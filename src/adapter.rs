@@ -108,10 +108,10 @@ fn file_type(e: &Entry) -> FileType {
 /// A node's attributes as FUSE carries them: its mtime and ctime are when its node id was
 /// made, rdev in FUSE's encoding, a symlink's size its target's length.
 fn attr(e: &Entry) -> FileAttr {
-    let (size, nlink, rdev) = match &e.node.kind {
-        NodeKind::Dir => (0, 2, 0),
-        NodeKind::Symlink(target) => (target.len() as u64, 1, 0),
-        NodeKind::Device(_, rdev) => (0, 1, rdev.to_fuse()),
+    let (size, rdev) = match &e.node.kind {
+        NodeKind::Dir => (0, 0),
+        NodeKind::Symlink(target) => (target.len() as u64, 0),
+        NodeKind::Device(_, rdev) => (0, rdev.to_fuse()),
     };
     FileAttr {
         ino: INodeNo(e.ino),
@@ -123,7 +123,7 @@ fn attr(e: &Entry) -> FileAttr {
         crtime: e.born,
         kind: file_type(e),
         perm: e.node.access.mode as u16,
-        nlink,
+        nlink: e.nlink(),
         uid: e.node.access.uid,
         gid: e.node.access.gid,
         rdev,

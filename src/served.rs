@@ -32,7 +32,7 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::SystemTime;
 use thiserror::Error;
 
@@ -62,6 +62,23 @@ pub struct Entry {
     /// When this node id was made: its mtime and ctime.
     pub born: SystemTime,
     nlookup: AtomicU64,
+    /// A directory's link count as of the newest snapshot: see [`Entry::nlink`].
+    links: AtomicU32,
+}
+
+impl Entry {
+    fn new(ino: u64, node: Node, born: SystemTime) -> Entry {
+        Entry { ino, node, born, nlookup: AtomicU64::new(0), links: AtomicU32::new(1) }
+    }
+
+    /// The link count `stat` shows: 1 for a device or symlink; for a directory, as on tmpfs
+    /// and ext4, 2 (its name and its `.`) plus one for each subdirectory's `..`, which tools
+    /// such as find(1) use to stop looking for subdirectories. A directory keeps its node id
+    /// when only its children change, so the count is set by each snapshot built (a reload
+    /// that changes it changes the listing too, and the kernel is told to drop its attributes).
+    pub fn nlink(&self) -> u32 {
+        self.links.load(Ordering::Relaxed)
+    }
 }
 
 /// One name in a directory.
@@ -157,7 +174,7 @@ impl Snapshot {
                 .cloned();
             let entry = kept.unwrap_or_else(|| {
                 let ino = if path.is_empty() { ROOT } else { take(next_ino) };
-                Arc::new(Entry { ino, node: node.clone(), born: now, nlookup: AtomicU64::new(0) })
+                Arc::new(Entry::new(ino, node.clone(), now))
             });
             let ino = entry.ino;
             if node.kind == NodeKind::Dir {
@@ -179,6 +196,10 @@ impl Snapshot {
             }
             paths.insert(path.to_owned(), ino);
             entries.insert(ino, entry);
+        }
+        for (ino, dir) in &dirs {
+            let subdirs = dir.names.iter().filter(|c| entries[&c.ino].node.kind == NodeKind::Dir).count();
+            entries[ino].links.store(2 + subdirs as u32, Ordering::Relaxed);
         }
         Snapshot { generation, tree, entries, dirs, paths, cookies }
     }
@@ -417,6 +438,29 @@ mod tests {
         assert_eq!(fs.lookup(1, OsStr::from_bytes(&[0xff; 256])).unwrap_err(), Miss::NameTooLong);
         let null = fs.lookup(1, name("null")).unwrap().ino;
         assert_eq!(fs.lookup(null, name(&"a".repeat(256))).unwrap_err(), Miss::NotDir);
+    }
+
+    /// Bug (found from outside): every directory had 2 links, where tmpfs gives 2 plus one per
+    /// subdirectory (find(1) counts on it). A reload that adds a subdirectory keeps the
+    /// directory's node id and raises its count, and lists the directory as changed, so the
+    /// kernel drops the cached count.
+    #[test]
+    fn directories_link_once_more_for_each_subdirectory() {
+        let fs = Devfs::new(tree(&[(0, 5)]));
+        let pts = fs.lookup(ROOT, name("pts")).unwrap();
+        assert_eq!((fs.entry(ROOT).unwrap().nlink(), pts.nlink()), (3, 2));
+        assert_eq!(fs.lookup(ROOT, name("null")).unwrap().nlink(), 1);
+        let mut b = TreeBuilder::default();
+        for dir in ["pts", "shm", "dri/by-path", "mqueue"] {
+            b.mkdir_all(dir).unwrap();
+        }
+        b.insert("dri/card0", Node::device(DevKind::Char, Rdev::new(226, 0), Access::DEVICE_DEFAULT)).unwrap();
+        let change = fs.replace(b.build());
+        assert_eq!(change.dirs, vec![ROOT]);
+        assert_eq!(fs.entry(ROOT).unwrap().nlink(), 2 + 4);
+        assert_eq!(fs.lookup(ROOT, name("dri")).unwrap().nlink(), 3);
+        let kept = fs.lookup(ROOT, name("pts")).unwrap();
+        assert_eq!((kept.ino, kept.nlink()), (pts.ino, 2));
     }
 
     /// Kernel fact: an inode's rdev is fixed, so a changed name gets a new node id; unchanged

@@ -13,7 +13,7 @@ use std::fs::{self, OpenOptions};
 use std::io::{Read, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -232,6 +232,49 @@ fn names_over_255_bytes_are_name_too_long() {
         assert_eq!(errno(fs::metadata(d.path(&"a".repeat(1024)))), libc::ENAMETOOLONG);
         assert_eq!(errno(fs::symlink_metadata(d.path(&"é".repeat(128)))), libc::ENAMETOOLONG);
     }
+}
+
+/// Bug (found from outside): every directory's `st_nlink` was 2; on tmpfs it is 2 plus its
+/// subdirectories, which find(1) and others use to stop looking for subdirectories. A reload
+/// that adds a subdirectory raises the count the kernel shows (it had it cached).
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn directory_link_count_is_two_plus_subdirectories() {
+    need_fuse();
+    let names = |extra: &[&str]| -> Vec<String> {
+        ["dri/card0", "dri/by-path/pci-card", "snd/pcmC0D0p", "null"]
+            .iter()
+            .chain(extra)
+            .map(|n| n.to_string())
+            .collect()
+    };
+    let tmp = tempfile::TempDir::new().unwrap();
+    let spec = tmp.path().join("config.json");
+    fs::write(&spec, spec_with_devices(&names(&[]))).unwrap();
+    let d = Daemon::start(&["--spec", spec.to_str().unwrap(), "--host-root", &empty_root()]);
+    let check = |root_subdirs_at_least: usize| {
+        let mut dirs = vec![d.mountpoint.clone()];
+        while let Some(dir) = dirs.pop() {
+            let subdirs: Vec<PathBuf> = fs::read_dir(&dir)
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .filter(|p| fs::symlink_metadata(p).unwrap().is_dir())
+                .collect();
+            assert_eq!(fs::symlink_metadata(&dir).unwrap().nlink(), 2 + subdirs.len() as u64, "{dir:?}");
+            if dir == d.mountpoint {
+                assert!(subdirs.len() >= root_subdirs_at_least, "{subdirs:?}");
+            }
+            dirs.extend(subdirs);
+        }
+    };
+    check(2);
+    assert_eq!(fs::symlink_metadata(d.path("dri")).unwrap().nlink(), 3);
+    assert_eq!(fs::symlink_metadata(d.path("null")).unwrap().nlink(), 1);
+    let before = fs::symlink_metadata(&d.mountpoint).unwrap().nlink();
+    fs::write(&spec, spec_with_devices(&names(&["input/event0"]))).unwrap();
+    d.reload();
+    assert_eq!(fs::symlink_metadata(&d.mountpoint).unwrap().nlink(), before + 1);
+    check(3);
 }
 
 /// Kernel fact: cached dentries must be invalidated. A reload that changes the pairing is seen
