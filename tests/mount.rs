@@ -218,6 +218,30 @@ fn every_change_is_refused() {
     assert!(fs::symlink_metadata(d.path("new")).is_err());
 }
 
+/// Rule (found from outside, a fuser limit): `open(O_TMPFILE)` answers EOPNOTSUPP, not the
+/// EROFS of every other create: the kernel sends FUSE_TMPFILE, fuser 0.18 answers ENOSYS for
+/// that opcode before the daemon sees it, and the kernel then answers later ones itself.
+/// Either way nothing is created and the daemon serves on. If fuser learns the opcode, this
+/// fails, and the adapter should answer EROFS.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn o_tmpfile_is_not_supported_and_creates_nothing() {
+    need_fuse();
+    let d = Daemon::start(&["--host-root", &empty_root()]);
+    let before = listing(&d.mountpoint);
+    let root = cpath(&d.mountpoint);
+    for _ in 0..2 {
+        let fd = unsafe { libc::open(root.as_ptr(), libc::O_TMPFILE | libc::O_WRONLY, 0o600) };
+        let err = std::io::Error::last_os_error();
+        if fd >= 0 {
+            unsafe { libc::close(fd) };
+        }
+        assert_eq!((fd, err.raw_os_error()), (-1, Some(libc::EOPNOTSUPP)));
+    }
+    assert_eq!(listing(&d.mountpoint), before);
+    assert!(fs::symlink_metadata(d.path("null")).is_ok(), "the daemon serves on");
+}
+
 /// Bug (found from outside): `stat` of a name over 255 bytes answered ENOENT where tmpfs
 /// answers ENAMETOOLONG; the kernel passes such names to FUSE. Asked twice, as a negative
 /// dentry could answer the second time.
