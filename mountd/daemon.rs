@@ -7,7 +7,8 @@
 //! threads that load a reload's inputs (an input on a stuck filesystem can block one in the
 //! kernel for ever), the state file and systemd. The FUSE session runs on its own threads and
 //! only reads the shared [`Devfs`]. Readiness (pid file, state file, `READY=1`) is declared only
-//! once the mount has answered a request.
+//! once the mount has answered a request. Signals are handled from the first step on: until the
+//! main loop runs, their events wait in its channel (a stop before the mount ends the start).
 //!
 //! Assumption: one daemon per mountpoint, enforced by the [`MountLock`] held for its whole life.
 
@@ -24,6 +25,7 @@ use devremap::served::Devfs;
 use devremap::{io_message, render};
 use fuser::{Config, MountOption, SessionACL};
 use log::{info, warn};
+use nix::sys::signal::{SigSet, SigmaskHow, Signal, pthread_sigmask};
 use sd_notify::NotifyState;
 use serde_json::Value;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGPIPE, SIGTERM, SIGXFSZ};
@@ -70,7 +72,11 @@ fn signal_name(sig: i32) -> String {
 }
 
 /// Receives every handled signal for the daemon's life: passes SIGHUP (reload), SIGTERM and
-/// SIGINT (stop) to the main loop and logs the others.
+/// SIGINT (stop) to the main loop and logs the others. Called first thing, so that from then on
+/// none of them ends the process: until the main loop runs, their events wait in the channel.
+/// Then unblocks SIGHUP, SIGTERM and SIGINT in this thread (and so in the threads it starts
+/// later): a signal mask is inherited across exec, and a daemon started with them blocked
+/// would never reload or stop; one that arrived before now, held pending, is handled here.
 fn start_signal_thread(events: Sender<Event>) -> Result<(), String> {
     // A handler that only sets a flag nobody reads, installed without `unsafe`: as with
     // SIG_IGN, the signal no longer ends the process and the write that raised it fails with
@@ -98,11 +104,32 @@ fn start_signal_thread(events: Sender<Event>) -> Result<(), String> {
                 }
             }
         })
-        .map(drop)
-        .map_err(|e| format!("cannot start the signal thread: {e}"))
+        .map_err(|e| format!("cannot start the signal thread: {e}"))?;
+    let acted_on: SigSet = [Signal::SIGHUP, Signal::SIGTERM, Signal::SIGINT].into_iter().collect();
+    pthread_sigmask(SigmaskHow::SIG_UNBLOCK, Some(&acted_on), None)
+        .map_err(|e| format!("cannot unblock SIGHUP, SIGTERM and SIGINT: {e}"))
+}
+
+/// The cause of a stop asked for while starting (SIGTERM or SIGINT before the mount), if one
+/// was. Every other event waiting is put back, in order: a SIGHUP while starting means the
+/// inputs may have changed since they were loaded, so it reloads once serving.
+fn stop_while_starting(rx: &Receiver<Event>, tx: &Sender<Event>) -> Option<String> {
+    let waiting: Vec<Event> = rx.try_iter().collect();
+    if let Some(why) = waiting.iter().find_map(|e| if let Event::Stop(why) = e { Some(why.clone()) } else { None }) {
+        return Some(why);
+    }
+    if waiting.iter().any(|e| matches!(e, Event::Reload)) {
+        info!("signal SIGHUP while starting: reloading once serving");
+    }
+    waiting.into_iter().for_each(|e| drop(tx.send(e)));
+    None
 }
 
 pub fn run(args: &MountArgs) -> Result<(), String> {
+    // First: a SIGHUP or SIGTERM sent as soon as we were started must not end us.
+    let (tx, rx) = mpsc::channel();
+    start_signal_thread(tx.clone())?;
+    args.check_files()?;
     let sources = args.inputs.sources();
     let loaded = load::load(&sources).map_err(|e| e.to_string())?;
     // Before the mountpoint is looked at: under a directory only root can enter, another user
@@ -127,13 +154,17 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
         );
     }
 
+    // The last point where a stop leaves nothing to undo: nothing is mounted or written yet.
+    if let Some(why) = stop_while_starting(&rx, &tx) {
+        info!("{why} while starting: stopping before the mount");
+        return Ok(());
+    }
+
     let devfs = Arc::new(Devfs::new(loaded.plan.tree.clone()));
-    let (tx, rx) = mpsc::channel();
     let retired_tx = tx.clone();
     let on_retired = Box::new(move || {
         let _ = retired_tx.send(Event::Retired);
     });
-    start_signal_thread(tx.clone())?;
 
     let adapter = hooks(Adapter::new(devfs.clone(), Duration::from_secs(args.ttl), Some(on_retired)));
     let mut config = Config::default();

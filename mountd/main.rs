@@ -53,7 +53,7 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Plan(args) => plan(&args),
-        Command::Mount(args) => args.check_files().and_then(|()| daemon::run(&args)),
+        Command::Mount(args) => daemon::run(&args),
         Command::OciPatch(args) => oci_patch(&args),
         Command::Record(args) => record(&args),
         Command::CudaDeviceMap(args) => cuda_device_map(&args),
