@@ -19,7 +19,7 @@ use crate::mountpoint::{
 };
 use devremap::adapter::Adapter;
 use devremap::atomic::{Written, write_atomic};
-use devremap::lifecycle::{End, Event, Lifecycle, Notice, Session, Status, warnings};
+use devremap::lifecycle::{End, Event, Lifecycle, Notice, PublishError, Session, Status, warnings};
 use devremap::load::{self, Sources};
 use devremap::served::Devfs;
 use devremap::{io_message, render};
@@ -207,7 +207,7 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
                 .map_err(|e| format!("{}: cannot write the pid file: {}", pid_file.display(), io_message(&e)))?;
             pid_written = Some(written);
         }
-        life.ready()
+        life.ready().map_err(|e| e.to_string())
     });
     if let Err(e) = ready {
         let _ = unmounter.unmount();
@@ -327,7 +327,7 @@ impl Session for Daemon {
     }
 
     /// Replaces the state file, if there is one.
-    fn publish(&mut self, status: &Status<'_>) -> Result<(), String> {
+    fn publish(&mut self, status: &Status<'_>) -> Result<(), PublishError> {
         let Some(path) = &self.state_file else { return Ok(()) };
         let mut state = render::plan_json(&status.loaded.plan, status.loaded.metadata.as_ref());
         state.insert("generation".into(), status.generation.into());
@@ -339,7 +339,7 @@ impl Session for Daemon {
         let mut text = Value::Object(state).to_string();
         text.push('\n');
         let written = write_atomic(path, text.as_bytes())
-            .map_err(|e| format!("{}: cannot write the state file: {}", path.display(), io_message(&e)))?;
+            .map_err(|source| PublishError::StateFile { path: path.clone(), source })?;
         self.state_written = Some(written);
         Ok(())
     }

@@ -24,6 +24,7 @@ use crate::render;
 use crate::served::{Change, Devfs};
 use log::{info, warn};
 use std::io;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
@@ -84,12 +85,19 @@ pub trait Notifier {
     fn inval_inode(&self, ino: u64) -> io::Result<()>;
 }
 
+/// Why the daemon's state could not be published.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    #[error("{}: cannot write the state file: {}", path.display(), crate::io_message(source))]
+    StateFile { path: PathBuf, source: io::Error },
+}
+
 /// The daemon around the FUSE session: everything a transition does outside the machine.
 pub trait Session {
     /// Starts loading the inputs on a worker, whose result comes back as `Event::Loaded(id, ..)`.
     fn load(&mut self, id: u64) -> io::Result<()>;
     /// Publishes the daemon's state (the state file); the error is one line for the log.
-    fn publish(&mut self, status: &Status<'_>) -> Result<(), String>;
+    fn publish(&mut self, status: &Status<'_>) -> Result<(), PublishError>;
     /// Tells the service manager.
     fn notify(&mut self, notice: Notice);
 }
@@ -160,7 +168,7 @@ impl<N: Notifier, S: Session> Lifecycle<N, S> {
 
     /// Declares the daemon ready: publishes its state, then tells the service manager. A state
     /// that cannot be published fails the start (the caller unmounts).
-    pub fn ready(&mut self) -> Result<(), String> {
+    pub fn ready(&mut self) -> Result<(), PublishError> {
         self.publish()?;
         self.state = State::Serving;
         self.session.notify(Notice::Ready);
@@ -331,7 +339,7 @@ impl<N: Notifier, S: Session> Lifecycle<N, S> {
         }
     }
 
-    fn publish(&mut self) -> Result<(), String> {
+    fn publish(&mut self) -> Result<(), PublishError> {
         let status = Status {
             loaded: &self.current,
             generation: self.generation(),
@@ -420,10 +428,11 @@ mod tests {
             w.loads.push(id);
             Ok(())
         }
-        fn publish(&mut self, s: &Status<'_>) -> Result<(), String> {
+        fn publish(&mut self, s: &Status<'_>) -> Result<(), PublishError> {
             let mut w = self.0.borrow_mut();
             if w.fail_publish {
-                return Err("state.json: cannot write the state file: no space left on device".into());
+                let source = io::Error::from_raw_os_error(libc::ENOSPC);
+                return Err(PublishError::StateFile { path: "state.json".into(), source });
             }
             w.published.push((s.generation, s.last_error.map(str::to_owned), s.retired_nodes));
             Ok(())
@@ -482,7 +491,10 @@ mod tests {
         let world = Fake::default();
         world.0.borrow_mut().fail_publish = true;
         let mut lc = Lifecycle::new(devfs, first, Duration::from_secs(10), world.clone(), world.clone());
-        assert!(lc.ready().unwrap_err().contains("cannot write the state file"));
+        assert_eq!(
+            lc.ready().unwrap_err().to_string(),
+            "state.json: cannot write the state file: no space left on device"
+        );
         assert_eq!(lc.state(), State::Starting);
         assert!(world.0.borrow().notices.is_empty());
     }
