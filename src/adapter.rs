@@ -88,7 +88,7 @@ fn guard(op: &str, f: impl FnOnce()) {
 /// A miss as the kernel's errno.
 fn errno(miss: Miss) -> Errno {
     match miss {
-        Miss::NotFound => Errno::ENOENT,
+        Miss::NotFound | Miss::NoNode => Errno::ENOENT,
         Miss::NotDir => Errno::ENOTDIR,
         Miss::NameTooLong => Errno::ENAMETOOLONG,
     }
@@ -185,9 +185,8 @@ impl Filesystem for Adapter {
                 Ok(entry) => reply.entry(&self.ttl, &attr(&entry), Generation(0)),
                 // A negative entry lets the kernel answer the next miss itself; a reload that
                 // adds the name invalidates it.
-                Err(Miss::NotFound) if !self.ttl.is_zero() && self.fs.entry(parent.0).is_some() => {
-                    reply.entry(&self.ttl, &negative(), Generation(0))
-                }
+                // A missing name in a directory that exists: no second look at the parent.
+                Err(Miss::NotFound) if !self.ttl.is_zero() => reply.entry(&self.ttl, &negative(), Generation(0)),
                 Err(e) => reply.error(errno(e)),
             }
         });

@@ -42,9 +42,12 @@ pub const ROOT: u64 = 1;
 /// Why a request names nothing that [`Devfs`] serves; the adapter turns it into an errno.
 #[derive(Debug, Error, Clone, Copy, PartialEq, Eq)]
 pub enum Miss {
-    /// No such node id, or no such name in the directory.
-    #[error("no such node or name")]
+    /// No such name in the directory.
+    #[error("no such name")]
     NotFound,
+    /// No such node id (one the kernel no longer holds, or never had).
+    #[error("no such node")]
+    NoNode,
     /// The node looked in is not a directory.
     #[error("not a directory")]
     NotDir,
@@ -259,7 +262,7 @@ impl Devfs {
         let dir = state.snap.dir(parent).ok_or(if state.snap.entry(parent).is_some() {
             Miss::NotDir
         } else {
-            Miss::NotFound
+            Miss::NoNode
         })?;
         if name.len() > crate::limits::MAX_NAME_LEN {
             return Err(Miss::NameTooLong);
@@ -308,7 +311,7 @@ impl Devfs {
     ) -> Result<(), Miss> {
         let state = self.state.read();
         let snap = &state.snap;
-        let d = snap.dir(dir).ok_or(Miss::NotFound)?;
+        let d = snap.dir(dir).ok_or(Miss::NoNode)?;
         let (dots, first_child) = match offset {
             0 => (&[(".", dir, 1), ("..", d.parent, 2)][..], 0),
             1 => (&[("..", d.parent, 2)][..], 0),
@@ -413,8 +416,8 @@ mod tests {
         OsStr::new(s)
     }
 
-    /// Lookup without a mount: names resolve to their node; a missing name or a lookup in a
-    /// non-directory is a miss the adapter turns into ENOENT or ENOTDIR.
+    /// Lookup without a mount: names resolve to their node; a missing name, an unknown node or
+    /// a lookup in a non-directory is a miss the adapter turns into ENOENT or ENOTDIR.
     #[test]
     fn lookup_resolves_names() {
         let fs = Devfs::new(tree(&[(0, 5)]));
@@ -423,7 +426,7 @@ mod tests {
         assert_eq!(fs.lookup(1, name("nvidia1")).unwrap_err(), Miss::NotFound);
         let null = fs.lookup(1, name("null")).unwrap().ino;
         assert_eq!(fs.lookup(null, name("x")).unwrap_err(), Miss::NotDir);
-        assert_eq!(fs.lookup(9999, name("x")).unwrap_err(), Miss::NotFound);
+        assert_eq!(fs.lookup(9999, name("x")).unwrap_err(), Miss::NoNode);
     }
 
     /// Bug (found from outside): a lookup of a name over 255 bytes answered ENOENT where tmpfs
