@@ -15,7 +15,7 @@
 use crate::device::{Access, MAX_REGULAR_MINOR, Rdev, is_gpu_uuid};
 use crate::files::{self, SmallText};
 use crate::limits;
-use crate::visible::bus_id;
+use crate::visible::{bus_id, bus_name};
 use nix::dir::Dir;
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag};
@@ -196,9 +196,8 @@ pub fn read_host_facts(root: &Path) -> HostFacts {
         info.bus = info.bus.or(Some(dir_name));
         // Only a PCI bus id names a sysfs directory, written as sysfs does: any other text
         // (`../..`, an absolute path) would lead out of the host root.
-        if let Some((domain, bus, device, function)) = info.bus.as_deref().and_then(bus_id) {
-            let name = format!("{domain:04x}:{bus:02x}:{device:02x}.{function:x}");
-            let pci_dir = root.join("sys/bus/pci/devices").join(name);
+        if let Some(id) = info.bus.as_deref().and_then(bus_id) {
+            let pci_dir = root.join("sys/bus/pci/devices").join(bus_name(id));
             let mut read_hex = |f: &str| small_text(&pci_dir.join(f), &mut facts.warnings).and_then(|s| parse_hex(&s));
             info.pci = read_hex("vendor").zip(read_hex("device"));
         }

@@ -203,10 +203,7 @@ fn check_driver_files(gpus: &[GpuInfo]) -> Result<(), PlanError> {
             // `get`: host.rs gives only `GPU-...` UUIDs, but `GpuInfo` is public, and a short or
             // non-ASCII one must not panic here.
             g.uuid.as_ref().map(|u| format!("GPU UUID GPU-{}", u.get(4..).unwrap_or(u).to_ascii_lowercase())),
-            g.bus
-                .as_deref()
-                .and_then(visible::bus_id)
-                .map(|b| format!("Bus Location {:04x}:{:02x}:{:02x}.{:x}", b.0, b.1, b.2, b.3)),
+            g.bus.as_deref().and_then(visible::bus_id).map(|b| format!("Bus Location {}", visible::bus_name(b))),
         ]
     };
     let mut seen: BTreeMap<String, &GpuInfo> = BTreeMap::new();

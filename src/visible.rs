@@ -58,7 +58,7 @@ impl fmt::Display for Selector {
         match self {
             Selector::Index(n) => write!(f, "GPU index {n}"),
             Selector::Uuid(u) => write!(f, "GPU {u}"),
-            Selector::Bus((d, b, s, func)) => write!(f, "GPU at bus {d:04x}:{b:02x}:{s:02x}.{func:x}"),
+            Selector::Bus(b) => write!(f, "GPU at bus {}", bus_name(*b)),
         }
     }
 }
@@ -144,6 +144,12 @@ pub fn bus_id(text: &str) -> Option<BusId> {
     let (device, function) = rest.split_once('.')?;
     let hex = |s: &str| (!s.is_empty() && s.len() <= 8).then(|| u32::from_str_radix(s, 16).ok()).flatten();
     Some((hex(domain)?, hex(bus)?, hex(device)?, hex(function)?))
+}
+
+/// A bus id written as sysfs names its directory and the driver writes it, lower-case:
+/// `0000:3b:00.0`.
+pub fn bus_name((domain, bus, device, function): BusId) -> String {
+    format!("{domain:04x}:{bus:02x}:{device:02x}.{function:x}")
 }
 
 /// The host minors `visible` selects among the GPUs the driver describes and the device
