@@ -188,6 +188,11 @@ impl TreeBuilder {
     pub fn mkdir_all(&mut self, path: &str) -> Result<(), TreeError> {
         // Checked whole first: a path too long to serve makes no directories.
         limits::check_dev_path(path).map_err(|e| TreeError::limit(path, e))?;
+        self.make_dirs(path)
+    }
+
+    /// [`Self::mkdir_all`] for a path whose names and length are already checked.
+    fn make_dirs(&mut self, path: &str) -> Result<(), TreeError> {
         let mut end = 0;
         for component in path.split('/') {
             end += component.len();
@@ -215,7 +220,8 @@ impl TreeBuilder {
         }
         let (parent, _) = Tree::split(path);
         if !parent.is_empty() {
-            self.mkdir_all(parent).map_err(|e| match e {
+            // The parent's names and length are within the path's, checked above.
+            self.make_dirs(parent).map_err(|e| match e {
                 TreeError::DirOverNode { path: parent, .. } => {
                     TreeError::ParentNotDir { path: path.to_owned(), parent }
                 }
