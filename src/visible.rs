@@ -171,7 +171,13 @@ pub fn resolve(
         Visible::Devices(list) => list,
     };
     let mut enumerated: Vec<&GpuInfo> = gpus.iter().filter(|g| !g.excluded).collect();
-    enumerated.sort_by_key(|g| g.bus.as_deref().map(|b| (bus_id(b).is_none(), bus_id(b), b.to_owned())));
+    // Each bus parsed once, its text borrowed: the key is not remade at every comparison.
+    enumerated.sort_by_cached_key(|&g| {
+        g.bus.as_deref().map(|b| {
+            let id = bus_id(b);
+            (id.is_none(), id, b)
+        })
+    });
     let listed = match enumerated.len() {
         0 => "the driver's information files describe no GPU".to_owned(),
         1 => "the driver's information files describe 1 GPU, index 0".to_owned(),
