@@ -59,12 +59,19 @@ pub fn read_up_to(file: &mut File, limit: u64, buf: &mut Vec<u8>) -> io::Result<
     file.take(want).read_to_end(buf).map(|_| ())
 }
 
+/// All of `file` if it holds at most `limit` bytes; `None` if it holds more. It is read up to
+/// one byte past the limit to tell: procfs files report size 0, so a size cannot be trusted.
+pub fn read_at_most(file: &mut File, limit: u64) -> io::Result<Option<Vec<u8>>> {
+    let mut buf = Vec::new();
+    read_up_to(file, limit + 1, &mut buf)?;
+    Ok((buf.len() as u64 <= limit).then_some(buf))
+}
+
 /// What [`read_small_text`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SmallText {
     Text(String),
-    /// A regular file longer than the limit (read up to one byte past it: procfs files report
-    /// size 0, so their size cannot be trusted).
+    /// A regular file longer than the limit.
     TooLarge,
     /// Missing, not a regular file, unreadable, or not UTF-8.
     Unreadable,
@@ -73,12 +80,9 @@ pub enum SmallText {
 /// A small regular file of at most `limit` bytes, as text.
 pub fn read_small_text(path: &Path, limit: u64) -> SmallText {
     let Ok(mut file) = open_regular(path) else { return SmallText::Unreadable };
-    let mut buf = Vec::new();
-    if read_up_to(&mut file, limit + 1, &mut buf).is_err() {
-        return SmallText::Unreadable;
+    match read_at_most(&mut file, limit) {
+        Ok(Some(buf)) => String::from_utf8(buf).map_or(SmallText::Unreadable, SmallText::Text),
+        Ok(None) => SmallText::TooLarge,
+        Err(_) => SmallText::Unreadable,
     }
-    if buf.len() as u64 > limit {
-        return SmallText::TooLarge;
-    }
-    String::from_utf8(buf).map_or(SmallText::Unreadable, SmallText::Text)
 }

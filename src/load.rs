@@ -99,11 +99,9 @@ pub fn read_metadata(path: &Path) -> Result<Metadata, LoadError> {
 /// Reads what of an OCI runtime spec shapes `/dev`.
 pub fn read_spec(path: &Path) -> Result<spec::SpecView, LoadError> {
     let mut file = open_regular(path)?;
-    let mut buf = Vec::new();
-    read_up_to(&mut file, MAX_METADATA_LEN + 1, &mut buf).map_err(|e| LoadError::Io(path.to_owned(), e))?;
-    if buf.len() as u64 > MAX_METADATA_LEN {
-        return Err(LoadError::Spec(path.to_owned(), SpecError::TooLarge));
-    }
+    let buf = files::read_at_most(&mut file, MAX_METADATA_LEN)
+        .map_err(|e| LoadError::Io(path.to_owned(), e))?
+        .ok_or_else(|| LoadError::Spec(path.to_owned(), SpecError::TooLarge))?;
     // A bind mount whose source is not a directory needs a non-directory mount point. A
     // relative source is relative to the bundle, the spec's directory.
     let bundle = path.parent().unwrap_or(Path::new("."));
