@@ -98,9 +98,7 @@ fn oci_patch(args: &cli::OciPatchArgs) -> Result<(), String> {
     if patched == spec {
         return Ok(());
     }
-    devremap::atomic::write_atomic(path, out.as_bytes())
-        .map(drop)
-        .map_err(|e| format!("{p}: cannot write: {}", devremap::io_message(&e)))
+    devremap::atomic::replace_file(path, out.as_bytes()).map_err(|e| e.to_string())
 }
 
 fn plan(args: &cli::PlanArgs) -> Result<(), String> {
@@ -132,8 +130,7 @@ fn record(args: &cli::RecordArgs) -> Result<(), String> {
         print!("{text}");
         return Ok(());
     };
-    devremap::atomic::write_atomic(path, text.as_bytes())
-        .map_err(|e| format!("{}: cannot write: {}", path.display(), devremap::io_message(&e)))?;
+    devremap::atomic::replace_file(path, text.as_bytes()).map_err(|e| e.to_string())?;
     log::info!("recorded {} GPUs to {}", list.as_array().map_or(0, Vec::len), path.display());
     Ok(())
 }

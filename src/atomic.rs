@@ -43,6 +43,19 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<Written> {
     write_atomic_as(path, bytes, None)
 }
 
+/// A file [`replace_file`] could not write.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: cannot write: {}", path.display(), crate::io_message(source))]
+pub struct WriteError {
+    pub path: PathBuf,
+    pub source: io::Error,
+}
+
+/// [`write_atomic`] for a caller that keeps nothing but the failure, which names the file.
+pub fn replace_file(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
+    write_atomic(path, bytes).map(drop).map_err(|source| WriteError { path: path.to_owned(), source })
+}
+
 /// As [`write_atomic`], but the new file gets `access` (mode bits and owner) when given,
 /// whatever the file it replaces had: how a saved file is put back as it was.
 pub fn write_atomic_as(path: &Path, bytes: &[u8], access: Option<Access>) -> io::Result<Written> {

@@ -329,9 +329,7 @@ fn patch_spec(container: &Container, mut saved: SavedSpec, spec: &Value) -> Resu
     let patched = devremap::oci_patch::patch(spec, dev).map_err(|e| format!("{p}: {e}"))?;
     saved.patched = format!("{patched:#}\n");
     container.save_spec(&saved)?;
-    devremap::atomic::write_atomic(&saved.path, saved.patched.as_bytes())
-        .map(drop)
-        .map_err(|e| format!("{p}: cannot write: {}", io_message(&e)))
+    devremap::atomic::replace_file(&saved.path, saved.patched.as_bytes()).map_err(|e| e.to_string())
 }
 
 /// The image directory of a checkpoint or restore: `--image-path`, else runc's default
@@ -377,9 +375,7 @@ fn checkpoint(config: &Config, inv: &Invocation) -> Result<u8, String> {
         }
         let text = format!("{:#}\n", devremap::record::devices(&loaded.plan));
         let out = image.join(RECORD_FILE);
-        devremap::atomic::write_atomic(&out, text.as_bytes())
-            .map(drop)
-            .map_err(|e| format!("{}: cannot write: {}", out.display(), io_message(&e)))?;
+        devremap::atomic::replace_file(&out, text.as_bytes()).map_err(|e| e.to_string())?;
     }
     Err(exec(config, inv.original()))
 }

@@ -149,8 +149,8 @@ impl Container {
         builder.create(&self.dir).map_err(|e| format!("{}: {}", self.dir.display(), io_message(&e)))?;
         let lock = wait_lock_dir(&self.dir)?;
         builder.create(self.dev()).map_err(|e| format!("{}: {}", self.dev().display(), io_message(&e)))?;
-        devremap::atomic::write_atomic(&self.root_file(), root.unwrap_or_default().as_bytes())
-            .map_err(|e| format!("{}: cannot write: {}", self.root_file().display(), io_message(&e)))?;
+        devremap::atomic::replace_file(&self.root_file(), root.unwrap_or_default().as_bytes())
+            .map_err(|e| e.to_string())?;
         Ok(lock)
     }
 
@@ -258,10 +258,7 @@ impl Container {
     /// Keeps the bundle's original spec (and its mode and owner) in the directory, before the
     /// wrapper writes `saved.patched` over it.
     pub fn save_spec(&self, saved: &SavedSpec) -> Result<(), String> {
-        let path = self.saved_spec_file();
-        devremap::atomic::write_atomic(&path, &saved.to_json())
-            .map(drop)
-            .map_err(|e| format!("{}: cannot write: {}", path.display(), io_message(&e)))
+        devremap::atomic::replace_file(&self.saved_spec_file(), &saved.to_json()).map_err(|e| e.to_string())
     }
 
     /// Puts the saved original spec back, if the bundle's `config.json` is still the file the
