@@ -9,6 +9,7 @@
 //! confuse a process with a later one reusing its pid; the pid file is looked at every
 //! 100 ms until it appears.
 
+use devremap::files::read_pid;
 use log::info;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -40,12 +41,6 @@ fn exited(fd: &std::os::fd::OwnedFd, timeout: Option<Duration>) -> bool {
             rc => return rc.is_ok_and(|n| n > 0),
         }
     }
-}
-
-/// The pid a runtime's pid file holds, once it holds a whole one.
-fn read_pid(path: &Path) -> Option<u32> {
-    let devremap::files::SmallText::Text(text) = devremap::files::read_small_text(path, 64) else { return None };
-    text.trim().parse().ok().filter(|&pid| pid > 0)
 }
 
 /// Starts the watchdog thread; `stop(reason)` is called once, when the daemon must stop.

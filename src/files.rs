@@ -86,3 +86,11 @@ pub fn read_small_text(path: &Path, limit: u64) -> SmallText {
         Err(_) => SmallText::Unreadable,
     }
 }
+
+/// The pid a pid file holds (a positive number, blanks around it allowed), once it holds a
+/// whole one: what `devremapd` watches (the runtime's pid file) and the runtime wrapper stops
+/// (the daemon's).
+pub fn read_pid(path: &Path) -> Option<u32> {
+    let SmallText::Text(text) = read_small_text(path, 64) else { return None };
+    text.trim().parse().ok().filter(|&pid| pid > 0)
+}

@@ -304,10 +304,7 @@ impl Container {
 
     /// The daemon's pid, if its pid file names a live process serving this mountpoint.
     fn daemon_pid(&self) -> Option<u32> {
-        let devremap::files::SmallText::Text(text) = devremap::files::read_small_text(&self.pid_file(), 64) else {
-            return None;
-        };
-        let pid: u32 = text.trim().parse().ok().filter(|&p| p > 1)?;
+        let pid = devremap::files::read_pid(&self.pid_file()).filter(|&p| p > 1)?;
         let cmdline = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
         let dev = self.dev();
         let dev = dev.as_os_str().as_encoded_bytes();
