@@ -141,11 +141,8 @@ impl Container {
     /// Makes this container's directory and mountpoint, records the runtime root, and locks
     /// the directory for as long as the returned lock lives (under the state dir's lock).
     pub fn prepare(&self, root: Option<&str>) -> Result<Lock, String> {
-        let builder = {
-            let mut b = DirBuilder::new();
-            b.mode(0o700);
-            b
-        };
+        let mut builder = DirBuilder::new();
+        builder.mode(0o700);
         builder.create(&self.dir).map_err(|e| format!("{}: {}", self.dir.display(), io_message(&e)))?;
         let lock = wait_lock_dir(&self.dir)?;
         builder.create(self.dev()).map_err(|e| format!("{}: {}", self.dev().display(), io_message(&e)))?;
