@@ -22,8 +22,12 @@ pub struct Cli {
 pub enum Command {
     /// Print the remap table and the /dev tree the inputs give, without mounting anything.
     Plan(PlanArgs),
-    /// Mount the tree over FUSE at MOUNTPOINT and serve it in the foreground; SIGHUP reloads.
+    /// Mount the tree over FUSE at MOUNTPOINT and serve it in the foreground; SIGHUP reloads,
+    /// SIGUSR2 upgrades to the binary now on disk.
     Mount(MountArgs),
+    /// The server `mount` starts and restarts (fds 3 and 4 are its sockets); not for people.
+    #[command(hide = true)]
+    Serve(MountArgs),
     /// Print (or write) an OCI runtime spec whose /dev is a bind mount of a devremap mount.
     OciPatch(OciPatchArgs),
     /// Write the GPUs a container has as checkpoint metadata (the save side).

@@ -1,5 +1,7 @@
-//! The logger: `env_logger`'s lines (default filter `info,fuser=error`, `RUST_LOG` overrides,
-//! millisecond timestamps, the message escaped), written to stderr by a thread of their own.
+//! The logger: `env_logger`'s lines (default filter `info,fuser=error,fuser::request=off`, as
+//! fuser logs a server's end, the keeper closing its socket, as a short read; `RUST_LOG`
+//! overrides), millisecond timestamps, the message escaped, written to stderr by a thread of
+//! their own.
 //!
 //! Assumption: nobody may be reading stderr (a pipe whose reader stopped fills up, and then
 //! every write to it blocks). So a log call never writes: it hands its line to a bounded queue
@@ -48,7 +50,7 @@ pub fn init() {
     let (tx, rx) = mpsc::sync_channel(QUEUE_LINES);
     let _ = QUEUE.set(tx.clone());
     std::thread::Builder::new().name("log-writer".into()).spawn(move || write_lines(&rx)).ok();
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info,fuser=error"))
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info,fuser=error,fuser::request=off"))
         .format(log_line)
         .target(env_logger::Target::Pipe(Box::new(Queue(tx))))
         .init();

@@ -2,9 +2,11 @@
 //! flags, and maps every error to one line `error: ...` and exit status 1.
 
 mod cli;
-mod daemon;
+mod keeper;
 mod logging;
 mod mountpoint;
+mod server;
+mod signals;
 mod watch;
 
 use clap::Parser;
@@ -53,7 +55,8 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Plan(args) => plan(&args),
-        Command::Mount(args) => daemon::run(&args),
+        Command::Mount(args) => keeper::run(&args),
+        Command::Serve(args) => server::run(&args),
         Command::OciPatch(args) => oci_patch(&args),
         Command::Record(args) => record(&args),
         Command::CudaDeviceMap(args) => cuda_device_map(&args),
@@ -64,7 +67,8 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
-            if drained {
+            // An empty message was reported already: a server's load error is the keeper's to say.
+            if drained && !message.is_empty() {
                 eprintln!("error: {}", escape(&message));
             }
             ExitCode::FAILURE

@@ -50,6 +50,11 @@ impl Rdev {
     pub fn to_fuse(self) -> u32 {
         (self.minor & 0xff) | (self.major << 8) | ((self.minor & !0xff) << 12)
     }
+
+    /// The number back from FUSE's encoding (the kernel's `new_decode_dev`).
+    pub fn from_fuse(dev: u32) -> Self {
+        Rdev::new((dev >> 8) & 0xfff, (dev & 0xff) | ((dev >> 12) & 0xfff00))
+    }
 }
 
 impl fmt::Display for Rdev {

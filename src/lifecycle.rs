@@ -21,7 +21,7 @@
 
 use crate::load::{LoadError, Loaded};
 use crate::render;
-use crate::served::{Change, Devfs};
+use crate::served::{Change, Devfs, Resumed};
 use log::{info, warn};
 use std::io;
 use std::path::PathBuf;
@@ -45,6 +45,9 @@ pub enum Event {
     Retired,
     /// The FUSE session ended: someone unmounted it, or aborted the connection.
     Ended(io::Result<()>),
+    /// Something outside the machine failed (an upgrade the keeper refused): the served tree
+    /// stays, and the text is recorded as the last error.
+    Refused(String),
 }
 
 /// Why serving ended.
@@ -222,6 +225,7 @@ impl<N: Notifier, S: Session> Lifecycle<N, S> {
                 Event::Reload => reload = true,
                 Event::Loaded(id, result) => self.loaded(id, *result),
                 Event::Retired => retired = true,
+                Event::Refused(e) => self.refused("", e),
             }
         }
         self.reload_again |= reload;
@@ -322,6 +326,19 @@ impl<N: Notifier, S: Session> Lifecycle<N, S> {
         self.current = loaded;
         self.last_error = None;
         self.update_state();
+    }
+
+    /// This server took over from another (a crash or an upgrade, [`Devfs::resume`]): tells
+    /// the kernel what it may have cached that no longer holds, and logs the takeover.
+    pub fn resumed(&mut self, resumed: &Resumed) {
+        self.invalidate(&resumed.change);
+        info!(
+            "took over: generation {}, kept {} nodes the kernel holds, retired {}{}",
+            resumed.change.generation,
+            resumed.kept,
+            resumed.retired,
+            warnings(&self.current)
+        );
     }
 
     /// Drops what the kernel cached of every changed name, so the next lookup asks us.

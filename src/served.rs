@@ -26,6 +26,8 @@
 //! collide and does not keep name order.) The table only grows, by the distinct names the
 //! inputs ever held, which are few.
 
+use crate::device::{Access, DevKind, Rdev};
+use crate::held::{Held, HeldNode};
 use crate::tree::{self, Diff, Node, NodeKind, Tree};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
@@ -164,18 +166,21 @@ impl Snapshot {
         self.paths.get(path).copied()
     }
 
-    /// Numbers `tree`, keeping the node ids (and lookup counts) of nodes unchanged since `prev`.
-    fn build(prev: Option<&Snapshot>, tree: Tree, generation: u64, next_ino: &mut u64, now: SystemTime) -> Snapshot {
+    /// Numbers `tree`: `keep` gives the entry a path keeps (its node id and lookup count), if
+    /// any; every other node gets a new id.
+    fn build(
+        mut keep: impl FnMut(&str, &Node) -> Option<Arc<Entry>>,
+        mut cookies: Arc<Cookies>,
+        tree: Tree,
+        generation: u64,
+        next_ino: &mut u64,
+        now: SystemTime,
+    ) -> Snapshot {
         let (mut entries, mut dirs, mut paths) = (HashMap::new(), HashMap::<u64, Dir>::new(), HashMap::new());
-        let mut cookies = prev.map(|p| p.cookies.clone()).unwrap_or_default();
         let root = std::iter::once(("", tree.get("").expect("a tree has its root")));
         // Sorted by path, so every parent is numbered before its children.
         for (path, node) in root.chain(tree.iter()) {
-            let kept = prev
-                .and_then(|p| p.paths.get(path).and_then(|ino| p.entries.get(ino)))
-                .filter(|e| e.node == *node)
-                .cloned();
-            let entry = kept.unwrap_or_else(|| {
+            let entry = keep(path, node).unwrap_or_else(|| {
                 let ino = if path.is_empty() { ROOT } else { take(next_ino) };
                 Arc::new(Entry::new(ino, node.clone(), now))
             });
@@ -244,7 +249,7 @@ pub struct Devfs {
 impl Devfs {
     pub fn new(tree: Tree) -> Devfs {
         let mut next_ino = ROOT + 1;
-        let snap = Snapshot::build(None, tree, 1, &mut next_ino, SystemTime::now());
+        let snap = Snapshot::build(|_, _| None, Arc::default(), tree, 1, &mut next_ino, SystemTime::now());
         Devfs {
             state: RwLock::new(State { snap: Arc::new(snap), retired: HashMap::new() }),
             reload: Mutex::new(next_ino),
@@ -357,7 +362,11 @@ impl Devfs {
         // No other reload runs, so this stays the current snapshot until the swap below.
         let old = self.snapshot();
         let generation = old.generation + 1;
-        let new = Snapshot::build(Some(&old), tree, generation, &mut next_ino, SystemTime::now());
+        // Nodes unchanged since the old snapshot keep their ids and lookup counts.
+        let keep = |path: &str, node: &Node| {
+            old.paths.get(path).and_then(|ino| old.entries.get(ino)).filter(|e| e.node == *node).cloned()
+        };
+        let new = Snapshot::build(keep, old.cookies.clone(), tree, generation, &mut next_ino, SystemTime::now());
         let diff = tree::diff(&old.tree, &new.tree);
         let mut change = Change { generation, ..Change::default() };
         let parent_in = |snap: &Snapshot, path: &str| snap.ino_of(Tree::split(path).0);
@@ -393,6 +402,150 @@ impl Devfs {
         state.snap = Arc::new(new);
         change
     }
+}
+
+/// What a server that took over found: how many of the nodes the kernel holds it kept (same
+/// path, same node in its tree) and how many it retired, and what to tell the kernel.
+#[derive(Debug, Default)]
+pub struct Resumed {
+    pub change: Change,
+    pub kept: usize,
+    pub retired: usize,
+}
+
+impl Devfs {
+    /// Takes over from a server that died or is being replaced: renumbers the tree this
+    /// `Devfs` was made with so that every node the kernel holds (`held`, the keeper's table)
+    /// that names an equal node at the same path keeps its id and lookup count; every other
+    /// held node is retired with the attributes the kernel has; new ids start after every id
+    /// ever given. Serves generation `generation + 1`. Call it before any request is answered.
+    ///
+    /// What the kernel may have cached that no longer holds is returned to invalidate: the
+    /// names of retired nodes, every name of a directory the kernel knows that it does not
+    /// hold (a negative entry from the old tree), and those directories' listings.
+    pub fn resume(&self, held: &Held, generation: u64) -> Resumed {
+        let mut next_ino = self.reload.lock();
+        let tree = self.snapshot().tree.clone();
+        let paths = held_paths(held);
+        let mut by_path: HashMap<&str, Vec<u64>> = HashMap::new();
+        for (ino, path) in &paths {
+            by_path.entry(path.as_str()).or_default().push(*ino);
+        }
+        let nodes = held.nodes();
+        let mut kept = std::collections::HashSet::new();
+        let keep = |path: &str, node: &Node| {
+            // The newest id, if two held nodes match (a name that went back to an old node).
+            let ino = by_path.get(path)?.iter().copied().filter(|i| same_node(&nodes[i], node)).max()?;
+            kept.insert(ino);
+            let h = &nodes[&ino];
+            let entry = Entry::new(ino, node.clone(), born(h));
+            entry.nlookup.store(h.count, Ordering::Relaxed);
+            Some(Arc::new(entry))
+        };
+        *next_ino = (*next_ino).max(held.max_ino() + 1);
+        let snap = Snapshot::build(keep, Arc::default(), tree, generation + 1, &mut next_ino, SystemTime::now());
+        let mut change = Change { generation: generation + 1, ..Change::default() };
+        let mut retired = HashMap::new();
+        for (ino, h) in nodes.iter().filter(|(ino, _)| !kept.contains(*ino)) {
+            let mut entry = Entry::new(*ino, held_node(h), born(h));
+            entry.nlookup = AtomicU64::new(h.count);
+            retired.insert(*ino, Arc::new(entry));
+            change.invalidate.push((h.parent, h.name.clone()));
+        }
+        let known = |ino: u64| ino == ROOT || kept.contains(&ino);
+        for (dir_ino, dir) in snap.dirs.iter().filter(|(ino, _)| known(**ino)) {
+            change.dirs.push(*dir_ino);
+            for child in dir.names.iter().filter(|c| !kept.contains(&c.ino)) {
+                change.invalidate.push((*dir_ino, child.name.clone()));
+            }
+        }
+        let resumed = Resumed { kept: kept.len(), retired: retired.len(), change };
+        *self.state.write() = State { snap: Arc::new(snap), retired };
+        resumed
+    }
+}
+
+/// The path of every held node, from the parents the kernel looked it up in (`""` is the
+/// root); a node whose parent chain the table does not hold has none.
+fn held_paths(held: &Held) -> HashMap<u64, String> {
+    let nodes = held.nodes();
+    let mut paths: HashMap<u64, String> = HashMap::new();
+    for &start in nodes.keys() {
+        // Walk up to a known path, then write the paths on the way back down.
+        let mut chain = vec![start];
+        let mut base = None;
+        while let Some(&ino) = chain.last() {
+            if ino == ROOT {
+                chain.pop();
+                base = Some(String::new());
+                break;
+            }
+            if let Some(p) = paths.get(&ino) {
+                chain.pop();
+                base = Some(p.clone());
+                break;
+            }
+            match nodes.get(&ino) {
+                // A cycle cannot come from the kernel; stop rather than loop.
+                Some(n) if chain.len() <= nodes.len() => chain.push(n.parent),
+                _ => break,
+            }
+        }
+        let Some(mut path) = base else { continue };
+        for ino in chain.into_iter().rev() {
+            let name = &nodes[&ino].name;
+            path = if path.is_empty() { name.clone() } else { format!("{path}/{name}") };
+            paths.insert(ino, path.clone());
+        }
+    }
+    paths
+}
+
+/// Whether a held node is `node` as the kernel knows it: same type, permissions, owner, device
+/// number; a symlink's target compared when the kernel read it, else its length (the kernel
+/// caches a target only once it read it).
+fn same_node(h: &HeldNode, node: &Node) -> bool {
+    let a = &h.attr;
+    let access = a.mode & 0o7777 == node.access.mode && a.uid == node.access.uid && a.gid == node.access.gid;
+    let file_type = a.mode & libc::S_IFMT;
+    access
+        && match &node.kind {
+            NodeKind::Dir => file_type == libc::S_IFDIR,
+            NodeKind::Symlink(target) => {
+                file_type == libc::S_IFLNK && h.target.as_ref().map_or(a.size == target.len() as u64, |t| t == target)
+            }
+            NodeKind::Device(kind, rdev) => file_type == type_bits(*kind) && a.rdev == rdev.to_fuse(),
+        }
+}
+
+fn type_bits(kind: DevKind) -> u32 {
+    match kind {
+        DevKind::Char => libc::S_IFCHR,
+        DevKind::Block => libc::S_IFBLK,
+        DevKind::Fifo => libc::S_IFIFO,
+    }
+}
+
+/// A retired node as the kernel knows it. A symlink whose target the kernel never read keeps
+/// an empty one: nothing can follow it any more (its name is invalidated).
+fn held_node(h: &HeldNode) -> Node {
+    let a = &h.attr;
+    let access = Access { mode: a.mode & 0o7777, uid: a.uid, gid: a.gid };
+    let kind = match a.mode & libc::S_IFMT {
+        libc::S_IFDIR => NodeKind::Dir,
+        libc::S_IFLNK => NodeKind::Symlink(h.target.clone().unwrap_or_default()),
+        bits => {
+            let kind =
+                [DevKind::Block, DevKind::Fifo].into_iter().find(|k| type_bits(*k) == bits).unwrap_or(DevKind::Char);
+            NodeKind::Device(kind, Rdev::from_fuse(a.rdev))
+        }
+    };
+    Node { kind, access }
+}
+
+/// When the kernel was told a held node was made.
+fn born(h: &HeldNode) -> SystemTime {
+    SystemTime::UNIX_EPOCH + std::time::Duration::new(h.attr.mtime.0, h.attr.mtime.1.min(999_999_999))
 }
 
 #[cfg(test)]
@@ -617,5 +770,101 @@ mod tests {
         let mut none = Vec::new();
         assert_eq!(page(&fs, 1 << 40, 10, &mut none), None);
         assert!(none.is_empty());
+    }
+
+    /// The kernel's view of `fs` after looking each path up `count` times, as the keeper's
+    /// table would hold it (attributes as the adapter sends them).
+    fn held_after_lookups(fs: &Devfs, paths: &[&str], count: u64) -> Held {
+        let mut nodes = HashMap::new();
+        for path in paths {
+            let snap = fs.snapshot();
+            let (parent_path, leaf) = Tree::split(path);
+            let parent = snap.ino_of(parent_path).unwrap();
+            let mut e = None;
+            for _ in 0..count {
+                e = Some(fs.lookup(parent, name(leaf)).unwrap());
+            }
+            let e = e.unwrap();
+            let (bits, size, rdev) = match &e.node.kind {
+                NodeKind::Dir => (libc::S_IFDIR, 0, 0),
+                NodeKind::Symlink(t) => (libc::S_IFLNK, t.len() as u64, 0),
+                NodeKind::Device(k, r) => (type_bits(*k), 0, r.to_fuse()),
+            };
+            let attr = crate::fuse_wire::Attr {
+                mode: bits | e.node.access.mode,
+                uid: e.node.access.uid,
+                gid: e.node.access.gid,
+                rdev,
+                size,
+                mtime: (5, 6),
+            };
+            nodes.insert(e.ino, HeldNode { parent, name: leaf.to_owned(), attr, target: None, count });
+        }
+        Held::from_parts(nodes, fs.reload.lock().saturating_sub(1))
+    }
+
+    /// Rule (issue 13): a server that takes over keeps the id and lookup count of every node
+    /// the kernel holds that its tree has unchanged, retires the others (to be forgotten
+    /// down to 0), numbers new nodes after every id ever given, and invalidates what changed.
+    #[test]
+    fn resume_keeps_held_nodes_and_retires_changed_ones() {
+        let old = Devfs::new(tree(&[(0, 3), (1, 5)]));
+        let held = held_after_lookups(&old, &["null", "nvidia0", "nvidia1", "pts"], 2);
+        let max = held.max_ino();
+        let new = Devfs::new(tree(&[(0, 3), (1, 7), (2, 8)]));
+        let r = new.resume(&held, 4);
+        assert_eq!((r.kept, r.retired, r.change.generation), (3, 1, 5));
+        let snap = new.snapshot();
+        for path in ["null", "nvidia0", "pts"] {
+            assert_eq!(snap.ino_of(path), old.snapshot().ino_of(path), "{path} keeps its id");
+        }
+        let old_gpu1 = old.snapshot().ino_of("nvidia1").unwrap();
+        assert!(snap.ino_of("nvidia1").unwrap() > max && snap.ino_of("nvidia2").unwrap() > max);
+        assert_eq!(
+            new.entry(old_gpu1).unwrap().node.rdev(),
+            Some(Rdev::new(1, 5)),
+            "the retired node keeps its device"
+        );
+        assert_eq!(new.retired_count(), 1);
+        assert!(r.change.invalidate.contains(&(ROOT, "nvidia1".to_owned())));
+        assert!(r.change.invalidate.contains(&(ROOT, "nvidia2".to_owned())), "a negative entry is dropped");
+        assert!(!r.change.invalidate.contains(&(ROOT, "null".to_owned())));
+        assert!(r.change.dirs.contains(&ROOT));
+        // The kept counts are the kernel's: two forgets let null go, one more is too many.
+        assert!(!new.forget(old_gpu1, 1));
+        assert!(new.forget(old_gpu1, 1), "the retired node is let go at 0");
+        assert_eq!(new.retired_count(), 0);
+        let null = snap.ino_of("null").unwrap();
+        assert_eq!(new.entry(null).unwrap().nlookup.load(Ordering::Relaxed), 2);
+    }
+
+    /// Rule (issue 13): a held node whose parent the table does not hold, or whose symlink
+    /// target differs from the one the kernel read, is retired, never matched by guess.
+    #[test]
+    fn resume_retires_what_it_cannot_place() {
+        let mut b = TreeBuilder::default();
+        b.insert("fd", Node::symlink("/proc/self/fd")).unwrap();
+        b.insert("pts/x", Node::device(DevKind::Char, Rdev::new(1, 3), Access::DEVICE_DEFAULT)).unwrap();
+        let fs = Devfs::new(b.build());
+        let mut held = held_after_lookups(&fs, &["fd", "pts", "pts/x"], 1);
+        let mut nodes = held.nodes().clone();
+        let fd = fs.snapshot().ino_of("fd").unwrap();
+        let pts = fs.snapshot().ino_of("pts").unwrap();
+        nodes.get_mut(&fd).unwrap().target = Some("/proc/self/fX".into());
+        nodes.remove(&pts);
+        held = Held::from_parts(nodes, held.max_ino());
+        let r = fs.resume(&held, 1);
+        assert_eq!((r.kept, r.retired), (0, 2));
+        assert_eq!(fs.retired_count(), 2);
+    }
+
+    /// Rule: FUSE's device encoding decodes back to the number, for the widest numbers FUSE
+    /// can carry.
+    #[test]
+    fn fuse_rdev_round_trips() {
+        for (major, minor) in [(1, 3), (195, 255), (4095, 0xfffff), (0, 256)] {
+            let r = Rdev::new(major, minor);
+            assert_eq!(Rdev::from_fuse(r.to_fuse()), r);
+        }
     }
 }

@@ -351,7 +351,8 @@ fn worst_case_inputs_never_end_a_live_daemon() {
         write_worst(&case, &next);
         fs::rename(&next, target).unwrap();
         let after = d.reload();
-        let pid = d.child.id();
+        // The server loads the inputs; the keeper parses none.
+        let pid = d.server_pid();
         let hwm = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
         peak = hwm.lines().find(|l| l.starts_with("VmHWM:")).unwrap_or_default().to_owned();
         eprintln!("{}: last_error {:.160}; daemon {peak}", case.name, after["last_error"]);

@@ -153,6 +153,13 @@ impl Daemon {
         serde_json::from_str(&text).unwrap_or_else(|e| panic!("state file is not JSON ({e}): {text}"))
     }
 
+    /// The pid of the server answering the kernel (the state file's `server_pid`): the
+    /// process that parses the inputs and holds the tree, whose memory tests measure.
+    pub fn server_pid(&self) -> u32 {
+        let pid = self.state()["server_pid"].as_u64().expect("the state file names the server");
+        u32::try_from(pid).expect("a pid")
+    }
+
     pub fn generation(&self) -> u64 {
         self.state()["generation"].as_u64().expect("generation is a number")
     }

@@ -1,0 +1,832 @@
+//! `devremapd mount`: the keeper. It takes the mountpoint's lock, opens `/dev/fuse`, mounts,
+//! writes the pid file and takes the signals, and it holds the FUSE connection for the mount's
+//! whole life. It parses no input: the server (`devremapd serve`, [`crate::server`]), which it
+//! starts as its child, loads the inputs and answers the kernel; the keeper relays whole FUSE
+//! messages between `/dev/fuse` and the current server over a `SOCK_SEQPACKET` socket pair.
+//!
+//! So a server can die (a bug, the OOM killer, `SIGKILL`) or be replaced (`SIGUSR2`: an upgrade
+//! to the binary now on disk) without the kernel noticing: the keeper starts another, replays
+//! the kernel's INIT to it, hands it the node table the kernel holds, and sends it every
+//! request still in flight ([`Relay`] decides all of it; this file reads and writes). Requests
+//! that arrive meanwhile wait. A crash restart runs the binary the dead server ran; an upgrade
+//! runs the file now at the path the keeper was started from, and if that server fails to
+//! start, load its inputs or agree on INIT, the old one serves on and its state file's
+//! `last_error` says why.
+//!
+//! Threads: one reads `/dev/fuse` and forwards; one per server reads its replies and writes
+//! them to `/dev/fuse`; one writes the servers' notifications (the kernel may hold a directory
+//! lock for an invalidation until a reply the other thread writes has passed); one per server
+//! reads its control socket; the main thread runs the life below. Assumption: one daemon per
+//! mountpoint, enforced by the [`MountLock`] held for the keeper's whole life.
+
+use crate::cli::MountArgs;
+use crate::mountpoint::{FSNAME, MountLock, check_private, detach, is_dead_mount, prepare_mountpoint, resolve};
+use crate::signals;
+use devremap::atomic::{Written, write_atomic};
+use devremap::fuse_wire;
+use devremap::handover::{Control, MAX_RECORD};
+use devremap::io_message;
+use devremap::lifecycle::Notice;
+use devremap::relay::{FromKernel, FromServer, Relay};
+use log::{info, warn};
+use nix::errno::Errno;
+use nix::mount::{MntFlags, MsFlags};
+use nix::sys::socket::{AddressFamily, Shutdown, SockFlag, SockType, setsockopt, shutdown, socketpair, sockopt};
+use parking_lot::{Condvar, Mutex};
+use sd_notify::NotifyState;
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::time::{Duration, Instant};
+
+/// One read of `/dev/fuse`: the kernel refuses a buffer smaller than `max_write` plus the
+/// headers, and fuser offers a `max_write` of up to 16 MiB. A server's records are read into a
+/// buffer as large (a `SOCK_SEQPACKET` read would cut a longer record short without a word).
+/// Only the pages a message touches are ever resident.
+const READ_BUFFER: usize = 16 * 1024 * 1024 + 4096;
+/// Socket buffers: a record must fit whole (a READDIRPLUS reply is as large as the kernel's
+/// buffer), and requests must not wait for a busy server's buffer.
+const SOCKET_BUFFER: usize = 4 << 20;
+/// How long an upgrade lets the old server answer what it has before the rest goes to the new.
+const DRAIN: Duration = Duration::from_millis(500);
+/// The longest wait between two failed restarts after a crash.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// What the keeper's main loop acts on.
+enum Ev {
+    Reload,
+    Upgrade,
+    Stop(String),
+    Control(u64, Control),
+    /// A server's sockets ended: it exited.
+    Gone(u64),
+    Probed(u64, bool),
+    /// `/dev/fuse` ended: unmounted (`Ok`) or aborted (ECONNABORTED).
+    KernelEnded(io::Result<()>),
+}
+
+fn act(sig: i32) -> Option<Ev> {
+    match sig {
+        libc::SIGHUP => Some(Ev::Reload),
+        libc::SIGUSR2 => Some(Ev::Upgrade),
+        libc::SIGTERM | libc::SIGINT => Some(Ev::Stop(format!("signal {}", signals::signal_name(sig)))),
+        _ => None,
+    }
+}
+
+/// What the relay threads share.
+struct Link {
+    shared: Mutex<Shared>,
+    /// Signalled whenever a server's reply passes, for an upgrade waiting for the old server.
+    answered: Condvar,
+    dev: File,
+    events: Sender<Ev>,
+    notes: Sender<Vec<u8>>,
+}
+
+struct Shared {
+    relay: Relay,
+    /// The relay socket of every live server, by epoch.
+    sockets: HashMap<u64, Arc<OwnedFd>>,
+}
+
+/// A server process.
+struct Proc {
+    epoch: u64,
+    child: Child,
+    socket: Arc<OwnedFd>,
+    control: Arc<OwnedFd>,
+    /// The binary it runs, kept open: the next crash restart runs the same one.
+    exe: Arc<File>,
+    /// It said it is ready (it answers, and its state file is written).
+    ready: bool,
+}
+
+impl Proc {
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn tell(&self, message: &Control) {
+        let _ = nix::unistd::write(&*self.control, &message.encode());
+    }
+
+    /// Ends its relay and control sockets: it reads EOF and exits, and so does our reader.
+    fn disconnect(&self) {
+        let _ = shutdown(self.socket.as_raw_fd(), Shutdown::Both);
+        let _ = shutdown(self.control.as_raw_fd(), Shutdown::Both);
+    }
+}
+
+/// A server starting to take over from the current one (or from none, after a crash).
+struct Replacement {
+    proc: Proc,
+    crashed: bool,
+    deadline: Instant,
+    /// Why it failed, when it said so before exiting.
+    failed: Option<String>,
+}
+
+struct Keeper {
+    link: Arc<Link>,
+    mountpoint: PathBuf,
+    m: String,
+    /// The arguments after `mount`, given to every server after `serve`.
+    args: Vec<OsString>,
+    /// The path the keeper was started from: an upgrade runs what is there now.
+    exe_path: PathBuf,
+    reload_timeout: Duration,
+    next_epoch: u64,
+    current: Option<Proc>,
+    replacing: Option<Replacement>,
+    /// Servers replaced by an upgrade, until they have exited.
+    leaving: Vec<Proc>,
+    mounted: bool,
+    ready: bool,
+    reload_when_ready: bool,
+    /// Servers in a row that died or failed before they were ready, and when the next start is
+    /// due: a server that cannot get ready is not restarted in a tight loop.
+    failures: u32,
+    /// Why the first server failed, as it said before exiting: the command's error.
+    start_error: Option<String>,
+    retry_at: Option<Instant>,
+    pid_written: Option<Written>,
+    /// The binary of the last server that took over: a crash restart runs it again (the file
+    /// at `exe_path` may be a newer one that was never tried).
+    good: Arc<File>,
+}
+
+/// A `SOCK_SEQPACKET` pair with buffers a record always fits in.
+fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let (a, b) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)?;
+    for fd in [&a, &b] {
+        // Root may exceed the system's limit; the plain option is capped at it.
+        if setsockopt(fd, sockopt::SndBufForce, &SOCKET_BUFFER).is_err() {
+            setsockopt(fd, sockopt::SndBuf, &SOCKET_BUFFER)?;
+        }
+        if setsockopt(fd, sockopt::RcvBufForce, &SOCKET_BUFFER).is_err() {
+            setsockopt(fd, sockopt::RcvBuf, &SOCKET_BUFFER)?;
+        }
+    }
+    Ok((a, b))
+}
+
+/// Reads `/dev/fuse` and forwards each request as the relay says, until the connection ends.
+fn relay_requests(link: &Link) {
+    let mut buf = vec![0u8; READ_BUFFER];
+    loop {
+        let n = match nix::unistd::read(&link.dev, &mut buf) {
+            Ok(n) => n,
+            // Interrupted, or a request the kernel took back before we read it.
+            Err(Errno::EINTR | Errno::EAGAIN | Errno::ENOENT) => continue,
+            Err(Errno::ENODEV) => break drop(link.events.send(Ev::KernelEnded(Ok(())))),
+            Err(e) => break drop(link.events.send(Ev::KernelEnded(Err(e.into())))),
+        };
+        let msg = &buf[..n];
+        let mut shared = link.shared.lock();
+        // Written under the lock, so that a switch to another server sees every request
+        // either before (and hands it over) or after (and it goes to the new server).
+        match shared.relay.from_kernel(msg) {
+            Ok(FromKernel::Forward(epoch)) => {
+                if let Some(socket) = shared.sockets.get(&epoch) {
+                    // A server that died: the request stays in flight for its successor.
+                    let _ = nix::unistd::write(&**socket, msg);
+                }
+            }
+            Ok(FromKernel::Held | FromKernel::Dropped) => {}
+            Err(e) => warn!("a request from the kernel that cannot be read: {e}"),
+        }
+    }
+}
+
+/// Says `Gone` once both of a server's reader threads have ended: every reply and every control
+/// message it sent has been handled by then (a load error is read before the exit it causes).
+struct Readers(Arc<AtomicU8>, u64, Sender<Ev>);
+
+impl Drop for Readers {
+    fn drop(&mut self) {
+        if self.0.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let _ = self.2.send(Ev::Gone(self.1));
+        }
+    }
+}
+
+/// Reads server `epoch`'s messages and passes them on, until it exits.
+fn relay_replies(link: &Link, epoch: u64, socket: &OwnedFd, _done: Readers) {
+    let mut buf = vec![0u8; READ_BUFFER];
+    loop {
+        let n = match nix::unistd::read(socket, &mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(Errno::EINTR) => continue,
+            Err(_) => break,
+        };
+        let msg = &buf[..n];
+        let action = link.shared.lock().relay.from_server(epoch, msg);
+        link.answered.notify_all();
+        match action {
+            Ok(FromServer::ToKernel(added)) => {
+                // ENOENT: the kernel no longer waits for it (answered already by a server that
+                // died, or interrupted); what it counted is taken back.
+                if nix::unistd::write(&link.dev, msg).is_err() && !added.is_empty() {
+                    link.shared.lock().relay.undo(&added);
+                }
+            }
+            Ok(FromServer::Notify) => drop(link.notes.send(msg.to_vec())),
+            Ok(FromServer::Probed { epoch, same }) => drop(link.events.send(Ev::Probed(epoch, same))),
+            Ok(FromServer::Stale) => {}
+            Err(e) => warn!("server {epoch}: a message that cannot be read: {e}"),
+        }
+    }
+}
+
+/// Reads server `epoch`'s control messages until it exits.
+fn read_control(events: &Sender<Ev>, epoch: u64, control: &OwnedFd, _done: Readers) {
+    let mut buf = vec![0u8; MAX_RECORD + 1];
+    loop {
+        match nix::unistd::read(control, &mut buf) {
+            Ok(0) => return,
+            Ok(n) => match Control::decode(&buf[..n]) {
+                Ok(message) => {
+                    if events.send(Ev::Control(epoch, message)).is_err() {
+                        return;
+                    }
+                }
+                Err(e) => warn!("server {epoch}: {e}"),
+            },
+            Err(Errno::EINTR) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+/// Mounts the FUSE connection `dev` at `mountpoint`, as fuser would with the options the
+/// daemon always used: `dev` (device nodes open devices), `nosuid`, `noexec`, `noatime`, the
+/// kernel checking permissions, and every user allowed (the container's users).
+fn mount(dev: &File, mountpoint: &Path) -> nix::Result<()> {
+    let data = format!("fd={},rootmode=40000,user_id=0,group_id=0,default_permissions,allow_other", dev.as_raw_fd());
+    nix::mount::mount(
+        Some(FSNAME),
+        mountpoint,
+        Some("fuse"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC | MsFlags::MS_NOATIME,
+        Some(data.as_str()),
+    )
+}
+
+/// A server's exit status in words: `exit status 1`, `signal 9 (SIGKILL)`.
+fn status_text(status: io::Result<ExitStatus>) -> String {
+    match status {
+        Ok(s) => match s.signal() {
+            Some(sig) => format!("signal {sig} ({})", signals::signal_name(sig)),
+            None => format!("exit status {}", s.code().unwrap_or(-1)),
+        },
+        Err(e) => format!("unknown status: {}", io_message(&e)),
+    }
+}
+
+pub fn run(args: &MountArgs) -> Result<(), String> {
+    // First: a SIGHUP or SIGTERM sent as soon as we were started must not end us.
+    let (tx, rx) = mpsc::channel();
+    signals::start(tx.clone(), act, "")?;
+    args.check_files()?;
+    if !nix::unistd::geteuid().is_root() {
+        return Err("devremapd mount needs root: only root can mount a FUSE filesystem whose device nodes open \
+                    devices (the `dev` mount option)"
+            .into());
+    }
+    let m = args.mountpoint.display().to_string();
+    // Every directory above it is root's alone (check_private), so the canonical path stays
+    // the one checked; a symlink in the path as given could not be trusted to.
+    let mountpoint = resolve(&args.mountpoint)?;
+    check_private(&mountpoint, &m)?;
+    // Held until we return: a second daemon on this mountpoint stops here.
+    let _lock = MountLock::take(&mountpoint, &m)?;
+    prepare_mountpoint(&mountpoint, &m)?;
+    if args.inputs.spec.is_none() {
+        warn!(
+            "no --spec: the tree has no mount points for the container runtime (pts, shm, mqueue), so a runtime \
+             that mounts there fails (\"read-only file system\"); give the container's config.json with --spec"
+        );
+    }
+    let exe_path = std::env::current_exe().map_err(|e| format!("cannot find our own binary: {}", io_message(&e)))?;
+    let exe =
+        Arc::new(File::open("/proc/self/exe").map_err(|e| format!("cannot open our own binary: {}", io_message(&e)))?);
+    let dev = File::options()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+        .map_err(|e| format!("/dev/fuse: {}", io_message(&e)))?;
+    let (notes_tx, notes_rx) = mpsc::channel::<Vec<u8>>();
+    let link = Arc::new(Link {
+        shared: Mutex::new(Shared { relay: Relay::default(), sockets: HashMap::new() }),
+        answered: Condvar::new(),
+        dev,
+        events: tx,
+        notes: notes_tx,
+    });
+    let mut keeper = Keeper {
+        link,
+        mountpoint,
+        m,
+        args: std::env::args_os().skip(2).collect(),
+        exe_path,
+        reload_timeout: Duration::from_secs(args.reload_timeout),
+        next_epoch: 1,
+        current: None,
+        replacing: None,
+        leaving: Vec::new(),
+        mounted: false,
+        ready: false,
+        reload_when_ready: false,
+        failures: 0,
+        start_error: None,
+        retry_at: None,
+        pid_written: None,
+        good: exe.clone(),
+    };
+    keeper.current = Some(keeper.spawn(exe).map_err(|e| format!("cannot start the server: {}", io_message(&e)))?);
+    let notes_link = keeper.link.clone();
+    spawn_thread("notifications", move || {
+        for note in notes_rx {
+            // ENOENT: the kernel has nothing cached there.
+            let _ = nix::unistd::write(&notes_link.dev, &note);
+        }
+    })?;
+    let result = keeper.serve(&rx, args);
+    keeper.pid_written.iter().for_each(Written::remove_if_ours);
+    if crate::logging::dropped() > 0 {
+        warn!("{} log lines were dropped: stderr was not being read", crate::logging::dropped());
+    }
+    result
+}
+
+fn spawn_thread(name: &str, f: impl FnOnce() + Send + 'static) -> Result<(), String> {
+    std::thread::Builder::new().name(name.into()).spawn(f).map(drop).map_err(|e| format!("cannot start a thread: {e}"))
+}
+
+impl Keeper {
+    /// Starts a server running `exe`, with its relay socket as fd 3 and its control socket as
+    /// fd 4, and the threads that read them.
+    fn spawn(&mut self, exe: Arc<File>) -> io::Result<Proc> {
+        let epoch = self.next_epoch;
+        self.next_epoch += 1;
+        let (socket, their_socket) = seqpacket_pair()?;
+        let (control, their_control) = seqpacket_pair()?;
+        let (a, b) = (their_socket.as_raw_fd(), their_control.as_raw_fd());
+        let mut cmd = Command::new(format!("/proc/self/fd/{}", exe.as_raw_fd()));
+        cmd.arg0("devremapd").arg("serve").args(&self.args).stdin(Stdio::null());
+        // Only the keeper talks to systemd (the main process); the server tells the keeper.
+        cmd.env_remove("NOTIFY_SOCKET");
+        // SAFETY: between fork and exec the closure makes only async-signal-safe calls (fcntl,
+        // dup2, close) on fds it owns in the child. The copies above 10 keep one source from
+        // being overwritten by the other's dup2 to 3 or 4; dup2 clears close-on-exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                let high = [libc::fcntl(a, libc::F_DUPFD, 10), libc::fcntl(b, libc::F_DUPFD, 10)];
+                for (from, to) in high.into_iter().zip([3, 4]) {
+                    if from < 0 || libc::dup2(from, to) < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                    libc::close(from);
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn()?;
+        let (socket, control) = (Arc::new(socket), Arc::new(control));
+        self.link.shared.lock().sockets.insert(epoch, socket.clone());
+        let readers = Arc::new(AtomicU8::new(2));
+        let done = || Readers(readers.clone(), epoch, self.link.events.clone());
+        let (link, reader, replies_done) = (self.link.clone(), socket.clone(), done());
+        let spawned =
+            spawn_thread("replies", move || relay_replies(&link, epoch, &reader, replies_done)).and_then(|()| {
+                let (events, control, control_done) = (self.link.events.clone(), control.clone(), done());
+                spawn_thread("control", move || read_control(&events, epoch, &control, control_done))
+            });
+        let proc = Proc { epoch, child, socket, control, exe, ready: false };
+        if let Err(e) = spawned {
+            self.kill(proc);
+            return Err(io::Error::other(e));
+        }
+        Ok(proc)
+    }
+
+    /// Kills a server and forgets it.
+    fn kill(&mut self, mut proc: Proc) {
+        let _ = proc.child.kill();
+        proc.disconnect();
+        self.link.shared.lock().sockets.remove(&proc.epoch);
+        let _ = proc.child.wait();
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        [self.retry_at, self.replacing.as_ref().map(|r| r.deadline)].into_iter().flatten().min()
+    }
+
+    /// The keeper's life, from the first server's start to the end of the mount.
+    fn serve(&mut self, rx: &Receiver<Ev>, args: &MountArgs) -> Result<(), String> {
+        loop {
+            let ev = match self.deadline() {
+                Some(deadline) => match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                    Ok(ev) => ev,
+                    Err(RecvTimeoutError::Timeout) => {
+                        self.timer();
+                        continue;
+                    }
+                    Err(RecvTimeoutError::Disconnected) => return self.stop("the event channel closed", rx),
+                },
+                None => match rx.recv() {
+                    Ok(ev) => ev,
+                    Err(_) => return self.stop("the event channel closed", rx),
+                },
+            };
+            match ev {
+                Ev::Reload => self.reload(),
+                Ev::Upgrade => self.upgrade(),
+                Ev::Stop(why) => return self.stop(&why, rx),
+                Ev::KernelEnded(result) => return self.ended(result),
+                Ev::Gone(epoch) => self.gone(epoch)?,
+                Ev::Control(epoch, message) => self.control(epoch, message, args)?,
+                Ev::Probed(epoch, same) => self.probed(epoch, same),
+            }
+        }
+    }
+
+    fn reload(&mut self) {
+        match &self.current {
+            Some(p) if self.ready => {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p.pid() as i32), nix::sys::signal::SIGHUP);
+            }
+            // A server that is starting loads the inputs as they are now; one more reload once
+            // serving, as the inputs may have changed since it read them.
+            _ => {
+                info!("signal SIGHUP while starting: reloading once serving");
+                self.reload_when_ready = true;
+            }
+        }
+    }
+
+    /// `SIGUSR2`: starts the binary now at the path we were started from, to take over.
+    fn upgrade(&mut self) {
+        if !self.ready || self.replacing.is_some() {
+            info!("signal SIGUSR2: ignored, a server is starting (try again once it serves)");
+            return;
+        }
+        let path = self.exe_path.display().to_string();
+        let started = File::open(&self.exe_path).and_then(|exe| self.spawn(Arc::new(exe)));
+        match started {
+            Ok(proc) => {
+                info!("upgrade: started {path} as server pid {}", proc.pid());
+                self.replacing = Some(Replacement {
+                    proc,
+                    crashed: false,
+                    deadline: Instant::now() + self.reload_timeout,
+                    failed: None,
+                });
+            }
+            Err(e) => self.refuse(format!("upgrade refused: {path}: {}", io_message(&e))),
+        }
+    }
+
+    /// An upgrade that did not happen: logged, and recorded by the serving server.
+    fn refuse(&mut self, why: String) {
+        warn!("{why}; the running server serves on");
+        if let Some(current) = &self.current {
+            current.tell(&Control::Refused(why));
+        }
+    }
+
+    /// Starts a server to take over after a crash, from the binary the dead one ran.
+    fn restart(&mut self) {
+        let exe = self.good.clone();
+        self.retry_at = None;
+        match self.spawn(exe) {
+            Ok(proc) => {
+                self.replacing = Some(Replacement {
+                    proc,
+                    crashed: true,
+                    deadline: Instant::now() + self.reload_timeout,
+                    failed: None,
+                })
+            }
+            Err(e) => {
+                warn!("cannot start a server: {}", io_message(&e));
+                self.retry_later();
+            }
+        }
+    }
+
+    fn retry_later(&mut self) {
+        self.failures += 1;
+        let backoff = (Duration::from_millis(100) * 2u32.saturating_pow(self.failures)).min(MAX_BACKOFF);
+        warn!("starting another server in {} ms; requests wait until one serves", backoff.as_millis());
+        self.retry_at = Some(Instant::now() + backoff);
+    }
+
+    fn timer(&mut self) {
+        let now = Instant::now();
+        if self.retry_at.is_some_and(|t| t <= now) {
+            self.restart();
+        }
+        if let Some(r) = self.replacing.take_if(|r| r.deadline <= now) {
+            let (crashed, pid) = (r.crashed, r.proc.pid());
+            let secs = self.reload_timeout.as_secs();
+            self.kill(r.proc);
+            if crashed {
+                warn!(
+                    "server pid {pid} did not take over within {secs} s (an input on a stuck filesystem?); killed it"
+                );
+                self.retry_later();
+            } else {
+                self.refuse(format!("upgrade refused: the new server did not load its inputs within {secs} s"));
+            }
+        }
+    }
+
+    /// A server's sockets ended: it exited.
+    fn gone(&mut self, epoch: u64) -> Result<(), String> {
+        if let Some(mut p) = self.current.take_if(|p| p.epoch == epoch) {
+            let status = status_text(p.child.wait());
+            self.link.shared.lock().sockets.remove(&epoch);
+            self.link.shared.lock().relay.lost(epoch);
+            p.disconnect();
+            if !self.ready {
+                let why = self.start_error.take();
+                return Err(
+                    self.start_failed(why.unwrap_or(format!("the server exited before it was ready ({status})")))
+                );
+            }
+            warn!("server pid {} exited ({status}); starting another to take over", p.pid());
+            self.good = p.exe.clone();
+            match &mut self.replacing {
+                // An upgrade under way takes over as soon as it can.
+                Some(r) => r.crashed = true,
+                None if p.ready => self.restart(),
+                None => self.retry_later(),
+            }
+        } else if let Some(mut r) = self.replacing.take_if(|r| r.proc.epoch == epoch) {
+            let status = status_text(r.proc.child.wait());
+            self.link.shared.lock().sockets.remove(&epoch);
+            r.proc.disconnect();
+            let why = r.failed.take().unwrap_or_else(|| format!("it exited ({status})"));
+            if r.crashed {
+                warn!("server pid {} could not take over: {why}", r.proc.pid());
+                self.retry_later();
+            } else {
+                self.refuse(format!("upgrade refused: the new server could not take over: {why}"));
+            }
+        } else if let Some(i) = self.leaving.iter().position(|p| p.epoch == epoch) {
+            let mut p = self.leaving.swap_remove(i);
+            let status = status_text(p.child.wait());
+            self.link.shared.lock().sockets.remove(&epoch);
+            info!("server pid {} ended ({status}): replaced", p.pid());
+        }
+        Ok(())
+    }
+
+    fn control(&mut self, epoch: u64, message: Control, args: &MountArgs) -> Result<(), String> {
+        let is_current = self.current.as_ref().is_some_and(|p| p.epoch == epoch);
+        match message {
+            Control::Loaded if is_current && !self.mounted => self.mount_now(args)?,
+            Control::Loaded => {
+                let init = self.link.shared.lock().relay.probe(epoch);
+                // Probed with the kernel's INIT; it takes over once it answers alike.
+                if let (Some(init), Some(r)) = (init, self.replacing.as_ref().filter(|r| r.proc.epoch == epoch)) {
+                    let _ = nix::unistd::write(&*r.proc.socket, &init);
+                }
+            }
+            // The first server: its error is the command's, said once it has exited.
+            Control::Failed(why) if is_current && !self.ready => self.start_error = Some(why),
+            Control::Failed(why) => {
+                if let Some(r) = self.replacing.as_mut().filter(|r| r.proc.epoch == epoch) {
+                    r.failed = Some(why);
+                }
+            }
+            Control::Generation(generation) => self.link.shared.lock().relay.set_generation(epoch, generation),
+            Control::Notify(notice) if is_current => {
+                if notice == Notice::Ready
+                    && let Some(p) = self.current.as_mut().filter(|p| !p.ready)
+                {
+                    p.ready = true;
+                    self.failures = 0;
+                    self.ready = true;
+                    if std::mem::take(&mut self.reload_when_ready) {
+                        self.reload();
+                    }
+                }
+                notify(notice);
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// The first server loaded its inputs: mount, and write the pid file. The server declares
+    /// the daemon ready once the mount answers through it.
+    fn mount_now(&mut self, args: &MountArgs) -> Result<(), String> {
+        let Some(first) = &self.current else { return Ok(()) };
+        let resume = self.link.shared.lock().relay.start(first.epoch);
+        for record in resume.records() {
+            let _ = nix::unistd::write(&*first.control, &record);
+        }
+        if let Err(e) = mount(&self.link.dev, &self.mountpoint) {
+            return Err(self.start_failed(format!("{}: cannot mount: {}", self.m, io_message(&e.into()))));
+        }
+        self.mounted = true;
+        if let Some(pid_file) = &args.pid_file {
+            let written = write_atomic(pid_file, format!("{}\n", std::process::id()).as_bytes())
+                .map_err(|e| format!("{}: cannot write the pid file: {}", pid_file.display(), io_message(&e)));
+            match written {
+                Ok(w) => self.pid_written = Some(w),
+                Err(e) => return Err(self.start_failed(e)),
+            }
+        }
+        let link = self.link.clone();
+        spawn_thread("requests", move || relay_requests(&link))?;
+        let events = self.link.events.clone();
+        crate::watch::spawn(args.owner_pid, args.container_pid_file.clone(), move |why| {
+            let _ = events.send(Ev::Stop(why));
+        });
+        Ok(())
+    }
+
+    /// A start that failed: nothing is left behind (no server, no mount); returns `why`.
+    fn start_failed(&mut self, why: String) -> String {
+        if let Some(p) = self.current.take() {
+            self.kill(p);
+        }
+        if self.mounted {
+            if nix::mount::umount2(&self.mountpoint, MntFlags::empty()).is_err() {
+                detach(&self.mountpoint);
+            }
+            self.mounted = false;
+        }
+        why
+    }
+
+    /// A replacement answered the INIT replay: it takes over, unless an upgrade disagrees.
+    fn probed(&mut self, epoch: u64, same: bool) {
+        let Some(r) = self.replacing.take_if(|r| r.proc.epoch == epoch) else { return };
+        if !same && !r.crashed {
+            self.kill(r.proc);
+            self.refuse(
+                "upgrade refused: the new binary negotiates other FUSE parameters with the kernel; restart the daemon \
+                 to use it"
+                    .into(),
+            );
+            return;
+        }
+        if !same {
+            warn!(
+                "server pid {} negotiates other FUSE parameters than the kernel agreed to; it serves anyway",
+                r.proc.pid()
+            );
+        }
+        let mut shared = self.link.shared.lock();
+        if !r.crashed {
+            // The old server answers what it has; new requests wait here meanwhile.
+            shared.relay.hold();
+            let until = Instant::now() + DRAIN;
+            while !shared.relay.drained() && !self.link.answered.wait_until(&mut shared, until).timed_out() {}
+        }
+        let switch = shared.relay.switch(epoch);
+        for record in switch.resume.records() {
+            let _ = nix::unistd::write(&*r.proc.control, &record);
+        }
+        for msg in &switch.resend {
+            let _ = nix::unistd::write(&*r.proc.socket, msg);
+        }
+        let held = switch.resume.held.nodes().len();
+        drop(shared);
+        for (unique, opcode) in &switch.give_up {
+            warn!("request {unique} (opcode {opcode}) was in flight at three server deaths: answered EIO");
+            let _ = nix::unistd::write(&self.link.dev, &fuse_wire::error_reply(*unique, libc::EIO));
+        }
+        let how = if r.crashed { "after a crash" } else { "upgrade" };
+        let old = self.current.take();
+        match &old {
+            Some(o) => info!(
+                "server pid {} took over from pid {} ({how}): {} requests resent, {held} nodes held by the kernel",
+                r.proc.pid(),
+                o.pid(),
+                switch.resend.len()
+            ),
+            None => info!(
+                "server pid {} took over ({how}): {} requests resent, {held} nodes held by the kernel",
+                r.proc.pid(),
+                switch.resend.len()
+            ),
+        }
+        if let Some(o) = old {
+            o.disconnect();
+            self.leaving.push(o);
+        }
+        self.good = r.proc.exe.clone();
+        self.current = Some(r.proc);
+    }
+
+    /// SIGTERM, SIGINT, or the watched container gone: unmount, stop the server.
+    fn stop(&mut self, why: &str, rx: &Receiver<Ev>) -> Result<(), String> {
+        info!("{why}: stopping");
+        notify(Notice::Stopping);
+        if self.mounted {
+            match nix::mount::umount2(&self.mountpoint, MntFlags::empty()) {
+                // Unmounted here; the connection ends once no other mount holds it. A
+                // container's bind mount of it does: then exiting ends it, and the container
+                // sees ENOTCONN.
+                Ok(()) => {
+                    let deadline = Instant::now() + Duration::from_millis(500);
+                    let ended = loop {
+                        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                            Ok(Ev::KernelEnded(_)) | Err(RecvTimeoutError::Disconnected) => break true,
+                            Ok(_) => {}
+                            Err(RecvTimeoutError::Timeout) => break false,
+                        }
+                    };
+                    if ended {
+                        info!("unmounted {}", self.m);
+                    } else {
+                        warn!(
+                            "unmounted {}, but other mounts of it (a container's /dev?) remain; they lose their /dev as we exit",
+                            self.m
+                        );
+                    }
+                }
+                // Busy (a process has its cwd in it): detach; the same holds for its last users.
+                Err(e) => {
+                    warn!(
+                        "{}: unmount failed ({}); detached it, and what still holds it loses its /dev as we exit",
+                        self.m,
+                        io_message(&e.into())
+                    );
+                    detach(&self.mountpoint);
+                }
+            }
+        }
+        self.end_servers();
+        Ok(())
+    }
+
+    /// Tells the server that the daemon stops (it removes the state file) and waits a little
+    /// for it; kills whatever is left.
+    fn end_servers(&mut self) {
+        if let Some(mut p) = self.current.take() {
+            p.tell(&Control::Stop);
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while Instant::now() < deadline && matches!(p.child.try_wait(), Ok(None)) {
+                // The server removes one file and exits; this is bounded by the deadline.
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            self.kill(p);
+        }
+        for p in self.replacing.take().map(|r| r.proc).into_iter().chain(std::mem::take(&mut self.leaving)) {
+            self.kill(p);
+        }
+    }
+
+    /// `/dev/fuse` ended without a stop. A clean outside `umount` ends it with ENODEV (`Ok`):
+    /// exit 0. An aborted connection (`umount -f`, a write to `/sys/fs/fuse/connections/N/abort`)
+    /// ends it with ECONNABORTED (the server asks for `FUSE_ABORT_ERROR`) and may leave a dead
+    /// mount answering ENOTCONN (when it was busy): detach that and fail, so that a supervisor
+    /// (systemd's `Restart=on-failure`) starts a new daemon.
+    fn ended(&mut self, result: io::Result<()>) -> Result<(), String> {
+        self.end_servers();
+        let aborted = result.as_ref().err().and_then(io::Error::raw_os_error) == Some(libc::ECONNABORTED);
+        if is_dead_mount(&self.mountpoint) {
+            detach(&self.mountpoint);
+            return Err(format!("{}: the FUSE connection was aborted; detached the dead mount", self.m));
+        }
+        match result {
+            _ if aborted => return Err(format!("{}: the FUSE connection was aborted", self.m)),
+            Ok(()) => info!("{}: unmounted from outside", self.m),
+            Err(e) => warn!("{}: the FUSE connection ended: {}", self.m, io_message(&e)),
+        }
+        Ok(())
+    }
+}
+
+/// Tells systemd, when it started us with a notify socket (`Type=notify` or `notify-reload`,
+/// which shows the unit as reloading until `READY=1`); without one this does nothing.
+fn notify(notice: Notice) {
+    let states = match notice {
+        Notice::Ready => vec![NotifyState::Ready],
+        Notice::Stopping => vec![NotifyState::Stopping],
+        Notice::Reloading => {
+            let mut reloading = vec![NotifyState::Reloading];
+            reloading.extend(NotifyState::monotonic_usec_now().ok());
+            reloading
+        }
+    };
+    if let Err(e) = sd_notify::notify(&states) {
+        warn!("cannot notify systemd: {}", io_message(&e));
+    }
+}

@@ -1,0 +1,253 @@
+//! `devremapd serve`: the server, which the keeper (`devremapd mount`, [`crate::keeper`])
+//! starts and restarts. It loads the inputs, builds the `Devfs`, and runs fuser's session on
+//! the socket the keeper relays `/dev/fuse` through (fd 3), as if it were `/dev/fuse`; it talks
+//! to the keeper about everything else over the control socket (fd 4). Reloads happen here
+//! (the library's [`Lifecycle`]), so a bad input, a stuck input or a panic can never take the
+//! FUSE connection with it: the keeper holds that.
+//!
+//! Order of a start: load (a failure is sent to the keeper, which reports it), say `Loaded`,
+//! answer the INIT the keeper sends (the kernel's, or its replay), read the resume payload
+//! (the kernel's node table when taking over), and only then serve requests, once the node
+//! ids are the kernel's. Readiness (the state file, `READY=1` through the keeper) is declared
+//! once the mount answers through us.
+//!
+//! Assumptions: started by the keeper with fds 3 and 4 its `SOCK_SEQPACKET` sockets (checked:
+//! run by hand, it refuses); the keeper is its parent for its whole life (the state file's
+//! `pid` is the parent's pid). The session ends when the keeper closes the socket: the daemon
+//! stopped (the keeper says `Stop` first: remove the state file), an upgrade replaced this
+//! server, or the keeper died. SIGTERM and SIGINT are ignored here: the keeper stops the mount.
+
+use crate::cli::MountArgs;
+use crate::mountpoint::wait_answering;
+use crate::{logging, signals};
+use devremap::adapter::Adapter;
+use devremap::atomic::{Written, write_atomic};
+use devremap::handover::{Control, Resume};
+use devremap::lifecycle::{End, Event, Lifecycle, Notice, PublishError, Session, Status, warnings};
+use devremap::load::{self, Sources};
+use devremap::served::Devfs;
+use devremap::{io_message, render};
+use fuser::{Config, SessionACL};
+use log::info;
+use serde_json::Value;
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::mpsc::{self, Sender};
+use std::time::Duration;
+
+/// The fds the keeper passes: the FUSE relay and the control socket.
+const FUSE_FD: i32 = 3;
+const CONTROL_FD: i32 = 4;
+
+/// The server as the [`Lifecycle`] sees it.
+struct Server {
+    sources: Sources,
+    mountpoint: PathBuf,
+    state_file: Option<PathBuf>,
+    state_written: Option<Written>,
+    events: Sender<Event>,
+    control: Arc<OwnedFd>,
+    handovers: u64,
+}
+
+/// The keeper's sockets, after checking that they are sockets: `devremapd serve` run by hand
+/// would otherwise take whatever fds 3 and 4 happen to be.
+fn inherited() -> Result<(OwnedFd, OwnedFd), String> {
+    let mut fds = Vec::new();
+    for fd in [FUSE_FD, CONTROL_FD] {
+        let link = std::fs::read_link(format!("/proc/self/fd/{fd}")).unwrap_or_default();
+        if !link.to_string_lossy().starts_with("socket:") {
+            return Err(format!(
+                "devremapd serve is started by `devremapd mount`, with its sockets as fds 3 and 4 (fd {fd} is not a socket)"
+            ));
+        }
+        // SAFETY: fd is open (its /proc link names a socket) and is the socket the keeper
+        // passed for us alone; nothing else in this process owns it.
+        fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
+    }
+    let control = fds.pop().expect("two fds");
+    Ok((fds.pop().expect("two fds"), control))
+}
+
+/// Sends one control message; a keeper that is gone is noticed by the session's end.
+fn tell(control: &OwnedFd, message: &Control) {
+    let _ = nix::unistd::write(control, &message.encode());
+}
+
+/// Reads one control message; EOF (the keeper is gone) or a message that does not decode is an
+/// error.
+fn receive(control: &OwnedFd) -> Result<Control, String> {
+    let mut buf = vec![0u8; devremap::handover::MAX_RECORD + 1];
+    loop {
+        match nix::unistd::read(control, &mut buf) {
+            Ok(0) => return Err("the keeper closed the control socket".into()),
+            Ok(n) => return Control::decode(&buf[..n]).map_err(|e| format!("from the keeper: {e}")),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(format!("cannot read the control socket: {e}")),
+        }
+    }
+}
+
+/// The resume payload, put back together from its parts.
+fn read_resume(control: &OwnedFd) -> Result<Resume, String> {
+    let mut payload = Vec::new();
+    loop {
+        match receive(control)? {
+            Control::ResumePart(part) => payload.extend(part),
+            Control::ResumeEnd => return Resume::parse(&payload).map_err(|e| format!("from the keeper: {e}")),
+            other => return Err(format!("from the keeper: {other:?} before the resume payload")),
+        }
+    }
+}
+
+/// What a signal does to the server: SIGHUP reloads (the keeper passes its SIGHUP on).
+fn act(sig: i32) -> Option<Event> {
+    (sig == libc::SIGHUP).then_some(Event::Reload)
+}
+
+pub fn run(args: &MountArgs) -> Result<(), String> {
+    let (tx, rx) = mpsc::channel();
+    signals::start(tx.clone(), act, " (signal the keeper, the pid in the pid file)")?;
+    let (fuse, control) = inherited()?;
+    let control = Arc::new(control);
+    let sources = args.inputs.sources();
+    // Until ready, every error goes to the keeper, which reports it as the error of the
+    // command the user ran (and `main` prints nothing more).
+    let fail = |e: String| {
+        tell(&control, &Control::Failed(e));
+        String::new()
+    };
+    let loaded = load::load(&sources).map_err(|e| fail(e.to_string()))?;
+    tell(&control, &Control::Loaded);
+
+    let devfs = Arc::new(Devfs::new(loaded.plan.tree.clone()));
+    let retired_tx = tx.clone();
+    let on_retired = Box::new(move || {
+        let _ = retired_tx.send(Event::Retired);
+    });
+    let adapter = hooks(Adapter::new(devfs.clone(), Duration::from_secs(args.ttl), Some(on_retired)));
+    let mut config = Config::default();
+    config.acl = SessionACL::All;
+    config.n_threads = Some(args.threads.into());
+    // Answers the INIT the keeper sends: the kernel's, or its replay.
+    let session = fuser::Session::from_fd(adapter, fuse, SessionACL::All, config)
+        .map_err(|e| fail(format!("the FUSE handshake through the keeper failed: {}", io_message(&e))))?;
+    let resume = read_resume(&control).map_err(fail)?;
+    let resumed = (!resume.is_first()).then(|| devfs.resume(&resume.held, resume.generation));
+    let notifier = session.notifier();
+    let session_tx = tx.clone();
+    std::thread::Builder::new()
+        .name("fuse-session".into())
+        .spawn(move || {
+            let _ = session_tx.send(Event::Ended(session.run()));
+        })
+        .map_err(|e| fail(format!("cannot start the session thread: {e}")))?;
+    let (control_tx, control_rx) = (tx.clone(), control.clone());
+    std::thread::Builder::new()
+        .name("control".into())
+        .spawn(move || {
+            while let Ok(message) = receive(&control_rx) {
+                let event = match message {
+                    Control::Refused(e) => Event::Refused(e),
+                    Control::Stop => Event::Stop("the daemon is stopping".into()),
+                    _ => continue,
+                };
+                if control_tx.send(event).is_err() {
+                    break;
+                }
+            }
+        })
+        .map_err(|e| fail(format!("cannot start the control thread: {e}")))?;
+
+    let server = Server {
+        sources,
+        mountpoint: args.mountpoint.clone(),
+        state_file: args.state_file.clone(),
+        state_written: None,
+        events: tx,
+        control: control.clone(),
+        handovers: resume.handovers,
+    };
+    let mut life = Lifecycle::new(devfs, loaded, Duration::from_secs(args.reload_timeout), notifier, server);
+    if let Some(resumed) = &resumed {
+        life.resumed(resumed);
+    }
+    wait_answering(&args.mountpoint).map_err(fail)?;
+    life.ready().map_err(|e| fail(e.to_string()))?;
+    if resumed.is_none() {
+        let current = life.current();
+        info!(
+            "serving {}: generation 1, nodes: {}, remapped GPUs: {} (keeper pid {}, server pid {}){}",
+            args.mountpoint.display(),
+            current.plan.tree.len() - 1,
+            current.plan.remap.iter().filter(|e| e.served).count(),
+            nix::unistd::getppid(),
+            std::process::id(),
+            warnings(current)
+        );
+    }
+    let keeper = nix::unistd::getppid();
+    let end = life.serve(&rx);
+    // The state file goes with the daemon: when the keeper said it stops, or died (we were
+    // handed to another parent). A server replaced by an upgrade leaves it to its successor.
+    if matches!(end, End::Stop) || nix::unistd::getppid() != keeper {
+        life.session().state_written.iter().for_each(Written::remove_if_ours);
+    }
+    if logging::dropped() > 0 {
+        log::warn!("{} log lines were dropped: stderr was not being read", logging::dropped());
+    }
+    Ok(())
+}
+
+/// The test hooks, in a build with the `test-hooks` feature: `DEVREMAPD_FAILPOINT=lookup-panic:NAME`
+/// makes every lookup of NAME panic.
+#[cfg(feature = "test-hooks")]
+fn hooks(adapter: Adapter) -> Adapter {
+    let failpoint =
+        std::env::var("DEVREMAPD_FAILPOINT").ok().and_then(|f| f.strip_prefix("lookup-panic:").map(str::to_owned));
+    adapter.panic_on_lookup(failpoint)
+}
+
+#[cfg(not(feature = "test-hooks"))]
+fn hooks(adapter: Adapter) -> Adapter {
+    adapter
+}
+
+impl Session for Server {
+    /// Loads the inputs on a worker thread: an input on a stuck filesystem blocks only it.
+    fn load(&mut self, id: u64) -> io::Result<()> {
+        let (sources, events) = (self.sources.clone(), self.events.clone());
+        std::thread::Builder::new().name("reload".into()).spawn(move || {
+            let _ = events.send(Event::Loaded(id, Box::new(load::load(&sources))));
+        })?;
+        Ok(())
+    }
+
+    /// Replaces the state file, if there is one, and tells the keeper the generation served.
+    fn publish(&mut self, status: &Status<'_>) -> Result<(), PublishError> {
+        tell(&self.control, &Control::Generation(status.generation));
+        let Some(path) = &self.state_file else { return Ok(()) };
+        let mut state = render::plan_json(&status.loaded.plan, status.loaded.metadata.as_ref());
+        state.insert("generation".into(), status.generation.into());
+        state.insert("last_error".into(), status.last_error.map_or(Value::Null, Value::from));
+        state.insert("retired_nodes".into(), status.retired_nodes.into());
+        state.insert("pid".into(), nix::unistd::getppid().as_raw().into());
+        state.insert("server_pid".into(), std::process::id().into());
+        state.insert("handovers".into(), self.handovers.into());
+        state.insert("mountpoint".into(), self.mountpoint.display().to_string().into());
+        state.insert("log_lines_dropped".into(), logging::dropped().into());
+        let mut text = Value::Object(state).to_string();
+        text.push('\n');
+        let written = write_atomic(path, text.as_bytes())
+            .map_err(|source| PublishError::StateFile { path: path.clone(), source })?;
+        self.state_written = Some(written);
+        Ok(())
+    }
+
+    /// Passes the notice to the keeper, the process systemd knows.
+    fn notify(&mut self, notice: Notice) {
+        tell(&self.control, &Control::Notify(notice));
+    }
+}

@@ -1,0 +1,327 @@
+//! The few FUSE messages the keeper reads as they pass: headers, the name a LOOKUP asks for,
+//! the entries LOOKUP and READDIRPLUS replies give, what FORGET and BATCH_FORGET let go, and a
+//! READLINK reply's target. Everything else passes as opaque bytes.
+//!
+//! Assumptions: the kernel speaks FUSE 7.9 or later (the entry and attribute layouts below, as
+//! in `include/uapi/linux/fuse.h`; fuser needs 7.12), in native byte order; a message is one
+//! whole read of `/dev/fuse` or one record of a `SOCK_SEQPACKET` socket. Nothing here trusts a
+//! length it did not check: a short or inconsistent message is an error, never a panic.
+
+use thiserror::Error;
+
+pub const LOOKUP: u32 = 1;
+pub const FORGET: u32 = 2;
+pub const READLINK: u32 = 5;
+pub const INIT: u32 = 26;
+pub const INTERRUPT: u32 = 36;
+pub const BATCH_FORGET: u32 = 42;
+pub const READDIRPLUS: u32 = 44;
+
+/// `fuse_in_header`'s size.
+pub const IN_HEADER: usize = 40;
+/// `fuse_out_header`'s size.
+pub const OUT_HEADER: usize = 16;
+/// `fuse_entry_out`'s size (with `fuse_attr` of 7.9 and later).
+const ENTRY_OUT: usize = 128;
+/// `fuse_dirent`'s fixed part.
+const DIRENT: usize = 24;
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum WireError {
+    #[error("a FUSE message of {0} bytes is shorter than its header")]
+    Short(usize),
+    #[error("a FUSE message's header says {said} bytes, but {got} came")]
+    Length { said: usize, got: usize },
+    #[error("a FUSE {what} is truncated")]
+    Truncated { what: &'static str },
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_ne_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_ne_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+/// A request from the kernel: `fuse_in_header` and what follows it.
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'a> {
+    pub opcode: u32,
+    pub unique: u64,
+    pub nodeid: u64,
+    pub body: &'a [u8],
+}
+
+impl<'a> Request<'a> {
+    pub fn parse(msg: &'a [u8]) -> Result<Request<'a>, WireError> {
+        if msg.len() < IN_HEADER {
+            return Err(WireError::Short(msg.len()));
+        }
+        let said = u32_at(msg, 0) as usize;
+        if said != msg.len() {
+            return Err(WireError::Length { said, got: msg.len() });
+        }
+        Ok(Request { opcode: u32_at(msg, 4), unique: u64_at(msg, 8), nodeid: u64_at(msg, 16), body: &msg[IN_HEADER..] })
+    }
+
+    /// A request that gets no reply: FORGET, BATCH_FORGET, INTERRUPT.
+    pub fn unanswered(&self) -> bool {
+        matches!(self.opcode, FORGET | BATCH_FORGET | INTERRUPT)
+    }
+
+    /// The name a LOOKUP asks for: the bytes up to the first NUL.
+    pub fn name(&self) -> &'a [u8] {
+        self.body.split(|&b| b == 0).next().unwrap_or_default()
+    }
+
+    /// The references a FORGET or BATCH_FORGET lets go: `(node id, count)`.
+    pub fn forgets(&self) -> Result<Vec<(u64, u64)>, WireError> {
+        let truncated = WireError::Truncated { what: "forget" };
+        match self.opcode {
+            FORGET if self.body.len() >= 8 => Ok(vec![(self.nodeid, u64_at(self.body, 0))]),
+            BATCH_FORGET if self.body.len() >= 8 => {
+                let count = u32_at(self.body, 0) as usize;
+                let ones = &self.body[8..];
+                if ones.len() / 16 < count {
+                    return Err(truncated);
+                }
+                Ok((0..count).map(|i| (u64_at(ones, i * 16), u64_at(ones, i * 16 + 8))).collect())
+            }
+            FORGET | BATCH_FORGET => Err(truncated),
+            _ => Ok(Vec::new()),
+        }
+    }
+}
+
+/// A message from the server: a reply (`unique` not 0) or a notification (`unique` 0, `error`
+/// the notification's code).
+#[derive(Debug, Clone, Copy)]
+pub struct Reply<'a> {
+    pub error: i32,
+    pub unique: u64,
+    pub body: &'a [u8],
+}
+
+impl<'a> Reply<'a> {
+    pub fn parse(msg: &'a [u8]) -> Result<Reply<'a>, WireError> {
+        if msg.len() < OUT_HEADER {
+            return Err(WireError::Short(msg.len()));
+        }
+        let said = u32_at(msg, 0) as usize;
+        if said != msg.len() {
+            return Err(WireError::Length { said, got: msg.len() });
+        }
+        Ok(Reply { error: u32_at(msg, 4) as i32, unique: u64_at(msg, 8), body: &msg[OUT_HEADER..] })
+    }
+}
+
+/// What an entry told the kernel about a node: the attributes that make its identity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attr {
+    /// `st_mode`: the type bits and the permission bits.
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    /// In FUSE's encoding (the kernel's `new_encode_dev`).
+    pub rdev: u32,
+    pub size: u64,
+    pub mtime: (u64, u32),
+}
+
+/// One entry of a LOOKUP or READDIRPLUS reply: the node id the kernel now holds a reference
+/// to (0: none, a negative entry) and its attributes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntryOut {
+    pub nodeid: u64,
+    pub attr: Attr,
+}
+
+fn entry_out(b: &[u8]) -> EntryOut {
+    EntryOut {
+        nodeid: u64_at(b, 0),
+        attr: Attr {
+            size: u64_at(b, 48),
+            mtime: (u64_at(b, 72), u32_at(b, 92)),
+            mode: u32_at(b, 100),
+            uid: u32_at(b, 108),
+            gid: u32_at(b, 112),
+            rdev: u32_at(b, 116),
+        },
+    }
+}
+
+/// The entry of a LOOKUP reply.
+pub fn lookup_entry(body: &[u8]) -> Result<EntryOut, WireError> {
+    if body.len() < ENTRY_OUT {
+        return Err(WireError::Truncated { what: "entry" });
+    }
+    Ok(entry_out(body))
+}
+
+/// The entries of a READDIRPLUS reply with their names, `.` and `..` included.
+pub fn direntplus(body: &[u8]) -> Result<Vec<(Vec<u8>, EntryOut)>, WireError> {
+    let mut out = Vec::new();
+    let mut rest = body;
+    while !rest.is_empty() {
+        if rest.len() < ENTRY_OUT + DIRENT {
+            return Err(WireError::Truncated { what: "direntplus" });
+        }
+        let namelen = u32_at(rest, ENTRY_OUT + 16) as usize;
+        let size = ENTRY_OUT + DIRENT + namelen;
+        if rest.len() < size {
+            return Err(WireError::Truncated { what: "direntplus" });
+        }
+        out.push((rest[ENTRY_OUT + DIRENT..size].to_vec(), entry_out(rest)));
+        // Each entry is padded to 8 bytes; the last one may end without its padding.
+        rest = &rest[size.next_multiple_of(8).min(rest.len())..];
+    }
+    Ok(out)
+}
+
+/// An error reply to request `unique`: what the keeper answers for a request it gives up on.
+pub fn error_reply(unique: u64, errno: i32) -> Vec<u8> {
+    let mut b = Vec::with_capacity(OUT_HEADER);
+    b.extend_from_slice(&(OUT_HEADER as u32).to_ne_bytes());
+    b.extend_from_slice(&(-errno).to_ne_bytes());
+    b.extend_from_slice(&unique.to_ne_bytes());
+    b
+}
+
+/// Builders of wire messages for tests of the keeper's logic (here and in `relay`).
+#[cfg(test)]
+pub mod build {
+    use super::*;
+
+    pub fn request(opcode: u32, unique: u64, nodeid: u64, body: &[u8]) -> Vec<u8> {
+        let mut b = Vec::new();
+        b.extend_from_slice(&((IN_HEADER + body.len()) as u32).to_ne_bytes());
+        b.extend_from_slice(&opcode.to_ne_bytes());
+        b.extend_from_slice(&unique.to_ne_bytes());
+        b.extend_from_slice(&nodeid.to_ne_bytes());
+        b.extend_from_slice(&[0; 16]);
+        b.extend_from_slice(body);
+        b
+    }
+
+    pub fn reply(unique: u64, error: i32, body: &[u8]) -> Vec<u8> {
+        let mut b = Vec::new();
+        b.extend_from_slice(&((OUT_HEADER + body.len()) as u32).to_ne_bytes());
+        b.extend_from_slice(&error.to_ne_bytes());
+        b.extend_from_slice(&unique.to_ne_bytes());
+        b.extend_from_slice(body);
+        b
+    }
+
+    pub fn entry(nodeid: u64, attr: &Attr) -> Vec<u8> {
+        let mut b = vec![0u8; ENTRY_OUT];
+        b[0..8].copy_from_slice(&nodeid.to_ne_bytes());
+        b[40..48].copy_from_slice(&nodeid.to_ne_bytes());
+        b[48..56].copy_from_slice(&attr.size.to_ne_bytes());
+        b[72..80].copy_from_slice(&attr.mtime.0.to_ne_bytes());
+        b[92..96].copy_from_slice(&attr.mtime.1.to_ne_bytes());
+        b[100..104].copy_from_slice(&attr.mode.to_ne_bytes());
+        b[108..112].copy_from_slice(&attr.uid.to_ne_bytes());
+        b[112..116].copy_from_slice(&attr.gid.to_ne_bytes());
+        b[116..120].copy_from_slice(&attr.rdev.to_ne_bytes());
+        b
+    }
+
+    pub fn dirents(entries: &[(&str, u64, Attr)]) -> Vec<u8> {
+        let mut b = Vec::new();
+        for (i, (name, nodeid, attr)) in entries.iter().enumerate() {
+            b.extend(entry(*nodeid, attr));
+            b.extend_from_slice(&nodeid.to_ne_bytes());
+            b.extend_from_slice(&(i as u64 + 1).to_ne_bytes());
+            b.extend_from_slice(&(name.len() as u32).to_ne_bytes());
+            b.extend_from_slice(&(attr.mode >> 12).to_ne_bytes());
+            b.extend_from_slice(name.as_bytes());
+            b.resize(b.len().next_multiple_of(8), 0);
+        }
+        b
+    }
+
+    pub fn forget(unique: u64, nodeid: u64, n: u64) -> Vec<u8> {
+        request(FORGET, unique, nodeid, &n.to_ne_bytes())
+    }
+
+    pub fn batch_forget(unique: u64, ones: &[(u64, u64)]) -> Vec<u8> {
+        let mut body = Vec::new();
+        body.extend_from_slice(&(ones.len() as u32).to_ne_bytes());
+        body.extend_from_slice(&0u32.to_ne_bytes());
+        for (id, n) in ones {
+            body.extend_from_slice(&id.to_ne_bytes());
+            body.extend_from_slice(&n.to_ne_bytes());
+        }
+        request(BATCH_FORGET, unique, 0, &body)
+    }
+
+    pub fn lookup(unique: u64, parent: u64, name: &str) -> Vec<u8> {
+        let mut body = name.as_bytes().to_vec();
+        body.push(0);
+        request(LOOKUP, unique, parent, &body)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::build::*;
+    use super::*;
+
+    fn dev_attr() -> Attr {
+        Attr { mode: 0o20666, uid: 0, gid: 0, rdev: (195 << 8) | 3, size: 0, mtime: (7, 8) }
+    }
+
+    /// Rule: the fields read back are the ones written at the kernel's offsets.
+    #[test]
+    fn a_lookup_reply_gives_the_node_and_its_attributes() {
+        let msg = reply(9, 0, &entry(42, &dev_attr()));
+        let r = Reply::parse(&msg).unwrap();
+        assert_eq!(r.unique, 9);
+        assert_eq!(lookup_entry(r.body).unwrap(), EntryOut { nodeid: 42, attr: dev_attr() });
+        let req = lookup(9, 1, "nvidia3");
+        let q = Request::parse(&req).unwrap();
+        assert_eq!((q.opcode, q.nodeid, q.name()), (LOOKUP, 1, &b"nvidia3"[..]));
+    }
+
+    /// Rule: every entry of a READDIRPLUS reply is read, names of any length, the padding skipped.
+    #[test]
+    fn direntplus_reads_every_entry() {
+        let names = [".", "..", "a", "nvidia0", "1234567", "12345678"];
+        let entries: Vec<(&str, u64, Attr)> =
+            names.iter().enumerate().map(|(i, n)| (*n, i as u64 + 2, dev_attr())).collect();
+        let got = direntplus(&dirents(&entries)).unwrap();
+        assert_eq!(got.len(), names.len());
+        for ((name, entry), want) in got.iter().zip(&entries) {
+            assert_eq!((name.as_slice(), entry.nodeid), (want.0.as_bytes(), want.1));
+        }
+    }
+
+    /// Rule: a truncated or lying message is an error, never a panic.
+    #[test]
+    fn short_and_inconsistent_messages_are_errors() {
+        assert_eq!(Request::parse(&[0; 10]).unwrap_err(), WireError::Short(10));
+        let mut msg = lookup(1, 1, "x");
+        msg.push(0);
+        assert!(matches!(Request::parse(&msg), Err(WireError::Length { .. })));
+        let body = dirents(&[("abc", 5, dev_attr())]);
+        for cut in [1, ENTRY_OUT, ENTRY_OUT + DIRENT + 1] {
+            assert!(direntplus(&body[..cut]).is_err(), "cut at {cut}");
+        }
+        assert!(lookup_entry(&[0; 100]).is_err());
+        let batch = batch_forget(3, &[(5, 1), (6, 2)]);
+        let mut lying = batch.clone();
+        lying[IN_HEADER..IN_HEADER + 4].copy_from_slice(&3u32.to_ne_bytes());
+        assert!(Request::parse(&lying).unwrap().forgets().is_err());
+        assert_eq!(Request::parse(&batch).unwrap().forgets().unwrap(), vec![(5, 1), (6, 2)]);
+        assert_eq!(Request::parse(&forget(4, 9, 3)).unwrap().forgets().unwrap(), vec![(9, 3)]);
+    }
+
+    /// Rule: the keeper's own error reply is a whole FUSE reply with a negative errno.
+    #[test]
+    fn error_reply_is_a_reply() {
+        let msg = error_reply(77, libc::EIO);
+        let r = Reply::parse(&msg).unwrap();
+        assert_eq!((r.unique, r.error, r.body.len()), (77, -libc::EIO, 0));
+    }
+}

@@ -1,0 +1,230 @@
+//! What the keeper and its server say to each other outside the FUSE traffic, over the
+//! control socket (a `SOCK_SEQPACKET` pair: one record is one message), and the resume payload:
+//! the kernel's node table and the counters a server takes over.
+//!
+//! Assumptions: both ends are the same program, or an upgrade of it that speaks this
+//! encoding (a tag byte, then the message); a record is at most [`MAX_RECORD`] bytes, so the
+//! resume payload, which grows with the nodes the kernel holds, goes in parts. A message that
+//! does not decode is an error naming what was wrong: a server refuses to start on it.
+
+use crate::fuse_wire::Attr;
+use crate::held::{Held, HeldNode};
+use crate::lifecycle::Notice;
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use thiserror::Error;
+
+/// The largest control record: well under a socket's default buffer.
+pub const MAX_RECORD: usize = 64 * 1024;
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum HandoverError {
+    #[error("an empty control message")]
+    Empty,
+    #[error("an unknown control message (tag {0:#04x})")]
+    Tag(u8),
+    #[error("a truncated control message (tag {0:?})")]
+    Truncated(char),
+    #[error("a resume payload that is not valid: {0}")]
+    Payload(String),
+}
+
+/// One control message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Control {
+    /// Server to keeper: the inputs loaded; send the INIT.
+    Loaded,
+    /// Server to keeper: the inputs did not load (the error line); the server exits 1.
+    Failed(String),
+    /// Server to keeper: serving this generation (with every state the server publishes).
+    Generation(u64),
+    /// Server to keeper: tell the service manager (only the keeper, the main process, may).
+    Notify(Notice),
+    /// Keeper to server: a part of the resume payload; [`Control::ResumeEnd`] ends it.
+    ResumePart(Vec<u8>),
+    ResumeEnd,
+    /// Keeper to server: an upgrade failed; record it as the last error.
+    Refused(String),
+    /// Keeper to server: the daemon stops: remove the state file and exit.
+    Stop,
+}
+
+impl Control {
+    pub fn encode(&self) -> Vec<u8> {
+        let (tag, body): (u8, &[u8]) = match self {
+            Control::Loaded => (b'L', &[]),
+            Control::Failed(text) => (b'F', text.as_bytes()),
+            Control::Generation(g) => return [&[b'G'][..], &g.to_le_bytes()].concat(),
+            Control::Notify(n) => {
+                let n = match n {
+                    Notice::Ready => b'r',
+                    Notice::Reloading => b'l',
+                    Notice::Stopping => b's',
+                };
+                return vec![b'N', n];
+            }
+            Control::ResumePart(part) => (b'P', part),
+            Control::ResumeEnd => (b'E', &[]),
+            Control::Refused(text) => (b'R', text.as_bytes()),
+            Control::Stop => (b'S', &[]),
+        };
+        [&[tag][..], body].concat()
+    }
+
+    pub fn decode(record: &[u8]) -> Result<Control, HandoverError> {
+        let (&tag, body) = record.split_first().ok_or(HandoverError::Empty)?;
+        let text = || String::from_utf8_lossy(body).into_owned();
+        Ok(match tag {
+            b'L' => Control::Loaded,
+            b'F' => Control::Failed(text()),
+            b'G' => {
+                Control::Generation(u64::from_le_bytes(body.try_into().map_err(|_| HandoverError::Truncated('G'))?))
+            }
+            b'N' => Control::Notify(match body {
+                b"r" => Notice::Ready,
+                b"l" => Notice::Reloading,
+                b"s" => Notice::Stopping,
+                _ => return Err(HandoverError::Truncated('N')),
+            }),
+            b'P' => Control::ResumePart(body.to_vec()),
+            b'E' => Control::ResumeEnd,
+            b'R' => Control::Refused(text()),
+            b'S' => Control::Stop,
+            other => return Err(HandoverError::Tag(other)),
+        })
+    }
+}
+
+/// What a server starts from: nothing (the first server), or the kernel's view and the
+/// counters of the servers before it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Resume {
+    /// The generation the last server served; 0 for the first server.
+    pub generation: u64,
+    /// Servers replaced since the mount (crashes and upgrades).
+    pub handovers: u64,
+    pub held: Held,
+}
+
+impl Resume {
+    /// The first server of a mount: numbers its tree afresh.
+    pub fn is_first(&self) -> bool {
+        self.generation == 0
+    }
+
+    /// The payload as the records that carry it, [`Control::ResumeEnd`] last.
+    pub fn records(&self) -> Vec<Vec<u8>> {
+        let nodes: Vec<Value> = self
+            .held
+            .nodes()
+            .iter()
+            .map(|(ino, n)| {
+                let a = &n.attr;
+                json!([
+                    ino, n.parent, n.name, a.mode, a.uid, a.gid, a.rdev, a.size, a.mtime.0, a.mtime.1, n.target,
+                    n.count
+                ])
+            })
+            .collect();
+        let payload = json!({
+            "generation": self.generation,
+            "handovers": self.handovers,
+            "max_ino": self.held.max_ino(),
+            "nodes": nodes,
+        })
+        .to_string();
+        let mut records: Vec<Vec<u8>> =
+            payload.as_bytes().chunks(MAX_RECORD - 1).map(|part| Control::ResumePart(part.to_vec()).encode()).collect();
+        records.push(Control::ResumeEnd.encode());
+        records
+    }
+
+    /// The payload put back together from its parts.
+    pub fn parse(payload: &[u8]) -> Result<Resume, HandoverError> {
+        let bad = |what: &str| HandoverError::Payload(what.to_owned());
+        let v: Value = serde_json::from_slice(payload).map_err(|e| HandoverError::Payload(e.to_string()))?;
+        let num = |key: &str| v.get(key).and_then(Value::as_u64).ok_or_else(|| bad(key));
+        let mut nodes = HashMap::new();
+        for row in v.get("nodes").and_then(Value::as_array).ok_or_else(|| bad("nodes"))? {
+            let row = row.as_array().filter(|r| r.len() == 12).ok_or_else(|| bad("a node row"))?;
+            let n = |i: usize| row[i].as_u64().ok_or_else(|| bad("a node row's number"));
+            let n32 = |i: usize| n(i).and_then(|x| u32::try_from(x).map_err(|_| bad("a node row's number")));
+            let node = HeldNode {
+                parent: n(1)?,
+                name: row[2].as_str().ok_or_else(|| bad("a node's name"))?.to_owned(),
+                attr: Attr {
+                    mode: n32(3)?,
+                    uid: n32(4)?,
+                    gid: n32(5)?,
+                    rdev: n32(6)?,
+                    size: n(7)?,
+                    mtime: (n(8)?, n32(9)?),
+                },
+                target: row[10].as_str().map(str::to_owned),
+                count: n(11)?,
+            };
+            nodes.insert(n(0)?, node);
+        }
+        Ok(Resume {
+            generation: num("generation")?,
+            handovers: num("handovers")?,
+            held: Held::from_parts(nodes, num("max_ino")?),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rule: every control message decodes to itself; unknown and truncated ones are errors.
+    #[test]
+    fn control_messages_round_trip() {
+        let all = [
+            Control::Loaded,
+            Control::Failed("spec.json: not json".into()),
+            Control::Generation(u64::MAX),
+            Control::Notify(Notice::Reloading),
+            Control::ResumePart(vec![1, 2, 3]),
+            Control::ResumeEnd,
+            Control::Refused("upgrade refused".into()),
+            Control::Stop,
+        ];
+        for c in all {
+            assert_eq!(Control::decode(&c.encode()).unwrap(), c);
+        }
+        assert_eq!(Control::decode(&[]), Err(HandoverError::Empty));
+        assert_eq!(Control::decode(b"Z"), Err(HandoverError::Tag(b'Z')));
+        assert_eq!(Control::decode(b"G123"), Err(HandoverError::Truncated('G')));
+    }
+
+    /// Rule: a payload larger than a record goes in parts, and comes back whole.
+    #[test]
+    fn a_large_resume_goes_in_parts_and_comes_back() {
+        let attr = Attr { mode: 0o20666, uid: 1, gid: 2, rdev: 0x1234, size: 9, mtime: (3, 4) };
+        let nodes: HashMap<u64, HeldNode> = (2..5000)
+            .map(|i| {
+                let node = HeldNode {
+                    parent: 1,
+                    name: format!("nvidia{i}-with-a-long-name"),
+                    attr: attr.clone(),
+                    target: (i % 2 == 0).then(|| format!("/t/{i}")),
+                    count: i,
+                };
+                (i, node)
+            })
+            .collect();
+        let resume = Resume { generation: 7, handovers: 3, held: Held::from_parts(nodes, 9000) };
+        let records = resume.records();
+        assert!(records.len() > 2 && records.iter().all(|r| r.len() <= MAX_RECORD));
+        let mut payload = Vec::new();
+        for r in &records[..records.len() - 1] {
+            let Control::ResumePart(part) = Control::decode(r).unwrap() else { panic!("not a part") };
+            payload.extend(part);
+        }
+        assert_eq!(Control::decode(records.last().unwrap()).unwrap(), Control::ResumeEnd);
+        assert_eq!(Resume::parse(&payload).unwrap(), resume);
+        assert!(Resume::parse(&payload[..payload.len() / 2]).is_err());
+        assert!(Resume::parse(b"{\"generation\":1}").is_err());
+    }
+}
