@@ -14,9 +14,13 @@
 //! `last_error` says why.
 //!
 //! Threads: one reads `/dev/fuse` and forwards; one per server reads its replies and writes
-//! them to `/dev/fuse`; one writes the servers' notifications (the kernel may hold a directory
-//! lock for an invalidation until a reply the other thread writes has passed); one per server
-//! reads its control socket; the main thread runs the life below. Assumption: one daemon per
+//! them to `/dev/fuse`; one per server reads its control socket; the main thread runs the life
+//! below. A server's invalidations come over its control socket and are written to `/dev/fuse`
+//! by that socket's thread, which answers each with the write's result: the write returns once
+//! the kernel has dropped the entry, so a reload's state file is written after it, as before;
+//! and the kernel may hold a directory lock for an invalidation until a reply has passed, which
+//! the reply thread must stay free to write. Only the keeper ever holds `/dev/fuse`: a
+//! `SIGKILL` of the keeper ends the connection at once, as it always did. Assumption: one daemon per
 //! mountpoint, enforced by the [`MountLock`] held for the keeper's whole life.
 
 use crate::cli::MountArgs;
@@ -89,7 +93,6 @@ struct Link {
     answered: Condvar,
     dev: File,
     events: Sender<Ev>,
-    notes: Sender<Vec<u8>>,
 }
 
 struct Shared {
@@ -240,7 +243,6 @@ fn relay_replies(link: &Link, epoch: u64, socket: &OwnedFd, _done: Readers) {
                     link.shared.lock().relay.undo(&added);
                 }
             }
-            Ok(FromServer::Notify) => drop(link.notes.send(msg.to_vec())),
             Ok(FromServer::Probed { epoch, same }) => drop(link.events.send(Ev::Probed(epoch, same))),
             Ok(FromServer::Stale) => {}
             Err(e) => warn!("server {epoch}: a message that cannot be read: {e}"),
@@ -248,15 +250,19 @@ fn relay_replies(link: &Link, epoch: u64, socket: &OwnedFd, _done: Readers) {
     }
 }
 
-/// Reads server `epoch`'s control messages until it exits.
-fn read_control(events: &Sender<Ev>, epoch: u64, control: &OwnedFd, _done: Readers) {
+/// Reads server `epoch`'s control messages until it exits; writes its invalidations.
+fn read_control(link: &Link, epoch: u64, control: &OwnedFd, _done: Readers) {
     let mut buf = vec![0u8; MAX_RECORD + 1];
     loop {
         match nix::unistd::read(control, &mut buf) {
             Ok(0) => return,
             Ok(n) => match Control::decode(&buf[..n]) {
+                Ok(Control::Invalidate(note)) => {
+                    let errno = nix::unistd::write(&link.dev, &note).map_or_else(|e| e as i32, |_| 0);
+                    let _ = nix::unistd::write(control, &Control::Invalidated(errno).encode());
+                }
                 Ok(message) => {
-                    if events.send(Ev::Control(epoch, message)).is_err() {
+                    if link.events.send(Ev::Control(epoch, message)).is_err() {
                         return;
                     }
                 }
@@ -325,13 +331,11 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
         .write(true)
         .open("/dev/fuse")
         .map_err(|e| format!("/dev/fuse: {}", io_message(&e)))?;
-    let (notes_tx, notes_rx) = mpsc::channel::<Vec<u8>>();
     let link = Arc::new(Link {
         shared: Mutex::new(Shared { relay: Relay::default(), sockets: HashMap::new() }),
         answered: Condvar::new(),
         dev,
         events: tx,
-        notes: notes_tx,
     });
     let mut keeper = Keeper {
         link,
@@ -354,13 +358,6 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
         good: exe.clone(),
     };
     keeper.current = Some(keeper.spawn(exe).map_err(|e| format!("cannot start the server: {}", io_message(&e)))?);
-    let notes_link = keeper.link.clone();
-    spawn_thread("notifications", move || {
-        for note in notes_rx {
-            // ENOENT: the kernel has nothing cached there.
-            let _ = nix::unistd::write(&notes_link.dev, &note);
-        }
-    })?;
     let result = keeper.serve(&rx, args);
     keeper.pid_written.iter().for_each(Written::remove_if_ours);
     if crate::logging::dropped() > 0 {
@@ -381,7 +378,7 @@ impl Keeper {
         self.next_epoch += 1;
         let (socket, their_socket) = seqpacket_pair()?;
         let (control, their_control) = seqpacket_pair()?;
-        let (a, b) = (their_socket.as_raw_fd(), their_control.as_raw_fd());
+        let fds = [their_socket.as_raw_fd(), their_control.as_raw_fd()];
         let mut cmd = Command::new(format!("/proc/self/fd/{}", exe.as_raw_fd()));
         cmd.arg0("devremapd").arg("serve").args(&self.args).stdin(Stdio::null());
         // Only the keeper talks to systemd (the main process); the server tells the keeper.
@@ -391,7 +388,7 @@ impl Keeper {
         // being overwritten by the other's dup2 to 3 or 4; dup2 clears close-on-exec.
         unsafe {
             cmd.pre_exec(move || {
-                let high = [libc::fcntl(a, libc::F_DUPFD, 10), libc::fcntl(b, libc::F_DUPFD, 10)];
+                let high = fds.map(|fd| libc::fcntl(fd, libc::F_DUPFD, 10));
                 for (from, to) in high.into_iter().zip([3, 4]) {
                     if from < 0 || libc::dup2(from, to) < 0 {
                         return Err(io::Error::last_os_error());
@@ -409,8 +406,8 @@ impl Keeper {
         let (link, reader, replies_done) = (self.link.clone(), socket.clone(), done());
         let spawned =
             spawn_thread("replies", move || relay_replies(&link, epoch, &reader, replies_done)).and_then(|()| {
-                let (events, control, control_done) = (self.link.events.clone(), control.clone(), done());
-                spawn_thread("control", move || read_control(&events, epoch, &control, control_done))
+                let (link, control, control_done) = (self.link.clone(), control.clone(), done());
+                spawn_thread("control", move || read_control(&link, epoch, &control, control_done))
             });
         let proc = Proc { epoch, child, socket, control, exe, ready: false };
         if let Err(e) = spawned {
@@ -611,6 +608,23 @@ impl Keeper {
                     r.failed = Some(why);
                 }
             }
+            // The mount answers through the server: the pid file first, then it may declare
+            // the daemon ready (the state file). A server taking over finds it written.
+            Control::Answering if is_current => {
+                if let Some(pid_file) = args.pid_file.as_ref().filter(|_| self.pid_written.is_none()) {
+                    let written = write_atomic(pid_file, format!("{}\n", std::process::id()).as_bytes());
+                    match written {
+                        Ok(w) => self.pid_written = Some(w),
+                        Err(e) => {
+                            let why = format!("{}: cannot write the pid file: {}", pid_file.display(), io_message(&e));
+                            return Err(self.start_failed(why));
+                        }
+                    }
+                }
+                if let Some(p) = &self.current {
+                    p.tell(&Control::Proceed);
+                }
+            }
             Control::Generation(generation) => self.link.shared.lock().relay.set_generation(epoch, generation),
             Control::Notify(notice) if is_current => {
                 if notice == Notice::Ready
@@ -642,14 +656,6 @@ impl Keeper {
             return Err(self.start_failed(format!("{}: cannot mount: {}", self.m, io_message(&e.into()))));
         }
         self.mounted = true;
-        if let Some(pid_file) = &args.pid_file {
-            let written = write_atomic(pid_file, format!("{}\n", std::process::id()).as_bytes())
-                .map_err(|e| format!("{}: cannot write the pid file: {}", pid_file.display(), io_message(&e)));
-            match written {
-                Ok(w) => self.pid_written = Some(w),
-                Err(e) => return Err(self.start_failed(e)),
-            }
-        }
         let link = self.link.clone();
         spawn_thread("requests", move || relay_requests(&link))?;
         let events = self.link.events.clone();

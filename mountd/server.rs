@@ -22,8 +22,9 @@ use crate::mountpoint::wait_answering;
 use crate::{logging, signals};
 use devremap::adapter::Adapter;
 use devremap::atomic::{Written, write_atomic};
+use devremap::fuse_wire;
 use devremap::handover::{Control, Resume};
-use devremap::lifecycle::{End, Event, Lifecycle, Notice, PublishError, Session, Status, warnings};
+use devremap::lifecycle::{Event, Lifecycle, Notice, Notifier, PublishError, Session, Status, warnings};
 use devremap::load::{self, Sources};
 use devremap::served::Devfs;
 use devremap::{io_message, render};
@@ -34,12 +35,43 @@ use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::mpsc::{self, Sender};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
 use std::time::Duration;
 
 /// The fds the keeper passes: the FUSE relay and the control socket.
 const FUSE_FD: i32 = 3;
 const CONTROL_FD: i32 = 4;
+
+/// Invalidations, sent to the keeper over the control socket; each waits for the keeper's
+/// answer, which comes once the kernel has dropped what it cached (so a reload's state file is
+/// written after, as it always was). ENOENT (nothing was cached) is `NotFound`. Only the
+/// lifecycle's thread invalidates, one at a time, so answers come in order.
+struct Invalidator {
+    control: Arc<OwnedFd>,
+    answers: Receiver<i32>,
+}
+
+impl Invalidator {
+    fn send(&self, note: Vec<u8>) -> io::Result<()> {
+        nix::unistd::write(&*self.control, &Control::Invalidate(note).encode())?;
+        match self.answers.recv() {
+            Ok(0) => Ok(()),
+            Ok(errno) => Err(io::Error::from_raw_os_error(errno)),
+            Err(_) => Err(io::Error::new(io::ErrorKind::BrokenPipe, "the keeper is gone")),
+        }
+    }
+}
+
+impl Notifier for Invalidator {
+    fn inval_entry(&self, parent: u64, name: &str) -> io::Result<()> {
+        self.send(fuse_wire::inval_entry(parent, name.as_bytes()))
+    }
+
+    fn inval_inode(&self, ino: u64) -> io::Result<()> {
+        self.send(fuse_wire::inval_inode(ino))
+    }
+}
 
 /// The server as the [`Lifecycle`] sees it.
 struct Server {
@@ -67,8 +99,8 @@ fn inherited() -> Result<(OwnedFd, OwnedFd), String> {
         // passed for us alone; nothing else in this process owns it.
         fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
     }
-    let control = fds.pop().expect("two fds");
-    Ok((fds.pop().expect("two fds"), control))
+    let [fuse, control] = <[OwnedFd; 2]>::try_from(fds).expect("two fds");
+    Ok((fuse, control))
 }
 
 /// Sends one control message; a keeper that is gone is noticed by the session's end.
@@ -136,7 +168,32 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
         .map_err(|e| fail(format!("the FUSE handshake through the keeper failed: {}", io_message(&e))))?;
     let resume = read_resume(&control).map_err(fail)?;
     let resumed = (!resume.is_first()).then(|| devfs.resume(&resume.held, resume.generation));
-    let notifier = session.notifier();
+    // From now on one thread reads the control socket: the keeper's answers go to who waits
+    // for them, its requests become events.
+    let (answers_tx, answers) = mpsc::channel();
+    let (proceed_tx, proceed) = mpsc::channel();
+    // Set when the keeper says the daemon stops: the state file goes with it. (Not a Stop
+    // event: the keeper logs the stop and tells systemd; the session's end ends us quietly.)
+    let stopping = Arc::new(AtomicBool::new(false));
+    let (control_tx, control_rx, stop_flag) = (tx.clone(), control.clone(), stopping.clone());
+    std::thread::Builder::new()
+        .name("control".into())
+        .spawn(move || {
+            while let Ok(message) = receive(&control_rx) {
+                match message {
+                    Control::Invalidated(errno) => drop(answers_tx.send(errno)),
+                    Control::Proceed => drop(proceed_tx.send(())),
+                    Control::Refused(e) => drop(control_tx.send(Event::Refused(e))),
+                    Control::Stop => {
+                        stop_flag.store(true, Ordering::Relaxed);
+                        drop(control_tx.send(Event::Ended(Ok(()))));
+                    }
+                    _ => {}
+                }
+            }
+        })
+        .map_err(|e| fail(format!("cannot start the control thread: {e}")))?;
+    let notifier = Invalidator { control: control.clone(), answers };
     let session_tx = tx.clone();
     std::thread::Builder::new()
         .name("fuse-session".into())
@@ -144,29 +201,12 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
             let _ = session_tx.send(Event::Ended(session.run()));
         })
         .map_err(|e| fail(format!("cannot start the session thread: {e}")))?;
-    let (control_tx, control_rx) = (tx.clone(), control.clone());
-    std::thread::Builder::new()
-        .name("control".into())
-        .spawn(move || {
-            while let Ok(message) = receive(&control_rx) {
-                let event = match message {
-                    Control::Refused(e) => Event::Refused(e),
-                    Control::Stop => Event::Stop("the daemon is stopping".into()),
-                    _ => continue,
-                };
-                if control_tx.send(event).is_err() {
-                    break;
-                }
-            }
-        })
-        .map_err(|e| fail(format!("cannot start the control thread: {e}")))?;
-
     let server = Server {
         sources,
         mountpoint: args.mountpoint.clone(),
         state_file: args.state_file.clone(),
         state_written: None,
-        events: tx,
+        events: tx.clone(),
         control: control.clone(),
         handovers: resume.handovers,
     };
@@ -175,6 +215,9 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
         life.resumed(resumed);
     }
     wait_answering(&args.mountpoint).map_err(fail)?;
+    // The keeper writes the pid file now, before the state file is.
+    tell(&control, &Control::Answering);
+    proceed.recv().map_err(|_| fail("the keeper did not answer".into()))?;
     life.ready().map_err(|e| fail(e.to_string()))?;
     if resumed.is_none() {
         let current = life.current();
@@ -189,10 +232,11 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
         );
     }
     let keeper = nix::unistd::getppid();
-    let end = life.serve(&rx);
+    // Ends when the session does: the keeper closed the socket (a stop, an upgrade, its death).
+    life.serve(&rx);
     // The state file goes with the daemon: when the keeper said it stops, or died (we were
     // handed to another parent). A server replaced by an upgrade leaves it to its successor.
-    if matches!(end, End::Stop) || nix::unistd::getppid() != keeper {
+    if stopping.load(Ordering::Relaxed) || nix::unistd::getppid() != keeper {
         life.session().state_written.iter().for_each(Written::remove_if_ours);
     }
     if logging::dropped() > 0 {

@@ -342,15 +342,3 @@ impl Filesystem for Adapter {
         });
     }
 }
-
-/// The kernel notifier the daemon's [`Lifecycle`](crate::lifecycle::Lifecycle) invalidates
-/// through: fuser's, over the session's `/dev/fuse` descriptor.
-impl crate::lifecycle::Notifier for fuser::Notifier {
-    fn inval_entry(&self, parent: u64, name: &str) -> std::io::Result<()> {
-        fuser::Notifier::inval_entry(self, INodeNo(parent), OsStr::new(name))
-    }
-
-    fn inval_inode(&self, ino: u64) -> std::io::Result<()> {
-        fuser::Notifier::inval_inode(self, INodeNo(ino), 0, 0)
-    }
-}

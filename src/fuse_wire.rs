@@ -188,6 +188,41 @@ pub fn error_reply(unique: u64, errno: i32) -> Vec<u8> {
     b
 }
 
+/// `FUSE_NOTIFY_INVAL_INODE`: drop what the kernel cached of node `ino` (attributes, a
+/// directory's listing).
+pub fn inval_inode(ino: u64) -> Vec<u8> {
+    let mut body = Vec::with_capacity(24);
+    body.extend_from_slice(&ino.to_ne_bytes());
+    // Offset 0, length 0: the whole cached content, with the attributes.
+    body.extend_from_slice(&0i64.to_ne_bytes());
+    body.extend_from_slice(&0i64.to_ne_bytes());
+    notification(NOTIFY_INVAL_INODE, &body)
+}
+
+/// `FUSE_NOTIFY_INVAL_ENTRY`: drop the kernel's entry `name` in directory `parent`.
+pub fn inval_entry(parent: u64, name: &[u8]) -> Vec<u8> {
+    let mut body = Vec::with_capacity(16 + name.len() + 1);
+    body.extend_from_slice(&parent.to_ne_bytes());
+    body.extend_from_slice(&(name.len() as u32).to_ne_bytes());
+    body.extend_from_slice(&0u32.to_ne_bytes());
+    body.extend_from_slice(name);
+    body.push(0);
+    notification(NOTIFY_INVAL_ENTRY, &body)
+}
+
+const NOTIFY_INVAL_INODE: i32 = 2;
+const NOTIFY_INVAL_ENTRY: i32 = 3;
+
+/// A notification: an out header with unique 0 and the code where a reply has its error.
+fn notification(code: i32, body: &[u8]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(OUT_HEADER + body.len());
+    b.extend_from_slice(&((OUT_HEADER + body.len()) as u32).to_ne_bytes());
+    b.extend_from_slice(&code.to_ne_bytes());
+    b.extend_from_slice(&0u64.to_ne_bytes());
+    b.extend_from_slice(body);
+    b
+}
+
 /// Builders of wire messages for tests of the keeper's logic (here and in `relay`).
 #[cfg(test)]
 pub mod build {
@@ -315,6 +350,21 @@ mod tests {
         assert!(Request::parse(&lying).unwrap().forgets().is_err());
         assert_eq!(Request::parse(&batch).unwrap().forgets().unwrap(), vec![(5, 1), (6, 2)]);
         assert_eq!(Request::parse(&forget(4, 9, 3)).unwrap().forgets().unwrap(), vec![(9, 3)]);
+    }
+
+    /// Rule: notifications are whole messages with unique 0, the code in the error field, and
+    /// the kernel's layouts (`fuse_notify_inval_entry_out` then the name and a NUL).
+    #[test]
+    fn notifications_have_the_kernels_layout() {
+        let entry = inval_entry(7, b"nvidia3");
+        let r = Reply::parse(&entry).unwrap();
+        assert_eq!((r.unique, r.error, r.body.len()), (0, 3, 16 + 7 + 1));
+        assert_eq!(&r.body[0..8], &7u64.to_ne_bytes());
+        assert_eq!(&r.body[8..12], &7u32.to_ne_bytes());
+        assert_eq!(&r.body[16..], b"nvidia3\0");
+        let inode = inval_inode(9);
+        let r = Reply::parse(&inode).unwrap();
+        assert_eq!((r.unique, r.error, r.body.len()), (0, 2, 24));
     }
 
     /// Rule: the keeper's own error reply is a whole FUSE reply with a negative errno.

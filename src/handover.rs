@@ -36,10 +36,19 @@ pub enum Control {
     Loaded,
     /// Server to keeper: the inputs did not load (the error line); the server exits 1.
     Failed(String),
+    /// Server to keeper: the mount answers through me; write the pid file, then say
+    /// [`Control::Proceed`] (so the pid file is there before the state file, as always).
+    Answering,
+    /// Keeper to server: the pid file is written; declare the daemon ready.
+    Proceed,
     /// Server to keeper: serving this generation (with every state the server publishes).
     Generation(u64),
     /// Server to keeper: tell the service manager (only the keeper, the main process, may).
     Notify(Notice),
+    /// Server to keeper: write this notification (an invalidation) to `/dev/fuse`, then answer
+    /// [`Control::Invalidated`] with the write's errno (0: done; ENOENT: nothing was cached).
+    Invalidate(Vec<u8>),
+    Invalidated(i32),
     /// Keeper to server: a part of the resume payload; [`Control::ResumeEnd`] ends it.
     ResumePart(Vec<u8>),
     ResumeEnd,
@@ -54,6 +63,8 @@ impl Control {
         let (tag, body): (u8, &[u8]) = match self {
             Control::Loaded => (b'L', &[]),
             Control::Failed(text) => (b'F', text.as_bytes()),
+            Control::Answering => (b'A', &[]),
+            Control::Proceed => (b'O', &[]),
             Control::Generation(g) => return [&[b'G'][..], &g.to_le_bytes()].concat(),
             Control::Notify(n) => {
                 let n = match n {
@@ -63,6 +74,8 @@ impl Control {
                 };
                 return vec![b'N', n];
             }
+            Control::Invalidate(msg) => (b'I', msg),
+            Control::Invalidated(errno) => return [&[b'i'][..], &errno.to_le_bytes()].concat(),
             Control::ResumePart(part) => (b'P', part),
             Control::ResumeEnd => (b'E', &[]),
             Control::Refused(text) => (b'R', text.as_bytes()),
@@ -77,6 +90,8 @@ impl Control {
         Ok(match tag {
             b'L' => Control::Loaded,
             b'F' => Control::Failed(text()),
+            b'A' => Control::Answering,
+            b'O' => Control::Proceed,
             b'G' => {
                 Control::Generation(u64::from_le_bytes(body.try_into().map_err(|_| HandoverError::Truncated('G'))?))
             }
@@ -86,6 +101,10 @@ impl Control {
                 b"s" => Notice::Stopping,
                 _ => return Err(HandoverError::Truncated('N')),
             }),
+            b'I' => Control::Invalidate(body.to_vec()),
+            b'i' => {
+                Control::Invalidated(i32::from_le_bytes(body.try_into().map_err(|_| HandoverError::Truncated('i'))?))
+            }
             b'P' => Control::ResumePart(body.to_vec()),
             b'E' => Control::ResumeEnd,
             b'R' => Control::Refused(text()),
@@ -183,8 +202,12 @@ mod tests {
         let all = [
             Control::Loaded,
             Control::Failed("spec.json: not json".into()),
+            Control::Answering,
+            Control::Proceed,
             Control::Generation(u64::MAX),
             Control::Notify(Notice::Reloading),
+            Control::Invalidate(vec![9; 40]),
+            Control::Invalidated(-2),
             Control::ResumePart(vec![1, 2, 3]),
             Control::ResumeEnd,
             Control::Refused("upgrade refused".into()),

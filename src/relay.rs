@@ -51,12 +51,10 @@ pub enum FromKernel {
 pub enum FromServer {
     /// Write it to `/dev/fuse`; if the kernel refuses it, [`Relay::undo`] these references.
     ToKernel(Vec<u64>),
-    /// A notification (an invalidation): write it to `/dev/fuse` from another thread (the
-    /// kernel may hold a directory lock until a reply this thread must write has passed).
-    Notify,
     /// The reply to a probe: whether the server agreed with the first one on INIT.
     Probed { epoch: u64, same: bool },
-    /// From a server that no longer answers: drop it (its request went to the successor).
+    /// Drop it: from a server that no longer answers (its request went to the successor), or
+    /// not a reply (servers write their notifications to `/dev/fuse` themselves).
     Stale,
 }
 
@@ -141,7 +139,7 @@ impl Relay {
             return Ok(FromServer::Stale);
         }
         if reply.unique == 0 {
-            return Ok(FromServer::Notify);
+            return Ok(FromServer::Stale);
         }
         // A reply to nothing in flight (answered already): the kernel decides.
         let Some(pending) = self.pending.remove(&reply.unique) else { return Ok(FromServer::ToKernel(Vec::new())) };
