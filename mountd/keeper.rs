@@ -165,6 +165,8 @@ struct Keeper {
     /// The binary of the last server that took over: a crash restart runs it again (the file
     /// at `exe_path` may be a newer one that was never tried).
     good: Arc<File>,
+    /// The last server that died, named by the one that takes over from it.
+    dead_pid: Option<u32>,
 }
 
 /// A `SOCK_SEQPACKET` pair with buffers a record always fits in.
@@ -356,6 +358,7 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
         retry_at: None,
         pid_written: None,
         good: exe.clone(),
+        dead_pid: None,
     };
     keeper.current = Some(keeper.spawn(exe).map_err(|e| format!("cannot start the server: {}", io_message(&e)))?);
     let result = keeper.serve(&rx, args);
@@ -563,6 +566,7 @@ impl Keeper {
                 );
             }
             warn!("server pid {} exited ({status}); starting another to take over", p.pid());
+            self.dead_pid = Some(p.pid());
             self.good = p.exe.clone();
             match &mut self.replacing {
                 // An upgrade under way takes over as soon as it can.
@@ -585,7 +589,7 @@ impl Keeper {
             let mut p = self.leaving.swap_remove(i);
             let status = status_text(p.child.wait());
             self.link.shared.lock().sockets.remove(&epoch);
-            info!("server pid {} ended ({status}): replaced", p.pid());
+            log::debug!("server pid {} ended ({status}): replaced", p.pid());
         }
         Ok(())
     }
@@ -704,35 +708,26 @@ impl Keeper {
             let until = Instant::now() + DRAIN;
             while !shared.relay.drained() && !self.link.answered.wait_until(&mut shared, until).timed_out() {}
         }
-        let switch = shared.relay.switch(epoch);
+        let mut switch = shared.relay.switch(epoch);
+        let how = match (&self.current, self.dead_pid) {
+            (Some(old), _) if !r.crashed => format!("from server pid {} (an upgrade)", old.pid()),
+            (_, Some(dead)) => format!("from server pid {dead} (it died)"),
+            _ => "(the server before it died)".to_owned(),
+        };
+        switch.resume.from = format!("{how}, {} requests resent", switch.resend.len());
         for record in switch.resume.records() {
             let _ = nix::unistd::write(&*r.proc.control, &record);
         }
         for msg in &switch.resend {
             let _ = nix::unistd::write(&*r.proc.socket, msg);
         }
-        let held = switch.resume.held.nodes().len();
         drop(shared);
         for (unique, opcode) in &switch.give_up {
             warn!("request {unique} (opcode {opcode}) was in flight at three server deaths: answered EIO");
             let _ = nix::unistd::write(&self.link.dev, &fuse_wire::error_reply(*unique, libc::EIO));
         }
-        let how = if r.crashed { "after a crash" } else { "upgrade" };
-        let old = self.current.take();
-        match &old {
-            Some(o) => info!(
-                "server pid {} took over from pid {} ({how}): {} requests resent, {held} nodes held by the kernel",
-                r.proc.pid(),
-                o.pid(),
-                switch.resend.len()
-            ),
-            None => info!(
-                "server pid {} took over ({how}): {} requests resent, {held} nodes held by the kernel",
-                r.proc.pid(),
-                switch.resend.len()
-            ),
-        }
-        if let Some(o) = old {
+        // The new server logs the takeover, with what it kept of the kernel's nodes.
+        if let Some(o) = self.current.take() {
             o.disconnect();
             self.leaving.push(o);
         }

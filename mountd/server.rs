@@ -212,7 +212,7 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
     };
     let mut life = Lifecycle::new(devfs, loaded, Duration::from_secs(args.reload_timeout), notifier, server);
     if let Some(resumed) = &resumed {
-        life.resumed(resumed);
+        life.resumed(resumed, &resume.from);
     }
     wait_answering(&args.mountpoint).map_err(fail)?;
     // The keeper writes the pid file now, before the state file is.

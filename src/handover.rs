@@ -123,6 +123,9 @@ pub struct Resume {
     /// Servers replaced since the mount (crashes and upgrades).
     pub handovers: u64,
     pub held: Held,
+    /// Whom this server takes over from and how, for its log line: `from server pid 12 (a
+    /// crash), 3 requests resent`.
+    pub from: String,
 }
 
 impl Resume {
@@ -149,6 +152,7 @@ impl Resume {
             "generation": self.generation,
             "handovers": self.handovers,
             "max_ino": self.held.max_ino(),
+            "from": self.from,
             "nodes": nodes,
         })
         .to_string();
@@ -188,6 +192,7 @@ impl Resume {
             generation: num("generation")?,
             handovers: num("handovers")?,
             held: Held::from_parts(nodes, num("max_ino")?),
+            from: v.get("from").and_then(Value::as_str).ok_or_else(|| bad("from"))?.to_owned(),
         })
     }
 }
@@ -237,7 +242,8 @@ mod tests {
                 (i, node)
             })
             .collect();
-        let resume = Resume { generation: 7, handovers: 3, held: Held::from_parts(nodes, 9000) };
+        let resume =
+            Resume { generation: 7, handovers: 3, held: Held::from_parts(nodes, 9000), from: "from pid 1".into() };
         let records = resume.records();
         assert!(records.len() > 2 && records.iter().all(|r| r.len() <= MAX_RECORD));
         let mut payload = Vec::new();

@@ -330,10 +330,10 @@ impl<N: Notifier, S: Session> Lifecycle<N, S> {
 
     /// This server took over from another (a crash or an upgrade, [`Devfs::resume`]): tells
     /// the kernel what it may have cached that no longer holds, and logs the takeover.
-    pub fn resumed(&mut self, resumed: &Resumed) {
+    pub fn resumed(&mut self, resumed: &Resumed, from: &str) {
         self.invalidate(&resumed.change);
         info!(
-            "took over: generation {}, kept {} nodes the kernel holds, retired {}{}",
+            "took over {from}: generation {}, kept {} nodes the kernel holds, retired {}{}",
             resumed.change.generation,
             resumed.kept,
             resumed.retired,

@@ -212,7 +212,12 @@ impl Relay {
         self.current = Some(epoch);
         self.holding = false;
         Switch {
-            resume: Resume { generation: self.generation, handovers: self.handovers, held: self.held.clone() },
+            resume: Resume {
+                generation: self.generation,
+                handovers: self.handovers,
+                held: self.held.clone(),
+                from: String::new(),
+            },
             resend,
             give_up,
         }
