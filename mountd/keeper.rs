@@ -61,6 +61,8 @@ const READ_BUFFER: usize = 16 * 1024 * 1024 + 4096;
 const SOCKET_BUFFER: usize = 4 << 20;
 /// How long an upgrade lets the old server answer what it has before the rest goes to the new.
 const DRAIN: Duration = Duration::from_millis(500);
+/// How long a retired server has to end before it is killed.
+const RETIRE: Duration = Duration::from_secs(1);
 /// The longest wait between two failed restarts after a crash.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
@@ -701,13 +703,29 @@ impl Keeper {
                 r.proc.pid()
             );
         }
-        let mut shared = self.link.shared.lock();
         if !r.crashed {
+            let mut shared = self.link.shared.lock();
             // The old server answers what it has; new requests wait here meanwhile.
             shared.relay.hold();
             let until = Instant::now() + DRAIN;
             while !shared.relay.drained() && !self.link.answered.wait_until(&mut shared, until).timed_out() {}
+            drop(shared);
+            // Then it ends, before the new one serves: a reload it was finishing can no longer
+            // write a state file over its successor's.
+            if let Some(old) = &self.current {
+                old.tell(&Control::Retire);
+                if !crate::watch::exits_within(old.pid(), RETIRE) {
+                    warn!(
+                        "server pid {} did not end within {} ms of its retirement; killed it",
+                        old.pid(),
+                        RETIRE.as_millis()
+                    );
+                    let _ =
+                        nix::sys::signal::kill(nix::unistd::Pid::from_raw(old.pid() as i32), nix::sys::signal::SIGKILL);
+                }
+            }
         }
+        let mut shared = self.link.shared.lock();
         let mut switch = shared.relay.switch(epoch);
         let how = match (&self.current, self.dead_pid) {
             (Some(old), _) if !r.crashed => format!("from server pid {} (an upgrade)", old.pid()),
@@ -780,13 +798,10 @@ impl Keeper {
     /// Tells the server that the daemon stops (it removes the state file) and waits a little
     /// for it; kills whatever is left.
     fn end_servers(&mut self) {
-        if let Some(mut p) = self.current.take() {
+        if let Some(p) = self.current.take() {
             p.tell(&Control::Stop);
-            let deadline = Instant::now() + Duration::from_secs(2);
-            while Instant::now() < deadline && matches!(p.child.try_wait(), Ok(None)) {
-                // The server removes one file and exits; this is bounded by the deadline.
-                std::thread::sleep(Duration::from_millis(5));
-            }
+            // It removes the state file and exits; whatever is left then is killed.
+            crate::watch::exits_within(p.pid(), Duration::from_secs(2));
             self.kill(p);
         }
         for p in self.replacing.take().map(|r| r.proc).into_iter().chain(std::mem::take(&mut self.leaving)) {

@@ -188,6 +188,8 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
                         stop_flag.store(true, Ordering::Relaxed);
                         drop(control_tx.send(Event::Ended(Ok(()))));
                     }
+                    // Replaced: end before the successor writes its state file.
+                    Control::Retire => drop(control_tx.send(Event::Ended(Ok(())))),
                     _ => {}
                 }
             }

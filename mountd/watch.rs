@@ -43,6 +43,16 @@ fn exited(fd: &std::os::fd::OwnedFd, timeout: Option<Duration>) -> bool {
     }
 }
 
+/// Whether our child `pid` exits within `timeout` (a pidfd, so no sleeping and no confusion
+/// with a later process reusing the pid; not reaped here). A pidfd that cannot be had means the
+/// process is already gone.
+pub fn exits_within(pid: u32, timeout: Duration) -> bool {
+    match pidfd_open(pid) {
+        Ok(fd) => exited(&fd, Some(timeout)),
+        Err(_) => true,
+    }
+}
+
 /// Starts the watchdog thread; `stop(reason)` is called once, when the daemon must stop.
 pub fn spawn(owner: Option<u32>, pid_file: Option<PathBuf>, stop: impl FnOnce(String) + Send + 'static) {
     if owner.is_none() && pid_file.is_none() {

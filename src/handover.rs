@@ -56,6 +56,9 @@ pub enum Control {
     Refused(String),
     /// Keeper to server: the daemon stops: remove the state file and exit.
     Stop,
+    /// Keeper to server: another server takes over: exit without writing anything more (the
+    /// state file is the successor's).
+    Retire,
 }
 
 impl Control {
@@ -80,6 +83,7 @@ impl Control {
             Control::ResumeEnd => (b'E', &[]),
             Control::Refused(text) => (b'R', text.as_bytes()),
             Control::Stop => (b'S', &[]),
+            Control::Retire => (b'X', &[]),
         };
         [&[tag][..], body].concat()
     }
@@ -109,6 +113,7 @@ impl Control {
             b'E' => Control::ResumeEnd,
             b'R' => Control::Refused(text()),
             b'S' => Control::Stop,
+            b'X' => Control::Retire,
             other => return Err(HandoverError::Tag(other)),
         })
     }
@@ -217,6 +222,7 @@ mod tests {
             Control::ResumeEnd,
             Control::Refused("upgrade refused".into()),
             Control::Stop,
+            Control::Retire,
         ];
         for c in all {
             assert_eq!(Control::decode(&c.encode()).unwrap(), c);
