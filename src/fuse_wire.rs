@@ -1,6 +1,6 @@
 //! The few FUSE messages the keeper reads as they pass: headers, the name a LOOKUP asks for,
-//! the entries LOOKUP and READDIRPLUS replies give, what FORGET and BATCH_FORGET let go, and a
-//! READLINK reply's target. Everything else passes as opaque bytes.
+//! the entries LOOKUP and READDIRPLUS replies give, the names and offsets of READDIR and
+//! READDIRPLUS replies, what FORGET and BATCH_FORGET let go, and a READLINK reply's target. Everything else passes as opaque bytes.
 //!
 //! Assumptions: the kernel speaks FUSE 7.9 or later (the entry and attribute layouts below, as
 //! in `include/uapi/linux/fuse.h`; fuser needs 7.12), in native byte order; a message is one
@@ -12,6 +12,7 @@ use thiserror::Error;
 pub const LOOKUP: u32 = 1;
 pub const FORGET: u32 = 2;
 pub const READLINK: u32 = 5;
+pub const READDIR: u32 = 28;
 pub const INIT: u32 = 26;
 pub const INTERRUPT: u32 = 36;
 pub const BATCH_FORGET: u32 = 42;
@@ -159,20 +160,36 @@ pub fn lookup_entry(body: &[u8]) -> Result<EntryOut, WireError> {
     Ok(entry_out(body))
 }
 
-/// The entries of a READDIRPLUS reply with their names, `.` and `..` included.
-pub fn direntplus(body: &[u8]) -> Result<Vec<(Vec<u8>, EntryOut)>, WireError> {
+/// One entry of a READDIR or READDIRPLUS reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dirent {
+    pub name: Vec<u8>,
+    /// The listing offset the kernel resumes from after this entry (devremap's cookie).
+    pub off: u64,
+    /// The entry of a READDIRPLUS reply (`None` for READDIR).
+    pub entry: Option<EntryOut>,
+}
+
+/// The entries of a READDIR reply (`plus` false) or a READDIRPLUS reply, `.` and `..` included.
+pub fn dirents(body: &[u8], plus: bool) -> Result<Vec<Dirent>, WireError> {
+    let what = if plus { "direntplus" } else { "dirent" };
+    let head = if plus { ENTRY_OUT } else { 0 };
     let mut out = Vec::new();
     let mut rest = body;
     while !rest.is_empty() {
-        if rest.len() < ENTRY_OUT + DIRENT {
-            return Err(WireError::Truncated { what: "direntplus" });
+        if rest.len() < head + DIRENT {
+            return Err(WireError::Truncated { what });
         }
-        let namelen = u32_at(rest, ENTRY_OUT + 16) as usize;
-        let size = ENTRY_OUT + DIRENT + namelen;
+        let namelen = u32_at(rest, head + 16) as usize;
+        let size = head + DIRENT + namelen;
         if rest.len() < size {
-            return Err(WireError::Truncated { what: "direntplus" });
+            return Err(WireError::Truncated { what });
         }
-        out.push((rest[ENTRY_OUT + DIRENT..size].to_vec(), entry_out(rest)));
+        out.push(Dirent {
+            name: rest[head + DIRENT..size].to_vec(),
+            off: u64_at(rest, head + 8),
+            entry: plus.then(|| entry_out(rest)),
+        });
         // Each entry is padded to 8 bytes; the last one may end without its padding.
         rest = &rest[size.next_multiple_of(8).min(rest.len())..];
     }
@@ -262,12 +279,15 @@ pub mod build {
         b
     }
 
-    pub fn dirents(entries: &[(&str, u64, Attr)]) -> Vec<u8> {
+    /// A READDIRPLUS reply's body (READDIR's with `plus` false); entry i has offset 100 + i.
+    pub fn dirent_body(entries: &[(&str, u64, Attr)], plus: bool) -> Vec<u8> {
         let mut b = Vec::new();
         for (i, (name, nodeid, attr)) in entries.iter().enumerate() {
-            b.extend(entry(*nodeid, attr));
+            if plus {
+                b.extend(entry(*nodeid, attr));
+            }
             b.extend_from_slice(&nodeid.to_ne_bytes());
-            b.extend_from_slice(&(i as u64 + 1).to_ne_bytes());
+            b.extend_from_slice(&(i as u64 + 100).to_ne_bytes());
             b.extend_from_slice(&(name.len() as u32).to_ne_bytes());
             b.extend_from_slice(&(attr.mode >> 12).to_ne_bytes());
             b.extend_from_slice(name.as_bytes());
@@ -319,16 +339,20 @@ mod tests {
         assert_eq!((q.opcode, q.nodeid, q.name()), (LOOKUP, 1, &b"nvidia3"[..]));
     }
 
-    /// Rule: every entry of a READDIRPLUS reply is read, names of any length, the padding skipped.
+    /// Rule: every entry of a READDIR or READDIRPLUS reply is read, names of any length, the
+    /// padding skipped, with its offset.
     #[test]
-    fn direntplus_reads_every_entry() {
+    fn dirents_reads_every_entry() {
         let names = [".", "..", "a", "nvidia0", "1234567", "12345678"];
         let entries: Vec<(&str, u64, Attr)> =
             names.iter().enumerate().map(|(i, n)| (*n, i as u64 + 2, dev_attr())).collect();
-        let got = direntplus(&dirents(&entries)).unwrap();
-        assert_eq!(got.len(), names.len());
-        for ((name, entry), want) in got.iter().zip(&entries) {
-            assert_eq!((name.as_slice(), entry.nodeid), (want.0.as_bytes(), want.1));
+        for plus in [true, false] {
+            let got = dirents(&dirent_body(&entries, plus), plus).unwrap();
+            assert_eq!(got.len(), names.len());
+            for (i, (d, want)) in got.iter().zip(&entries).enumerate() {
+                assert_eq!((d.name.as_slice(), d.off), (want.0.as_bytes(), i as u64 + 100));
+                assert_eq!(d.entry.as_ref().map(|e| e.nodeid), plus.then_some(want.1));
+            }
         }
     }
 
@@ -339,10 +363,11 @@ mod tests {
         let mut msg = lookup(1, 1, "x");
         msg.push(0);
         assert!(matches!(Request::parse(&msg), Err(WireError::Length { .. })));
-        let body = dirents(&[("abc", 5, dev_attr())]);
+        let body = dirent_body(&[("abc", 5, dev_attr())], true);
         for cut in [1, ENTRY_OUT, ENTRY_OUT + DIRENT + 1] {
-            assert!(direntplus(&body[..cut]).is_err(), "cut at {cut}");
+            assert!(dirents(&body[..cut], true).is_err(), "cut at {cut}");
         }
+        assert!(dirents(&body[..DIRENT + 1], false).is_err());
         assert!(lookup_entry(&[0; 100]).is_err());
         let batch = batch_forget(3, &[(5, 1), (6, 2)]);
         let mut lying = batch.clone();

@@ -11,7 +11,7 @@ use crate::fuse_wire::Attr;
 use crate::held::{Held, HeldNode};
 use crate::lifecycle::Notice;
 use serde_json::{Value, json};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use thiserror::Error;
 
 /// The largest control record: well under a socket's default buffer.
@@ -159,6 +159,7 @@ impl Resume {
             "max_ino": self.held.max_ino(),
             "from": self.from,
             "nodes": nodes,
+            "cookies": self.held.cookies().iter().map(|(c, name)| json!([c, name])).collect::<Vec<Value>>(),
         })
         .to_string();
         let mut records: Vec<Vec<u8>> =
@@ -193,10 +194,16 @@ impl Resume {
             };
             nodes.insert(n(0)?, node);
         }
+        let mut cookies = BTreeMap::new();
+        for row in v.get("cookies").and_then(Value::as_array).ok_or_else(|| bad("cookies"))? {
+            let cookie = row.get(0).and_then(Value::as_u64).ok_or_else(|| bad("a cookie"))?;
+            let name = row.get(1).and_then(Value::as_str).ok_or_else(|| bad("a cookie's name"))?;
+            cookies.insert(cookie, name.to_owned());
+        }
         Ok(Resume {
             generation: num("generation")?,
             handovers: num("handovers")?,
-            held: Held::from_parts(nodes, num("max_ino")?),
+            held: Held::from_parts(nodes, num("max_ino")?, cookies),
             from: v.get("from").and_then(Value::as_str).ok_or_else(|| bad("from"))?.to_owned(),
         })
     }
@@ -248,8 +255,12 @@ mod tests {
                 (i, node)
             })
             .collect();
-        let resume =
-            Resume { generation: 7, handovers: 3, held: Held::from_parts(nodes, 9000), from: "from pid 1".into() };
+        let resume = Resume {
+            generation: 7,
+            handovers: 3,
+            held: Held::from_parts(nodes, 9000, (3..4000).map(|c| (c, format!("name{c}"))).collect()),
+            from: "from pid 1".into(),
+        };
         let records = resume.records();
         assert!(records.len() > 2 && records.iter().all(|r| r.len() <= MAX_RECORD));
         let mut payload = Vec::new();

@@ -15,7 +15,7 @@
 
 use crate::fuse_wire::{self, Attr, EntryOut, Reply, Request, WireError};
 use crate::served::ROOT;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// One node id the kernel holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,17 +28,25 @@ pub struct HeldNode {
     pub count: u64,
 }
 
-/// The kernel's references, by node id, and the largest id ever given.
+/// The kernel's references, by node id, the largest id ever given, and the listing offsets
+/// (cookies) the kernel was given, by cookie.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Held {
     nodes: HashMap<u64, HeldNode>,
     max_ino: u64,
+    cookies: BTreeMap<u64, String>,
 }
 
 impl Held {
-    pub fn from_parts(nodes: HashMap<u64, HeldNode>, max_ino: u64) -> Held {
+    pub fn from_parts(nodes: HashMap<u64, HeldNode>, max_ino: u64, cookies: BTreeMap<u64, String>) -> Held {
         let max_ino = nodes.keys().copied().chain([max_ino]).max().unwrap_or(0);
-        Held { nodes, max_ino }
+        Held { nodes, max_ino, cookies }
+    }
+
+    /// Every listing offset the kernel was given for a name (`.` and `..` have fixed ones), so
+    /// that a successor resumes a listing split by the takeover where the kernel left it.
+    pub fn cookies(&self) -> &BTreeMap<u64, String> {
+        &self.cookies
     }
 
     pub fn nodes(&self) -> &HashMap<u64, HeldNode> {
@@ -64,10 +72,14 @@ impl Held {
                 let entry = fuse_wire::lookup_entry(reply.body)?;
                 self.add(request.nodeid, request.name(), entry, &mut added);
             }
-            fuse_wire::READDIRPLUS => {
-                for (name, entry) in fuse_wire::direntplus(reply.body)? {
-                    if name != b"." && name != b".." {
-                        self.add(request.nodeid, &name, entry, &mut added);
+            fuse_wire::READDIR | fuse_wire::READDIRPLUS => {
+                for d in fuse_wire::dirents(reply.body, request.opcode == fuse_wire::READDIRPLUS)? {
+                    if d.name == b"." || d.name == b".." {
+                        continue;
+                    }
+                    self.cookies.insert(d.off, String::from_utf8_lossy(&d.name).into_owned());
+                    if let Some(entry) = d.entry {
+                        self.add(request.nodeid, &d.name, entry, &mut added);
                     }
                 }
             }
@@ -167,20 +179,25 @@ mod tests {
         assert!(held.nodes().is_empty());
     }
 
-    /// Rule: READDIRPLUS counts every entry but `.` and `..`, as the kernel does.
+    /// Rule: READDIRPLUS counts every entry but `.` and `..`, as the kernel does; READDIR counts
+    /// nothing; both record the listing offset given with each name.
     #[test]
     fn readdirplus_counts_all_but_the_dots() {
-        let mut held = Held::default();
-        let body = build::dirents(&[
+        let entries = [
             (".", ROOT, attr(0o40755)),
             ("..", ROOT, attr(0o40755)),
             ("pts", 6, attr(0o40755)),
             ("fd", 7, attr(0o120777)),
-        ]);
-        let added =
-            apply(&mut held, &build::request(fuse_wire::READDIRPLUS, 3, ROOT, &[0; 24]), &build::reply(3, 0, &body));
-        assert_eq!(added, vec![6, 7]);
-        assert_eq!(held.nodes().len(), 2);
+        ];
+        for (opcode, plus) in [(fuse_wire::READDIRPLUS, true), (fuse_wire::READDIR, false)] {
+            let mut held = Held::default();
+            let body = build::dirent_body(&entries, plus);
+            let added = apply(&mut held, &build::request(opcode, 3, ROOT, &[0; 24]), &build::reply(3, 0, &body));
+            assert_eq!(added, if plus { vec![6, 7] } else { vec![] });
+            assert_eq!(held.nodes().len(), added.len());
+            let cookies: Vec<(u64, &str)> = held.cookies().iter().map(|(c, n)| (*c, n.as_str())).collect();
+            assert_eq!(cookies, [(102, "pts"), (103, "fd")]);
+        }
     }
 
     /// Rule: a reply the kernel refused is taken back; a READLINK reply records the target.

@@ -30,7 +30,7 @@ use crate::device::{Access, DevKind, Rdev};
 use crate::held::{Held, HeldNode};
 use crate::tree::{self, Diff, Node, NodeKind, Tree};
 use parking_lot::{Mutex, RwLock};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
@@ -132,6 +132,24 @@ impl Cookies {
         let i = usize::try_from(cookie.checked_sub(Self::FIRST)?).ok()?;
         self.names.get(i).map(String::as_str)
     }
+
+    /// The cookies a server before us gave the kernel (by cookie), at the same numbers; names
+    /// it numbered that the kernel never saw leave gaps, which no listing can resume from.
+    /// Cookies past [`Cookies::MAX_SEEDED`] are not taken (no tree has that many names).
+    fn seeded(given: &BTreeMap<u64, String>) -> Cookies {
+        let mut cookies = Cookies::default();
+        for (&cookie, name) in given.range(Self::FIRST..=Self::MAX_SEEDED) {
+            let i = (cookie - Self::FIRST) as usize;
+            if cookies.names.len() <= i {
+                cookies.names.resize(i + 1, String::new());
+            }
+            cookies.names[i] = name.clone();
+            cookies.index.insert(name.clone(), cookie);
+        }
+        cookies
+    }
+
+    const MAX_SEEDED: u64 = Self::FIRST + (1 << 20);
 
     fn add(&mut self, name: &str) -> u64 {
         let cookie = Self::FIRST + self.names.len() as u64;
@@ -443,7 +461,8 @@ impl Devfs {
             Some(Arc::new(entry))
         };
         *next_ino = (*next_ino).max(held.max_ino() + 1);
-        let snap = Snapshot::build(keep, Arc::default(), tree, generation + 1, &mut next_ino, SystemTime::now());
+        let cookies = Arc::new(Cookies::seeded(held.cookies()));
+        let snap = Snapshot::build(keep, cookies, tree, generation + 1, &mut next_ino, SystemTime::now());
         let mut change = Change { generation: generation + 1, ..Change::default() };
         let mut retired = HashMap::new();
         for (ino, h) in nodes.iter().filter(|(ino, _)| !kept.contains(*ino)) {
@@ -800,7 +819,7 @@ mod tests {
             };
             nodes.insert(e.ino, HeldNode { parent, name: leaf.to_owned(), attr, target: None, count });
         }
-        Held::from_parts(nodes, fs.reload.lock().saturating_sub(1))
+        Held::from_parts(nodes, fs.reload.lock().saturating_sub(1), BTreeMap::new())
     }
 
     /// Rule (issue 13): a server that takes over keeps the id and lookup count of every node
@@ -852,7 +871,7 @@ mod tests {
         let pts = fs.snapshot().ino_of("pts").unwrap();
         nodes.get_mut(&fd).unwrap().target = Some("/proc/self/fX".into());
         nodes.remove(&pts);
-        held = Held::from_parts(nodes, held.max_ino());
+        held = Held::from_parts(nodes, held.max_ino(), BTreeMap::new());
         let r = fs.resume(&held, 1);
         assert_eq!((r.kept, r.retired), (0, 2));
         assert_eq!(fs.retired_count(), 2);
@@ -866,5 +885,45 @@ mod tests {
             let r = Rdev::new(major, minor);
             assert_eq!(Rdev::from_fuse(r.to_fuse()), r);
         }
+    }
+
+    /// Rule (issue 13): a listing split by a takeover resumes after the name its cookie named
+    /// under the old server, even when the two servers would number names differently (a
+    /// reload had brought a name the new tree sorts earlier).
+    #[test]
+    fn resume_keeps_the_cookies_the_kernel_was_given() {
+        let old = Devfs::new(tree(&[(0, 3)]));
+        old.replace(tree(&[(0, 3), (1, 5)]));
+        let mut given = BTreeMap::new();
+        let mut listed = Vec::new();
+        old.list(ROOT, 0, false, |_, cookie, name| {
+            if cookie >= Cookies::FIRST {
+                given.insert(cookie, name.to_owned());
+            }
+            listed.push(name.to_owned());
+            false
+        })
+        .unwrap();
+        let (&cut, cut_name) = given.iter().find(|(_, n)| *n == "nvidia0").unwrap();
+        let new = Devfs::new(tree(&[(0, 3), (1, 5)]));
+        new.resume(&Held::from_parts(HashMap::new(), 100, given.clone()), 2);
+        let mut rest = Vec::new();
+        new.list(ROOT, cut, false, |_, _, name| {
+            rest.push(name.to_owned());
+            false
+        })
+        .unwrap();
+        let after: Vec<String> = listed.iter().skip_while(|n| *n != cut_name).skip(1).cloned().collect();
+        assert_eq!(rest, after);
+        // A fresh server would have given nvidia1 another cookie than the old one did.
+        let fresh = Devfs::new(tree(&[(0, 3), (1, 5)]));
+        let mut fresh_cookies = BTreeMap::new();
+        fresh
+            .list(ROOT, 0, false, |_, cookie, name| {
+                fresh_cookies.insert(name.to_owned(), cookie);
+                false
+            })
+            .unwrap();
+        assert!(given.iter().any(|(c, n)| fresh_cookies[n] != *c), "the test needs numberings that differ");
     }
 }
