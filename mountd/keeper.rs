@@ -30,7 +30,7 @@ use devremap::atomic::{Written, write_atomic};
 use devremap::fuse_wire;
 use devremap::handover::{Control, MAX_RECORD};
 use devremap::io_message;
-use devremap::lifecycle::Notice;
+use devremap::lifecycle::{Notice, Waited, wait};
 use devremap::relay::{FromKernel, FromServer, Relay};
 use log::{info, warn};
 use nix::errno::Errno;
@@ -437,19 +437,13 @@ impl Keeper {
     /// The keeper's life, from the first server's start to the end of the mount.
     fn serve(&mut self, rx: &Receiver<Ev>, args: &MountArgs) -> Result<(), String> {
         loop {
-            let ev = match self.deadline() {
-                Some(deadline) => match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                    Ok(ev) => ev,
-                    Err(RecvTimeoutError::Timeout) => {
-                        self.timer();
-                        continue;
-                    }
-                    Err(RecvTimeoutError::Disconnected) => return self.stop("the event channel closed", rx),
-                },
-                None => match rx.recv() {
-                    Ok(ev) => ev,
-                    Err(_) => return self.stop("the event channel closed", rx),
-                },
+            let ev = match wait(rx, self.deadline()) {
+                Waited::Event(ev) => ev,
+                Waited::Deadline => {
+                    self.timer();
+                    continue;
+                }
+                Waited::Closed => return self.stop("the event channel closed", rx),
             };
             match ev {
                 Ev::Reload => self.reload(),

@@ -45,6 +45,18 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_ne_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
 
+/// Checks that `msg` holds its header (`header` bytes) and is as long as its first field says.
+fn whole(msg: &[u8], header: usize) -> Result<(), WireError> {
+    if msg.len() < header {
+        return Err(WireError::Short(msg.len()));
+    }
+    let said = u32_at(msg, 0) as usize;
+    if said != msg.len() {
+        return Err(WireError::Length { said, got: msg.len() });
+    }
+    Ok(())
+}
+
 /// A request from the kernel: `fuse_in_header` and what follows it.
 #[derive(Debug, Clone, Copy)]
 pub struct Request<'a> {
@@ -56,13 +68,7 @@ pub struct Request<'a> {
 
 impl<'a> Request<'a> {
     pub fn parse(msg: &'a [u8]) -> Result<Request<'a>, WireError> {
-        if msg.len() < IN_HEADER {
-            return Err(WireError::Short(msg.len()));
-        }
-        let said = u32_at(msg, 0) as usize;
-        if said != msg.len() {
-            return Err(WireError::Length { said, got: msg.len() });
-        }
+        whole(msg, IN_HEADER)?;
         Ok(Request { opcode: u32_at(msg, 4), unique: u64_at(msg, 8), nodeid: u64_at(msg, 16), body: &msg[IN_HEADER..] })
     }
 
@@ -106,13 +112,7 @@ pub struct Reply<'a> {
 
 impl<'a> Reply<'a> {
     pub fn parse(msg: &'a [u8]) -> Result<Reply<'a>, WireError> {
-        if msg.len() < OUT_HEADER {
-            return Err(WireError::Short(msg.len()));
-        }
-        let said = u32_at(msg, 0) as usize;
-        if said != msg.len() {
-            return Err(WireError::Length { said, got: msg.len() });
-        }
+        whole(msg, OUT_HEADER)?;
         Ok(Reply { error: u32_at(msg, 4) as i32, unique: u64_at(msg, 8), body: &msg[OUT_HEADER..] })
     }
 }

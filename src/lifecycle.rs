@@ -187,19 +187,13 @@ impl<N: Notifier, S: Session> Lifecycle<N, S> {
     /// first event as one batch, and a reload in flight is abandoned at its deadline.
     pub fn serve(&mut self, rx: &Receiver<Event>) -> End {
         loop {
-            let first = match self.deadline() {
-                Some(deadline) => match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                    Ok(event) => event,
-                    Err(RecvTimeoutError::Timeout) => {
-                        self.expire();
-                        continue;
-                    }
-                    Err(RecvTimeoutError::Disconnected) => return self.stop(),
-                },
-                None => match rx.recv() {
-                    Ok(event) => event,
-                    Err(_) => return self.stop(),
-                },
+            let first = match wait(rx, self.deadline()) {
+                Waited::Event(event) => event,
+                Waited::Deadline => {
+                    self.expire();
+                    continue;
+                }
+                Waited::Closed => return self.stop(),
             };
             if let Some(end) = self.handle(std::iter::once(first).chain(rx.try_iter())) {
                 return end;
@@ -371,6 +365,30 @@ impl<N: Notifier, S: Session> Lifecycle<N, S> {
         if let Err(e) = self.publish() {
             warn!("{e}");
         }
+    }
+}
+
+/// What [`wait`] got.
+#[derive(Debug)]
+pub enum Waited<E> {
+    Event(E),
+    /// The deadline passed first.
+    Deadline,
+    /// Every sender is gone.
+    Closed,
+}
+
+/// The next event on `rx`, waiting at most until `deadline` (for ever without one): the wait
+/// of every main loop that also has a timer.
+pub fn wait<E>(rx: &Receiver<E>, deadline: Option<Instant>) -> Waited<E> {
+    let got = match deadline {
+        Some(deadline) => rx.recv_timeout(deadline.saturating_duration_since(Instant::now())),
+        None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+    };
+    match got {
+        Ok(event) => Waited::Event(event),
+        Err(RecvTimeoutError::Timeout) => Waited::Deadline,
+        Err(RecvTimeoutError::Disconnected) => Waited::Closed,
     }
 }
 
