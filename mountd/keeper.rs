@@ -28,7 +28,7 @@ use crate::mountpoint::{FSNAME, MountLock, check_private, detach, is_dead_mount,
 use crate::signals;
 use devremap::atomic::{Written, write_atomic};
 use devremap::fuse_wire;
-use devremap::handover::{Control, MAX_RECORD};
+use devremap::handover::{self, Control, MAX_RECORD};
 use devremap::io_message;
 use devremap::lifecycle::{Notice, Waited, wait};
 use devremap::relay::{FromKernel, FromServer, Relay};
@@ -74,6 +74,8 @@ enum Ev {
     Control(u64, Control),
     /// A server's sockets ended: it exited.
     Gone(u64),
+    /// The plan a server serves (`Loaded::to_bytes`), after each generation.
+    Served(u64, Vec<u8>),
     Probed(u64, bool),
     /// `/dev/fuse` ended: unmounted (`Ok`) or aborted (ECONNABORTED).
     KernelEnded(io::Result<()>),
@@ -138,6 +140,8 @@ struct Replacement {
     deadline: Instant,
     /// Why it failed, when it said so before exiting.
     failed: Option<String>,
+    /// It serves the plan it was handed, not the inputs.
+    handed_plan: bool,
 }
 
 struct Keeper {
@@ -169,6 +173,9 @@ struct Keeper {
     good: Arc<File>,
     /// The last server that died, named by the one that takes over from it.
     dead_pid: Option<u32>,
+    /// The plan the current server serves, opaque: a server restarted after a crash serves it,
+    /// reading no input (an input that changed since, or made the server die, waits for a reload).
+    plan: Option<Vec<u8>>,
 }
 
 /// A `SOCK_SEQPACKET` pair with buffers a record always fits in.
@@ -254,9 +261,11 @@ fn relay_replies(link: &Link, epoch: u64, socket: &OwnedFd, _done: Readers) {
     }
 }
 
-/// Reads server `epoch`'s control messages until it exits; writes its invalidations.
+/// Reads server `epoch`'s control messages until it exits; writes its invalidations, and puts
+/// the plan it serves back together from its parts.
 fn read_control(link: &Link, epoch: u64, control: &OwnedFd, _done: Readers) {
     let mut buf = vec![0u8; MAX_RECORD + 1];
+    let mut plan = Vec::new();
     loop {
         match nix::unistd::read(control, &mut buf) {
             Ok(0) => return,
@@ -265,6 +274,8 @@ fn read_control(link: &Link, epoch: u64, control: &OwnedFd, _done: Readers) {
                     let errno = nix::unistd::write(&link.dev, &note).map_or_else(|e| e as i32, |_| 0);
                     let _ = nix::unistd::write(control, &Control::Invalidated(errno).encode());
                 }
+                Ok(Control::Part(part)) => plan.extend(part),
+                Ok(Control::End) => drop(link.events.send(Ev::Served(epoch, std::mem::take(&mut plan)))),
                 Ok(message) => {
                     if link.events.send(Ev::Control(epoch, message)).is_err() {
                         return;
@@ -361,8 +372,9 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
         pid_written: None,
         good: exe.clone(),
         dead_pid: None,
+        plan: None,
     };
-    keeper.current = Some(keeper.spawn(exe).map_err(|e| format!("cannot start the server: {}", io_message(&e)))?);
+    keeper.current = Some(keeper.spawn(exe, None).map_err(|e| format!("cannot start the server: {}", io_message(&e)))?);
     let result = keeper.serve(&rx, args);
     keeper.pid_written.iter().for_each(Written::remove_if_ours);
     if crate::logging::dropped() > 0 {
@@ -377,8 +389,8 @@ fn spawn_thread(name: &str, f: impl FnOnce() + Send + 'static) -> Result<(), Str
 
 impl Keeper {
     /// Starts a server running `exe`, with its relay socket as fd 3 and its control socket as
-    /// fd 4, and the threads that read them.
-    fn spawn(&mut self, exe: Arc<File>) -> io::Result<Proc> {
+    /// fd 4, and the threads that read them; tells it to serve `plan`, or to load the inputs.
+    fn spawn(&mut self, exe: Arc<File>, plan: Option<&[u8]>) -> io::Result<Proc> {
         let epoch = self.next_epoch;
         self.next_epoch += 1;
         let (socket, their_socket) = seqpacket_pair()?;
@@ -419,6 +431,10 @@ impl Keeper {
             self.kill(proc);
             return Err(io::Error::other(e));
         }
+        let what = plan.map_or_else(|| vec![Control::Load.encode()], handover::records);
+        for record in what {
+            let _ = nix::unistd::write(&*proc.control, &record);
+        }
         Ok(proc)
     }
 
@@ -453,6 +469,10 @@ impl Keeper {
                 Ev::Gone(epoch) => self.gone(epoch)?,
                 Ev::Control(epoch, message) => self.control(epoch, message, args)?,
                 Ev::Probed(epoch, same) => self.probed(epoch, same),
+                Ev::Served(epoch, plan) if self.current.as_ref().is_some_and(|p| p.epoch == epoch) => {
+                    self.plan = Some(plan)
+                }
+                Ev::Served(..) => {}
             }
         }
     }
@@ -478,7 +498,7 @@ impl Keeper {
             return;
         }
         let path = self.exe_path.display().to_string();
-        let started = File::open(&self.exe_path).and_then(|exe| self.spawn(Arc::new(exe)));
+        let started = File::open(&self.exe_path).and_then(|exe| self.spawn(Arc::new(exe), None));
         match started {
             Ok(proc) => {
                 info!("upgrade: started {path} as server pid {}", proc.pid());
@@ -487,6 +507,7 @@ impl Keeper {
                     crashed: false,
                     deadline: Instant::now() + self.reload_timeout,
                     failed: None,
+                    handed_plan: false,
                 });
             }
             Err(e) => self.refuse(format!("upgrade refused: {path}: {}", io_message(&e))),
@@ -505,13 +526,15 @@ impl Keeper {
     fn restart(&mut self) {
         let exe = self.good.clone();
         self.retry_at = None;
-        match self.spawn(exe) {
+        let plan = self.plan.clone();
+        match self.spawn(exe, plan.as_deref()) {
             Ok(proc) => {
                 self.replacing = Some(Replacement {
                     proc,
                     crashed: true,
                     deadline: Instant::now() + self.reload_timeout,
                     failed: None,
+                    handed_plan: plan.is_some(),
                 })
             }
             Err(e) => {
@@ -723,6 +746,7 @@ impl Keeper {
         let mut switch = shared.relay.switch(epoch);
         let how = match (&self.current, self.dead_pid) {
             (Some(old), _) if !r.crashed => format!("from server pid {} (an upgrade)", old.pid()),
+            (_, Some(dead)) if r.handed_plan => format!("from server pid {dead} (it died; serving its plan)"),
             (_, Some(dead)) => format!("from server pid {dead} (it died)"),
             _ => "(the server before it died)".to_owned(),
         };

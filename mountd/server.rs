@@ -5,7 +5,9 @@
 //! (the library's [`Lifecycle`]), so a bad input, a stuck input or a panic can never take the
 //! FUSE connection with it: the keeper holds that.
 //!
-//! Order of a start: load (a failure is sent to the keeper, which reports it), say `Loaded`,
+//! Order of a start: load the inputs, or take the plan the keeper hands over (after a crash: the
+//! dead server's, so a crash restart serves what was served and reads no input file), say `Loaded`
+//! (a failure is sent to the keeper, which reports it),
 //! answer the INIT the keeper sends (the kernel's, or its replay), read the resume payload
 //! (the kernel's node table when taking over), and only then serve requests, once the node
 //! ids are the kernel's. Readiness (the state file, `READY=1` through the keeper) is declared
@@ -23,9 +25,9 @@ use crate::{logging, signals};
 use devremap::adapter::Adapter;
 use devremap::atomic::{Written, write_atomic};
 use devremap::fuse_wire;
-use devremap::handover::{Control, Resume};
+use devremap::handover::{self, Control, Resume};
 use devremap::lifecycle::{Event, Lifecycle, Notice, Notifier, PublishError, Session, Status, warnings};
-use devremap::load::{self, Sources};
+use devremap::load::{self, Loaded, Sources};
 use devremap::served::Devfs;
 use devremap::{io_message, render};
 use fuser::{Config, SessionACL};
@@ -82,6 +84,8 @@ struct Server {
     events: Sender<Event>,
     control: Arc<OwnedFd>,
     handovers: u64,
+    /// The generation whose plan the keeper has.
+    handed: u64,
 }
 
 /// The keeper's sockets, after checking that they are sockets: `devremapd serve` run by hand
@@ -122,16 +126,33 @@ fn receive(control: &OwnedFd) -> Result<Control, String> {
     }
 }
 
-/// The resume payload, put back together from its parts.
-fn read_resume(control: &OwnedFd) -> Result<Resume, String> {
-    let mut payload = Vec::new();
+/// A payload from the keeper, put back together from its parts (`first` may be the first).
+fn read_payload(control: &OwnedFd, first: Option<Vec<u8>>) -> Result<Vec<u8>, String> {
+    let mut payload = first.unwrap_or_default();
     loop {
         match receive(control)? {
-            Control::ResumePart(part) => payload.extend(part),
-            Control::ResumeEnd => return Resume::parse(&payload).map_err(|e| format!("from the keeper: {e}")),
-            other => return Err(format!("from the keeper: {other:?} before the resume payload")),
+            Control::Part(part) => payload.extend(part),
+            Control::End => return Ok(payload),
+            other => return Err(format!("from the keeper: {other:?} within a payload")),
         }
     }
+}
+
+/// What to serve: the inputs, loaded now, or (after a crash) the plan the dead server served,
+/// as the keeper says first. A plan that does not read back is logged, and the inputs loaded.
+fn what_to_serve(control: &OwnedFd, sources: &Sources) -> Result<Loaded, String> {
+    let plan = match receive(control)? {
+        Control::Load => None,
+        Control::Part(part) => Some(read_payload(control, Some(part))?),
+        other => return Err(format!("from the keeper: {other:?} instead of what to serve")),
+    };
+    if let Some(plan) = plan {
+        match Loaded::from_bytes(&plan) {
+            Ok(loaded) => return Ok(loaded),
+            Err(e) => log::warn!("{e}; loading the inputs instead"),
+        }
+    }
+    load::load(sources).map_err(|e| e.to_string())
 }
 
 /// What a signal does to the server: SIGHUP reloads (the keeper passes its SIGHUP on).
@@ -151,7 +172,7 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
         tell(&control, &Control::Failed(e));
         String::new()
     };
-    let loaded = load::load(&sources).map_err(|e| fail(e.to_string()))?;
+    let loaded = what_to_serve(&control, &sources).map_err(fail)?;
     tell(&control, &Control::Loaded);
 
     let devfs = Arc::new(Devfs::new(loaded.plan.tree.clone()));
@@ -166,7 +187,9 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
     // Answers the INIT the keeper sends: the kernel's, or its replay.
     let session = fuser::Session::from_fd(adapter, fuse, SessionACL::All, config)
         .map_err(|e| fail(format!("the FUSE handshake through the keeper failed: {}", io_message(&e))))?;
-    let resume = read_resume(&control).map_err(fail)?;
+    let resume = read_payload(&control, None)
+        .and_then(|payload| Resume::parse(&payload).map_err(|e| format!("from the keeper: {e}")))
+        .map_err(fail)?;
     let resumed = (!resume.is_first()).then(|| devfs.resume(&resume.held, resume.generation));
     // From now on one thread reads the control socket: the keeper's answers go to who waits
     // for them, its requests become events.
@@ -211,6 +234,7 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
         events: tx.clone(),
         control: control.clone(),
         handovers: resume.handovers,
+        handed: 0,
     };
     let mut life = Lifecycle::new(devfs, loaded, Duration::from_secs(args.reload_timeout), notifier, server);
     if let Some(resumed) = &resumed {
@@ -274,6 +298,13 @@ impl Session for Server {
     /// Replaces the state file, if there is one, and tells the keeper the generation served.
     fn publish(&mut self, status: &Status<'_>) -> Result<(), PublishError> {
         tell(&self.control, &Control::Generation(status.generation));
+        // The plan of each generation, for a server restarted after a crash to serve as it was.
+        if self.handed != status.generation {
+            self.handed = status.generation;
+            for record in handover::records(&status.loaded.to_bytes()) {
+                let _ = nix::unistd::write(&*self.control, &record);
+            }
+        }
         let Some(path) = &self.state_file else { return Ok(()) };
         let mut state = render::plan_json(&status.loaded.plan, status.loaded.metadata.as_ref());
         state.insert("generation".into(), status.generation.into());

@@ -11,7 +11,7 @@ pub const NV_MAJOR: u32 = 195;
 pub const MAX_REGULAR_MINOR: u32 = 247;
 
 /// The type of a special file in the tree.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum DevKind {
     Char,
     Block,
@@ -30,7 +30,7 @@ impl DevKind {
 }
 
 /// A device number, as `stat` reports it in `st_rdev`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct Rdev {
     pub major: u32,
     pub minor: u32,
@@ -64,7 +64,7 @@ impl fmt::Display for Rdev {
 }
 
 /// The permission bits and owner a node is served with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Access {
     pub mode: u32,
     pub uid: u32,
@@ -79,7 +79,7 @@ impl Access {
 }
 
 /// A GPU present on the restore host, named `nvidia<minor>` there.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RestoredGpu {
     /// The host minor: the N of its native name `nvidiaN`.
     pub minor: u32,

@@ -49,9 +49,13 @@ pub enum Control {
     /// [`Control::Invalidated`] with the write's errno (0: done; ENOENT: nothing was cached).
     Invalidate(Vec<u8>),
     Invalidated(i32),
-    /// Keeper to server: a part of the resume payload; [`Control::ResumeEnd`] ends it.
-    ResumePart(Vec<u8>),
-    ResumeEnd,
+    /// A part of a payload larger than a record ([`records`]); [`Control::End`] ends it. From
+    /// the keeper: the plan to serve (instead of [`Control::Load`]), then the [`Resume`]; from
+    /// the server: the plan it serves, after each generation (`Loaded::to_bytes`).
+    Part(Vec<u8>),
+    End,
+    /// Keeper to server, first: load the inputs (rather than serve the plan that follows).
+    Load,
     /// Keeper to server: an upgrade failed; record it as the last error.
     Refused(String),
     /// Keeper to server: the daemon stops: remove the state file and exit.
@@ -79,8 +83,9 @@ impl Control {
             }
             Control::Invalidate(msg) => (b'I', msg),
             Control::Invalidated(errno) => return [&[b'i'][..], &errno.to_le_bytes()].concat(),
-            Control::ResumePart(part) => (b'P', part),
-            Control::ResumeEnd => (b'E', &[]),
+            Control::Part(part) => (b'P', part),
+            Control::End => (b'E', &[]),
+            Control::Load => (b'D', &[]),
             Control::Refused(text) => (b'R', text.as_bytes()),
             Control::Stop => (b'S', &[]),
             Control::Retire => (b'X', &[]),
@@ -109,14 +114,24 @@ impl Control {
             b'i' => {
                 Control::Invalidated(i32::from_le_bytes(body.try_into().map_err(|_| HandoverError::Truncated('i'))?))
             }
-            b'P' => Control::ResumePart(body.to_vec()),
-            b'E' => Control::ResumeEnd,
+            b'P' => Control::Part(body.to_vec()),
+            b'E' => Control::End,
+            b'D' => Control::Load,
             b'R' => Control::Refused(text()),
             b'S' => Control::Stop,
             b'X' => Control::Retire,
             other => return Err(HandoverError::Tag(other)),
         })
     }
+}
+
+/// A payload as the records that carry it: parts of at most [`MAX_RECORD`] bytes, then
+/// [`Control::End`].
+pub fn records(payload: &[u8]) -> Vec<Vec<u8>> {
+    let mut records: Vec<Vec<u8>> =
+        payload.chunks(MAX_RECORD - 1).map(|part| Control::Part(part.to_vec()).encode()).collect();
+    records.push(Control::End.encode());
+    records
 }
 
 /// What a server starts from: nothing (the first server), or the kernel's view and the
@@ -139,7 +154,7 @@ impl Resume {
         self.generation == 0
     }
 
-    /// The payload as the records that carry it, [`Control::ResumeEnd`] last.
+    /// The payload as the records that carry it, [`Control::End`] last.
     pub fn records(&self) -> Vec<Vec<u8>> {
         let nodes: Vec<Value> = self
             .held
@@ -162,10 +177,7 @@ impl Resume {
             "cookies": self.held.cookies().iter().map(|(c, name)| json!([c, name])).collect::<Vec<Value>>(),
         })
         .to_string();
-        let mut records: Vec<Vec<u8>> =
-            payload.as_bytes().chunks(MAX_RECORD - 1).map(|part| Control::ResumePart(part.to_vec()).encode()).collect();
-        records.push(Control::ResumeEnd.encode());
-        records
+        records(payload.as_bytes())
     }
 
     /// The payload put back together from its parts.
@@ -225,8 +237,9 @@ mod tests {
             Control::Notify(Notice::Reloading),
             Control::Invalidate(vec![9; 40]),
             Control::Invalidated(-2),
-            Control::ResumePart(vec![1, 2, 3]),
-            Control::ResumeEnd,
+            Control::Part(vec![1, 2, 3]),
+            Control::End,
+            Control::Load,
             Control::Refused("upgrade refused".into()),
             Control::Stop,
             Control::Retire,
@@ -265,10 +278,10 @@ mod tests {
         assert!(records.len() > 2 && records.iter().all(|r| r.len() <= MAX_RECORD));
         let mut payload = Vec::new();
         for r in &records[..records.len() - 1] {
-            let Control::ResumePart(part) = Control::decode(r).unwrap() else { panic!("not a part") };
+            let Control::Part(part) = Control::decode(r).unwrap() else { panic!("not a part") };
             payload.extend(part);
         }
-        assert_eq!(Control::decode(records.last().unwrap()).unwrap(), Control::ResumeEnd);
+        assert_eq!(Control::decode(records.last().unwrap()).unwrap(), Control::End);
         assert_eq!(Resume::parse(&payload).unwrap(), resume);
         assert!(Resume::parse(&payload[..payload.len() / 2]).is_err());
         assert!(Resume::parse(b"{\"generation\":1}").is_err());

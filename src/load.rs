@@ -68,10 +68,23 @@ pub enum LoadError {
 }
 
 /// A loaded plan together with the metadata it came from.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Loaded {
     pub plan: Plan,
     pub metadata: Option<Metadata>,
+}
+
+impl Loaded {
+    /// The plan as a server hands it to its keeper: what a server restarted after a crash serves
+    /// without reading the inputs again. Empty if it cannot be written (these types always can).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// A plan handed over by [`Loaded::to_bytes`]; its tree is rebuilt and checked node by node.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Loaded, String> {
+        serde_json::from_slice(bytes).map_err(|e| format!("a plan handed over that does not read back: {e}"))
+    }
 }
 
 /// Opens an input file, refusing anything but a regular file.
@@ -178,4 +191,31 @@ pub fn load(sources: &Sources) -> Result<Loaded, LoadError> {
         plan.warnings.splice(0..0, noted);
     }
     Ok(Loaded { plan, metadata: inputs.metadata })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rule (issue 13): a plan handed over reads back equal, and a tree that no builder makes
+    /// (a node without its parent directory) is refused, not served.
+    #[test]
+    fn a_plan_handed_over_reads_back() {
+        let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+        let sources = Sources {
+            metadata: Some(examples.join("checkpoint")),
+            spec: Some(examples.join("config.json")),
+            host_root: examples.join("host-root"),
+            ..Sources::default()
+        };
+        let loaded = load(&sources).unwrap();
+        assert!(loaded.metadata.is_some() && !loaded.plan.remap.is_empty());
+        let bytes = loaded.to_bytes();
+        assert_eq!(Loaded::from_bytes(&bytes).unwrap(), loaded);
+        let text = String::from_utf8(bytes).unwrap();
+        let orphan = text.replacen("\"pts\":", "\"pts-gone/x\":", 1);
+        assert_ne!(orphan, text, "the example has /dev/pts");
+        assert!(Loaded::from_bytes(orphan.as_bytes()).unwrap_err().contains("do not make a tree"));
+        assert!(Loaded::from_bytes(&text.as_bytes()[..text.len() / 2]).is_err());
+    }
 }

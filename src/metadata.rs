@@ -24,7 +24,7 @@ pub const TPU_KEY: &str = "tpu-device-remap-ids";
 const PREFIX_LEN: usize = 16;
 
 /// One GPU as it was at save time (gVisor's `nvproxy.DeviceRemapID`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DeviceId {
     pub minor: u32,
     pub pci_vendor_id: u32,
@@ -49,7 +49,7 @@ impl DeviceId {
 /// The optional `mode`, `uid` and `gid` of a saved device: what its node was at save time.
 /// CRIU compares a reopened file's whole `st_mode` with the saved one, so a checkpoint name must
 /// keep the recorded mode even when the restore host's node has another.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RecordedAccess {
     /// Permission bits, at most 0o7777.
     pub mode: Option<u32>,
@@ -69,7 +69,7 @@ impl RecordedAccess {
 }
 
 /// Which of the accepted forms the input was.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Format {
     StateFile,
     Map,
@@ -87,7 +87,7 @@ impl Format {
 }
 
 /// What the checkpoint says about its devices.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Metadata {
     pub format: Format,
     /// Saved GPUs, sorted by minor; empty when the key is absent (nothing was open at save).

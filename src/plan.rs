@@ -47,7 +47,7 @@ pub struct Inputs {
 }
 
 /// One saved GPU and where its checkpoint name leads.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RemapEntry {
     pub old: DeviceId,
     pub new: RestoredGpu,
@@ -64,7 +64,7 @@ impl RemapEntry {
 }
 
 /// The result: what `plan` prints and what the daemon serves.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Plan {
     pub remap: Vec<RemapEntry>,
     pub restored: Vec<RestoredGpu>,

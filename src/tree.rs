@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use thiserror::Error;
 
 /// What a node is.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum NodeKind {
     Dir,
     Symlink(String),
@@ -21,7 +21,7 @@ pub enum NodeKind {
 }
 
 /// One node of the tree. Symlinks carry `0777` root:root.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Node {
     pub kind: NodeKind,
     pub access: Access,
@@ -61,6 +61,9 @@ pub enum TreeError {
     /// `path` is cut short when it is long.
     #[error("{path}: {error}")]
     Limit { path: String, error: LimitError },
+    /// Nodes handed over that no builder makes (a parent missing, another root).
+    #[error("the nodes do not make a tree")]
+    NotATree,
 }
 
 impl TreeError {
@@ -70,7 +73,8 @@ impl TreeError {
 }
 
 /// An immutable `/dev` tree. Built with [`TreeBuilder`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "BTreeMap<String, Node>", into = "BTreeMap<String, Node>")]
 pub struct Tree {
     nodes: BTreeMap<String, Node>,
 }
@@ -99,6 +103,30 @@ impl Tree {
     /// The parent path and the last component of `path`.
     pub fn split(path: &str) -> (&str, &str) {
         path.rsplit_once('/').unwrap_or(("", path))
+    }
+}
+
+/// A tree handed over as its nodes (a server's plan, through its keeper) is rebuilt node by
+/// node with [`TreeBuilder`], so it holds to every rule a built tree does, or is refused.
+impl TryFrom<BTreeMap<String, Node>> for Tree {
+    type Error = TreeError;
+
+    fn try_from(nodes: BTreeMap<String, Node>) -> Result<Tree, TreeError> {
+        let mut b = TreeBuilder::default();
+        for (path, node) in nodes.iter().filter(|(p, _)| !p.is_empty()) {
+            b.insert(path, node.clone())?;
+        }
+        let tree = b.build();
+        if tree.nodes != nodes {
+            return Err(TreeError::NotATree);
+        }
+        Ok(tree)
+    }
+}
+
+impl From<Tree> for BTreeMap<String, Node> {
+    fn from(tree: Tree) -> Self {
+        tree.nodes
     }
 }
 
