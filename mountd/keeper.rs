@@ -168,11 +168,17 @@ struct Keeper {
     start_error: Option<String>,
     retry_at: Option<Instant>,
     pid_written: Option<Written>,
+    state_file: Option<PathBuf>,
     /// The binary of the last server that took over: a crash restart runs it again (the file
     /// at `exe_path` may be a newer one that was never tried).
     good: Arc<File>,
     /// The last server that died, named by the one that takes over from it.
     dead_pid: Option<u32>,
+    /// A `SIGHUP` was passed to the current server, whose reload is not over yet (it has not
+    /// said `READY=1` after `RELOADING=1`): if it dies, its successor is asked again, once.
+    reload_asked: bool,
+    reload_reloading: bool,
+    reload_retried: bool,
     /// The plan the current server serves, opaque: a server restarted after a crash serves it,
     /// reading no input (an input that changed since, or made the server die, waits for a reload).
     plan: Option<Vec<u8>>,
@@ -303,6 +309,14 @@ fn mount(dev: &File, mountpoint: &Path) -> nix::Result<()> {
     )
 }
 
+/// Whether the state file at `path` is a regular file whose `pid` is this process: one that
+/// another daemon given the same path wrote since is left alone.
+fn names_us(path: &Path) -> bool {
+    let Ok(file) = devremap::files::open_regular(path) else { return false };
+    let state: serde_json::Value = serde_json::from_reader(io::BufReader::new(file)).unwrap_or_default();
+    state.get("pid").and_then(serde_json::Value::as_u64) == Some(u64::from(std::process::id()))
+}
+
 /// A server's exit status in words: `exit status 1`, `signal 9 (SIGKILL)`.
 fn status_text(status: io::Result<ExitStatus>) -> String {
     match status {
@@ -370,8 +384,12 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
         start_error: None,
         retry_at: None,
         pid_written: None,
+        state_file: args.state_file.clone(),
         good: exe.clone(),
         dead_pid: None,
+        reload_asked: false,
+        reload_reloading: false,
+        reload_retried: false,
         plan: None,
     };
     keeper.current = Some(keeper.spawn(exe, None).map_err(|e| format!("cannot start the server: {}", io_message(&e)))?);
@@ -395,16 +413,21 @@ impl Keeper {
         self.next_epoch += 1;
         let (socket, their_socket) = seqpacket_pair()?;
         let (control, their_control) = seqpacket_pair()?;
-        let fds = [their_socket.as_raw_fd(), their_control.as_raw_fd()];
+        let (fds, exe_fd) = ([their_socket.as_raw_fd(), their_control.as_raw_fd()], exe.as_raw_fd());
         let mut cmd = Command::new(format!("/proc/self/fd/{}", exe.as_raw_fd()));
         cmd.arg0("devremapd").arg("serve").args(&self.args).stdin(Stdio::null());
         // Only the keeper talks to systemd (the main process); the server tells the keeper.
         cmd.env_remove("NOTIFY_SOCKET");
         // SAFETY: between fork and exec the closure makes only async-signal-safe calls (fcntl,
         // dup2, close) on fds it owns in the child. The copies above 10 keep one source from
-        // being overwritten by the other's dup2 to 3 or 4; dup2 clears close-on-exec.
+        // being overwritten by the other's dup2 to 3 or 4; dup2 clears close-on-exec. The binary's
+        // fd stays open across exec (an interpreter of a script reads it by that name) and is
+        // never 3 or 4 (the signal thread's, for the keeper's life).
         unsafe {
             cmd.pre_exec(move || {
+                if exe_fd == 3 || exe_fd == 4 || libc::fcntl(exe_fd, libc::F_SETFD, 0) < 0 {
+                    return Err(io::Error::from_raw_os_error(libc::EBADF));
+                }
                 let high = fds.map(|fd| libc::fcntl(fd, libc::F_DUPFD, 10));
                 for (from, to) in high.into_iter().zip([3, 4]) {
                     if from < 0 || libc::dup2(from, to) < 0 {
@@ -479,13 +502,19 @@ impl Keeper {
 
     fn reload(&mut self) {
         match &self.current {
-            Some(p) if self.ready => {
+            Some(p) if p.ready => {
                 let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p.pid() as i32), nix::sys::signal::SIGHUP);
+                // Until the server says the reload is over, a death of it means asking again.
+                self.reload_asked = true;
             }
-            // A server that is starting loads the inputs as they are now; one more reload once
-            // serving, as the inputs may have changed since it read them.
-            _ => {
+            // A server that is starting loads the inputs as they are now (or serves the plan it
+            // was handed); one more reload once serving, as the inputs may have changed.
+            _ if !self.ready => {
                 info!("signal SIGHUP while starting: reloading once serving");
+                self.reload_when_ready = true;
+            }
+            _ => {
+                info!("signal SIGHUP while a server takes over: reloading once it serves");
                 self.reload_when_ready = true;
             }
         }
@@ -554,7 +583,11 @@ impl Keeper {
     fn timer(&mut self) {
         let now = Instant::now();
         if self.retry_at.is_some_and(|t| t <= now) {
-            self.restart();
+            self.retry_at = None;
+            // Unless a server took over meanwhile (an upgrade).
+            if self.current.is_none() && self.replacing.is_none() {
+                self.restart();
+            }
         }
         if let Some(r) = self.replacing.take_if(|r| r.deadline <= now) {
             let (crashed, pid) = (r.crashed, r.proc.pid());
@@ -587,12 +620,28 @@ impl Keeper {
             warn!("server pid {} exited ({status}); starting another to take over", p.pid());
             self.dead_pid = Some(p.pid());
             self.good = p.exe.clone();
-            match &mut self.replacing {
-                // An upgrade under way takes over as soon as it can.
-                Some(r) => r.crashed = true,
-                None if p.ready => self.restart(),
-                None => self.retry_later(),
+            self.reload_reloading = false;
+            if std::mem::take(&mut self.reload_asked) {
+                if std::mem::replace(&mut self.reload_retried, true) {
+                    warn!(
+                        "the reload asked for was not finished by two servers that died; not asking again (send SIGHUP once the inputs are fixed)"
+                    );
+                    self.reload_retried = false;
+                } else {
+                    info!(
+                        "the reload asked of server pid {} was not finished: reloading once its successor serves",
+                        p.pid()
+                    );
+                    self.reload_when_ready = true;
+                }
             }
+            // An upgrade under way is dropped: the dead server's binary and plan take over at
+            // once, rather than waiting for an untried binary still loading its inputs.
+            if let Some(r) = self.replacing.take() {
+                warn!("upgrade abandoned: the serving server died while server pid {} was starting", r.proc.pid());
+                self.kill(r.proc);
+            }
+            if p.ready { self.restart() } else { self.retry_later() }
         } else if let Some(mut r) = self.replacing.take_if(|r| r.proc.epoch == epoch) {
             let status = status_text(r.proc.child.wait());
             self.link.shared.lock().sockets.remove(&epoch);
@@ -648,8 +697,18 @@ impl Keeper {
                     p.tell(&Control::Proceed);
                 }
             }
-            Control::Generation(generation) => self.link.shared.lock().relay.set_generation(epoch, generation),
+            Control::Status { generation, last_error } => {
+                self.link.shared.lock().relay.set_status(epoch, generation, last_error)
+            }
             Control::Notify(notice) if is_current => {
+                match notice {
+                    Notice::Reloading => self.reload_reloading = true,
+                    Notice::Ready if std::mem::take(&mut self.reload_reloading) => {
+                        self.reload_asked = false;
+                        self.reload_retried = false;
+                    }
+                    _ => {}
+                }
                 if notice == Notice::Ready
                     && let Some(p) = self.current.as_mut().filter(|p| !p.ready)
                 {
@@ -769,6 +828,8 @@ impl Keeper {
         }
         self.good = r.proc.exe.clone();
         self.current = Some(r.proc);
+        // A restart that was due is not needed any more (this may be an upgrade after a crash).
+        self.retry_at = None;
     }
 
     /// SIGTERM, SIGINT, or the watched container gone: unmount, stop the server.
@@ -814,7 +875,8 @@ impl Keeper {
     }
 
     /// Tells the server that the daemon stops (it removes the state file) and waits a little
-    /// for it; kills whatever is left.
+    /// for it; kills whatever is left. A state file no server removed (none was serving, or it
+    /// was stopped and killed) is removed here if it still names this keeper.
     fn end_servers(&mut self) {
         if let Some(p) = self.current.take() {
             p.tell(&Control::Stop);
@@ -824,6 +886,11 @@ impl Keeper {
         }
         for p in self.replacing.take().map(|r| r.proc).into_iter().chain(std::mem::take(&mut self.leaving)) {
             self.kill(p);
+        }
+        if let Some(path) = &self.state_file
+            && names_us(path)
+        {
+            let _ = std::fs::remove_file(path);
         }
     }
 

@@ -32,9 +32,10 @@ use devremap::served::Devfs;
 use devremap::{io_message, render};
 use fuser::{Config, SessionACL};
 use log::info;
+use nix::sys::socket::{SockType, getsockopt, sockopt};
 use serde_json::Value;
 use std::io;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -88,20 +89,28 @@ struct Server {
     handed: u64,
 }
 
-/// The keeper's sockets, after checking that they are sockets: `devremapd serve` run by hand
-/// would otherwise take whatever fds 3 and 4 happen to be.
+/// The keeper's sockets, after checking that they are `SOCK_SEQPACKET` sockets: `devremapd
+/// serve` run by hand would otherwise take whatever fds 3 and 4 happen to be. Called before
+/// this process opens anything (the signal thread's own socket pair would land there).
 fn inherited() -> Result<(OwnedFd, OwnedFd), String> {
+    let refuse = |fd: i32| {
+        format!("devremapd serve is started by `devremapd mount`, with its sockets as fds 3 and 4 (fd {fd} is not one)")
+    };
     let mut fds = Vec::new();
     for fd in [FUSE_FD, CONTROL_FD] {
         let link = std::fs::read_link(format!("/proc/self/fd/{fd}")).unwrap_or_default();
         if !link.to_string_lossy().starts_with("socket:") {
-            return Err(format!(
-                "devremapd serve is started by `devremapd mount`, with its sockets as fds 3 and 4 (fd {fd} is not a socket)"
-            ));
+            return Err(refuse(fd));
         }
         // SAFETY: fd is open (its /proc link names a socket) and is the socket the keeper
         // passed for us alone; nothing else in this process owns it.
-        fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
+        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+        if getsockopt(&owned, sockopt::SockType).ok() != Some(SockType::SeqPacket) {
+            // Not the keeper's: leave it open, as it was.
+            let _ = owned.into_raw_fd();
+            return Err(refuse(fd));
+        }
+        fds.push(owned);
     }
     let [fuse, control] = <[OwnedFd; 2]>::try_from(fds).expect("two fds");
     Ok((fuse, control))
@@ -162,8 +171,8 @@ fn act(sig: i32) -> Option<Event> {
 
 pub fn run(args: &MountArgs) -> Result<(), String> {
     let (tx, rx) = mpsc::channel();
-    signals::start(tx.clone(), act, " (signal the keeper, the pid in the pid file)")?;
     let (fuse, control) = inherited()?;
+    signals::start(tx.clone(), act, " (signal the keeper, the pid in the pid file)")?;
     let control = Arc::new(control);
     let sources = args.inputs.sources();
     // Until ready, every error goes to the keeper, which reports it as the error of the
@@ -238,7 +247,7 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
     };
     let mut life = Lifecycle::new(devfs, loaded, Duration::from_secs(args.reload_timeout), notifier, server);
     if let Some(resumed) = &resumed {
-        life.resumed(resumed, &resume.from);
+        life.resumed(resumed, &resume.from, resume.last_error.clone());
     }
     wait_answering(&args.mountpoint).map_err(fail)?;
     // The keeper writes the pid file now, before the state file is.
@@ -297,7 +306,8 @@ impl Session for Server {
 
     /// Replaces the state file, if there is one, and tells the keeper the generation served.
     fn publish(&mut self, status: &Status<'_>) -> Result<(), PublishError> {
-        tell(&self.control, &Control::Generation(status.generation));
+        let last_error = status.last_error.map(str::to_owned);
+        tell(&self.control, &Control::Status { generation: status.generation, last_error });
         // The plan of each generation, for a server restarted after a crash to serve as it was.
         if self.handed != status.generation {
             self.handed = status.generation;

@@ -41,8 +41,12 @@ pub enum Control {
     Answering,
     /// Keeper to server: the pid file is written; declare the daemon ready.
     Proceed,
-    /// Server to keeper: serving this generation (with every state the server publishes).
-    Generation(u64),
+    /// Server to keeper: serving this generation, and the last reload's error if it was
+    /// refused (with every state the server publishes): a successor keeps both.
+    Status {
+        generation: u64,
+        last_error: Option<String>,
+    },
     /// Server to keeper: tell the service manager (only the keeper, the main process, may).
     Notify(Notice),
     /// Server to keeper: write this notification (an invalidation) to `/dev/fuse`, then answer
@@ -72,7 +76,10 @@ impl Control {
             Control::Failed(text) => (b'F', text.as_bytes()),
             Control::Answering => (b'A', &[]),
             Control::Proceed => (b'O', &[]),
-            Control::Generation(g) => return [&[b'G'][..], &g.to_le_bytes()].concat(),
+            Control::Status { generation, last_error } => {
+                let error = last_error.as_deref().map_or(&b""[..], str::as_bytes);
+                return [&[b'G'][..], &generation.to_le_bytes(), &[u8::from(last_error.is_some())], error].concat();
+            }
             Control::Notify(n) => {
                 let n = match n {
                     Notice::Ready => b'r',
@@ -102,7 +109,12 @@ impl Control {
             b'A' => Control::Answering,
             b'O' => Control::Proceed,
             b'G' => {
-                Control::Generation(u64::from_le_bytes(body.try_into().map_err(|_| HandoverError::Truncated('G'))?))
+                let (generation, rest) = body.split_first_chunk::<8>().ok_or(HandoverError::Truncated('G'))?;
+                let (&has_error, error) = rest.split_first().ok_or(HandoverError::Truncated('G'))?;
+                Control::Status {
+                    generation: u64::from_le_bytes(*generation),
+                    last_error: (has_error != 0).then(|| String::from_utf8_lossy(error).into_owned()),
+                }
             }
             b'N' => Control::Notify(match body {
                 b"r" => Notice::Ready,
@@ -146,6 +158,9 @@ pub struct Resume {
     /// Whom this server takes over from and how, for its log line: `from server pid 12 (a
     /// crash), 3 requests resent`.
     pub from: String,
+    /// The last reload's error, if it was refused: still true of the inputs until a reload
+    /// succeeds.
+    pub last_error: Option<String>,
 }
 
 impl Resume {
@@ -173,6 +188,7 @@ impl Resume {
             "handovers": self.handovers,
             "max_ino": self.held.max_ino(),
             "from": self.from,
+            "last_error": self.last_error,
             "nodes": nodes,
             "cookies": self.held.cookies().iter().map(|(c, name)| json!([c, name])).collect::<Vec<Value>>(),
         })
@@ -217,6 +233,7 @@ impl Resume {
             handovers: num("handovers")?,
             held: Held::from_parts(nodes, num("max_ino")?, cookies),
             from: v.get("from").and_then(Value::as_str).ok_or_else(|| bad("from"))?.to_owned(),
+            last_error: v.get("last_error").and_then(Value::as_str).map(str::to_owned),
         })
     }
 }
@@ -233,7 +250,8 @@ mod tests {
             Control::Failed("spec.json: not json".into()),
             Control::Answering,
             Control::Proceed,
-            Control::Generation(u64::MAX),
+            Control::Status { generation: u64::MAX, last_error: None },
+            Control::Status { generation: 3, last_error: Some("spec.json: bad".into()) },
             Control::Notify(Notice::Reloading),
             Control::Invalidate(vec![9; 40]),
             Control::Invalidated(-2),
@@ -273,6 +291,7 @@ mod tests {
             handovers: 3,
             held: Held::from_parts(nodes, 9000, (3..4000).map(|c| (c, format!("name{c}"))).collect()),
             from: "from pid 1".into(),
+            last_error: Some("x: bad".into()),
         };
         let records = resume.records();
         assert!(records.len() > 2 && records.iter().all(|r| r.len() <= MAX_RECORD));

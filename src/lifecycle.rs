@@ -324,7 +324,9 @@ impl<N: Notifier, S: Session> Lifecycle<N, S> {
 
     /// This server took over from another (a crash or an upgrade, [`Devfs::resume`]): tells
     /// the kernel what it may have cached that no longer holds, and logs the takeover.
-    pub fn resumed(&mut self, resumed: &Resumed, from: &str) {
+    /// The last reload error the server before had recorded stays until a reload succeeds.
+    pub fn resumed(&mut self, resumed: &Resumed, from: &str, last_error: Option<String>) {
+        self.last_error = last_error;
         self.invalidate(&resumed.change);
         info!(
             "took over {from}: generation {}, kept {} nodes the kernel holds, retired {}{}",

@@ -80,6 +80,7 @@ pub struct Relay {
     /// `(epoch, unique)` of the INIT sent to a replacement, whose reply is swallowed.
     probe: Option<(u64, u64)>,
     generation: u64,
+    last_error: Option<String>,
     handovers: u64,
 }
 
@@ -106,10 +107,11 @@ impl Relay {
         self.handovers
     }
 
-    /// The generation the current server serves, as it last said.
-    pub fn set_generation(&mut self, epoch: u64, generation: u64) {
+    /// The generation the current server serves and its last reload error, as it last said.
+    pub fn set_status(&mut self, epoch: u64, generation: u64, last_error: Option<String>) {
         if self.current == Some(epoch) {
             self.generation = generation;
+            self.last_error = last_error;
         }
     }
 
@@ -217,6 +219,7 @@ impl Relay {
                 handovers: self.handovers,
                 held: self.held.clone(),
                 from: String::new(),
+                last_error: self.last_error.clone(),
             },
             resend,
             give_up,
@@ -315,14 +318,16 @@ mod tests {
         assert_eq!(r.in_flight(), 0);
     }
 
-    /// Rule (issue 13): generation and handovers carry over to the successor.
+    /// Rule (issue 13): generation, handovers and the last reload error carry over to the
+    /// successor (a crash must not tell a monitor that a refused input is fine).
     #[test]
     fn counters_carry_over() {
         let mut r = started(b"f");
-        r.set_generation(1, 7);
-        r.set_generation(9, 100);
+        r.set_status(1, 7, Some("spec: bad".into()));
+        r.set_status(9, 100, None);
         r.lost(1);
         let sw = r.switch(2);
         assert_eq!((sw.resume.generation, sw.resume.handovers), (7, 1));
+        assert_eq!(sw.resume.last_error.as_deref(), Some("spec: bad"));
     }
 }
