@@ -6,8 +6,10 @@
 mod common;
 
 use common::daemon::{Daemon, PATIENCE, is_mounted, need_fuse, wait_for};
-use common::{BIN, arg, empty_root};
+use common::{BIN, arg, empty_root, fixture};
+use serde_json::Value;
 use std::fs;
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Instant;
@@ -33,6 +35,18 @@ impl Drop for Reaped {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+    }
+}
+
+/// A stopped server, continued when the test ends (declared after the daemons, so dropped
+/// first): the stuck filesystem it serves answers again before the daemons are stopped,
+/// whatever the test's outcome.
+struct Resume(u32);
+
+impl Drop for Resume {
+    fn drop(&mut self) {
+        // SAFETY: kill with a pid and a valid signal; a process already gone is fine.
+        unsafe { libc::kill(self.0 as libc::pid_t, libc::SIGCONT) };
     }
 }
 
@@ -92,7 +106,7 @@ fn sigterm_right_after_a_server_crash_removes_the_state_file() {
 /// `old`.
 fn new_server(state_file: &Path, old: u32) -> Option<u32> {
     let text = fs::read_to_string(state_file).ok()?;
-    let state: serde_json::Value = serde_json::from_str(&text).ok()?;
+    let state: Value = serde_json::from_str(&text).ok()?;
     let pid = u32::try_from(state["server_pid"].as_u64()?).ok()?;
     (pid != old && alive(pid)).then_some(pid)
 }
@@ -123,15 +137,6 @@ fn a_crash_during_a_stuck_upgrade_is_restarted_at_once() {
         "3600",
     ]);
     let stuck_server = stuck.server_pid();
-    // Declared last, so dropped first: the stuck filesystem answers again before the daemons
-    // are stopped, whatever the test's outcome.
-    struct Resume(u32);
-    impl Drop for Resume {
-        fn drop(&mut self) {
-            // SAFETY: kill with a pid and a valid signal; a process already gone is fine.
-            unsafe { libc::kill(self.0 as libc::pid_t, libc::SIGCONT) };
-        }
-    }
     kill(stuck_server, libc::SIGSTOP);
     let _resume = Resume(stuck_server);
     d.signal(libc::SIGUSR2);
@@ -143,4 +148,92 @@ fn a_crash_during_a_stuck_upgrade_is_restarted_at_once() {
     assert!(t0.elapsed() < PATIENCE);
     assert_eq!(fs::symlink_metadata(d.path("null")).map(|m| m.len()).ok(), Some(0), "the mount answers");
     assert!(alive(pid));
+}
+
+/// Writes at `path` a spec (the basic fixture's) whose only `linux.devices` entry is `/dev/a`,
+/// char `1:minor`.
+fn write_spec(path: &Path, minor: u32) {
+    let mut spec: Value = serde_json::from_str(&fs::read_to_string(fixture("spec-basic.json")).unwrap()).unwrap();
+    spec["linux"]["devices"] =
+        serde_json::json!([{"path": "/dev/a", "type": "c", "major": 1, "minor": minor, "fileMode": 438}]);
+    let tmp = path.with_extension("tmp");
+    fs::write(&tmp, spec.to_string()).unwrap();
+    fs::rename(&tmp, path).unwrap();
+}
+
+/// The minor number `/dev/a` has in the mount, as a fresh `stat` sees it (`--ttl 0`).
+fn minor_of_a(d: &Daemon) -> Option<u32> {
+    fs::metadata(d.path("a")).ok().map(|m| libc::minor(m.rdev()))
+}
+
+/// Bug (found from outside): a SIGHUP that reaches the keeper as the server dies is lost. The
+/// keeper passes it to the dead server (not yet reaped, so `kill` succeeds), and the successor
+/// serves the dead server's plan: the inputs the operator changed (after a restore: which GPU
+/// a name opens) are never applied, with no error in the log or the state file, until someone
+/// sends SIGHUP again. Made likely here by stopping the keeper while both happen.
+/// Expected: the reload is done once a server serves, as for a SIGHUP during a start.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn a_sighup_as_the_server_dies_is_not_lost() {
+    need_fuse();
+    let inputs = tempfile::tempdir().unwrap();
+    let spec = inputs.path().join("config.json");
+    write_spec(&spec, 3);
+    let d = Daemon::start(&["--spec", arg(&spec), "--host-root", &empty_root(), "--ttl", "0"]);
+    for (round, minor) in [5, 7, 3, 5, 7].into_iter().enumerate() {
+        write_spec(&spec, minor);
+        let old = d.server_pid();
+        d.signal(libc::SIGSTOP);
+        d.signal(libc::SIGHUP);
+        kill(old, libc::SIGKILL);
+        d.signal(libc::SIGCONT);
+        wait_for("a server to take over", || new_server(&d.state_file, old));
+        wait_for(&format!("round {round}: /dev/a to become 1:{minor} (the reload was lost)"), || {
+            (minor_of_a(&d) == Some(minor)).then_some(())
+        });
+    }
+}
+
+/// Bug (found from outside): a reload under way when the server dies is lost. The server had
+/// begun loading the changed inputs (slow here: `--host-dev` on a filesystem that hangs, as an
+/// NFS mount can); its successor serves the dead server's plan and never loads them: the
+/// container keeps the old device, the state file shows no error, the log says nothing.
+/// Expected: the successor (or the keeper) does the reload that was asked for.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn a_reload_under_way_when_the_server_dies_is_not_lost() {
+    need_fuse();
+    let inputs = tempfile::tempdir().unwrap();
+    let spec = inputs.path().join("config.json");
+    write_spec(&spec, 3);
+    let stuck = Daemon::start(&["--host-root", &empty_root(), "--ttl", "0"]);
+    let d = Daemon::start(&[
+        "--spec",
+        arg(&spec),
+        "--host-root",
+        &empty_root(),
+        "--host-dev",
+        arg(&stuck.mountpoint),
+        "--ttl",
+        "0",
+    ]);
+    assert_eq!(minor_of_a(&d), Some(3));
+    write_spec(&spec, 5);
+    let stuck_server = stuck.server_pid();
+    kill(stuck_server, libc::SIGSTOP);
+    let resume = Resume(stuck_server);
+    let old = d.server_pid();
+    d.signal(libc::SIGHUP);
+    wait_for("the server's reload thread", || {
+        let tasks = fs::read_dir(format!("/proc/{old}/task")).ok()?;
+        tasks
+            .flatten()
+            .any(|t| fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "reload"))
+            .then_some(())
+    });
+    kill(old, libc::SIGKILL);
+    // Its reload thread waits in the kernel for the stuck filesystem: it dies once that answers.
+    drop(resume);
+    wait_for("a server to take over", || new_server(&d.state_file, old));
+    wait_for("/dev/a to become 1:5 (the reload was lost)", || (minor_of_a(&d) == Some(5)).then_some(()));
 }
