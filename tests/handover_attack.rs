@@ -237,3 +237,27 @@ fn a_reload_under_way_when_the_server_dies_is_not_lost() {
     wait_for("a server to take over", || new_server(&d.state_file, old));
     wait_for("/dev/a to become 1:5 (the reload was lost)", || (minor_of_a(&d) == Some(5)).then_some(()));
 }
+
+/// Bug (found from outside): a crash erases `last_error`. After a reload refused for a bad
+/// input, the state file says why; once the server is killed, its successor (serving the old
+/// plan, as it should) writes `last_error: null`, so a monitor reading the state file is told
+/// all is well while the inputs are still bad and the served tree is not theirs.
+/// Expected: the successor keeps the last error until a reload succeeds.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn a_crash_keeps_the_last_error_of_a_refused_reload() {
+    need_fuse();
+    let inputs = tempfile::tempdir().unwrap();
+    let spec = inputs.path().join("config.json");
+    write_spec(&spec, 3);
+    let d = Daemon::start(&["--spec", arg(&spec), "--host-root", &empty_root(), "--ttl", "0"]);
+    fs::write(&spec, "{not json").unwrap();
+    let refused = d.reload();
+    let error = refused["last_error"].as_str().expect("the refused reload's error").to_owned();
+    assert!(error.contains("config.json"), "{error}");
+    let old = d.server_pid();
+    kill(old, libc::SIGKILL);
+    wait_for("a server to take over", || new_server(&d.state_file, old));
+    assert_eq!(minor_of_a(&d), Some(3), "the old tree is served");
+    assert_eq!(d.state()["last_error"].as_str(), Some(error.as_str()), "the input is still bad");
+}
