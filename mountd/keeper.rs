@@ -175,10 +175,12 @@ struct Keeper {
     /// The last server that died, named by the one that takes over from it.
     dead_pid: Option<u32>,
     /// A `SIGHUP` was passed to the current server, whose reload is not over yet (it has not
-    /// said `READY=1` after `RELOADING=1`): if it dies, its successor is asked again, once.
+    /// said `READY=1` after `RELOADING=1`): if it dies, its successor is asked again, unless
+    /// servers died twice in the middle of that reload (its input may be what kills them) since
+    /// the last `SIGHUP` sent to us.
     reload_asked: bool,
     reload_reloading: bool,
-    reload_retried: bool,
+    reload_deaths: u32,
     /// The plan the current server serves, opaque: a server restarted after a crash serves it,
     /// reading no input (an input that changed since, or made the server die, waits for a reload).
     plan: Option<Vec<u8>>,
@@ -389,7 +391,7 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
         dead_pid: None,
         reload_asked: false,
         reload_reloading: false,
-        reload_retried: false,
+        reload_deaths: 0,
         plan: None,
     };
     keeper.current = Some(keeper.spawn(exe, None).map_err(|e| format!("cannot start the server: {}", io_message(&e)))?);
@@ -461,12 +463,14 @@ impl Keeper {
         Ok(proc)
     }
 
-    /// Kills a server and forgets it.
+    /// Kills a server and forgets it. It is reaped by a thread of its own: a process killed
+    /// while it waits for a FUSE request that a stuck filesystem's daemon has read (an input on
+    /// a hung mount) dies only once that request is answered, and the keeper must not wait.
     fn kill(&mut self, mut proc: Proc) {
         let _ = proc.child.kill();
         proc.disconnect();
         self.link.shared.lock().sockets.remove(&proc.epoch);
-        let _ = proc.child.wait();
+        let _ = std::thread::Builder::new().name("reaper".into()).spawn(move || drop(proc.child.wait()));
     }
 
     fn deadline(&self) -> Option<Instant> {
@@ -485,7 +489,11 @@ impl Keeper {
                 Waited::Closed => return self.stop("the event channel closed", rx),
             };
             match ev {
-                Ev::Reload => self.reload(),
+                Ev::Reload => {
+                    // Asked by someone: whatever servers died of before, try it.
+                    self.reload_deaths = 0;
+                    self.reload();
+                }
                 Ev::Upgrade => self.upgrade(),
                 Ev::Stop(why) => return self.stop(&why, rx),
                 Ev::KernelEnded(result) => return self.ended(result),
@@ -620,13 +628,12 @@ impl Keeper {
             warn!("server pid {} exited ({status}); starting another to take over", p.pid());
             self.dead_pid = Some(p.pid());
             self.good = p.exe.clone();
-            self.reload_reloading = false;
+            self.reload_deaths += u32::from(std::mem::take(&mut self.reload_reloading));
             if std::mem::take(&mut self.reload_asked) {
-                if std::mem::replace(&mut self.reload_retried, true) {
+                if self.reload_deaths >= 2 {
                     warn!(
-                        "the reload asked for was not finished by two servers that died; not asking again (send SIGHUP once the inputs are fixed)"
+                        "two servers died in the middle of the reload asked for; not asking again (send SIGHUP once the inputs are fixed)"
                     );
-                    self.reload_retried = false;
                 } else {
                     info!(
                         "the reload asked of server pid {} was not finished: reloading once its successor serves",
@@ -705,7 +712,7 @@ impl Keeper {
                     Notice::Reloading => self.reload_reloading = true,
                     Notice::Ready if std::mem::take(&mut self.reload_reloading) => {
                         self.reload_asked = false;
-                        self.reload_retried = false;
+                        self.reload_deaths = 0;
                     }
                     _ => {}
                 }
