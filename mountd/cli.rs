@@ -91,6 +91,10 @@ pub struct MountArgs {
     /// filesystem) is abandoned: the served tree stays and `last_error` says so.
     #[arg(long, value_name = "SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub reload_timeout: u64,
+    /// A server that leaves a request of the kernel unanswered this long is hung: it is killed
+    /// and another takes over (processes waiting on it cannot even be killed meanwhile).
+    #[arg(long, value_name = "SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=86400))]
+    pub server_timeout: u64,
     /// Stop when the process whose pid this file holds (the container's init, as the runtime's
     /// --pid-file writes it) exits, once the file appears.
     #[arg(long, value_name = "PATH")]

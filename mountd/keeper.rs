@@ -153,6 +153,7 @@ struct Keeper {
     /// The path the keeper was started from: an upgrade runs what is there now.
     exe_path: PathBuf,
     reload_timeout: Duration,
+    server_timeout: Duration,
     next_epoch: u64,
     current: Option<Proc>,
     replacing: Option<Replacement>,
@@ -161,6 +162,7 @@ struct Keeper {
     mounted: bool,
     ready: bool,
     reload_when_ready: bool,
+    upgrade_when_ready: bool,
     /// Servers in a row that died or failed before they were ready, and when the next start is
     /// due: a server that cannot get ready is not restarted in a tight loop.
     failures: u32,
@@ -174,11 +176,10 @@ struct Keeper {
     good: Arc<File>,
     /// The last server that died, named by the one that takes over from it.
     dead_pid: Option<u32>,
-    /// A `SIGHUP` was passed to the current server, whose reload is not over yet (it has not
-    /// said `READY=1` after `RELOADING=1`): if it dies, its successor is asked again, unless
-    /// servers died twice in the middle of that reload (its input may be what kills them) since
-    /// the last `SIGHUP` sent to us.
-    reload_asked: bool,
+    /// The current server is in the middle of a reload (it said `RELOADING=1`, not yet
+    /// `READY=1`), and how many servers in a row died in the middle of one: after a crash the
+    /// successor reloads (a `SIGHUP` the dead server got, or a reload it had begun, is not
+    /// lost), unless two did (the inputs may be what kills them; a `SIGHUP` to us tries again).
     reload_reloading: bool,
     reload_deaths: u32,
     /// The plan the current server serves, opaque: a server restarted after a crash serves it,
@@ -216,7 +217,7 @@ fn relay_requests(link: &Link) {
         let mut shared = link.shared.lock();
         // Written under the lock, so that a switch to another server sees every request
         // either before (and hands it over) or after (and it goes to the new server).
-        match shared.relay.from_kernel(msg) {
+        match shared.relay.from_kernel(msg, Instant::now()) {
             Ok(FromKernel::Forward(epoch)) => {
                 if let Some(socket) = shared.sockets.get(&epoch) {
                     // A server that died: the request stays in flight for its successor.
@@ -375,6 +376,7 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
         args: std::env::args_os().skip(2).collect(),
         exe_path,
         reload_timeout: Duration::from_secs(args.reload_timeout),
+        server_timeout: Duration::from_secs(args.server_timeout),
         next_epoch: 1,
         current: None,
         replacing: None,
@@ -382,6 +384,7 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
         mounted: false,
         ready: false,
         reload_when_ready: false,
+        upgrade_when_ready: false,
         failures: 0,
         start_error: None,
         retry_at: None,
@@ -389,7 +392,6 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
         state_file: args.state_file.clone(),
         good: exe.clone(),
         dead_pid: None,
-        reload_asked: false,
         reload_reloading: false,
         reload_deaths: 0,
         plan: None,
@@ -474,7 +476,12 @@ impl Keeper {
     }
 
     fn deadline(&self) -> Option<Instant> {
-        [self.retry_at, self.replacing.as_ref().map(|r| r.deadline)].into_iter().flatten().min()
+        // While a server answers, wake at least every --server-timeout to see whether it hangs.
+        let hung = self.current.as_ref().filter(|p| p.ready).map(|_| {
+            let oldest = self.link.shared.lock().relay.oldest_sent();
+            oldest.unwrap_or_else(Instant::now) + self.server_timeout
+        });
+        [self.retry_at, self.replacing.as_ref().map(|r| r.deadline), hung].into_iter().flatten().min()
     }
 
     /// The keeper's life, from the first server's start to the end of the mount.
@@ -512,8 +519,6 @@ impl Keeper {
         match &self.current {
             Some(p) if p.ready => {
                 let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p.pid() as i32), nix::sys::signal::SIGHUP);
-                // Until the server says the reload is over, a death of it means asking again.
-                self.reload_asked = true;
             }
             // A server that is starting loads the inputs as they are now (or serves the plan it
             // was handed); one more reload once serving, as the inputs may have changed.
@@ -530,8 +535,14 @@ impl Keeper {
 
     /// `SIGUSR2`: starts the binary now at the path we were started from, to take over.
     fn upgrade(&mut self) {
-        if !self.ready || self.replacing.is_some() {
-            info!("signal SIGUSR2: ignored, a server is starting (try again once it serves)");
+        if self.replacing.as_ref().is_some_and(|r| !r.crashed) {
+            info!("signal SIGUSR2: ignored, an upgrade is under way");
+            return;
+        }
+        // A server starting (the first, or one taking over after a crash) serves first.
+        if !self.current.as_ref().is_some_and(|p| p.ready) {
+            info!("signal SIGUSR2 while a server starts: upgrading once it serves");
+            self.upgrade_when_ready = true;
             return;
         }
         let path = self.exe_path.display().to_string();
@@ -590,6 +601,19 @@ impl Keeper {
 
     fn timer(&mut self) {
         let now = Instant::now();
+        let oldest = self.link.shared.lock().relay.oldest_sent();
+        if let Some(since) = oldest.filter(|t| now.duration_since(*t) >= self.server_timeout)
+            && let Some(p) = self.current.take_if(|p| p.ready)
+        {
+            warn!(
+                "server pid {} has left a request unanswered for {} s: hung; killing it and starting another to take over",
+                p.pid(),
+                now.duration_since(since).as_secs()
+            );
+            self.link.shared.lock().relay.lost(p.epoch);
+            self.replace_lost(&p);
+            self.kill(p);
+        }
         if self.retry_at.is_some_and(|t| t <= now) {
             self.retry_at = None;
             // Unless a server took over meanwhile (an upgrade).
@@ -612,6 +636,29 @@ impl Keeper {
         }
     }
 
+    /// The current server `p` is gone (dead, or killed as hung): another takes over, from the
+    /// same binary and with its plan; a reload it was asked for is asked again; an upgrade
+    /// under way is dropped.
+    fn replace_lost(&mut self, p: &Proc) {
+        self.dead_pid = Some(p.pid());
+        self.good = p.exe.clone();
+        self.reload_deaths += u32::from(std::mem::take(&mut self.reload_reloading));
+        if self.reload_deaths >= 2 {
+            warn!(
+                "two servers in a row died in the middle of a reload; the next serves the last plan and reloads only on SIGHUP (the inputs may be what kills them)"
+            );
+        } else {
+            self.reload_when_ready = true;
+        }
+        // An upgrade under way is dropped: the dead server's binary and plan take over at
+        // once, rather than waiting for an untried binary still loading its inputs.
+        if let Some(r) = self.replacing.take() {
+            warn!("upgrade abandoned: the serving server died while server pid {} was starting", r.proc.pid());
+            self.kill(r.proc);
+        }
+        if p.ready { self.restart() } else { self.retry_later() }
+    }
+
     /// A server's sockets ended: it exited.
     fn gone(&mut self, epoch: u64) -> Result<(), String> {
         if let Some(mut p) = self.current.take_if(|p| p.epoch == epoch) {
@@ -626,29 +673,7 @@ impl Keeper {
                 );
             }
             warn!("server pid {} exited ({status}); starting another to take over", p.pid());
-            self.dead_pid = Some(p.pid());
-            self.good = p.exe.clone();
-            self.reload_deaths += u32::from(std::mem::take(&mut self.reload_reloading));
-            if std::mem::take(&mut self.reload_asked) {
-                if self.reload_deaths >= 2 {
-                    warn!(
-                        "two servers died in the middle of the reload asked for; not asking again (send SIGHUP once the inputs are fixed)"
-                    );
-                } else {
-                    info!(
-                        "the reload asked of server pid {} was not finished: reloading once its successor serves",
-                        p.pid()
-                    );
-                    self.reload_when_ready = true;
-                }
-            }
-            // An upgrade under way is dropped: the dead server's binary and plan take over at
-            // once, rather than waiting for an untried binary still loading its inputs.
-            if let Some(r) = self.replacing.take() {
-                warn!("upgrade abandoned: the serving server died while server pid {} was starting", r.proc.pid());
-                self.kill(r.proc);
-            }
-            if p.ready { self.restart() } else { self.retry_later() }
+            self.replace_lost(&p);
         } else if let Some(mut r) = self.replacing.take_if(|r| r.proc.epoch == epoch) {
             let status = status_text(r.proc.child.wait());
             self.link.shared.lock().sockets.remove(&epoch);
@@ -710,10 +735,7 @@ impl Keeper {
             Control::Notify(notice) if is_current => {
                 match notice {
                     Notice::Reloading => self.reload_reloading = true,
-                    Notice::Ready if std::mem::take(&mut self.reload_reloading) => {
-                        self.reload_asked = false;
-                        self.reload_deaths = 0;
-                    }
+                    Notice::Ready if std::mem::take(&mut self.reload_reloading) => self.reload_deaths = 0,
                     _ => {}
                 }
                 if notice == Notice::Ready
@@ -724,6 +746,9 @@ impl Keeper {
                     self.ready = true;
                     if std::mem::take(&mut self.reload_when_ready) {
                         self.reload();
+                    }
+                    if std::mem::take(&mut self.upgrade_when_ready) {
+                        self.upgrade();
                     }
                 }
                 notify(notice);
@@ -809,7 +834,7 @@ impl Keeper {
             }
         }
         let mut shared = self.link.shared.lock();
-        let mut switch = shared.relay.switch(epoch);
+        let mut switch = shared.relay.switch(epoch, Instant::now());
         let how = match (&self.current, self.dead_pid) {
             (Some(old), _) if !r.crashed => format!("from server pid {} (an upgrade)", old.pid()),
             (_, Some(dead)) if r.handed_plan => format!("from server pid {dead} (it died; serving its plan)"),

@@ -21,6 +21,7 @@ use crate::fuse_wire::{self, Reply, Request, WireError};
 use crate::handover::Resume;
 use crate::held::Held;
 use std::collections::BTreeMap;
+use std::time::Instant;
 
 /// Server deaths a request may be in flight for before the keeper gives up on it.
 pub const MAX_DEATHS: u32 = 3;
@@ -29,8 +30,8 @@ pub const MAX_DEATHS: u32 = 3;
 #[derive(Debug)]
 struct Pending {
     msg: Vec<u8>,
-    /// Written to a server (false: waiting here while no server takes requests).
-    sent: bool,
+    /// When it was written to a server (`None`: waiting here while no server takes requests).
+    sent: Option<Instant>,
     /// Servers that died while it was sent to them.
     deaths: u32,
 }
@@ -115,7 +116,7 @@ impl Relay {
         }
     }
 
-    pub fn from_kernel(&mut self, msg: &[u8]) -> Result<FromKernel, WireError> {
+    pub fn from_kernel(&mut self, msg: &[u8], now: Instant) -> Result<FromKernel, WireError> {
         let req = Request::parse(msg)?;
         let target = self.current.filter(|_| !self.holding);
         if req.opcode == fuse_wire::FORGET || req.opcode == fuse_wire::BATCH_FORGET {
@@ -127,7 +128,7 @@ impl Relay {
         if req.opcode == fuse_wire::INIT && self.init.is_none() {
             self.init = Some(msg.to_vec());
         }
-        self.pending.insert(req.unique, Pending { msg: msg.to_vec(), sent: target.is_some(), deaths: 0 });
+        self.pending.insert(req.unique, Pending { msg: msg.to_vec(), sent: target.map(|_| now), deaths: 0 });
         Ok(target.map_or(FromKernel::Held, FromKernel::Forward))
     }
 
@@ -160,8 +161,8 @@ impl Relay {
     pub fn lost(&mut self, epoch: u64) {
         if self.current == Some(epoch) {
             self.current = None;
-            for p in self.pending.values_mut().filter(|p| p.sent) {
-                p.sent = false;
+            for p in self.pending.values_mut().filter(|p| p.sent.is_some()) {
+                p.sent = None;
                 p.deaths += 1;
             }
         }
@@ -179,7 +180,13 @@ impl Relay {
 
     /// Whether every request sent to a server has been answered.
     pub fn drained(&self) -> bool {
-        !self.pending.values().any(|p| p.sent)
+        self.oldest_sent().is_none()
+    }
+
+    /// When the oldest request the server has not answered was sent to it: a server that
+    /// leaves one unanswered for long is hung (devremap answers every request at once).
+    pub fn oldest_sent(&self) -> Option<Instant> {
+        self.pending.values().filter_map(|p| p.sent).min()
     }
 
     /// The INIT to send a replacement, whose reply is then swallowed and compared; `None`
@@ -192,7 +199,7 @@ impl Relay {
     }
 
     /// Server `epoch` takes over: it gets the node table and every request in flight.
-    pub fn switch(&mut self, epoch: u64) -> Switch {
+    pub fn switch(&mut self, epoch: u64, now: Instant) -> Switch {
         self.handovers += 1;
         let mut give_up = Vec::new();
         self.pending.retain(|unique, p| {
@@ -207,7 +214,7 @@ impl Relay {
             .pending
             .values_mut()
             .map(|p| {
-                p.sent = true;
+                p.sent = Some(now);
                 p.msg.clone()
             })
             .collect();
@@ -241,7 +248,10 @@ mod tests {
     fn started(init_body: &[u8]) -> Relay {
         let mut r = Relay::default();
         r.start(1);
-        assert_eq!(r.from_kernel(&build::request(fuse_wire::INIT, 1, 0, &[0; 64])).unwrap(), FromKernel::Forward(1));
+        assert_eq!(
+            r.from_kernel(&build::request(fuse_wire::INIT, 1, 0, &[0; 64]), Instant::now()).unwrap(),
+            FromKernel::Forward(1)
+        );
         assert_eq!(r.from_server(1, &build::reply(1, 0, init_body)).unwrap(), FromServer::ToKernel(vec![]));
         r
     }
@@ -251,25 +261,25 @@ mod tests {
     #[test]
     fn a_crash_hands_the_successor_what_was_in_flight() {
         let mut r = started(b"flags");
-        r.from_kernel(&build::lookup(2, ROOT, "nvidia0")).unwrap();
+        r.from_kernel(&build::lookup(2, ROOT, "nvidia0"), Instant::now()).unwrap();
         r.from_server(1, &build::reply(2, 0, &build::entry(5, &attr()))).unwrap();
-        assert_eq!(r.from_kernel(&build::lookup(3, ROOT, "zero")).unwrap(), FromKernel::Forward(1));
+        assert_eq!(r.from_kernel(&build::lookup(3, ROOT, "zero"), Instant::now()).unwrap(), FromKernel::Forward(1));
         r.lost(1);
-        assert_eq!(r.from_kernel(&build::lookup(4, ROOT, "null")).unwrap(), FromKernel::Held);
-        assert_eq!(r.from_kernel(&build::forget(5, 5, 1)).unwrap(), FromKernel::Dropped);
+        assert_eq!(r.from_kernel(&build::lookup(4, ROOT, "null"), Instant::now()).unwrap(), FromKernel::Held);
+        assert_eq!(r.from_kernel(&build::forget(5, 5, 1), Instant::now()).unwrap(), FromKernel::Dropped);
         let init = r.probe(2).expect("INIT was answered");
         assert_eq!(Request::parse(&init).unwrap().opcode, fuse_wire::INIT);
         assert_eq!(
             r.from_server(2, &build::reply(1, 0, b"flags")).unwrap(),
             FromServer::Probed { epoch: 2, same: true }
         );
-        let sw = r.switch(2);
+        let sw = r.switch(2, Instant::now());
         let uniques: Vec<u64> = sw.resend.iter().map(|m| Request::parse(m).unwrap().unique).collect();
         assert_eq!(uniques, vec![3, 4]);
         // The forget that came while no server answered is in the table.
         assert!(sw.resume.held.nodes().is_empty());
         assert_eq!((sw.resume.handovers, sw.give_up.len()), (1, 0));
-        assert_eq!(r.from_kernel(&build::lookup(6, ROOT, "tty")).unwrap(), FromKernel::Forward(2));
+        assert_eq!(r.from_kernel(&build::lookup(6, ROOT, "tty"), Instant::now()).unwrap(), FromKernel::Forward(2));
         assert_eq!(r.from_server(1, &build::reply(3, 0, &build::entry(9, &attr()))).unwrap(), FromServer::Stale);
     }
 
@@ -290,13 +300,13 @@ mod tests {
     #[test]
     fn an_upgrade_holds_requests_until_the_old_server_has_drained() {
         let mut r = started(b"f");
-        r.from_kernel(&build::lookup(2, ROOT, "a")).unwrap();
+        r.from_kernel(&build::lookup(2, ROOT, "a"), Instant::now()).unwrap();
         r.hold();
-        assert_eq!(r.from_kernel(&build::lookup(3, ROOT, "b")).unwrap(), FromKernel::Held);
+        assert_eq!(r.from_kernel(&build::lookup(3, ROOT, "b"), Instant::now()).unwrap(), FromKernel::Held);
         assert!(!r.drained());
         assert_eq!(r.from_server(1, &build::reply(2, -libc::ENOENT, &[])).unwrap(), FromServer::ToKernel(vec![]));
         assert!(r.drained());
-        let sw = r.switch(2);
+        let sw = r.switch(2, Instant::now());
         assert_eq!(sw.resend.len(), 1);
     }
 
@@ -304,10 +314,10 @@ mod tests {
     #[test]
     fn a_request_that_kills_every_server_is_answered_eio() {
         let mut r = started(b"f");
-        r.from_kernel(&build::lookup(2, ROOT, "poison")).unwrap();
+        r.from_kernel(&build::lookup(2, ROOT, "poison"), Instant::now()).unwrap();
         for epoch in 1..=MAX_DEATHS as u64 {
             r.lost(epoch);
-            let sw = r.switch(epoch + 1);
+            let sw = r.switch(epoch + 1, Instant::now());
             if epoch < MAX_DEATHS as u64 {
                 assert_eq!(sw.resend.len(), 1);
             } else {
@@ -326,8 +336,24 @@ mod tests {
         r.set_status(1, 7, Some("spec: bad".into()));
         r.set_status(9, 100, None);
         r.lost(1);
-        let sw = r.switch(2);
+        let sw = r.switch(2, Instant::now());
         assert_eq!((sw.resume.generation, sw.resume.handovers), (7, 1));
         assert_eq!(sw.resume.last_error.as_deref(), Some("spec: bad"));
+    }
+
+    /// Rule (issue 13): the oldest unanswered request's age is what tells a hung server; one
+    /// held here (no server took it) does not count, and an answer clears it.
+    #[test]
+    fn the_oldest_sent_request_tells_a_hung_server() {
+        let mut r = started(b"f");
+        let t0 = Instant::now();
+        assert_eq!(r.oldest_sent(), None);
+        r.from_kernel(&build::lookup(2, ROOT, "a"), t0).unwrap();
+        r.from_kernel(&build::lookup(3, ROOT, "b"), t0 + std::time::Duration::from_secs(1)).unwrap();
+        assert_eq!(r.oldest_sent(), Some(t0));
+        r.from_server(1, &build::reply(2, -libc::ENOENT, &[])).unwrap();
+        assert_eq!(r.oldest_sent(), Some(t0 + std::time::Duration::from_secs(1)));
+        r.lost(1);
+        assert_eq!(r.oldest_sent(), None, "requests waiting for a successor are not the server's");
     }
 }

@@ -261,3 +261,26 @@ fn a_crash_keeps_the_last_error_of_a_refused_reload() {
     assert_eq!(minor_of_a(&d), Some(3), "the old tree is served");
     assert_eq!(d.state()["last_error"].as_str(), Some(error.as_str()), "the input is still bad");
 }
+
+/// Bug (found while fixing the above): a hung server (here stopped; a deadlock would do the
+/// same) held every request the keeper had passed it, and since the kernel had handed those
+/// over, the processes waiting on them could not even be killed. Now a request left
+/// unanswered for `--server-timeout` seconds gets the server killed and replaced: the waiting
+/// `stat` completes, through the successor.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn a_hung_server_is_replaced_after_the_server_timeout() {
+    need_fuse();
+    let d = Daemon::start(&["--host-root", &empty_root(), "--ttl", "0", "--server-timeout", "1"]);
+    let old = d.server_pid();
+    kill(old, libc::SIGSTOP);
+    let _resume = Resume(old);
+    let path = d.path("null");
+    let waiter = std::thread::spawn(move || fs::metadata(path).map(|m| m.rdev()));
+    let pid = wait_for("a server to replace the hung one", || new_server(&d.state_file, old));
+    assert!(alive(pid));
+    wait_for("the stat waiting on the hung server", || waiter.is_finished().then_some(()));
+    assert!(waiter.join().unwrap().is_ok(), "the stat failed: {}", d.log_text());
+    assert!(d.log_text().contains("hung; killing it"), "{}", d.log_text());
+    wait_for("the hung server to be gone", || (!alive(old)).then_some(()));
+}
