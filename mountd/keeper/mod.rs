@@ -13,29 +13,31 @@
 //! start, load its inputs or agree on INIT, the old one serves on and its state file's
 //! `last_error` says why.
 //!
-//! Threads: one reads `/dev/fuse` and forwards; one per server reads its replies and writes
-//! them to `/dev/fuse`; one per server reads its control socket; the main thread runs the life
-//! below. A server's invalidations come over its control socket and are written to `/dev/fuse`
-//! by that socket's thread, which answers each with the write's result: the write returns once
-//! the kernel has dropped the entry, so a reload's state file is written after it, as before;
-//! and the kernel may hold a directory lock for an invalidation until a reply has passed, which
-//! the reply thread must stay free to write. Only the keeper ever holds `/dev/fuse`: a
-//! `SIGKILL` of the keeper ends the connection at once, as it always did. Assumption: one daemon per
-//! mountpoint, enforced by the [`MountLock`] held for the keeper's whole life.
+//! The relay runs on threads of its own ([`threads`]); the main thread runs the life below:
+//! starting and replacing servers, signals, timers (a restart's backoff, an upgrade's deadline,
+//! a hung server), readiness and the end of the mount. A server's invalidations come over its
+//! control socket and are written to `/dev/fuse` by that socket's thread, which answers each
+//! with the write's result: the write returns once the kernel has dropped the entry, so a
+//! reload's state file is written after it, as before; and the kernel may hold a directory lock
+//! for an invalidation until a reply has passed, which the reply thread must stay free to write.
+//! Only the keeper ever holds `/dev/fuse`: a `SIGKILL` of the keeper ends the connection at
+//! once, as it always did. Assumption: one daemon per mountpoint, enforced by the [`MountLock`]
+//! held for the keeper's whole life.
+
+mod threads;
 
 use crate::cli::MountArgs;
-use crate::mountpoint::{FSNAME, MountLock, check_private, detach, is_dead_mount, prepare_mountpoint, resolve};
+use crate::mountpoint::{MountLock, check_private, detach, is_dead_mount, prepare_mountpoint, resolve};
 use crate::signals;
 use devremap::atomic::{Written, write_atomic};
 use devremap::fuse_wire;
-use devremap::handover::{self, Control, MAX_RECORD};
+use devremap::handover::{self, Control};
 use devremap::io_message;
 use devremap::lifecycle::{Notice, Waited, wait};
-use devremap::relay::{FromKernel, FromServer, Relay};
+use devremap::relay::Relay;
 use log::{info, warn};
-use nix::errno::Errno;
-use nix::mount::{MntFlags, MsFlags};
-use nix::sys::socket::{AddressFamily, Shutdown, SockFlag, SockType, setsockopt, shutdown, socketpair, sockopt};
+use nix::mount::MntFlags;
+use nix::sys::socket::{Shutdown, shutdown};
 use parking_lot::{Condvar, Mutex};
 use sd_notify::NotifyState;
 use std::collections::HashMap;
@@ -47,18 +49,11 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::atomic::AtomicU8;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
+use threads::{Link, Readers, Shared, mount, read_control, relay_replies, relay_requests, seqpacket_pair};
 
-/// One read of `/dev/fuse`: the kernel refuses a buffer smaller than `max_write` plus the
-/// headers, and fuser offers a `max_write` of up to 16 MiB. A server's records are read into a
-/// buffer as large (a `SOCK_SEQPACKET` read would cut a longer record short without a word).
-/// Only the pages a message touches are ever resident.
-const READ_BUFFER: usize = 16 * 1024 * 1024 + 4096;
-/// Socket buffers: a record must fit whole (a READDIRPLUS reply is as large as the kernel's
-/// buffer), and requests must not wait for a busy server's buffer.
-const SOCKET_BUFFER: usize = 4 << 20;
 /// How long an upgrade lets the old server answer what it has before the rest goes to the new.
 const DRAIN: Duration = Duration::from_millis(500);
 /// How long a retired server has to end before it is killed.
@@ -88,21 +83,6 @@ fn act(sig: i32) -> Option<Ev> {
         libc::SIGTERM | libc::SIGINT => Some(Ev::Stop(format!("signal {}", signals::signal_name(sig)))),
         _ => None,
     }
-}
-
-/// What the relay threads share.
-struct Link {
-    shared: Mutex<Shared>,
-    /// Signalled whenever a server's reply passes, for an upgrade waiting for the old server.
-    answered: Condvar,
-    dev: File,
-    events: Sender<Ev>,
-}
-
-struct Shared {
-    relay: Relay,
-    /// The relay socket of every live server, by epoch.
-    sockets: HashMap<u64, Arc<OwnedFd>>,
 }
 
 /// A server process.
@@ -185,131 +165,6 @@ struct Keeper {
     /// The plan the current server serves, opaque: a server restarted after a crash serves it,
     /// reading no input (an input that changed since, or made the server die, waits for a reload).
     plan: Option<Vec<u8>>,
-}
-
-/// A `SOCK_SEQPACKET` pair with buffers a record always fits in.
-fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
-    let (a, b) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)?;
-    for fd in [&a, &b] {
-        // Root may exceed the system's limit; the plain option is capped at it.
-        if setsockopt(fd, sockopt::SndBufForce, &SOCKET_BUFFER).is_err() {
-            setsockopt(fd, sockopt::SndBuf, &SOCKET_BUFFER)?;
-        }
-        if setsockopt(fd, sockopt::RcvBufForce, &SOCKET_BUFFER).is_err() {
-            setsockopt(fd, sockopt::RcvBuf, &SOCKET_BUFFER)?;
-        }
-    }
-    Ok((a, b))
-}
-
-/// Reads `/dev/fuse` and forwards each request as the relay says, until the connection ends.
-fn relay_requests(link: &Link) {
-    let mut buf = vec![0u8; READ_BUFFER];
-    loop {
-        let n = match nix::unistd::read(&link.dev, &mut buf) {
-            Ok(n) => n,
-            // Interrupted, or a request the kernel took back before we read it.
-            Err(Errno::EINTR | Errno::EAGAIN | Errno::ENOENT) => continue,
-            Err(Errno::ENODEV) => break drop(link.events.send(Ev::KernelEnded(Ok(())))),
-            Err(e) => break drop(link.events.send(Ev::KernelEnded(Err(e.into())))),
-        };
-        let msg = &buf[..n];
-        let mut shared = link.shared.lock();
-        // Written under the lock, so that a switch to another server sees every request
-        // either before (and hands it over) or after (and it goes to the new server).
-        match shared.relay.from_kernel(msg, Instant::now()) {
-            Ok(FromKernel::Forward(epoch)) => {
-                if let Some(socket) = shared.sockets.get(&epoch) {
-                    // A server that died: the request stays in flight for its successor.
-                    let _ = nix::unistd::write(&**socket, msg);
-                }
-            }
-            Ok(FromKernel::Held | FromKernel::Dropped) => {}
-            Err(e) => warn!("a request from the kernel that cannot be read: {e}"),
-        }
-    }
-}
-
-/// Says `Gone` once both of a server's reader threads have ended: every reply and every control
-/// message it sent has been handled by then (a load error is read before the exit it causes).
-struct Readers(Arc<AtomicU8>, u64, Sender<Ev>);
-
-impl Drop for Readers {
-    fn drop(&mut self) {
-        if self.0.fetch_sub(1, Ordering::AcqRel) == 1 {
-            let _ = self.2.send(Ev::Gone(self.1));
-        }
-    }
-}
-
-/// Reads server `epoch`'s messages and passes them on, until it exits.
-fn relay_replies(link: &Link, epoch: u64, socket: &OwnedFd, _done: Readers) {
-    let mut buf = vec![0u8; READ_BUFFER];
-    loop {
-        let n = match nix::unistd::read(socket, &mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(Errno::EINTR) => continue,
-            Err(_) => break,
-        };
-        let msg = &buf[..n];
-        let action = link.shared.lock().relay.from_server(epoch, msg);
-        link.answered.notify_all();
-        match action {
-            Ok(FromServer::ToKernel(added)) => {
-                // ENOENT: the kernel no longer waits for it (answered already by a server that
-                // died, or interrupted); what it counted is taken back.
-                if nix::unistd::write(&link.dev, msg).is_err() && !added.is_empty() {
-                    link.shared.lock().relay.undo(&added);
-                }
-            }
-            Ok(FromServer::Probed { epoch, same }) => drop(link.events.send(Ev::Probed(epoch, same))),
-            Ok(FromServer::Stale) => {}
-            Err(e) => warn!("server {epoch}: a message that cannot be read: {e}"),
-        }
-    }
-}
-
-/// Reads server `epoch`'s control messages until it exits; writes its invalidations, and puts
-/// the plan it serves back together from its parts.
-fn read_control(link: &Link, epoch: u64, control: &OwnedFd, _done: Readers) {
-    let mut buf = vec![0u8; MAX_RECORD + 1];
-    let mut plan = Vec::new();
-    loop {
-        match nix::unistd::read(control, &mut buf) {
-            Ok(0) => return,
-            Ok(n) => match Control::decode(&buf[..n]) {
-                Ok(Control::Invalidate(note)) => {
-                    let errno = nix::unistd::write(&link.dev, &note).map_or_else(|e| e as i32, |_| 0);
-                    let _ = nix::unistd::write(control, &Control::Invalidated(errno).encode());
-                }
-                Ok(Control::Part(part)) => plan.extend(part),
-                Ok(Control::End) => drop(link.events.send(Ev::Served(epoch, std::mem::take(&mut plan)))),
-                Ok(message) => {
-                    if link.events.send(Ev::Control(epoch, message)).is_err() {
-                        return;
-                    }
-                }
-                Err(e) => warn!("server {epoch}: {e}"),
-            },
-            Err(Errno::EINTR) => {}
-            Err(_) => return,
-        }
-    }
-}
-
-/// Mounts the FUSE connection `dev` at `mountpoint`, as fuser would with the options the
-/// daemon always used: `dev` (device nodes open devices), `nosuid`, `noexec`, `noatime`, the
-/// kernel checking permissions, and every user allowed (the container's users).
-fn mount(dev: &File, mountpoint: &Path) -> nix::Result<()> {
-    let data = format!("fd={},rootmode=40000,user_id=0,group_id=0,default_permissions,allow_other", dev.as_raw_fd());
-    nix::mount::mount(
-        Some(FSNAME),
-        mountpoint,
-        Some("fuse"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC | MsFlags::MS_NOATIME,
-        Some(data.as_str()),
-    )
 }
 
 /// Whether the state file at `path` is a regular file whose `pid` is this process: one that

@@ -1,0 +1,177 @@
+//! The keeper's relay threads and what they share: one reads `/dev/fuse` and forwards each
+//! request as the [`Relay`] says; for each server, one reads its replies and writes them to
+//! `/dev/fuse`, and one reads its control socket (and writes its invalidations, answered
+//! synchronously); and the socket pairs and the mount they run on.
+//!
+//! Assumption: every decision is the relay's, taken under `Link::shared`; a request is written
+//! to a server under that lock, so that a switch to another server sees every request either
+//! before (and hands it over) or after (and it goes to the new server). Replies are written
+//! outside it, their references counted first.
+
+use super::Ev;
+use crate::mountpoint::FSNAME;
+use devremap::handover::{Control, MAX_RECORD};
+use devremap::relay::{FromKernel, FromServer, Relay};
+use log::warn;
+use nix::errno::Errno;
+use nix::mount::MsFlags;
+use nix::sys::socket::{AddressFamily, SockFlag, SockType, setsockopt, socketpair, sockopt};
+use parking_lot::{Condvar, Mutex};
+use std::collections::HashMap;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::mpsc::Sender;
+use std::time::Instant;
+
+/// One read of `/dev/fuse`: the kernel refuses a buffer smaller than `max_write` plus the
+/// headers, and fuser offers a `max_write` of up to 16 MiB. A server's records are read into a
+/// buffer as large (a `SOCK_SEQPACKET` read would cut a longer record short without a word).
+/// Only the pages a message touches are ever resident.
+const READ_BUFFER: usize = 16 * 1024 * 1024 + 4096;
+/// Socket buffers: a record must fit whole (a READDIRPLUS reply is as large as the kernel's
+/// buffer), and requests must not wait for a busy server's buffer.
+const SOCKET_BUFFER: usize = 4 << 20;
+
+/// What the relay threads share.
+pub(super) struct Link {
+    pub(super) shared: Mutex<Shared>,
+    /// Signalled whenever a server's reply passes, for an upgrade waiting for the old server.
+    pub(super) answered: Condvar,
+    pub(super) dev: File,
+    pub(super) events: Sender<Ev>,
+}
+
+pub(super) struct Shared {
+    pub(super) relay: Relay,
+    /// The relay socket of every live server, by epoch.
+    pub(super) sockets: HashMap<u64, Arc<OwnedFd>>,
+}
+
+/// A `SOCK_SEQPACKET` pair with buffers a record always fits in.
+pub(super) fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let (a, b) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)?;
+    for fd in [&a, &b] {
+        // Root may exceed the system's limit; the plain option is capped at it.
+        if setsockopt(fd, sockopt::SndBufForce, &SOCKET_BUFFER).is_err() {
+            setsockopt(fd, sockopt::SndBuf, &SOCKET_BUFFER)?;
+        }
+        if setsockopt(fd, sockopt::RcvBufForce, &SOCKET_BUFFER).is_err() {
+            setsockopt(fd, sockopt::RcvBuf, &SOCKET_BUFFER)?;
+        }
+    }
+    Ok((a, b))
+}
+
+/// Reads `/dev/fuse` and forwards each request as the relay says, until the connection ends.
+pub(super) fn relay_requests(link: &Link) {
+    let mut buf = vec![0u8; READ_BUFFER];
+    loop {
+        let n = match nix::unistd::read(&link.dev, &mut buf) {
+            Ok(n) => n,
+            // Interrupted, or a request the kernel took back before we read it.
+            Err(Errno::EINTR | Errno::EAGAIN | Errno::ENOENT) => continue,
+            Err(Errno::ENODEV) => break drop(link.events.send(Ev::KernelEnded(Ok(())))),
+            Err(e) => break drop(link.events.send(Ev::KernelEnded(Err(e.into())))),
+        };
+        let msg = &buf[..n];
+        let mut shared = link.shared.lock();
+        // Written under the lock, so that a switch to another server sees every request
+        // either before (and hands it over) or after (and it goes to the new server).
+        match shared.relay.from_kernel(msg, Instant::now()) {
+            Ok(FromKernel::Forward(epoch)) => {
+                if let Some(socket) = shared.sockets.get(&epoch) {
+                    // A server that died: the request stays in flight for its successor.
+                    let _ = nix::unistd::write(&**socket, msg);
+                }
+            }
+            Ok(FromKernel::Held | FromKernel::Dropped) => {}
+            Err(e) => warn!("a request from the kernel that cannot be read: {e}"),
+        }
+    }
+}
+
+/// Says `Gone` once both of a server's reader threads have ended: every reply and every control
+/// message it sent has been handled by then (a load error is read before the exit it causes).
+pub(super) struct Readers(pub(super) Arc<AtomicU8>, pub(super) u64, pub(super) Sender<Ev>);
+
+impl Drop for Readers {
+    fn drop(&mut self) {
+        if self.0.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let _ = self.2.send(Ev::Gone(self.1));
+        }
+    }
+}
+
+/// Reads server `epoch`'s messages and passes them on, until it exits.
+pub(super) fn relay_replies(link: &Link, epoch: u64, socket: &OwnedFd, _done: Readers) {
+    let mut buf = vec![0u8; READ_BUFFER];
+    loop {
+        let n = match nix::unistd::read(socket, &mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(Errno::EINTR) => continue,
+            Err(_) => break,
+        };
+        let msg = &buf[..n];
+        let action = link.shared.lock().relay.from_server(epoch, msg);
+        link.answered.notify_all();
+        match action {
+            Ok(FromServer::ToKernel(added)) => {
+                // ENOENT: the kernel no longer waits for it (answered already by a server that
+                // died, or interrupted); what it counted is taken back.
+                if nix::unistd::write(&link.dev, msg).is_err() && !added.is_empty() {
+                    link.shared.lock().relay.undo(&added);
+                }
+            }
+            Ok(FromServer::Probed { epoch, same }) => drop(link.events.send(Ev::Probed(epoch, same))),
+            Ok(FromServer::Stale) => {}
+            Err(e) => warn!("server {epoch}: a message that cannot be read: {e}"),
+        }
+    }
+}
+
+/// Reads server `epoch`'s control messages until it exits; writes its invalidations, and puts
+/// the plan it serves back together from its parts.
+pub(super) fn read_control(link: &Link, epoch: u64, control: &OwnedFd, _done: Readers) {
+    let mut buf = vec![0u8; MAX_RECORD + 1];
+    let mut plan = Vec::new();
+    loop {
+        match nix::unistd::read(control, &mut buf) {
+            Ok(0) => return,
+            Ok(n) => match Control::decode(&buf[..n]) {
+                Ok(Control::Invalidate(note)) => {
+                    let errno = nix::unistd::write(&link.dev, &note).map_or_else(|e| e as i32, |_| 0);
+                    let _ = nix::unistd::write(control, &Control::Invalidated(errno).encode());
+                }
+                Ok(Control::Part(part)) => plan.extend(part),
+                Ok(Control::End) => drop(link.events.send(Ev::Served(epoch, std::mem::take(&mut plan)))),
+                Ok(message) => {
+                    if link.events.send(Ev::Control(epoch, message)).is_err() {
+                        return;
+                    }
+                }
+                Err(e) => warn!("server {epoch}: {e}"),
+            },
+            Err(Errno::EINTR) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+/// Mounts the FUSE connection `dev` at `mountpoint`, as fuser would with the options the
+/// daemon always used: `dev` (device nodes open devices), `nosuid`, `noexec`, `noatime`, the
+/// kernel checking permissions, and every user allowed (the container's users).
+pub(super) fn mount(dev: &File, mountpoint: &Path) -> nix::Result<()> {
+    let data = format!("fd={},rootmode=40000,user_id=0,group_id=0,default_permissions,allow_other", dev.as_raw_fd());
+    nix::mount::mount(
+        Some(FSNAME),
+        mountpoint,
+        Some("fuse"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC | MsFlags::MS_NOATIME,
+        Some(data.as_str()),
+    )
+}
