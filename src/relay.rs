@@ -1,6 +1,6 @@
 //! The keeper's relay as a state machine: which server a kernel request goes to, which
 //! requests are in flight, what a server's message becomes, and what a new server is handed
-//! when it takes over. The keeper (`mountd/keeper.rs`) does the reading and writing; every
+//! when it takes over. The keeper (`mountd/keeper/`) does the reading and writing; every
 //! decision is made here, and unit-tested without a mount.
 //!
 //! Servers are numbered by *epoch*. At most one is *current* (answers the kernel); another may
