@@ -51,6 +51,15 @@ pub fn is_mounted(path: &Path) -> bool {
         .any(|l| l.split(' ').nth(4) == Some(target.as_str()))
 }
 
+/// Whether process `pid` has ended: gone, or a zombie waiting for its parent.
+pub fn has_exited(pid: u32) -> bool {
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name, which is in parentheses and may hold spaces.
+        Ok(stat) => stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()) == Some("Z"),
+        Err(_) => true,
+    }
+}
+
 /// Lazily unmounts `path` and waits until the mount table no longer shows it.
 pub fn unmount(path: &Path) {
     let c = CString::new(path.as_os_str().as_bytes()).unwrap();
@@ -112,13 +121,32 @@ impl Daemon {
         Daemon::launch(dir, mountpoint, args, env, log.into())
     }
 
+    /// Like [`Daemon::start`], running `program` (a copy of the binary, which a test may replace
+    /// to upgrade to) instead of the binary Cargo built.
+    pub fn start_program(program: &Path, args: &[&str]) -> Daemon {
+        let (dir, mountpoint) = private_mountpoint();
+        let log = fs::File::create(dir.path().join("daemon.log")).unwrap();
+        Daemon::spawn(program, dir, mountpoint, args, &[], log.into())
+    }
+
     /// Like [`Daemon::start_at_with_env`], with the daemon's stderr going to `stderr` (then
     /// [`Daemon::log_text`] is empty).
     pub fn launch(dir: TempDir, mountpoint: PathBuf, args: &[&str], env: &[(&str, &str)], stderr: Stdio) -> Daemon {
+        Daemon::spawn(Path::new(BIN), dir, mountpoint, args, env, stderr)
+    }
+
+    fn spawn(
+        program: &Path,
+        dir: TempDir,
+        mountpoint: PathBuf,
+        args: &[&str],
+        env: &[(&str, &str)],
+        stderr: Stdio,
+    ) -> Daemon {
         let state_file = dir.path().join("state.json");
         let pid_file = dir.path().join("devremapd.pid");
         let log = dir.path().join("daemon.log");
-        let child = Command::new(BIN)
+        let child = Command::new(program)
             .arg("mount")
             .arg(&mountpoint)
             .arg("--state-file")
