@@ -515,8 +515,7 @@ fn a_runc_container_runs_on_through_a_crash_and_an_upgrade() {
     assert!(out.lines().any(|l| l.starts_with("done ")), "the loop did not end\n{transcript}");
     let errors: Vec<&str> = out.lines().filter(|l| l.starts_with("error")).collect();
     assert!(errors.is_empty(), "the container saw errors: {errors:#?}\n{transcript}");
-    let deleted = c.delete();
-    assert!(deleted.status.success() || deleted.status.code() == Some(1), "runc delete -f");
+    // The container first (its guard deletes it), so that nothing holds the mount.
     drop(c);
     stop(d);
 }
