@@ -16,7 +16,7 @@
 
 mod common;
 
-use common::daemon::{Daemon, is_mounted, need_fuse, private_dir, unmount};
+use common::daemon::{Daemon, children, is_mounted, need_fuse, private_dir, unmount};
 use common::*;
 use serde_json::{Value, json};
 use std::ffi::{CString, OsString};
@@ -417,12 +417,7 @@ fn vm_hwm_kib(pid: libc::pid_t) -> Option<i64> {
 /// The largest peak RSS of a running process and its descendants, in KiB: `devremapd mount`
 /// loads its inputs in a server child (issue 13), so its own peak says nothing of theirs.
 fn tree_hwm_kib(pid: libc::pid_t) -> i64 {
-    let children = fs::read_dir(format!("/proc/{pid}/task"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|task| fs::read_to_string(task.path().join("children")).ok())
-        .flat_map(|list| list.split_whitespace().filter_map(|c| c.parse().ok()).collect::<Vec<libc::pid_t>>());
+    let children = children(pid as u32).into_iter().map(|c| c as libc::pid_t);
     children.map(tree_hwm_kib).fold(vm_hwm_kib(pid).unwrap_or(0), i64::max)
 }
 

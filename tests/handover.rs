@@ -12,7 +12,7 @@
 mod common;
 
 use common::bundle::{Bundle, Container, Runtime, allow_char, need_containers, oci_config};
-use common::daemon::{Daemon, has_exited, need_fuse, wait_for};
+use common::daemon::{Daemon, children, has_exited, need_fuse, wait_for};
 use common::readers::{Expect, Load, Reader, quantile, stall_per_period};
 use common::{BIN, FakeHost, arg, fake_rdev, fixture, saved_devices};
 use serde_json::Value;
@@ -125,6 +125,13 @@ fn check_new_server(d: &Daemon, state: &Value, old: u32) {
     });
 }
 
+/// Asserts that no operation of the readers failed, showing the first failures and the log.
+fn no_failures(d: &Daemon, what: &str, readers: &[Reader]) {
+    let failed: u64 = readers.iter().map(|r| r.failures).sum();
+    let messages: Vec<&String> = readers.iter().flat_map(|r| &r.failure_messages).collect();
+    assert_eq!(failed, 0, "{what}: {failed} operations failed: {messages:#?}\n{}", d.log_text());
+}
+
 /// What a run under load found, for the figures printed.
 struct Figures {
     /// From each handover's start to the state file naming the new server.
@@ -191,9 +198,7 @@ fn under_load(
     let readers = load.finish();
     let figures = Figures { handover_times, stalls: stall_per_period(&readers), readers };
     figures.print(what);
-    let failed: u64 = figures.readers.iter().map(|r| r.failures).sum();
-    let messages: Vec<&String> = figures.readers.iter().flat_map(|r| &r.failure_messages).collect();
-    assert_eq!(failed, 0, "{what}: {failed} operations failed: {messages:#?}\n{}", d.log_text());
+    no_failures(d, what, &figures.readers);
     let listings = figures.readers.iter().find(|r| r.kind == common::readers::Kind::Readdir).unwrap();
     assert!(listings.complete_listings > 0 && listings.complete_listings == listings.ops);
     assert_eq!(figures.stalls.len(), HANDOVERS, "a reader saw no success after some handover");
@@ -263,12 +268,20 @@ fn after_handovers(d: &Daemon, inputs: &Inputs, before: Before) {
     });
 }
 
-/// Stops the keeper with SIGTERM: exit status 0, the mount gone, and the server ended too.
+/// Stops the keeper with SIGTERM: exit status 0, the mount gone, and its server (every child
+/// it had) ended too.
 fn stop(d: Daemon) {
-    let server = d.server_pid();
+    let servers = children(d.child.id());
+    assert!(
+        servers.contains(&d.server_pid()),
+        "the server {} is not among the keeper's children {servers:?}",
+        d.server_pid()
+    );
     let status = d.stop();
     assert!(status.success(), "SIGTERM to the keeper: {status}");
-    wait_for("the server to end with the keeper", || has_exited(server).then_some(()));
+    for server in servers {
+        wait_for(&format!("server {server} to end with the keeper"), || has_exited(server).then_some(()));
+    }
 }
 
 /// Rule (issue 13): a crash of the server (SIGKILL), 20 times while four readers hammer the
@@ -409,6 +422,41 @@ fn a_failed_upgrade_keeps_the_old_server() {
         assert_eq!(rdev_of(&d.path("nvidia4")), fake_rdev(0), "{what}");
         stop(d);
     }
+}
+
+/// Rule (issue 13): signals that race each other (an upgrade asked for while one runs, a
+/// reload during an upgrade, the serving server killed while its successor loads), five rounds
+/// of them under the four readers, fail not one operation; once they are handled the keeper has
+/// exactly one child, the server the state file names, and SIGTERM ends them both.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn racing_upgrades_reloads_and_kills_fail_no_request_and_leave_one_server() {
+    need_fuse();
+    let inputs = Inputs::new();
+    let d = Daemon::start(&strs(&inputs.args(&[])));
+    let keeper = d.child.id();
+    let load = Load::start(&d.mountpoint, &Expect::from_plan(&d.state()));
+    wait_for("the readers to start", || load.advanced([0; 4], SERVED_BY_EACH).then_some(()));
+    for _ in 0..5 {
+        kill(keeper, libc::SIGUSR2);
+        kill(keeper, libc::SIGHUP);
+        // The server serving now, which an upgrade may be replacing: it may have ended already.
+        // SAFETY: kill with a pid and a valid signal; ESRCH is fine.
+        unsafe { libc::kill(d.server_pid() as libc::pid_t, libc::SIGKILL) };
+        kill(keeper, libc::SIGUSR2);
+    }
+    let state = wait_for("one server, named by the state file, after the storm", || {
+        let state = read_state(&d)?;
+        let server = state["server_pid"].as_u64()? as u32;
+        (handovers(&state) >= 1 && children(keeper) == [server] && !has_exited(server)).then_some(state)
+    });
+    let ready = load.ok_counts();
+    wait_for("every reader to be served after the storm", || load.advanced(ready, SERVED_BY_EACH).then_some(()));
+    let readers = load.finish();
+    eprintln!("after the storm: {} handovers, last_error {}", handovers(&state), state["last_error"]);
+    no_failures(&d, "the storm", &readers);
+    assert_eq!(state_pid(&state, "pid"), keeper);
+    stop(d);
 }
 
 /// Rule (issue 13): killing the keeper (SIGKILL: nothing can hold the connection then) ends

@@ -60,6 +60,18 @@ pub fn has_exited(pid: u32) -> bool {
     }
 }
 
+/// The children of process `pid` (of all its threads), from `/proc/<pid>/task/*/children`;
+/// none once it has ended.
+pub fn children(pid: u32) -> Vec<u32> {
+    fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|task| fs::read_to_string(task.path().join("children")).ok())
+        .flat_map(|list| list.split_whitespace().filter_map(|c| c.parse().ok()).collect::<Vec<u32>>())
+        .collect()
+}
+
 /// Lazily unmounts `path` and waits until the mount table no longer shows it.
 pub fn unmount(path: &Path) {
     let c = CString::new(path.as_os_str().as_bytes()).unwrap();
