@@ -479,6 +479,46 @@ fn racing_upgrades_reloads_and_kills_fail_no_request_and_leave_one_server() {
     stop(d);
 }
 
+/// Rule (issue 13): a crash restart runs the binary the dead server ran, not what is on disk
+/// now: with the file at the keeper's path replaced by bytes that are no program (a package
+/// upgrade half done), a killed server is replaced, and after a good upgrade a killed server
+/// is replaced by the upgraded binary even though the file on disk was replaced again since.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn a_crash_restart_runs_the_binary_the_dead_server_ran() {
+    need_fuse();
+    let inputs = Inputs::new();
+    let binary = Binary::new();
+    let d = Daemon::start_program(&binary.path(), &strs(&inputs.args(&[])));
+    let first = binary.identity();
+    binary.replace(b"\x01\x02 not a program\n", 0o755);
+    let old = d.server_pid();
+    kill(old, libc::SIGKILL);
+    let state = wait_new_server(&d, old, 1);
+    check_new_server(&d, &state, old);
+    assert_eq!(
+        running(state_pid(&state, "server_pid")),
+        first,
+        "the crash restart did not run the dead server's binary"
+    );
+    assert_eq!(rdev_of(&d.path("nvidia4")), fake_rdev(0));
+
+    binary.replace_with_copy();
+    let upgraded = binary.identity();
+    let old = state_pid(&state, "server_pid");
+    kill(d.child.id(), libc::SIGUSR2);
+    let state = wait_new_server(&d, old, 2);
+    assert_eq!(running(state_pid(&state, "server_pid")), upgraded);
+    binary.replace_with_copy();
+    let old = state_pid(&state, "server_pid");
+    kill(old, libc::SIGKILL);
+    let state = wait_new_server(&d, old, 3);
+    check_new_server(&d, &state, old);
+    assert_eq!(running(state_pid(&state, "server_pid")), upgraded, "the crash restart did not run the upgraded binary");
+    assert_eq!(rdev_of(&d.path("nvidia4")), fake_rdev(0));
+    stop(d);
+}
+
 /// Rule (issue 13): killing the keeper (SIGKILL: nothing can hold the connection then) ends
 /// the server too, and leaves a mountpoint on which a new `devremapd mount` serves again.
 #[test]
