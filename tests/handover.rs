@@ -519,6 +519,35 @@ fn a_crash_restart_runs_the_binary_the_dead_server_ran() {
     stop(d);
 }
 
+/// Bug (issue 13, found from outside): a crash while an input was bad (the metadata rewritten
+/// as garbage, not yet reloaded) hung the mount: every new server failed to load and the
+/// keeper retried every 5 s for as long as the input stayed bad, while each request waited in
+/// the kernel (a container's `stat` blocked, unkillable but by SIGKILL). A bad input must
+/// never take the mount with it: the successor serves the tree the dead server served, and
+/// the next reload refuses the input, naming it, and serves on.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn a_crash_while_an_input_is_bad_keeps_serving_the_last_good_tree() {
+    need_fuse();
+    let inputs = Inputs::new();
+    let d = Daemon::start(&strs(&inputs.args(&[])));
+    let old = d.server_pid();
+    fs::write(&inputs.meta, "garbage{").unwrap();
+    kill(old, libc::SIGKILL);
+    let probe = d.path("nvidia4");
+    let stat = std::thread::spawn(move || fs::symlink_metadata(probe).map(|m| m.rdev()));
+    wait_for("a stat through the mount to return", || stat.is_finished().then_some(()));
+    let rdev = stat.join().unwrap().expect("stat nvidia4 after the crash");
+    assert_eq!((libc::major(rdev), libc::minor(rdev)), fake_rdev(0));
+    let state = wait_new_server(&d, old, 1);
+    check_new_server(&d, &state, old);
+    let state = d.reload();
+    let error = state["last_error"].as_str().unwrap_or_default();
+    assert!(error.contains(arg(&inputs.meta)), "last_error does not name the metadata: {state}");
+    assert_eq!(rdev_of(&d.path("nvidia4")), fake_rdev(0), "the refused reload changed the tree");
+    stop(d);
+}
+
 /// Rule (issue 13): killing the keeper (SIGKILL: nothing can hold the connection then) ends
 /// the server too, and leaves a mountpoint on which a new `devremapd mount` serves again.
 #[test]
