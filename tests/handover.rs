@@ -240,11 +240,6 @@ fn after_handovers(d: &Daemon, inputs: &Inputs, before: Before) {
     let generation = state["generation"].as_u64().expect("a generation");
     assert!(generation >= before.generation, "the generation went back from {} to {generation}", before.generation);
     assert!(state["last_error"].is_null(), "{}", state["last_error"]);
-    let held_rdev = |f: &File| {
-        let m = f.metadata().expect("fstat of a node held through the handovers");
-        assert!(m.file_type().is_char_device());
-        (libc::major(m.rdev()), libc::minor(m.rdev()))
-    };
     assert_eq!(held_rdev(&before.held), fake_rdev(1));
 
     inputs.set_host_gpu0(true);
@@ -258,6 +253,19 @@ fn after_handovers(d: &Daemon, inputs: &Inputs, before: Before) {
     let retired = state["retired_nodes"].as_u64().expect("retired_nodes");
     assert!(retired >= 1, "the held nvidia4 was not retired: {state}");
     drop(before.held);
+    wait_no_retired(d);
+}
+
+/// The device of a node held open through the mount: `fstat`, which asks the server for the
+/// node's attributes (`--ttl 0`), so it fails if the server no longer knows the node.
+fn held_rdev(f: &File) -> (u32, u32) {
+    let m = f.metadata().expect("fstat of a node held through the mount");
+    assert!(m.file_type().is_char_device());
+    (libc::major(m.rdev()), libc::minor(m.rdev()))
+}
+
+/// Waits until `retired_nodes` is 0, making the kernel drop what nothing holds meanwhile.
+fn wait_no_retired(d: &Daemon) {
     let mut dropped = Instant::now() - Duration::from_secs(1);
     wait_for("retired_nodes to return to 0", || {
         if dropped.elapsed() >= Duration::from_millis(50) {
@@ -545,6 +553,37 @@ fn a_crash_while_an_input_is_bad_keeps_serving_the_last_good_tree() {
     let error = state["last_error"].as_str().unwrap_or_default();
     assert!(error.contains(arg(&inputs.meta)), "last_error does not name the metadata: {state}");
     assert_eq!(rdev_of(&d.path("nvidia4")), fake_rdev(0), "the refused reload changed the tree");
+    stop(d);
+}
+
+/// Rule (issue 13): a node that a reload retired while the kernel still holds it (an open
+/// `nvidia4` whose device moved) survives a crash and an upgrade: each new server still answers
+/// it with its old device and counts it in `retired_nodes`, and drops it (the count back to 0)
+/// once the kernel forgets it.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn a_retired_node_survives_a_crash_and_an_upgrade() {
+    need_fuse();
+    let inputs = Inputs::new();
+    let d = Daemon::start(&strs(&inputs.args(&[])));
+    let held = OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(d.path("nvidia4")).unwrap();
+    inputs.set_host_gpu0(false);
+    let state = d.reload();
+    assert_eq!(rdev_of(&d.path("nvidia4")), fake_rdev(1));
+    assert!(state["retired_nodes"].as_u64() >= Some(1), "the held nvidia4 was not retired: {state}");
+    let mut count = 0;
+    for (how, signal) in [("a crash", libc::SIGKILL), ("an upgrade", libc::SIGUSR2)] {
+        let old = d.server_pid();
+        kill(if signal == libc::SIGKILL { old } else { d.child.id() }, signal);
+        count += 1;
+        let state = wait_new_server(&d, old, count);
+        check_new_server(&d, &state, old);
+        assert_eq!(held_rdev(&held), fake_rdev(0), "after {how}: the retired node is not answered as it was");
+        assert!(state["retired_nodes"].as_u64() >= Some(1), "after {how}: the held node is not counted: {state}");
+        assert_eq!(rdev_of(&d.path("nvidia4")), fake_rdev(1), "after {how}");
+    }
+    drop(held);
+    wait_no_retired(&d);
     stop(d);
 }
 
