@@ -12,13 +12,15 @@
 mod common;
 
 use common::bundle::{Bundle, Container, Runtime, allow_char, need_containers, oci_config};
-use common::daemon::{Daemon, children, has_exited, need_fuse, wait_for};
+use common::daemon::{Daemon, children, has_exited, need_fuse, wait_for, wait_for_or};
 use common::readers::{Expect, Load, Reader, quantile, stall_per_period};
 use common::{BIN, FakeHost, arg, fake_rdev, fixture, saved_devices};
 use serde_json::Value;
 use std::fs::{self, File, OpenOptions};
+use std::io::Write;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
@@ -86,6 +88,11 @@ fn read_state(d: &Daemon) -> Option<Value> {
     fs::read_to_string(&d.state_file).ok().and_then(|t| serde_json::from_str(&t).ok())
 }
 
+/// [`wait_for`] whose timeout shows the daemon's log.
+fn wait_on<T>(d: &Daemon, what: &str, f: impl FnMut() -> Option<T>) -> T {
+    wait_for_or(what, || d.log_text(), f)
+}
+
 fn kill(pid: u32, sig: i32) {
     // SAFETY: kill with a pid and a valid signal.
     let rc = unsafe { libc::kill(pid as libc::pid_t, sig) };
@@ -105,7 +112,7 @@ fn parent_of(pid: u32) -> u32 {
 
 /// Waits until the state file names a server other than `old`, counted as handover `count`.
 fn wait_new_server(d: &Daemon, old: u32, count: u64) -> Value {
-    wait_for(&format!("handover {count} to show in the state file"), || {
+    wait_on(d, &format!("handover {count} to show in the state file"), || {
         read_state(d).filter(|s| s["server_pid"].as_u64().is_some_and(|p| p != u64::from(old)) && handovers(s) == count)
     })
 }
@@ -119,8 +126,8 @@ fn check_new_server(d: &Daemon, state: &Value, old: u32) {
     assert_eq!(fs::read_to_string(&d.pid_file).unwrap().trim(), keeper.to_string(), "the pid file changed");
     assert_ne!(server, keeper);
     assert_eq!(parent_of(server), keeper, "server {server} is not the keeper's child");
-    wait_for(&format!("the replaced server {old} to end"), || has_exited(old).then_some(()));
-    wait_for(&format!("the replaced server {old} to be reaped"), || {
+    wait_on(d, &format!("the replaced server {old} to end"), || has_exited(old).then_some(()));
+    wait_on(d, &format!("the replaced server {old} to be reaped"), || {
         (!Path::new(&format!("/proc/{old}")).exists()).then_some(())
     });
 }
@@ -177,7 +184,7 @@ fn under_load(
     let state = d.state();
     let expect = Expect::from_plan(&state);
     let load = Load::start(&d.mountpoint, &expect);
-    wait_for("the readers to start", || load.advanced([0; 4], SERVED_BY_EACH).then_some(()));
+    wait_on(d, "the readers to start", || load.advanced([0; 4], SERVED_BY_EACH).then_some(()));
     let mut count = handovers(&state);
     let mut handover_times = Vec::new();
     for i in 0..HANDOVERS {
@@ -191,7 +198,7 @@ fn under_load(
         let ready = load.ok_counts();
         check_new_server(d, &state, old);
         served(i, &state);
-        wait_for(&format!("every reader to be served after handover {count}"), || {
+        wait_on(d, &format!("every reader to be served after handover {count}"), || {
             load.advanced(ready, SERVED_BY_EACH).then_some(())
         });
     }
@@ -267,7 +274,7 @@ fn held_rdev(f: &File) -> (u32, u32) {
 /// Waits until `retired_nodes` is 0, making the kernel drop what nothing holds meanwhile.
 fn wait_no_retired(d: &Daemon) {
     let mut dropped = Instant::now() - Duration::from_secs(1);
-    wait_for("retired_nodes to return to 0", || {
+    wait_on(d, "retired_nodes to return to 0", || {
         if dropped.elapsed() >= Duration::from_millis(50) {
             drop_caches();
             dropped = Instant::now();
@@ -327,10 +334,19 @@ impl Binary {
     }
 
     /// Puts `content` (mode `mode`) at the binary's path as a new file, renamed over the old one
-    /// as a package manager does: a new inode, the running one untouched.
+    /// as a package manager does: a new inode, the running one untouched. A child process
+    /// writes it: a descriptor open for writing in this process would be copied into any child
+    /// another test thread forks meanwhile, and while that child holds it, executing the file
+    /// fails with ETXTBSY.
     fn replace(&self, content: &[u8], mode: u32) {
         let next = self.dir.path().join("devremapd.next");
-        fs::write(&next, content).unwrap();
+        let mut writer = Command::new("/bin/sh")
+            .args(["-c", "cat > \"$0\"", arg(&next)])
+            .stdin(Stdio::piped())
+            .spawn()
+            .expect("sh starts");
+        writer.stdin.take().unwrap().write_all(content).unwrap();
+        assert!(writer.wait().unwrap().success(), "writing {}", next.display());
         fs::set_permissions(&next, fs::Permissions::from_mode(mode)).unwrap();
         fs::rename(&next, self.path()).unwrap();
     }
@@ -411,7 +427,8 @@ fn a_failed_upgrade_keeps_the_old_server() {
         let pid_file = fs::read_to_string(&d.pid_file).unwrap();
         binary.replace(content, mode);
         kill(d.child.id(), libc::SIGUSR2);
-        let after = wait_for(&format!("{what}: last_error"), || read_state(&d).filter(|s| !s["last_error"].is_null()));
+        let after =
+            wait_on(&d, &format!("{what}: last_error"), || read_state(&d).filter(|s| !s["last_error"].is_null()));
         eprintln!("{what}: last_error {}", after["last_error"]);
         assert_eq!(after["server_pid"], before["server_pid"], "{what}: the server changed\n{}", d.log_text());
         assert_eq!(handovers(&after), 0, "{what}");
@@ -446,9 +463,9 @@ fn racing_upgrades_reloads_and_kills_fail_no_request_and_leave_one_server() {
     let d = Daemon::start(&strs(&inputs.args(&[])));
     let keeper = d.child.id();
     let load = Load::start(&d.mountpoint, &Expect::from_plan(&d.state()));
-    wait_for("the readers to start", || load.advanced([0; 4], SERVED_BY_EACH).then_some(()));
+    wait_on(&d, "the readers to start", || load.advanced([0; 4], SERVED_BY_EACH).then_some(()));
     let one_server = |what: &str, count: u64| {
-        wait_for(what, || {
+        wait_on(&d, what, || {
             let state = read_state(&d)?;
             let server = state["server_pid"].as_u64()? as u32;
             (handovers(&state) >= count && children(keeper) == [server] && !has_exited(server)).then_some(state)
@@ -463,7 +480,7 @@ fn racing_upgrades_reloads_and_kills_fail_no_request_and_leave_one_server() {
             kill(keeper, libc::SIGUSR2);
             count + 1
         } else {
-            let successor = wait_for("the successor to start or take over", || {
+            let successor = wait_on(&d, "the successor to start or take over", || {
                 let started = children(keeper).into_iter().find(|&c| c != old);
                 started.or_else(|| (d.server_pid() != old).then_some(0))
             });
@@ -476,7 +493,7 @@ fn racing_upgrades_reloads_and_kills_fail_no_request_and_leave_one_server() {
         let state = one_server(&format!("round {round}: one server, named by the state file"), at_least);
         eprintln!("round {round}: {} handovers, last_error {}", handovers(&state), state["last_error"]);
         let ready = load.ok_counts();
-        wait_for("every reader to be served", || load.advanced(ready, SERVED_BY_EACH).then_some(()));
+        wait_on(&d, "every reader to be served", || load.advanced(ready, SERVED_BY_EACH).then_some(()));
     }
     let (old, count) = (d.server_pid(), handovers(&d.state()));
     kill(keeper, libc::SIGUSR2);
@@ -544,8 +561,8 @@ fn a_crash_while_an_input_is_bad_keeps_serving_the_last_good_tree() {
     kill(old, libc::SIGKILL);
     let probe = d.path("nvidia4");
     let stat = std::thread::spawn(move || fs::symlink_metadata(probe).map(|m| m.rdev()));
-    wait_for("a stat through the mount to return", || stat.is_finished().then_some(()));
-    let rdev = stat.join().unwrap().expect("stat nvidia4 after the crash");
+    wait_on(&d, "a stat through the mount to return", || stat.is_finished().then_some(()));
+    let rdev = stat.join().unwrap().unwrap_or_else(|e| panic!("stat nvidia4 after the crash: {e}\n{}", d.log_text()));
     assert_eq!((libc::major(rdev), libc::minor(rdev)), fake_rdev(0));
     let state = wait_new_server(&d, old, 1);
     check_new_server(&d, &state, old);
@@ -664,7 +681,7 @@ fn a_runc_container_runs_on_through_a_crash_and_an_upgrade() {
         serde_json::json!([{"path": "/dev/dri/card0", "type": "c", "major": 226, "minor": 0, "fileMode": 432}]);
     bundle.write_config(&spec);
     let d = Daemon::start(&strs(&args));
-    let out = std::process::Command::new(BIN)
+    let out = Command::new(BIN)
         .args(["oci-patch", arg(&bundle.config_path()), "--dev", arg(&d.mountpoint), "--in-place"])
         .output()
         .unwrap();

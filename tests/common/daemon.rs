@@ -29,13 +29,18 @@ pub fn need_fuse() {
 }
 
 /// Polls `f` until it returns `Some`, failing the test after [`PATIENCE`].
-pub fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+pub fn wait_for<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
+    wait_for_or(what, String::new, f)
+}
+
+/// Like [`wait_for`]; a timeout's message ends with `context()` (a daemon's log, say).
+pub fn wait_for_or<T>(what: &str, context: impl Fn() -> String, mut f: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + PATIENCE;
     loop {
         if let Some(v) = f() {
             return v;
         }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        assert!(Instant::now() < deadline, "timed out waiting for {what}\n{}", context());
         std::thread::yield_now();
         std::thread::sleep(Duration::from_micros(200));
     }
