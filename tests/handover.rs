@@ -61,6 +61,16 @@ impl Inputs {
         v
     }
 
+    /// A daemon over these inputs.
+    fn start(&self) -> Daemon {
+        Daemon::start(&strs(&self.args(&[])))
+    }
+
+    /// A daemon over these inputs, started from `binary`.
+    fn start_from(&self, binary: &Binary) -> Daemon {
+        Daemon::start_program(&binary.path(), &strs(&self.args(&[])))
+    }
+
     /// Removes or restores host GPU 0, which moves saved {4, 5} between host {0, 1} and {1, 2}.
     fn set_host_gpu0(&self, present: bool) {
         if present {
@@ -310,7 +320,7 @@ fn stop(d: Daemon) {
 fn a_server_killed_20_times_under_load_fails_no_request() {
     need_fuse();
     let inputs = Inputs::new();
-    let d = Daemon::start(&strs(&inputs.args(&[])));
+    let d = inputs.start();
     let before = before_handovers(&d, &inputs);
     under_load(&d, "server SIGKILL", |_, server| kill(server, libc::SIGKILL), |_, _| {});
     after_handovers(&d, &inputs, before);
@@ -381,7 +391,7 @@ fn twenty_upgrades_under_load_fail_no_request_and_run_the_new_binary() {
     need_fuse();
     let inputs = Inputs::new();
     let binary = Binary::new();
-    let d = Daemon::start_program(&binary.path(), &strs(&inputs.args(&[])));
+    let d = inputs.start_from(&binary);
     let keeper_runs = running(d.child.id());
     assert_eq!(running(d.server_pid()), keeper_runs);
     let before = before_handovers(&d, &inputs);
@@ -422,7 +432,7 @@ fn a_failed_upgrade_keeps_the_old_server() {
     ];
     for (what, content, mode) in cases {
         let binary = Binary::new();
-        let d = Daemon::start_program(&binary.path(), &strs(&inputs.args(&[])));
+        let d = inputs.start_from(&binary);
         let before = d.state();
         let pid_file = fs::read_to_string(&d.pid_file).unwrap();
         binary.replace(content, mode);
@@ -460,7 +470,7 @@ fn a_failed_upgrade_keeps_the_old_server() {
 fn racing_upgrades_reloads_and_kills_fail_no_request_and_leave_one_server() {
     need_fuse();
     let inputs = Inputs::new();
-    let d = Daemon::start(&strs(&inputs.args(&[])));
+    let d = inputs.start();
     let keeper = d.child.id();
     let load = Load::start(&d.mountpoint, &Expect::from_plan(&d.state()));
     wait_on(&d, "the readers to start", || load.advanced([0; 4], SERVED_BY_EACH).then_some(()));
@@ -514,7 +524,7 @@ fn a_crash_restart_runs_the_binary_the_dead_server_ran() {
     need_fuse();
     let inputs = Inputs::new();
     let binary = Binary::new();
-    let d = Daemon::start_program(&binary.path(), &strs(&inputs.args(&[])));
+    let d = inputs.start_from(&binary);
     let first = binary.identity();
     binary.replace(b"\x01\x02 not a program\n", 0o755);
     let old = d.server_pid();
@@ -555,7 +565,7 @@ fn a_crash_restart_runs_the_binary_the_dead_server_ran() {
 fn a_crash_while_an_input_is_bad_keeps_serving_the_last_good_tree() {
     need_fuse();
     let inputs = Inputs::new();
-    let d = Daemon::start(&strs(&inputs.args(&[])));
+    let d = inputs.start();
     let old = d.server_pid();
     fs::write(&inputs.meta, "garbage{").unwrap();
     kill(old, libc::SIGKILL);
@@ -582,7 +592,7 @@ fn a_crash_while_an_input_is_bad_keeps_serving_the_last_good_tree() {
 fn a_retired_node_survives_a_crash_and_an_upgrade() {
     need_fuse();
     let inputs = Inputs::new();
-    let d = Daemon::start(&strs(&inputs.args(&[])));
+    let d = inputs.start();
     let held = OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(d.path("nvidia4")).unwrap();
     inputs.set_host_gpu0(false);
     let state = d.reload();
