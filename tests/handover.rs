@@ -614,6 +614,34 @@ fn a_retired_node_survives_a_crash_and_an_upgrade() {
     stop(d);
 }
 
+/// Bug (issue 13, found from outside): an upgrade to a wrapper script at the keeper's path
+/// (`#!/bin/sh` then `exec` the real binary, as packagers and Nix install) never ran it: the
+/// keeper executes `/proc/self/fd/N` of a close-on-exec descriptor, so the interpreter gets a
+/// path that is closed by the time it opens it (`/bin/sh: cannot open /proc/self/fd/9`, exit
+/// status 2), and the upgrade is refused. An upgrade to such a script takes over, running the
+/// binary it execs.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn an_upgrade_to_a_wrapper_script_runs_it() {
+    need_fuse();
+    let inputs = Inputs::new();
+    let binary = Binary::new();
+    let d = inputs.start_from(&binary);
+    let real = binary.dir.path().join("devremapd.real");
+    fs::copy(BIN, &real).unwrap();
+    binary.replace(format!("#!/bin/sh\nexec '{}' \"$@\"\n", real.display()).as_bytes(), 0o755);
+    let old = d.server_pid();
+    kill(d.child.id(), libc::SIGUSR2);
+    let state = wait_on(&d, "the upgrade to take over or be refused", || {
+        read_state(&d).filter(|s| handovers(s) == 1 || !s["last_error"].is_null())
+    });
+    assert_eq!(handovers(&state), 1, "the upgrade to a wrapper script was refused: {}", state["last_error"]);
+    check_new_server(&d, &state, old);
+    let m = fs::metadata(&real).unwrap();
+    assert_eq!(running(state_pid(&state, "server_pid")), (m.dev(), m.ino()));
+    stop(d);
+}
+
 /// Rule (issue 13): killing the keeper (SIGKILL: nothing can hold the connection then) ends
 /// the server too, and leaves a mountpoint on which a new `devremapd mount` serves again.
 #[test]
