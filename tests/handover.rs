@@ -12,7 +12,7 @@
 mod common;
 
 use common::bundle::{Bundle, Container, Runtime, allow_char, need_containers, oci_config};
-use common::daemon::{Daemon, children, has_exited, need_fuse, wait_for, wait_for_or};
+use common::daemon::{Daemon, children, has_exited, is_mounted, need_fuse, wait_for, wait_for_or};
 use common::readers::{Expect, Load, Reader, quantile, stall_per_period};
 use common::{BIN, FakeHost, arg, fake_rdev, fixture, saved_devices};
 use serde_json::Value;
@@ -640,6 +640,62 @@ fn an_upgrade_to_a_wrapper_script_runs_it() {
     let m = fs::metadata(&real).unwrap();
     assert_eq!(running(state_pid(&state, "server_pid")), (m.dev(), m.ino()));
     stop(d);
+}
+
+/// `fstatat(dir, name)`: a lookup of `name` under the directory node `dir` holds, with no path
+/// walk that would look the directory up again.
+fn stat_at(dir: &File, name: &str) -> std::io::Result<(u32, u32)> {
+    use std::os::fd::AsRawFd;
+    let name = std::ffi::CString::new(name).unwrap();
+    // SAFETY: a valid descriptor and NUL-terminated name; fstatat writes into a zeroed struct.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::fstatat(dir.as_raw_fd(), name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok((libc::major(st.st_rdev), libc::minor(st.st_rdev)))
+}
+
+/// Rule (issue 13): a directory held open through a crash and an upgrade (a process whose
+/// working directory is `/dev/dri`) keeps working: a lookup under it, which names the
+/// directory by the node id the kernel was given, is answered by each new server.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn a_directory_held_open_works_after_a_crash_and_an_upgrade() {
+    need_fuse();
+    let inputs = Inputs::new();
+    let d = inputs.start();
+    let dri = File::open(d.path("dri")).unwrap();
+    assert_eq!(stat_at(&dri, "card0").unwrap(), (226, 0));
+    let mut count = 0;
+    for (how, signal) in [("a crash", libc::SIGKILL), ("an upgrade", libc::SIGUSR2)] {
+        let old = d.server_pid();
+        kill(if signal == libc::SIGKILL { old } else { d.child.id() }, signal);
+        count += 1;
+        let state = wait_new_server(&d, old, count);
+        check_new_server(&d, &state, old);
+        let got = stat_at(&dri, "card0").unwrap_or_else(|e| panic!("after {how}: dri/card0 through the held dri: {e}"));
+        assert_eq!(got, (226, 0), "after {how}");
+        let missing = stat_at(&dri, "card1").expect_err("dri/card1 does not exist");
+        assert_eq!(missing.raw_os_error(), Some(libc::ENOENT), "after {how}");
+    }
+    stop(d);
+}
+
+/// Rule (issue 13): SIGINT to the keeper stops the daemon as SIGTERM does: exit status 0, the
+/// mount gone, and the server ended.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn sigint_to_the_keeper_unmounts_and_ends_the_server() {
+    need_fuse();
+    let inputs = Inputs::new();
+    let mut d = inputs.start();
+    let server = d.server_pid();
+    kill(d.child.id(), libc::SIGINT);
+    let status = wait_for("the keeper to exit", || d.child.try_wait().unwrap());
+    assert!(status.success(), "SIGINT to the keeper: {status}\n{}", d.log_text());
+    assert!(!is_mounted(&d.mountpoint), "SIGINT left the mount behind");
+    wait_for("the server to end with the keeper", || has_exited(server).then_some(()));
 }
 
 /// Rule (issue 13): killing the keeper (SIGKILL: nothing can hold the connection then) ends
