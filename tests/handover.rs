@@ -698,6 +698,39 @@ fn sigint_to_the_keeper_unmounts_and_ends_the_server() {
     wait_for("the server to end with the keeper", || has_exited(server).then_some(()));
 }
 
+/// Rule (issue 13): an upgrade takes over from a server that has stopped answering (frozen with
+/// SIGSTOP, as a server stuck in a bug would be): the requests it held are answered by the new
+/// server (a `stat` waiting on the frozen one returns), and the frozen one is ended.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn an_upgrade_takes_over_from_a_frozen_server() {
+    need_fuse();
+    let inputs = Inputs::new();
+    let d = inputs.start();
+    let old = d.server_pid();
+    kill(old, libc::SIGSTOP);
+    let probe = d.path("nvidia4");
+    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+    let stat = std::thread::spawn(move || {
+        // SAFETY: gettid has no preconditions.
+        tid_tx.send(unsafe { libc::gettid() }).unwrap();
+        fs::symlink_metadata(probe).map(|m| m.rdev())
+    });
+    let tid = tid_rx.recv().unwrap();
+    wait_on(&d, "the stat to wait on the frozen server", || {
+        let wchan = fs::read_to_string(format!("/proc/self/task/{tid}/wchan")).unwrap_or_default();
+        wchan.contains("request_wait_answer").then_some(())
+    });
+    kill(d.child.id(), libc::SIGUSR2);
+    let state = wait_new_server(&d, old, 1);
+    wait_on(&d, "the stat held by the frozen server to return", || stat.is_finished().then_some(()));
+    let rdev = stat.join().unwrap().unwrap_or_else(|e| panic!("stat nvidia4: {e}\n{}", d.log_text()));
+    assert_eq!((libc::major(rdev), libc::minor(rdev)), fake_rdev(0));
+    check_new_server(&d, &state, old);
+    assert_eq!(rdev_of(&d.path("nvidia4")), fake_rdev(0));
+    stop(d);
+}
+
 /// Rule (issue 13): killing the keeper (SIGKILL: nothing can hold the connection then) ends
 /// the server too, and leaves a mountpoint on which a new `devremapd mount` serves again.
 #[test]
