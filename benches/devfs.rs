@@ -21,6 +21,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant, SystemTime};
 
+// The readers of tests/handover.rs: the same load, measured here.
+#[path = "../tests/common/readers.rs"]
+mod readers;
+
 const BIN: &str = env!("CARGO_BIN_EXE_devremapd");
 const ROUNDS: usize = 7;
 const SLICE: Duration = Duration::from_millis(150);
@@ -113,6 +117,9 @@ fn main() {
         "uncached stat (--ttl 0): {uncached_us:.1} us, bare fuser {bare_us:.1} us ({:.2}x), {vs_cached:.3} of the cached devfs",
         uncached_us / bare_us
     );
+    println!(
+        "  (the relay's cost: every uncached request goes kernel -> keeper -> server and back, so it is in these figures; cached requests never leave the kernel)"
+    );
     summary.insert("uncached_stat_us".into(), round2(uncached_us));
     summary.insert("uncached_vs_bare".into(), round2(uncached_us / bare_us));
     summary.insert("uncached_vs_cached".into(), json!((vs_cached * 1000.0).round() / 1000.0));
@@ -129,6 +136,17 @@ fn main() {
     summary.insert("rss_mount_kib".into(), rss_mount.into());
     drop(devfs0);
     drop(devfs);
+
+    let (stalls, failed) = handover_stalls(&host, &w.join("handover"), 20);
+    let ms = |p: f64| readers::quantile(&stalls, p).as_secs_f64() * 1e3;
+    let (stall_p50, stall_p99, stall_max) = (ms(0.5), ms(0.99), ms(1.0));
+    println!(
+        "handover: 20 SIGKILLs of the server under 4 readers (--ttl 0 stat, open, readdir, readlink): longest stall per kill p50 {stall_p50:.1} ms, p99 {stall_p99:.1} ms, max {stall_max:.1} ms; {failed} failed operations"
+    );
+    summary.insert("handover_stall_p50_ms".into(), round2(stall_p50));
+    summary.insert("handover_stall_p99_ms".into(), round2(stall_p99));
+    summary.insert("handover_stall_max_ms".into(), round2(stall_max));
+    summary.insert("handover_failed_ops".into(), failed.into());
 
     let (p50, p99) = reload_latency(&host, &w.join("reload8"), 200);
     println!(
@@ -279,13 +297,27 @@ impl Daemon {
         }
     }
 
-    fn generation(&self) -> u64 {
-        let v: Value = serde_json::from_str(&fs::read_to_string(&self.state).unwrap()).unwrap();
-        v["generation"].as_u64().unwrap()
+    fn state(&self) -> Value {
+        serde_json::from_str(&fs::read_to_string(&self.state).unwrap()).unwrap()
     }
 
+    fn generation(&self) -> u64 {
+        self.state()["generation"].as_u64().unwrap()
+    }
+
+    /// The process that answers the kernel; `child` is the keeper, which holds `/dev/fuse`.
+    fn server_pid(&self) -> u32 {
+        self.state()["server_pid"].as_u64().expect("the state file names the server") as u32
+    }
+
+    /// Servers replaced since the mount.
+    fn handovers(&self) -> u64 {
+        self.state()["handovers"].as_u64().expect("the state file counts handovers")
+    }
+
+    /// The server's resident memory: it holds the tree; the keeper parses nothing.
     fn rss_kib(&self) -> u64 {
-        let status = fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let status = fs::read_to_string(format!("/proc/{}/status", self.server_pid())).unwrap();
         status
             .lines()
             .find_map(|l| l.strip_prefix("VmRSS:"))
@@ -594,4 +626,41 @@ fn reload_latency(host: &Host, mountpoint: &Path, n: usize) -> (f64, f64) {
         host.gpu(0, true);
     }
     (median(times.clone()), percentile(times, 0.99))
+}
+
+/// Kills the server of a `--ttl 0` daemon `kills` times (each time after the new one has
+/// answered every reader) while the four readers of tests/handover.rs run. Returns the longest
+/// stall any reader saw after each kill, and how many operations failed (which must be none).
+fn handover_stalls(host: &Host, mountpoint: &Path, kills: usize) -> (Vec<Duration>, u64) {
+    let d = Daemon::start(host, mountpoint, &["--ttl", "0"]);
+    let load = readers::Load::start(mountpoint, &readers::Expect::from_plan(&d.state()));
+    let until = |what: &str, done: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !done() {
+            assert!(Instant::now() < deadline, "handover benchmark: timed out waiting for {what}");
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    };
+    until("the readers", &|| load.advanced([0; 4], 20));
+    for _ in 0..kills {
+        let (old, count) = (d.server_pid(), d.handovers());
+        load.next_period();
+        unsafe { libc::kill(old as i32, libc::SIGKILL) };
+        // The state file is replaced atomically, so it always reads whole.
+        until("a new server", &|| d.server_pid() != old && d.handovers() == count + 1);
+        let ready = load.ok_counts();
+        until("every reader to be served", &|| load.advanced(ready, 20));
+    }
+    let done = load.finish();
+    for r in &done {
+        println!(
+            "  {:?} reader: {} ops, {} failed {:?}, longest gap between successes {:.1} ms",
+            r.kind,
+            r.ops,
+            r.failures,
+            r.failure_messages,
+            r.longest_stall().as_secs_f64() * 1e3
+        );
+    }
+    (readers::stall_per_period(&done), done.iter().map(|r| r.failures).sum())
 }

@@ -5,7 +5,9 @@
 
 mod common;
 
-use common::daemon::{Daemon, Spawned, is_mounted, need_fuse, private_dir, private_mountpoint, wait_for};
+use common::daemon::{
+    Daemon, Spawned, children, has_exited, is_mounted, need_fuse, private_dir, private_mountpoint, wait_for,
+};
 use common::{arg, need_root};
 use std::fs;
 use std::io::Read;
@@ -368,6 +370,49 @@ fn a_stuck_reload_is_abandoned_and_the_old_tree_serves() {
     logged("an abandoned reload finished after all", 4);
     let state = d.reload();
     assert_eq!((state["generation"].as_u64(), state["last_error"].is_null()), (Some(2), true), "{state}");
+    assert!(d.stop().success());
+    assert!(stuck.stop().success());
+}
+
+/// Rule (issue 13): an upgrade whose new server cannot load its inputs (its spec's bind source
+/// under a frozen FUSE daemon) is refused after `--reload-timeout`, and one whose new server is
+/// killed while it loads is refused at once: each time the new server is gone, the old one
+/// serves on (same `server_pid`, no handover counted, `last_error` says why), and once the
+/// input answers again an upgrade takes over.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn an_upgrade_stuck_loading_or_killed_while_loading_keeps_the_old_server() {
+    need_fuse();
+    let tmp = private_dir();
+    let (stuck, spec) = spec_on_a_stuck_mount(tmp.path());
+    let d = Daemon::start(&["--spec", arg(&spec), "--host-root", EMPTY_ROOT, "--reload-timeout", "1"]);
+    let (keeper, old) = (d.child.id(), d.server_pid());
+    let frozen = Frozen::new(&stuck);
+    let refused = |needle: &str| {
+        let state = wait_for(needle, || {
+            let state = d.state();
+            state["last_error"].as_str().is_some_and(|e| e.contains(needle)).then_some(state)
+        });
+        assert_eq!((state["server_pid"].as_u64(), state["handovers"].as_u64()), (Some(u64::from(old)), Some(0)));
+        wait_for("the new server to be gone", || (children(keeper) == [old]).then_some(()));
+        assert!(fs::metadata(d.path("zero")).is_ok(), "the old server does not serve: {}", d.log_text());
+    };
+    d.signal(libc::SIGUSR2);
+    refused("within 1 s");
+    d.signal(libc::SIGUSR2);
+    let loading = wait_for("the new server to start", || children(keeper).into_iter().find(|&c| c != old));
+    // SAFETY: kill with a child of our child and a valid signal.
+    assert_eq!(unsafe { libc::kill(loading as libc::pid_t, libc::SIGKILL) }, 0);
+    refused("could not take over");
+    drop(frozen);
+    d.signal(libc::SIGUSR2);
+    let state = wait_for("the upgrade once the input answers", || {
+        let state = d.state();
+        (state["handovers"] == 1).then_some(state)
+    });
+    assert_ne!(state["server_pid"].as_u64(), Some(u64::from(old)));
+    wait_for("the old server to end", || has_exited(old).then_some(()));
+    assert!(fs::metadata(d.path("held")).is_ok());
     assert!(d.stop().success());
     assert!(stuck.stop().success());
 }

@@ -29,13 +29,18 @@ pub fn need_fuse() {
 }
 
 /// Polls `f` until it returns `Some`, failing the test after [`PATIENCE`].
-pub fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+pub fn wait_for<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
+    wait_for_or(what, String::new, f)
+}
+
+/// Like [`wait_for`]; a timeout's message ends with `context()` (a daemon's log, say).
+pub fn wait_for_or<T>(what: &str, context: impl Fn() -> String, mut f: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + PATIENCE;
     loop {
         if let Some(v) = f() {
             return v;
         }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        assert!(Instant::now() < deadline, "timed out waiting for {what}\n{}", context());
         std::thread::yield_now();
         std::thread::sleep(Duration::from_micros(200));
     }
@@ -49,6 +54,27 @@ pub fn is_mounted(path: &Path) -> bool {
         .unwrap_or_default()
         .lines()
         .any(|l| l.split(' ').nth(4) == Some(target.as_str()))
+}
+
+/// Whether process `pid` has ended: gone, or a zombie waiting for its parent.
+pub fn has_exited(pid: u32) -> bool {
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name, which is in parentheses and may hold spaces.
+        Ok(stat) => stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()) == Some("Z"),
+        Err(_) => true,
+    }
+}
+
+/// The children of process `pid` (of all its threads), from `/proc/<pid>/task/*/children`;
+/// none once it has ended.
+pub fn children(pid: u32) -> Vec<u32> {
+    fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|task| fs::read_to_string(task.path().join("children")).ok())
+        .flat_map(|list| list.split_whitespace().filter_map(|c| c.parse().ok()).collect::<Vec<u32>>())
+        .collect()
 }
 
 /// Lazily unmounts `path` and waits until the mount table no longer shows it.
@@ -112,13 +138,32 @@ impl Daemon {
         Daemon::launch(dir, mountpoint, args, env, log.into())
     }
 
+    /// Like [`Daemon::start`], running `program` (a copy of the binary, which a test may replace
+    /// to upgrade to) instead of the binary Cargo built.
+    pub fn start_program(program: &Path, args: &[&str]) -> Daemon {
+        let (dir, mountpoint) = private_mountpoint();
+        let log = fs::File::create(dir.path().join("daemon.log")).unwrap();
+        Daemon::spawn(program, dir, mountpoint, args, &[], log.into())
+    }
+
     /// Like [`Daemon::start_at_with_env`], with the daemon's stderr going to `stderr` (then
     /// [`Daemon::log_text`] is empty).
     pub fn launch(dir: TempDir, mountpoint: PathBuf, args: &[&str], env: &[(&str, &str)], stderr: Stdio) -> Daemon {
+        Daemon::spawn(Path::new(BIN), dir, mountpoint, args, env, stderr)
+    }
+
+    fn spawn(
+        program: &Path,
+        dir: TempDir,
+        mountpoint: PathBuf,
+        args: &[&str],
+        env: &[(&str, &str)],
+        stderr: Stdio,
+    ) -> Daemon {
         let state_file = dir.path().join("state.json");
         let pid_file = dir.path().join("devremapd.pid");
         let log = dir.path().join("daemon.log");
-        let child = Command::new(BIN)
+        let child = Command::new(program)
             .arg("mount")
             .arg(&mountpoint)
             .arg("--state-file")

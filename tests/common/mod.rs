@@ -11,6 +11,7 @@
 
 pub mod bundle;
 pub mod daemon;
+pub mod readers;
 
 use serde_json::Value;
 use std::ffi::CString;

@@ -1,0 +1,841 @@
+//! A daemon restart that containers never notice (issue 13): `devremapd mount` runs as a
+//! keeper, which holds `/dev/fuse` and takes the signals, and a server child, which answers the
+//! kernel through it. Killing the server (a crash) or `SIGUSR2` to the keeper (an upgrade to
+//! the binary now on disk) replaces the server while four readers hammer the mount with
+//! uncached requests (`--ttl 0`), and not one of their operations may fail.
+//!
+//! The fake host: GPUs `nvidia0`..`nvidia3` are real char devices (null, zero, full, random;
+//! see `common`), the checkpoint saved GPUs {4, 5}, and the basic spec adds the subdirectory
+//! `dri/` and the runtime's mount points. The state file names the keeper (`pid`, as the pid
+//! file does), the server (`server_pid`) and counts the servers replaced (`handovers`).
+
+mod common;
+
+use common::bundle::{Bundle, Container, Runtime, allow_char, need_containers, oci_config};
+use common::daemon::{Daemon, children, has_exited, is_mounted, need_fuse, wait_for, wait_for_or};
+use common::readers::{Expect, Load, Reader, quantile, stall_per_period};
+use common::{BIN, FakeHost, arg, fake_rdev, fixture, saved_devices};
+use serde_json::Value;
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use tempfile::TempDir;
+
+/// How many servers each test under load replaces.
+const HANDOVERS: usize = 20;
+
+/// How many more operations every reader must finish after a new server is ready before the
+/// next handover: each server is seen to serve all four kinds of request.
+const SERVED_BY_EACH: u64 = 20;
+
+/// How long a container may take to start, or to show that it runs on.
+const CONTAINER_PATIENCE: Duration = Duration::from_secs(60);
+
+/// The inputs: host GPUs 0..=3, metadata saving GPUs 4 and 5, the basic spec.
+struct Inputs {
+    host: FakeHost,
+    meta: PathBuf,
+    spec: PathBuf,
+}
+
+impl Inputs {
+    fn new() -> Inputs {
+        let host = FakeHost::with_gpus(&[0, 1, 2, 3]);
+        let meta = host.tmp.path().join("meta.json");
+        fs::write(&meta, saved_devices(&[4, 5]).to_string()).unwrap();
+        let spec = host.tmp.path().join("config.json");
+        fs::copy(fixture("spec-basic.json"), &spec).unwrap();
+        Inputs { host, meta, spec }
+    }
+
+    /// The inputs' flags, `--ttl 0` (every request reaches the server), and `extra`.
+    fn args(&self, extra: &[&str]) -> Vec<String> {
+        let mut v: Vec<String> =
+            vec!["--metadata".into(), arg(&self.meta).into(), "--spec".into(), arg(&self.spec).into()];
+        v.extend(self.host.args());
+        v.extend(["--ttl".into(), "0".into()]);
+        v.extend(extra.iter().map(|s| s.to_string()));
+        v
+    }
+
+    /// A daemon over these inputs.
+    fn start(&self) -> Daemon {
+        Daemon::start(&strs(&self.args(&[])))
+    }
+
+    /// A daemon over these inputs, started from `binary`.
+    fn start_from(&self, binary: &Binary) -> Daemon {
+        Daemon::start_program(&binary.path(), &strs(&self.args(&[])))
+    }
+
+    /// Removes or restores host GPU 0, which moves saved {4, 5} between host {0, 1} and {1, 2}.
+    fn set_host_gpu0(&self, present: bool) {
+        if present {
+            self.host.node("nvidia0", fake_rdev(0));
+        } else {
+            fs::remove_file(self.host.dev().join("nvidia0")).unwrap();
+        }
+    }
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+fn state_pid(state: &Value, key: &str) -> u32 {
+    state[key].as_u64().unwrap_or_else(|| panic!("the state file has no {key}: {state}")) as u32
+}
+
+fn handovers(state: &Value) -> u64 {
+    state["handovers"].as_u64().unwrap_or_else(|| panic!("the state file has no handovers: {state}"))
+}
+
+/// The state file, or `None` while it cannot be read (never, as it is replaced atomically).
+fn read_state(d: &Daemon) -> Option<Value> {
+    fs::read_to_string(&d.state_file).ok().and_then(|t| serde_json::from_str(&t).ok())
+}
+
+/// [`wait_for`] whose timeout shows the daemon's log.
+fn wait_on<T>(d: &Daemon, what: &str, f: impl FnMut() -> Option<T>) -> T {
+    wait_for_or(what, || d.log_text(), f)
+}
+
+fn kill(pid: u32, sig: i32) {
+    // SAFETY: kill with a pid and a valid signal.
+    let rc = unsafe { libc::kill(pid as libc::pid_t, sig) };
+    assert_eq!(rc, 0, "kill {pid}: {}", std::io::Error::last_os_error());
+}
+
+fn rdev_of(path: &Path) -> (u32, u32) {
+    let rdev = fs::symlink_metadata(path).unwrap_or_else(|e| panic!("stat {}: {e}", path.display())).rdev();
+    (libc::major(rdev), libc::minor(rdev))
+}
+
+/// The parent of process `pid`, from `/proc/<pid>/status`.
+fn parent_of(pid: u32) -> u32 {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status.lines().find_map(|l| l.strip_prefix("PPid:")).and_then(|v| v.trim().parse().ok()).expect("a PPid line")
+}
+
+/// Waits until the state file names a server other than `old`, counted as handover `count`.
+fn wait_new_server(d: &Daemon, old: u32, count: u64) -> Value {
+    wait_on(d, &format!("handover {count} to show in the state file"), || {
+        read_state(d).filter(|s| s["server_pid"].as_u64().is_some_and(|p| p != u64::from(old)) && handovers(s) == count)
+    })
+}
+
+/// Checks the state of a fresh server: the keeper is the same process, named by the pid file,
+/// and is the server's parent; the replaced server `old` has ended and been reaped.
+fn check_new_server(d: &Daemon, state: &Value, old: u32) {
+    let keeper = d.child.id();
+    let server = state_pid(state, "server_pid");
+    assert_eq!(state_pid(state, "pid"), keeper, "the state file's pid is not the keeper's");
+    assert_eq!(fs::read_to_string(&d.pid_file).unwrap().trim(), keeper.to_string(), "the pid file changed");
+    assert_ne!(server, keeper);
+    assert_eq!(parent_of(server), keeper, "server {server} is not the keeper's child");
+    wait_on(d, &format!("the replaced server {old} to end"), || has_exited(old).then_some(()));
+    wait_on(d, &format!("the replaced server {old} to be reaped"), || {
+        (!Path::new(&format!("/proc/{old}")).exists()).then_some(())
+    });
+}
+
+/// Asserts that no operation of the readers failed, showing the first failures and the log.
+fn no_failures(d: &Daemon, what: &str, readers: &[Reader]) {
+    let failed: u64 = readers.iter().map(|r| r.failures).sum();
+    let messages: Vec<&String> = readers.iter().flat_map(|r| &r.failure_messages).collect();
+    assert_eq!(failed, 0, "{what}: {failed} operations failed: {messages:#?}\n{}", d.log_text());
+}
+
+/// What a run under load found, for the figures printed.
+struct Figures {
+    /// From each handover's start to the state file naming the new server.
+    handover_times: Vec<Duration>,
+    /// The longest stall any reader saw, per handover.
+    stalls: Vec<Duration>,
+    readers: Vec<Reader>,
+}
+
+impl Figures {
+    fn print(&self, what: &str) {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        eprintln!(
+            "{what}: {HANDOVERS} handovers; to the new server in the state file p50 {:.1} ms, max {:.1} ms; per-handover max stall p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+            ms(quantile(&self.handover_times, 0.5)),
+            ms(quantile(&self.handover_times, 1.0)),
+            ms(quantile(&self.stalls, 0.5)),
+            ms(quantile(&self.stalls, 0.99)),
+            ms(quantile(&self.stalls, 1.0)),
+        );
+        for r in &self.readers {
+            eprintln!(
+                "  {:?} reader: {} ops, {} failed, longest gap between successes {:.1} ms",
+                r.kind,
+                r.ops,
+                r.failures,
+                ms(r.longest_stall())
+            );
+        }
+    }
+}
+
+/// Makes [`HANDOVERS`] handovers under the four readers: `hand_over(i, server)` replaces
+/// server `server`; then the state file must name a new server (`handovers` one more), which
+/// `served(i, state)` may check further, and every reader must succeed again before the next.
+/// Asserts that no operation failed and that every listing was complete.
+fn under_load(
+    d: &Daemon,
+    what: &str,
+    mut hand_over: impl FnMut(usize, u32),
+    mut served: impl FnMut(usize, &Value),
+) -> Figures {
+    let state = d.state();
+    let expect = Expect::from_plan(&state);
+    let load = Load::start(&d.mountpoint, &expect);
+    wait_on(d, "the readers to start", || load.advanced([0; 4], SERVED_BY_EACH).then_some(()));
+    let mut count = handovers(&state);
+    let mut handover_times = Vec::new();
+    for i in 0..HANDOVERS {
+        let old = d.server_pid();
+        load.next_period();
+        let started = Instant::now();
+        hand_over(i, old);
+        count += 1;
+        let state = wait_new_server(d, old, count);
+        handover_times.push(started.elapsed());
+        let ready = load.ok_counts();
+        check_new_server(d, &state, old);
+        served(i, &state);
+        wait_on(d, &format!("every reader to be served after handover {count}"), || {
+            load.advanced(ready, SERVED_BY_EACH).then_some(())
+        });
+    }
+    let readers = load.finish();
+    let figures = Figures { handover_times, stalls: stall_per_period(&readers), readers };
+    figures.print(what);
+    no_failures(d, what, &figures.readers);
+    let listings = figures.readers.iter().find(|r| r.kind == common::readers::Kind::Readdir).unwrap();
+    assert!(listings.complete_listings > 0 && listings.complete_listings == listings.ops);
+    assert_eq!(figures.stalls.len(), HANDOVERS, "a reader saw no success after some handover");
+    figures
+}
+
+/// A daemon over [`Inputs`] after one reload (generation 2: host GPU 0 removed, so `nvidia4`
+/// is host GPU 1), holding `nvidia4` open: what [`after_handovers`] checks.
+struct Before {
+    generation: u64,
+    held: File,
+}
+
+fn before_handovers(d: &Daemon, inputs: &Inputs) -> Before {
+    let state = d.state();
+    assert_eq!(handovers(&state), 0, "a new mount has made no handover");
+    assert_eq!(state_pid(&state, "pid"), d.child.id());
+    assert_eq!(parent_of(state_pid(&state, "server_pid")), d.child.id());
+    inputs.set_host_gpu0(false);
+    let state = d.reload();
+    assert_eq!(state["generation"], 2, "{}", d.log_text());
+    assert_eq!(rdev_of(&d.path("nvidia4")), fake_rdev(1));
+    let held = OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(d.path("nvidia4")).unwrap();
+    Before { generation: 2, held }
+}
+
+/// Writes `2` to `/proc/sys/vm/drop_caches`: the kernel drops unused dentries and inodes, and
+/// so sends FORGET for every node nothing holds.
+fn drop_caches() {
+    fs::write("/proc/sys/vm/drop_caches", "2").expect("write /proc/sys/vm/drop_caches");
+}
+
+/// After the handovers: the generation went on from where it was; a node the kernel held
+/// through them (an open `nvidia4`) is still answered; a reload is seen through the mount; the
+/// replaced node is retired while held, and `retired_nodes` returns to 0 once the kernel
+/// forgets it.
+fn after_handovers(d: &Daemon, inputs: &Inputs, before: Before) {
+    let state = d.state();
+    let generation = state["generation"].as_u64().expect("a generation");
+    assert!(generation >= before.generation, "the generation went back from {} to {generation}", before.generation);
+    assert!(state["last_error"].is_null(), "{}", state["last_error"]);
+    assert_eq!(held_rdev(&before.held), fake_rdev(1));
+
+    inputs.set_host_gpu0(true);
+    let state = d.reload();
+    assert_eq!(state["generation"], generation + 1, "{}", d.log_text());
+    assert!(state["last_error"].is_null(), "{}", state["last_error"]);
+    assert_eq!(rdev_of(&d.path("nvidia4")), fake_rdev(0), "the reload is not seen through the mount");
+    assert_eq!(rdev_of(&d.path("nvidia0")), fake_rdev(0));
+    // The open node is the old one, retired but answered while the kernel holds it.
+    assert_eq!(held_rdev(&before.held), fake_rdev(1), "the held node was dropped early");
+    let retired = state["retired_nodes"].as_u64().expect("retired_nodes");
+    assert!(retired >= 1, "the held nvidia4 was not retired: {state}");
+    drop(before.held);
+    wait_no_retired(d);
+}
+
+/// The device of a node held open through the mount: `fstat`, which asks the server for the
+/// node's attributes (`--ttl 0`), so it fails if the server no longer knows the node.
+fn held_rdev(f: &File) -> (u32, u32) {
+    let m = f.metadata().expect("fstat of a node held through the mount");
+    assert!(m.file_type().is_char_device());
+    (libc::major(m.rdev()), libc::minor(m.rdev()))
+}
+
+/// Waits until `retired_nodes` is 0, making the kernel drop what nothing holds meanwhile.
+fn wait_no_retired(d: &Daemon) {
+    let mut dropped = Instant::now() - Duration::from_secs(1);
+    wait_on(d, "retired_nodes to return to 0", || {
+        if dropped.elapsed() >= Duration::from_millis(50) {
+            drop_caches();
+            dropped = Instant::now();
+        }
+        read_state(d).filter(|s| s["retired_nodes"] == 0)
+    });
+}
+
+/// Stops the keeper with SIGTERM: exit status 0, the mount gone, and its server (every child
+/// it had) ended too.
+fn stop(d: Daemon) {
+    let servers = children(d.child.id());
+    assert!(
+        servers.contains(&d.server_pid()),
+        "the server {} is not among the keeper's children {servers:?}",
+        d.server_pid()
+    );
+    let status = d.stop();
+    assert!(status.success(), "SIGTERM to the keeper: {status}");
+    for server in servers {
+        wait_for(&format!("server {server} to end with the keeper"), || has_exited(server).then_some(()));
+    }
+}
+
+/// Rule (issue 13): a crash of the server (SIGKILL), 20 times while four readers hammer the
+/// mount with uncached stat, open, readdir and readlink, fails not one operation and leaves no
+/// listing short: the keeper starts a new server (its child; the state file's `server_pid`
+/// changes, `handovers` counts it) and has it answer what the dead one held. Afterwards the
+/// generation goes on, a node held throughout is still answered, a reload is seen, and
+/// `retired_nodes` returns to 0 once the kernel forgets the replaced node.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn a_server_killed_20_times_under_load_fails_no_request() {
+    need_fuse();
+    let inputs = Inputs::new();
+    let d = inputs.start();
+    let before = before_handovers(&d, &inputs);
+    under_load(&d, "server SIGKILL", |_, server| kill(server, libc::SIGKILL), |_, _| {});
+    after_handovers(&d, &inputs, before);
+    stop(d);
+}
+
+/// A copy of the `devremapd` binary in its own directory, which a test replaces to upgrade to.
+struct Binary {
+    dir: TempDir,
+}
+
+impl Binary {
+    fn new() -> Binary {
+        let b = Binary { dir: TempDir::new().unwrap() };
+        b.replace_with_copy();
+        b
+    }
+
+    fn path(&self) -> PathBuf {
+        self.dir.path().join("devremapd")
+    }
+
+    /// Puts `content` (mode `mode`) at the binary's path as a new file, renamed over the old one
+    /// as a package manager does: a new inode, the running one untouched. A child process
+    /// writes it: a descriptor open for writing in this process would be copied into any child
+    /// another test thread forks meanwhile, and while that child holds it, executing the file
+    /// fails with ETXTBSY.
+    fn replace(&self, content: &[u8], mode: u32) {
+        let next = self.dir.path().join("devremapd.next");
+        let mut writer = Command::new("/bin/sh")
+            .args(["-c", "cat > \"$0\"", arg(&next)])
+            .stdin(Stdio::piped())
+            .spawn()
+            .expect("sh starts");
+        writer.stdin.take().unwrap().write_all(content).unwrap();
+        assert!(writer.wait().unwrap().success(), "writing {}", next.display());
+        fs::set_permissions(&next, fs::Permissions::from_mode(mode)).unwrap();
+        fs::rename(&next, self.path()).unwrap();
+    }
+
+    /// Replaces the binary with a new copy of the one Cargo built.
+    fn replace_with_copy(&self) {
+        self.replace(&fs::read(BIN).unwrap(), 0o755);
+    }
+
+    /// The file now at the binary's path: (device, inode).
+    fn identity(&self) -> (u64, u64) {
+        let m = fs::metadata(self.path()).unwrap();
+        (m.dev(), m.ino())
+    }
+}
+
+/// The file process `pid` runs: (device, inode) of `/proc/<pid>/exe`.
+fn running(pid: u32) -> (u64, u64) {
+    let m = fs::metadata(format!("/proc/{pid}/exe")).unwrap();
+    (m.dev(), m.ino())
+}
+
+/// Rule (issue 13): an upgrade (SIGUSR2 to the keeper, the pid in the pid file), 20 times while
+/// four readers hammer the mount, fails not one operation; each new server runs the binary now
+/// at the path the keeper was started from (a new file renamed over the old before each
+/// upgrade), not the one the keeper runs; the pid file keeps naming the keeper. Afterwards the
+/// generation goes on, a node held throughout is still answered, a reload is seen, and
+/// `retired_nodes` returns to 0 once the kernel forgets the replaced node.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn twenty_upgrades_under_load_fail_no_request_and_run_the_new_binary() {
+    need_fuse();
+    let inputs = Inputs::new();
+    let binary = Binary::new();
+    let d = inputs.start_from(&binary);
+    let keeper_runs = running(d.child.id());
+    assert_eq!(running(d.server_pid()), keeper_runs);
+    let before = before_handovers(&d, &inputs);
+    let mut installed = Vec::new();
+    let figures = under_load(
+        &d,
+        "upgrade",
+        |_, _| {
+            binary.replace_with_copy();
+            installed.push(binary.identity());
+            kill(d.child.id(), libc::SIGUSR2);
+        },
+        |i, state| {
+            let server = state_pid(state, "server_pid");
+            assert_eq!(running(server), binary.identity(), "upgrade {i}: the new server does not run the new binary");
+        },
+    );
+    assert_eq!(figures.handover_times.len(), HANDOVERS);
+    assert_eq!(installed.len(), HANDOVERS);
+    assert_eq!(running(d.child.id()), keeper_runs, "the keeper itself was replaced");
+    after_handovers(&d, &inputs, before);
+    stop(d);
+}
+
+/// Rule (issue 13): an upgrade to a binary that cannot serve (a script that exits 1, a file
+/// without execute permission, bytes that are no program) leaves the old server serving: the
+/// same `server_pid`, no handover counted, the same generation, the pid file unchanged, and
+/// `last_error` set. An upgrade to a good binary after it works.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn a_failed_upgrade_keeps_the_old_server() {
+    need_fuse();
+    let inputs = Inputs::new();
+    let cases: [(&str, &[u8], u32); 3] = [
+        ("a script that exits 1", b"#!/bin/sh\nexit 1\n", 0o755),
+        ("a file without execute permission", &fs::read(BIN).unwrap(), 0o644),
+        ("bytes that are no program", b"\x01\x02 not a program\n", 0o755),
+    ];
+    for (what, content, mode) in cases {
+        let binary = Binary::new();
+        let d = inputs.start_from(&binary);
+        let before = d.state();
+        let pid_file = fs::read_to_string(&d.pid_file).unwrap();
+        binary.replace(content, mode);
+        kill(d.child.id(), libc::SIGUSR2);
+        let after =
+            wait_on(&d, &format!("{what}: last_error"), || read_state(&d).filter(|s| !s["last_error"].is_null()));
+        eprintln!("{what}: last_error {}", after["last_error"]);
+        assert_eq!(after["server_pid"], before["server_pid"], "{what}: the server changed\n{}", d.log_text());
+        assert_eq!(handovers(&after), 0, "{what}");
+        assert_eq!(after["generation"], before["generation"], "{what}");
+        assert_eq!(after["nodes"], before["nodes"], "{what}");
+        assert_eq!(fs::read_to_string(&d.pid_file).unwrap(), pid_file, "{what}: the pid file changed");
+        let old = state_pid(&before, "server_pid");
+        assert!(!has_exited(old), "{what}: the old server ended\n{}", d.log_text());
+        assert_eq!(rdev_of(&d.path("nvidia4")), fake_rdev(0), "{what}");
+        assert!(fs::read_dir(&d.mountpoint).unwrap().count() > 10, "{what}");
+        binary.replace_with_copy();
+        kill(d.child.id(), libc::SIGUSR2);
+        let state = wait_new_server(&d, old, 1);
+        check_new_server(&d, &state, old);
+        assert_eq!(running(state_pid(&state, "server_pid")), binary.identity(), "{what}");
+        assert_eq!(rdev_of(&d.path("nvidia4")), fake_rdev(0), "{what}");
+        stop(d);
+    }
+}
+
+/// Rule (issue 13): signals that race each other, six rounds under the four readers, fail not
+/// one operation: an upgrade, a reload and a crash of the serving server while its successor
+/// loads, and another upgrade asked for meanwhile; or an upgrade whose successor is killed
+/// while it loads (unless it took over first). After each round the keeper has exactly one
+/// child, the server the state file names; after them all an upgrade still takes over, and
+/// SIGTERM ends keeper and server.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn racing_upgrades_reloads_and_kills_fail_no_request_and_leave_one_server() {
+    need_fuse();
+    let inputs = Inputs::new();
+    let d = inputs.start();
+    let keeper = d.child.id();
+    let load = Load::start(&d.mountpoint, &Expect::from_plan(&d.state()));
+    wait_on(&d, "the readers to start", || load.advanced([0; 4], SERVED_BY_EACH).then_some(()));
+    let one_server = |what: &str, count: u64| {
+        wait_on(&d, what, || {
+            let state = read_state(&d)?;
+            let server = state["server_pid"].as_u64()? as u32;
+            (handovers(&state) >= count && children(keeper) == [server] && !has_exited(server)).then_some(state)
+        })
+    };
+    for round in 0..6 {
+        let (old, count) = (d.server_pid(), handovers(&d.state()));
+        kill(keeper, libc::SIGUSR2);
+        let at_least = if round % 2 == 0 {
+            kill(keeper, libc::SIGHUP);
+            kill(old, libc::SIGKILL);
+            kill(keeper, libc::SIGUSR2);
+            count + 1
+        } else {
+            let successor = wait_on(&d, "the successor to start or take over", || {
+                let started = children(keeper).into_iter().find(|&c| c != old);
+                started.or_else(|| (d.server_pid() != old).then_some(0))
+            });
+            if successor != 0 {
+                // SAFETY: kill with a pid and a valid signal; it may have ended already.
+                unsafe { libc::kill(successor as libc::pid_t, libc::SIGKILL) };
+            }
+            count
+        };
+        let state = one_server(&format!("round {round}: one server, named by the state file"), at_least);
+        eprintln!("round {round}: {} handovers, last_error {}", handovers(&state), state["last_error"]);
+        let ready = load.ok_counts();
+        wait_on(&d, "every reader to be served", || load.advanced(ready, SERVED_BY_EACH).then_some(()));
+    }
+    let (old, count) = (d.server_pid(), handovers(&d.state()));
+    kill(keeper, libc::SIGUSR2);
+    let state = one_server("an upgrade after the races", count + 1);
+    check_new_server(&d, &state, old);
+    let readers = load.finish();
+    no_failures(&d, "the races", &readers);
+    stop(d);
+}
+
+/// Rule (issue 13): a crash restart runs the binary the dead server ran, not what is on disk
+/// now: with the file at the keeper's path replaced by bytes that are no program (a package
+/// upgrade half done), a killed server is replaced, and after a good upgrade a killed server
+/// is replaced by the upgraded binary even though the file on disk was replaced again since.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn a_crash_restart_runs_the_binary_the_dead_server_ran() {
+    need_fuse();
+    let inputs = Inputs::new();
+    let binary = Binary::new();
+    let d = inputs.start_from(&binary);
+    let first = binary.identity();
+    binary.replace(b"\x01\x02 not a program\n", 0o755);
+    let old = d.server_pid();
+    kill(old, libc::SIGKILL);
+    let state = wait_new_server(&d, old, 1);
+    check_new_server(&d, &state, old);
+    assert_eq!(
+        running(state_pid(&state, "server_pid")),
+        first,
+        "the crash restart did not run the dead server's binary"
+    );
+    assert_eq!(rdev_of(&d.path("nvidia4")), fake_rdev(0));
+
+    binary.replace_with_copy();
+    let upgraded = binary.identity();
+    let old = state_pid(&state, "server_pid");
+    kill(d.child.id(), libc::SIGUSR2);
+    let state = wait_new_server(&d, old, 2);
+    assert_eq!(running(state_pid(&state, "server_pid")), upgraded);
+    binary.replace_with_copy();
+    let old = state_pid(&state, "server_pid");
+    kill(old, libc::SIGKILL);
+    let state = wait_new_server(&d, old, 3);
+    check_new_server(&d, &state, old);
+    assert_eq!(running(state_pid(&state, "server_pid")), upgraded, "the crash restart did not run the upgraded binary");
+    assert_eq!(rdev_of(&d.path("nvidia4")), fake_rdev(0));
+    stop(d);
+}
+
+/// Bug (issue 13, found from outside): a crash while an input was bad (the metadata rewritten
+/// as garbage, not yet reloaded) hung the mount: every new server failed to load and the
+/// keeper retried every 5 s for as long as the input stayed bad, while each request waited in
+/// the kernel (a container's `stat` blocked, unkillable but by SIGKILL). A bad input must
+/// never take the mount with it: the successor serves the tree the dead server served, and
+/// the next reload refuses the input, naming it, and serves on.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn a_crash_while_an_input_is_bad_keeps_serving_the_last_good_tree() {
+    need_fuse();
+    let inputs = Inputs::new();
+    let d = inputs.start();
+    let old = d.server_pid();
+    fs::write(&inputs.meta, "garbage{").unwrap();
+    kill(old, libc::SIGKILL);
+    let probe = d.path("nvidia4");
+    let stat = std::thread::spawn(move || fs::symlink_metadata(probe).map(|m| m.rdev()));
+    wait_on(&d, "a stat through the mount to return", || stat.is_finished().then_some(()));
+    let rdev = stat.join().unwrap().unwrap_or_else(|e| panic!("stat nvidia4 after the crash: {e}\n{}", d.log_text()));
+    assert_eq!((libc::major(rdev), libc::minor(rdev)), fake_rdev(0));
+    let state = wait_new_server(&d, old, 1);
+    check_new_server(&d, &state, old);
+    let state = d.reload();
+    let error = state["last_error"].as_str().unwrap_or_default();
+    assert!(error.contains(arg(&inputs.meta)), "last_error does not name the metadata: {state}");
+    assert_eq!(rdev_of(&d.path("nvidia4")), fake_rdev(0), "the refused reload changed the tree");
+    stop(d);
+}
+
+/// Rule (issue 13): a node that a reload retired while the kernel still holds it (an open
+/// `nvidia4` whose device moved) survives a crash and an upgrade: each new server still answers
+/// it with its old device and counts it in `retired_nodes`, and drops it (the count back to 0)
+/// once the kernel forgets it.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn a_retired_node_survives_a_crash_and_an_upgrade() {
+    need_fuse();
+    let inputs = Inputs::new();
+    let d = inputs.start();
+    let held = OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(d.path("nvidia4")).unwrap();
+    inputs.set_host_gpu0(false);
+    let state = d.reload();
+    assert_eq!(rdev_of(&d.path("nvidia4")), fake_rdev(1));
+    assert!(state["retired_nodes"].as_u64() >= Some(1), "the held nvidia4 was not retired: {state}");
+    let mut count = 0;
+    for (how, signal) in [("a crash", libc::SIGKILL), ("an upgrade", libc::SIGUSR2)] {
+        let old = d.server_pid();
+        kill(if signal == libc::SIGKILL { old } else { d.child.id() }, signal);
+        count += 1;
+        let state = wait_new_server(&d, old, count);
+        check_new_server(&d, &state, old);
+        assert_eq!(held_rdev(&held), fake_rdev(0), "after {how}: the retired node is not answered as it was");
+        assert!(state["retired_nodes"].as_u64() >= Some(1), "after {how}: the held node is not counted: {state}");
+        assert_eq!(rdev_of(&d.path("nvidia4")), fake_rdev(1), "after {how}");
+    }
+    drop(held);
+    wait_no_retired(&d);
+    stop(d);
+}
+
+/// Bug (issue 13, found from outside): an upgrade to a wrapper script at the keeper's path
+/// (`#!/bin/sh` then `exec` the real binary, as packagers and Nix install) never ran it: the
+/// keeper executes `/proc/self/fd/N` of a close-on-exec descriptor, so the interpreter gets a
+/// path that is closed by the time it opens it (`/bin/sh: cannot open /proc/self/fd/9`, exit
+/// status 2), and the upgrade is refused. An upgrade to such a script takes over, running the
+/// binary it execs.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn an_upgrade_to_a_wrapper_script_runs_it() {
+    need_fuse();
+    let inputs = Inputs::new();
+    let binary = Binary::new();
+    let d = inputs.start_from(&binary);
+    let real = binary.dir.path().join("devremapd.real");
+    fs::copy(BIN, &real).unwrap();
+    binary.replace(format!("#!/bin/sh\nexec '{}' \"$@\"\n", real.display()).as_bytes(), 0o755);
+    let old = d.server_pid();
+    kill(d.child.id(), libc::SIGUSR2);
+    let state = wait_on(&d, "the upgrade to take over or be refused", || {
+        read_state(&d).filter(|s| handovers(s) == 1 || !s["last_error"].is_null())
+    });
+    assert_eq!(handovers(&state), 1, "the upgrade to a wrapper script was refused: {}", state["last_error"]);
+    check_new_server(&d, &state, old);
+    let m = fs::metadata(&real).unwrap();
+    assert_eq!(running(state_pid(&state, "server_pid")), (m.dev(), m.ino()));
+    stop(d);
+}
+
+/// `fstatat(dir, name)`: a lookup of `name` under the directory node `dir` holds, with no path
+/// walk that would look the directory up again.
+fn stat_at(dir: &File, name: &str) -> std::io::Result<(u32, u32)> {
+    use std::os::fd::AsRawFd;
+    let name = std::ffi::CString::new(name).unwrap();
+    // SAFETY: a valid descriptor and NUL-terminated name; fstatat writes into a zeroed struct.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::fstatat(dir.as_raw_fd(), name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok((libc::major(st.st_rdev), libc::minor(st.st_rdev)))
+}
+
+/// Rule (issue 13): a directory held open through a crash and an upgrade (a process whose
+/// working directory is `/dev/dri`) keeps working: a lookup under it, which names the
+/// directory by the node id the kernel was given, is answered by each new server.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn a_directory_held_open_works_after_a_crash_and_an_upgrade() {
+    need_fuse();
+    let inputs = Inputs::new();
+    let d = inputs.start();
+    let dri = File::open(d.path("dri")).unwrap();
+    assert_eq!(stat_at(&dri, "card0").unwrap(), (226, 0));
+    let mut count = 0;
+    for (how, signal) in [("a crash", libc::SIGKILL), ("an upgrade", libc::SIGUSR2)] {
+        let old = d.server_pid();
+        kill(if signal == libc::SIGKILL { old } else { d.child.id() }, signal);
+        count += 1;
+        let state = wait_new_server(&d, old, count);
+        check_new_server(&d, &state, old);
+        let got = stat_at(&dri, "card0").unwrap_or_else(|e| panic!("after {how}: dri/card0 through the held dri: {e}"));
+        assert_eq!(got, (226, 0), "after {how}");
+        let missing = stat_at(&dri, "card1").expect_err("dri/card1 does not exist");
+        assert_eq!(missing.raw_os_error(), Some(libc::ENOENT), "after {how}");
+    }
+    stop(d);
+}
+
+/// Rule (issue 13): SIGINT to the keeper stops the daemon as SIGTERM does: exit status 0, the
+/// mount gone, and the server ended.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn sigint_to_the_keeper_unmounts_and_ends_the_server() {
+    need_fuse();
+    let inputs = Inputs::new();
+    let mut d = inputs.start();
+    let server = d.server_pid();
+    kill(d.child.id(), libc::SIGINT);
+    let status = wait_for("the keeper to exit", || d.child.try_wait().unwrap());
+    assert!(status.success(), "SIGINT to the keeper: {status}\n{}", d.log_text());
+    assert!(!is_mounted(&d.mountpoint), "SIGINT left the mount behind");
+    wait_for("the server to end with the keeper", || has_exited(server).then_some(()));
+}
+
+/// Rule (issue 13): an upgrade takes over from a server that has stopped answering (frozen with
+/// SIGSTOP, as a server stuck in a bug would be): the requests it held are answered by the new
+/// server (a `stat` waiting on the frozen one returns), and the frozen one is ended.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn an_upgrade_takes_over_from_a_frozen_server() {
+    need_fuse();
+    let inputs = Inputs::new();
+    let d = inputs.start();
+    let old = d.server_pid();
+    kill(old, libc::SIGSTOP);
+    let probe = d.path("nvidia4");
+    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+    let stat = std::thread::spawn(move || {
+        // SAFETY: gettid has no preconditions.
+        tid_tx.send(unsafe { libc::gettid() }).unwrap();
+        fs::symlink_metadata(probe).map(|m| m.rdev())
+    });
+    let tid = tid_rx.recv().unwrap();
+    wait_on(&d, "the stat to wait on the frozen server", || {
+        let wchan = fs::read_to_string(format!("/proc/self/task/{tid}/wchan")).unwrap_or_default();
+        wchan.contains("request_wait_answer").then_some(())
+    });
+    kill(d.child.id(), libc::SIGUSR2);
+    let state = wait_new_server(&d, old, 1);
+    wait_on(&d, "the stat held by the frozen server to return", || stat.is_finished().then_some(()));
+    let rdev = stat.join().unwrap().unwrap_or_else(|e| panic!("stat nvidia4: {e}\n{}", d.log_text()));
+    assert_eq!((libc::major(rdev), libc::minor(rdev)), fake_rdev(0));
+    check_new_server(&d, &state, old);
+    assert_eq!(rdev_of(&d.path("nvidia4")), fake_rdev(0));
+    stop(d);
+}
+
+/// Rule (issue 13): killing the keeper (SIGKILL: nothing can hold the connection then) ends
+/// the server too, and leaves a mountpoint on which a new `devremapd mount` serves again.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn a_killed_keeper_ends_its_server_and_the_mountpoint_can_be_mounted_again() {
+    need_fuse();
+    let inputs = Inputs::new();
+    let args = inputs.args(&[]);
+    let mut first = Daemon::start(&strs(&args));
+    let server = first.server_pid();
+    first.child.kill().unwrap();
+    first.child.wait().unwrap();
+    wait_for("the server to end after its keeper", || has_exited(server).then_some(()));
+    let second = Daemon::start_at(TempDir::new().unwrap(), first.mountpoint.clone(), &strs(&args));
+    assert_eq!(rdev_of(&second.path("nvidia4")), fake_rdev(0));
+    assert_eq!(rdev_of(&second.path("dri/card0")), (226, 0));
+    assert!(fs::read_dir(&second.mountpoint).unwrap().count() > 10);
+    let state = second.state();
+    assert_eq!(handovers(&state), 0);
+    assert_eq!(parent_of(state_pid(&state, "server_pid")), second.child.id());
+    stop(second);
+}
+
+/// What the container runs: a loop that stats, reads, lists and resolves names of its `/dev`
+/// until `/xchg/stop` appears, printing `tick N` after each round and an `error:` line for
+/// anything that failed.
+const LOOP: &str = r#"#!/bin/sh
+first=$(ls /dev | tr '\n' ' ')
+echo "listing: $first"
+i=0
+while [ ! -e /xchg/stop ]; do
+  i=$((i + 1))
+  for n in nvidia4 nvidia5 null zero dri/card0; do
+    [ -c "/dev/$n" ] || echo "error: /dev/$n is not a char device"
+  done
+  for n in nvidia4 nvidia5 zero; do
+    err=$(head -c 4 "/dev/$n" 2>&1 >/dev/null) || echo "error: read /dev/$n: $err"
+  done
+  l=$(ls /dev 2>&1 | tr '\n' ' ')
+  [ "$l" = "$first" ] || echo "error: ls /dev: $l"
+  t=$(readlink /dev/ptmx 2>&1)
+  [ "$t" = pts/ptmx ] || echo "error: readlink /dev/ptmx: $t"
+  echo "tick $i"
+done
+echo "done $i"
+"#;
+
+/// The last `tick N` the container printed.
+fn ticks(c: &Container) -> u64 {
+    c.stdout().lines().filter_map(|l| l.strip_prefix("tick ")).filter_map(|n| n.parse().ok()).max().unwrap_or(0)
+}
+
+/// Waits until the container has printed a few more rounds than it has so far.
+fn runs_on(c: &mut Container) {
+    let since = ticks(c);
+    c.wait_line(&format!("tick {}", since + 3), CONTAINER_PATIENCE);
+}
+
+/// Rule (issue 13): a runc container whose /dev is the devremap mount (`--ttl 0`) runs on
+/// through a crash of the server and an upgrade: its loop of stat, read, `ls /dev` and
+/// readlink sees no error, and it ends normally.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static"]
+fn a_runc_container_runs_on_through_a_crash_and_an_upgrade() {
+    need_containers(Runtime::Runc);
+    let inputs = Inputs::new();
+    let rules: Vec<_> = (0..4).map(fake_rdev).map(|(ma, mi)| allow_char(ma, mi)).collect();
+    let bundle = Bundle::new(LOOP, &oci_config("devremap-handover", &rules));
+    let mut args = inputs.args(&[]);
+    // The bundle's spec, not the basic one: the runtime's mount points must be in the tree.
+    let at = args.iter().position(|a| a == "--spec").unwrap() + 1;
+    args[at] = arg(&bundle.config_path()).into();
+    let mut spec = bundle.config();
+    spec["linux"]["devices"] =
+        serde_json::json!([{"path": "/dev/dri/card0", "type": "c", "major": 226, "minor": 0, "fileMode": 432}]);
+    bundle.write_config(&spec);
+    let d = Daemon::start(&strs(&args));
+    let out = Command::new(BIN)
+        .args(["oci-patch", arg(&bundle.config_path()), "--dev", arg(&d.mountpoint), "--in-place"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "oci-patch: {}", String::from_utf8_lossy(&out.stderr));
+
+    let id = format!("devremap-handover-{}", std::process::id());
+    let mut c = Container::run(Runtime::Runc, &bundle, &id);
+    runs_on(&mut c);
+    let server = d.server_pid();
+    kill(server, libc::SIGKILL);
+    let state = wait_new_server(&d, server, 1);
+    check_new_server(&d, &state, server);
+    runs_on(&mut c);
+    let server = state_pid(&state, "server_pid");
+    kill(d.child.id(), libc::SIGUSR2);
+    let state = wait_new_server(&d, server, 2);
+    check_new_server(&d, &state, server);
+    runs_on(&mut c);
+    fs::write(bundle.xchg().join("stop"), "").unwrap();
+    let status = c.wait(CONTAINER_PATIENCE);
+    let transcript = format!("{}--- daemon log ---\n{}", c.transcript(), d.log_text());
+    assert!(status.success(), "runc run exited with {status}\n{transcript}");
+    let out = c.stdout();
+    assert!(out.lines().any(|l| l.starts_with("done ")), "the loop did not end\n{transcript}");
+    let errors: Vec<&str> = out.lines().filter(|l| l.starts_with("error")).collect();
+    assert!(errors.is_empty(), "the container saw errors: {errors:#?}\n{transcript}");
+    // The container first (its guard deletes it), so that nothing holds the mount.
+    drop(c);
+    stop(d);
+}
