@@ -731,6 +731,54 @@ fn an_upgrade_takes_over_from_a_frozen_server() {
     stop(d);
 }
 
+/// Bug (issue 13, found from outside): a reload asked for while an upgrade runs went to the
+/// old server only, and the new one, which had loaded the inputs before they changed, took
+/// over with the old tree: the mount served stale devices until the next SIGHUP (7 to 13 of 60
+/// rounds here). (A late state write of the replaced server could also overwrite the new
+/// server's, leaving a state file that named a dead `server_pid`: fixed by cfb6f22.) Now, in
+/// each of 60 rounds (an upgrade, then after a delay that moves through 0 to 25 ms so that the
+/// change lands at every point of the upgrade, host GPU 0 removed or restored and SIGHUP), the
+/// mount comes to serve the inputs as they are, and the state file names the keeper's only
+/// child and counts the handover.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn a_reload_during_an_upgrade_is_never_lost() {
+    need_fuse();
+    let inputs = Inputs::new();
+    let d = inputs.start();
+    let keeper = d.child.id();
+    for round in 0..60u64 {
+        let count = handovers(&d.state());
+        kill(keeper, libc::SIGUSR2);
+        // Not a wait for anything: it moves the moment of the change through the upgrade.
+        let delay = Duration::from_micros(round * 397 % 25_000);
+        let started = Instant::now();
+        while started.elapsed() < delay {
+            std::hint::spin_loop();
+        }
+        let present = round % 2 == 1;
+        inputs.set_host_gpu0(present);
+        kill(keeper, libc::SIGHUP);
+        let state = wait_on(&d, &format!("round {round}: the state file to name the new server"), || {
+            let state = read_state(&d)?;
+            let server = state["server_pid"].as_u64()? as u32;
+            (handovers(&state) == count + 1 && children(keeper) == [server]).then_some(state)
+        });
+        let want = fake_rdev(if present { 0 } else { 1 });
+        wait_on(&d, &format!("round {round} (change {delay:?} after SIGUSR2): nvidia4 to be {want:?}"), || {
+            (rdev_of(&d.path("nvidia4")) == want).then_some(())
+        });
+        let generation = state["generation"].as_u64().unwrap();
+        wait_on(&d, &format!("round {round}: the state file's nvidia4 to be {want:?}"), || {
+            let state = read_state(&d)?;
+            let node = state["nodes"].as_array()?.iter().find(|n| n["path"] == "nvidia4")?.clone();
+            let rdev = (node["major"].as_u64()? as u32, node["minor"].as_u64()? as u32);
+            (rdev == want && state["generation"].as_u64()? >= generation).then_some(())
+        });
+    }
+    stop(d);
+}
+
 /// Rule (issue 13): killing the keeper (SIGKILL: nothing can hold the connection then) ends
 /// the server too, and leaves a mountpoint on which a new `devremapd mount` serves again.
 #[test]
