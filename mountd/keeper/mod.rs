@@ -56,6 +56,8 @@ use threads::{Link, Readers, Shared, mount, read_control, relay_replies, relay_r
 
 /// How long an upgrade lets the old server answer what it has before the rest goes to the new.
 const DRAIN: Duration = Duration::from_millis(500);
+/// The first server's epoch: its errors before it is ready are the command's.
+const FIRST_EPOCH: u64 = 1;
 /// How long a retired server has to end before it is killed.
 const RETIRE: Duration = Duration::from_secs(1);
 /// The longest wait between two failed restarts after a crash.
@@ -140,6 +142,10 @@ struct Keeper {
     /// Servers replaced by an upgrade, until they have exited.
     leaving: Vec<Proc>,
     mounted: bool,
+    /// The mount answered through the first server and the pid file is written: a server that
+    /// dies from now on is replaced, not the end of the start.
+    started: bool,
+    /// A server has said it is ready (its state file written) at least once.
     ready: bool,
     reload_when_ready: bool,
     upgrade_when_ready: bool,
@@ -232,11 +238,12 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
         exe_path,
         reload_timeout: Duration::from_secs(args.reload_timeout),
         server_timeout: Duration::from_secs(args.server_timeout),
-        next_epoch: 1,
+        next_epoch: FIRST_EPOCH,
         current: None,
         replacing: None,
         leaving: Vec::new(),
         mounted: false,
+        started: false,
         ready: false,
         reload_when_ready: false,
         upgrade_when_ready: false,
@@ -374,6 +381,11 @@ impl Keeper {
         match &self.current {
             Some(p) if p.ready => {
                 let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p.pid() as i32), nix::sys::signal::SIGHUP);
+                // An upgrade's server may have loaded the inputs before they changed: it reloads
+                // too, once it serves.
+                if self.replacing.is_some() {
+                    self.reload_when_ready = true;
+                }
             }
             // A server that is starting loads the inputs as they are now (or serves the plan it
             // was handed); one more reload once serving, as the inputs may have changed.
@@ -521,11 +533,11 @@ impl Keeper {
             self.link.shared.lock().sockets.remove(&epoch);
             self.link.shared.lock().relay.lost(epoch);
             p.disconnect();
-            if !self.ready {
-                let why = self.start_error.take();
-                return Err(
-                    self.start_failed(why.unwrap_or(format!("the server exited before it was ready ({status})")))
-                );
+            if let Some(why) = self.start_error.take() {
+                return Err(self.start_failed(why));
+            }
+            if !self.started {
+                return Err(self.start_failed(format!("the server exited before it was ready ({status})")));
             }
             warn!("server pid {} exited ({status}); starting another to take over", p.pid());
             self.replace_lost(&p);
@@ -561,7 +573,7 @@ impl Keeper {
                 }
             }
             // The first server: its error is the command's, said once it has exited.
-            Control::Failed(why) if is_current && !self.ready => self.start_error = Some(why),
+            Control::Failed(why) if is_current && epoch == FIRST_EPOCH && !self.ready => self.start_error = Some(why),
             Control::Failed(why) => {
                 if let Some(r) = self.replacing.as_mut().filter(|r| r.proc.epoch == epoch) {
                     r.failed = Some(why);
@@ -583,6 +595,9 @@ impl Keeper {
                 if let Some(p) = &self.current {
                     p.tell(&Control::Proceed);
                 }
+                // Mounted, answering, the pid file written: from now on a server that dies is
+                // replaced, even if it had not yet said it was ready.
+                self.started = true;
             }
             Control::Status { generation, last_error } => {
                 self.link.shared.lock().relay.set_status(epoch, generation, last_error)
