@@ -46,33 +46,36 @@ use std::time::Duration;
 const FUSE_FD: i32 = 3;
 const CONTROL_FD: i32 = 4;
 
-/// Invalidations, sent to the keeper over the control socket; each waits for the keeper's
-/// answer, which comes once the kernel has dropped what it cached (so a reload's state file is
-/// written after, as it always was). ENOENT (nothing was cached) is `NotFound`. Only the
-/// lifecycle's thread invalidates, one at a time, so answers come in order.
+/// Invalidations, sent to the keeper over the control socket, all of a change at once; the
+/// keeper answers each once the kernel has dropped what it cached (so a reload's state file is
+/// written after, as it always was), in order. Only the lifecycle's thread invalidates.
 struct Invalidator {
     control: Arc<OwnedFd>,
     answers: Receiver<i32>,
 }
 
-impl Invalidator {
-    fn send(&self, note: Vec<u8>) -> io::Result<()> {
-        nix::unistd::write(&*self.control, &Control::Invalidate(note).encode())?;
-        match self.answers.recv() {
-            Ok(0) => Ok(()),
-            Ok(errno) => Err(io::Error::from_raw_os_error(errno)),
-            Err(_) => Err(io::Error::new(io::ErrorKind::BrokenPipe, "the keeper is gone")),
-        }
-    }
-}
-
 impl Notifier for Invalidator {
-    fn inval_entry(&self, parent: u64, name: &str) -> io::Result<()> {
-        self.send(fuse_wire::inval_entry(parent, name.as_bytes()))
-    }
-
-    fn inval_inode(&self, ino: u64) -> io::Result<()> {
-        self.send(fuse_wire::inval_inode(ino))
+    fn invalidate(&self, entries: &[(u64, String)], inodes: &[u64]) -> Vec<(String, io::Error)> {
+        let notes = entries
+            .iter()
+            .map(|(parent, name)| fuse_wire::inval_entry(*parent, name.as_bytes()))
+            .chain(inodes.iter().map(|ino| fuse_wire::inval_inode(*ino)));
+        let mut sent = 0;
+        for note in notes {
+            if nix::unistd::write(&*self.control, &Control::Invalidate(note).encode()).is_err() {
+                break;
+            }
+            sent += 1;
+        }
+        let mut refused = Vec::new();
+        for i in 0..sent {
+            let Ok(errno) = self.answers.recv() else { break };
+            // ENOENT: nothing was cached there. A listing's invalidation may fail harmlessly.
+            if let Some((_, name)) = entries.get(i).filter(|_| errno != 0 && errno != libc::ENOENT) {
+                refused.push((name.clone(), io::Error::from_raw_os_error(errno)));
+            }
+        }
+        refused
     }
 }
 

@@ -1,10 +1,12 @@
-//! The daemon's life as a state machine: starting, serving, reloading, stopping.
+//! The server's life as a state machine: starting (or taking over from another server),
+//! serving, reloading, stopping. (Handing over between servers is the keeper's, in
+//! [`crate::relay`].)
 //!
 //! [`Lifecycle`] decides what happens; it does no I/O of its own. What it needs from the world
-//! goes through two small traits: [`Notifier`] (tell the kernel to drop what it cached of a
-//! name or a directory: the FUSE session's notifier in the daemon) and [`Session`] (the daemon
-//! around the FUSE session: load the inputs on a worker, publish the state file, tell the
-//! service manager). So the rules of the daemon's life are unit-tested here, without root or a
+//! goes through two small traits: [`Notifier`] (tell the kernel to drop what it cached of names
+//! and directories: through the keeper, in the server) and [`Session`] (the server around the
+//! FUSE session: load the inputs on a worker, publish the state file, tell the service
+//! manager). So the rules of the daemon's life are unit-tested here, without root or a
 //! mount:
 //!
 //! - any number of reload requests (`SIGHUP`s) in one batch make one reload, and those that
@@ -82,10 +84,11 @@ pub enum Notice {
 
 /// The kernel's side of the mount: drop cached entries and listings.
 pub trait Notifier {
-    /// Forgets the entry `name` in directory `parent`. `NotFound` means nothing was cached.
-    fn inval_entry(&self, parent: u64, name: &str) -> io::Result<()>;
-    /// Forgets what is cached of node `ino` (a directory's listing).
-    fn inval_inode(&self, ino: u64) -> io::Result<()>;
+    /// Forgets each entry `(parent, name)`, then what is cached of each node id in `inodes` (a
+    /// directory's listing), and returns once the kernel has. Returns the names the kernel
+    /// refused for a reason other than "nothing was cached there", with the error. All at once,
+    /// so that an implementation can send them together (the server's go through the keeper).
+    fn invalidate(&self, entries: &[(u64, String)], inodes: &[u64]) -> Vec<(String, io::Error)>;
 }
 
 /// Why the daemon's state could not be published.
@@ -339,16 +342,8 @@ impl<N: Notifier, S: Session> Lifecycle<N, S> {
 
     /// Drops what the kernel cached of every changed name, so the next lookup asks us.
     fn invalidate(&self, change: &Change) {
-        for (parent, name) in &change.invalidate {
-            // Not found: the kernel had nothing cached there.
-            if let Err(e) = self.notifier.inval_entry(*parent, name)
-                && e.kind() != io::ErrorKind::NotFound
-            {
-                warn!("invalidating {name}: {e}");
-            }
-        }
-        for dir in &change.dirs {
-            let _ = self.notifier.inval_inode(*dir);
+        for (name, e) in self.notifier.invalidate(&change.invalidate, &change.dirs) {
+            warn!("invalidating {name}: {e}");
         }
     }
 
@@ -446,13 +441,11 @@ mod tests {
     struct Fake(Rc<RefCell<World>>);
 
     impl Notifier for Fake {
-        fn inval_entry(&self, parent: u64, name: &str) -> io::Result<()> {
-            self.0.borrow_mut().invalidated.push((parent, name.to_owned()));
-            Ok(())
-        }
-        fn inval_inode(&self, ino: u64) -> io::Result<()> {
-            self.0.borrow_mut().dirs.push(ino);
-            Ok(())
+        fn invalidate(&self, entries: &[(u64, String)], inodes: &[u64]) -> Vec<(String, io::Error)> {
+            let mut w = self.0.borrow_mut();
+            w.invalidated.extend_from_slice(entries);
+            w.dirs.extend_from_slice(inodes);
+            Vec::new()
         }
     }
 
