@@ -50,7 +50,7 @@ fn main() {
     let start_ms = start_to_ready(&host, w);
 
     let devfs = Daemon::start(&host, &w.join("devfs"), &[]);
-    let rss_mount = devfs.rss_kib();
+    let (rss_mount, pss_mount) = (devfs.rss_kib(), devfs.pss_kib());
     let devfs0 = Daemon::start(&host, &w.join("devfs0"), &["--ttl", "0"]);
     let tmpfs = Tmpfs::new(&w.join("tmpfs"), &plan);
     let bare = Bare::mount(&w.join("bare"), &plan, TTL);
@@ -134,6 +134,13 @@ fn main() {
     );
     summary.insert("rss_kib".into(), rss_after.into());
     summary.insert("rss_mount_kib".into(), rss_mount.into());
+    // The daemon's own share of memory, keeper and server together: most of each process's
+    // resident set is the same binary's pages and libc, which the two share.
+    let pss_after = devfs0.pss_kib();
+    println!(
+        "proportional memory, keeper and server together: {pss_mount} KiB after mount; {pss_after} KiB (--ttl 0 daemon) after the stats"
+    );
+    summary.insert("daemon_pss_kib".into(), pss_after.max(pss_mount).into());
     drop(devfs0);
     drop(devfs);
 
@@ -313,6 +320,21 @@ impl Daemon {
     /// Servers replaced since the mount.
     fn handovers(&self) -> u64 {
         self.state()["handovers"].as_u64().expect("the state file counts handovers")
+    }
+
+    /// The proportional set size (`Pss`) of the keeper (our child) and the server together.
+    fn pss_kib(&self) -> u64 {
+        [self.child.id(), self.server_pid()]
+            .iter()
+            .map(|pid| {
+                let rollup = fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap();
+                rollup
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Pss:"))
+                    .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<u64>().ok())
+                    .unwrap()
+            })
+            .sum()
     }
 
     /// The server's resident memory: it holds the tree; the keeper parses nothing.
