@@ -160,8 +160,8 @@ struct Keeper {
     /// The binary of the last server that took over: a crash restart runs it again (the file
     /// at `exe_path` may be a newer one that was never tried).
     good: Arc<File>,
-    /// The last server that died, named by the one that takes over from it.
-    dead_pid: Option<u32>,
+    /// The last server lost, and how (`it died`, `it hung`), named by the one that takes over.
+    dead: Option<(u32, &'static str)>,
     /// The current server is in the middle of a reload (it said `RELOADING=1`, not yet
     /// `READY=1`), and how many servers in a row died in the middle of one: after a crash the
     /// successor reloads (a `SIGHUP` the dead server got, or a reload it had begun, is not
@@ -253,7 +253,7 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
         pid_written: None,
         state_file: args.state_file.clone(),
         good: exe.clone(),
-        dead_pid: None,
+        dead: None,
         reload_reloading: false,
         reload_deaths: 0,
         plan: None,
@@ -478,7 +478,7 @@ impl Keeper {
                 now.duration_since(since).as_secs()
             );
             self.link.shared.lock().relay.lost(p.epoch);
-            self.replace_lost(&p);
+            self.replace_lost(&p, "it hung");
             self.kill(p);
         }
         if self.retry_at.is_some_and(|t| t <= now) {
@@ -506,8 +506,8 @@ impl Keeper {
     /// The current server `p` is gone (dead, or killed as hung): another takes over, from the
     /// same binary and with its plan; a reload it was asked for is asked again; an upgrade
     /// under way is dropped.
-    fn replace_lost(&mut self, p: &Proc) {
-        self.dead_pid = Some(p.pid());
+    fn replace_lost(&mut self, p: &Proc, how: &'static str) {
+        self.dead = Some((p.pid(), how));
         self.good = p.exe.clone();
         self.reload_deaths += u32::from(std::mem::take(&mut self.reload_reloading));
         if self.reload_deaths >= 2 {
@@ -540,7 +540,7 @@ impl Keeper {
                 return Err(self.start_failed(format!("the server exited before it was ready ({status})")));
             }
             warn!("server pid {} exited ({status}); starting another to take over", p.pid());
-            self.replace_lost(&p);
+            self.replace_lost(&p, "it died");
         } else if let Some(mut r) = self.replacing.take_if(|r| r.proc.epoch == epoch) {
             let status = status_text(r.proc.child.wait());
             self.link.shared.lock().sockets.remove(&epoch);
@@ -705,10 +705,10 @@ impl Keeper {
         }
         let mut shared = self.link.shared.lock();
         let mut switch = shared.relay.switch(epoch, Instant::now());
-        let how = match (&self.current, self.dead_pid) {
+        let how = match (&self.current, self.dead) {
             (Some(old), _) if !r.crashed => format!("from server pid {} (an upgrade)", old.pid()),
-            (_, Some(dead)) if r.handed_plan => format!("from server pid {dead} (it died; serving its plan)"),
-            (_, Some(dead)) => format!("from server pid {dead} (it died)"),
+            (_, Some((dead, how))) if r.handed_plan => format!("from server pid {dead} ({how}; serving its plan)"),
+            (_, Some((dead, how))) => format!("from server pid {dead} ({how})"),
             _ => "(the server before it died)".to_owned(),
         };
         switch.resume.from = format!("{how}, {} requests resent", switch.resend.len());
