@@ -323,3 +323,62 @@ fn a_successor_killed_while_handed_a_large_plan_is_replaced() {
     assert!(alive(third));
     assert_eq!(fs::symlink_metadata(d.path("null")).map(|m| m.len()).ok(), Some(0), "the mount answers");
 }
+
+/// Points the symlink `link` at `target`, atomically.
+fn repoint(link: &Path, target: &Path) {
+    let tmp = link.with_extension("new");
+    let _ = fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(target, &tmp).unwrap();
+    fs::rename(&tmp, link).unwrap();
+}
+
+/// Bug (found from outside): an upgrade that retires a server stuck in the kernel (its reload
+/// reads an input on a filesystem that hangs, as an NFS mount can) freezes the keeper. The old
+/// server cannot die until that filesystem answers; the keeper kills it, hands over ("took
+/// over ... (an upgrade)" is logged), and then, when the old server's sockets end, waits for
+/// its exit (`child.wait()` in `gone`) on its main thread. Until the stuck filesystem answers
+/// (never, for a dead NFS server) nothing is acted on: the new server's `Answering` is never
+/// answered, so the state file keeps naming the old server; a crash of the new server is not
+/// restarted; SIGTERM, SIGHUP and `--server-timeout` do nothing. (The operator pointed the spec
+/// back at a local file before upgrading, so the new server loaded.)
+/// Expected: a retired server is reaped off the main thread, as a killed one is (`kill`).
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn an_upgrade_away_from_a_server_stuck_in_the_kernel_does_not_freeze_the_keeper() {
+    need_fuse();
+    let stuck = Daemon::start(&["--host-root", &empty_root(), "--ttl", "0", "--server-timeout", "3600"]);
+    let inputs = tempfile::tempdir().unwrap();
+    let real = inputs.path().join("real.json");
+    write_spec(&real, 3);
+    let spec = inputs.path().join("config.json");
+    repoint(&spec, &real);
+    let d = Daemon::start(&["--spec", arg(&spec), "--host-root", &empty_root(), "--ttl", "0"]);
+    let stuck_server = stuck.server_pid();
+    kill(stuck_server, libc::SIGSTOP);
+    let _resume = Resume(stuck_server);
+    repoint(&spec, &stuck.path("null"));
+    let old = d.server_pid();
+    d.signal(libc::SIGHUP);
+    wait_for("the server's reload thread to be stuck", || {
+        let tasks = fs::read_dir(format!("/proc/{old}/task")).ok()?;
+        tasks
+            .flatten()
+            .any(|t| {
+                fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "reload")
+                    && fs::read_to_string(t.path().join("wchan"))
+                        .is_ok_and(|w| w.contains("fuse") || w.contains("wait_answer"))
+            })
+            .then_some(())
+    });
+    repoint(&spec, &real);
+    d.signal(libc::SIGUSR2);
+    wait_for("the upgrade's server to take over", || d.log_text().contains("(an upgrade)").then_some(()));
+    let new =
+        wait_for("the state file to name the new server (the keeper is frozen)", || new_server(&d.state_file, old));
+    kill(new, libc::SIGKILL);
+    let next = wait_for("a server to take over after the crash (the keeper is frozen)", || {
+        new_server(&d.state_file, new).filter(|&p| p != old)
+    });
+    assert!(alive(next));
+    assert_eq!(minor_of_a(&d), Some(3), "the mount answers");
+}
