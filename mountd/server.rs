@@ -256,7 +256,11 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
     // The keeper writes the pid file now, before the state file is.
     tell(&control, &Control::Answering);
     proceed.recv().map_err(|_| fail("the keeper did not answer".into()))?;
-    life.ready().map_err(|e| fail(e.to_string()))?;
+    if resumed.is_some() {
+        life.ready_after_takeover();
+    } else {
+        life.ready().map_err(|e| fail(e.to_string()))?;
+    }
     if resumed.is_none() {
         let current = life.current();
         info!(

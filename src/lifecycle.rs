@@ -181,6 +181,14 @@ impl<N: Notifier, S: Session> Lifecycle<N, S> {
         Ok(())
     }
 
+    /// Declares ready a server that took over from another: the daemon was ready long before,
+    /// so a state file that cannot be written is logged and serving goes on, as after a reload.
+    pub fn ready_after_takeover(&mut self) {
+        self.update_state();
+        self.state = State::Serving;
+        self.session.notify(Notice::Ready);
+    }
+
     /// When the reload in flight is abandoned, if one is.
     pub fn deadline(&self) -> Option<Instant> {
         self.reloading.as_ref().map(|r| r.started + self.reload_timeout)
@@ -527,6 +535,21 @@ mod tests {
         );
         assert_eq!(lc.state(), State::Starting);
         assert!(world.0.borrow().notices.is_empty());
+    }
+
+    /// Bug (found from outside, issue 13): a server that took over after a crash died when its
+    /// state file could not be written (a full `/run`), and so did every successor. Now, the
+    /// daemon having been ready long before, it is logged and the server serves on.
+    #[test]
+    fn unpublishable_state_does_not_stop_a_server_that_took_over() {
+        let first = loaded(5);
+        let devfs = Arc::new(Devfs::new(tree(&first)));
+        let world = Fake::default();
+        world.0.borrow_mut().fail_publish = true;
+        let mut lc = Lifecycle::new(devfs, first, Duration::from_secs(10), world.clone(), world.clone());
+        lc.ready_after_takeover();
+        assert_eq!(lc.state(), State::Serving);
+        assert_eq!(world.0.borrow().notices, [Notice::Ready]);
     }
 
     /// Rule: any number of reload requests in one batch make one reload; those arriving while

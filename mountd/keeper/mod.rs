@@ -305,6 +305,9 @@ impl Keeper {
             });
         }
         let child = cmd.spawn()?;
+        // The child has its copies: ours would keep its sockets open after it died, and a
+        // write to them would wait for ever instead of failing.
+        drop((their_socket, their_control));
         let (socket, control) = (Arc::new(socket), Arc::new(control));
         self.link.shared.lock().sockets.insert(epoch, socket.clone());
         let readers = Arc::new(AtomicU8::new(2));
@@ -320,10 +323,16 @@ impl Keeper {
             self.kill(proc);
             return Err(io::Error::other(e));
         }
-        let what = plan.map_or_else(|| vec![Control::Load.encode()], handover::records);
-        for record in what {
-            let _ = nix::unistd::write(&*proc.control, &record);
-        }
+        // Written by a thread of its own: a plan larger than the socket's buffer waits for the
+        // server to read it, and the main thread must not.
+        let (what, to) = (plan.map_or_else(|| vec![Control::Load.encode()], handover::records), proc.control.clone());
+        let _ = spawn_thread("hand-plan", move || {
+            for record in what {
+                if nix::unistd::write(&*to, &record).is_err() {
+                    break;
+                }
+            }
+        });
         Ok(proc)
     }
 
@@ -332,6 +341,11 @@ impl Keeper {
     /// a hung mount) dies only once that request is answered, and the keeper must not wait.
     fn kill(&mut self, mut proc: Proc) {
         let _ = proc.child.kill();
+        self.forget(proc);
+    }
+
+    /// Forgets a server that has ended or is ending, and reaps it on a thread of its own.
+    fn forget(&mut self, mut proc: Proc) {
         proc.disconnect();
         self.link.shared.lock().sockets.remove(&proc.epoch);
         let _ = std::thread::Builder::new().name("reaper".into()).spawn(move || drop(proc.child.wait()));
@@ -553,10 +567,10 @@ impl Keeper {
                 self.refuse(format!("upgrade refused: the new server could not take over: {why}"));
             }
         } else if let Some(i) = self.leaving.iter().position(|p| p.epoch == epoch) {
-            let mut p = self.leaving.swap_remove(i);
-            let status = status_text(p.child.wait());
-            self.link.shared.lock().sockets.remove(&epoch);
-            log::debug!("server pid {} ended ({status}): replaced", p.pid());
+            // A retired server may be ending only once a stuck filesystem answers: reaped off the
+            // main thread, as a killed one is.
+            let p = self.leaving.swap_remove(i);
+            self.forget(p);
         }
         Ok(())
     }
@@ -574,11 +588,12 @@ impl Keeper {
             }
             // The first server: its error is the command's, said once it has exited.
             Control::Failed(why) if is_current && epoch == FIRST_EPOCH && !self.ready => self.start_error = Some(why),
-            Control::Failed(why) => {
-                if let Some(r) = self.replacing.as_mut().filter(|r| r.proc.epoch == epoch) {
-                    r.failed = Some(why);
-                }
-            }
+            Control::Failed(why) => match self.replacing.as_mut().filter(|r| r.proc.epoch == epoch) {
+                Some(r) => r.failed = Some(why),
+                // A server that took over and then failed: its exit is logged next, with this.
+                None if is_current => warn!("server pid {}: {why}", self.current.as_ref().map_or(0, Proc::pid)),
+                None => {}
+            },
             // The mount answers through the server: the pid file first, then it may declare
             // the daemon ready (the state file). A server taking over finds it written.
             Control::Answering if is_current => {
