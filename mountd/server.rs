@@ -250,7 +250,8 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
     };
     let mut life = Lifecycle::new(devfs, loaded, Duration::from_secs(args.reload_timeout), notifier, server);
     if let Some(resumed) = &resumed {
-        life.resumed(resumed, &resume.from, resume.last_error.clone());
+        let previous = resume.previous_plan.as_deref().and_then(|p| Loaded::from_bytes(p.as_bytes()).ok());
+        life.resumed(resumed, &resume.from, resume.last_error.clone(), previous.as_ref());
     }
     wait_answering(&args.mountpoint).map_err(fail)?;
     // The keeper writes the pid file now, before the state file is.

@@ -161,6 +161,9 @@ pub struct Resume {
     /// The last reload's error, if it was refused: still true of the inputs until a reload
     /// succeeds.
     pub last_error: Option<String>,
+    /// The plan the server before served (`Loaded::to_bytes`), at an upgrade: the successor's
+    /// log line says what changed.
+    pub previous_plan: Option<String>,
 }
 
 impl Resume {
@@ -189,6 +192,7 @@ impl Resume {
             "max_ino": self.held.max_ino(),
             "from": self.from,
             "last_error": self.last_error,
+            "previous_plan": self.previous_plan,
             "nodes": nodes,
             "cookies": self.held.cookies().iter().map(|(c, name)| json!([c, name])).collect::<Vec<Value>>(),
         })
@@ -234,6 +238,7 @@ impl Resume {
             held: Held::from_parts(nodes, num("max_ino")?, cookies),
             from: v.get("from").and_then(Value::as_str).ok_or_else(|| bad("from"))?.to_owned(),
             last_error: v.get("last_error").and_then(Value::as_str).map(str::to_owned),
+            previous_plan: v.get("previous_plan").and_then(Value::as_str).map(str::to_owned),
         })
     }
 }
@@ -292,6 +297,7 @@ mod tests {
             held: Held::from_parts(nodes, 9000, (3..4000).map(|c| (c, format!("name{c}"))).collect()),
             from: "from pid 1".into(),
             last_error: Some("x: bad".into()),
+            previous_plan: Some("{\"plan\": 1}".into()),
         };
         let records = resume.records();
         assert!(records.len() > 2 && records.iter().all(|r| r.len() <= MAX_RECORD));

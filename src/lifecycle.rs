@@ -24,6 +24,7 @@
 use crate::load::{LoadError, Loaded};
 use crate::render;
 use crate::served::{Change, Devfs, Resumed};
+use crate::tree::{self, Diff};
 use log::{info, warn};
 use std::io;
 use std::path::PathBuf;
@@ -325,7 +326,7 @@ impl<N: Notifier, S: Session> Lifecycle<N, S> {
             "reloaded: generation {} in {:.2} ms: {}{}",
             change.generation,
             started.elapsed().as_secs_f64() * 1e3,
-            describe(&change, &self.current, &loaded),
+            describe(&change.diff, &self.current, &loaded),
             warnings(&loaded)
         );
         self.current = loaded;
@@ -336,11 +337,16 @@ impl<N: Notifier, S: Session> Lifecycle<N, S> {
     /// This server took over from another (a crash or an upgrade, [`Devfs::resume`]): tells
     /// the kernel what it may have cached that no longer holds, and logs the takeover.
     /// The last reload error the server before had recorded stays until a reload succeeds.
-    pub fn resumed(&mut self, resumed: &Resumed, from: &str, last_error: Option<String>) {
+    /// `previous` is the plan the server before served, when known (an upgrade): the log line
+    /// then says what changed, as a reload's does.
+    pub fn resumed(&mut self, resumed: &Resumed, from: &str, last_error: Option<String>, previous: Option<&Loaded>) {
         self.last_error = last_error;
         self.invalidate(&resumed.change);
+        let changed = previous.map_or(String::new(), |old| {
+            format!(": {}", describe(&tree::diff(&old.plan.tree, &self.current.plan.tree), old, &self.current))
+        });
         info!(
-            "took over {from}: generation {}, kept {} nodes the kernel holds, retired {}{}",
+            "took over {from}: generation {}, kept {} nodes the kernel holds, retired {}{changed}{}",
             resumed.change.generation,
             resumed.kept,
             resumed.retired,
@@ -404,9 +410,8 @@ pub fn warnings(loaded: &Loaded) -> String {
 
 /// `nvidia0: 1:5 -> 1:7, nvidia1: mode 0666 -> 0600, nvidia9: added 1:8, nvidia3: removed` for
 /// the reload log line.
-fn describe(change: &Change, old: &Loaded, new: &Loaded) -> String {
+fn describe(d: &Diff, old: &Loaded, new: &Loaded) -> String {
     let node = |l: &Loaded, p: &str| l.plan.tree.get(p).cloned();
-    let d = &change.diff;
     let parts: Vec<String> = d
         .changed
         .iter()

@@ -227,6 +227,7 @@ impl Relay {
                 held: self.held.clone(),
                 from: String::new(),
                 last_error: self.last_error.clone(),
+                previous_plan: None,
             },
             resend,
             give_up,

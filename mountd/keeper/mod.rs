@@ -727,6 +727,9 @@ impl Keeper {
             _ => "(the server before it died)".to_owned(),
         };
         switch.resume.from = format!("{how}, {} requests resent", switch.resend.len());
+        if !r.crashed {
+            switch.resume.previous_plan = self.plan.as_deref().and_then(|p| String::from_utf8(p.to_vec()).ok());
+        }
         for record in switch.resume.records() {
             let _ = nix::unistd::write(&*r.proc.control, &record);
         }
