@@ -74,7 +74,8 @@ pub struct MountArgs {
     pub mountpoint: PathBuf,
     #[command(flatten)]
     pub inputs: InputArgs,
-    /// Write the daemon's pid here once the mount answers; removed at exit.
+    /// Write the daemon's pid (the keeper's, which takes the signals) here once the mount
+    /// answers; removed at exit.
     #[arg(long, value_name = "PATH")]
     pub pid_file: Option<PathBuf>,
     /// Keep the served plan, generation and last reload error here (JSON, replaced atomically).
