@@ -229,6 +229,7 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
         answered: Condvar::new(),
         dev,
         events: tx,
+        buffers: Mutex::new(Vec::new()),
     });
     let mut keeper = Keeper {
         link,

@@ -30,7 +30,8 @@ use std::time::Instant;
 /// One read of `/dev/fuse`: the kernel refuses a buffer smaller than `max_write` plus the
 /// headers, and fuser offers a `max_write` of up to 16 MiB. A server's records are read into a
 /// buffer as large (a `SOCK_SEQPACKET` read would cut a longer record short without a word).
-/// Only the pages a message touches are ever resident.
+/// Only the pages a message touches are resident; the buffers of replies are reused from one
+/// server to the next ([`Link::buffers`]), since the allocator may not give such a block back.
 const READ_BUFFER: usize = 16 * 1024 * 1024 + 4096;
 /// Socket buffers: a record must fit whole (a READDIRPLUS reply is as large as the kernel's
 /// buffer), and requests must not wait for a busy server's buffer.
@@ -43,6 +44,10 @@ pub(super) struct Link {
     pub(super) answered: Condvar,
     pub(super) dev: File,
     pub(super) events: Sender<Ev>,
+    /// Reply buffers of servers that ended, for the next: a fresh 16 MiB block per handover
+    /// grew the keeper by that much each time (glibc served later ones from an arena, zeroing
+    /// every page).
+    pub(super) buffers: Mutex<Vec<Vec<u8>>>,
 }
 
 pub(super) struct Shared {
@@ -108,7 +113,7 @@ impl Drop for Readers {
 
 /// Reads server `epoch`'s messages and passes them on, until it exits.
 pub(super) fn relay_replies(link: &Link, epoch: u64, socket: &OwnedFd, _done: Readers) {
-    let mut buf = vec![0u8; READ_BUFFER];
+    let mut buf = link.buffers.lock().pop().unwrap_or_else(|| vec![0u8; READ_BUFFER]);
     loop {
         let n = match nix::unistd::read(socket, &mut buf) {
             Ok(0) => break,
@@ -132,6 +137,7 @@ pub(super) fn relay_replies(link: &Link, epoch: u64, socket: &OwnedFd, _done: Re
             Err(e) => warn!("server {epoch}: a message that cannot be read: {e}"),
         }
     }
+    link.buffers.lock().push(buf);
 }
 
 /// Reads server `epoch`'s control messages until it exits; writes its invalidations, and puts
