@@ -3,10 +3,11 @@
 //! `/dev/fuse`, and one reads its control socket (and writes its invalidations, answered
 //! synchronously); and the socket pairs and the mount they run on.
 //!
-//! Assumption: every decision is the relay's, taken under `Link::shared`; a request is written
-//! to a server under that lock, so that a switch to another server sees every request either
-//! before (and hands it over) or after (and it goes to the new server). Replies are written
-//! outside it, their references counted first.
+//! Assumption: every decision is the relay's, taken under `Link::shared`; no write to a server
+//! or to the kernel is made under that lock (a full socket would block whoever waits for it).
+//! A request is in flight from the moment the relay decides, so one written to a server that is
+//! being replaced reaches the successor too; a reply's references are counted before it is
+//! written to the kernel.
 
 use super::Ev;
 use crate::mountpoint::FSNAME;
@@ -83,18 +84,25 @@ pub(super) fn relay_requests(link: &Link) {
             Err(e) => break drop(link.events.send(Ev::KernelEnded(Err(e.into())))),
         };
         let msg = &buf[..n];
-        let mut shared = link.shared.lock();
-        // Written under the lock, so that a switch to another server sees every request
-        // either before (and hands it over) or after (and it goes to the new server).
-        match shared.relay.from_kernel(msg, Instant::now()) {
-            Ok(FromKernel::Forward(epoch)) => {
-                if let Some(socket) = shared.sockets.get(&epoch) {
-                    // A server that died: the request stays in flight for its successor.
-                    let _ = nix::unistd::write(&**socket, msg);
+        let target = {
+            let mut shared = link.shared.lock();
+            match shared.relay.from_kernel(msg, Instant::now()) {
+                Ok(FromKernel::Forward(epoch)) => shared.sockets.get(&epoch).cloned(),
+                Ok(FromKernel::Held | FromKernel::Dropped) => None,
+                Err(e) => {
+                    warn!("a request from the kernel that cannot be read: {e}");
+                    None
                 }
             }
-            Ok(FromKernel::Held | FromKernel::Dropped) => {}
-            Err(e) => warn!("a request from the kernel that cannot be read: {e}"),
+        };
+        // Written outside the lock: a hung server's full socket blocks only this thread, and
+        // the main thread, which takes the lock to see that it hangs, kills it (the write then
+        // fails). A switch between the decision and the write is harmless: the request is in
+        // flight, so the successor is sent it too (the old server's answer is dropped), and a
+        // FORGET is already in the node table the successor starts from.
+        if let Some(socket) = target {
+            // A server that died: the request stays in flight for its successor.
+            let _ = nix::unistd::write(&*socket, msg);
         }
     }
 }
