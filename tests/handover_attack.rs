@@ -478,3 +478,32 @@ fn the_keeper_does_not_grow_by_a_buffer_per_handover() {
         "the keeper's resident memory grew from {before} KiB to {after} KiB over ten handovers"
     );
 }
+
+/// Bug (found from outside): a hung server is never replaced when more requests wait on it
+/// than its relay socket holds (here 14,000 `stat`s of a container's threads; the socket's
+/// 8 MiB take about 7,000). The keeper's request thread blocks writing to the socket while
+/// it holds the relay's lock, and the main thread, which takes that lock to see how long the
+/// oldest request has waited, blocks behind it: `--server-timeout 1` kills nothing (seen: 119
+/// s, until the server was continued), no SIGTERM is acted on, and every process of the
+/// container waits in the kernel, unkillable.
+/// Expected: the hung server is killed and replaced, and every `stat` completes.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn a_hung_server_is_replaced_when_its_socket_is_full() {
+    need_fuse();
+    let d = Daemon::start(&["--host-root", &empty_root(), "--ttl", "0", "--server-timeout", "1"]);
+    let old = d.server_pid();
+    kill(old, libc::SIGSTOP);
+    let _resume = Resume(old);
+    let waiters: Vec<_> = (0..14_000)
+        .map(|_| {
+            let path = d.path("null");
+            std::thread::Builder::new().stack_size(64 * 1024).spawn(move || fs::metadata(path).is_ok()).unwrap()
+        })
+        .collect();
+    let pid = wait_for("a server to replace the hung one", || new_server(&d.state_file, old));
+    assert!(alive(pid));
+    wait_for("every stat waiting on the hung server", || waiters.iter().all(|w| w.is_finished()).then_some(()));
+    let failed = waiters.into_iter().map(|w| w.join().unwrap()).filter(|ok| !ok).count();
+    assert_eq!(failed, 0, "stats failed: {}", d.log_text());
+}
