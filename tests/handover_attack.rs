@@ -483,8 +483,8 @@ fn the_keeper_does_not_grow_by_a_buffer_per_handover() {
 /// than its relay socket holds (here 14,000 `stat`s of a container's threads; the socket's
 /// 8 MiB take about 7,000). The keeper's request thread blocks writing to the socket while
 /// it holds the relay's lock, and the main thread, which takes that lock to see how long the
-/// oldest request has waited, blocks behind it: `--server-timeout 1` kills nothing (seen: 119
-/// s, until the server was continued), no SIGTERM is acted on, and every process of the
+/// oldest request has waited, blocks behind it: `--server-timeout` kills nothing (seen: 119
+/// s with `--server-timeout 3`, until an outside signal ended it), no SIGTERM is acted on, and every process of the
 /// container waits in the kernel, unkillable.
 /// Expected: the hung server is killed and replaced, and every `stat` completes.
 #[test]
