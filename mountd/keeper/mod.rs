@@ -286,7 +286,7 @@ impl Keeper {
         // Only the keeper talks to systemd (the main process); the server tells the keeper.
         cmd.env_remove("NOTIFY_SOCKET");
         // SAFETY: between fork and exec the closure makes only async-signal-safe calls (fcntl,
-        // dup2, close) on fds it owns in the child. The copies above 10 keep one source from
+        // prctl, dup2, close) on fds it owns in the child. The copies above 10 keep one source from
         // being overwritten by the other's dup2 to 3 or 4; dup2 clears close-on-exec. The binary's
         // fd stays open across exec (an interpreter of a script reads it by that name) and is
         // never 3 or 4 (the signal thread's, for the keeper's life).
@@ -294,6 +294,11 @@ impl Keeper {
             cmd.pre_exec(move || {
                 if exe_fd == 3 || exe_fd == 4 || libc::fcntl(exe_fd, libc::F_SETFD, 0) < 0 {
                     return Err(io::Error::from_raw_os_error(libc::EBADF));
+                }
+                // A server dies with its keeper, even one stopped (SIGSTOP) that would never read
+                // the end of its socket. (The keeper's main thread, which spawns, lives as long.)
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) < 0 {
+                    return Err(io::Error::last_os_error());
                 }
                 let high = fds.map(|fd| libc::fcntl(fd, libc::F_DUPFD, 10));
                 for (from, to) in high.into_iter().zip([3, 4]) {
