@@ -12,7 +12,7 @@
 mod common;
 
 use common::bundle::{Bundle, Container, Runtime, allow_char, need_containers, oci_config};
-use common::daemon::{Daemon, children, has_exited, is_mounted, need_fuse, wait_for, wait_for_or};
+use common::daemon::{Daemon, children, has_exited, is_mounted, kill, need_fuse, wait_for, wait_for_or};
 use common::readers::{Expect, Load, Reader, quantile, stall_per_period};
 use common::{BIN, FakeHost, arg, fake_rdev, fixture, saved_devices};
 use serde_json::Value;
@@ -101,12 +101,6 @@ fn read_state(d: &Daemon) -> Option<Value> {
 /// [`wait_for`] whose timeout shows the daemon's log.
 fn wait_on<T>(d: &Daemon, what: &str, f: impl FnMut() -> Option<T>) -> T {
     wait_for_or(what, || d.log_text(), f)
-}
-
-fn kill(pid: u32, sig: i32) {
-    // SAFETY: kill with a pid and a valid signal.
-    let rc = unsafe { libc::kill(pid as libc::pid_t, sig) };
-    assert_eq!(rc, 0, "kill {pid}: {}", std::io::Error::last_os_error());
 }
 
 fn rdev_of(path: &Path) -> (u32, u32) {

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::daemon::{Daemon, PATIENCE, is_mounted, need_fuse, wait_for};
+use common::daemon::{Daemon, PATIENCE, children, has_exited, is_mounted, kill, need_fuse, wait_for};
 use common::{BIN, arg, empty_root, fixture};
 use serde_json::Value;
 use std::fs;
@@ -13,20 +13,6 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Instant;
-
-fn kill(pid: u32, sig: i32) {
-    // SAFETY: kill with a pid and a valid signal.
-    let rc = unsafe { libc::kill(pid as libc::pid_t, sig) };
-    assert_eq!(rc, 0, "kill {pid}: {}", std::io::Error::last_os_error());
-}
-
-/// Whether process `pid` exists and is not a zombie.
-fn alive(pid: u32) -> bool {
-    fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| s.rsplit_once(')').map(|(_, rest)| !rest.trim_start().starts_with('Z')))
-        .unwrap_or(false)
-}
 
 /// A child that is killed (and reaped) when the test ends, even when it fails.
 struct Reaped(Child);
@@ -108,7 +94,7 @@ fn new_server(state_file: &Path, old: u32) -> Option<u32> {
     let text = fs::read_to_string(state_file).ok()?;
     let state: Value = serde_json::from_str(&text).ok()?;
     let pid = u32::try_from(state["server_pid"].as_u64()?).ok()?;
-    (pid != old && alive(pid)).then_some(pid)
+    (pid != old && !has_exited(pid)).then_some(pid)
 }
 
 /// Bug (found from outside): when the server dies while an upgrade's new server is still
@@ -147,7 +133,7 @@ fn a_crash_during_a_stuck_upgrade_is_restarted_at_once() {
     let pid = wait_for("a server to take over after the crash", || new_server(&d.state_file, old));
     assert!(t0.elapsed() < PATIENCE);
     assert_eq!(fs::symlink_metadata(d.path("null")).map(|m| m.len()).ok(), Some(0), "the mount answers");
-    assert!(alive(pid));
+    assert!(!has_exited(pid));
 }
 
 /// Writes at `path` a spec (the basic fixture's) whose only `linux.devices` entry is `/dev/a`,
@@ -278,20 +264,11 @@ fn a_hung_server_is_replaced_after_the_server_timeout() {
     let path = d.path("null");
     let waiter = std::thread::spawn(move || fs::metadata(path).map(|m| m.rdev()));
     let pid = wait_for("a server to replace the hung one", || new_server(&d.state_file, old));
-    assert!(alive(pid));
+    assert!(!has_exited(pid));
     wait_for("the stat waiting on the hung server", || waiter.is_finished().then_some(()));
     assert!(waiter.join().unwrap().is_ok(), "the stat failed: {}", d.log_text());
     assert!(d.log_text().contains("hung; killing it"), "{}", d.log_text());
-    wait_for("the hung server to be gone", || (!alive(old)).then_some(()));
-}
-
-/// The pids of `pid`'s children.
-fn children(pid: u32) -> Vec<u32> {
-    let tasks = fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten();
-    tasks
-        .filter_map(|t| fs::read_to_string(t.path().join("children")).ok())
-        .flat_map(|c| c.split_whitespace().filter_map(|p| p.parse().ok()).collect::<Vec<u32>>())
-        .collect()
+    wait_for("the hung server to be gone", || (has_exited(old)).then_some(()));
 }
 
 /// Bug (found from outside): a server restarted after a crash that dies before it has read the
@@ -314,13 +291,13 @@ fn a_successor_killed_while_handed_a_large_plan_is_replaced() {
     let first = d.server_pid();
     kill(first, libc::SIGKILL);
     let second = wait_for("the keeper to start a successor", || {
-        children(d.child.id()).into_iter().find(|&c| c != first && alive(c))
+        children(d.child.id()).into_iter().find(|&c| c != first && !has_exited(c))
     });
     kill(second, libc::SIGKILL);
     let third = wait_for("a third server to take over (the keeper hangs writing the plan)", || {
         new_server(&d.state_file, first).filter(|&p| p != second)
     });
-    assert!(alive(third));
+    assert!(!has_exited(third));
     assert_eq!(fs::symlink_metadata(d.path("null")).map(|m| m.len()).ok(), Some(0), "the mount answers");
 }
 
@@ -379,7 +356,7 @@ fn an_upgrade_away_from_a_server_stuck_in_the_kernel_does_not_freeze_the_keeper(
     let next = wait_for("a server to take over after the crash (the keeper is frozen)", || {
         new_server(&d.state_file, new).filter(|&p| p != old)
     });
-    assert!(alive(next));
+    assert!(!has_exited(next));
     assert_eq!(minor_of_a(&d), Some(3), "the mount answers");
 }
 
@@ -502,7 +479,7 @@ fn a_hung_server_is_replaced_when_its_socket_is_full() {
         })
         .collect();
     let pid = wait_for("a server to replace the hung one", || new_server(&d.state_file, old));
-    assert!(alive(pid));
+    assert!(!has_exited(pid));
     wait_for("every stat waiting on the hung server", || waiters.iter().all(|w| w.is_finished()).then_some(()));
     let failed = waiters.into_iter().map(|w| w.join().unwrap()).filter(|ok| !ok).count();
     assert_eq!(failed, 0, "stats failed: {}", d.log_text());

@@ -145,8 +145,6 @@ struct Keeper {
     /// The mount answered through the first server and the pid file is written: a server that
     /// dies from now on is replaced, not the end of the start.
     started: bool,
-    /// A server has said it is ready (its state file written) at least once.
-    ready: bool,
     reload_when_ready: bool,
     upgrade_when_ready: bool,
     /// Servers in a row that died or failed before they were ready, and when the next start is
@@ -245,7 +243,6 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
         leaving: Vec::new(),
         mounted: false,
         started: false,
-        ready: false,
         reload_when_ready: false,
         upgrade_when_ready: false,
         failures: 0,
@@ -409,7 +406,7 @@ impl Keeper {
             }
             // A server that is starting loads the inputs as they are now (or serves the plan it
             // was handed); one more reload once serving, as the inputs may have changed.
-            _ if !self.ready => {
+            _ if !self.started => {
                 info!("signal SIGHUP while starting: reloading once serving");
                 self.reload_when_ready = true;
             }
@@ -593,7 +590,8 @@ impl Keeper {
                 }
             }
             // The first server: its error is the command's, said once it has exited.
-            Control::Failed(why) if is_current && epoch == FIRST_EPOCH && !self.ready => self.start_error = Some(why),
+            // (A server sends it only before it is ready.)
+            Control::Failed(why) if is_current && epoch == FIRST_EPOCH => self.start_error = Some(why),
             Control::Failed(why) => match self.replacing.as_mut().filter(|r| r.proc.epoch == epoch) {
                 Some(r) => r.failed = Some(why),
                 // A server that took over and then failed: its exit is logged next, with this.
@@ -634,7 +632,6 @@ impl Keeper {
                 {
                     p.ready = true;
                     self.failures = 0;
-                    self.ready = true;
                     if std::mem::take(&mut self.reload_when_ready) {
                         self.reload();
                     }

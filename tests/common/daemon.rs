@@ -56,6 +56,13 @@ pub fn is_mounted(path: &Path) -> bool {
         .any(|l| l.split(' ').nth(4) == Some(target.as_str()))
 }
 
+/// Sends `sig` to process `pid`, failing the test if it cannot.
+pub fn kill(pid: u32, sig: i32) {
+    // SAFETY: kill with a pid and a valid signal.
+    let rc = unsafe { libc::kill(pid as libc::pid_t, sig) };
+    assert_eq!(rc, 0, "kill {pid}: {}", std::io::Error::last_os_error());
+}
+
 /// Whether process `pid` has ended: gone, or a zombie waiting for its parent.
 pub fn has_exited(pid: u32) -> bool {
     match fs::read_to_string(format!("/proc/{pid}/stat")) {
