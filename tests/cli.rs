@@ -1,6 +1,7 @@
-//! The `devremapd` command line outside `plan`'s inputs: what it prints with no arguments, and
-//! `oci-patch`'s refusal of a `--dev` that is not a devremap mount. These need no root: the
-//! mounts they refuse are the host's own (`/proc`) or none.
+//! The command lines outside `plan`'s inputs: what `devremapd` prints with no arguments,
+//! `oci-patch`'s refusal of a `--dev` that is not a devremap mount, and `devremap-runtime`'s
+//! help and version. These need no root: the mounts they refuse are the host's own (`/proc`)
+//! or none.
 
 mod common;
 
@@ -98,4 +99,42 @@ fn mount_refuses_one_file_for_two_flags() {
         assert!(stderr.contains(arg(&file)), "{stderr}");
         assert!(!file.exists(), "{a} {b}: nothing is written");
     }
+}
+
+/// Rule (issue 21): `devremap-runtime --help` and `--version` print devremap's own lines
+/// (what it adds, the config path and variable, the annotations, the version) and then run the
+/// real runtime with the same command line, whose text follows. A script stands for the
+/// runtime: it prints the arguments it got.
+#[test]
+fn runtime_help_and_version_come_before_the_real_runtimes() {
+    let tmp = TempDir::new().unwrap();
+    let runtime = tmp.path().join("runtime");
+    fs::write(&runtime, "#!/bin/sh\necho \"runtime: $*\"\n").unwrap();
+    fs::set_permissions(&runtime, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let config = tmp.path().join("runtime.json");
+    fs::write(&config, format!(r#"{{"runtime": "{}"}}"#, arg(&runtime))).unwrap();
+    let version = env!("CARGO_PKG_VERSION");
+    for (args, first, last) in [
+        (&["--version"][..], format!("devremap-runtime version {version}"), "runtime: --version"),
+        (&["--help"], format!("devremap-runtime {version}: an OCI runtime"), "runtime: --help"),
+        (&["help"], format!("devremap-runtime {version}: an OCI runtime"), "runtime: help"),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_devremap-runtime"))
+            .args(args)
+            .env("DEVREMAP_RUNTIME_CONFIG", &config)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(stdout.starts_with(&first), "{args:?}: {stdout}");
+        assert!(stdout.contains(&format!("{} (from DEVREMAP_RUNTIME_CONFIG", arg(&config))), "{stdout}");
+        assert_eq!(stdout.lines().last(), Some(last), "{args:?}: the runtime's text comes last: {stdout}");
+    }
+    // A command's own --help is the runtime's alone.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_devremap-runtime"))
+        .args(["state", "--help"])
+        .env("DEVREMAP_RUNTIME_CONFIG", &config)
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), "runtime: state --help\n");
 }

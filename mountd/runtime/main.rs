@@ -43,6 +43,11 @@ const RECORD_FILE: &str = "devremap-gpus.json";
 fn main() -> ExitCode {
     let argv: Option<Vec<String>> = std::env::args_os().skip(1).map(|a| a.into_string().ok()).collect();
     let inv = argv::parse(&argv.unwrap_or_default());
+    // `--help`, `--version`: our lines first, then the real runtime's (run below, unchanged).
+    if let Some(ask) = devremap::runtime::about::asked(&inv) {
+        let text = devremap::runtime::about::text(ask, std::env::var_os(config::ENV).as_deref());
+        let _ = std::io::Write::write_all(&mut std::io::stdout(), text.as_bytes());
+    }
     let result = load_config().and_then(|config| dispatch(&config, &inv));
     match result {
         Ok(code) => ExitCode::from(code),
