@@ -92,7 +92,7 @@ pub fn need_containers(runtime: Runtime) {
     }
 }
 
-fn find_in_path(name: &str) -> Option<PathBuf> {
+pub fn find_in_path(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")
         .unwrap_or_else(|| "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into());
     std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file())
