@@ -143,11 +143,14 @@ fn cuda_device_map(args: &cli::InputArgs) -> Result<(), String> {
     let loaded = load::load(&args.sources()).map_err(|e| e.to_string())?;
     let map = devremap::cuda_map::device_map(&loaded.plan).map_err(|e| {
         // A restored GPU's UUID comes from the host's driver files, a saved one's from the checkpoint.
-        let from = match e {
-            devremap::cuda_map::CudaMapError::RestoredUuid { .. } => args.host_root.display().to_string(),
-            _ => args.metadata.as_ref().map_or("--metadata".to_owned(), |p| p.display().to_string()),
-        };
-        format!("{from}: {e}")
+        match (&e, &args.metadata) {
+            (devremap::cuda_map::CudaMapError::RestoredUuid { .. }, _) => format!("{}: {e}", args.host_root.display()),
+            (_, Some(metadata)) => format!("{}: {e}", metadata.display()),
+            (_, None) => "no --metadata: cuda-device-map pairs the checkpoint's GPUs (--metadata: its \
+                          devremap-gpus.json, or a gVisor checkpoint directory) with the restored ones \
+                          (--spec or --host-dev)"
+                .to_owned(),
+        }
     })?;
     println!("{map}");
     Ok(())

@@ -77,10 +77,15 @@ pub struct Plan {
 /// the cause, made where the cause is known.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum PlanError {
-    /// The saved GPUs cannot be remapped (a subdevice, mixed models), or there is nothing on the
-    /// restore side at all to pair them with.
+    /// The saved GPUs cannot be remapped (a subdevice, mixed models).
     #[error("{0}")]
     Checkpoint(PairingError),
+    /// Saved GPUs, and no input that gives restored ones at all: neither a spec nor a device
+    /// directory.
+    #[error(
+        "{0}; give the restored GPUs with --spec (the container's OCI spec) or --host-dev (a directory of their nvidiaN nodes)"
+    )]
+    NoRestoreSide(PairingError),
     /// The spec gives the restored GPUs (its devices, or the hook's selection) and too few.
     #[error("{0}")]
     SpecGpus(PairingError),
@@ -126,7 +131,7 @@ impl PlanError {
     /// The input that holds the cause.
     pub fn input(&self) -> Input {
         match self {
-            PlanError::Checkpoint(_) => Input::Checkpoint,
+            PlanError::Checkpoint(_) | PlanError::NoRestoreSide(_) => Input::Checkpoint,
             PlanError::SpecGpus(_) | PlanError::Visible(_) | PlanError::SpecDevice(_) | PlanError::SpecMount(_) => {
                 Input::Spec
             }
@@ -227,7 +232,7 @@ fn hook_selection(inputs: &Inputs) -> Result<Option<BTreeSet<u32>>, PlanError> {
 
 /// The error for too few restored GPUs, as the input that gave them: the spec when it names
 /// GPUs (devices or the hook's selection), else the device directory, else (no restore side
-/// given at all) the checkpoint.
+/// given at all) the checkpoint, saying which flags give them.
 fn too_few(inputs: &Inputs, error: PairingError) -> PlanError {
     let spec_names_gpus =
         inputs.spec.as_ref().is_some_and(|s| s.hook.is_some() || s.devices.iter().any(|d| d.gpu_minor().is_some()));
@@ -235,7 +240,7 @@ fn too_few(inputs: &Inputs, error: PairingError) -> PlanError {
         (Some(_), _) if spec_names_gpus => PlanError::SpecGpus(error),
         (_, Some(_)) => PlanError::HostDevGpus(error),
         (Some(_), None) => PlanError::SpecGpus(error),
-        (None, None) => PlanError::Checkpoint(error),
+        (None, None) => PlanError::NoRestoreSide(error),
     }
 }
 

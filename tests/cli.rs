@@ -138,3 +138,65 @@ fn runtime_help_and_version_come_before_the_real_runtimes() {
         .unwrap();
     assert_eq!(String::from_utf8(out.stdout).unwrap(), "runtime: state --help\n");
 }
+
+/// Rule (issue 21): a malformed config, or one another user could write, is refused with the
+/// file named before anything else happens: the runtime never runs, whatever the command.
+#[test]
+fn runtime_refuses_a_bad_config_before_anything() {
+    let tmp = TempDir::new().unwrap();
+    let marker = tmp.path().join("ran");
+    let runtime = tmp.path().join("runtime");
+    fs::write(&runtime, format!("#!/bin/sh\ntouch {}\n", arg(&marker))).unwrap();
+    fs::set_permissions(&runtime, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let config = tmp.path().join("runtime.json");
+    let good = format!(r#"{{"runtime": "{}"}}"#, arg(&runtime));
+    for (text, mode, expected) in [
+        ("{\"runtime\": ", 0o644, "not valid JSON"),
+        (r#"{"state_dri": "/run/x"}"#, 0o644, "unknown key \"state_dri\""),
+        (
+            good.as_str(),
+            0o664,
+            "writable by group or others; refused: the config chooses what runs as root (chmod go-w it)",
+        ),
+        (good.as_str(), 0o646, "writable by group or others"),
+    ] {
+        fs::write(&config, text).unwrap();
+        fs::set_permissions(&config, std::os::unix::fs::PermissionsExt::from_mode(mode)).unwrap();
+        for args in [&["create", "--bundle", "/nonexistent", "c1"][..], &["state", "c1"]] {
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_devremap-runtime"))
+                .args(args)
+                .env("DEVREMAP_RUNTIME_CONFIG", &config)
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8(out.stderr).unwrap();
+            assert_eq!(out.status.code(), Some(1), "{text} {mode:o} {args:?}: {stderr}");
+            let line = format!("devremap-runtime: error: {}: ", arg(&config));
+            assert!(stderr.starts_with(&line) && stderr.contains(expected), "{text} {mode:o}: {stderr}");
+            assert!(!marker.exists(), "{text} {mode:o} {args:?}: the runtime ran");
+        }
+    }
+}
+
+/// Rule (issue 21): `plan` with saved GPUs and no restore side, and `cuda-device-map` with no
+/// arguments, say which flags give what is missing.
+#[test]
+fn missing_inputs_name_the_flags_that_give_them() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/host-root");
+    let metadata = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/checkpoint");
+    let (code, _, stderr) = devremapd(&["plan", "--metadata", metadata, "--host-root", root]);
+    assert_eq!(code, 1);
+    assert_eq!(
+        stderr,
+        format!(
+            "error: {metadata}: can't remap 2 saved devices to 0 restored devices; give the restored GPUs with \
+             --spec (the container's OCI spec) or --host-dev (a directory of their nvidiaN nodes)\n"
+        )
+    );
+    let (code, _, stderr) = devremapd(&["cuda-device-map"]);
+    assert_eq!(code, 1);
+    assert_eq!(
+        stderr,
+        "error: no --metadata: cuda-device-map pairs the checkpoint's GPUs (--metadata: its devremap-gpus.json, \
+         or a gVisor checkpoint directory) with the restored ones (--spec or --host-dev)\n"
+    );
+}

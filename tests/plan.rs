@@ -432,7 +432,14 @@ fn more_saved_than_restored_is_an_error() {
     let line = plan_error(&with(&empty.args(), &["--metadata", &path]), "");
     assert_eq!(line, format!("error: {}: can't remap 2 saved devices to 0 restored devices", empty.dev().display()));
     let line = plan_error(&with(&empty.root_args(), &["--metadata", &path]), "");
-    assert_eq!(line, format!("error: {path}: can't remap 2 saved devices to 0 restored devices"));
+    // Neither a spec nor a device directory: the error says which flag gives restored GPUs.
+    assert_eq!(
+        line,
+        format!(
+            "error: {path}: can't remap 2 saved devices to 0 restored devices; give the restored GPUs with --spec \
+             (the container's OCI spec) or --host-dev (a directory of their nvidiaN nodes)"
+        )
+    );
 }
 
 /// Rule (semantics §3): saved devices must be homogeneous (same PCI vendor and device id); the

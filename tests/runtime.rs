@@ -491,7 +491,10 @@ fn existing_state_dir_is_never_chmoded() {
     let out = s.run(&["create", "--bundle", &bundle, &id]);
     assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
     assert!(
-        out.stderr.contains(&format!("{}: writable by group or others; refused", shared.display())),
+        out.stderr.contains(&format!(
+            "state_dir {}: writable by group or others; refused: set the config's state_dir to",
+            shared.display()
+        )),
         "{}",
         out.stderr
     );

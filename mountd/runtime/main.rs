@@ -89,6 +89,9 @@ fn load_config() -> Result<Config, String> {
             return Err(format!("{p}: is {what}; expected a regular file"));
         }
     };
+    let meta = file.metadata().map_err(|e| format!("{p}: {}", io_message(&e)))?;
+    let me = nix::unistd::geteuid().as_raw();
+    config::check_access(meta.uid(), meta.mode(), me).map_err(|e| format!("{p}: {e}"))?;
     let mut buf = Vec::new();
     devremap::files::read_up_to(&mut file, config::MAX_LEN + 1, &mut buf)
         .map_err(|e| format!("{p}: {}", io_message(&e)))?;

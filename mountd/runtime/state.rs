@@ -330,18 +330,21 @@ fn stop(pid: u32) {
 /// owned by us: never a symlink, never a directory another user could write into. An existing
 /// directory is never changed: the config may name a shared one (`/run`, even `/tmp`).
 fn ensure_private_dir(dir: &Path) -> Result<(), String> {
-    let d = dir.display();
+    // Named as the config names it: the operator's fix is there.
+    let d = format!("state_dir {}", dir.display());
+    const FIX: &str = "set the config's state_dir to a directory of root's that no one else can write \
+                       (default /run/devremap)";
     DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|e| format!("{d}: {}", io_message(&e)))?;
     let meta = fs::symlink_metadata(dir).map_err(|e| format!("{d}: {}", io_message(&e)))?;
     if !meta.is_dir() {
-        return Err(format!("{d}: is {}, not a directory; refused", devremap::files::describe(meta.mode())));
+        return Err(format!("{d}: is {}, not a directory; refused: {FIX}", devremap::files::describe(meta.mode())));
     }
     let me = nix::unistd::geteuid().as_raw();
     if meta.uid() != me {
-        return Err(format!("{d}: owned by uid {}, not {me}; refused", meta.uid()));
+        return Err(format!("{d}: owned by uid {}, not {me}; refused: {FIX}", meta.uid()));
     }
     if meta.mode() & 0o022 != 0 {
-        return Err(format!("{d}: writable by group or others; refused"));
+        return Err(format!("{d}: writable by group or others; refused: {FIX}"));
     }
     Ok(())
 }

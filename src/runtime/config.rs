@@ -3,9 +3,9 @@
 //! and `--host-root`), `state_dir` (default `/run/devremap`) and `devremapd` (the daemon's
 //! binary; default the `devremapd` next to the wrapper).
 //!
-//! Pure: [`parse`] takes the file's bytes. Every key is optional; an unknown key, a value that
-//! is not a string, or a relative path is refused, so a typo never silently falls back to a
-//! default.
+//! Pure: [`parse`] takes the file's bytes, [`check_access`] its owner and mode. Every key is
+//! optional; an unknown key, a value that is not a string, or a relative path is refused, so a
+//! typo never silently falls back to a default; so is a file that another user could write.
 
 use std::path::PathBuf;
 use thiserror::Error;
@@ -57,6 +57,24 @@ pub enum ConfigError {
     Relative { key: String, value: String },
     #[error("larger than {MAX_LEN} bytes")]
     TooLarge,
+    /// The file chooses what runs as root: only root (the wrapper's user) may write it.
+    #[error("owned by uid {owner}, not {me}; refused: the config chooses what runs as root (chown {me} it)")]
+    Owner { owner: u32, me: u32 },
+    #[error("writable by group or others; refused: the config chooses what runs as root (chmod go-w it)")]
+    Writable,
+}
+
+/// Checks a config file's owner and mode (`st_uid`, `st_mode`) for a wrapper running as
+/// `me`: a file another user could write would let them choose the runtime, the daemon and
+/// the directories the wrapper runs and writes as root.
+pub fn check_access(owner: u32, mode: u32, me: u32) -> Result<(), ConfigError> {
+    if owner != me {
+        return Err(ConfigError::Owner { owner, me });
+    }
+    if mode & 0o022 != 0 {
+        return Err(ConfigError::Writable);
+    }
+    Ok(())
 }
 
 /// Parses a config file's bytes.
@@ -130,5 +148,16 @@ mod tests {
             assert!(e.contains(expected), "{}: {e:?} lacks {expected:?}", String::from_utf8_lossy(input));
         }
         assert_eq!(parse(&vec![b' '; MAX_LEN as usize + 1]), Err(ConfigError::TooLarge));
+    }
+
+    /// Rule (issue 21): a config another user can write is refused, with the fix.
+    #[test]
+    fn a_config_others_can_write_is_refused() {
+        assert_eq!(check_access(0, 0o100644, 0), Ok(()));
+        assert_eq!(check_access(1000, 0o100600, 1000), Ok(()));
+        assert_eq!(check_access(1000, 0o100644, 0), Err(ConfigError::Owner { owner: 1000, me: 0 }));
+        assert_eq!(check_access(0, 0o100664, 0), Err(ConfigError::Writable));
+        assert_eq!(check_access(0, 0o100646, 0), Err(ConfigError::Writable));
+        assert!(ConfigError::Writable.to_string().contains("chmod go-w"));
     }
 }
