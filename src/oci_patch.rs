@@ -5,6 +5,10 @@
 //! `/dev` mount is replaced where it stands, so the mounts after it (`/dev/pts`, `/dev/shm`,
 //! `/dev/mqueue`) still land on top of it; `linux.devices` and `linux.resources.devices` are
 //! left alone, since the runtime builds the device cgroup from them.
+//!
+//! [`patch_text`] does the same to the spec's text, changing only the text of the `/dev` mount
+//! (or inserting one), so that a text diff of the spec shows that change and nothing else: the
+//! keys' order, the indentation and the line breaks elsewhere are the file's own.
 
 use serde_json::{Map, Value, json};
 use thiserror::Error;
@@ -48,6 +52,216 @@ pub fn patch(spec: &Value, dev: &str) -> Result<Value, PatchError> {
         }
     }
     Ok(spec)
+}
+
+/// The spec's text patched as [`patch`] patches its value: only the `/dev` mount's text is
+/// replaced (or a new one inserted between two mounts), written in the layout of the mount
+/// beside it (on one line, compact or spaced, or indented like it). The text is returned as
+/// it is when nothing changes. A spec whose mounts cannot be found in the text this way (no
+/// `mounts` array, an empty one) is written whole, in its own indentation.
+pub fn patch_text(text: &str, dev: &str) -> Result<String, PatchError> {
+    let spec: Value = serde_json::from_str(text).map_err(|e| PatchError::Spec(e.to_string()))?;
+    let patched = patch(&spec, dev)?;
+    if patched == spec {
+        return Ok(text.to_owned());
+    }
+    let ours = dev_mount(dev);
+    Ok(splice(text, &spec, &ours).unwrap_or_else(|| {
+        let mut whole = render(&patched, text, "", &indent_unit(text));
+        if text.ends_with('\n') {
+            whole.push('\n');
+        }
+        whole
+    }))
+}
+
+/// One element of the `mounts` array in the text: the whitespace before it starts at
+/// `gap`, the element spans `start..end`.
+struct Span {
+    gap: usize,
+    start: usize,
+    end: usize,
+}
+
+/// Replaces or inserts `ours` in the text's `mounts` array, where [`patch`] does.
+fn splice(text: &str, spec: &Value, ours: &Value) -> Option<String> {
+    let mounts = spec.get("mounts")?.as_array()?;
+    let elements = mount_spans(text)?;
+    if elements.len() != mounts.len() || elements.is_empty() {
+        return None;
+    }
+    let dests: Vec<String> = mounts.iter().map(|m| destination(m).unwrap_or_default()).collect();
+    let unit = indent_unit(text);
+    let mut out = String::with_capacity(text.len() + 128);
+    if let Some(i) = dests.iter().position(|d| d == "/dev") {
+        let e = &elements[i];
+        out.push_str(&text[..e.start]);
+        out.push_str(&render(ours, &text[e.start..e.end], line_indent(text, e.start), &unit));
+        out.push_str(&text[e.end..]);
+    } else {
+        let at = dests.iter().position(|d| d.starts_with("/dev/"));
+        let beside = &elements[at.unwrap_or(elements.len() - 1)];
+        let rendered = render(ours, &text[beside.start..beside.end], line_indent(text, beside.start), &unit);
+        let gap = &text[beside.gap..beside.start];
+        let cut = if at.is_some() { beside.start } else { beside.end };
+        out.push_str(&text[..cut]);
+        if at.is_some() {
+            out.push_str(&format!("{rendered},{gap}"));
+        } else {
+            out.push_str(&format!(",{gap}{rendered}"));
+        }
+        out.push_str(&text[cut..]);
+    }
+    Some(out)
+}
+
+/// `value` in the layout of `like` (text of a JSON value): compact or spaced on one line, or
+/// indented by `unit` a level, its lines after the first starting with `indent`.
+fn render(value: &Value, like: &str, indent: &str, unit: &str) -> String {
+    if !like.trim_end().contains('\n') {
+        return if like.contains("\": ") || like.contains(", ") { spaced(value) } else { value.to_string() };
+    }
+    let mut buf = Vec::new();
+    let formatter = serde_json::ser::PrettyFormatter::with_indent(unit.as_bytes());
+    let mut ser = serde_json::Serializer::with_formatter(&mut buf, formatter);
+    // A Value always serialises, into memory.
+    let _ = serde::Serialize::serialize(value, &mut ser);
+    String::from_utf8_lossy(&buf).replace('\n', &format!("\n{indent}"))
+}
+
+/// `value` on one line, with a space after each `:` and `,`.
+fn spaced(value: &Value) -> String {
+    match value {
+        Value::Array(items) => format!("[{}]", items.iter().map(spaced).collect::<Vec<_>>().join(", ")),
+        Value::Object(map) => {
+            let members: Vec<String> =
+                map.iter().map(|(k, v)| format!("{}: {}", Value::from(k.as_str()), spaced(v))).collect();
+            format!("{{{}}}", members.join(", "))
+        }
+        other => other.to_string(),
+    }
+}
+
+/// The whitespace that starts the line holding byte `at`.
+fn line_indent(text: &str, at: usize) -> &str {
+    let line = text[..at].rfind('\n').map_or(0, |n| n + 1);
+    let rest = &text[line..at];
+    &rest[..rest.len() - rest.trim_start().len()]
+}
+
+/// The text's indentation unit: the leading whitespace of its first indented line, after
+/// the indentation of the line before (two spaces when no line is indented).
+fn indent_unit(text: &str) -> String {
+    let mut previous = "";
+    for line in text.lines() {
+        let lead = &line[..line.len() - line.trim_start().len()];
+        if lead.len() > previous.len() && lead.starts_with(previous) && !line.trim().is_empty() {
+            return lead[previous.len()..].to_owned();
+        }
+        if !line.trim().is_empty() {
+            previous = lead;
+        }
+    }
+    "  ".to_owned()
+}
+
+/// The spans of the elements of the top-level object's `mounts` array (its last, as a
+/// parser takes duplicate keys); `None` when the text is not an object with such an array.
+fn mount_spans(text: &str) -> Option<Vec<Span>> {
+    let b = text.as_bytes();
+    let mut i = skip_ws(b, 0);
+    if b.get(i) != Some(&b'{') {
+        return None;
+    }
+    i = skip_ws(b, i + 1);
+    let mut array = None;
+    while b.get(i) == Some(&b'"') {
+        let key_end = skip_string(b, i)?;
+        let key: String = serde_json::from_str(&text[i..key_end]).ok()?;
+        i = skip_ws(b, key_end);
+        if b.get(i) != Some(&b':') {
+            return None;
+        }
+        let start = skip_ws(b, i + 1);
+        let end = skip_value(b, start)?;
+        if key == "mounts" {
+            array = Some(start);
+        }
+        i = skip_ws(b, end);
+        if b.get(i) == Some(&b',') {
+            i = skip_ws(b, i + 1);
+        }
+    }
+    let start = array?;
+    if b.get(start) != Some(&b'[') {
+        return None;
+    }
+    let mut spans = Vec::new();
+    let mut gap = start + 1;
+    loop {
+        let element = skip_ws(b, gap);
+        match b.get(element)? {
+            b']' => return Some(spans),
+            b',' => gap = element + 1,
+            _ => {
+                let end = skip_value(b, element)?;
+                spans.push(Span { gap, start: element, end });
+                gap = end;
+            }
+        }
+    }
+}
+
+fn skip_ws(b: &[u8], mut i: usize) -> usize {
+    while b.get(i).is_some_and(u8::is_ascii_whitespace) {
+        i += 1;
+    }
+    i
+}
+
+/// Past the string starting at `i`.
+fn skip_string(b: &[u8], mut i: usize) -> Option<usize> {
+    i += 1;
+    loop {
+        match b.get(i)? {
+            b'\\' => i += 2,
+            b'"' => return Some(i + 1),
+            _ => i += 1,
+        }
+    }
+}
+
+/// Past the value starting at `i`, in text that parsed as JSON.
+fn skip_value(b: &[u8], mut i: usize) -> Option<usize> {
+    match b.get(i)? {
+        b'"' => skip_string(b, i),
+        b'{' | b'[' => {
+            let mut depth = 0usize;
+            loop {
+                match b.get(i)? {
+                    b'"' => {
+                        i = skip_string(b, i)?;
+                        continue;
+                    }
+                    b'{' | b'[' => depth += 1,
+                    b'}' | b']' => {
+                        depth = depth.checked_sub(1)?;
+                        if depth == 0 {
+                            return Some(i + 1);
+                        }
+                    }
+                    _ => {}
+                }
+                i += 1;
+            }
+        }
+        _ => {
+            while b.get(i).is_some_and(|c| !matches!(c, b',' | b'}' | b']') && !c.is_ascii_whitespace()) {
+                i += 1;
+            }
+            Some(i)
+        }
+    }
 }
 
 #[cfg(test)]
@@ -103,5 +317,83 @@ mod tests {
             patch(&spec(json!([{"type": "tmpfs"}])), "/d").unwrap_err(),
             PatchError::Spec("missing field `destination`".into())
         );
+    }
+
+    /// The lines of `b` that are not lines of `a`, and the other way round.
+    fn changed(a: &str, b: &str) -> (Vec<String>, Vec<String>) {
+        let (la, lb): (Vec<&str>, Vec<&str>) = (a.lines().collect(), b.lines().collect());
+        let only = |x: &[&str], y: &[&str]| x.iter().filter(|l| !y.contains(l)).map(|l| (*l).to_owned()).collect();
+        (only(&la, &lb), only(&lb, &la))
+    }
+
+    fn patched_value(text: &str, dev: &str) -> Value {
+        patch(&serde_json::from_str(text).unwrap(), dev).unwrap()
+    }
+
+    /// Rule (issue 21): the shipped example, hand-laid-out, changes in its /dev line alone.
+    #[test]
+    fn the_example_changes_in_one_line() {
+        let text = include_str!("../examples/config.json");
+        let out = patch_text(text, "/run/devremap/ctr1").unwrap();
+        assert_eq!(serde_json::from_str::<Value>(&out).unwrap(), patched_value(text, "/run/devremap/ctr1"));
+        let (gone, added) = changed(text, &out);
+        assert_eq!(gone.len(), 1, "{gone:?}");
+        assert!(gone[0].contains(r#""destination": "/dev", "type": "tmpfs""#), "{gone:?}");
+        assert_eq!(
+            added,
+            [gone[0].replace(
+                gone[0].trim(),
+                r#"{"destination": "/dev", "type": "bind", "source": "/run/devremap/ctr1", "options": ["rbind", "nosuid", "noexec"]},"#
+            )]
+        );
+        assert_eq!(out.lines().count(), text.lines().count());
+        // Patched again: the same text.
+        assert_eq!(patch_text(&out, "/run/devremap/ctr1").unwrap(), out);
+    }
+
+    /// Pretty-printed with `unit`, as `runc spec` (tabs) and others (spaces) write specs.
+    fn pretty(v: &Value, unit: &str) -> String {
+        let mut buf = Vec::new();
+        let mut ser = serde_json::Serializer::with_formatter(
+            &mut buf,
+            serde_json::ser::PrettyFormatter::with_indent(unit.as_bytes()),
+        );
+        serde::Serialize::serialize(v, &mut ser).unwrap();
+        String::from_utf8(buf).unwrap() + "\n"
+    }
+
+    /// Rule (issue 21): an indented spec keeps its indentation and key order: only the /dev
+    /// mount's lines change, and an inserted mount is laid out like its neighbour.
+    #[test]
+    fn indented_specs_keep_their_layout() {
+        let with_dev = spec(
+            json!([{"destination": "/proc", "type": "proc"}, {"destination": "/dev", "type": "tmpfs", "source": "tmpfs"},
+                                   {"destination": "/dev/pts", "type": "devpts"}]),
+        );
+        let without = spec(json!([{"destination": "/proc", "type": "proc"}, {"destination": "/sys", "type": "sysfs"}]));
+        let before_pts =
+            spec(json!([{"destination": "/proc", "type": "proc"}, {"destination": "/dev/pts", "type": "devpts"}]));
+        for unit in ["\t", "  ", "    "] {
+            for s in [&with_dev, &without, &before_pts] {
+                let text = pretty(s, unit);
+                let out = patch_text(&text, "/d").unwrap();
+                assert_eq!(serde_json::from_str::<Value>(&out).unwrap(), patch(s, "/d").unwrap(), "{out}");
+                assert_eq!(out, pretty(&patch(s, "/d").unwrap(), unit), "{unit:?}: laid out as the rest");
+                let (gone, _) = changed(&text, &out);
+                assert!(gone.iter().all(|l| l.contains("tmpfs") || l.contains("/dev")), "{gone:?}");
+            }
+        }
+    }
+
+    /// A compact spec (containerd and Docker write them) stays compact and on one line.
+    #[test]
+    fn compact_specs_stay_compact() {
+        let s = spec(json!([{"destination": "/proc", "type": "proc"}, {"destination": "/dev", "type": "tmpfs"}]));
+        let out = patch_text(&s.to_string(), "/d").unwrap();
+        assert_eq!(out, patch(&s, "/d").unwrap().to_string());
+        // No mounts at all: written whole, compact still.
+        let bare = json!({"ociVersion": "1.0.2", "root": {"path": "rootfs"}});
+        assert_eq!(patch_text(&bare.to_string(), "/d").unwrap(), patch(&bare, "/d").unwrap().to_string());
+        assert!(matches!(patch_text("{", "/d"), Err(PatchError::Spec(_))));
     }
 }
