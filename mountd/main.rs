@@ -144,10 +144,12 @@ fn cuda_device_map(args: &cli::InputArgs) -> Result<(), String> {
         match (&e, &args.metadata) {
             (devremap::cuda_map::CudaMapError::RestoredUuid { .. }, _) => format!("{}: {e}", args.host_root.display()),
             (_, Some(metadata)) => format!("{}: {e}", metadata.display()),
-            (_, None) => "no --metadata: cuda-device-map pairs the checkpoint's GPUs (--metadata: its \
+            (_, None) => {
+                "no saved GPUs: no --metadata given; cuda-device-map pairs the checkpoint's GPUs (--metadata: its \
                           devremap-gpus.json, or a gVisor checkpoint directory) with the restored ones \
                           (--spec or --host-dev)"
-                .to_owned(),
+                    .to_owned()
+            }
         }
     })?;
     println!("{map}");

@@ -196,7 +196,7 @@ fn missing_inputs_name_the_flags_that_give_them() {
     assert_eq!(code, 1);
     assert_eq!(
         stderr,
-        "error: no --metadata: cuda-device-map pairs the checkpoint's GPUs (--metadata: its devremap-gpus.json, \
+        "error: no saved GPUs: no --metadata given; cuda-device-map pairs the checkpoint's GPUs (--metadata: its devremap-gpus.json, \
          or a gVisor checkpoint directory) with the restored ones (--spec or --host-dev)\n"
     );
 }
