@@ -8,10 +8,18 @@
 //! start the container. Processes are watched through pidfds (Linux 5.3), which cannot
 //! confuse a process with a later one reusing its pid; the pid file is looked at every
 //! 100 ms until it appears.
+//!
+//! A pid file that is already there when the daemon starts is a previous run's: runc never
+//! removes its `--pid-file`, and Podman passes the same path to every start of a container
+//! (issue 17.1). It names a process that is gone, or worse an unrelated one that reused the
+//! pid. So the file counts only once it is no longer the file found at the start: another
+//! inode (runc writes it to a temporary name and renames it over) or another modification
+//! time. No clock is compared: a file system's coarse timestamps cannot make a new file look old.
 
 use devremap::files::read_pid;
 use log::info;
 use std::io;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -53,19 +61,42 @@ pub fn exits_within(pid: u32, timeout: Duration) -> bool {
     }
 }
 
+/// Which file a path names: device, inode and modification time.
+type FileIdentity = (u64, u64, i64, i64);
+
+fn identity(path: &Path) -> Option<FileIdentity> {
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.dev(), m.ino(), m.mtime(), m.mtime_nsec()))
+}
+
+/// The pid in `path`, unless the file there is still `stale`, the one found at the start.
+fn fresh_pid(path: &Path, stale: Option<FileIdentity>) -> Option<u32> {
+    let now = identity(path)?;
+    if stale == Some(now) {
+        return None;
+    }
+    read_pid(path)
+}
+
 /// Starts the watchdog thread; `stop(reason)` is called once, when the daemon must stop.
+/// Called before the daemon reports ready, so before its caller starts the container.
 pub fn spawn(owner: Option<u32>, pid_file: Option<PathBuf>, stop: impl FnOnce(String) + Send + 'static) {
     if owner.is_none() && pid_file.is_none() {
         return;
     }
-    std::thread::spawn(move || stop(watch(owner, pid_file.as_deref())));
+    let stale = pid_file.as_deref().and_then(identity);
+    if let (Some(path), Some(_)) = (&pid_file, stale) {
+        info!("{}: left by an earlier run; waiting for the runtime to write it again", path.display());
+    }
+    std::thread::spawn(move || stop(watch(owner, pid_file.as_deref(), stale)));
 }
 
-fn watch(owner: Option<u32>, pid_file: Option<&Path>) -> String {
+fn watch(owner: Option<u32>, pid_file: Option<&Path>, stale: Option<FileIdentity>) -> String {
+    let read = || pid_file.and_then(|p| fresh_pid(p, stale));
     // An owner already gone (or one we may not watch) is as good as gone.
     let mut owner = owner.map(|pid| (pid, pidfd_open(pid).ok()));
     loop {
-        if let Some(pid) = pid_file.and_then(read_pid) {
+        if let Some(pid) = read() {
             info!("watching container process {pid}");
             return match pidfd_open(pid) {
                 Ok(fd) => {
@@ -80,7 +111,7 @@ fn watch(owner: Option<u32>, pid_file: Option<&Path>) -> String {
                 let gone = fd.as_ref().is_none_or(|fd| exited(fd, Some(PID_FILE_POLL)));
                 if gone {
                     // It may have exited right after the runtime wrote the pid file.
-                    if pid_file.and_then(read_pid).is_some() {
+                    if read().is_some() {
                         owner = None;
                         continue;
                     }

@@ -78,15 +78,9 @@ impl Containerd {
     }
 
     fn ctr_ok(&self, args: &[&str]) -> String {
-        let out = self.ctr(args);
-        assert!(
-            out.status.success(),
-            "ctr {args:?}: {}{}\n--- containerd log ---\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr),
+        succeeded(&format!("ctr {args:?}"), self.ctr(args), || {
             fs::read_to_string(self.dir.join("containerd.log")).unwrap_or_default()
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        })
     }
 }
 
@@ -120,15 +114,7 @@ fn blob(layout: &Path, path: &Path, media_type: &str) -> Value {
 
 /// An OCI image archive of the static busybox, with `IMAGE` as its name.
 fn busybox_image(dir: &Path) -> PathBuf {
-    let rootfs = dir.join("image-rootfs");
-    fs::create_dir_all(rootfs.join("bin")).unwrap();
-    for d in ["proc", "sys", "dev", "tmp"] {
-        fs::create_dir_all(rootfs.join(d)).unwrap();
-    }
-    fs::copy(BUSYBOX, rootfs.join("bin/busybox")).unwrap();
-    for applet in APPLETS {
-        std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(applet)).unwrap();
-    }
+    let rootfs = busybox_rootfs(dir);
     let layer = dir.join("layer.tar");
     let ok = Command::new("tar").arg("-C").arg(&rootfs).arg("-cf").arg(&layer).arg(".").status().unwrap();
     assert!(ok.success());
