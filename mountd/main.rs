@@ -7,6 +7,7 @@ mod logging;
 mod mountpoint;
 mod server;
 mod signals;
+mod pidfd;
 mod watch;
 
 use clap::Parser;

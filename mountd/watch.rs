@@ -5,9 +5,8 @@
 //! (`runc create --pid-file`): once it appears, the daemon stops when that process exits.
 //! `--owner-pid PID` names the process that started the daemon (`devremap-runtime`): until
 //! the pid file appears, the daemon stops when that process exits, since then no one will
-//! start the container. Processes are watched through pidfds (Linux 5.3), which cannot
-//! confuse a process with a later one reusing its pid; the pid file is looked at every
-//! 100 ms until it appears.
+//! start the container. Processes are watched through pidfds ([`crate::pidfd`]); the pid file
+//! is looked at every 100 ms until it appears.
 //!
 //! A pid file that is already there when the daemon starts is a previous run's: runc never
 //! removes its `--pid-file`, and Podman passes the same path to every start of a container
@@ -18,48 +17,14 @@
 
 use devremap::files::read_pid;
 use log::info;
-use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 const PID_FILE_POLL: Duration = Duration::from_millis(100);
 
-/// A pidfd for `pid`.
-fn pidfd_open(pid: u32) -> io::Result<std::os::fd::OwnedFd> {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the kernel just gave us this fd, and nothing else owns it.
-    Ok(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd as i32) })
-}
-
-/// Waits up to `timeout` (forever with `None`) for the process behind `fd` to exit.
-fn exited(fd: &std::os::fd::OwnedFd, timeout: Option<Duration>) -> bool {
-    use nix::poll::{PollFd, PollFlags, PollTimeout};
-    use std::os::fd::AsFd;
-    let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
-    // A timeout past poll's range (24 days) is as good as forever.
-    let timeout = timeout.map_or(PollTimeout::NONE, |t| PollTimeout::try_from(t).unwrap_or(PollTimeout::MAX));
-    loop {
-        match nix::poll::poll(&mut fds, timeout) {
-            Err(nix::errno::Errno::EINTR) => continue,
-            rc => return rc.is_ok_and(|n| n > 0),
-        }
-    }
-}
-
-/// Whether our child `pid` exits within `timeout` (a pidfd, so no sleeping and no confusion
-/// with a later process reusing the pid; not reaped here). A pidfd that cannot be had means the
-/// process is already gone.
-pub fn exits_within(pid: u32, timeout: Duration) -> bool {
-    match pidfd_open(pid) {
-        Ok(fd) => exited(&fd, Some(timeout)),
-        Err(_) => true,
-    }
-}
+pub use crate::pidfd::exits_within;
+use crate::pidfd::{exited, pidfd_open};
 
 /// Which file a path names: device, inode and modification time.
 type FileIdentity = (u64, u64, i64, i64);

@@ -28,6 +28,8 @@
 //! `--container-pid-file` (the runtime's pid file), so it stops when the container's init
 //! exits, or when this wrapper dies before the container was started.
 
+#[path = "../pidfd.rs"]
+mod pidfd;
 mod state;
 
 use devremap::io_message;

@@ -151,7 +151,9 @@ impl WrappedHost {
 
     /// What a removed container must not leave: a state directory, a mount or a daemon.
     pub fn leftovers(&self) -> Vec<String> {
-        let mut left: Vec<String> = self.containers().into_iter().map(|c| format!("state dir {c}")).collect();
+        let log = |c: &str| fs::read_to_string(self.state_dir.join(c).join("devremapd.log")).unwrap_or_default();
+        let mut left: Vec<String> =
+            self.containers().into_iter().map(|c| format!("state dir {c}, its daemon's log:\n{}", log(&c))).collect();
         let state = arg(&self.state_dir).to_owned();
         let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
         left.extend(mounts.lines().filter(|l| l.contains(&state)).map(|l| format!("mount {l}")));
