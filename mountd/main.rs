@@ -5,9 +5,9 @@ mod cli;
 mod keeper;
 mod logging;
 mod mountpoint;
+mod pidfd;
 mod server;
 mod signals;
-mod pidfd;
 mod watch;
 
 use clap::Parser;

@@ -180,7 +180,8 @@ mod tests {
                                 {"destination": "/abs", "type": "bind", "source": "/srv/abs"}]));
         relocate(&mut s, Path::new("/b/u")).unwrap();
         assert_eq!(s["root"]["path"], "/b/u/rootfs");
-        let sources: Vec<&str> = s["mounts"].as_array().unwrap().iter().map(|m| m["source"].as_str().unwrap()).collect();
+        let sources: Vec<&str> =
+            s["mounts"].as_array().unwrap().iter().map(|m| m["source"].as_str().unwrap()).collect();
         assert_eq!(sources, ["proc", "/b/u/data", "/b/u/x", "/srv/abs"]);
         let not_utf8 = std::os::unix::ffi::OsStrExt::from_bytes(b"/b/\xff");
         assert!(matches!(relocate(&mut s, Path::new(not_utf8)), Err(PatchError::BundleNotUtf8(_))));

@@ -45,12 +45,13 @@ struct Containerd {
 }
 
 /// The CRI plugin's settings for a test: the busybox image as the pod sandbox (nothing is
-/// pulled), the native snapshotter, the default `runc` handler (the CRI plugin refuses to load
-/// without it), CNI directories of the test's own (pods use the host's network), and the
-/// shipped `devremap` runtime handler.
+/// pulled), the sandbox's OOM score no lower than ours (this machine refuses the -998 a sandbox
+/// asks for, as a nested node does), the native snapshotter, the default `runc` handler (the
+/// CRI plugin refuses to load without it), CNI directories of the test's own (pods use the
+/// host's network), and the shipped `devremap` runtime handler.
 fn cri_config(dir: &Path, wrapper_config: &Path) -> String {
     format!(
-        "[plugins.\"io.containerd.grpc.v1.cri\"]\n  sandbox_image = \"{IMAGE}\"\n\
+        "[plugins.\"io.containerd.grpc.v1.cri\"]\n  sandbox_image = \"{IMAGE}\"\n  restrict_oom_score_adj = true\n\
          [plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  snapshotter = \"native\"\n\
          [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\n  runtime_type = \"io.containerd.runc.v2\"\n\
          [plugins.\"io.containerd.grpc.v1.cri\".cni]\n  bin_dir = \"{0}/cni/bin\"\n  conf_dir = \"{0}/cni/conf\"\n{1}",
@@ -302,7 +303,12 @@ fn a_cri_pod_through_the_runtime_handler() {
     fs::create_dir_all(&logs).unwrap();
     let uid = format!("pod-{}", std::process::id());
     let pod = PodSandboxConfig {
-        metadata: Some(PodSandboxMetadata { name: "gpu-pod".into(), uid: uid.clone(), namespace: "default".into(), attempt: 0 }),
+        metadata: Some(PodSandboxMetadata {
+            name: "gpu-pod".into(),
+            uid: uid.clone(),
+            namespace: "default".into(),
+            attempt: 0,
+        }),
         log_directory: arg(&logs).into(),
         annotations: [("devremap.io/enable".to_owned(), "true".to_owned())].into(),
         linux: Some(LinuxPodSandboxConfig {

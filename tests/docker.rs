@@ -117,9 +117,11 @@ fn docker_run_restart_checkpoint_restore() {
     d.ok(&["import", arg(&busybox_rootfs_tar(tmp.path())), IMAGE]);
     let name = format!("devremap-docker-{}", std::process::id());
     let one_daemon = |what: &str| {
-        wait_client(&format!("one devremap container while it runs ({what})"), || d.logs(&name), || {
-            (w.containers().len() == 1).then_some(())
-        })
+        wait_client(
+            &format!("one devremap container while it runs ({what})"),
+            || d.logs(&name),
+            || (w.containers().len() == 1).then_some(()),
+        )
     };
     let run = ["run", "-d", "--runtime", "devremap", "-e", "DEVREMAP_ENABLE=true", "--name", &name, IMAGE];
     d.ok(&[&run[..], &["sh", "-c", HOLDER]].concat());
@@ -146,12 +148,16 @@ fn docker_run_restart_checkpoint_restore() {
     // the same archive before then fails ("failed to upload checkpoint to containerd: commit
     // failed: content sha256:...: already exists"; seen with plain runc too). A user retries;
     // so does the test, until the collector has run.
-    wait_client("docker start --checkpoint", || d.log(), || {
-        let out = d.docker(&["start", "--checkpoint", &checkpoint, &name]);
-        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(out.status.success() || stderr.contains("already exists"), "start --checkpoint: {stderr}");
-        out.status.success().then_some(())
-    });
+    wait_client(
+        "docker start --checkpoint",
+        || d.log(),
+        || {
+            let out = d.docker(&["start", "--checkpoint", &checkpoint, &name]);
+            let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+            assert!(out.status.success() || stderr.contains("already exists"), "start --checkpoint: {stderr}");
+            out.status.success().then_some(())
+        },
+    );
     one_daemon("start --checkpoint");
     assert_eq!(d.ok(&["exec", &name, "stat", "-L", "-c", "%t:%T", "/proc/1/fd/3"]), "1:7\n", "the restored fd");
     assert_eq!(d.ok(&["exec", &name, "stat", "-c", "%t:%T", "/dev/nvidia1"]), "1:7\n", "a reopen");

@@ -90,9 +90,11 @@ fn podman_run_restart_checkpoint_restore() {
     p.ok(&["import", arg(&busybox_rootfs_tar(tmp.path())), IMAGE]);
     let name = format!("devremap-podman-{}", std::process::id());
     let one_daemon = |what: &str| {
-        wait_client(&format!("one devremap container while it runs ({what})"), || p.logs(&name), || {
-            (w.containers().len() == 1).then_some(())
-        })
+        wait_client(
+            &format!("one devremap container while it runs ({what})"),
+            || p.logs(&name),
+            || (w.containers().len() == 1).then_some(()),
+        )
     };
     let fd3 = || p.ok(&["exec", &name, "stat", "-L", "-c", "%t:%T", "/proc/1/fd/3"]);
     p.ok(&["run", "-d", "--network", "none", "-e", "DEVREMAP_ENABLE=true", "--name", &name, IMAGE, "sh", "-c", HOLDER]);

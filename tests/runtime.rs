@@ -869,10 +869,8 @@ fn an_env_variable_opts_in() {
 fn a_pod_sandbox_gets_no_daemon() {
     need_containers(Runtime::Runc);
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let s = Setup::new(
-        Runtime::Runc,
-        json!({"devremap.io/enable": "true", "io.kubernetes.cri.container-type": "sandbox"}),
-    );
+    let s =
+        Setup::new(Runtime::Runc, json!({"devremap.io/enable": "true", "io.kubernetes.cri.container-type": "sandbox"}));
     let id = format!("wrapped-sandbox-{}", std::process::id());
     let _delete = Deleting(&s, id.clone());
     fs::write(s.bundle.xchg().join("go"), "").unwrap();
@@ -900,7 +898,11 @@ fn a_second_dev_mount_is_refused() {
     let _delete = Deleting(&s, id.clone());
     let out = s.run(&["create", "--bundle", arg(s.bundle.dir()), &id]);
     assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
-    assert!(out.stderr.contains("mounts: \"/dev\" is bound onto /dev, which would cover the devremap /dev"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("mounts: \"/dev\" is bound onto /dev, which would cover the devremap /dev"),
+        "{}",
+        out.stderr
+    );
     assert!(!s.state_dir().join(&id).exists());
     assert!(!s.run(&["state", &id]).status.success(), "the runtime never ran");
     assert_eq!(fs::read(s.bundle.config_path()).unwrap(), original);

@@ -33,9 +33,9 @@ mod pidfd;
 mod state;
 
 use devremap::io_message;
+use devremap::oci_patch::PatchError;
 use devremap::runtime::annotations;
 use devremap::runtime::argv::{self, Invocation};
-use devremap::oci_patch::PatchError;
 use devremap::runtime::config::{self, Config};
 use devremap::runtime::osarg;
 use nix::errno::Errno;
@@ -204,7 +204,8 @@ fn run_runtime(config: &Config, args: &[String]) -> Result<u8, String> {
 
 /// Whether the runtime knows container `id` (`<runtime> state <id>` succeeds).
 fn runtime_knows(config: &Config, inv: &Invocation, id: &str) -> Option<Value> {
-    let out = runtime_command(config, &inv.sibling("state", &[id])).stderr(std::process::Stdio::null()).output().ok()?;
+    let out =
+        runtime_command(config, &inv.sibling("state", &[id])).stderr(std::process::Stdio::null()).output().ok()?;
     if !out.status.success() {
         return None;
     }
@@ -317,7 +318,8 @@ fn start(config: &Config, inv: &Invocation, restoring: Option<Restoring>) -> Res
         Ok(d) => d,
         Err(e) => return Err(undo(&container, None, e)),
     };
-    let code = match arg_of(&container.bundle()).and_then(|b| run_runtime(config, &inv.with_bundle(&b, &pid_file_arg))) {
+    let code = match arg_of(&container.bundle()).and_then(|b| run_runtime(config, &inv.with_bundle(&b, &pid_file_arg)))
+    {
         Ok(code) => code,
         Err(e) => return Err(undo(&container, Some(daemon), e)),
     };

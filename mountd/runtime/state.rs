@@ -244,7 +244,8 @@ impl Container {
             let mut fds = vec![PollFd::new(inotify.as_fd(), PollFlags::POLLIN)];
             fds.extend(exited.as_ref().map(|fd| PollFd::new(fd.as_fd(), PollFlags::POLLIN)));
             // Without a pidfd (before Linux 5.3) the child's exit is looked at every 100 ms.
-            let _ = poll(&mut fds, PollTimeout::try_from(left.min(Duration::from_millis(100))).unwrap_or(PollTimeout::MAX));
+            let _ =
+                poll(&mut fds, PollTimeout::try_from(left.min(Duration::from_millis(100))).unwrap_or(PollTimeout::MAX));
             // Drained only to rearm the wakeup: which name appeared is checked above.
             let _ = inotify.read_events();
         }

@@ -82,7 +82,9 @@ const SANDBOX_MARKS: &[&str] = &["io.kubernetes.cri.container-type", "io.kuberne
 /// handler's `pod_annotations` reach it as they reach the pod's containers, and it must not
 /// cost a daemon (issue 17.5).
 pub fn is_sandbox(spec: &Value) -> bool {
-    SANDBOX_MARKS.iter().any(|k| spec.pointer(&format!("/annotations/{}", k.replace('/', "~1"))) == Some(&"sandbox".into()))
+    SANDBOX_MARKS
+        .iter()
+        .any(|k| spec.pointer(&format!("/annotations/{}", k.replace('/', "~1"))) == Some(&"sandbox".into()))
 }
 
 impl Request {

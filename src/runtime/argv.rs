@@ -270,7 +270,9 @@ mod tests {
     /// never reaches the runtime, which would refuse an unknown flag.
     #[test]
     fn config_flag_is_taken_out() {
-        for line in ["--devremap-config /etc/x.json --root /r create c1", "--root /r --devremap-config=/etc/x.json create c1"] {
+        for line in
+            ["--devremap-config /etc/x.json --root /r create c1", "--root /r --devremap-config=/etc/x.json create c1"]
+        {
             let inv = parse(&v(line));
             assert_eq!(inv.config.as_deref(), Some("/etc/x.json"), "{line}");
             assert_eq!(inv.original(), v("--root /r create c1"), "{line}");

@@ -169,9 +169,11 @@ impl WrappedHost {
 
     /// Waits until a removed container has left nothing behind.
     pub fn wait_clean(&self, after: &str) {
-        wait_client(&format!("nothing left after {after}"), || format!("{:?}", self.leftovers()), || {
-            self.leftovers().is_empty().then_some(())
-        });
+        wait_client(
+            &format!("nothing left after {after}"),
+            || format!("{:?}", self.leftovers()),
+            || self.leftovers().is_empty().then_some(()),
+        );
     }
 }
 
