@@ -5,14 +5,14 @@
 //! Each test's Podman has its own root, runroot and tmpdir (the vfs storage driver, cgroupfs,
 //! a file events log, `--network none`) and the shipped `dist/podman/containers.conf`, which
 //! makes devremap the default runtime. conmon strips the environment, so the wrapper's config
-//! comes by `--runtime-flag devremap-config=...`. The image is the static busybox, imported
+//! is named by a script at the runtime's path. The image is the static busybox, imported
 //! offline; the host is a fake one (GPU `nvidia1` is char 1:5, zero).
 
 mod common;
 
 use common::arg;
 use common::clients::{
-    HOLDER, WrappedHost, busybox_rootfs_tar, need_client, path_with_criu, shipped, succeeded, wait_client,
+    HOLDER, WRAPPER, WrappedHost, busybox_rootfs_tar, need_client, path_with_criu, shipped, succeeded, wait_client,
 };
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -24,7 +24,6 @@ const IMAGE: &str = "devremap/busybox:test";
 struct Podman {
     dir: PathBuf,
     path: String,
-    wrapper_config: PathBuf,
 }
 
 impl Podman {
@@ -33,8 +32,18 @@ impl Podman {
         // which runc then cannot set: the test's containers get limits that fit.
         let conf = shipped("podman/containers.conf", wrapper_config)
             + "\n[containers]\ndefault_ulimits = [\"nofile=1024:1024\", \"nproc=1024:1024\"]\n";
-        common::write_file(dir, "containers.conf", conf);
-        Podman { dir: dir.to_owned(), path: path_with_criu(dir), wrapper_config: wrapper_config.to_owned() }
+        // The runtime's path is a script naming the wrapper's config: conmon strips the
+        // environment, and Podman's cleanup process (conmon's exit command, which deletes the
+        // container) passes no `--runtime-flag`, so only the default path or such a script reach
+        // every call. A flag alone left the container's directory behind at `podman stop`.
+        let script = common::write_file(
+            dir,
+            "devremap-runtime",
+            format!("#!/bin/sh\nexec {WRAPPER} --devremap-config={} \"$@\"\n", wrapper_config.display()),
+        );
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        common::write_file(dir, "containers.conf", conf.replace(WRAPPER, arg(&script)));
+        Podman { dir: dir.to_owned(), path: path_with_criu(dir) }
     }
 
     fn podman(&self, args: &[&str]) -> Output {
@@ -48,7 +57,6 @@ impl Podman {
             .arg("--tmpdir")
             .arg(self.dir.join("tmp"))
             .args(["--storage-driver", "vfs", "--cgroup-manager", "cgroupfs", "--events-backend", "file"])
-            .arg(format!("--runtime-flag=devremap-config={}", self.wrapper_config.display()))
             .args(args)
             .stdin(Stdio::null())
             .output()
