@@ -5,6 +5,7 @@ mod cli;
 mod keeper;
 mod logging;
 mod mountpoint;
+mod pidfd;
 mod server;
 mod signals;
 mod watch;

@@ -5,67 +5,63 @@
 //! (`runc create --pid-file`): once it appears, the daemon stops when that process exits.
 //! `--owner-pid PID` names the process that started the daemon (`devremap-runtime`): until
 //! the pid file appears, the daemon stops when that process exits, since then no one will
-//! start the container. Processes are watched through pidfds (Linux 5.3), which cannot
-//! confuse a process with a later one reusing its pid; the pid file is looked at every
-//! 100 ms until it appears.
+//! start the container. Processes are watched through pidfds ([`crate::pidfd`]); the pid file
+//! is looked at every 100 ms until it appears.
+//!
+//! A pid file that is already there when the daemon starts is a previous run's: runc never
+//! removes its `--pid-file`, and Podman passes the same path to every start of a container
+//! (issue 17.1). It names a process that is gone, or worse an unrelated one that reused the
+//! pid. So the file counts only once it is no longer the file found at the start: another
+//! inode (runc writes it to a temporary name and renames it over) or another modification
+//! time. No clock is compared: a file system's coarse timestamps cannot make a new file look old.
 
 use devremap::files::read_pid;
 use log::info;
-use std::io;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 const PID_FILE_POLL: Duration = Duration::from_millis(100);
 
-/// A pidfd for `pid`.
-fn pidfd_open(pid: u32) -> io::Result<std::os::fd::OwnedFd> {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the kernel just gave us this fd, and nothing else owns it.
-    Ok(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd as i32) })
+pub use crate::pidfd::exits_within;
+use crate::pidfd::{exited, pidfd_open};
+
+/// Which file a path names: device, inode and modification time.
+type FileIdentity = (u64, u64, i64, i64);
+
+fn identity(path: &Path) -> Option<FileIdentity> {
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.dev(), m.ino(), m.mtime(), m.mtime_nsec()))
 }
 
-/// Waits up to `timeout` (forever with `None`) for the process behind `fd` to exit.
-fn exited(fd: &std::os::fd::OwnedFd, timeout: Option<Duration>) -> bool {
-    use nix::poll::{PollFd, PollFlags, PollTimeout};
-    use std::os::fd::AsFd;
-    let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
-    // A timeout past poll's range (24 days) is as good as forever.
-    let timeout = timeout.map_or(PollTimeout::NONE, |t| PollTimeout::try_from(t).unwrap_or(PollTimeout::MAX));
-    loop {
-        match nix::poll::poll(&mut fds, timeout) {
-            Err(nix::errno::Errno::EINTR) => continue,
-            rc => return rc.is_ok_and(|n| n > 0),
-        }
+/// The pid in `path`, unless the file there is still `stale`, the one found at the start.
+fn fresh_pid(path: &Path, stale: Option<FileIdentity>) -> Option<u32> {
+    let now = identity(path)?;
+    if stale == Some(now) {
+        return None;
     }
-}
-
-/// Whether our child `pid` exits within `timeout` (a pidfd, so no sleeping and no confusion
-/// with a later process reusing the pid; not reaped here). A pidfd that cannot be had means the
-/// process is already gone.
-pub fn exits_within(pid: u32, timeout: Duration) -> bool {
-    match pidfd_open(pid) {
-        Ok(fd) => exited(&fd, Some(timeout)),
-        Err(_) => true,
-    }
+    read_pid(path)
 }
 
 /// Starts the watchdog thread; `stop(reason)` is called once, when the daemon must stop.
+/// Called before the daemon reports ready, so before its caller starts the container.
 pub fn spawn(owner: Option<u32>, pid_file: Option<PathBuf>, stop: impl FnOnce(String) + Send + 'static) {
     if owner.is_none() && pid_file.is_none() {
         return;
     }
-    std::thread::spawn(move || stop(watch(owner, pid_file.as_deref())));
+    let stale = pid_file.as_deref().and_then(identity);
+    if let (Some(path), Some(_)) = (&pid_file, stale) {
+        info!("{}: left by an earlier run; waiting for the runtime to write it again", path.display());
+    }
+    std::thread::spawn(move || stop(watch(owner, pid_file.as_deref(), stale)));
 }
 
-fn watch(owner: Option<u32>, pid_file: Option<&Path>) -> String {
+fn watch(owner: Option<u32>, pid_file: Option<&Path>, stale: Option<FileIdentity>) -> String {
+    let read = || pid_file.and_then(|p| fresh_pid(p, stale));
     // An owner already gone (or one we may not watch) is as good as gone.
     let mut owner = owner.map(|pid| (pid, pidfd_open(pid).ok()));
     loop {
-        if let Some(pid) = pid_file.and_then(read_pid) {
+        if let Some(pid) = read() {
             info!("watching container process {pid}");
             return match pidfd_open(pid) {
                 Ok(fd) => {
@@ -80,7 +76,7 @@ fn watch(owner: Option<u32>, pid_file: Option<&Path>) -> String {
                 let gone = fd.as_ref().is_none_or(|fd| exited(fd, Some(PID_FILE_POLL)));
                 if gone {
                     // It may have exited right after the runtime wrote the pid file.
-                    if pid_file.and_then(read_pid).is_some() {
+                    if read().is_some() {
                         owner = None;
                         continue;
                     }

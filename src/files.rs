@@ -17,6 +17,16 @@ pub enum FileError {
     NotRegular(&'static str),
 }
 
+/// What went wrong, for a message that names the file first (`<path>: <this>`).
+impl std::fmt::Display for FileError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FileError::Io(e) => f.write_str(&crate::io_message(e)),
+            FileError::NotRegular(what) => write!(f, "is {what}; expected a regular file"),
+        }
+    }
+}
+
 /// What a file of mode `mode` (`st_mode`) is, with its article, for messages: `a FIFO`,
 /// `a symlink`, ...
 pub fn describe(mode: u32) -> &'static str {

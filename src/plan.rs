@@ -7,9 +7,9 @@
 //! spec's mounts under `/dev` (a directory, or for a file bind mount whatever node is there or
 //! a placeholder) and, for a terminal, the `console` placeholder. Nothing else enters the tree.
 //!
-//! The restored GPUs are the spec's GPU devices and the device directory's `nvidiaN` nodes; when
-//! the spec asks for GPUs through the NVIDIA hook, only the directory's GPUs that
-//! `NVIDIA_VISIBLE_DEVICES` selects (see [`crate::visible`]). Every error is made where its
+//! The restored GPUs are the spec's GPU devices and, where the spec names no GPU device, the
+//! device directory's `nvidiaN` nodes; when the spec asks for GPUs through the NVIDIA hook,
+//! only the directory's GPUs that `NVIDIA_VISIBLE_DEVICES` selects (see [`crate::visible`]). Every error is made where its
 //! cause is known, as the variant of the input that holds it ([`PlanError::input`]).
 
 use crate::device::{Access, DevKind, Rdev, RestoredGpu, gpu_name};
@@ -162,8 +162,9 @@ fn placeholder() -> Node {
 }
 
 /// The restored GPUs: the spec's 195:N devices and the device directory's `nvidiaN` nodes
-/// (whose stat'd number wins; only those the hook's `NVIDIA_VISIBLE_DEVICES` selects when the
-/// spec asks through the hook), with what the driver says of them, sorted by minor.
+/// (whose stat'd number wins): of those, only the spec's own when it names GPU devices, and only
+/// those the hook's `NVIDIA_VISIBLE_DEVICES` selects when the spec asks through the hook; with
+/// what the driver says of them, sorted by minor.
 pub fn restored_gpus(inputs: &Inputs) -> Result<Vec<RestoredGpu>, PlanError> {
     let mut by_minor: BTreeMap<u32, (Rdev, Access)> = BTreeMap::new();
     for dev in inputs.spec.iter().flat_map(|s| &s.devices) {
@@ -177,8 +178,15 @@ pub fn restored_gpus(inputs: &Inputs) -> Result<Vec<RestoredGpu>, PlanError> {
     {
         return Err(PlanError::HostDevMissing(*missing));
     }
+    // A spec that names GPUs (devices, or the hook's selection) is given those and no others
+    // (issue 17.9); one that names none gets the device directory's, as `--host-dev` alone does.
+    let named = !by_minor.is_empty();
     for (minor, node) in inputs.dev_dir.iter().flat_map(|d| &d.gpus) {
-        if selected.as_ref().is_none_or(|s| s.contains(minor)) {
+        let given = match &selected {
+            Some(s) => s.contains(minor),
+            None => !named || by_minor.contains_key(minor),
+        };
+        if given {
             by_minor.insert(*minor, (node.rdev, node.access));
         }
     }
@@ -459,6 +467,25 @@ mod tests {
         let with_core =
             build(&Inputs { host: HostFacts { has_kcore: true, ..Default::default() }, ..Default::default() }).unwrap();
         assert_eq!(with_core.tree.get("core").unwrap().kind, NodeKind::Symlink("/proc/kcore".into()));
+    }
+
+    /// Bug (issue 17.9): with a host device directory, a container given only `/dev/nvidia0`
+    /// also listed `nvidia1` and every other host GPU. A spec that names GPU devices is given
+    /// those alone (the directory's node for the same minor still gives its number); one that
+    /// names none still gets the directory's GPUs.
+    #[test]
+    fn a_spec_naming_gpus_gets_only_those() {
+        let mut inp = inputs(&[], &[0, 1, 2]);
+        inp.metadata = None;
+        let gpu0 = spec_dev("/dev/nvidia0", Rdev::new(195, 0), Access::DEVICE_DEFAULT);
+        inp.spec = Some(SpecView { devices: vec![gpu0], ..SpecView::default() });
+        let plan = build(&inp).unwrap();
+        let names: Vec<String> = plan.restored.iter().map(RestoredGpu::name).collect();
+        assert_eq!(names, ["nvidia0"]);
+        assert_eq!(rdev_at(&plan, "nvidia0"), Some(Rdev::new(1, 3)));
+        assert_eq!((rdev_at(&plan, "nvidia1"), rdev_at(&plan, "nvidia2")), (None, None));
+        inp.spec = Some(SpecView::default());
+        assert_eq!(build(&inp).unwrap().restored.len(), 3, "a spec naming no GPU gets the directory's");
     }
 
     /// Both kinds of names: native names are the host GPUs, checkpoint names their pairs.

@@ -70,11 +70,13 @@ pub fn gaps(plan: &Plan) -> Vec<String> {
             } else {
                 "the driver's files do not give them".to_owned()
             };
-            Some(format!(
-                "GPU {} recorded without {}: {why}; the record pairs by minor, but cuda-device-map needs the uuid",
-                g.name(),
-                missing.join(", ")
-            ))
+            // What the record then cannot do: a recorded uuid serves cuda-device-map.
+            let cost = if g.uuid.is_none() {
+                "the record pairs by minor, but cuda-device-map needs the uuid"
+            } else {
+                "the record pairs by minor and uuid, without comparing models"
+            };
+            Some(format!("GPU {} recorded without {}: {why}; {cost}", g.name(), missing.join(", ")))
         })
         .collect()
 }

@@ -78,7 +78,7 @@ impl Setup {
         fs::copy(BIN, source.join("bin/devremapd")).unwrap();
         fs::copy(env!("CARGO_BIN_EXE_devremap-runtime"), source.join("bin/devremap-runtime")).unwrap();
         fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/dist/runtime.json"), source.join("runtime.json")).unwrap();
-        fs::write(source.join("containerd/devremap.toml"), "# the runtime entry\n").unwrap();
+        fs::write(source.join("containerd/devremap.toml"), "BinaryName = \"/usr/bin/devremap-runtime\"\n").unwrap();
         Setup { _tmp: tmp, host, source }
     }
 
@@ -106,7 +106,11 @@ fn node_setup_installs_and_keeps_the_operators_config() {
         let meta = fs::metadata(host.join("usr/local/bin").join(bin)).unwrap();
         assert_eq!(std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777, 0o755, "{bin}");
     }
-    assert_eq!(fs::read_to_string(host.join("etc/containerd/conf.d/devremap.toml")).unwrap(), "# the runtime entry\n");
+    assert_eq!(
+        fs::read_to_string(host.join("etc/containerd/conf.d/devremap.toml")).unwrap(),
+        "BinaryName = \"/usr/local/bin/devremap-runtime\"\n",
+        "the entry names the wrapper where this installs it"
+    );
     let config = host.join("etc/devremap/runtime.json");
     let shipped = fs::read_to_string(setup.source.join("runtime.json")).unwrap();
     assert_eq!(fs::read_to_string(&config).unwrap(), shipped);

@@ -11,6 +11,7 @@
 mod common;
 
 use common::bundle::{Bundle, HYBRID_UNIFIED, Runtime, allow_char, is_mount_point, need_containers, oci_config};
+use common::clients::need_criu;
 use common::daemon::{is_mounted, wait_for};
 use common::{FakeHost, arg, fake_rdev, write_file};
 use serde_json::{Value, json};
@@ -186,6 +187,11 @@ fn alive(pid: u32) -> bool {
     fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| !c.is_empty())
 }
 
+/// The spec of the wrapper's own bundle for container `id`, which the runtime runs.
+fn ours(s: &Setup, id: &str) -> Value {
+    serde_json::from_slice(&fs::read(s.state_dir().join(id).join("bundle/config.json")).unwrap()).unwrap()
+}
+
 fn dev_source(config: &Value) -> Option<String> {
     config["mounts"]
         .as_array()?
@@ -215,6 +221,7 @@ fn create_start_delete(runtime: Runtime) {
     let id = format!("wrapped-{}-{}", runtime.name(), std::process::id());
     let _delete = Deleting(&s, id.clone());
     let bundle = arg(s.bundle.dir()).to_owned();
+    let original = fs::read(s.bundle.config_path()).unwrap();
 
     let out = s.run(&["create", "--bundle", &bundle, &id]);
     assert_ok(&out, "create", &s, &id);
@@ -222,7 +229,8 @@ fn create_start_delete(runtime: Runtime) {
     let meta = fs::metadata(s.state_dir()).unwrap();
     assert_eq!((meta.mode() & 0o7777, meta.uid()), (0o700, 0), "the state dir is private to root");
     assert!(is_mounted(&dir.join("dev")), "no mount at {}", dir.display());
-    assert_eq!(dev_source(&s.bundle.config()).as_deref(), Some(arg(&dir.join("dev"))));
+    assert_eq!(dev_source(&ours(&s, &id)).as_deref(), Some(arg(&dir.join("dev"))));
+    assert_eq!(fs::read(s.bundle.config_path()).unwrap(), original, "the caller's spec is never written");
     let daemon = s.daemon_pid(&id);
 
     let out = s.run(&["start", &id]);
@@ -277,7 +285,7 @@ fn runc_run_and_delete_force() {
     assert_ok(&out, "run", &s, &id);
     assert!(s.stdout().contains("dev.fs: fuse\n") && s.stdout().contains("done\n"), "{}", s.stdout());
     assert!(!s.state_dir().join(&id).exists());
-    assert_eq!(fs::read(s.bundle.config_path()).unwrap(), original, "the spec is put back");
+    assert_eq!(fs::read(s.bundle.config_path()).unwrap(), original, "the spec is as it was");
 
     // Detached, then deleted by force while it runs.
     fs::remove_file(s.bundle.xchg().join("go")).unwrap();
@@ -387,17 +395,19 @@ fn killed_wrapper_leaves_no_daemon() {
 }
 
 /// Bug (found from outside): the bundle's `config.json` stayed patched (its `/dev` mount on
-/// the devremap mount, gone with the container) after `create` -> `delete`. Now `create` keeps
-/// the original in the container's directory and `delete` puts it back, bytes, mode and owner;
-/// but never over a spec someone rewrote since.
+/// the devremap mount, gone with the container) after `create` -> `delete`; later (issue 17.7)
+/// two containers created from one bundle and deleted in creation order left it pointing at
+/// the first one's removed `dev/`. Now the caller's bundle is never written: the runtime runs
+/// the wrapper's own bundle, whose spec's rootfs is the caller's, so the spec stays the same
+/// bytes, mode and owner through create, run and delete of any number of containers.
 #[test]
 #[ignore = "needs root, /dev/fuse, runc and busybox-static: runs a container"]
-fn delete_puts_the_original_spec_back() {
+fn the_callers_spec_is_never_written() {
     need_containers(Runtime::Runc);
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let s = Setup::new(Runtime::Runc, json!({"devremap.io/enable": "true"}));
-    let id = format!("wrapped-putback-{}", std::process::id());
-    let _delete = Deleting(&s, id.clone());
+    let ids: Vec<String> = (0..2).map(|n| format!("wrapped-onebundle{n}-{}", std::process::id())).collect();
+    let _delete: Vec<Deleting> = ids.iter().map(|id| Deleting(&s, id.clone())).collect();
     let bundle = arg(s.bundle.dir()).to_owned();
     let spec = s.bundle.config_path();
     // Not pretty-printed as the wrapper writes it, and not the mode and owner a new file gets.
@@ -406,67 +416,64 @@ fn delete_puts_the_original_spec_back() {
     std::os::unix::fs::chown(&spec, Some(1000), Some(44)).unwrap();
     let original = fs::read(&spec).unwrap();
 
-    let out = s.run(&["create", "--bundle", &bundle, &id]);
-    assert_ok(&out, "create", &s, &id);
-    assert_eq!(dev_source(&s.bundle.config()).as_deref(), Some(arg(&s.state_dir().join(&id).join("dev"))));
-    let out = s.run(&["delete", &id]);
-    assert_ok(&out, "delete", &s, &id);
-    assert_eq!(fs::read(&spec).unwrap(), original, "delete puts the original spec back");
+    for id in &ids {
+        let out = s.run(&["create", "--bundle", &bundle, id]);
+        assert_ok(&out, "create", &s, id);
+        assert_eq!(dev_source(&ours(&s, id)).as_deref(), Some(arg(&s.state_dir().join(id).join("dev"))));
+        assert_eq!(ours(&s, id)["root"]["path"], arg(&s.bundle.dir().join("rootfs")), "the caller's rootfs");
+    }
+    for id in &ids {
+        let out = s.run(&["start", id]);
+        assert_ok(&out, "start", &s, id);
+    }
+    wait_for("both containers to report", || (s.stdout().matches("dev.fs: fuse\n").count() == 2).then_some(()));
+    for id in &ids {
+        let out = s.run(&["delete", "--force", id]);
+        assert_ok(&out, "delete", &s, id);
+        assert!(!s.state_dir().join(id).exists());
+        assert_eq!(fs::read(&spec).unwrap(), original, "the caller's spec is as it was");
+    }
     let meta = fs::metadata(&spec).unwrap();
     assert_eq!((meta.mode() & 0o7777, meta.uid(), meta.gid()), (0o640, 1000, 44));
-    assert!(!s.state_dir().join(&id).exists());
-
-    // Rewritten in place while the container exists: the rewrite stays.
-    let out = s.run(&["create", "--bundle", &bundle, &id]);
-    assert_ok(&out, "create", &s, &id);
-    let mut rewritten = s.bundle.config();
-    rewritten["annotations"]["someone"] = json!("else");
-    s.bundle.write_config(&rewritten);
-    let out = s.run(&["delete", &id]);
-    assert_ok(&out, "delete", &s, &id);
-    assert_eq!(s.bundle.config(), rewritten, "a spec rewritten since is left as it is");
-    assert!(out.stderr.contains("rewritten since devremap-runtime patched it; left as it is"), "{}", out.stderr);
-    assert!(!s.state_dir().join(&id).exists());
 }
 
-/// Bug (found from outside): a wrapper SIGKILLed between patching the spec and the runtime's
-/// end left the bundle's `config.json` patched for good (its daemon stopped); worse, the next
-/// `create` of that id read the patched spec as the original. Now the leftover's saved
-/// original is put back before the next `create` reads the spec, and by a `delete`.
+/// Bug (found from outside): a wrapper SIGKILLed between setting up and the runtime's end left
+/// its directory (and once the bundle's spec patched for good). Now the next `create` of that
+/// id, or a `delete`, tears the leftover down; the caller's spec was never touched.
 #[test]
 #[ignore = "needs root, /dev/fuse and busybox-static: starts the daemon"]
-fn killed_wrapper_spec_is_put_back() {
+fn killed_wrapper_leftover_is_torn_down() {
     need_containers(Runtime::Runc);
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let s = Setup::new(Runtime::Runc, json!({"devremap.io/enable": "true"}));
     let id = format!("wrapped-killspec-{}", std::process::id());
     let bundle = arg(s.bundle.dir()).to_owned();
     let original = fs::read(s.bundle.config_path()).unwrap();
-    let dev = arg(&s.state_dir().join(&id).join("dev")).to_owned();
-    let kill_patched = || {
+    let kill_set_up = || {
         s.hanging_runtime();
         let mut wrapper = s.wrapper(&["create", "--bundle", &bundle, &id]).process_group(0).spawn().unwrap();
-        wait_for("the spec to be patched", || (dev_source(&s.bundle.config()).as_deref() == Some(&dev)).then_some(()));
+        let pid_file = s.state_dir().join(&id).join("devremapd.pid");
+        wait_for("the daemon to answer", || pid_file.exists().then_some(()));
         let daemon = s.daemon_pid(&id);
         kill_group(&mut wrapper);
         wait_for("the daemon to stop after its wrapper died", || (!alive(daemon)).then_some(()));
-        assert_ne!(fs::read(s.bundle.config_path()).unwrap(), original, "left patched by the killed wrapper");
+        assert!(s.state_dir().join(&id).join("bundle/config.json").exists(), "left by the killed wrapper");
+        assert_eq!(fs::read(s.bundle.config_path()).unwrap(), original);
     };
 
-    // The next create (its runtime fails at once) takes the original, and puts it back.
-    kill_patched();
+    // The next create (its runtime fails at once) tears it down.
+    kill_set_up();
     s.set_config("runtime", "/bin/false");
     let out = s.run(&["create", "--bundle", &bundle, &id]);
     assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
-    assert_eq!(fs::read(s.bundle.config_path()).unwrap(), original, "{}", out.stderr);
     assert!(!s.state_dir().join(&id).exists());
 
-    // A delete of the id puts it back too.
-    kill_patched();
+    // A delete of the id does too.
+    kill_set_up();
     let out = s.run(&["delete", &id]);
     assert_eq!(out.status.code(), Some(1), "the runtime knows no such container");
-    assert_eq!(fs::read(s.bundle.config_path()).unwrap(), original);
     assert!(!s.state_dir().join(&id).exists());
+    assert_eq!(fs::read(s.bundle.config_path()).unwrap(), original);
 }
 
 /// Bug (found from outside): an existing `state_dir` that was not mode 0700 was chmod'ed to
@@ -589,25 +596,25 @@ fn one_id_under_two_runtime_roots() {
 }
 
 /// Bug (found from outside): a bundle whose `config.json` is a symlink (runc follows it) lost
-/// the link: the wrapper's patch, and its putting back of the original bytes when the runtime
-/// failed, replaced the link with a regular file. Now such a spec is refused before anything
-/// is set up, and the link is left as it was.
+/// the link when the wrapper patched the spec in place; then such specs were refused. Now the
+/// caller's spec is never written: a linked spec runs as runc runs it, and the link stays.
 #[test]
-#[ignore = "needs root and runc: runs the wrapper's create"]
-fn symlinked_spec_is_refused_and_kept() {
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs a container"]
+fn symlinked_spec_runs_and_is_kept() {
     need_containers(Runtime::Runc);
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let s = Setup::new(Runtime::Runc, json!({"devremap.io/enable": "true"}));
-    s.set_config("runtime", "/bin/false");
     let id = format!("wrapped-link-{}", std::process::id());
+    let _delete = Deleting(&s, id.clone());
     let bundle = arg(s.bundle.dir()).to_owned();
     let real = s.bundle.dir().join("real.json");
     fs::rename(s.bundle.config_path(), &real).unwrap();
     std::os::unix::fs::symlink("real.json", s.bundle.config_path()).unwrap();
     let original = fs::read(&real).unwrap();
-    let out = s.run(&["create", "--bundle", &bundle, &id]);
-    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
-    assert!(out.stderr.contains("config.json: is a symbolic link"), "{}", out.stderr);
+    fs::write(s.bundle.xchg().join("go"), "").unwrap();
+    let out = s.run(&["run", "--bundle", &bundle, &id]);
+    assert_ok(&out, "run", &s, &id);
+    assert!(s.stdout().contains("dev.fs: fuse\n"), "{}", s.stdout());
     assert!(fs::symlink_metadata(s.bundle.config_path()).unwrap().file_type().is_symlink(), "the link is kept");
     assert_eq!(fs::read(&real).unwrap(), original);
     assert!(!s.state_dir().join(&id).exists());
@@ -654,33 +661,8 @@ impl Drop for Killed {
     }
 }
 
-/// A CRIU that works here: a `criu` on PATH whose `criu check` passes, else the CRIU 4.2 build
-/// in `shared/tools/criu/` beside the repository (`../shared` in CI, `/work/shared` here).
-/// Fails the calling (`#[ignore]`d) test when there is none.
-fn need_criu() -> PathBuf {
-    let works = |criu: &Path| {
-        Command::new(criu).arg("check").output().is_ok_and(|o| {
-            o.status.success() && String::from_utf8_lossy(&[o.stdout, o.stderr].concat()).contains("Looks good")
-        })
-    };
-    let on_path = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
-        .map(|d| d.join("criu"))
-        .find(|p| p.is_file());
-    let shared = [
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/tools/criu/criu"),
-        PathBuf::from("/work/shared/tools/criu/criu"),
-    ];
-    on_path.into_iter().chain(shared).find(|p| works(p)).unwrap_or_else(|| {
-        panic!(
-            "no working CRIU: neither a criu on PATH nor shared/tools/criu/criu passes `criu check` \
-             (it needs libprotobuf-c1 libnl-3-200 libnet1 libgnutls30 libbsd0 libuuid1 iptables)"
-        )
-    })
-}
-
-/// Runs the wrapper with the container's stdio on pipes (runc hands a restored container new
-/// pipes, while a host file or `/dev/null` outside its mounts cannot be dumped): stdin a pipe
-/// whose writer is closed, stdout and stderr a pipe into a `cat` appending to the bundle's
+/// Runs the wrapper as `docker run -d` and `podman run -d` run the runtime: stdin the host's
+/// `/dev/null` (no `-i`), stdout and stderr a pipe into a `cat` appending to the bundle's
 /// `stdout`. Returns the wrapper's status and the `cat`, to be reaped by the caller.
 fn run_on_pipes(s: &Setup, args: &[&str]) -> (ExitStatus, std::process::Child) {
     let mut cat = Command::new("cat")
@@ -691,7 +673,7 @@ fn run_on_pipes(s: &Setup, args: &[&str]) -> (ExitStatus, std::process::Child) {
     let pipe = std::os::fd::OwnedFd::from(cat.stdin.take().unwrap());
     let status = s
         .wrapper(args)
-        .stdin(Stdio::piped())
+        .stdin(Stdio::null())
         .stdout(Stdio::from(pipe.try_clone().unwrap()))
         .stderr(Stdio::from(pipe))
         .status()
@@ -723,6 +705,12 @@ echo done
 /// container holds GPU 1 (zero, 1:5) open by its name; `checkpoint` records it in the image;
 /// the host then has GPU 2 (full, 1:7) instead, and `restore` pairs saved GPU 1 with it: the
 /// restored descriptor and a reopen of `/dev/nvidia1` both reach full.
+///
+/// Bug (issue 17.2): run detached with stdin the host's `/dev/null` (`docker run -d`), the
+/// checkpoint failed: "Can't lookup mount=N for fd=0 path=/dev/null" (runc reopens such stdio
+/// only when it builds `/dev`). Bug (issue 17.10): the daemon read its metadata from the
+/// client's checkpoint directory, which containerd removes: with the image gone, a reload
+/// still loads every input.
 #[test]
 #[ignore = "needs root, /dev/fuse, runc, busybox-static and CRIU: checkpoints a container"]
 fn runc_checkpoint_restore_onto_another_device() {
@@ -767,8 +755,18 @@ fn runc_checkpoint_restore_onto_another_device() {
         s.stdout(),
         s.daemon_log(&id)
     );
-    let state: Value = serde_json::from_slice(&fs::read(s.state_dir().join(&id).join("state.json")).unwrap()).unwrap();
+    let state_file = s.state_dir().join(&id).join("state.json");
+    let state: Value = serde_json::from_slice(&fs::read(&state_file).unwrap()).unwrap();
     assert_eq!(state["remap"][0]["new_name"], "nvidia2", "{}", state["remap"]);
+    fs::remove_dir_all(&image).unwrap();
+    let daemon = s.daemon_pid(&id);
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(daemon as i32), nix::sys::signal::Signal::SIGHUP).unwrap();
+    let reloaded = wait_for("a reload after the image was removed", || {
+        let now: Value = serde_json::from_slice(&fs::read(&state_file).ok()?).ok()?;
+        (now["generation"].as_u64() > state["generation"].as_u64()).then_some(now)
+    });
+    assert_eq!(reloaded["last_error"], Value::Null, "{reloaded}");
+    assert_eq!(reloaded["remap"][0]["new_name"], "nvidia2", "{}", reloaded["remap"]);
     fs::write(s.bundle.xchg().join("go"), "").unwrap();
     s.wait_line("done");
     let stdout = s.stdout();
@@ -782,4 +780,168 @@ fn runc_checkpoint_restore_onto_another_device() {
         let _ = cat.kill();
         let _ = cat.wait();
     }
+}
+
+/// Bug (issue 17.1): Podman passes the same `--pid-file` to every start of a container, and
+/// runc never removes it: the daemon took the stale pid for the container and stopped at once
+/// ("devremapd exited (exit status: 0) before its mount answered"); a stale pid of a live,
+/// unrelated process made the container lose `/dev` when that process exited. Now a pid file
+/// found at the daemon's start counts only once the runtime has written it again.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs a container"]
+fn a_stale_pid_file_is_never_the_container() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Setup::new(Runtime::Runc, json!({"devremap.io/enable": "true"}));
+    let id = format!("wrapped-stalepid-{}", std::process::id());
+    let _delete = Deleting(&s, id.clone());
+    let bundle = arg(s.bundle.dir()).to_owned();
+    let pid_file = s.tmp.path().join("userdata-pidfile");
+    // A live process that is not the container: its pid is what a stale file may name.
+    let unrelated = Killed(Command::new("sleep").arg("600").spawn().unwrap());
+    fs::write(&pid_file, unrelated.0.id().to_string()).unwrap();
+    for round in 0..2 {
+        let out = s.run(&["run", "--detach", "--pid-file", arg(&pid_file), "--bundle", &bundle, &id]);
+        assert_ok(&out, &format!("run --detach, round {round}"), &s, &id);
+        s.wait_line("ready");
+        let container: u32 = fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
+        let line = format!("watching container process {container}");
+        wait_for("the daemon to watch the container", || s.daemon_log(&id).contains(&line).then_some(()));
+        let log = s.daemon_log(&id);
+        let stale = format!("watching container process {}", unrelated.0.id());
+        assert!(!log.lines().any(|l| l.ends_with(&stale)), "{log}");
+        assert!(log.contains("left by an earlier run"), "{log}");
+        let out = s.run(&["delete", "--force", &id]);
+        assert_ok(&out, "delete", &s, &id);
+        fs::remove_file(s.bundle.dir().join("stdout")).unwrap();
+        // The file stays, as runc leaves it, for the next round.
+        assert!(pid_file.exists());
+    }
+}
+
+/// Rule (issue 17.3): `--devremap-config PATH` names the config where the caller strips the
+/// environment (Podman's conmon: `podman --runtime-flag devremap-config=PATH`), and never
+/// reaches the runtime, which would refuse an unknown flag.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs a container"]
+fn the_config_flag_survives_a_stripped_environment() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Setup::new(Runtime::Runc, json!({"devremap.io/enable": "true"}));
+    let id = format!("wrapped-cfgflag-{}", std::process::id());
+    let _delete = Deleting(&s, id.clone());
+    let bundle = arg(s.bundle.dir()).to_owned();
+    let flag = format!("--devremap-config={}", arg(&s.config));
+    let status = Command::new(WRAPPER)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap())
+        .args([&flag, "--root", arg(&s.bundle.state_root()), "create", "--bundle", &bundle, &id])
+        .stdin(Stdio::null())
+        .stdout(append(&s.bundle.dir().join("stdout")))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert!(is_mounted(&s.state_dir().join(&id).join("dev")), "the config's state_dir was used");
+    let out = s.run(&["delete", "--force", &id]);
+    assert_ok(&out, "delete", &s, &id);
+}
+
+/// Rule (issue 17.4): Docker 20.10 drops annotations; `docker run -e DEVREMAP_ENABLE=true`
+/// puts the opt-in in the spec's `process.env`, which the wrapper reads.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs a container"]
+fn an_env_variable_opts_in() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Setup::new(Runtime::Runc, json!({}));
+    let mut spec = s.bundle.config();
+    spec["process"]["env"].as_array_mut().unwrap().push(json!("DEVREMAP_ENABLE=true"));
+    s.bundle.write_config(&spec);
+    let id = format!("wrapped-env-{}", std::process::id());
+    let _delete = Deleting(&s, id.clone());
+    fs::write(s.bundle.xchg().join("go"), "").unwrap();
+    let out = s.run(&["run", "--bundle", arg(s.bundle.dir()), &id]);
+    assert_ok(&out, "run", &s, &id);
+    assert!(s.stdout().contains("dev.fs: fuse\n"), "{}", s.stdout());
+}
+
+/// Rule (issue 17.5): a CRI pod's sandbox gets no daemon, though the runtime handler's
+/// `pod_annotations` pass `devremap.io/enable` to it as to the pod's containers.
+#[test]
+#[ignore = "needs root, runc and busybox-static: runs a container"]
+fn a_pod_sandbox_gets_no_daemon() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s =
+        Setup::new(Runtime::Runc, json!({"devremap.io/enable": "true", "io.kubernetes.cri.container-type": "sandbox"}));
+    let id = format!("wrapped-sandbox-{}", std::process::id());
+    let _delete = Deleting(&s, id.clone());
+    fs::write(s.bundle.xchg().join("go"), "").unwrap();
+    let out = s.run(&["run", "--bundle", arg(s.bundle.dir()), &id]);
+    assert_ok(&out, "run", &s, &id);
+    assert!(s.stdout().contains("dev.fs: tmpfs\n"), "{}", s.stdout());
+    assert!(!s.state_dir().join(&id).exists());
+}
+
+/// Bug (issue 17.6): a spec binding another `/dev` (`docker run -v /dev:/dev`) covered the
+/// devremap mount while the wrapper reported success. Asked for by name, it is refused before
+/// anything is set up, naming the mount.
+#[test]
+#[ignore = "needs root, runc and busybox-static: runs the wrapper's create"]
+fn a_second_dev_mount_is_refused() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Setup::new(Runtime::Runc, json!({"devremap.io/enable": "true"}));
+    let mut spec = s.bundle.config();
+    spec["mounts"].as_array_mut().unwrap().push(json!({"destination": "/dev", "type": "bind", "source": "/dev",
+                                                         "options": ["rbind"]}));
+    s.bundle.write_config(&spec);
+    let original = fs::read(s.bundle.config_path()).unwrap();
+    let id = format!("wrapped-devbind-{}", std::process::id());
+    let _delete = Deleting(&s, id.clone());
+    let out = s.run(&["create", "--bundle", arg(s.bundle.dir()), &id]);
+    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("mounts: \"/dev\" is bound onto /dev, which would cover the devremap /dev"),
+        "{}",
+        out.stderr
+    );
+    assert!(!s.state_dir().join(&id).exists());
+    assert!(!s.run(&["state", &id]).status.success(), "the runtime never ran");
+    assert_eq!(fs::read(s.bundle.config_path()).unwrap(), original);
+}
+
+/// Bug (issue 17.8): any argument that was not UTF-8 made the wrapper skip devremap silently,
+/// even with `devremap.io/enable: "true"`. Now a pid file and a log whose paths are not UTF-8
+/// are passed on byte for byte, and the container gets its devremap `/dev`.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs a container"]
+fn arguments_that_are_not_utf8_keep_devremap() {
+    use std::os::unix::ffi::OsStrExt;
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Setup::new(Runtime::Runc, json!({"devremap.io/enable": "true"}));
+    let odd = s.tmp.path().join(std::ffi::OsStr::from_bytes(b"caf\xe9-\xff"));
+    fs::create_dir(&odd).unwrap();
+    let (pid_file, log) = (odd.join("init.pid"), odd.join("log.json"));
+    let id = format!("wrapped-utf8-{}", std::process::id());
+    let _delete = Deleting(&s, id.clone());
+    let status = Command::new(WRAPPER)
+        .env(devremap_config_env(), &s.config)
+        .arg("--root")
+        .arg(s.bundle.state_root())
+        .arg("--log")
+        .arg(&log)
+        .args(["create", "--bundle", arg(s.bundle.dir()), "--pid-file"])
+        .arg(&pid_file)
+        .arg(&id)
+        .stdin(Stdio::null())
+        .stdout(append(&s.bundle.dir().join("stdout")))
+        .status()
+        .unwrap();
+    assert!(status.success(), "{}", s.daemon_log(&id));
+    assert!(is_mounted(&s.state_dir().join(&id).join("dev")), "devremap was used");
+    assert!(fs::read_to_string(&pid_file).unwrap().trim().parse::<u32>().is_ok(), "runc wrote the pid file there");
+    let out = s.run(&["delete", "--force", &id]);
+    assert_ok(&out, "delete", &s, &id);
 }

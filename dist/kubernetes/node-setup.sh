@@ -28,9 +28,14 @@ if [ ! -e "$host/etc/devremap/runtime.json" ]; then
     install -D -m 0644 "$src/runtime.json" "$host/etc/devremap/runtime.json"
 fi
 
+# The entries name the package's /usr/bin/devremap-runtime; this installs into /usr/local/bin.
 for entry in "$src"/containerd/*.toml; do
     [ -e "$entry" ] || continue
-    install -D -m 0644 "$entry" "$host/etc/containerd/conf.d/$(basename "$entry")"
+    to="$host/etc/containerd/conf.d/$(basename "$entry")"
+    mkdir -p "$(dirname "$to")"
+    sed 's|/usr/bin/devremap-runtime|/usr/local/bin/devremap-runtime|g' "$entry" > "$to.new"
+    chmod 0644 "$to.new"
+    mv -f "$to.new" "$to"
 done
 
 if [ "${DEVREMAP_RESTART_CONTAINERD:-1}" = 1 ]; then

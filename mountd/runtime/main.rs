@@ -3,28 +3,41 @@
 //! `nvidia-container-runtime` wraps runc.
 //!
 //! - `create`, `run`: when the spec asks for devremap (see `devremap::runtime::annotations`),
-//!   start `devremapd mount` on `<state_dir>/<id>/dev`, point the bundle's spec at it, run the
-//!   runtime. If that fails, or a foreground `run` ends, everything is undone.
+//!   start `devremapd mount` on `<state_dir>/<id>/dev`, write the caller's spec, its `/dev`
+//!   pointed at the mount, into a bundle of our own (`<state_dir>/<id>/bundle`) and run the
+//!   runtime on that bundle: the caller's bundle is never written. If that fails, or a
+//!   foreground `run` ends, everything is undone.
 //! - `checkpoint`: record the container's GPUs into `<image-path>/devremap-gpus.json` first.
-//! - `restore`: as `create`, with the image's `devremap-gpus.json` (or a gVisor
+//! - `restore`: as `create`, with a copy of the image's `devremap-gpus.json` (or a gVisor
 //!   `checkpoint.img`) as the daemon's metadata.
 //! - `delete`: after the runtime, once the runtime no longer knows the container, stop the
-//!   daemon, put the bundle's original spec back and remove its directory; this also cleans up
-//!   after a wrapper killed mid-create (as does the next `create` of that id).
+//!   daemon and remove its directory; this also cleans up after a wrapper killed mid-create
+//!   (as does the next `create` of that id).
 //! - anything else: exec the runtime unchanged.
+//!
+//! The config is `--devremap-config PATH` (a global flag, taken out before the runtime sees
+//! the line), else `DEVREMAP_RUNTIME_CONFIG`, else `/etc/devremap/runtime.json`: the flag and
+//! the default path survive a caller that strips the environment, as Podman's conmon does.
+//!
+//! The runtime, when it runs as our child (create, run, restore, delete), gets the read end of
+//! an empty pipe for stdin where ours is the host's `/dev/null`: runc reopens such stdio inside the container only when it builds `/dev`
+//! itself, and CRIU cannot checkpoint a descriptor on a mount outside the container
+//! (`docker run -d`, `podman run -d`); a pipe with no writer reads as `/dev/null` does.
 //!
 //! A daemon never outlives its container: it runs with `--owner-pid` (this process) and
 //! `--container-pid-file` (the runtime's pid file), so it stops when the container's init
 //! exits, or when this wrapper dies before the container was started.
 
+#[path = "../pidfd.rs"]
+mod pidfd;
 mod state;
 
-use devremap::device::Access;
 use devremap::io_message;
+use devremap::oci_patch::PatchError;
 use devremap::runtime::annotations;
 use devremap::runtime::argv::{self, Invocation};
 use devremap::runtime::config::{self, Config};
-use devremap::runtime::saved_spec::SavedSpec;
+use devremap::runtime::osarg;
 use nix::errno::Errno;
 use nix::sys::signal::{Signal, kill};
 use nix::sys::wait::{Id, WaitPidFlag, waitid};
@@ -32,7 +45,7 @@ use nix::unistd::Pid;
 use serde_json::Value;
 use signal_hook::consts::signal::{SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2, SIGWINCH};
 use state::{Container, DaemonArgs, Found};
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode};
@@ -41,27 +54,29 @@ use std::process::{Child, Command, ExitCode};
 const RECORD_FILE: &str = "devremap-gpus.json";
 
 fn main() -> ExitCode {
-    let argv: Option<Vec<String>> = std::env::args_os().skip(1).map(|a| a.into_string().ok()).collect();
-    let inv = argv::parse(&argv.unwrap_or_default());
+    // Arguments that are not UTF-8 are carried through, each byte standing in (issue 17.8).
+    let argv: Option<Vec<String>> = std::env::args_os().skip(1).map(|a| osarg::encode(&a)).collect();
+    let inv = argv::parse(argv.as_deref().unwrap_or_default());
     // `--help`, `--version`: our lines first, then the real runtime's (run below, unchanged).
     if let Some(ask) = devremap::runtime::about::asked(&inv) {
         let text = devremap::runtime::about::text(ask, std::env::var_os(config::ENV).as_deref());
         let _ = std::io::Write::write_all(&mut std::io::stdout(), text.as_bytes());
     }
-    let result = load_config().and_then(|config| dispatch(&config, &inv));
+    let result = load_config(&inv).and_then(|config| dispatch(&config, &inv));
     match result {
         Ok(code) => ExitCode::from(code),
         Err(message) => {
-            report(&inv, &message);
+            report(&inv, "error", &message);
             ExitCode::FAILURE
         }
     }
 }
 
 fn dispatch(config: &Config, inv: &Invocation) -> Result<u8, String> {
-    if std::env::args_os().skip(1).any(|a| a.to_str().is_none()) {
+    if std::env::args_os().skip(1).any(|a| osarg::encode(&a).is_none()) {
         // Not ours to understand: the runtime judges it.
-        return Err(exec(config, std::env::args_os().skip(1).collect()));
+        let e = Command::new(&config.runtime).args(std::env::args_os().skip(1)).exec();
+        return Err(format!("cannot run {}: {}", config.runtime.display(), io_message(&e)));
     }
     match inv.command.as_deref() {
         Some("create" | "run") => start(config, inv, None),
@@ -72,11 +87,13 @@ fn dispatch(config: &Config, inv: &Invocation) -> Result<u8, String> {
     }
 }
 
-/// The config file: `DEVREMAP_RUNTIME_CONFIG`, else the default path if it exists.
-fn load_config() -> Result<Config, String> {
-    let (path, required) = match std::env::var_os(config::ENV) {
-        Some(p) => (PathBuf::from(p), true),
-        None => (PathBuf::from(config::DEFAULT_PATH), false),
+/// The config file: `--devremap-config`, else `DEVREMAP_RUNTIME_CONFIG`, else the default path
+/// if it exists (a file named by the flag or the variable must exist).
+fn load_config(inv: &Invocation) -> Result<Config, String> {
+    let (path, required) = match (&inv.config, std::env::var_os(config::ENV)) {
+        (Some(p), _) => (PathBuf::from(osarg::decode(p)), true),
+        (None, Some(p)) => (PathBuf::from(p), true),
+        (None, None) => (PathBuf::from(config::DEFAULT_PATH), false),
     };
     let p = path.display();
     let mut file = match devremap::files::open_regular(&path) {
@@ -84,10 +101,7 @@ fn load_config() -> Result<Config, String> {
         Err(devremap::files::FileError::Io(e)) if !required && e.kind() == std::io::ErrorKind::NotFound => {
             return Ok(Config::default());
         }
-        Err(devremap::files::FileError::Io(e)) => return Err(format!("{p}: {}", io_message(&e))),
-        Err(devremap::files::FileError::NotRegular(what)) => {
-            return Err(format!("{p}: is {what}; expected a regular file"));
-        }
+        Err(e) => return Err(format!("{p}: {e}")),
     };
     let meta = file.metadata().map_err(|e| format!("{p}: {}", io_message(&e)))?;
     let me = nix::unistd::geteuid().as_raw();
@@ -116,40 +130,65 @@ fn is_this_program(runtime: &Path) -> bool {
     found.zip(std::env::current_exe().ok()).is_some_and(|(r, me)| same(&r, &me))
 }
 
-/// One error line on stderr and, as runc does, in the runtime's `--log` file, where
-/// containerd and Docker look for the reason a runtime failed.
-fn report(inv: &Invocation, message: &str) {
+/// One line at `level` (`error`, `warning`) in the runtime's `--log` file when there is one, as
+/// runc does, where containerd and Docker look for the reason a runtime failed; on stderr when
+/// there is none, and always for an error. A warning kept off stderr then is never taken by a
+/// caller for the error of a runtime that failed after it.
+fn report(inv: &Invocation, level: &str, message: &str) {
     // A path in the message may hold control characters: never a forged line (issue 9.6).
     let message = &*devremap::escape::escape(message);
-    eprintln!("devremap-runtime: error: {message}");
+    if level == "error" || inv.log.is_none() {
+        eprintln!("devremap-runtime: {level}: {message}");
+    }
     let Some(log) = &inv.log else { return };
     let line = if inv.log_format.as_deref() == Some("json") {
-        serde_json::json!({"level": "error", "msg": format!("devremap-runtime: {message}")}).to_string()
+        serde_json::json!({"level": level, "msg": format!("devremap-runtime: {message}")}).to_string()
     } else {
-        format!("level=error msg={:?}", format!("devremap-runtime: {message}"))
+        format!("level={level} msg={:?}", format!("devremap-runtime: {message}"))
     };
-    if let Ok(mut f) = std::fs::OpenOptions::new().append(true).create(true).open(log) {
+    if let Ok(mut f) = std::fs::OpenOptions::new().append(true).create(true).open(osarg::decode(log)) {
         let _ = std::io::Write::write_all(&mut f, format!("{line}\n").as_bytes());
     }
 }
 
-fn runtime_command(config: &Config, args: impl IntoIterator<Item = impl AsRef<std::ffi::OsStr>>) -> Command {
+/// The runtime with `args`, each as the caller gave it (see `osarg`).
+fn runtime_command(config: &Config, args: &[String]) -> Command {
     let mut c = Command::new(&config.runtime);
-    c.args(args);
+    c.args(args.iter().map(|a| osarg::decode(a)));
     c
 }
 
 /// Replaces this process with the runtime; returns only the error.
-fn exec(config: &Config, args: Vec<impl AsRef<std::ffi::OsStr>>) -> String {
-    let e = runtime_command(config, args).exec();
+fn exec(config: &Config, args: Vec<String>) -> String {
+    let e = runtime_command(config, &args).exec();
     format!("cannot run {}: {}", config.runtime.display(), io_message(&e))
+}
+
+/// The read end of an empty pipe whose write end is closed: what a create, run or restore is
+/// given as stdin in place of the host's `/dev/null` (see the module doc). `None` when stdin is
+/// anything else.
+fn stdin_in_place_of_dev_null() -> Result<Option<std::os::fd::OwnedFd>, String> {
+    let meta = match std::fs::metadata("/proc/self/fd/0") {
+        Ok(m) => m,
+        Err(_) => return Ok(None),
+    };
+    if !(meta.file_type().is_char_device() && meta.rdev() == libc::makedev(1, 3)) {
+        return Ok(None);
+    }
+    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|e| format!("cannot make a pipe for the container's stdin: {}", e.desc()))?;
+    drop(write);
+    Ok(Some(read))
 }
 
 /// Runs the runtime to its end, passing on the signals we get, and returns its exit status.
 fn run_runtime(config: &Config, args: &[String]) -> Result<u8, String> {
-    let mut child = runtime_command(config, args)
-        .spawn()
-        .map_err(|e| format!("cannot run {}: {}", config.runtime.display(), io_message(&e)))?;
+    let mut command = runtime_command(config, args);
+    if let Some(stdin) = stdin_in_place_of_dev_null()? {
+        command.stdin(std::process::Stdio::from(stdin));
+    }
+    let mut child =
+        command.spawn().map_err(|e| format!("cannot run {}: {}", config.runtime.display(), io_message(&e)))?;
     let pid = Pid::from_raw(child.id() as libc::pid_t);
     let mut signals =
         signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGWINCH])
@@ -173,7 +212,8 @@ fn run_runtime(config: &Config, args: &[String]) -> Result<u8, String> {
 
 /// Whether the runtime knows container `id` (`<runtime> state <id>` succeeds).
 fn runtime_knows(config: &Config, inv: &Invocation, id: &str) -> Option<Value> {
-    let out = runtime_command(config, inv.sibling("state", &[id])).stderr(std::process::Stdio::null()).output().ok()?;
+    let out =
+        runtime_command(config, &inv.sibling("state", &[id])).stderr(std::process::Stdio::null()).output().ok()?;
     if !out.status.success() {
         return None;
     }
@@ -189,7 +229,13 @@ fn devremapd_path(config: &Config) -> Result<PathBuf, String> {
 }
 
 fn absolute(p: &str) -> Result<PathBuf, String> {
-    std::path::absolute(p).map_err(|e| format!("{p}: {}", io_message(&e)))
+    let p = osarg::decode(p);
+    std::path::absolute(&p).map_err(|e| format!("{}: {}", p.display(), io_message(&e)))
+}
+
+/// `path` as an argument of the runtime's command line (see `osarg`).
+fn arg_of(path: &Path) -> Result<String, String> {
+    osarg::encode(path.as_os_str()).ok_or_else(|| format!("{}: a path the wrapper cannot pass on", path.display()))
 }
 
 /// What `start` needs to know beyond the command line.
@@ -204,8 +250,7 @@ fn start(config: &Config, inv: &Invocation, restoring: Option<Restoring>) -> Res
     let Some(id) = c.id.clone() else { return Err(exec(config, inv.original())) };
     let root = inv.root.as_deref();
     let container = argv::valid_id(&id).then(|| Container::new(&config.state_dir, &id));
-    // A killed wrapper's leftover for this id may hold the bundle's original spec: it is put
-    // back before the spec is read, or the patched one would be taken for the original.
+    // A killed wrapper's leftover for this id is torn down before anything is set up.
     let mut claimed = None;
     if let Some(container) = container.as_ref().filter(|c| c.exists()) {
         claimed = Some(claim(config, inv, container)?);
@@ -215,16 +260,16 @@ fn start(config: &Config, inv: &Invocation, restoring: Option<Restoring>) -> Res
     // A spec we cannot read or parse is the runtime's to refuse, in its own words.
     let Some(original) = read_spec(&spec_path) else { return Err(exec(config, inv.original())) };
     let Ok(value) = serde_json::from_slice::<Value>(&original) else { return Err(exec(config, inv.original())) };
+    if annotations::is_sandbox(&value) {
+        return Err(exec(config, inv.original()));
+    }
     let s = spec_path.display();
     let request = annotations::parse(&value).map_err(|e| format!("{s}: {e}"))?;
     // Only whether the spec wants GPUs matters here, not what its bind mounts are onto.
     let view = match devremap::spec::parse(&original, &|_| false) {
         Ok(v) => v,
         Err(e) if request.enable == Some(true) => return Err(format!("{s}: {e}")),
-        Err(e) => {
-            eprintln!("devremap-runtime: warning: {s}: {e}; running without devremap");
-            return Err(exec(config, inv.original()));
-        }
+        Err(e) => return without_devremap(config, inv, &format!("{s}: {e}")),
     };
     let metadata = restoring.and_then(|r| r.metadata);
     let recorded = metadata.as_ref().is_some_and(|m| m.ends_with(RECORD_FILE));
@@ -234,13 +279,21 @@ fn start(config: &Config, inv: &Invocation, restoring: Option<Restoring>) -> Res
     let Some(container) = container else {
         return Err(format!("container id {id:?}: only letters, digits and _+-. are allowed"));
     };
-    // The patch and its undoing replace the file: they would turn a link into a copy.
-    let spec_meta = std::fs::symlink_metadata(&spec_path).map_err(|e| format!("{s}: {}", io_message(&e)))?;
-    if spec_meta.file_type().is_symlink() {
-        return Err(format!(
-            "{s}: is a symbolic link; devremap-runtime rewrites the spec in place: give it a regular file"
-        ));
-    }
+    // The spec is patched before anything is set up: one that binds its own /dev is refused
+    // when devremap was asked for, and runs without it otherwise (issue 17.6).
+    let dev = container.dev();
+    let dev = dev.to_str().ok_or_else(|| format!("{}: not a UTF-8 path", dev.display()))?;
+    let patched = devremap::oci_patch::patch(&value, dev).and_then(|mut p| {
+        devremap::oci_patch::relocate(&mut p, &bundle)?;
+        Ok(p)
+    });
+    let patched = match patched {
+        Ok(p) => p,
+        Err(e @ (PatchError::DevBound { .. } | PatchError::BundleNotUtf8(_))) if request.enable != Some(true) => {
+            return without_devremap(config, inv, &format!("{s}: {e}"));
+        }
+        Err(e) => return Err(format!("{s}: {e}")),
+    };
     // Claiming the id and tearing down a leftover happen under the state dir's lock; the
     // container's own lock, held until this wrapper ends, tells others it is not a leftover.
     let claiming = match claimed {
@@ -251,13 +304,18 @@ fn start(config: &Config, inv: &Invocation, restoring: Option<Restoring>) -> Res
         Some(p) => absolute(p)?,
         None => container.default_container_pid_file(),
     };
-    let pid_file_arg = pid_file.to_str().ok_or_else(|| format!("{}: not a UTF-8 path", pid_file.display()))?;
+    let pid_file_arg = arg_of(&pid_file)?;
     let _mine = container.prepare(root).map_err(|e| undo(&container, None, e))?;
     drop(claiming);
+    let ours = container.write_bundle(&format!("{patched:#}\n")).map_err(|e| undo(&container, None, e))?;
+    let metadata = match metadata.map(|m| container.keep_metadata(&m)).transpose() {
+        Ok(m) => m,
+        Err(e) => return Err(undo(&container, None, e)),
+    };
     let devremapd = devremapd_path(config)?;
     let daemon = container.start_daemon(&DaemonArgs {
         devremapd: &devremapd,
-        spec: &spec_path,
+        spec: &ours,
         host_dev: config.host_dev.as_deref(),
         host_root: &config.host_root,
         metadata: metadata.as_deref(),
@@ -268,17 +326,8 @@ fn start(config: &Config, inv: &Invocation, restoring: Option<Restoring>) -> Res
         Ok(d) => d,
         Err(e) => return Err(undo(&container, None, e)),
     };
-    let saved = SavedSpec {
-        path: spec_path.clone(),
-        access: Access { mode: spec_meta.mode() & 0o7777, uid: spec_meta.uid(), gid: spec_meta.gid() },
-        // The spec parsed as JSON, which is UTF-8.
-        original: String::from_utf8_lossy(&original).into_owned(),
-        patched: String::new(),
-    };
-    if let Err(e) = patch_spec(&container, saved, &value) {
-        return Err(undo(&container, Some(daemon), e));
-    }
-    let code = match run_runtime(config, &inv.with_pid_file(pid_file_arg)) {
+    let code = match arg_of(&container.bundle()).and_then(|b| run_runtime(config, &inv.with_bundle(&b, &pid_file_arg)))
+    {
         Ok(code) => code,
         Err(e) => return Err(undo(&container, Some(daemon), e)),
     };
@@ -288,6 +337,13 @@ fn start(config: &Config, inv: &Invocation, restoring: Option<Restoring>) -> Res
         container.teardown(Some(daemon))?;
     }
     Ok(code)
+}
+
+/// Runs the container on the runtime alone, saying why: devremap was not asked for by name and
+/// the spec cannot have it.
+fn without_devremap(config: &Config, inv: &Invocation, why: &str) -> Result<u8, String> {
+    report(inv, "warning", &format!("{why}; running without devremap"));
+    Err(exec(config, inv.original()))
 }
 
 /// Takes the state dir's lock to claim `container`'s id, and tears down a killed wrapper's
@@ -312,8 +368,8 @@ fn claim(config: &Config, inv: &Invocation, container: &Container) -> Result<sta
     }
 }
 
-/// Undoes a half-made start: stops the daemon, puts the bundle's spec back and removes the
-/// directory; returns `why`, with what could not be undone.
+/// Undoes a half-made start: stops the daemon and removes the directory; returns `why`, with
+/// what could not be undone.
 fn undo(container: &Container, daemon: Option<Child>, why: String) -> String {
     match container.teardown(daemon) {
         Ok(()) => why,
@@ -326,18 +382,6 @@ fn read_spec(path: &Path) -> Option<Vec<u8>> {
     let mut buf = Vec::new();
     devremap::files::read_up_to(&mut file, devremap::metadata::MAX_METADATA_LEN, &mut buf).ok()?;
     Some(buf)
-}
-
-/// Points the spec's `/dev` at the mount, as `devremapd oci-patch --in-place` does, after
-/// saving the original in the container's directory (`saved` without its `patched`).
-fn patch_spec(container: &Container, mut saved: SavedSpec, spec: &Value) -> Result<(), String> {
-    let dev = container.dev();
-    let p = saved.path.display().to_string();
-    let dev = dev.to_str().ok_or_else(|| format!("{}: not a UTF-8 path", dev.display()))?;
-    let patched = devremap::oci_patch::patch(spec, dev).map_err(|e| format!("{p}: {e}"))?;
-    saved.patched = format!("{patched:#}\n");
-    container.save_spec(&saved)?;
-    devremap::atomic::replace_file(&saved.path, saved.patched.as_bytes()).map_err(|e| e.to_string())
 }
 
 /// The image directory of a checkpoint or restore: `--image-path`, else runc's default
@@ -378,8 +422,7 @@ fn checkpoint(config: &Config, inv: &Invocation) -> Result<u8, String> {
         let loaded = devremap::load::load(&sources).map_err(|e| e.to_string())?;
         // As `devremapd record` does: the record still pairs by minor, but say what it lacks.
         for gap in devremap::record::gaps(&loaded.plan) {
-            let line = format!("{}: {gap}", config.host_root.display());
-            eprintln!("devremap-runtime: warning: {}", devremap::escape::escape(&line));
+            report(inv, "warning", &format!("{}: {gap}", config.host_root.display()));
         }
         let text = format!("{:#}\n", devremap::record::devices(&loaded.plan));
         let out = image.join(RECORD_FILE);

@@ -1,6 +1,9 @@
 //! A container's devremap state: `<state_dir>/<id>/` holding the mountpoint `dev/`, the
-//! daemon's pid, state and log files, the default pid file of the container's init, and the
-//! bundle's spec as it was before the patch (`spec.json`), put back at every teardown.
+//! daemon's pid, state and log files, the default pid file of the container's init, the
+//! wrapper's own bundle `bundle/config.json` (the caller's spec with its `/dev` pointed at the
+//! mount; the caller's bundle is never written), and a restore's metadata copied from the
+//! client's checkpoint directory (`restore/`), which the client may remove while the container
+//! runs: the daemon reads all its inputs from here, at every reload and after a crash.
 //!
 //! Assumptions: only root writes under `<state_dir>`, which is made a root-owned directory of
 //! mode 0700 (or checked to be root's and writable by no one else), so a pid file found there
@@ -9,12 +12,13 @@
 //! signal another process.
 
 use devremap::io_message;
-use devremap::runtime::saved_spec::SavedSpec;
 use nix::fcntl::{Flock, FlockArg};
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use std::fs::{self, DirBuilder};
 use std::io;
+use std::os::fd::AsFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -197,26 +201,53 @@ impl Container {
                 Ok(())
             });
         }
+        // Watched before the spawn, so that the pid file's arrival cannot be missed.
+        let inotify = Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK)
+            .map_err(|e| format!("cannot watch {}: {}", self.dir.display(), e.desc()))?;
+        inotify
+            .add_watch(&self.dir, AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO)
+            .map_err(|e| format!("cannot watch {}: {}", self.dir.display(), e.desc()))?;
         let mut child =
             cmd.spawn().map_err(|e| format!("cannot start {}: {}", a.devremapd.display(), io_message(&e)))?;
+        match self.wait_ready(&mut child, &inotify) {
+            Ok(()) => Ok(child),
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                Err(e)
+            }
+        }
+    }
+
+    /// Waits until the daemon's pid file appears (its mount answers), woken by the directory's
+    /// events and the daemon's exit rather than by a timer: the wait costs no more than the
+    /// daemon's start (issue 17's benchmark).
+    fn wait_ready(&self, child: &mut Child, inotify: &Inotify) -> Result<(), String> {
+        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        let exited = crate::pidfd::pidfd_open(child.id()).ok();
         let deadline = Instant::now() + PATIENCE;
         loop {
             if self.pid_file().exists() {
-                return Ok(child);
+                return Ok(());
             }
             if let Ok(Some(status)) = child.try_wait() {
                 return Err(format!("devremapd exited ({status}) before its mount answered: {}", self.last_log_line()));
             }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
                 return Err(format!(
                     "devremapd did not answer within {} s: {}",
                     PATIENCE.as_secs(),
                     self.last_log_line()
                 ));
             }
-            std::thread::sleep(Duration::from_millis(5));
+            let mut fds = vec![PollFd::new(inotify.as_fd(), PollFlags::POLLIN)];
+            fds.extend(exited.as_ref().map(|fd| PollFd::new(fd.as_fd(), PollFlags::POLLIN)));
+            // Without a pidfd (before Linux 5.3) the child's exit is looked at every 100 ms.
+            let _ =
+                poll(&mut fds, PollTimeout::try_from(left.min(Duration::from_millis(100))).unwrap_or(PollTimeout::MAX));
+            // Drained only to rearm the wakeup: which name appeared is checked above.
+            let _ = inotify.read_events();
         }
     }
 
@@ -225,9 +256,8 @@ impl Container {
         text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("(no log)").to_owned()
     }
 
-    /// Stops the daemon (if it still runs), detaches whatever is left mounted on `dev/`, puts
-    /// the bundle's original spec back, and removes the directory (kept, with the original,
-    /// when the spec could not be put back). `child` is the daemon when this process started it (to reap it).
+    /// Stops the daemon (if it still runs), detaches whatever is left mounted on `dev/`, and
+    /// removes the directory. `child` is the daemon when this process started it (to reap it).
     pub fn teardown(&self, child: Option<Child>) -> Result<(), String> {
         if let Some(pid) = self.daemon_pid() {
             stop(pid);
@@ -239,7 +269,6 @@ impl Container {
         // A daemon that was killed leaves a dead FUSE mount; a live one has unmounted already.
         // EINVAL when nothing is mounted there.
         let _ = nix::mount::umount2(&self.dev(), nix::mount::MntFlags::MNT_DETACH);
-        self.put_back_spec()?;
         match fs::remove_dir_all(&self.dir) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => {
                 Err(format!("{}: cannot remove: {}", self.dir.display(), io_message(&e)))
@@ -248,55 +277,35 @@ impl Container {
         }
     }
 
-    fn saved_spec_file(&self) -> PathBuf {
-        self.dir.join("spec.json")
+    /// The wrapper's bundle, which the runtime is given in place of the caller's.
+    pub fn bundle(&self) -> PathBuf {
+        self.dir.join("bundle")
     }
 
-    /// Keeps the bundle's original spec (and its mode and owner) in the directory, before the
-    /// wrapper writes `saved.patched` over it.
-    pub fn save_spec(&self, saved: &SavedSpec) -> Result<(), String> {
-        devremap::atomic::replace_file(&self.saved_spec_file(), &saved.to_json()).map_err(|e| e.to_string())
+    /// Writes the wrapper's bundle: `spec`, whose paths were made absolute against the caller's
+    /// bundle, as `bundle/config.json`; returns the spec's path.
+    pub fn write_bundle(&self, spec: &str) -> Result<PathBuf, String> {
+        let dir = self.bundle();
+        DirBuilder::new().mode(0o700).create(&dir).map_err(|e| format!("{}: {}", dir.display(), io_message(&e)))?;
+        let path = dir.join("config.json");
+        devremap::atomic::replace_file(&path, spec.as_bytes()).map_err(|e| e.to_string())?;
+        Ok(path)
     }
 
-    /// Puts the saved original spec back, if the bundle's `config.json` is still the file the
-    /// wrapper wrote; a spec rewritten since (or gone with its bundle) is left as it is.
-    fn put_back_spec(&self) -> Result<(), String> {
-        let path = self.saved_spec_file();
-        // Written by a wrapper into root's private directory, and as large as two escaped
-        // specs (the patched one pretty-printed): bounded by memory only.
-        let saved = match devremap::files::read_small_text(&path, u64::MAX / 2) {
-            devremap::files::SmallText::Text(text) => SavedSpec::parse(text.as_bytes()),
-            // Never saved: the wrapper stopped before patching.
-            _ if !path.exists() => return Ok(()),
-            _ => return Err(format!("{}: cannot read", path.display())),
-        };
-        let saved = match saved {
-            Ok(saved) => saved,
-            Err(e) => {
-                // Nothing we could put back: no reason to keep the directory.
-                eprintln!("devremap-runtime: warning: {}: {e}; the bundle's spec is left as it is", path.display());
-                return Ok(());
-            }
-        };
-        let spec = saved.path.display();
-        let current = match devremap::files::read_small_text(&saved.path, saved.patched.len() as u64 + 1) {
-            devremap::files::SmallText::Text(text) => text,
-            _ if fs::symlink_metadata(&saved.path).is_err() => return Ok(()),
-            _ => String::new(),
-        };
-        if !saved.still_ours(current.as_bytes()) {
-            eprintln!("devremap-runtime: warning: {spec}: rewritten since devremap-runtime patched it; left as it is");
-            return Ok(());
-        }
-        devremap::atomic::write_atomic_as(&saved.path, saved.original.as_bytes(), Some(saved.access)).map(drop).map_err(
-            |e| {
-                format!(
-                    "{spec}: cannot put the original spec back ({}); it is kept in {}",
-                    io_message(&e),
-                    path.display()
-                )
-            },
-        )
+    /// Copies a restore's metadata into `restore/`, under its own name (the daemon tells the
+    /// forms apart by content; the wrapper by name), and returns the copy's path. At most one
+    /// byte past the metadata limit is copied, so the daemon still refuses a file too large.
+    pub fn keep_metadata(&self, from: &Path) -> Result<PathBuf, String> {
+        let f = from.display();
+        let mut file = devremap::files::open_regular(from).map_err(|e| format!("{f}: {e}"))?;
+        let mut bytes = Vec::new();
+        devremap::files::read_up_to(&mut file, devremap::metadata::MAX_METADATA_LEN + 1, &mut bytes)
+            .map_err(|e| format!("{f}: {}", io_message(&e)))?;
+        let dir = self.dir.join("restore");
+        DirBuilder::new().mode(0o700).create(&dir).map_err(|e| format!("{}: {}", dir.display(), io_message(&e)))?;
+        let to = dir.join(from.file_name().unwrap_or("metadata".as_ref()));
+        devremap::atomic::replace_file(&to, &bytes).map_err(|e| e.to_string())?;
+        Ok(to)
     }
 
     /// The daemon's pid, if its pid file names a live process serving this mountpoint.
@@ -309,20 +318,13 @@ impl Container {
     }
 }
 
-/// SIGTERM, then waits for the process to exit (SIGKILL after [`PATIENCE`]).
+/// SIGTERM, then waits for the process to exit (SIGKILL after [`PATIENCE`]), through a pidfd.
 fn stop(pid: u32) {
     let pid = Pid::from_raw(pid as libc::pid_t);
     // The pid was checked to be our daemon's; an error means it has exited already.
     let _ = kill(pid, Signal::SIGTERM);
-    let deadline = Instant::now() + PATIENCE;
-    // A zombie (our own child, not yet reaped) has no cmdline: it has exited.
-    let alive = || fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| !c.is_empty());
-    while alive() {
-        if Instant::now() > deadline {
-            let _ = kill(pid, Signal::SIGKILL);
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(5));
+    if !crate::pidfd::exits_within(pid.as_raw() as u32, PATIENCE) {
+        let _ = kill(pid, Signal::SIGKILL);
     }
 }
 

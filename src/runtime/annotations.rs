@@ -6,6 +6,8 @@
 //! `devremap.io/device-map` is a `--device-map` value and `devremap.io/prefer` a `--prefer`
 //! value; both are checked here, so a bad one is refused before anything is set up. Any other
 //! `devremap.io/` key is refused too: a misspelt annotation must not be ignored in silence.
+//! Each annotation has a `process.env` variable standing for it ([`ENV_VARS`]), for clients
+//! that drop annotations; a pod's sandbox ([`is_sandbox`]) never gets devremap.
 
 use crate::pairing::parse_device_map;
 use crate::spec::SpecView;
@@ -48,53 +50,91 @@ impl Request {
     }
 }
 
-/// Why the annotations were refused.
+/// Why the annotations were refused; `from` names where the value was read (the annotation,
+/// or the `process.env` variable standing for it).
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum AnnotationError {
     #[error("annotations: expected an object of strings")]
     NotAMap,
     #[error("annotation {key}: expected a string, found {found}")]
     NotAString { key: String, found: String },
-    #[error("annotation {ENABLE}: expected \"true\" or \"false\", found {0:?}")]
-    Enable(String),
-    #[error("annotation {DEVICE_MAP}: {0}")]
-    DeviceMap(String),
-    #[error("annotation {PREFER}: expected \"native\" or \"checkpoint\", found {0:?}")]
-    Prefer(String),
+    #[error("{from}: expected \"true\" or \"false\", found {value:?}")]
+    Enable { from: String, value: String },
+    #[error("{from}: {why}")]
+    DeviceMap { from: String, why: String },
+    #[error("{from}: expected \"native\" or \"checkpoint\", found {value:?}")]
+    Prefer { from: String, value: String },
     #[error("unknown annotation {0} (known: {ENABLE}, {DEVICE_MAP}, {PREFER})")]
     Unknown(String),
 }
 
-/// Reads the `devremap.io/*` annotations of a spec (as JSON).
+/// The `process.env` variables that stand for the annotations, for the clients that cannot
+/// pass annotations: Docker before API 1.43 (Debian 12's 20.10) drops them without an error,
+/// while `docker run -e DEVREMAP_ENABLE=true` reaches the spec (issue 17.4). An annotation
+/// wins over its variable.
+pub const ENV_VARS: &[(&str, &str)] =
+    &[("DEVREMAP_ENABLE", ENABLE), ("DEVREMAP_DEVICE_MAP", DEVICE_MAP), ("DEVREMAP_PREFER", PREFER)];
+
+/// The annotations by which CRI runtimes mark a pod's sandbox (its pause container).
+const SANDBOX_MARKS: &[&str] = &["io.kubernetes.cri.container-type", "io.kubernetes.cri-o.ContainerType"];
+
+/// Whether the spec is a Kubernetes pod's sandbox, which never needs a device: a runtime
+/// handler's `pod_annotations` reach it as they reach the pod's containers, and it must not
+/// cost a daemon (issue 17.5).
+pub fn is_sandbox(spec: &Value) -> bool {
+    SANDBOX_MARKS
+        .iter()
+        .any(|k| spec.pointer(&format!("/annotations/{}", k.replace('/', "~1"))) == Some(&"sandbox".into()))
+}
+
+impl Request {
+    /// Sets what `key` (one of the annotations) says, read from `from`; a field already set
+    /// (by the annotation, over its variable) is kept.
+    fn set(&mut self, key: &str, text: &str, from: String) -> Result<(), AnnotationError> {
+        match key {
+            ENABLE if self.enable.is_none() => {
+                self.enable = Some(match text {
+                    "true" => true,
+                    "false" => false,
+                    other => return Err(AnnotationError::Enable { from, value: other.to_owned() }),
+                })
+            }
+            DEVICE_MAP if self.device_map.is_none() => {
+                parse_device_map(text).map_err(|e| AnnotationError::DeviceMap { from, why: e.to_string() })?;
+                self.device_map = Some(text.to_owned());
+            }
+            PREFER if self.prefer.is_none() => match text {
+                "native" | "checkpoint" => self.prefer = Some(text.to_owned()),
+                other => return Err(AnnotationError::Prefer { from, value: other.to_owned() }),
+            },
+            ENABLE | DEVICE_MAP | PREFER => {}
+            _ => return Err(AnnotationError::Unknown(key.to_owned())),
+        }
+        Ok(())
+    }
+}
+
+/// Reads the `devremap.io/*` annotations of a spec (as JSON), then the variables of
+/// [`ENV_VARS`] in its `process.env` for what the annotations leave unsaid.
 pub fn parse(spec: &Value) -> Result<Request, AnnotationError> {
     let mut request = Request::default();
-    let Some(annotations) = spec.get("annotations") else { return Ok(request) };
-    let map = match annotations {
-        Value::Null => return Ok(request),
-        Value::Object(map) => map,
-        _ => return Err(AnnotationError::NotAMap),
+    let map = match spec.get("annotations") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(map)) => Some(map),
+        Some(_) => return Err(AnnotationError::NotAMap),
     };
-    for (key, value) in map.iter().filter(|(k, _)| k.starts_with(PREFIX)) {
+    for (key, value) in map.into_iter().flatten().filter(|(k, _)| k.starts_with(PREFIX)) {
         let text = value
             .as_str()
             .ok_or_else(|| AnnotationError::NotAString { key: key.clone(), found: crate::metadata::describe(value) })?;
-        match key.as_str() {
-            ENABLE => {
-                request.enable = Some(match text {
-                    "true" => true,
-                    "false" => false,
-                    other => return Err(AnnotationError::Enable(other.to_owned())),
-                })
-            }
-            DEVICE_MAP => {
-                parse_device_map(text).map_err(|e| AnnotationError::DeviceMap(e.to_string()))?;
-                request.device_map = Some(text.to_owned());
-            }
-            PREFER => match text {
-                "native" | "checkpoint" => request.prefer = Some(text.to_owned()),
-                other => return Err(AnnotationError::Prefer(other.to_owned())),
-            },
-            _ => return Err(AnnotationError::Unknown(key.clone())),
+        request.set(key, text, format!("annotation {key}"))?;
+    }
+    // The spec parsed as an OCI spec before this is asked, so `env` holds strings; anything
+    // else is no variable of ours.
+    let env = spec.pointer("/process/env").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str);
+    for (name, text) in env.filter_map(|e| e.split_once('=')) {
+        if let Some((_, key)) = ENV_VARS.iter().find(|(var, _)| *var == name) {
+            request.set(key, text, format!("process.env {name}"))?;
         }
     }
     Ok(request)
@@ -146,6 +186,35 @@ mod tests {
             ["--device-map", "0=2,GPU-00000000-0000-0000-0000-000000000001=3", "--prefer", "checkpoint"]
         );
         assert!(parse(&with(Value::Null)).unwrap().daemon_args().is_empty());
+    }
+
+    /// Rule (issue 17.4): Docker 20.10 drops annotations, so `docker run -e DEVREMAP_ENABLE=true`
+    /// opts in through the spec's `process.env`; the annotation wins over its variable, and a
+    /// bad variable is refused naming it.
+    #[test]
+    fn env_variables_stand_for_annotations() {
+        let env = |vars: &[&str]| json!({"process": {"env": vars}});
+        let r = parse(&env(&["PATH=/bin", "DEVREMAP_ENABLE=true", "DEVREMAP_PREFER=checkpoint"])).unwrap();
+        assert_eq!((r.enable, r.prefer.as_deref()), (Some(true), Some("checkpoint")));
+        assert!(r.wanted(&SpecView::default()));
+        let mut both = env(&["DEVREMAP_ENABLE=true", "DEVREMAP_DEVICE_MAP=0=1"]);
+        both["annotations"] = json!({ENABLE: "false"});
+        let r = parse(&both).unwrap();
+        assert_eq!((r.enable, r.device_map.as_deref()), (Some(false), Some("0=1")));
+        let e = parse(&env(&["DEVREMAP_ENABLE=1"])).unwrap_err().to_string();
+        assert_eq!(e, "process.env DEVREMAP_ENABLE: expected \"true\" or \"false\", found \"1\"");
+        assert!(parse(&env(&["DEVREMAP_ENABLEX=1", "NOEQUALS"])).unwrap() == Request::default());
+    }
+
+    /// Rule (issue 17.5): a CRI pod's sandbox (containerd's and CRI-O's marks) never gets a
+    /// daemon, whatever `pod_annotations` pass to it.
+    #[test]
+    fn a_pod_sandbox_is_told_apart() {
+        let marked = |k: &str, v: &str| json!({"annotations": {k: v, ENABLE: "true"}});
+        assert!(is_sandbox(&marked("io.kubernetes.cri.container-type", "sandbox")));
+        assert!(is_sandbox(&marked("io.kubernetes.cri-o.ContainerType", "sandbox")));
+        assert!(!is_sandbox(&marked("io.kubernetes.cri.container-type", "container")));
+        assert!(!is_sandbox(&json!({})));
     }
 
     /// Rule (issue 12.3): a bad annotation is a clear error naming it.

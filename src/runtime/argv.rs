@@ -12,8 +12,14 @@
 //! stand. The wrapper never rewrites the command line; it only inserts `--pid-file` where a
 //! create, run or restore lacks one.
 
-/// The global flags of runc and crun that take a value.
-const GLOBAL_VALUE_FLAGS: &[&str] = &["log", "log-format", "root", "criu", "rootless", "cgroup-manager", "log-level"];
+/// The global flags of runc and crun that take a value, and the wrapper's own.
+const GLOBAL_VALUE_FLAGS: &[&str] =
+    &["log", "log-format", "root", "criu", "rootless", "cgroup-manager", "log-level", CONFIG_FLAG];
+
+/// The wrapper's own global flag, naming its config file; taken out of the command line before
+/// it reaches the runtime. It survives a caller that strips the environment (conmon, so
+/// Podman): `podman --runtime-flag devremap-config=PATH`, or Docker's `runtimeArgs`.
+pub const CONFIG_FLAG: &str = "devremap-config";
 
 /// The flags of runc's and crun's commands that take a value.
 const COMMAND_VALUE_FLAGS: &[&str] = &[
@@ -46,6 +52,8 @@ pub struct Invocation {
     pub log: Option<String>,
     /// `--log-format`.
     pub log_format: Option<String>,
+    /// `--devremap-config`, the wrapper's config file (not passed on).
+    pub config: Option<String>,
     /// The command (`create`, `run`, ...), if any.
     pub command: Option<String>,
     /// Everything after the command, as given.
@@ -106,23 +114,37 @@ fn walk_flags<'a>(args: &'a [String], value_flags: &[&str], mut f: impl FnMut(&s
 
 /// Splits a command line (without the program name).
 pub fn parse(argv: &[String]) -> Invocation {
-    let (mut root, mut log, mut log_format) = (None, None, None);
+    let (mut root, mut log, mut log_format, mut config) = (None, None, None, None);
     let end = walk_flags(argv, GLOBAL_VALUE_FLAGS, |name, value| {
         let slot = match name {
             "root" => &mut root,
             "log" => &mut log,
             "log-format" => &mut log_format,
+            CONFIG_FLAG => &mut config,
             _ => return,
         };
         *slot = value.map(str::to_owned);
     });
-    // A `--` before the command leaves `end` past it; the command is what follows.
-    let global = argv[..end].iter().filter(|a| *a != "--").cloned().collect();
+    // A `--` before the command leaves `end` past it; the command is what follows. Our own
+    // flag (and its value, when apart) is no business of the runtime's.
+    let mut global = Vec::new();
+    let mut args = argv[..end].iter().filter(|a| *a != "--");
+    while let Some(a) = args.next() {
+        match flag(a) {
+            Some((CONFIG_FLAG, inline)) => {
+                if inline.is_none() {
+                    args.next();
+                }
+            }
+            _ => global.push(a.clone()),
+        }
+    }
     Invocation {
         global,
         root,
         log,
         log_format,
+        config,
         command: argv.get(end).cloned(),
         args: argv.get(end + 1..).map(<[String]>::to_vec).unwrap_or_default(),
     }
@@ -164,14 +186,44 @@ impl Invocation {
     /// The whole command line, with `--pid-file PATH` added after the command's own flags
     /// (before the container id) when it has none.
     pub fn with_pid_file(&self, path: &str) -> Vec<String> {
-        let mut args = self.args.clone();
-        if self.command_args().pid_file.is_none() {
-            let end = walk_flags(&self.args, COMMAND_VALUE_FLAGS, |_, _| {});
-            // Before a `--` that ends the flags, or before the id.
-            let at = if end > 0 && self.args.get(end - 1).is_some_and(|a| a == "--") { end - 1 } else { end };
-            args.splice(at..at, ["--pid-file".to_owned(), path.to_owned()]);
+        self.line(self.inserting(self.args.clone(), path, &[]))
+    }
+
+    /// The whole command line for the wrapper's own bundle: every `--bundle`/`-b` given is
+    /// replaced by `--bundle BUNDLE`, and `--pid-file PATH` is added when there is none.
+    pub fn with_bundle(&self, bundle: &str, pid_file: &str) -> Vec<String> {
+        let mut args = Vec::with_capacity(self.args.len() + 4);
+        let mut i = 0;
+        while i < self.args.len() {
+            let a = &self.args[i];
+            if a == "--" {
+                args.extend_from_slice(&self.args[i..]);
+                break;
+            }
+            let n = match flag(a) {
+                Some((name, None)) if COMMAND_VALUE_FLAGS.contains(&name) => 2,
+                _ => 1,
+            };
+            let end = (i + n).min(self.args.len());
+            if !matches!(flag(a), Some(("bundle" | "b", _))) {
+                args.extend_from_slice(&self.args[i..end]);
+            }
+            i = end;
         }
-        self.line(args)
+        self.line(self.inserting(args, pid_file, &["--bundle".to_owned(), bundle.to_owned()]))
+    }
+
+    /// `args` with `extra` and, when they hold no `--pid-file`, `--pid-file PID_FILE` put after
+    /// the command's flags, before a `--` that ends them or the id.
+    fn inserting(&self, mut args: Vec<String>, pid_file: &str, extra: &[String]) -> Vec<String> {
+        let mut added = extra.to_vec();
+        if self.command_args().pid_file.is_none() {
+            added.extend(["--pid-file".to_owned(), pid_file.to_owned()]);
+        }
+        let end = walk_flags(&args, COMMAND_VALUE_FLAGS, |_, _| {});
+        let at = if end > 0 && args.get(end - 1).is_some_and(|a| a == "--") { end - 1 } else { end };
+        args.splice(at..at, added);
+        args
     }
 
     /// The command line as given.
@@ -212,6 +264,33 @@ mod tests {
 
     fn v(s: &str) -> Vec<String> {
         s.split_whitespace().map(str::to_owned).collect()
+    }
+
+    /// Rule (issue 17.3): `--devremap-config` (either spelling) names the wrapper's config and
+    /// never reaches the runtime, which would refuse an unknown flag.
+    #[test]
+    fn config_flag_is_taken_out() {
+        for line in
+            ["--devremap-config /etc/x.json --root /r create c1", "--root /r --devremap-config=/etc/x.json create c1"]
+        {
+            let inv = parse(&v(line));
+            assert_eq!(inv.config.as_deref(), Some("/etc/x.json"), "{line}");
+            assert_eq!(inv.original(), v("--root /r create c1"), "{line}");
+            assert_eq!(inv.root.as_deref(), Some("/r"));
+        }
+    }
+
+    /// Rule (issue 17.7): the runtime gets the wrapper's bundle in place of every bundle flag
+    /// given (before or after the id), and a pid file where none was given.
+    #[test]
+    fn bundle_replaced() {
+        let inv = parse(&v("--root /r create -b /theirs --console-socket /s c1 --bundle=/again"));
+        assert_eq!(
+            inv.with_bundle("/ours", "/p"),
+            v("--root /r create --console-socket /s --bundle /ours --pid-file /p c1")
+        );
+        let inv = parse(&v("run --pid-file /given -- c1"));
+        assert_eq!(inv.with_bundle("/ours", "/p"), v("run --pid-file /given --bundle /ours -- c1"));
     }
 
     /// containerd's runc shim: global flags before the command, then create's flags and the id.

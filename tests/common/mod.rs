@@ -10,6 +10,7 @@
 #![allow(dead_code)]
 
 pub mod bundle;
+pub mod clients;
 pub mod daemon;
 pub mod readers;
 

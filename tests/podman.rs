@@ -1,0 +1,139 @@
+//! Podman (Debian's 4.3, with conmon) running containers through `devremap-runtime` with its
+//! defaults: run -d, stop, start, restart, rm; a local checkpoint and restore; and
+//! `checkpoint --export` + `restore --import` onto a host whose GPUs changed.
+//!
+//! Each test's Podman has its own root, runroot and tmpdir (the vfs storage driver, cgroupfs,
+//! a file events log, `--network none`) and the shipped `dist/podman/containers.conf`, which
+//! makes devremap the default runtime. conmon strips the environment, so the wrapper's config
+//! is named by a script at the runtime's path. The image is the static busybox, imported
+//! offline; the host is a fake one (GPU `nvidia1` is char 1:5, zero).
+
+mod common;
+
+use common::arg;
+use common::clients::{
+    HOLDER, WRAPPER, WrappedHost, busybox_rootfs_tar, need_client, path_with_criu, shipped, succeeded, wait_client,
+};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use tempfile::TempDir;
+
+const IMAGE: &str = "devremap/busybox:test";
+
+/// One Podman's roots and config, its containers removed when dropped.
+struct Podman {
+    dir: PathBuf,
+    path: String,
+}
+
+impl Podman {
+    fn new(dir: &Path, wrapper_config: &Path) -> Podman {
+        // This machine's hard limits are below Podman's default nofile and nproc for root,
+        // which runc then cannot set: the test's containers get limits that fit.
+        let conf = shipped("podman/containers.conf", wrapper_config)
+            + "\n[containers]\ndefault_ulimits = [\"nofile=1024:1024\", \"nproc=1024:1024\"]\n";
+        // The runtime's path is a script naming the wrapper's config: conmon strips the
+        // environment, and Podman's cleanup process (conmon's exit command, which deletes the
+        // container) passes no `--runtime-flag`, so only the default path or such a script reach
+        // every call. A flag alone left the container's directory behind at `podman stop`.
+        let script = common::write_file(
+            dir,
+            "devremap-runtime",
+            format!("#!/bin/sh\nexec {WRAPPER} --devremap-config={} \"$@\"\n", wrapper_config.display()),
+        );
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        common::write_file(dir, "containers.conf", conf.replace(WRAPPER, arg(&script)));
+        Podman { dir: dir.to_owned(), path: path_with_criu(dir) }
+    }
+
+    fn podman(&self, args: &[&str]) -> Output {
+        Command::new("podman")
+            .env("PATH", &self.path)
+            .env("CONTAINERS_CONF", self.dir.join("containers.conf"))
+            .arg("--root")
+            .arg(self.dir.join("root"))
+            .arg("--runroot")
+            .arg(self.dir.join("runroot"))
+            .arg("--tmpdir")
+            .arg(self.dir.join("tmp"))
+            .args(["--storage-driver", "vfs", "--cgroup-manager", "cgroupfs", "--events-backend", "file"])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("podman runs")
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        succeeded(&format!("podman {args:?}"), self.podman(args), String::new)
+    }
+
+    fn logs(&self, name: &str) -> String {
+        let out = self.podman(&["logs", name]);
+        String::from_utf8_lossy(&[out.stdout, out.stderr].concat()).into_owned()
+    }
+}
+
+impl Drop for Podman {
+    fn drop(&mut self) {
+        let _ = self.podman(&["rm", "-f", "-a"]);
+        let _ = self.podman(&["rmi", "-f", "-a"]);
+        let _ = Command::new("umount").arg("-R").arg("-l").arg(self.dir.join("root")).status();
+        let _ = Command::new("umount").arg("-R").arg("-l").arg(self.dir.join("runroot")).status();
+    }
+}
+
+/// Rule (issue 17): Podman's default flows through the wrapper. `podman run -d` gets the
+/// devremap `/dev`; stop, start and restart work (issue 17.1: start, restart and a local
+/// restore failed on the pid file Podman keeps), each with one daemon while the container runs
+/// and none after; a local checkpoint + restore keeps the container's descriptor; an export,
+/// the container removed, the host's GPU 1 replaced by GPU 2, and an import: the restored
+/// descriptor and a reopen reach the new device. `rm` leaves nothing.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc, busybox-static, podman and CRIU: runs podman"]
+fn podman_run_restart_checkpoint_restore() {
+    need_client("podman", &["podman", "conmon"]);
+    let tmp = TempDir::new().unwrap();
+    let w = WrappedHost::new(tmp.path());
+    let p = Podman::new(tmp.path(), &w.config);
+    p.ok(&["import", arg(&busybox_rootfs_tar(tmp.path())), IMAGE]);
+    let name = format!("devremap-podman-{}", std::process::id());
+    let one_daemon = |what: &str| {
+        wait_client(
+            &format!("one devremap container while it runs ({what})"),
+            || p.logs(&name),
+            || (w.containers().len() == 1).then_some(()),
+        )
+    };
+    let fd3 = || p.ok(&["exec", &name, "stat", "-L", "-c", "%t:%T", "/proc/1/fd/3"]);
+    p.ok(&["run", "-d", "--network", "none", "-e", "DEVREMAP_ENABLE=true", "--name", &name, IMAGE, "sh", "-c", HOLDER]);
+    wait_client("the container's report", || p.logs(&name), || p.logs(&name).contains("ready").then_some(()));
+    assert!(p.logs(&name).contains("dev.fs: fuse\n") && p.logs(&name).contains("fd3: 1:5\n"), "{}", p.logs(&name));
+    one_daemon("run");
+
+    p.ok(&["stop", "-t", "5", &name]);
+    w.wait_clean("stop");
+    p.ok(&["start", &name]);
+    one_daemon("start");
+    p.ok(&["restart", "-t", "5", &name]);
+    one_daemon("restart");
+    assert_eq!(fd3(), "1:5\n");
+
+    p.ok(&["container", "checkpoint", &name]);
+    w.wait_clean("checkpoint");
+    p.ok(&["container", "restore", &name]);
+    one_daemon("restore");
+    assert_eq!(fd3(), "1:5\n", "the restored descriptor, same host");
+
+    let export = tmp.path().join("checkpoint.tar.gz");
+    p.ok(&["container", "checkpoint", "--export", arg(&export), &name]);
+    p.ok(&["rm", "-f", &name]);
+    w.wait_clean("checkpoint --export and rm");
+    w.change_gpus();
+    p.ok(&["container", "restore", "--import", arg(&export)]);
+    one_daemon("restore --import");
+    assert_eq!(fd3(), "1:7\n", "the restored descriptor, changed host");
+    assert_eq!(p.ok(&["exec", &name, "stat", "-c", "%t:%T", "/dev/nvidia1"]), "1:7\n", "a reopen");
+
+    p.ok(&["rm", "-f", &name]);
+    w.wait_clean("rm");
+}
