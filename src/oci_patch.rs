@@ -301,6 +301,7 @@ fn skip_value(b: &[u8], mut i: usize) -> Option<usize> {
             Some(i)
         }
     }
+}
 
 /// Makes the paths of `spec` that the runtime resolves against its bundle absolute against
 /// `bundle` (an absolute path), so that the spec works from another bundle directory:
@@ -399,7 +400,7 @@ mod tests {
         let sources: Vec<&str> =
             s["mounts"].as_array().unwrap().iter().map(|m| m["source"].as_str().unwrap()).collect();
         assert_eq!(sources, ["proc", "/b/u/data", "/b/u/x", "/srv/abs"]);
-        let not_utf8 = std::os::unix::ffi::OsStrExt::from_bytes(b"/b/\xff");
+        let not_utf8: &std::ffi::OsStr = std::os::unix::ffi::OsStrExt::from_bytes(b"/b/\xff");
         assert!(matches!(relocate(&mut s, Path::new(not_utf8)), Err(PatchError::BundleNotUtf8(_))));
     }
 

@@ -55,16 +55,18 @@ pub fn text(ask: Ask, config_env: Option<&OsStr>) -> String {
             "devremap-runtime {version}: an OCI runtime with runc's command line around the real runtime,\n\
              giving the containers that ask for it a devremap /dev (GPU device names remapped after\n\
              checkpoint/restore, served by devremapd):\n  \
-               create, run   mount a devremap /dev for the container and point its spec at it\n  \
+               create, run   mount a devremap /dev for the container; run its spec, pointed at it,\n                \
+                             from a bundle of the wrapper's own\n  \
                checkpoint    first record the container's GPUs in <image-path>/devremap-gpus.json\n  \
                restore       as create, with the image's devremap-gpus.json as the checkpoint's GPUs\n  \
-               delete        then stop the container's devremapd and put its spec back\n  \
+               delete        then stop the container's devremapd and remove its state\n  \
                other         the real runtime, unchanged\n\
              Annotations (in the spec):\n  \
                {ENABLE}      \"true\" or \"false\"; unset: true when the spec has NVIDIA GPUs\n  \
                {DEVICE_MAP}  pairs saved GPUs with restored ones (devremapd's --device-map)\n  \
                {PREFER}      \"native\" or \"checkpoint\": which name wins a collision\n\
-             Config: {config}\n\
+             (or DEVREMAP_ENABLE, DEVREMAP_DEVICE_MAP, DEVREMAP_PREFER in the container's env)\n\
+             Config: {config}; --devremap-config PATH (a global flag) names another\n\
              Docs: /usr/share/doc/devremap/restore.md\n\
              \n\
              The real runtime's help (the config's \"runtime\", default runc):\n\
