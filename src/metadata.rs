@@ -8,7 +8,7 @@
 //! [`needed_len`] tells a reader how many bytes that is, so a 50 GiB image costs 16 bytes
 //! plus its header.
 
-use crate::device::{Access, MAX_REGULAR_MINOR, is_gpu_uuid};
+use crate::device::{Access, MAX_DRIVER_VERSION_LEN, MAX_MODEL_LEN, MAX_REGULAR_MINOR, fact_fault, is_gpu_uuid};
 use serde_json::{Map, Value};
 use std::collections::BTreeSet;
 use thiserror::Error;
@@ -24,7 +24,7 @@ pub const TPU_KEY: &str = "tpu-device-remap-ids";
 const PREFIX_LEN: usize = 16;
 
 /// One GPU as it was at save time (gVisor's `nvproxy.DeviceRemapID`).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DeviceId {
     pub minor: u32,
     pub pci_vendor_id: u32,
@@ -37,6 +37,13 @@ pub struct DeviceId {
     pub uuid: String,
     /// The mode, uid and gid the node had at save time, where `devremapd record` wrote them.
     pub recorded: RecordedAccess,
+    /// The driver's model name at save time, where `devremapd record` wrote it: shown beside
+    /// the PCI ids when the `model` check fails.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// The save host's driver version, where `devremapd record` wrote it: the `driver` check.
+    #[serde(default)]
+    pub driver_version: Option<String>,
 }
 
 impl DeviceId {
@@ -124,6 +131,8 @@ pub enum MetadataError {
     Shape { key: &'static str, what: String },
     #[error("{GPU_KEY}[{index}].{field}: expected {expected}, found {found}")]
     Field { index: usize, field: &'static str, expected: &'static str, found: String },
+    #[error("{GPU_KEY}[{index}].{field}: {why}")]
+    Fact { index: usize, field: &'static str, why: String },
     #[error("{GPU_KEY}[{index}].mode: {mode:#o} has bits beyond the permission and sticky bits (0o1777)")]
     ModeTooLarge { index: usize, mode: u32 },
     #[error("{GPU_KEY}[{index}].{field}: 4294967295 is no owner (chown reads it as \"leave unchanged\")")]
@@ -350,6 +359,19 @@ fn device_id(index: usize, item: &Value) -> Result<DeviceId, MetadataError> {
             return Err(MetadataError::Field { index, field: "uuid", expected: "a string", found: describe(v) });
         }
     };
+    // Facts are compared and shown in messages: text a driver writes, never echoed when not.
+    let fact = |field: &'static str, max: usize| -> Result<Option<String>, MetadataError> {
+        match obj.get(field) {
+            None => Ok(None),
+            Some(Value::String(s)) => match fact_fault(s, max) {
+                None => Ok(Some(s.clone())),
+                Some(why) => Err(MetadataError::Fact { index, field, why }),
+            },
+            Some(v) => Err(MetadataError::Field { index, field, expected: "a string", found: describe(v) }),
+        }
+    };
+    let model = fact("model", MAX_MODEL_LEN)?;
+    let driver_version = fact("driver_version", MAX_DRIVER_VERSION_LEN)?;
     let recorded = RecordedAccess { mode: optional("mode")?, uid: optional("uid")?, gid: optional("gid")? };
     // The metadata may come from another host: it may give a checkpoint name the mode the saved
     // node had, but never setuid or setgid (runc clears them on device nodes too, so a node a
@@ -371,6 +393,8 @@ fn device_id(index: usize, item: &Value) -> Result<DeviceId, MetadataError> {
         subdevice_instance: number("subdevice_instance", false)?,
         uuid,
         recorded,
+        model,
+        driver_version,
     })
 }
 
@@ -422,6 +446,34 @@ mod tests {
         bytes
     }
 
+    /// Rule (issue 20): `model` and `driver_version` are read where present, absent ones are
+    /// unknown (gVisor's lists, older records), and one that is no fact is refused naming the
+    /// field, never echoing the value.
+    #[test]
+    fn recorded_facts_are_read_or_refused() {
+        let m = parse(br#"[{"minor":0,"model":"NVIDIA H100 80GB HBM3","driver_version":"535.129.03"},{"minor":1}]"#)
+            .unwrap();
+        assert_eq!(m.gpus[0].model.as_deref(), Some("NVIDIA H100 80GB HBM3"));
+        assert_eq!(m.gpus[0].driver_version.as_deref(), Some("535.129.03"));
+        assert_eq!((m.gpus[1].model.as_ref(), m.gpus[1].driver_version.as_ref()), (None, None));
+        let huge = format!(r#"[{{"minor":0,"model":"{}"}}]"#, "x".repeat(10_000));
+        for (text, message) in [
+            (huge.as_str(), "nvproxy-device-remap-ids[0].model: is 10000 bytes, longer than the 95 any driver writes"),
+            (r#"[{"minor":0,"model":""}]"#, "nvproxy-device-remap-ids[0].model: is empty"),
+            (r#"[{"minor":0,"model":null}]"#, "nvproxy-device-remap-ids[0].model: expected a string, found null"),
+            (
+                r#"[{"minor":0,"driver_version":5}]"#,
+                "nvproxy-device-remap-ids[0].driver_version: expected a string, found 5",
+            ),
+            (
+                r#"[{"minor":0,"driver_version":"5\u001b[2J"}]"#,
+                "nvproxy-device-remap-ids[0].driver_version: holds a control character",
+            ),
+        ] {
+            assert_eq!(parse(text.as_bytes()).unwrap_err().to_string(), message);
+        }
+    }
+
     /// Format: a state file's list is a string holding JSON; all seven fields are read, unknown
     /// ones ignored, and the result is sorted by minor.
     #[test]
@@ -439,7 +491,7 @@ mod tests {
                 device_instance: 1,
                 subdevice_instance: 0,
                 uuid: UA.into(),
-                recorded: RecordedAccess::default(),
+                ..DeviceId::default()
             }
         );
     }

@@ -217,7 +217,7 @@ mod tests {
             device_instance: 0,
             subdevice_instance: 0,
             uuid: format!("GPU-0000aaaa-0000-0000-0000-{minor:012}"),
-            recorded: Default::default(),
+            ..Default::default()
         }
     }
 
@@ -229,6 +229,7 @@ mod tests {
             uuid: Some(format!("GPU-0000bbbb-0000-0000-0000-{minor:012}")),
             bus: None,
             pci: Some((0x10de, 0x20b0)),
+            model: None,
         }
     }
 

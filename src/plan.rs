@@ -71,6 +71,9 @@ pub struct Plan {
     pub tree: Tree,
     pub warnings: Vec<String>,
     pub tpus: Vec<Value>,
+    /// The restore host's driver version, where its driver tells it.
+    #[serde(default)]
+    pub driver_version: Option<String>,
 }
 
 /// Why no plan could be made from inputs that each parsed: one variant per input that can hold
@@ -188,6 +191,7 @@ pub fn restored_gpus(inputs: &Inputs) -> Result<Vec<RestoredGpu>, PlanError> {
                 uuid: info.and_then(|i| i.uuid.clone()),
                 bus: info.and_then(|i| i.bus.clone()),
                 pci: info.and_then(|i| i.pci),
+                model: info.and_then(|i| i.model.clone()),
             }
         })
         .collect())
@@ -380,7 +384,7 @@ pub fn build(inputs: &Inputs) -> Result<Plan, PlanError> {
     }
 
     let tpus = inputs.metadata.as_ref().map(|m| m.tpus.clone()).unwrap_or_default();
-    Ok(Plan { remap, restored, tree: b.build(), warnings, tpus })
+    Ok(Plan { remap, restored, tree: b.build(), warnings, tpus, driver_version: inputs.host.driver_version.clone() })
 }
 
 #[cfg(test)]
@@ -400,7 +404,7 @@ mod tests {
             device_instance: 0,
             subdevice_instance: 0,
             uuid: format!("GPU-{minor}"),
-            recorded: Default::default(),
+            ..Default::default()
         }
     }
 
@@ -616,6 +620,7 @@ mod tests {
                 bus: Some(bus.to_owned()),
                 pci: Some(pci),
                 excluded: false,
+                model: None,
             })
             .collect();
         HostFacts { gpu_info, ..HostFacts::default() }

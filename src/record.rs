@@ -29,7 +29,7 @@ pub fn devices(plan: &Plan) -> Value {
             let (vendor, device) = g.pci.unwrap_or((0, 0));
             // The node served under the native name: the spec's fileMode/uid/gid, or the host's.
             let access = plan.tree.get(&g.name()).map_or(g.access, |n| n.access);
-            json!({
+            let mut item = json!({
                 "minor": g.minor,
                 "pci_vendor_id": vendor,
                 "pci_device_id": device,
@@ -40,7 +40,15 @@ pub fn devices(plan: &Plan) -> Value {
                 "mode": access.mode,
                 "uid": access.uid,
                 "gid": access.gid,
-            })
+            });
+            // Only what the host tells: a record from a host without driver files stays as
+            // it was, and reads as "unknown" for the checks.
+            for (key, fact) in [("model", &g.model), ("driver_version", &plan.driver_version)] {
+                if let (Some(fact), Some(o)) = (fact, item.as_object_mut()) {
+                    o.insert(key.into(), fact.as_str().into());
+                }
+            }
+            item
         })
         .collect();
     Value::Array(items)
@@ -115,12 +123,13 @@ mod tests {
                 uuid: Some(uuid(n)),
                 bus: Some(format!("0001:{:02x}:02.0", 0x40 - n)),
                 pci: Some((0x10de, 0x2330)),
+                model: Some("NVIDIA H100 80GB HBM3".into()),
                 ..GpuInfo::default()
             })
             .collect();
         Inputs {
             dev_dir: Some(DevDirScan { gpus, passthrough: vec![] }),
-            host: HostFacts { gpu_info, ..HostFacts::default() },
+            host: HostFacts { gpu_info, driver_version: Some("535.129.03".into()), ..HostFacts::default() },
             ..Inputs::default()
         }
     }
@@ -134,7 +143,8 @@ mod tests {
             list[0],
             json!({"minor": 2, "pci_vendor_id": 0x10de, "pci_device_id": 0x2330, "gpu_id": 0x1_3e02,
                    "device_instance": 1, "subdevice_instance": 0, "uuid": uuid(2),
-                   "mode": 0o660, "uid": 0, "gid": 44})
+                   "mode": 0o660, "uid": 0, "gid": 44,
+                   "model": "NVIDIA H100 80GB HBM3", "driver_version": "535.129.03"})
         );
         assert_eq!((list[1]["minor"].as_u64(), list[1]["device_instance"].as_u64()), (Some(5), Some(0)));
     }
@@ -152,6 +162,7 @@ mod tests {
         assert_eq!(pairs, [(0, 0), (3, 3), (7, 7)]);
         assert!(plan.warnings.is_empty(), "{:?}", plan.warnings);
         assert!(plan.remap.iter().all(|e| Some(&e.old.uuid) == e.new.uuid.as_ref()));
+        assert!(plan.remap.iter().all(|e| e.old.model == e.new.model && e.old.driver_version == plan.driver_version));
         assert!(plan.tree.iter().filter(|(p, _)| p.starts_with("nvidia")).all(|(_, n)| n.access == access));
     }
 
@@ -186,6 +197,7 @@ mod tests {
             uuid: None,
             bus: Some(bus.into()),
             pci: None,
+            model: None,
         };
         assert_eq!(gpu_id(&gpu("0000:03:00.0")), Some(0x300));
         for bad in ["", "03:00.0", "0000:3b:00", "0000:zz:00.0", "10000:03:00.0", "0000:03:20.0"] {

@@ -219,6 +219,7 @@ mod tests {
             bus: Some(bus.to_owned()),
             pci: Some((0x10de, 0x2330)),
             excluded: false,
+            model: None,
         }
     }
 

@@ -69,6 +69,7 @@ fn extra_inputs(view: spec::SpecView, extra: &[u8]) -> Inputs {
                         mode: (b & 0x40 != 0).then_some(u32::from(b) & 0o777),
                         ..Default::default()
                     },
+                    ..Default::default()
                 });
             }
             1 => {
@@ -115,6 +116,7 @@ fn extra_inputs(view: spec::SpecView, extra: &[u8]) -> Inputs {
             bus: Some(format!("0000:{:02x}:00.0", 0xff - m)),
             pci: Some((0x10de, 0x20b0)),
             excluded: false,
+                model: None,
         })
         .collect();
     Inputs {
