@@ -106,6 +106,8 @@ fn oci_patch(args: &cli::OciPatchArgs) -> Result<(), String> {
 }
 
 fn plan(args: &cli::PlanArgs) -> Result<(), String> {
+    // A refusal, a failed check's too, is the one error line and nothing on stdout; with
+    // `--relax` the JSON's `checks` say what every check found.
     let loaded = load::load(&args.inputs.sources()).map_err(|e| e.to_string())?;
     if args.json {
         let json = render::plan_json(&loaded.plan, loaded.metadata.as_ref());

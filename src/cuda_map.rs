@@ -90,7 +90,7 @@ mod tests {
                     pci: None,
                     model: None,
                 },
-                explicit: false,
+                by: Default::default(),
                 served: true,
             })
             .collect();
@@ -101,6 +101,8 @@ mod tests {
             warnings: vec![],
             tpus: vec![],
             driver_version: None,
+            checks: vec![],
+            mixed_input: Default::default(),
         }
     }
 

@@ -496,6 +496,8 @@ mod tests {
             warnings: vec![],
             tpus: vec![],
             driver_version: None,
+            checks: vec![],
+            mixed_input: Default::default(),
         };
         Loaded { plan, metadata: None }
     }

@@ -12,10 +12,11 @@
 //! `NVIDIA_VISIBLE_DEVICES` selects (see [`crate::visible`]). Every error is made where its
 //! cause is known, as the variant of the input that holds it ([`PlanError::input`]).
 
+use crate::checks::{self, CheckName, CheckResult, Side};
 use crate::device::{Access, DevKind, Rdev, RestoredGpu, gpu_name};
 use crate::host::{DevDirScan, GpuInfo, HostFacts};
 use crate::metadata::{DeviceId, Metadata};
-use crate::pairing::{self, MapPair, PairingError};
+use crate::pairing::{self, By, MapPair, PairingError, Rule};
 use crate::spec::SpecView;
 use crate::tree::{Node, NodeKind, Tree, TreeBuilder, TreeError};
 use crate::visible::{self, VisibleError};
@@ -44,6 +45,10 @@ pub struct Inputs {
     pub host: HostFacts,
     pub device_map: Vec<MapPair>,
     pub prefer: Prefer,
+    /// Identity first, or gVisor's positional rule (`--pairing positional`).
+    pub pairing: Rule,
+    /// The checks whose failure is a warning, not a refusal (`--relax`).
+    pub relax: BTreeSet<CheckName>,
 }
 
 /// One saved GPU and where its checkpoint name leads.
@@ -51,7 +56,9 @@ pub struct Inputs {
 pub struct RemapEntry {
     pub old: DeviceId,
     pub new: RestoredGpu,
-    pub explicit: bool,
+    /// Which rule paired them.
+    #[serde(default)]
+    pub by: By,
     /// False when the checkpoint name lost a collision and is not in the tree as this GPU.
     pub served: bool,
 }
@@ -74,6 +81,13 @@ pub struct Plan {
     /// The restore host's driver version, where its driver tells it.
     #[serde(default)]
     pub driver_version: Option<String>,
+    /// Every check evaluated, in [`CheckName::ALL`]'s order; [`gate`] refuses the plan when one
+    /// failed unrelaxed. Empty in a plan handed over by a server before checks existed.
+    #[serde(default)]
+    pub checks: Vec<CheckResult>,
+    /// Whose fault a failed `mixed` check is: the checkpoint's or the host root's.
+    #[serde(skip)]
+    pub mixed_input: Input,
 }
 
 /// Why no plan could be made from inputs that each parsed: one variant per input that can hold
@@ -99,9 +113,6 @@ pub enum PlanError {
     /// A host pass-through node cannot be placed (a spec node is in its way).
     #[error("host node {0}")]
     HostNode(TreeError),
-    /// The restored GPUs' PCI ids, which the host root tells, differ.
-    #[error("{0}")]
-    HostRoot(PairingError),
     /// Two of the driver's information files describe the same GPU minor, UUID or bus, which
     /// the driver never writes: which GPU a name means would be a guess.
     #[error("the driver's information files of {first} and {second} both give {what}")]
@@ -113,11 +124,16 @@ pub enum PlanError {
     SpecDevice(TreeError),
     #[error("spec mount {0}")]
     SpecMount(TreeError),
+    /// A named check failed and was not relaxed: the checkpoint does not fit this host (or, for
+    /// mixed restored GPUs, the host root's GPUs are two models).
+    #[error("{}: {}", .result.check, .result.detail)]
+    Check { input: Input, result: CheckResult },
 }
 
 /// The inputs a plan error can be about.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Input {
+    #[default]
     Checkpoint,
     Spec,
     HostDev,
@@ -134,8 +150,9 @@ impl PlanError {
                 Input::Spec
             }
             PlanError::HostDevGpus(_) | PlanError::HostDevMissing(_) | PlanError::HostNode(_) => Input::HostDev,
-            PlanError::HostRoot(_) | PlanError::DriverFilesClash { .. } => Input::HostRoot,
+            PlanError::DriverFilesClash { .. } => Input::HostRoot,
             PlanError::DeviceMap(_) => Input::DeviceMap,
+            PlanError::Check { input, .. } => *input,
         }
     }
 }
@@ -251,14 +268,27 @@ pub fn build(inputs: &Inputs) -> Result<Plan, PlanError> {
     if inputs.metadata.is_none() && !inputs.device_map.is_empty() {
         return Err(PlanError::DeviceMap(PairingError::NoCheckpoint));
     }
-    pairing::check_saved(saved).map_err(PlanError::Checkpoint)?;
+    pairing::check_subdevice(saved).map_err(PlanError::Checkpoint)?;
+    // Without as many restored GPUs there is no pairing, so no plan to show: refused here.
     pairing::check_count(saved, &restored).map_err(|e| too_few(inputs, e))?;
-    if !saved.is_empty() {
-        pairing::check_restored(&restored).map_err(PlanError::HostRoot)?;
-    }
-    let pairing = pairing::pair(saved, &restored, &inputs.device_map).map_err(PlanError::DeviceMap)?;
+    let relax = &inputs.relax;
+    let (mixed, mixed_side) = checks::mixed(saved, &restored, relax);
+    let pairs = pairing::pair(saved, &restored, &inputs.device_map, inputs.pairing).map_err(PlanError::DeviceMap)?;
+    let checks = vec![
+        checks::count(saved, &restored, relax),
+        mixed,
+        checks::model(&pairs, relax),
+        checks::driver(&pairs, inputs.host.driver_version.as_ref(), relax),
+        checks::mode(&pairs, relax),
+    ];
     let mut warnings = inputs.host.warnings.clone();
-    warnings.extend(pairing.warnings);
+    warnings.extend(
+        checks.iter().filter(|c| !c.ok && c.relaxed).map(|c| format!("check {} relaxed: {}", c.check, c.detail)),
+    );
+    let mixed_input = match mixed_side {
+        Some(Side::Restored) => Input::HostRoot,
+        _ => Input::Checkpoint,
+    };
 
     let mut b = TreeBuilder::default();
     for &(name, major, minor) in DEFAULT_DEVICES {
@@ -317,8 +347,8 @@ pub fn build(inputs: &Inputs) -> Result<Plan, PlanError> {
         b.insert(&gpu.name(), Node::device(DevKind::Char, gpu.rdev, gpu.access)).map_err(PlanError::SpecDevice)?;
     }
 
-    let mut remap = Vec::with_capacity(pairing.pairs.len());
-    for p in pairing.pairs {
+    let mut remap = Vec::with_capacity(pairs.len());
+    for p in pairs {
         let name = gpu_name(p.old.minor);
         // The checkpoint name keeps the mode and owner it had at save time where the metadata
         // recorded them: CRIU refuses a reopened file whose mode changed.
@@ -348,7 +378,7 @@ pub fn build(inputs: &Inputs) -> Result<Plan, PlanError> {
         if served {
             b.insert(&name, node).map_err(PlanError::SpecDevice)?;
         }
-        remap.push(RemapEntry { old: p.old, new: p.new, explicit: p.explicit, served });
+        remap.push(RemapEntry { old: p.old, new: p.new, by: p.by, served });
     }
 
     // Mount points last: a file mount goes onto whatever non-directory is there (a GPU node a
@@ -384,7 +414,29 @@ pub fn build(inputs: &Inputs) -> Result<Plan, PlanError> {
     }
 
     let tpus = inputs.metadata.as_ref().map(|m| m.tpus.clone()).unwrap_or_default();
-    Ok(Plan { remap, restored, tree: b.build(), warnings, tpus, driver_version: inputs.host.driver_version.clone() })
+    Ok(Plan {
+        remap,
+        restored,
+        tree: b.build(),
+        warnings,
+        tpus,
+        driver_version: inputs.host.driver_version.clone(),
+        checks,
+        mixed_input,
+    })
+}
+
+/// Refuses a plan one of whose checks failed unrelaxed: the first such, naming the input that
+/// holds the cause (the host root for mixed restored GPUs, else the checkpoint, which does not
+/// fit this host).
+pub fn gate(plan: &Plan) -> Result<(), PlanError> {
+    match plan.checks.iter().find(|c| c.refuses()) {
+        Some(result) => {
+            let input = if result.check == CheckName::Mixed { plan.mixed_input } else { Input::Checkpoint };
+            Err(PlanError::Check { input, result: result.clone() })
+        }
+        None => Ok(()),
+    }
 }
 
 #[cfg(test)]
@@ -681,8 +733,21 @@ mod tests {
         assert_eq!(native_gpus(&build(&inp).unwrap()), [0, 1]);
         let mut with_saved = inputs(&[0], &[0, 1]);
         with_saved.host = inp.host.clone();
-        let err = build(&with_saved).unwrap_err();
-        assert!(matches!(err, PlanError::HostRoot(PairingError::Heterogeneous { side: "restored", .. })), "{err}");
+        let err = gate(&build(&with_saved).unwrap()).unwrap_err();
+        assert_eq!(err.input(), Input::HostRoot);
+        assert_eq!(
+            err.to_string(),
+            "mixed: restored devices are not homogeneous: nvidia0 is 10de:2330 but nvidia1 is 10de:2684"
+        );
+        // Relaxed, it is served with a warning.
+        with_saved.relax.insert(CheckName::Mixed);
+        with_saved.relax.insert(CheckName::Model);
+        let plan = build(&with_saved).unwrap();
+        assert_eq!(gate(&plan), Ok(()));
+        assert_eq!(
+            plan.warnings[0],
+            "check mixed relaxed: restored devices are not homogeneous: nvidia0 is 10de:2330 but nvidia1 is 10de:2684"
+        );
     }
 
     /// Bug (issue 10.6): the same path twice in linux.devices: the first entry is served, as runc

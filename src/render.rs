@@ -3,6 +3,7 @@
 
 use crate::escape::escape;
 use crate::metadata::Metadata;
+use crate::pairing::By;
 use crate::plan::Plan;
 use crate::tree::{Node, NodeKind};
 use serde_json::{Map, Value, json};
@@ -35,7 +36,8 @@ pub fn node_json(path: &str, node: &Node) -> Value {
 }
 
 /// The plan as one JSON object: `remap`, `nodes`, `warnings`, `restored`, `tpu_devices`,
-/// `metadata` (`null` without checkpoint metadata).
+/// `metadata` (`null` without checkpoint metadata), `checks` (every check evaluated, whether it
+/// passed, whether it was relaxed, and what it compared), `driver_version` (the restore host's).
 pub fn plan_json(plan: &Plan, metadata: Option<&Metadata>) -> Map<String, Value> {
     let remap: Vec<Value> = plan
         .remap
@@ -50,7 +52,8 @@ pub fn plan_json(plan: &Plan, metadata: Option<&Metadata>) -> Map<String, Value>
                 "old_uuid": Some(&e.old.uuid).filter(|u| !u.is_empty()),
                 "new_uuid": e.new.uuid,
                 "served": e.served,
-                "explicit": e.explicit,
+                "explicit": e.by == By::Explicit,
+                "by": e.by.as_str(),
             })
         })
         .collect();
@@ -75,6 +78,13 @@ pub fn plan_json(plan: &Plan, metadata: Option<&Metadata>) -> Map<String, Value>
     o.insert("warnings".into(), plan.warnings.clone().into());
     o.insert("restored".into(), restored.into());
     o.insert("tpu_devices".into(), plan.tpus.clone().into());
+    let checks: Vec<Value> = plan
+        .checks
+        .iter()
+        .map(|c| json!({"check": c.check.as_str(), "ok": c.ok, "relaxed": c.relaxed, "detail": c.detail}))
+        .collect();
+    o.insert("checks".into(), checks.into());
+    o.insert("driver_version".into(), plan.driver_version.clone().into());
     o.insert(
         "metadata".into(),
         metadata.map_or(

@@ -338,7 +338,7 @@ fn mixed_models_are_refused_only_with_something_to_remap() {
     assert_eq!(
         line,
         format!(
-            "error: {}: restored devices are not homogeneous: nvidia0 is 10de:2330 but nvidia1 is 10de:27b8",
+            "error: {}: mixed: restored devices are not homogeneous: nvidia0 is 10de:2330 but nvidia1 is 10de:27b8",
             host.root().display()
         )
     );
