@@ -887,6 +887,54 @@ mod tests {
         assert!(build(&host(|g| g.minor = None)).is_ok(), "a file without a minor contradicts nothing");
     }
 
+    /// Rule (issue 20, the `mode` check): metadata that would make a root-only 0600 GPU 0666,
+    /// or give it to uid 65534, through its checkpoint name is refused, naming the check; relaxed,
+    /// the recorded mode is served with a warning; one that narrows access passes unwarned.
+    #[test]
+    fn a_checkpoint_name_never_widens_access() {
+        let mut inp = inputs(&[0], &[2]);
+        inp.dev_dir.as_mut().unwrap().gpus[0].1.access = Access { mode: 0o600, uid: 0, gid: 0 };
+        let recorded = |inp: &mut Inputs, r: RecordedAccess| inp.metadata.as_mut().unwrap().gpus[0].recorded = r;
+        recorded(&mut inp, RecordedAccess { mode: Some(0o666), ..RecordedAccess::default() });
+        let err = gate(&build(&inp).unwrap()).unwrap_err();
+        assert_eq!(err.input(), Input::Checkpoint);
+        assert_eq!(
+            err.to_string(),
+            "mode: saved nvidia0 was recorded 0666 0:0, more access than the 0600 0:0 that restored nvidia2 has here"
+        );
+        recorded(&mut inp, RecordedAccess { uid: Some(65534), ..RecordedAccess::default() });
+        assert!(gate(&build(&inp).unwrap()).is_err());
+        inp.relax.insert(CheckName::Mode);
+        let plan = build(&inp).unwrap();
+        assert_eq!(gate(&plan), Ok(()));
+        assert_eq!(plan.tree.get("nvidia0").unwrap().access.uid, 65534);
+        assert!(
+            plan.warnings[0].starts_with("check mode relaxed: saved nvidia0 was recorded 0600 65534:0"),
+            "{:?}",
+            plan.warnings
+        );
+        inp.relax.clear();
+        recorded(&mut inp, RecordedAccess { mode: Some(0o400), ..RecordedAccess::default() });
+        let plan = build(&inp).unwrap();
+        assert_eq!((gate(&plan), plan.warnings.len()), (Ok(()), 0));
+        let names: Vec<&str> = plan.checks.iter().map(|c| c.check.as_str()).collect();
+        assert_eq!(names, ["count", "mixed", "model", "driver", "mode"]);
+    }
+
+    /// Rule (issue 20): a GPU still there keeps its process (identity first), the plan says which
+    /// rule paired each, and `Rule::Positional` is gVisor's rule.
+    #[test]
+    fn remap_entries_say_which_rule_paired_them() {
+        let mut inp = inputs(&[0, 1], &[1, 2]);
+        inp.host = described(&[(1, "0000:3c:00.0"), (2, "0000:3d:00.0")], (4318, 8896));
+        // Saved GPU 1 is host GPU 1: the same UUID.
+        inp.metadata.as_mut().unwrap().gpus[1].uuid = inp.host.gpu_info[0].uuid.clone().unwrap();
+        let by = |plan: &Plan| plan.remap.iter().map(|e| (e.old.minor, e.new.minor, e.by)).collect::<Vec<_>>();
+        assert_eq!(by(&build(&inp).unwrap()), [(0, 2, By::Position), (1, 1, By::Uuid)]);
+        inp.pairing = Rule::Positional;
+        assert_eq!(by(&build(&inp).unwrap()), [(0, 1, By::Position), (1, 2, By::Position)]);
+    }
+
     /// Rule: the host's warnings (an oversized driver file skipped) reach the plan's.
     #[test]
     fn host_warnings_reach_the_plan() {
