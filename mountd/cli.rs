@@ -53,6 +53,10 @@ pub struct RecordArgs {
     /// Write the list here (atomically) instead of printing it.
     #[arg(long, value_name = "PATH")]
     pub output: Option<PathBuf>,
+    /// The metadata the container was restored with, if it was: the names it gave the GPUs
+    /// are carried into the record (`earlier_minors`), so a second migration keeps them.
+    #[arg(long, value_name = "PREV")]
+    pub metadata: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

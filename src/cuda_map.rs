@@ -92,6 +92,7 @@ mod tests {
                 },
                 by: Default::default(),
                 served: true,
+                earlier: vec![],
             })
             .collect();
         Plan {

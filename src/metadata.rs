@@ -44,6 +44,12 @@ pub struct DeviceId {
     /// The save host's driver version, where `devremapd record` wrote it: the `driver` check.
     #[serde(default)]
     pub driver_version: Option<String>,
+    /// The other names this GPU had in the checkpointed container, sorted: the checkpoint names
+    /// of an earlier restore that led to it (`record --metadata PREV` writes them). Each is
+    /// served as this GPU's checkpoint name too, so a process migrated twice finds every name
+    /// it may hold.
+    #[serde(default)]
+    pub earlier_minors: Vec<u32>,
 }
 
 impl DeviceId {
@@ -143,6 +149,8 @@ pub enum MetadataError {
     DuplicateMinor(u32),
     #[error("{GPU_KEY}: uuid {0} appears twice")]
     DuplicateUuid(String),
+    #[error("{GPU_KEY}[{index}].earlier_minors: {what}")]
+    Earlier { index: usize, what: String },
 }
 
 /// How many leading bytes of a file [`parse`] needs, judged from its first bytes: for a state
@@ -308,6 +316,13 @@ fn device_list(value: &Value) -> Result<Vec<DeviceId>, MetadataError> {
     if let Some(w) = gpus.windows(2).find(|w| w[0].minor == w[1].minor) {
         return Err(MetadataError::DuplicateMinor(w[0].minor));
     }
+    // Every name leads to one GPU: an earlier name is no other GPU's minor or earlier name.
+    let mut names = BTreeSet::new();
+    for minor in gpus.iter().flat_map(|d| std::iter::once(&d.minor).chain(&d.earlier_minors)) {
+        if !names.insert(*minor) {
+            return Err(MetadataError::DuplicateMinor(*minor));
+        }
+    }
     // A UUID's hex digits mean the same in either case.
     let mut uuids = BTreeSet::new();
     if let Some(d) = gpus.iter().find(|d| !d.uuid.is_empty() && !uuids.insert(d.uuid.to_ascii_lowercase())) {
@@ -371,6 +386,7 @@ fn device_id(index: usize, item: &Value) -> Result<DeviceId, MetadataError> {
         }
     };
     let model = fact("model", MAX_MODEL_LEN)?;
+    let earlier_minors = earlier_minors(index, minor, obj.get("earlier_minors"))?;
     let driver_version = fact("driver_version", MAX_DRIVER_VERSION_LEN)?;
     let recorded = RecordedAccess { mode: optional("mode")?, uid: optional("uid")?, gid: optional("gid")? };
     // The metadata may come from another host: it may give a checkpoint name the mode the saved
@@ -395,7 +411,33 @@ fn device_id(index: usize, item: &Value) -> Result<DeviceId, MetadataError> {
         recorded,
         model,
         driver_version,
+        earlier_minors,
     })
+}
+
+/// The `earlier_minors` of item `index` (whose minor is `minor`): GPU minors, each once, none
+/// the item's own; sorted.
+fn earlier_minors(index: usize, minor: u32, value: Option<&Value>) -> Result<Vec<u32>, MetadataError> {
+    let bad = |what: String| MetadataError::Earlier { index, what };
+    let items = match value {
+        None => return Ok(Vec::new()),
+        Some(Value::Array(items)) => items,
+        Some(v) => return Err(bad(format!("expected an array of GPU minors, found {}", describe(v)))),
+    };
+    let mut out = BTreeSet::new();
+    for item in items {
+        let m = item
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(|| bad(format!("expected GPU minors, found {}", describe(item))))?;
+        if m > MAX_REGULAR_MINOR {
+            return Err(bad(format!("minor {m} is over {MAX_REGULAR_MINOR}, the largest GPU minor")));
+        }
+        if m == minor || !out.insert(m) {
+            return Err(bad(format!("minor {m} is listed twice or is the GPU's own")));
+        }
+    }
+    Ok(out.into_iter().collect())
 }
 
 /// A short description of a JSON value for error messages: numbers as written, the rest by kind.
@@ -471,6 +513,38 @@ mod tests {
             ),
         ] {
             assert_eq!(parse(text.as_bytes()).unwrap_err().to_string(), message);
+        }
+    }
+
+    /// Rule (issue 20): `earlier_minors` are GPU minors, sorted on reading; one that is the
+    /// GPU's own, listed twice, over 247, or another GPU's name is refused.
+    #[test]
+    fn earlier_minors_are_names_of_one_gpu_each() {
+        let m = parse(br#"[{"minor":2,"earlier_minors":[7,0]},{"minor":3}]"#).unwrap();
+        assert_eq!((m.gpus[0].earlier_minors.as_slice(), m.gpus[1].earlier_minors.as_slice()), (&[0, 7][..], &[][..]));
+        for (text, message) in [
+            (
+                r#"[{"minor":2,"earlier_minors":[2]}]"#,
+                "[0].earlier_minors: minor 2 is listed twice or is the GPU's own",
+            ),
+            (
+                r#"[{"minor":2,"earlier_minors":[0,0]}]"#,
+                "[0].earlier_minors: minor 0 is listed twice or is the GPU's own",
+            ),
+            (
+                r#"[{"minor":2,"earlier_minors":[248]}]"#,
+                "[0].earlier_minors: minor 248 is over 247, the largest GPU minor",
+            ),
+            (
+                r#"[{"minor":2,"earlier_minors":"0"}]"#,
+                "[0].earlier_minors: expected an array of GPU minors, found the string \"0\"",
+            ),
+            (r#"[{"minor":2,"earlier_minors":[-1]}]"#, "[0].earlier_minors: expected GPU minors, found -1"),
+            (r#"[{"minor":2,"earlier_minors":[3]},{"minor":3}]"#, "nvproxy-device-remap-ids: minor 3 appears twice"),
+            (r#"[{"minor":2,"earlier_minors":[0]},{"minor":3,"earlier_minors":[0]}]"#, "minor 0 appears twice"),
+        ] {
+            let e = parse(text.as_bytes()).unwrap_err().to_string();
+            assert!(e.ends_with(message), "{text}: {e}");
         }
     }
 

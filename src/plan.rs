@@ -61,6 +61,17 @@ pub struct RemapEntry {
     pub by: By,
     /// False when the checkpoint name lost a collision and is not in the tree as this GPU.
     pub served: bool,
+    /// The saved GPU's earlier names (`earlier_minors`), each served as it unless it lost a
+    /// collision.
+    #[serde(default)]
+    pub earlier: Vec<EarlierName>,
+}
+
+/// A name a saved GPU had from an earlier restore, and whether it leads to its pair here.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct EarlierName {
+    pub minor: u32,
+    pub served: bool,
 }
 
 impl RemapEntry {
@@ -349,36 +360,48 @@ pub fn build(inputs: &Inputs) -> Result<Plan, PlanError> {
 
     let mut remap = Vec::with_capacity(pairs.len());
     for p in pairs {
-        let name = gpu_name(p.old.minor);
         // The checkpoint name keeps the mode and owner it had at save time where the metadata
         // recorded them: CRIU refuses a reopened file whose mode changed.
         let node = Node::device(DevKind::Char, p.new.rdev, p.old.recorded.over(p.new.access));
-        let holder = restored.iter().find(|g| g.minor == p.old.minor && g.minor != p.new.minor);
-        let served = match (holder, inputs.prefer) {
-            (Some(_), Prefer::Native) => {
-                warnings.push(format!(
-                    "{name}: checkpoint name of saved GPU {} (now {}) collides with host GPU {name}; \
-                     serving the host GPU (prefer checkpoint to serve the saved one)",
-                    p.old.minor,
-                    p.new.name()
-                ));
-                false
+        // Each name the saved GPU had, its own and those of earlier restores, leads to its pair
+        // unless another restored GPU's native name wins.
+        let mut place = |minor: u32, what: &str| -> Result<bool, PlanError> {
+            let name = gpu_name(minor);
+            let holder = restored.iter().any(|g| g.minor == minor && g.minor != p.new.minor);
+            let served = match (holder, inputs.prefer) {
+                (true, Prefer::Native) => {
+                    warnings.push(format!(
+                        "{name}: {what} of saved GPU {} (now {}) collides with host GPU {name}; \
+                         serving the host GPU (prefer checkpoint to serve the saved one)",
+                        p.old.minor,
+                        p.new.name()
+                    ));
+                    false
+                }
+                (true, Prefer::Checkpoint) => {
+                    warnings.push(format!(
+                        "{name}: {what} of saved GPU {} (now {}) collides with host GPU {name}; \
+                         serving the saved one, so host GPU {name} has no name of its own",
+                        p.old.minor,
+                        p.new.name()
+                    ));
+                    true
+                }
+                (false, _) => true,
+            };
+            if served {
+                b.insert(&name, node.clone()).map_err(PlanError::SpecDevice)?;
             }
-            (Some(_), Prefer::Checkpoint) => {
-                warnings.push(format!(
-                    "{name}: checkpoint name of saved GPU {} (now {}) collides with host GPU {name}; \
-                     serving the saved one, so host GPU {name} has no name of its own",
-                    p.old.minor,
-                    p.new.name()
-                ));
-                true
-            }
-            (None, _) => true,
+            Ok(served)
         };
-        if served {
-            b.insert(&name, node).map_err(PlanError::SpecDevice)?;
-        }
-        remap.push(RemapEntry { old: p.old, new: p.new, by: p.by, served });
+        let served = place(p.old.minor, "checkpoint name")?;
+        let earlier = p
+            .old
+            .earlier_minors
+            .iter()
+            .map(|&minor| Ok(EarlierName { minor, served: place(minor, "earlier name")? }))
+            .collect::<Result<Vec<_>, PlanError>>()?;
+        remap.push(RemapEntry { old: p.old, new: p.new, by: p.by, served, earlier });
     }
 
     // Mount points last: a file mount goes onto whatever non-directory is there (a GPU node a

@@ -1,6 +1,7 @@
 //! How a plan is shown: one JSON object for scripts (`plan --json`, the state file), and
 //! aligned tables for people. The JSON keys are a contract; add, never rename.
 
+use crate::device::gpu_name;
 use crate::escape::escape;
 use crate::metadata::Metadata;
 use crate::pairing::By;
@@ -54,6 +55,7 @@ pub fn plan_json(plan: &Plan, metadata: Option<&Metadata>) -> Map<String, Value>
                 "served": e.served,
                 "explicit": e.by == By::Explicit,
                 "by": e.by.as_str(),
+                "earlier_names": e.earlier.iter().map(|n| json!({"name": gpu_name(n.minor), "served": n.served})).collect::<Vec<_>>(),
             })
         })
         .collect();
@@ -124,17 +126,24 @@ pub fn plan_text(plan: &Plan) -> String {
         out.push_str("remap: none (no saved GPUs)\n");
     } else {
         let _ = writeln!(out, "remap ({} saved GPUs):", plan.remap.len());
+        let status = |served: bool| if served { "served" } else { "not served: name collision" };
         let rows: Vec<Vec<String>> = plan
             .remap
             .iter()
-            .map(|e| {
-                vec![
-                    e.name(),
-                    or_dash(Some(&e.old.uuid).filter(|u| !u.is_empty())),
-                    format!("{} ({})", e.new.name(), e.new.rdev),
-                    or_dash(e.new.uuid.as_ref()),
-                    if e.served { "served".into() } else { "not served: name collision".into() },
-                ]
+            .flat_map(|e| {
+                let row = |name: String, status: String| {
+                    vec![
+                        name,
+                        or_dash(Some(&e.old.uuid).filter(|u| !u.is_empty())),
+                        format!("{} ({})", e.new.name(), e.new.rdev),
+                        or_dash(e.new.uuid.as_ref()),
+                        status,
+                    ]
+                };
+                // An earlier restore's names of the GPU, each a row of its own.
+                std::iter::once(row(e.name(), status(e.served).into())).chain(e.earlier.iter().map(move |n| {
+                    row(gpu_name(n.minor), format!("{} (an earlier name of {})", status(n.served), e.name()))
+                }))
             })
             .collect();
         table(&mut out, &["OLD", "OLD UUID", "NEW", "NEW UUID", ""], &rows);

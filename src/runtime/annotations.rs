@@ -4,9 +4,11 @@
 //! Pure. `devremap.io/enable` is `"true"` or `"false"`; without it, devremap is used exactly
 //! when the spec has NVIDIA GPUs in `linux.devices` or asks for them through the NVIDIA hook.
 //! `devremap.io/device-map` is a `--device-map` value and `devremap.io/prefer` a `--prefer`
-//! value; both are checked here, so a bad one is refused before anything is set up. Any other
+//! value, `devremap.io/relax` a `--relax` value (the checks a restore may fail with a warning);
+//! all are checked here, so a bad one is refused before anything is set up. Any other
 //! `devremap.io/` key is refused too: a misspelt annotation must not be ignored in silence.
 
+use crate::checks::parse_relax;
 use crate::pairing::parse_device_map;
 use crate::spec::SpecView;
 use serde_json::Value;
@@ -15,6 +17,7 @@ use thiserror::Error;
 pub const ENABLE: &str = "devremap.io/enable";
 pub const DEVICE_MAP: &str = "devremap.io/device-map";
 pub const PREFER: &str = "devremap.io/prefer";
+pub const RELAX: &str = "devremap.io/relax";
 const PREFIX: &str = "devremap.io/";
 
 /// What the annotations ask for.
@@ -26,6 +29,8 @@ pub struct Request {
     pub device_map: Option<String>,
     /// The `--prefer` value, `native` or `checkpoint`.
     pub prefer: Option<String>,
+    /// The `--relax` value, checked.
+    pub relax: Option<String>,
 }
 
 impl Request {
@@ -44,6 +49,9 @@ impl Request {
         if let Some(prefer) = &self.prefer {
             args.extend(["--prefer".to_owned(), prefer.clone()]);
         }
+        if let Some(relax) = &self.relax {
+            args.extend(["--relax".to_owned(), relax.clone()]);
+        }
         args
     }
 }
@@ -61,7 +69,9 @@ pub enum AnnotationError {
     DeviceMap(String),
     #[error("annotation {PREFER}: expected \"native\" or \"checkpoint\", found {0:?}")]
     Prefer(String),
-    #[error("unknown annotation {0} (known: {ENABLE}, {DEVICE_MAP}, {PREFER})")]
+    #[error("annotation {RELAX}: {0}")]
+    Relax(String),
+    #[error("unknown annotation {0} (known: {ENABLE}, {DEVICE_MAP}, {PREFER}, {RELAX})")]
     Unknown(String),
 }
 
@@ -89,6 +99,10 @@ pub fn parse(spec: &Value) -> Result<Request, AnnotationError> {
             DEVICE_MAP => {
                 parse_device_map(text).map_err(|e| AnnotationError::DeviceMap(e.to_string()))?;
                 request.device_map = Some(text.to_owned());
+            }
+            RELAX => {
+                parse_relax(text).map_err(|e| AnnotationError::Relax(e.to_string()))?;
+                request.relax = Some(text.to_owned());
             }
             PREFER => match text {
                 "native" | "checkpoint" => request.prefer = Some(text.to_owned()),
@@ -140,10 +154,17 @@ mod tests {
     /// are not ours.
     #[test]
     fn daemon_flags() {
-        let r = parse(&with(json!({DEVICE_MAP: "0=2,GPU-00000000-0000-0000-0000-000000000001=3", PREFER: "checkpoint", "io.kubernetes.x": "y"}))).unwrap();
+        let r = parse(&with(json!({DEVICE_MAP: "0=2,GPU-00000000-0000-0000-0000-000000000001=3", PREFER: "checkpoint", RELAX: "model,driver", "io.kubernetes.x": "y"}))).unwrap();
         assert_eq!(
             r.daemon_args(),
-            ["--device-map", "0=2,GPU-00000000-0000-0000-0000-000000000001=3", "--prefer", "checkpoint"]
+            [
+                "--device-map",
+                "0=2,GPU-00000000-0000-0000-0000-000000000001=3",
+                "--prefer",
+                "checkpoint",
+                "--relax",
+                "model,driver"
+            ]
         );
         assert!(parse(&with(Value::Null)).unwrap().daemon_args().is_empty());
     }
@@ -158,6 +179,8 @@ mod tests {
             (with(json!({DEVICE_MAP: ""})), "annotation devremap.io/device-map: "),
             (with(json!({PREFER: "Native"})), "devremap.io/prefer: expected \"native\" or \"checkpoint\""),
             (with(json!({"devremap.io/enabled": "true"})), "unknown annotation devremap.io/enabled"),
+            (with(json!({RELAX: "count"})), "annotation devremap.io/relax: count cannot be relaxed"),
+            (with(json!({RELAX: "modle"})), "annotation devremap.io/relax: unknown check \"modle\""),
             (with(json!(["x"])), "expected an object of strings"),
         ];
         for (spec, expected) in cases {
