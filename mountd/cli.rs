@@ -1,9 +1,11 @@
 //! The command line: `devremapd plan` and `devremapd mount`, sharing the input flags.
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use devremap::checks::{CheckName, parse_relax};
 use devremap::load::Sources;
-use devremap::pairing::{MapPair, parse_device_map};
+use devremap::pairing::{MapPair, Rule, parse_device_map};
 use devremap::plan::Prefer;
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, Parser)]
@@ -51,6 +53,10 @@ pub struct RecordArgs {
     /// Write the list here (atomically) instead of printing it.
     #[arg(long, value_name = "PATH")]
     pub output: Option<PathBuf>,
+    /// The metadata the container was restored with, if it was: the names it gave the GPUs
+    /// are carried into the record (`earlier_minors`), so a second migration keeps them.
+    #[arg(long, value_name = "PREV")]
+    pub metadata: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -149,6 +155,23 @@ pub enum PreferArg {
     Checkpoint,
 }
 
+/// Which rules pair the saved GPUs `--device-map` leaves.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum PairingArg {
+    /// A saved GPU whose UUID is among the restored GPUs pairs with itself; the rest by position.
+    Identity,
+    /// gVisor's rule exactly: the i-th saved GPU with the i-th restored one, by minor.
+    Positional,
+}
+
+/// The checks of one `--relax` occurrence.
+#[derive(Debug, Clone)]
+pub struct RelaxList(BTreeSet<CheckName>);
+
+fn relax_list(s: &str) -> Result<RelaxList, String> {
+    parse_relax(s).map(RelaxList).map_err(|e| e.to_string())
+}
+
 /// Parsed pairs of one `--device-map` occurrence.
 #[derive(Debug, Clone)]
 pub struct MapList(Vec<MapPair>);
@@ -184,6 +207,13 @@ pub struct InputArgs {
     /// --prefer: write it and send SIGHUP to switch a running daemon.
     #[arg(long, value_name = "PATH")]
     pub prefer_file: Option<PathBuf>,
+    /// How saved GPUs that --device-map leaves are paired.
+    #[arg(long, value_enum, default_value = "identity")]
+    pub pairing: PairingArg,
+    /// Checks whose failure only warns: mixed, model, driver, mode (count cannot be relaxed);
+    /// CHECK[,CHECK...], repeatable.
+    #[arg(long, value_name = "CHECK", value_parser = relax_list)]
+    pub relax: Vec<RelaxList>,
 }
 
 impl InputArgs {
@@ -199,6 +229,11 @@ impl InputArgs {
                 PreferArg::Checkpoint => Prefer::Checkpoint,
             },
             prefer_file: self.prefer_file.clone(),
+            pairing: match self.pairing {
+                PairingArg::Identity => Rule::IdentityFirst,
+                PairingArg::Positional => Rule::Positional,
+            },
+            relax: self.relax.iter().flat_map(|r| r.0.iter().copied()).collect(),
         }
     }
 }

@@ -105,6 +105,8 @@ fn oci_patch(args: &cli::OciPatchArgs) -> Result<(), String> {
 }
 
 fn plan(args: &cli::PlanArgs) -> Result<(), String> {
+    // A refusal, a failed check's too, is the one error line and nothing on stdout; with
+    // `--relax` the JSON's `checks` say what every check found.
     let loaded = load::load(&args.inputs.sources()).map_err(|e| e.to_string())?;
     if args.json {
         let json = render::plan_json(&loaded.plan, loaded.metadata.as_ref());
@@ -117,13 +119,19 @@ fn plan(args: &cli::PlanArgs) -> Result<(), String> {
 
 fn record(args: &cli::RecordArgs) -> Result<(), String> {
     let sources = load::Sources {
+        metadata: args.metadata.clone(),
         spec: Some(args.spec.clone()),
         host_dev: args.host_dev.clone(),
         host_root: args.host_root.clone(),
         ..load::Sources::default()
     };
-    let loaded = load::load(&sources).map_err(|e| e.to_string())?;
-    let list = devremap::record::devices(&loaded.plan);
+    // The record says what the container has, not whether its restore was right: that was the
+    // restore's to judge (and maybe relaxed), so the checks do not refuse it here.
+    let loaded = load::load_unchecked(&sources).map_err(|e| e.to_string())?;
+    if args.metadata.is_none() {
+        log::info!("recorded without --metadata: no names of an earlier restore are carried (earlier_minors left out)");
+    }
+    let list = devremap::record::devices(&loaded.plan, args.metadata.is_some());
     // Still exit 0: a record without uuids pairs by minor.
     for gap in devremap::record::gaps(&loaded.plan) {
         log::warn!("{}: {gap}", args.host_root.display());

@@ -79,7 +79,7 @@ mod tests {
                     device_instance: 0,
                     subdevice_instance: 0,
                     uuid: old_uuid.clone().unwrap_or_default(),
-                    recorded: Default::default(),
+                    ..Default::default()
                 },
                 new: RestoredGpu {
                     minor: *new,
@@ -88,12 +88,23 @@ mod tests {
                     uuid: new_uuid.clone(),
                     bus: None,
                     pci: None,
+                    model: None,
                 },
-                explicit: false,
+                by: Default::default(),
                 served: true,
+                earlier: vec![],
             })
             .collect();
-        Plan { remap, restored: vec![], tree: TreeBuilder::default().build(), warnings: vec![], tpus: vec![] }
+        Plan {
+            remap,
+            restored: vec![],
+            tree: TreeBuilder::default().build(),
+            warnings: vec![],
+            tpus: vec![],
+            driver_version: None,
+            checks: vec![],
+            mixed_input: Default::default(),
+        }
     }
 
     /// Rule (issue 12.4): every saved GPU, in saved order, old UUID = its pair's UUID.

@@ -91,6 +91,9 @@ pub struct RestoredGpu {
     pub bus: Option<String>,
     /// PCI vendor and device id, when the host tells them.
     pub pci: Option<(u32, u32)>,
+    /// The driver's `Model:` line (`NVIDIA H100 80GB HBM3`), when the host tells it.
+    #[serde(default)]
+    pub model: Option<String>,
 }
 
 impl RestoredGpu {
@@ -108,6 +111,28 @@ pub fn is_gpu_uuid(s: &str) -> bool {
     let groups: Vec<&str> = rest.split('-').collect();
     groups.len() == 5
         && groups.iter().zip([8, 4, 4, 4, 12]).all(|(g, n)| g.len() == n && g.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// The longest GPU model name taken, in bytes: NVML's `NVML_DEVICE_NAME_V2_BUFFER_SIZE` (96)
+/// holds the driver's names with their NUL.
+pub const MAX_MODEL_LEN: usize = 95;
+/// The longest driver version taken, in bytes: NVML's `NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE`
+/// (80) holds the driver's versions with their NUL.
+pub const MAX_DRIVER_VERSION_LEN: usize = 79;
+
+/// Why a recorded fact (a model name, a driver version) is no fact: it is compared and shown in
+/// messages, so it must be short, non-empty text without control characters (a terminal escape
+/// in a checkpoint must never reach an operator's screen). `None` when it is one.
+pub fn fact_fault(text: &str, max: usize) -> Option<String> {
+    if text.trim().is_empty() {
+        Some("is empty".into())
+    } else if text.len() > max {
+        Some(format!("is {} bytes, longer than the {max} any driver writes", text.len()))
+    } else if text.chars().any(char::is_control) {
+        Some("holds a control character".into())
+    } else {
+        None
+    }
 }
 
 /// `nvidia<minor>`, the device file name of a GPU minor.
@@ -149,5 +174,16 @@ mod tests {
         ] {
             assert!(!is_gpu_uuid(bad), "{bad}");
         }
+    }
+
+    /// Rule (issue 20): a fact is short, non-empty text without control characters.
+    #[test]
+    fn facts_are_short_printable_text() {
+        assert_eq!(fact_fault("NVIDIA H100 80GB HBM3", MAX_MODEL_LEN), None);
+        assert_eq!(fact_fault("", 8).as_deref(), Some("is empty"));
+        assert_eq!(fact_fault("  ", 8).as_deref(), Some("is empty"));
+        assert_eq!(fact_fault("123456789", 8).as_deref(), Some("is 9 bytes, longer than the 8 any driver writes"));
+        assert_eq!(fact_fault("a\x1b[2J", 8).as_deref(), Some("holds a control character"));
+        assert_eq!(fact_fault("a\u{85}", 8).as_deref(), Some("holds a control character"));
     }
 }

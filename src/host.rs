@@ -12,7 +12,7 @@
 //! not a well-formed UUID (the driver prints `GPU-????????-????-????-????-????????????` when it
 //! cannot read one) is unknown, never an identity.
 
-use crate::device::{Access, MAX_REGULAR_MINOR, Rdev, is_gpu_uuid};
+use crate::device::{Access, MAX_DRIVER_VERSION_LEN, MAX_MODEL_LEN, MAX_REGULAR_MINOR, Rdev, fact_fault, is_gpu_uuid};
 use crate::files::{self, SmallText};
 use crate::limits;
 use crate::visible::{bus_id, bus_name};
@@ -64,6 +64,9 @@ pub struct GpuInfo {
     pub pci: Option<(u32, u32)>,
     /// `GPU Excluded: Yes` (`Blacklisted: Yes` before driver 450): not usable, not enumerated.
     pub excluded: bool,
+    /// The `Model:` line (`NVIDIA H100 80GB HBM3`); `None` when absent or no fact
+    /// ([`fact_fault`]).
+    pub model: Option<String>,
 }
 
 /// Facts about the host beyond its GPU nodes.
@@ -77,6 +80,9 @@ pub struct HostFacts {
     pub warnings: Vec<String>,
     /// The host has `/proc/kcore`, so runc would add the `core` symlink.
     pub has_kcore: bool,
+    /// The driver's version (`570.86.15`), from `proc/driver/nvidia/version`; `None` when the
+    /// file is missing or gives none.
+    pub driver_version: Option<String>,
 }
 
 /// Why the host's devices could not be read. Each names the file at fault.
@@ -183,6 +189,8 @@ fn char_node(fd: &Dir, dir: &Path, name: &str, rel: String) -> Result<HostNode, 
 /// unreadable is left out, a file over [`INFO_LIMIT`] with a warning.
 pub fn read_host_facts(root: &Path) -> HostFacts {
     let mut facts = HostFacts { has_kcore: root.join("proc/kcore").exists(), ..HostFacts::default() };
+    facts.driver_version =
+        small_text(&root.join("proc/driver/nvidia/version"), &mut facts.warnings).and_then(|t| parse_version(&t));
     let gpus_dir = root.join("proc/driver/nvidia/gpus");
     let mut dirs: Vec<fs::DirEntry> = fs::read_dir(&gpus_dir).into_iter().flatten().flatten().collect();
     dirs.sort_by_key(fs::DirEntry::file_name);
@@ -233,10 +241,25 @@ pub fn parse_information(text: &str) -> GpuInfo {
             "GPU UUID" if is_gpu_uuid(value) => info.uuid = Some(value.to_owned()),
             "Bus Location" if !value.is_empty() => info.bus = Some(value.to_owned()),
             "GPU Excluded" | "Blacklisted" => info.excluded = value == "Yes",
+            // A model that is no fact is unknown, as a malformed UUID is: the host's files are
+            // read best effort.
+            "Model" if fact_fault(value, MAX_MODEL_LEN).is_none() => info.model = Some(value.to_owned()),
             _ => {}
         }
     }
     info
+}
+
+/// The version in the driver's `version` file, whose first line is
+/// `NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.129.03  Tue Oct 10 ...` (the open
+/// modules: `... Open Kernel Module for x86_64  570.86.15  Release Build ...`): the first word
+/// of that line made of digits and dots with a dot in it.
+pub fn parse_version(text: &str) -> Option<String> {
+    let line = text.lines().find_map(|l| l.strip_prefix("NVRM version:"))?;
+    line.split_whitespace()
+        .find(|w| w.contains('.') && w.bytes().all(|b| b.is_ascii_digit() || b == b'.'))
+        .filter(|w| fact_fault(w, MAX_DRIVER_VERSION_LEN).is_none())
+        .map(str::to_owned)
 }
 
 fn parse_hex(s: &str) -> Option<u32> {
@@ -280,6 +303,9 @@ mod tests {
         assert_eq!(info.uuid.as_deref(), Some("GPU-5b2c6f7e-0d1a-4c3e-9f10-aa0000000000"));
         assert_eq!(info.bus.as_deref(), Some("0000:3B:00.0"));
         assert!(!info.excluded);
+        assert_eq!(info.model.as_deref(), Some("NVIDIA A100-SXM4-80GB"));
+        assert_eq!(parse_information("Model: \t\t NVIDIA \x1b[2J\n").model, None);
+        assert_eq!(parse_information(&format!("Model: \t\t {}\n", "x".repeat(96))).model, None);
         assert!(parse_information("Blacklisted:\t Yes\n").excluded);
         assert!(parse_information("GPU Excluded:\t Yes\n").excluded);
         assert_eq!(parse_hex("0x10de\n"), Some(0x10de));
@@ -313,6 +339,25 @@ mod tests {
         write(&root.join("sys/bus/pci/devices/0000:3b:00.0/device"), "0x2330\n");
         let facts = read_host_facts(&root);
         assert_eq!(facts.gpu_info.iter().find_map(|g| g.pci), Some((0x10de, 0x2330)));
+    }
+
+    /// Rule (issue 20): the driver version is the version word of the `NVRM version:` line, as
+    /// the proprietary and the open modules print it; anything else is unknown.
+    #[test]
+    fn parses_the_driver_version() {
+        let closed = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.129.03  Tue Oct 10 16:06:50 UTC 2023\n\
+                      GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n";
+        assert_eq!(parse_version(closed).as_deref(), Some("535.129.03"));
+        let open = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.86.15  Release Build  \
+                    (dvs-builder@U16-I3-B03-4-3)  Thu Jan 23 23:06:32 UTC 2025\n";
+        assert_eq!(parse_version(open).as_deref(), Some("570.86.15"));
+        for bad in ["", "GCC version: 12.2.0\n", "NVRM version: NVIDIA UNIX Kernel Module\n", "NVRM version: 535\n"] {
+            assert_eq!(parse_version(bad), None, "{bad:?}");
+        }
+        let tmp = tempfile::TempDir::new().unwrap();
+        fs::create_dir_all(tmp.path().join("proc/driver/nvidia")).unwrap();
+        fs::write(tmp.path().join("proc/driver/nvidia/version"), closed).unwrap();
+        assert_eq!(read_host_facts(tmp.path()).driver_version.as_deref(), Some("535.129.03"));
     }
 
     /// Bug (issue 10.3): the placeholder the driver prints for an unreadable UUID is no UUID.

@@ -10,6 +10,7 @@
 
 pub mod adapter;
 pub mod atomic;
+pub mod checks;
 pub mod cuda_map;
 pub mod device;
 pub mod escape;

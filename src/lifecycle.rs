@@ -489,7 +489,16 @@ mod tests {
         let mut b = TreeBuilder::default();
         b.insert("null", Node::device(DevKind::Char, Rdev::new(1, 3), Access::DEVICE_DEFAULT)).unwrap();
         b.insert("nvidia0", Node::device(DevKind::Char, Rdev::new(1, minor), Access::DEVICE_DEFAULT)).unwrap();
-        let plan = Plan { remap: vec![], restored: vec![], tree: b.build(), warnings: vec![], tpus: vec![] };
+        let plan = Plan {
+            remap: vec![],
+            restored: vec![],
+            tree: b.build(),
+            warnings: vec![],
+            tpus: vec![],
+            driver_version: None,
+            checks: vec![],
+            mixed_input: Default::default(),
+        };
         Loaded { plan, metadata: None }
     }
 

@@ -6,12 +6,14 @@
 //! calls [`load`] again for every reload and the dynamic majors of pass-through nodes are
 //! never cached.
 
+use crate::checks::CheckName;
 use crate::files::{self, FileError, read_up_to};
 use crate::host::{self, HostError};
 use crate::metadata::{self, MAX_METADATA_LEN, Metadata, MetadataError};
-use crate::pairing::MapPair;
+use crate::pairing::{MapPair, Rule};
 use crate::plan::{self, Input, Inputs, Plan, PlanError, Prefer};
 use crate::spec::{self, SpecError};
+use std::collections::BTreeSet;
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::MetadataExt;
@@ -30,6 +32,10 @@ pub struct Sources {
     /// A file holding `native` or `checkpoint`, read at every load and winning over
     /// `prefer`: how a running daemon is switched between the two (write it, then SIGHUP).
     pub prefer_file: Option<PathBuf>,
+    /// Identity first, or gVisor's positional rule.
+    pub pairing: Rule,
+    /// The checks whose failure only warns.
+    pub relax: BTreeSet<CheckName>,
 }
 
 impl Default for Sources {
@@ -42,6 +48,8 @@ impl Default for Sources {
             device_map: Vec::new(),
             prefer: Prefer::Native,
             prefer_file: None,
+            pairing: Rule::default(),
+            relax: BTreeSet::new(),
         }
     }
 }
@@ -165,6 +173,8 @@ pub fn gather(sources: &Sources) -> Result<Inputs, LoadError> {
             Some(path) => read_prefer(path)?,
             None => sources.prefer,
         },
+        pairing: sources.pairing,
+        relax: sources.relax.clone(),
     })
 }
 
@@ -181,8 +191,9 @@ fn input_name(input: Input, inputs: &Inputs, sources: &Sources) -> String {
     path.map_or_else(|| "inputs".to_owned(), |p| p.display().to_string())
 }
 
-/// Reads every input and builds the plan.
-pub fn load(sources: &Sources) -> Result<Loaded, LoadError> {
+/// Reads every input and builds the plan, whatever its checks say: for showing them
+/// (`plan --json`) and for `record`, which describes what is served rather than judging it.
+pub fn load_unchecked(sources: &Sources) -> Result<Loaded, LoadError> {
     let inputs = gather(sources)?;
     let mut plan =
         plan::build(&inputs).map_err(|e| LoadError::Plan(input_name(e.input(), &inputs, sources), Box::new(e)))?;
@@ -191,6 +202,23 @@ pub fn load(sources: &Sources) -> Result<Loaded, LoadError> {
         plan.warnings.splice(0..0, noted);
     }
     Ok(Loaded { plan, metadata: inputs.metadata })
+}
+
+/// Refuses a loaded plan one of whose checks failed unrelaxed, naming the input at fault.
+pub fn gate(loaded: &Loaded, sources: &Sources) -> Result<(), LoadError> {
+    plan::gate(&loaded.plan).map_err(|e| {
+        // A check names the checkpoint or the host root, neither of which needs the inputs.
+        let name = input_name(e.input(), &Inputs::default(), sources);
+        LoadError::Plan(name, Box::new(e))
+    })
+}
+
+/// Reads every input and builds the plan, refused when a check fails unrelaxed: what `mount`,
+/// every reload and `cuda-device-map` serve or print.
+pub fn load(sources: &Sources) -> Result<Loaded, LoadError> {
+    let loaded = load_unchecked(sources)?;
+    gate(&loaded, sources)?;
+    Ok(loaded)
 }
 
 #[cfg(test)]

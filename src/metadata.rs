@@ -8,7 +8,7 @@
 //! [`needed_len`] tells a reader how many bytes that is, so a 50 GiB image costs 16 bytes
 //! plus its header.
 
-use crate::device::{Access, MAX_REGULAR_MINOR, is_gpu_uuid};
+use crate::device::{Access, MAX_DRIVER_VERSION_LEN, MAX_MODEL_LEN, MAX_REGULAR_MINOR, fact_fault, is_gpu_uuid};
 use serde_json::{Map, Value};
 use std::collections::BTreeSet;
 use thiserror::Error;
@@ -24,7 +24,7 @@ pub const TPU_KEY: &str = "tpu-device-remap-ids";
 const PREFIX_LEN: usize = 16;
 
 /// One GPU as it was at save time (gVisor's `nvproxy.DeviceRemapID`).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DeviceId {
     pub minor: u32,
     pub pci_vendor_id: u32,
@@ -37,6 +37,19 @@ pub struct DeviceId {
     pub uuid: String,
     /// The mode, uid and gid the node had at save time, where `devremapd record` wrote them.
     pub recorded: RecordedAccess,
+    /// The driver's model name at save time, where `devremapd record` wrote it: shown beside
+    /// the PCI ids when the `model` check fails.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// The save host's driver version, where `devremapd record` wrote it: the `driver` check.
+    #[serde(default)]
+    pub driver_version: Option<String>,
+    /// The other names this GPU had in the checkpointed container, sorted: the checkpoint names
+    /// of an earlier restore that led to it (`record --metadata PREV` writes them). Each is
+    /// served as this GPU's checkpoint name too, so a process migrated twice finds every name
+    /// it may hold.
+    #[serde(default)]
+    pub earlier_minors: Vec<u32>,
 }
 
 impl DeviceId {
@@ -124,6 +137,8 @@ pub enum MetadataError {
     Shape { key: &'static str, what: String },
     #[error("{GPU_KEY}[{index}].{field}: expected {expected}, found {found}")]
     Field { index: usize, field: &'static str, expected: &'static str, found: String },
+    #[error("{GPU_KEY}[{index}].{field}: {why}")]
+    Fact { index: usize, field: &'static str, why: String },
     #[error("{GPU_KEY}[{index}].mode: {mode:#o} has bits beyond the permission and sticky bits (0o1777)")]
     ModeTooLarge { index: usize, mode: u32 },
     #[error("{GPU_KEY}[{index}].{field}: 4294967295 is no owner (chown reads it as \"leave unchanged\")")]
@@ -134,6 +149,8 @@ pub enum MetadataError {
     DuplicateMinor(u32),
     #[error("{GPU_KEY}: uuid {0} appears twice")]
     DuplicateUuid(String),
+    #[error("{GPU_KEY}[{index}].earlier_minors: {what}")]
+    Earlier { index: usize, what: String },
 }
 
 /// How many leading bytes of a file [`parse`] needs, judged from its first bytes: for a state
@@ -299,6 +316,13 @@ fn device_list(value: &Value) -> Result<Vec<DeviceId>, MetadataError> {
     if let Some(w) = gpus.windows(2).find(|w| w[0].minor == w[1].minor) {
         return Err(MetadataError::DuplicateMinor(w[0].minor));
     }
+    // Every name leads to one GPU: an earlier name is no other GPU's minor or earlier name.
+    let mut names = BTreeSet::new();
+    for minor in gpus.iter().flat_map(|d| std::iter::once(&d.minor).chain(&d.earlier_minors)) {
+        if !names.insert(*minor) {
+            return Err(MetadataError::DuplicateMinor(*minor));
+        }
+    }
     // A UUID's hex digits mean the same in either case.
     let mut uuids = BTreeSet::new();
     if let Some(d) = gpus.iter().find(|d| !d.uuid.is_empty() && !uuids.insert(d.uuid.to_ascii_lowercase())) {
@@ -350,6 +374,20 @@ fn device_id(index: usize, item: &Value) -> Result<DeviceId, MetadataError> {
             return Err(MetadataError::Field { index, field: "uuid", expected: "a string", found: describe(v) });
         }
     };
+    // Facts are compared and shown in messages: text a driver writes, never echoed when not.
+    let fact = |field: &'static str, max: usize| -> Result<Option<String>, MetadataError> {
+        match obj.get(field) {
+            None => Ok(None),
+            Some(Value::String(s)) => match fact_fault(s, max) {
+                None => Ok(Some(s.clone())),
+                Some(why) => Err(MetadataError::Fact { index, field, why }),
+            },
+            Some(v) => Err(MetadataError::Field { index, field, expected: "a string", found: describe(v) }),
+        }
+    };
+    let model = fact("model", MAX_MODEL_LEN)?;
+    let earlier_minors = earlier_minors(index, minor, obj.get("earlier_minors"))?;
+    let driver_version = fact("driver_version", MAX_DRIVER_VERSION_LEN)?;
     let recorded = RecordedAccess { mode: optional("mode")?, uid: optional("uid")?, gid: optional("gid")? };
     // The metadata may come from another host: it may give a checkpoint name the mode the saved
     // node had, but never setuid or setgid (runc clears them on device nodes too, so a node a
@@ -371,7 +409,35 @@ fn device_id(index: usize, item: &Value) -> Result<DeviceId, MetadataError> {
         subdevice_instance: number("subdevice_instance", false)?,
         uuid,
         recorded,
+        model,
+        driver_version,
+        earlier_minors,
     })
+}
+
+/// The `earlier_minors` of item `index` (whose minor is `minor`): GPU minors, each once, none
+/// the item's own; sorted.
+fn earlier_minors(index: usize, minor: u32, value: Option<&Value>) -> Result<Vec<u32>, MetadataError> {
+    let bad = |what: String| MetadataError::Earlier { index, what };
+    let items = match value {
+        None => return Ok(Vec::new()),
+        Some(Value::Array(items)) => items,
+        Some(v) => return Err(bad(format!("expected an array of GPU minors, found {}", describe(v)))),
+    };
+    let mut out = BTreeSet::new();
+    for item in items {
+        let m = item
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(|| bad(format!("expected GPU minors, found {}", describe(item))))?;
+        if m > MAX_REGULAR_MINOR {
+            return Err(bad(format!("minor {m} is over {MAX_REGULAR_MINOR}, the largest GPU minor")));
+        }
+        if m == minor || !out.insert(m) {
+            return Err(bad(format!("minor {m} is listed twice or is the GPU's own")));
+        }
+    }
+    Ok(out.into_iter().collect())
 }
 
 /// A short description of a JSON value for error messages: numbers as written, the rest by kind.
@@ -422,6 +488,66 @@ mod tests {
         bytes
     }
 
+    /// Rule (issue 20): `model` and `driver_version` are read where present, absent ones are
+    /// unknown (gVisor's lists, older records), and one that is no fact is refused naming the
+    /// field, never echoing the value.
+    #[test]
+    fn recorded_facts_are_read_or_refused() {
+        let m = parse(br#"[{"minor":0,"model":"NVIDIA H100 80GB HBM3","driver_version":"535.129.03"},{"minor":1}]"#)
+            .unwrap();
+        assert_eq!(m.gpus[0].model.as_deref(), Some("NVIDIA H100 80GB HBM3"));
+        assert_eq!(m.gpus[0].driver_version.as_deref(), Some("535.129.03"));
+        assert_eq!((m.gpus[1].model.as_ref(), m.gpus[1].driver_version.as_ref()), (None, None));
+        let huge = format!(r#"[{{"minor":0,"model":"{}"}}]"#, "x".repeat(10_000));
+        for (text, message) in [
+            (huge.as_str(), "nvproxy-device-remap-ids[0].model: is 10000 bytes, longer than the 95 any driver writes"),
+            (r#"[{"minor":0,"model":""}]"#, "nvproxy-device-remap-ids[0].model: is empty"),
+            (r#"[{"minor":0,"model":null}]"#, "nvproxy-device-remap-ids[0].model: expected a string, found null"),
+            (
+                r#"[{"minor":0,"driver_version":5}]"#,
+                "nvproxy-device-remap-ids[0].driver_version: expected a string, found 5",
+            ),
+            (
+                r#"[{"minor":0,"driver_version":"5\u001b[2J"}]"#,
+                "nvproxy-device-remap-ids[0].driver_version: holds a control character",
+            ),
+        ] {
+            assert_eq!(parse(text.as_bytes()).unwrap_err().to_string(), message);
+        }
+    }
+
+    /// Rule (issue 20): `earlier_minors` are GPU minors, sorted on reading; one that is the
+    /// GPU's own, listed twice, over 247, or another GPU's name is refused.
+    #[test]
+    fn earlier_minors_are_names_of_one_gpu_each() {
+        let m = parse(br#"[{"minor":2,"earlier_minors":[7,0]},{"minor":3}]"#).unwrap();
+        assert_eq!((m.gpus[0].earlier_minors.as_slice(), m.gpus[1].earlier_minors.as_slice()), (&[0, 7][..], &[][..]));
+        for (text, message) in [
+            (
+                r#"[{"minor":2,"earlier_minors":[2]}]"#,
+                "[0].earlier_minors: minor 2 is listed twice or is the GPU's own",
+            ),
+            (
+                r#"[{"minor":2,"earlier_minors":[0,0]}]"#,
+                "[0].earlier_minors: minor 0 is listed twice or is the GPU's own",
+            ),
+            (
+                r#"[{"minor":2,"earlier_minors":[248]}]"#,
+                "[0].earlier_minors: minor 248 is over 247, the largest GPU minor",
+            ),
+            (
+                r#"[{"minor":2,"earlier_minors":"0"}]"#,
+                "[0].earlier_minors: expected an array of GPU minors, found the string \"0\"",
+            ),
+            (r#"[{"minor":2,"earlier_minors":[-1]}]"#, "[0].earlier_minors: expected GPU minors, found -1"),
+            (r#"[{"minor":2,"earlier_minors":[3]},{"minor":3}]"#, "nvproxy-device-remap-ids: minor 3 appears twice"),
+            (r#"[{"minor":2,"earlier_minors":[0]},{"minor":3,"earlier_minors":[0]}]"#, "minor 0 appears twice"),
+        ] {
+            let e = parse(text.as_bytes()).unwrap_err().to_string();
+            assert!(e.ends_with(message), "{text}: {e}");
+        }
+    }
+
     /// Format: a state file's list is a string holding JSON; all seven fields are read, unknown
     /// ones ignored, and the result is sorted by minor.
     #[test]
@@ -439,7 +565,7 @@ mod tests {
                 device_instance: 1,
                 subdevice_instance: 0,
                 uuid: UA.into(),
-                recorded: RecordedAccess::default(),
+                ..DeviceId::default()
             }
         );
     }

@@ -2,8 +2,11 @@
 //!
 //! Pure. Assumes both lists are sorted by minor (the metadata reader and the restore-side
 //! discovery both sort), which makes the positional rule reproducible: a restore onto the same
-//! set of GPUs is the identity. Explicit pairs (`--device-map`) are taken first; the positional
-//! rule pairs what is left, in order. Each side is checked on its own ([`check_saved`],
+//! set of GPUs is the identity. Explicit pairs (`--device-map`) are taken first; then, unless
+//! the rule is gVisor's [`Rule::Positional`], each saved GPU whose UUID is among the restored
+//! GPUs pairs with itself (a GPU still there keeps its process, as NVIDIA's Dynamo Snapshot
+//! does, instead of moving because another GPU left); the positional rule pairs what is left,
+//! in order. Each side is checked on its own ([`check_subdevice`], [`check_homogeneous`],
 //! [`check_restored`], [`check_count`]) so that the caller can name the input at fault. A UUID
 //! is an identity only when well formed, on either side and in `--device-map`, and its hex
 //! digits are compared ignoring case, as `NVIDIA_VISIBLE_DEVICES` compares them.
@@ -37,20 +40,45 @@ pub struct MapPair {
     pub new: DeviceRef,
 }
 
+/// Which rules pair what `--device-map` leaves.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Rule {
+    /// A saved GPU whose UUID a restored GPU has pairs with it; the rest by position.
+    #[default]
+    IdentityFirst,
+    /// gVisor's rule exactly: by position only.
+    Positional,
+}
+
+/// Which rule paired a saved GPU, as `plan --json` says it (`"by"`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum By {
+    /// Its UUID is the restored GPU's: the same GPU.
+    Uuid,
+    /// The i-th saved GPU left, with the i-th restored GPU left.
+    #[default]
+    Position,
+    /// `--device-map`.
+    Explicit,
+}
+
+impl By {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            By::Uuid => "uuid",
+            By::Position => "position",
+            By::Explicit => "explicit",
+        }
+    }
+}
+
 /// A saved GPU and the restored GPU it now means.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pair {
     pub old: DeviceId,
     pub new: RestoredGpu,
-    /// Chosen by `--device-map` rather than by position.
-    pub explicit: bool,
-}
-
-/// The pairs, sorted by saved minor, and what is worth telling the user.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Pairing {
-    pub pairs: Vec<Pair>,
-    pub warnings: Vec<String>,
+    pub by: By,
 }
 
 /// Why saved and restored devices cannot be paired.
@@ -99,7 +127,7 @@ pub fn parse_device_map(value: &str) -> Result<Vec<MapPair>, PairingError> {
         .collect()
 }
 
-fn pci_text((vendor, device): (u32, u32)) -> String {
+pub(crate) fn pci_text((vendor, device): (u32, u32)) -> String {
     format!("{vendor:04x}:{device:04x}")
 }
 
@@ -127,11 +155,16 @@ fn homogeneous<'a>(
     Ok(())
 }
 
-/// The saved side can be remapped: every `subdevice_instance` 0, one model (where known).
-pub fn check_saved(saved: &[DeviceId]) -> Result<(), PairingError> {
-    if let Some(d) = saved.iter().find(|d| d.subdevice_instance != 0) {
-        return Err(PairingError::Subdevice { minor: d.minor, instance: d.subdevice_instance });
+/// The saved side can be remapped: every `subdevice_instance` 0.
+pub fn check_subdevice(saved: &[DeviceId]) -> Result<(), PairingError> {
+    match saved.iter().find(|d| d.subdevice_instance != 0) {
+        Some(d) => Err(PairingError::Subdevice { minor: d.minor, instance: d.subdevice_instance }),
+        None => Ok(()),
     }
+}
+
+/// The saved side is one model (where known).
+pub fn check_homogeneous(saved: &[DeviceId]) -> Result<(), PairingError> {
     homogeneous("saved", saved.iter().filter_map(|d| Some((format!("nvidia{}", d.minor), d.pci()?))))
 }
 
@@ -150,12 +183,22 @@ pub fn check_count(saved: &[DeviceId], restored: &[RestoredGpu]) -> Result<(), P
     Ok(())
 }
 
-/// Pairs `saved` (sorted by minor) with `restored` (sorted by minor): explicit pairs, then by
-/// position. The sides are checked by the caller ([`check_saved`], [`check_restored`]); the
-/// count is checked again here since the positional rule depends on it.
-pub fn pair(saved: &[DeviceId], restored: &[RestoredGpu], map: &[MapPair]) -> Result<Pairing, PairingError> {
+/// Whether a saved and a restored GPU carry one well-formed UUID (its hex digits in either case).
+fn same_uuid(old: &DeviceId, new: &RestoredGpu) -> bool {
+    is_gpu_uuid(&old.uuid) && new.uuid.as_deref().is_some_and(|u| is_gpu_uuid(u) && u.eq_ignore_ascii_case(&old.uuid))
+}
+
+/// Pairs `saved` (sorted by minor) with `restored` (sorted by minor): explicit pairs, then (by
+/// `rule`) by UUID, then by position; sorted by saved minor. The sides are checked by the
+/// caller; the count is checked again here since the positional rule depends on it.
+pub fn pair(
+    saved: &[DeviceId],
+    restored: &[RestoredGpu],
+    map: &[MapPair],
+    rule: Rule,
+) -> Result<Vec<Pair>, PairingError> {
     check_count(saved, restored)?;
-    let mut new_of_old: Vec<Option<(usize, bool)>> = vec![None; saved.len()];
+    let mut new_of_old: Vec<Option<(usize, By)>> = vec![None; saved.len()];
     let mut taken = BTreeSet::new();
     for p in map {
         let old = saved.iter().position(|d| match &p.old {
@@ -174,32 +217,27 @@ pub fn pair(saved: &[DeviceId], restored: &[RestoredGpu], map: &[MapPair]) -> Re
         if !taken.insert(new) {
             return Err(PairingError::Claimed { side: "restored", reference: p.new.clone() });
         }
-        new_of_old[old] = Some((new, true));
+        new_of_old[old] = Some((new, By::Explicit));
+    }
+    if rule == Rule::IdentityFirst {
+        for (old, slot) in saved.iter().zip(new_of_old.iter_mut()).filter(|(_, s)| s.is_none()) {
+            // UUIDs are unique on each side (the readers refuse a duplicate), so at most one.
+            if let Some(new) = (0..restored.len()).find(|i| !taken.contains(i) && same_uuid(old, &restored[*i])) {
+                taken.insert(new);
+                *slot = Some((new, By::Uuid));
+            }
+        }
     }
     let mut free = (0..restored.len()).filter(|i| !taken.contains(i));
     for slot in new_of_old.iter_mut().filter(|s| s.is_none()) {
-        // Enough are free: saved.len() <= restored.len() and each explicit pair took one of each.
-        *slot = free.next().map(|i| (i, false));
+        // Enough are free: saved.len() <= restored.len() and each pair before took one of each.
+        *slot = free.next().map(|i| (i, By::Position));
     }
-
-    let mut warnings = Vec::new();
-    let pairs: Vec<Pair> = saved
+    Ok(saved
         .iter()
         .zip(new_of_old)
-        .filter_map(|(old, slot)| {
-            slot.map(|(i, explicit)| Pair { old: old.clone(), new: restored[i].clone(), explicit })
-        })
-        .collect();
-    if let (Some(old_pci), Some(new)) = (saved.iter().find_map(DeviceId::pci), restored.iter().find_map(|g| g.pci))
-        && old_pci != new
-    {
-        warnings.push(format!(
-            "saved GPUs are {} but restored GPUs are {}: the checkpoint may not restore on this model",
-            pci_text(old_pci),
-            pci_text(new)
-        ));
-    }
-    Ok(Pairing { pairs, warnings })
+        .filter_map(|(old, slot)| slot.map(|(i, by)| Pair { old: old.clone(), new: restored[i].clone(), by }))
+        .collect())
 }
 
 #[cfg(test)]
@@ -217,7 +255,7 @@ mod tests {
             device_instance: 0,
             subdevice_instance: 0,
             uuid: format!("GPU-0000aaaa-0000-0000-0000-{minor:012}"),
-            recorded: Default::default(),
+            ..Default::default()
         }
     }
 
@@ -229,32 +267,36 @@ mod tests {
             uuid: Some(format!("GPU-0000bbbb-0000-0000-0000-{minor:012}")),
             bus: None,
             pci: Some((0x10de, 0x20b0)),
+            model: None,
         }
     }
 
-    fn minors(p: &Pairing) -> Vec<(u32, u32)> {
-        p.pairs.iter().map(|p| (p.old.minor, p.new.minor)).collect()
+    fn minors(p: &[Pair]) -> Vec<(u32, u32)> {
+        p.iter().map(|p| (p.old.minor, p.new.minor)).collect()
     }
 
     /// gVisor: the i-th saved device (by minor) pairs with the i-th restored; extras stay unpaired.
     #[test]
     fn positional_pairing_in_minor_order() {
-        let p = pair(&[saved(0), saved(1)], &[restored(2), restored(5), restored(7)], &[]).unwrap();
+        let p =
+            pair(&[saved(0), saved(1)], &[restored(2), restored(5), restored(7)], &[], Rule::IdentityFirst).unwrap();
         assert_eq!(minors(&p), vec![(0, 2), (1, 5)]);
-        assert!(p.pairs.iter().all(|p| !p.explicit));
+        assert!(p.iter().all(|p| p.by == By::Position));
     }
 
     /// gVisor: more saved than restored is an error, with gVisor's wording.
     #[test]
     fn more_saved_than_restored_is_an_error() {
-        let err = pair(&[saved(0), saved(1), saved(2), saved(3)], &[restored(0), restored(1)], &[]).unwrap_err();
+        let err =
+            pair(&[saved(0), saved(1), saved(2), saved(3)], &[restored(0), restored(1)], &[], Rule::IdentityFirst)
+                .unwrap_err();
         assert_eq!(err.to_string(), "can't remap 4 saved devices to 2 restored devices");
     }
 
     /// gVisor: no saved devices, no remapping, whatever is restored.
     #[test]
     fn no_saved_devices_no_pairs() {
-        assert!(pair(&[], &[restored(0)], &[]).unwrap().pairs.is_empty());
+        assert!(pair(&[], &[restored(0)], &[], Rule::IdentityFirst).unwrap().is_empty());
     }
 
     /// gVisor: each side homogeneous, naming the differing devices; subdevice 0 only.
@@ -262,7 +304,7 @@ mod tests {
     fn homogeneity_and_subdevice() {
         let mut odd = saved(1);
         odd.pci_device_id = 0x2330;
-        let err = check_saved(&[saved(0), odd]).unwrap_err().to_string();
+        let err = check_homogeneous(&[saved(0), odd]).unwrap_err().to_string();
         assert!(err.contains("nvidia0 is 10de:20b0 but nvidia1 is 10de:2330"), "{err}");
         let mut odd = restored(1);
         odd.pci = Some((0x10de, 0x2330));
@@ -270,7 +312,7 @@ mod tests {
         assert!(err.starts_with("restored devices are not homogeneous"), "{err}");
         let mut sub = saved(0);
         sub.subdevice_instance = 1;
-        assert_eq!(check_saved(&[sub]), Err(PairingError::Subdevice { minor: 0, instance: 1 }));
+        assert_eq!(check_subdevice(&[sub]), Err(PairingError::Subdevice { minor: 0, instance: 1 }));
     }
 
     /// Explicit pairs win over position; the rest pair positionally among what is left.
@@ -278,23 +320,43 @@ mod tests {
     fn explicit_pairs_win() {
         let map = parse_device_map("GPU-0000aaaa-0000-0000-0000-000000000000=GPU-0000bbbb-0000-0000-0000-000000000007")
             .unwrap();
-        let p = pair(&[saved(0), saved(1)], &[restored(2), restored(5), restored(7)], &map).unwrap();
+        let p =
+            pair(&[saved(0), saved(1)], &[restored(2), restored(5), restored(7)], &map, Rule::IdentityFirst).unwrap();
         assert_eq!(minors(&p), vec![(0, 7), (1, 2)]);
-        assert!(p.pairs[0].explicit && !p.pairs[1].explicit);
+        assert_eq!((p[0].by, p[1].by), (By::Explicit, By::Position));
         let map = parse_device_map("1=2,0=5").unwrap();
-        let p = pair(&[saved(0), saved(1)], &[restored(2), restored(5)], &map).unwrap();
+        let p = pair(&[saved(0), saved(1)], &[restored(2), restored(5)], &map, Rule::IdentityFirst).unwrap();
         assert_eq!(minors(&p), vec![(0, 5), (1, 2)]);
     }
 
-    /// Saved devices without PCI ids (hand-written lists) are neither compared nor warned about.
+    /// Rule (issue 20): a saved GPU whose UUID a restored GPU has pairs with it (in either
+    /// case), the rest by position among what is left; `Rule::Positional` is gVisor's rule
+    /// exactly. Saved {0,1,2} on host {1,2,3} whose GPU 1 and 2 are saved 1 and 2 (GPU 0 left,
+    /// 3 came): positionally every GPU moves, identity first only saved 0 does, onto 3.
     #[test]
-    fn missing_pci_ids_are_unknown_not_zero() {
+    fn identity_first_against_positional() {
+        let same = |minor: u32| {
+            let mut g = restored(minor);
+            g.uuid = Some(saved(minor).uuid.to_ascii_uppercase());
+            g
+        };
+        let s = [saved(0), saved(1), saved(2)];
+        let r = [same(1), same(2), restored(3)];
+        let p = pair(&s, &r, &[], Rule::Positional).unwrap();
+        assert_eq!(minors(&p), [(0, 1), (1, 2), (2, 3)]);
+        assert!(p.iter().all(|p| p.by == By::Position));
+        let p = pair(&s, &r, &[], Rule::IdentityFirst).unwrap();
+        assert_eq!(minors(&p), [(0, 3), (1, 1), (2, 2)]);
+        assert_eq!(p.iter().map(|p| p.by).collect::<Vec<_>>(), [By::Position, By::Uuid, By::Uuid]);
+        // An explicit pair takes the GPU first: saved 0 onto host 1 leaves saved 1 to position.
+        let p = pair(&s, &r, &parse_device_map("0=1").unwrap(), Rule::IdentityFirst).unwrap();
+        assert_eq!(minors(&p), [(0, 1), (1, 3), (2, 2)]);
+        assert_eq!(p.iter().map(|p| p.by).collect::<Vec<_>>(), [By::Explicit, By::Position, By::Uuid]);
+        // A UUID that is no identity (empty) pairs by position.
         let mut bare = saved(1);
-        (bare.pci_vendor_id, bare.pci_device_id) = (0, 0);
-        let p = pair(&[saved(0), bare.clone()], &[restored(0), restored(1)], &[]).unwrap();
-        assert!(p.warnings.is_empty(), "{:?}", p.warnings);
-        let p = pair(&[bare], &[restored(0)], &[]).unwrap();
-        assert!(p.warnings.is_empty(), "{:?}", p.warnings);
+        bare.uuid.clear();
+        let p = pair(&[saved(0), bare], &[restored(0), restored(1)], &[], Rule::IdentityFirst).unwrap();
+        assert!(p.iter().all(|p| p.by == By::Position));
     }
 
     /// Explicit pairs naming unknown devices, or claiming one twice, are errors.
@@ -302,7 +364,7 @@ mod tests {
     fn explicit_pair_errors() {
         let s = [saved(0), saved(1)];
         let r = [restored(2), restored(5)];
-        let run = |m: &str| pair(&s, &r, &parse_device_map(m).unwrap()).unwrap_err();
+        let run = |m: &str| pair(&s, &r, &parse_device_map(m).unwrap(), Rule::IdentityFirst).unwrap_err();
         assert!(matches!(run("9=2"), PairingError::Unknown { side: "saved", .. }));
         assert!(matches!(
             run("0=GPU-0000cccc-0000-0000-0000-000000000000"),
@@ -322,9 +384,9 @@ mod tests {
     fn device_map_uuids_match_in_either_case() {
         let map = parse_device_map("GPU-0000AAAA-0000-0000-0000-000000000001=GPU-0000BBBB-0000-0000-0000-000000000005")
             .unwrap();
-        let p = pair(&[saved(0), saved(1)], &[restored(2), restored(5)], &map).unwrap();
+        let p = pair(&[saved(0), saved(1)], &[restored(2), restored(5)], &map, Rule::IdentityFirst).unwrap();
         assert_eq!(minors(&p), vec![(0, 2), (1, 5)]);
-        assert!(p.pairs[1].explicit);
+        assert_eq!(p[1].by, By::Explicit);
     }
 
     /// Bug (issue 10.3): a placeholder or malformed UUID is no identity: `--device-map` naming
@@ -341,7 +403,10 @@ mod tests {
         let mut odd = restored(2);
         odd.uuid = Some("GPU-5b2c".into());
         let map = vec![MapPair { old: DeviceRef::Minor(0), new: DeviceRef::Uuid("GPU-5b2c".into()) }];
-        assert!(matches!(pair(&[saved(0)], &[odd], &map), Err(PairingError::Unknown { side: "restored", .. })));
+        assert!(matches!(
+            pair(&[saved(0)], &[odd], &map, Rule::IdentityFirst),
+            Err(PairingError::Unknown { side: "restored", .. })
+        ));
     }
 
     fn minor_set(max: usize) -> impl Strategy<Value = Vec<u32>> {
@@ -360,19 +425,40 @@ mod tests {
                 old: DeviceRef::Minor(s[i].minor),
                 new: DeviceRef::Minor(r[r.len() - 1 - i].minor),
             }).collect();
-            match pair(&s, &r, &map) {
+            match pair(&s, &r, &map, Rule::IdentityFirst) {
                 Err(PairingError::Count { .. }) => prop_assert!(s.len() > r.len()),
                 Err(e) => prop_assert!(false, "unexpected {e}"),
                 Ok(p) => {
-                    prop_assert_eq!(p.pairs.len(), s.len());
-                    let targets: BTreeSet<u32> = p.pairs.iter().map(|p| p.new.minor).collect();
-                    prop_assert_eq!(targets.len(), p.pairs.len());
+                    prop_assert_eq!(p.len(), s.len());
+                    let targets: BTreeSet<u32> = p.iter().map(|p| p.new.minor).collect();
+                    prop_assert_eq!(targets.len(), p.len());
                     prop_assert!(targets.iter().all(|m| new.contains(m)));
                     for m in &map {
                         let DeviceRef::Minor(o) = m.old else { unreachable!() };
                         let DeviceRef::Minor(n) = m.new else { unreachable!() };
-                        prop_assert!(p.pairs.iter().any(|p| p.old.minor == o && p.new.minor == n));
+                        prop_assert!(p.iter().any(|p| p.old.minor == o && p.new.minor == n));
                     }
+                }
+            }
+        }
+
+        /// Property: identity first, every saved GPU whose UUID is restored pairs with it, and
+        /// the pairing stays injective.
+        #[test]
+        fn identity_first_keeps_every_gpu_still_there(old in minor_set(8), new in minor_set(12)) {
+            let s: Vec<_> = old.iter().copied().map(saved).collect();
+            // Restored GPUs that share a minor with a saved one are that GPU.
+            let r: Vec<_> = new.iter().map(|&m| {
+                let mut g = restored(m);
+                if old.contains(&m) { g.uuid = Some(saved(m).uuid); }
+                g
+            }).collect();
+            if let Ok(p) = pair(&s, &r, &[], Rule::IdentityFirst) {
+                let targets: BTreeSet<u32> = p.iter().map(|p| p.new.minor).collect();
+                prop_assert_eq!(targets.len(), p.len());
+                for p in &p {
+                    prop_assert_eq!(p.by == By::Uuid, new.contains(&p.old.minor));
+                    if p.by == By::Uuid { prop_assert_eq!(p.old.minor, p.new.minor); }
                 }
             }
         }
@@ -382,8 +468,8 @@ mod tests {
         fn same_set_is_identity(set in minor_set(12)) {
             let s: Vec<_> = set.iter().copied().map(saved).collect();
             let r: Vec<_> = set.iter().copied().map(restored).collect();
-            let p = pair(&s, &r, &[]).unwrap();
-            prop_assert!(p.pairs.iter().all(|p| p.old.minor == p.new.minor));
+            let p = pair(&s, &r, &[], Rule::IdentityFirst).unwrap();
+            prop_assert!(p.iter().all(|p| p.old.minor == p.new.minor));
         }
     }
 }

@@ -12,10 +12,11 @@
 //! only the directory's GPUs that `NVIDIA_VISIBLE_DEVICES` selects (see [`crate::visible`]). Every error is made where its
 //! cause is known, as the variant of the input that holds it ([`PlanError::input`]).
 
+use crate::checks::{self, CheckName, CheckResult, Side};
 use crate::device::{Access, DevKind, Rdev, RestoredGpu, gpu_name};
 use crate::host::{DevDirScan, GpuInfo, HostFacts};
 use crate::metadata::{DeviceId, Metadata};
-use crate::pairing::{self, MapPair, PairingError};
+use crate::pairing::{self, By, MapPair, PairingError, Rule};
 use crate::spec::SpecView;
 use crate::tree::{Node, NodeKind, Tree, TreeBuilder, TreeError};
 use crate::visible::{self, VisibleError};
@@ -44,6 +45,10 @@ pub struct Inputs {
     pub host: HostFacts,
     pub device_map: Vec<MapPair>,
     pub prefer: Prefer,
+    /// Identity first, or gVisor's positional rule (`--pairing positional`).
+    pub pairing: Rule,
+    /// The checks whose failure is a warning, not a refusal (`--relax`).
+    pub relax: BTreeSet<CheckName>,
 }
 
 /// One saved GPU and where its checkpoint name leads.
@@ -51,8 +56,21 @@ pub struct Inputs {
 pub struct RemapEntry {
     pub old: DeviceId,
     pub new: RestoredGpu,
-    pub explicit: bool,
+    /// Which rule paired them.
+    #[serde(default)]
+    pub by: By,
     /// False when the checkpoint name lost a collision and is not in the tree as this GPU.
+    pub served: bool,
+    /// The saved GPU's earlier names (`earlier_minors`), each served as it unless it lost a
+    /// collision.
+    #[serde(default)]
+    pub earlier: Vec<EarlierName>,
+}
+
+/// A name a saved GPU had from an earlier restore, and whether it leads to its pair here.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct EarlierName {
+    pub minor: u32,
     pub served: bool,
 }
 
@@ -71,6 +89,16 @@ pub struct Plan {
     pub tree: Tree,
     pub warnings: Vec<String>,
     pub tpus: Vec<Value>,
+    /// The restore host's driver version, where its driver tells it.
+    #[serde(default)]
+    pub driver_version: Option<String>,
+    /// Every check evaluated, in [`CheckName::ALL`]'s order; [`gate`] refuses the plan when one
+    /// failed unrelaxed. Empty in a plan handed over by a server before checks existed.
+    #[serde(default)]
+    pub checks: Vec<CheckResult>,
+    /// Whose fault a failed `mixed` check is: the checkpoint's or the host root's.
+    #[serde(skip)]
+    pub mixed_input: Input,
 }
 
 /// Why no plan could be made from inputs that each parsed: one variant per input that can hold
@@ -101,9 +129,6 @@ pub enum PlanError {
     /// A host pass-through node cannot be placed (a spec node is in its way).
     #[error("host node {0}")]
     HostNode(TreeError),
-    /// The restored GPUs' PCI ids, which the host root tells, differ.
-    #[error("{0}")]
-    HostRoot(PairingError),
     /// Two of the driver's information files describe the same GPU minor, UUID or bus, which
     /// the driver never writes: which GPU a name means would be a guess.
     #[error("the driver's information files of {first} and {second} both give {what}")]
@@ -115,11 +140,16 @@ pub enum PlanError {
     SpecDevice(TreeError),
     #[error("spec mount {0}")]
     SpecMount(TreeError),
+    /// A named check failed and was not relaxed: the checkpoint does not fit this host (or, for
+    /// mixed restored GPUs, the host root's GPUs are two models).
+    #[error("{}: {}", .result.check, .result.detail)]
+    Check { input: Input, result: CheckResult },
 }
 
 /// The inputs a plan error can be about.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Input {
+    #[default]
     Checkpoint,
     Spec,
     HostDev,
@@ -136,8 +166,9 @@ impl PlanError {
                 Input::Spec
             }
             PlanError::HostDevGpus(_) | PlanError::HostDevMissing(_) | PlanError::HostNode(_) => Input::HostDev,
-            PlanError::HostRoot(_) | PlanError::DriverFilesClash { .. } => Input::HostRoot,
+            PlanError::DriverFilesClash { .. } => Input::HostRoot,
             PlanError::DeviceMap(_) => Input::DeviceMap,
+            PlanError::Check { input, .. } => *input,
         }
     }
 }
@@ -201,6 +232,7 @@ pub fn restored_gpus(inputs: &Inputs) -> Result<Vec<RestoredGpu>, PlanError> {
                 uuid: info.and_then(|i| i.uuid.clone()),
                 bus: info.and_then(|i| i.bus.clone()),
                 pci: info.and_then(|i| i.pci),
+                model: info.and_then(|i| i.model.clone()),
             }
         })
         .collect())
@@ -260,14 +292,27 @@ pub fn build(inputs: &Inputs) -> Result<Plan, PlanError> {
     if inputs.metadata.is_none() && !inputs.device_map.is_empty() {
         return Err(PlanError::DeviceMap(PairingError::NoCheckpoint));
     }
-    pairing::check_saved(saved).map_err(PlanError::Checkpoint)?;
+    pairing::check_subdevice(saved).map_err(PlanError::Checkpoint)?;
+    // Without as many restored GPUs there is no pairing, so no plan to show: refused here.
     pairing::check_count(saved, &restored).map_err(|e| too_few(inputs, e))?;
-    if !saved.is_empty() {
-        pairing::check_restored(&restored).map_err(PlanError::HostRoot)?;
-    }
-    let pairing = pairing::pair(saved, &restored, &inputs.device_map).map_err(PlanError::DeviceMap)?;
+    let relax = &inputs.relax;
+    let (mixed, mixed_side) = checks::mixed(saved, &restored, relax);
+    let pairs = pairing::pair(saved, &restored, &inputs.device_map, inputs.pairing).map_err(PlanError::DeviceMap)?;
+    let checks = vec![
+        checks::count(saved, &restored, relax),
+        mixed,
+        checks::model(&pairs, relax),
+        checks::driver(&pairs, inputs.host.driver_version.as_ref(), relax),
+        checks::mode(&pairs, relax),
+    ];
     let mut warnings = inputs.host.warnings.clone();
-    warnings.extend(pairing.warnings);
+    warnings.extend(
+        checks.iter().filter(|c| !c.ok && c.relaxed).map(|c| format!("check {} relaxed: {}", c.check, c.detail)),
+    );
+    let mixed_input = match mixed_side {
+        Some(Side::Restored) => Input::HostRoot,
+        _ => Input::Checkpoint,
+    };
 
     let mut b = TreeBuilder::default();
     for &(name, major, minor) in DEFAULT_DEVICES {
@@ -326,38 +371,50 @@ pub fn build(inputs: &Inputs) -> Result<Plan, PlanError> {
         b.insert(&gpu.name(), Node::device(DevKind::Char, gpu.rdev, gpu.access)).map_err(PlanError::SpecDevice)?;
     }
 
-    let mut remap = Vec::with_capacity(pairing.pairs.len());
-    for p in pairing.pairs {
-        let name = gpu_name(p.old.minor);
+    let mut remap = Vec::with_capacity(pairs.len());
+    for p in pairs {
         // The checkpoint name keeps the mode and owner it had at save time where the metadata
         // recorded them: CRIU refuses a reopened file whose mode changed.
         let node = Node::device(DevKind::Char, p.new.rdev, p.old.recorded.over(p.new.access));
-        let holder = restored.iter().find(|g| g.minor == p.old.minor && g.minor != p.new.minor);
-        let served = match (holder, inputs.prefer) {
-            (Some(_), Prefer::Native) => {
-                warnings.push(format!(
-                    "{name}: checkpoint name of saved GPU {} (now {}) collides with host GPU {name}; \
-                     serving the host GPU (prefer checkpoint to serve the saved one)",
-                    p.old.minor,
-                    p.new.name()
-                ));
-                false
+        // Each name the saved GPU had, its own and those of earlier restores, leads to its pair
+        // unless another restored GPU's native name wins.
+        let mut place = |minor: u32, what: &str| -> Result<bool, PlanError> {
+            let name = gpu_name(minor);
+            let holder = restored.iter().any(|g| g.minor == minor && g.minor != p.new.minor);
+            let served = match (holder, inputs.prefer) {
+                (true, Prefer::Native) => {
+                    warnings.push(format!(
+                        "{name}: {what} of saved GPU {} (now {}) collides with host GPU {name}; \
+                         serving the host GPU (prefer checkpoint to serve the saved one)",
+                        p.old.minor,
+                        p.new.name()
+                    ));
+                    false
+                }
+                (true, Prefer::Checkpoint) => {
+                    warnings.push(format!(
+                        "{name}: {what} of saved GPU {} (now {}) collides with host GPU {name}; \
+                         serving the saved one, so host GPU {name} has no name of its own",
+                        p.old.minor,
+                        p.new.name()
+                    ));
+                    true
+                }
+                (false, _) => true,
+            };
+            if served {
+                b.insert(&name, node.clone()).map_err(PlanError::SpecDevice)?;
             }
-            (Some(_), Prefer::Checkpoint) => {
-                warnings.push(format!(
-                    "{name}: checkpoint name of saved GPU {} (now {}) collides with host GPU {name}; \
-                     serving the saved one, so host GPU {name} has no name of its own",
-                    p.old.minor,
-                    p.new.name()
-                ));
-                true
-            }
-            (None, _) => true,
+            Ok(served)
         };
-        if served {
-            b.insert(&name, node).map_err(PlanError::SpecDevice)?;
-        }
-        remap.push(RemapEntry { old: p.old, new: p.new, explicit: p.explicit, served });
+        let served = place(p.old.minor, "checkpoint name")?;
+        let earlier = p
+            .old
+            .earlier_minors
+            .iter()
+            .map(|&minor| Ok(EarlierName { minor, served: place(minor, "earlier name")? }))
+            .collect::<Result<Vec<_>, PlanError>>()?;
+        remap.push(RemapEntry { old: p.old, new: p.new, by: p.by, served, earlier });
     }
 
     // Mount points last: a file mount goes onto whatever non-directory is there (a GPU node a
@@ -393,7 +450,29 @@ pub fn build(inputs: &Inputs) -> Result<Plan, PlanError> {
     }
 
     let tpus = inputs.metadata.as_ref().map(|m| m.tpus.clone()).unwrap_or_default();
-    Ok(Plan { remap, restored, tree: b.build(), warnings, tpus })
+    Ok(Plan {
+        remap,
+        restored,
+        tree: b.build(),
+        warnings,
+        tpus,
+        driver_version: inputs.host.driver_version.clone(),
+        checks,
+        mixed_input,
+    })
+}
+
+/// Refuses a plan one of whose checks failed unrelaxed: the first such, naming the input that
+/// holds the cause (the host root for mixed restored GPUs, else the checkpoint, which does not
+/// fit this host).
+pub fn gate(plan: &Plan) -> Result<(), PlanError> {
+    match plan.checks.iter().find(|c| c.refuses()) {
+        Some(result) => {
+            let input = if result.check == CheckName::Mixed { plan.mixed_input } else { Input::Checkpoint };
+            Err(PlanError::Check { input, result: result.clone() })
+        }
+        None => Ok(()),
+    }
 }
 
 #[cfg(test)]
@@ -413,7 +492,7 @@ mod tests {
             device_instance: 0,
             subdevice_instance: 0,
             uuid: format!("GPU-{minor}"),
-            recorded: Default::default(),
+            ..Default::default()
         }
     }
 
@@ -648,6 +727,7 @@ mod tests {
                 bus: Some(bus.to_owned()),
                 pci: Some(pci),
                 excluded: false,
+                model: None,
             })
             .collect();
         HostFacts { gpu_info, ..HostFacts::default() }
@@ -708,8 +788,21 @@ mod tests {
         assert_eq!(native_gpus(&build(&inp).unwrap()), [0, 1]);
         let mut with_saved = inputs(&[0], &[0, 1]);
         with_saved.host = inp.host.clone();
-        let err = build(&with_saved).unwrap_err();
-        assert!(matches!(err, PlanError::HostRoot(PairingError::Heterogeneous { side: "restored", .. })), "{err}");
+        let err = gate(&build(&with_saved).unwrap()).unwrap_err();
+        assert_eq!(err.input(), Input::HostRoot);
+        assert_eq!(
+            err.to_string(),
+            "mixed: restored devices are not homogeneous: nvidia0 is 10de:2330 but nvidia1 is 10de:2684"
+        );
+        // Relaxed, it is served with a warning.
+        with_saved.relax.insert(CheckName::Mixed);
+        with_saved.relax.insert(CheckName::Model);
+        let plan = build(&with_saved).unwrap();
+        assert_eq!(gate(&plan), Ok(()));
+        assert_eq!(
+            plan.warnings[0],
+            "check mixed relaxed: restored devices are not homogeneous: nvidia0 is 10de:2330 but nvidia1 is 10de:2684"
+        );
     }
 
     /// Bug (issue 10.6): the same path twice in linux.devices: the first entry is served, as runc
@@ -847,6 +940,54 @@ mod tests {
         let err = build(&host(|g| g.bus = Some("0000:3C:00.0".into()))).unwrap_err();
         assert!(err.to_string().ends_with("both give Bus Location 0000:3c:00.0"), "{err}");
         assert!(build(&host(|g| g.minor = None)).is_ok(), "a file without a minor contradicts nothing");
+    }
+
+    /// Rule (issue 20, the `mode` check): metadata that would make a root-only 0600 GPU 0666,
+    /// or give it to uid 65534, through its checkpoint name is refused, naming the check; relaxed,
+    /// the recorded mode is served with a warning; one that narrows access passes unwarned.
+    #[test]
+    fn a_checkpoint_name_never_widens_access() {
+        let mut inp = inputs(&[0], &[2]);
+        inp.dev_dir.as_mut().unwrap().gpus[0].1.access = Access { mode: 0o600, uid: 0, gid: 0 };
+        let recorded = |inp: &mut Inputs, r: RecordedAccess| inp.metadata.as_mut().unwrap().gpus[0].recorded = r;
+        recorded(&mut inp, RecordedAccess { mode: Some(0o666), ..RecordedAccess::default() });
+        let err = gate(&build(&inp).unwrap()).unwrap_err();
+        assert_eq!(err.input(), Input::Checkpoint);
+        assert_eq!(
+            err.to_string(),
+            "mode: saved nvidia0 was recorded 0666 0:0, more access than the 0600 0:0 that restored nvidia2 has here"
+        );
+        recorded(&mut inp, RecordedAccess { uid: Some(65534), ..RecordedAccess::default() });
+        assert!(gate(&build(&inp).unwrap()).is_err());
+        inp.relax.insert(CheckName::Mode);
+        let plan = build(&inp).unwrap();
+        assert_eq!(gate(&plan), Ok(()));
+        assert_eq!(plan.tree.get("nvidia0").unwrap().access.uid, 65534);
+        assert!(
+            plan.warnings[0].starts_with("check mode relaxed: saved nvidia0 was recorded 0600 65534:0"),
+            "{:?}",
+            plan.warnings
+        );
+        inp.relax.clear();
+        recorded(&mut inp, RecordedAccess { mode: Some(0o400), ..RecordedAccess::default() });
+        let plan = build(&inp).unwrap();
+        assert_eq!((gate(&plan), plan.warnings.len()), (Ok(()), 0));
+        let names: Vec<&str> = plan.checks.iter().map(|c| c.check.as_str()).collect();
+        assert_eq!(names, ["count", "mixed", "model", "driver", "mode"]);
+    }
+
+    /// Rule (issue 20): a GPU still there keeps its process (identity first), the plan says which
+    /// rule paired each, and `Rule::Positional` is gVisor's rule.
+    #[test]
+    fn remap_entries_say_which_rule_paired_them() {
+        let mut inp = inputs(&[0, 1], &[1, 2]);
+        inp.host = described(&[(1, "0000:3c:00.0"), (2, "0000:3d:00.0")], (4318, 8896));
+        // Saved GPU 1 is host GPU 1: the same UUID.
+        inp.metadata.as_mut().unwrap().gpus[1].uuid = inp.host.gpu_info[0].uuid.clone().unwrap();
+        let by = |plan: &Plan| plan.remap.iter().map(|e| (e.old.minor, e.new.minor, e.by)).collect::<Vec<_>>();
+        assert_eq!(by(&build(&inp).unwrap()), [(0, 2, By::Position), (1, 1, By::Uuid)]);
+        inp.pairing = Rule::Positional;
+        assert_eq!(by(&build(&inp).unwrap()), [(0, 1, By::Position), (1, 2, By::Position)]);
     }
 
     /// Rule: the host's warnings (an oversized driver file skipped) reach the plan's.

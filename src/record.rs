@@ -17,9 +17,14 @@
 use crate::device::RestoredGpu;
 use crate::plan::Plan;
 use serde_json::{Value, json};
+use std::collections::BTreeSet;
 
-/// The recorded device list: one object per restored GPU, sorted by minor.
-pub fn devices(plan: &Plan) -> Value {
+/// The recorded device list: one object per restored GPU, sorted by minor. With `carried`
+/// (the plan was built with the metadata the container was restored with, `record --metadata
+/// PREV`), each item's `earlier_minors` lists the other names that lead to it in the container:
+/// the served checkpoint names of the saved GPUs paired with it, and their own earlier names.
+/// Without, the key is left out, which says that no earlier names were looked for.
+pub fn devices(plan: &Plan, carried: bool) -> Value {
     let mut by_bus: Vec<(u32, u32)> = plan.restored.iter().filter_map(|g| Some((gpu_id(g)?, g.minor))).collect();
     by_bus.sort_unstable();
     let items = plan
@@ -29,7 +34,7 @@ pub fn devices(plan: &Plan) -> Value {
             let (vendor, device) = g.pci.unwrap_or((0, 0));
             // The node served under the native name: the spec's fileMode/uid/gid, or the host's.
             let access = plan.tree.get(&g.name()).map_or(g.access, |n| n.access);
-            json!({
+            let mut item = json!({
                 "minor": g.minor,
                 "pci_vendor_id": vendor,
                 "pci_device_id": device,
@@ -40,10 +45,37 @@ pub fn devices(plan: &Plan) -> Value {
                 "mode": access.mode,
                 "uid": access.uid,
                 "gid": access.gid,
-            })
+            });
+            // Only what the host tells: a record from a host without driver files stays as
+            // it was, and reads as "unknown" for the checks.
+            let Some(o) = item.as_object_mut() else { return item };
+            for (key, fact) in [("model", &g.model), ("driver_version", &plan.driver_version)] {
+                if let Some(fact) = fact {
+                    o.insert(key.into(), fact.as_str().into());
+                }
+            }
+            if carried {
+                o.insert("earlier_minors".into(), earlier_minors(plan, g.minor).into());
+            }
+            item
         })
         .collect();
     Value::Array(items)
+}
+
+/// The names other than its own that lead to restored GPU `minor` in the plan's tree.
+fn earlier_minors(plan: &Plan, minor: u32) -> Vec<u32> {
+    let names: BTreeSet<u32> = plan
+        .remap
+        .iter()
+        .filter(|e| e.new.minor == minor)
+        .flat_map(|e| {
+            let own = e.served.then_some(e.old.minor);
+            own.into_iter().chain(e.earlier.iter().filter(|n| n.served).map(|n| n.minor))
+        })
+        .filter(|&m| m != minor)
+        .collect();
+    names.into_iter().collect()
 }
 
 /// One line per recorded GPU the host's driver files did not describe whole, naming the GPU
@@ -117,12 +149,13 @@ mod tests {
                 uuid: Some(uuid(n)),
                 bus: Some(format!("0001:{:02x}:02.0", 0x40 - n)),
                 pci: Some((0x10de, 0x2330)),
+                model: Some("NVIDIA H100 80GB HBM3".into()),
                 ..GpuInfo::default()
             })
             .collect();
         Inputs {
             dev_dir: Some(DevDirScan { gpus, passthrough: vec![] }),
-            host: HostFacts { gpu_info, ..HostFacts::default() },
+            host: HostFacts { gpu_info, driver_version: Some("535.129.03".into()), ..HostFacts::default() },
             ..Inputs::default()
         }
     }
@@ -131,12 +164,13 @@ mod tests {
     #[test]
     fn records_every_field() {
         let plan = plan::build(&host(&[2, 5], Access { mode: 0o660, uid: 0, gid: 44 })).unwrap();
-        let list = devices(&plan);
+        let list = devices(&plan, false);
         assert_eq!(
             list[0],
             json!({"minor": 2, "pci_vendor_id": 0x10de, "pci_device_id": 0x2330, "gpu_id": 0x1_3e02,
                    "device_instance": 1, "subdevice_instance": 0, "uuid": uuid(2),
-                   "mode": 0o660, "uid": 0, "gid": 44})
+                   "mode": 0o660, "uid": 0, "gid": 44,
+                   "model": "NVIDIA H100 80GB HBM3", "driver_version": "535.129.03"})
         );
         assert_eq!((list[1]["minor"].as_u64(), list[1]["device_instance"].as_u64()), (Some(5), Some(0)));
     }
@@ -147,20 +181,72 @@ mod tests {
     fn round_trip_is_the_identity() {
         let access = Access { mode: 0o640, uid: 3, gid: 4 };
         let inputs = host(&[0, 3, 7], access);
-        let list = devices(&plan::build(&inputs).unwrap());
+        let list = devices(&plan::build(&inputs).unwrap(), false);
         let meta = metadata::parse(list.to_string().as_bytes()).unwrap();
         let plan = plan::build(&Inputs { metadata: Some(meta), ..inputs }).unwrap();
         let pairs: Vec<(u32, u32)> = plan.remap.iter().map(|e| (e.old.minor, e.new.minor)).collect();
         assert_eq!(pairs, [(0, 0), (3, 3), (7, 7)]);
         assert!(plan.warnings.is_empty(), "{:?}", plan.warnings);
         assert!(plan.remap.iter().all(|e| Some(&e.old.uuid) == e.new.uuid.as_ref()));
+        assert!(plan.remap.iter().all(|e| e.old.model == e.new.model && e.old.driver_version == plan.driver_version));
         assert!(plan.tree.iter().filter(|(p, _)| p.starts_with("nvidia")).all(|(_, n)| n.access == access));
+    }
+
+    /// Rule (issue 20): three hosts. Checkpointed on A (GPUs 0, 1), restored on B (GPUs 2, 3),
+    /// checkpointed again on B with the metadata it was restored with, restored on C (GPUs 6,
+    /// 7): every name the process may hold, A's checkpoint names and B's native names, leads on C
+    /// to the GPU it was paired with. Without the earlier metadata, A's names are lost on C, and
+    /// the record says so by leaving `earlier_minors` out.
+    #[test]
+    fn three_host_migration_keeps_every_name() {
+        let access = Access::DEVICE_DEFAULT;
+        let restore = |host: Inputs, list: &Value| {
+            let meta = metadata::parse(list.to_string().as_bytes()).unwrap();
+            plan::build(&Inputs { metadata: Some(meta), ..host }).unwrap()
+        };
+        let on_a = devices(&plan::build(&host(&[0, 1], access)).unwrap(), false);
+        assert!(on_a[0].get("earlier_minors").is_none());
+        let on_b = restore(host(&[2, 3], access), &on_a);
+        let on_b = devices(&on_b, true);
+        assert_eq!((&on_b[0]["minor"], &on_b[0]["earlier_minors"]), (&json!(2), &json!([0])));
+        assert_eq!((&on_b[1]["minor"], &on_b[1]["earlier_minors"]), (&json!(3), &json!([1])));
+        let on_c = restore(host(&[6, 7], access), &on_b);
+        let rdev = |name: &str| match on_c.tree.get(name).map(|n| &n.kind) {
+            Some(crate::tree::NodeKind::Device(_, rdev)) => Some(*rdev),
+            _ => None,
+        };
+        let (c6, c7) = (Some(Rdev::new(1, 9)), Some(Rdev::new(1, 10)));
+        assert_eq!([rdev("nvidia0"), rdev("nvidia2"), rdev("nvidia6")], [c6; 3]);
+        assert_eq!([rdev("nvidia1"), rdev("nvidia3"), rdev("nvidia7")], [c7; 3]);
+        // Recorded on B without the earlier metadata: only B's names reach C.
+        let forgot = devices(&plan::build(&host(&[2, 3], access)).unwrap(), false);
+        let on_c = restore(host(&[6, 7], access), &forgot);
+        assert!(on_c.tree.get("nvidia0").is_none() && on_c.tree.get("nvidia2").is_some());
+    }
+
+    /// Rule (issue 20): an earlier name that is a restored GPU's native name loses the
+    /// collision as a checkpoint name does (native preferred), and is then not carried again:
+    /// in the container it meant the host's GPU.
+    #[test]
+    fn an_earlier_name_that_collides_is_not_served_nor_carried() {
+        let access = Access::DEVICE_DEFAULT;
+        let list = json!([{"minor": 2, "earlier_minors": [0]}, {"minor": 3, "earlier_minors": [6]}]);
+        let meta = metadata::parse(list.to_string().as_bytes()).unwrap();
+        let plan = plan::build(&Inputs { metadata: Some(meta), ..host(&[6, 7], access) }).unwrap();
+        let earlier: Vec<Vec<(u32, bool)>> =
+            plan.remap.iter().map(|e| e.earlier.iter().map(|n| (n.minor, n.served)).collect()).collect();
+        assert_eq!(earlier, [vec![(0, true)], vec![(6, false)]]);
+        assert!(
+            plan.warnings.iter().any(|w| w.starts_with("nvidia6: earlier name of saved GPU 3 (now nvidia7) collides"))
+        );
+        let again = devices(&plan, true);
+        assert_eq!((&again[0]["earlier_minors"], &again[1]["earlier_minors"]), (&json!([0, 2]), &json!([3])));
     }
 
     /// No GPUs: an empty list, which reads back as "no saved GPUs".
     #[test]
     fn no_gpus_is_an_empty_list() {
-        let list = devices(&plan::build(&Inputs::default()).unwrap());
+        let list = devices(&plan::build(&Inputs::default()).unwrap(), false);
         assert_eq!(list, json!([]));
         assert!(metadata::parse(list.to_string().as_bytes()).unwrap().gpus.is_empty());
     }
@@ -188,6 +274,7 @@ mod tests {
             uuid: None,
             bus: Some(bus.into()),
             pci: None,
+            model: None,
         };
         assert_eq!(gpu_id(&gpu("0000:03:00.0")), Some(0x300));
         for bad in ["", "03:00.0", "0000:3b:00", "0000:zz:00.0", "10000:03:00.0", "0000:03:20.0"] {

@@ -1,8 +1,10 @@
 //! How a plan is shown: one JSON object for scripts (`plan --json`, the state file), and
 //! aligned tables for people. The JSON keys are a contract; add, never rename.
 
+use crate::device::gpu_name;
 use crate::escape::escape;
 use crate::metadata::Metadata;
+use crate::pairing::By;
 use crate::plan::Plan;
 use crate::tree::{Node, NodeKind};
 use serde_json::{Map, Value, json};
@@ -35,7 +37,8 @@ pub fn node_json(path: &str, node: &Node) -> Value {
 }
 
 /// The plan as one JSON object: `remap`, `nodes`, `warnings`, `restored`, `tpu_devices`,
-/// `metadata` (`null` without checkpoint metadata).
+/// `metadata` (`null` without checkpoint metadata), `checks` (every check evaluated, whether it
+/// passed, whether it was relaxed, and what it compared), `driver_version` (the restore host's).
 pub fn plan_json(plan: &Plan, metadata: Option<&Metadata>) -> Map<String, Value> {
     let remap: Vec<Value> = plan
         .remap
@@ -50,7 +53,9 @@ pub fn plan_json(plan: &Plan, metadata: Option<&Metadata>) -> Map<String, Value>
                 "old_uuid": Some(&e.old.uuid).filter(|u| !u.is_empty()),
                 "new_uuid": e.new.uuid,
                 "served": e.served,
-                "explicit": e.explicit,
+                "explicit": e.by == By::Explicit,
+                "by": e.by.as_str(),
+                "earlier_names": e.earlier.iter().map(|n| json!({"name": gpu_name(n.minor), "served": n.served})).collect::<Vec<_>>(),
             })
         })
         .collect();
@@ -75,6 +80,13 @@ pub fn plan_json(plan: &Plan, metadata: Option<&Metadata>) -> Map<String, Value>
     o.insert("warnings".into(), plan.warnings.clone().into());
     o.insert("restored".into(), restored.into());
     o.insert("tpu_devices".into(), plan.tpus.clone().into());
+    let checks: Vec<Value> = plan
+        .checks
+        .iter()
+        .map(|c| json!({"check": c.check.as_str(), "ok": c.ok, "relaxed": c.relaxed, "detail": c.detail}))
+        .collect();
+    o.insert("checks".into(), checks.into());
+    o.insert("driver_version".into(), plan.driver_version.clone().into());
     o.insert(
         "metadata".into(),
         metadata.map_or(
@@ -114,17 +126,24 @@ pub fn plan_text(plan: &Plan) -> String {
         out.push_str("remap: none (no saved GPUs)\n");
     } else {
         let _ = writeln!(out, "remap ({} saved GPUs):", plan.remap.len());
+        let status = |served: bool| if served { "served" } else { "not served: name collision" };
         let rows: Vec<Vec<String>> = plan
             .remap
             .iter()
-            .map(|e| {
-                vec![
-                    e.name(),
-                    or_dash(Some(&e.old.uuid).filter(|u| !u.is_empty())),
-                    format!("{} ({})", e.new.name(), e.new.rdev),
-                    or_dash(e.new.uuid.as_ref()),
-                    if e.served { "served".into() } else { "not served: name collision".into() },
-                ]
+            .flat_map(|e| {
+                let row = |name: String, status: String| {
+                    vec![
+                        name,
+                        or_dash(Some(&e.old.uuid).filter(|u| !u.is_empty())),
+                        format!("{} ({})", e.new.name(), e.new.rdev),
+                        or_dash(e.new.uuid.as_ref()),
+                        status,
+                    ]
+                };
+                // An earlier restore's names of the GPU, each a row of its own.
+                std::iter::once(row(e.name(), status(e.served).into())).chain(e.earlier.iter().map(move |n| {
+                    row(gpu_name(n.minor), format!("{} (an earlier name of {})", status(n.served), e.name()))
+                }))
             })
             .collect();
         table(&mut out, &["OLD", "OLD UUID", "NEW", "NEW UUID", ""], &rows);

@@ -14,6 +14,9 @@
 //!   order of the minors.
 //! - `MIG-...` UUIDs and `GPU:MIG` index pairs name MIG devices, which devremap does not support
 //!   yet: refused. Any other entry is an unknown device, which the toolkit refuses too.
+//! - in the toolkit's CDI mode an entry may be a CDI device name of its GPUs,
+//!   `nvidia.com/gpu=<name>`, where the name is one the toolkit's CDI spec gives: `all`, an index
+//!   or a UUID, selecting what the bare `all`, index or UUID selects.
 //!
 //! Assumption: a GPU the driver marks `GPU Excluded: Yes` (`Blacklisted: Yes` before driver 450)
 //! is not enumerated by NVML, so it takes no index, cannot be selected and is not part of `all`.
@@ -84,6 +87,14 @@ pub enum VisibleError {
     OrderUnknown { selector: Selector, unread: String },
 }
 
+/// The CDI device kind of the toolkit's GPUs: `nvidia.com/gpu=all`, `=0`, `=GPU-...`.
+const CDI_GPU: &str = "nvidia.com/gpu=";
+
+/// An entry as its bare form: the name of a CDI GPU device, else the entry.
+fn bare(entry: &str) -> &str {
+    entry.strip_prefix(CDI_GPU).unwrap_or(entry)
+}
+
 /// Reads the variable's value. `Ok(None)`: no GPU support asked for (`void`, or no entry).
 pub fn parse(value: &str) -> Result<Option<Visible>, VisibleError> {
     // Walked, never collected whole: a 16 MiB spec can hold a value of eight million entries.
@@ -95,7 +106,7 @@ pub fn parse(value: &str) -> Result<Option<Visible>, VisibleError> {
     if entries().any(|e| e == "none") {
         return Ok(Some(Visible::None));
     }
-    if entries().any(|e| e.eq_ignore_ascii_case("all")) {
+    if entries().any(|e| bare(e).eq_ignore_ascii_case("all")) {
         return Ok(Some(Visible::All));
     }
     let mut list = Vec::new();
@@ -108,7 +119,13 @@ pub fn parse(value: &str) -> Result<Option<Visible>, VisibleError> {
     Ok(Some(Visible::Devices(list)))
 }
 
-fn selector(entry: &str) -> Result<Selector, VisibleError> {
+fn selector(written: &str) -> Result<Selector, VisibleError> {
+    let entry = bare(written);
+    // The CDI spec names a GPU by index or UUID only (and `all`, taken above).
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if entry.len() != written.len() && !digits(entry) && !is_gpu_uuid(entry) {
+        return Err(VisibleError::Unknown(written.to_owned()));
+    }
     let has_prefix = |p: &str| entry.get(..p.len()).is_some_and(|head| head.eq_ignore_ascii_case(p));
     if has_prefix("MIG-") {
         return Err(VisibleError::Mig(entry.to_owned()));
@@ -124,7 +141,6 @@ fn selector(entry: &str) -> Result<Selector, VisibleError> {
     if let Some(bus) = bus_id(entry) {
         return Ok(Selector::Bus(bus));
     }
-    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
     if let Some((gpu, mig)) = entry.split_once(':')
         && digits(gpu)
         && digits(mig)
@@ -219,6 +235,7 @@ mod tests {
             bus: Some(bus.to_owned()),
             pci: Some((0x10de, 0x2330)),
             excluded: false,
+            model: None,
         }
     }
 
@@ -268,6 +285,25 @@ mod tests {
         assert_eq!(select("2,3"), Ok(set(&[0, 1])));
         assert_eq!(select("0"), Ok(set(&[2])));
         assert_eq!(select(" 1 , ,0,1"), Ok(set(&[2, 3])));
+    }
+
+    /// Rule (issue 20): the toolkit's CDI device names of its GPUs select what the bare `all`,
+    /// index or UUID selects, in lists too; other CDI names (a bus id, MIG, another kind) are
+    /// refused naming the entry as written.
+    #[test]
+    fn cdi_device_names_select_as_their_bare_form() {
+        assert_eq!(parse("nvidia.com/gpu=all"), Ok(Some(Visible::All)));
+        assert_eq!(select("nvidia.com/gpu=2,nvidia.com/gpu=3"), select("2,3"));
+        assert_eq!(select(&format!("nvidia.com/gpu={},0", uuid(3))), Ok(set(&[3, 2])));
+        for bad in [
+            "nvidia.com/gpu=0000:4e:00.0",
+            "nvidia.com/gpu=0:1",
+            "nvidia.com/mig=0",
+            "nvidia.com/gpu=",
+            "nvidia.com/gpu=void",
+        ] {
+            assert_eq!(parse(bad), Err(VisibleError::Unknown(bad.to_owned())), "{bad}");
+        }
     }
 
     /// Bug (issue 10.1): UUIDs (any case) and PCI bus ids select the GPU they name.

@@ -685,3 +685,55 @@ fn sigterm_while_starting_leaves_nothing_behind() {
 fn log(files: &Path) -> String {
     fs::read_to_string(files.join("daemon.log")).unwrap_or_default()
 }
+
+/// Rule (issue 20): a reload that fails a check (here `driver`: the host's driver was upgraded
+/// under a running container) keeps the old tree serving, `last_error` names the check, the GPU
+/// and both versions, and the next reload that passes (the driver back, or `--relax driver`
+/// given to a new daemon) serves again.
+#[test]
+#[ignore = "needs root and /dev/fuse: mounts a FUSE filesystem"]
+fn a_reload_that_fails_a_check_keeps_the_old_tree() {
+    need_fuse();
+    let tmp = TempDir::new().unwrap();
+    let root = tmp.path().join("root");
+    let version = root.join("proc/driver/nvidia/version");
+    fs::create_dir_all(version.parent().unwrap()).unwrap();
+    let set_driver = |v: &str| {
+        fs::write(&version, format!("NVRM version: NVIDIA UNIX x86_64 Kernel Module  {v}  Tue Oct 10 2023\n")).unwrap()
+    };
+    set_driver("535.129.03");
+    let meta = tmp.path().join("gpus.json");
+    fs::write(&meta, r#"[{"minor": 0, "driver_version": "535.129.03"}]"#).unwrap();
+    let spec = tmp.path().join("config.json");
+    let devices = r#"[{"path": "/dev/nvidia2", "type": "c", "major": 195, "minor": 2}]"#;
+    fs::write(&spec, format!(r#"{{"ociVersion": "1.0.2", "linux": {{"devices": {devices}}}}}"#)).unwrap();
+    let args = ["--metadata", arg(&meta), "--spec", arg(&spec), "--host-root", arg(&root)];
+    let d = Daemon::start(&args);
+    let served = || fs::metadata(d.path("nvidia0")).unwrap().rdev();
+    let before = served();
+    assert_eq!(d.generation(), 1);
+
+    set_driver("570.86.15");
+    let state = d.reload();
+    assert_eq!(state["generation"], 1, "{state}");
+    assert_eq!(
+        state["last_error"],
+        format!(
+            "{}: driver: saved nvidia0 was under driver 535.129.03, restored nvidia2 is under driver 570.86.15",
+            meta.display()
+        ),
+        "{state}"
+    );
+    assert_eq!(served(), before, "the old tree serves on");
+
+    set_driver("535.129.03");
+    let state = d.reload();
+    assert_eq!((state["generation"].as_u64(), state["last_error"].is_null()), (Some(2), true), "{state}");
+    d.stop();
+
+    set_driver("570.86.15");
+    let relaxed: Vec<&str> = args.iter().copied().chain(["--relax", "driver"]).collect();
+    let d = Daemon::start(&relaxed);
+    assert_eq!(fs::metadata(d.path("nvidia0")).unwrap().rdev(), before);
+    d.stop();
+}

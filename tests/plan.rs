@@ -396,24 +396,35 @@ fn every_collision_is_named() {
     assert_eq!((node_rdev(&checkpoint, "nvidia1"), node_rdev(&checkpoint, "nvidia2")), (fake_rdev(2), fake_rdev(3)));
 }
 
-/// Rule (semantics §3): saved and restored sets that are each homogeneous but of different
-/// models still pair; the plan warns with both PCI ids. The host's `Bus Location` may be upper
-/// case; its sysfs directory is lower case.
+/// Rule (issue 20, the `model` check): saved and restored sets that are each homogeneous but of
+/// different models are refused, naming the check, the GPUs and both PCI ids (and the restored
+/// model name the driver gives); `--relax model` pairs them with a warning. The host's `Bus
+/// Location` may be upper case; its sysfs directory is lower case.
 #[test]
 #[ignore = "needs root (makes device nodes)"]
-fn another_model_on_restore_is_a_warning() {
+fn another_model_on_restore_is_refused_unless_relaxed() {
     need_root();
     let host = FakeHost::with_gpus(&[0, 1]);
     for m in [0, 1] {
         let gpu = GpuFacts::nvidia(m);
         host.describe(&GpuFacts { device: 0x2330, bus: gpu.bus.to_ascii_uppercase(), ..gpu });
     }
-    let plan = plan_json(&with(&host.args(), &["--metadata", &fixture("metadata.json")]));
+    let path = fixture("metadata.json");
+    let line = plan_error(&with(&host.args(), &["--metadata", &path]), "");
+    assert_eq!(
+        line,
+        format!(
+            "error: {path}: model: saved nvidia0 is 10de:22c0, restored nvidia0 is 10de:2330 (NVIDIA H100 80GB HBM3)"
+        )
+    );
+    let plan = plan_json(&with(&host.args(), &["--metadata", &path, "--relax", "model"]));
     assert_eq!(plan["restored"][0]["pci"], "10de:2330");
     assert_eq!(remap_targets(&plan), vec![("nvidia0".into(), fake_rdev(0)), ("nvidia1".into(), fake_rdev(1))]);
     let w = warnings(&plan);
     assert_eq!(w.len(), 1, "{w:?}");
-    assert!(w[0].contains("10de:22c0") && w[0].contains("10de:2330"), "{w:?}");
+    assert!(w[0].starts_with("check model relaxed: saved nvidia0 is 10de:22c0, restored"), "{w:?}");
+    let model = plan["checks"].as_array().unwrap().iter().find(|c| c["check"] == "model").unwrap().clone();
+    assert_eq!((&model["ok"], &model["relaxed"]), (&json!(false), &json!(true)), "{model}");
 }
 
 /// Rule (semantics §3): more saved GPUs than restored ones is gVisor's error, naming both

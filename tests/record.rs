@@ -47,8 +47,9 @@ fn described(minors: &[u32]) -> FakeHost {
     host
 }
 
-/// Rule (issue 12.1): `record` writes every GPU of the spec with the driver's facts and the
-/// node's mode, uid and gid; `plan --metadata` of it on the same host is the identity remap,
+/// Rule (issue 12.1): `record` writes every GPU of the spec with the driver's facts (issue 20:
+/// its model; this host tells no driver version, so none is written) and the node's mode, uid
+/// and gid; `plan --metadata` of it on the same host is the identity remap,
 /// and every checkpoint name keeps the recorded mode and owner.
 #[test]
 fn record_round_trip_is_the_identity() {
@@ -63,7 +64,7 @@ fn record_round_trip_is_the_identity() {
         list[0],
         json!({"minor": 2, "pci_vendor_id": 0x10de, "pci_device_id": 0x22c0, "gpu_id": 0x3d00,
                "device_instance": 0, "subdevice_instance": 0, "uuid": host_uuid(2),
-               "mode": 0o640, "uid": 1000, "gid": 44})
+               "mode": 0o640, "uid": 1000, "gid": 44, "model": "NVIDIA H100 80GB HBM3"})
     );
     assert_eq!(list[1]["uuid"], host_uuid(5));
 

@@ -12,7 +12,7 @@ mod common;
 
 use common::bundle::{Bundle, HYBRID_UNIFIED, Runtime, allow_char, is_mount_point, need_containers, oci_config};
 use common::clients::need_criu;
-use common::daemon::{is_mounted, wait_for};
+use common::daemon::{is_mounted, need_fuse, wait_for};
 use common::{FakeHost, arg, fake_rdev, write_file};
 use serde_json::{Value, json};
 use std::fs;
@@ -367,6 +367,52 @@ fn bad_annotations_and_config_leave_nothing() {
         format!("devremap-runtime: error: {}: state_dir: \"relative\" is not an absolute path", s.config.display())
     );
     assert!(!s.run(&["state", &id]).status.success());
+}
+
+/// Rule (issue 20): a restore whose record fails a check here (the `driver` check: recorded
+/// under 535.129.03, this host runs 570.86.15) is refused before the runtime runs, in one line
+/// naming the check, and leaves nothing behind: no state directory, no daemon, the spec as it
+/// was. `devremap.io/relax: driver` lets the same restore reach the runtime.
+#[test]
+#[ignore = "needs root and /dev/fuse: starts the daemon"]
+fn a_restore_failing_a_check_is_refused_before_the_runtime_runs() {
+    need_fuse();
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Setup::new(Runtime::Runc, Value::Null);
+    let version = s.host.root().join("proc/driver/nvidia/version");
+    fs::create_dir_all(version.parent().unwrap()).unwrap();
+    fs::write(&version, "NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.86.15  Release Build\n").unwrap();
+    let image = s.tmp.path().join("image");
+    fs::create_dir(&image).unwrap();
+    write_file(&image, "devremap-gpus.json", json!([{"minor": 0, "driver_version": "535.129.03"}]).to_string());
+    // The runtime leaves a mark when it runs.
+    let ran = s.tmp.path().join("runtime-ran");
+    let runtime = write_file(s.tmp.path(), "mark.sh", format!("#!/bin/sh\ntouch {}\nexit 1\n", ran.display()));
+    fs::set_permissions(&runtime, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    s.set_config("runtime", arg(&runtime));
+    let id = format!("wrapped-check-{}", std::process::id());
+    let _delete = Deleting(&s, id.clone());
+    let bundle = arg(s.bundle.dir()).to_owned();
+    let original = fs::read(s.bundle.config_path()).unwrap();
+    let restore = ["restore", "--image-path", arg(&image), "--bundle", &bundle, &id];
+    let out = s.run(&restore);
+    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("driver: saved nvidia0 was under driver 535.129.03, restored nvidia0 is under driver 570.86.15"),
+        "{}",
+        out.stderr
+    );
+    assert!(!ran.exists(), "the runtime ran");
+    assert!(!s.state_dir().join(&id).exists());
+    assert_eq!(fs::read(s.bundle.config_path()).unwrap(), original);
+
+    let mut spec = s.bundle.config();
+    spec["annotations"] = json!({"devremap.io/relax": "driver"});
+    s.bundle.write_config(&spec);
+    let out = s.run(&restore);
+    assert!(ran.exists(), "relaxed, the restore reaches the runtime: {}", out.stderr);
+    assert!(!s.state_dir().join(&id).exists(), "the runtime failed: everything is undone");
 }
 
 /// Rule (issue 12.3): a wrapper killed before the container started leaves no daemon behind

@@ -15,7 +15,7 @@ use devremap::device::{Access, DevKind, MAX_REGULAR_MINOR, Rdev};
 use devremap::host::{DevDirScan, HostFacts, HostNode};
 use devremap::limits;
 use devremap::metadata::{DeviceId, Format, Metadata};
-use devremap::pairing::{DeviceRef, MapPair};
+use devremap::pairing::{DeviceRef, MapPair, Rule};
 use devremap::plan::{self, Inputs, Prefer};
 use devremap::spec;
 use devremap::tree::{NodeKind, Tree};
@@ -69,6 +69,7 @@ fn extra_inputs(view: spec::SpecView, extra: &[u8]) -> Inputs {
                         mode: (b & 0x40 != 0).then_some(u32::from(b) & 0o777),
                         ..Default::default()
                     },
+                    ..Default::default()
                 });
             }
             1 => {
@@ -115,6 +116,7 @@ fn extra_inputs(view: spec::SpecView, extra: &[u8]) -> Inputs {
             bus: Some(format!("0000:{:02x}:00.0", 0xff - m)),
             pci: Some((0x10de, 0x20b0)),
             excluded: false,
+                model: None,
         })
         .collect();
     Inputs {
@@ -124,6 +126,8 @@ fn extra_inputs(view: spec::SpecView, extra: &[u8]) -> Inputs {
         host: HostFacts { gpu_info, has_kcore: flags & 4 != 0, ..HostFacts::default() },
         device_map,
         prefer: if flags & 8 != 0 { Prefer::Checkpoint } else { Prefer::Native },
+        pairing: if flags & 16 != 0 { Rule::Positional } else { Rule::IdentityFirst },
+        relax: Default::default(),
     }
 }
 

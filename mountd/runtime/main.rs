@@ -413,18 +413,21 @@ fn checkpoint(config: &Config, inv: &Invocation) -> Result<u8, String> {
             .recursive(true)
             .create(&image)
             .map_err(|e| format!("{}: {}", image.display(), io_message(&e)))?;
+        // As `devremapd record --metadata PREV`: a container restored with metadata carries the
+        // names it was given into the record; the restore was judged then, not here.
         let sources = devremap::load::Sources {
+            metadata: container.daemon_metadata(),
             spec: Some(Path::new(bundle).join("config.json")),
             host_dev: config.host_dev.clone(),
             host_root: config.host_root.clone(),
             ..Default::default()
         };
-        let loaded = devremap::load::load(&sources).map_err(|e| e.to_string())?;
+        let loaded = devremap::load::load_unchecked(&sources).map_err(|e| e.to_string())?;
         // As `devremapd record` does: the record still pairs by minor, but say what it lacks.
         for gap in devremap::record::gaps(&loaded.plan) {
             report(inv, "warning", &format!("{}: {gap}", config.host_root.display()));
         }
-        let text = format!("{:#}\n", devremap::record::devices(&loaded.plan));
+        let text = format!("{:#}\n", devremap::record::devices(&loaded.plan, sources.metadata.is_some()));
         let out = image.join(RECORD_FILE);
         devremap::atomic::replace_file(&out, text.as_bytes()).map_err(|e| e.to_string())?;
     }

@@ -155,6 +155,19 @@ impl Container {
         Ok(lock)
     }
 
+    /// The `--metadata` this container's daemon serves, when it has one: what the container
+    /// was restored with, which its next checkpoint's record carries forward (issue 20). Read
+    /// from the running daemon's command line, which `start_daemon` wrote, so that nothing
+    /// else has to be kept in step with it.
+    pub fn daemon_metadata(&self) -> Option<PathBuf> {
+        let pid = devremap::files::read_small_text(&self.pid_file(), 64);
+        let devremap::files::SmallText::Text(pid) = pid else { return None };
+        let cmdline = fs::read(format!("/proc/{}/cmdline", pid.trim().parse::<u32>().ok()?)).ok()?;
+        let mut args = cmdline.split(|&b| b == 0);
+        args.by_ref().find(|a| *a == b"--metadata")?;
+        args.next().map(|a| PathBuf::from(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(a)))
+    }
+
     /// Starts `devremapd mount` on `dev/`, detached (its own session, stdio to its log file, no
     /// inherited descriptors), and waits until its mount answers (its pid file appears).
     pub fn start_daemon(&self, a: &DaemonArgs) -> Result<Child, String> {

@@ -4,11 +4,13 @@
 //! Pure. `devremap.io/enable` is `"true"` or `"false"`; without it, devremap is used exactly
 //! when the spec has NVIDIA GPUs in `linux.devices` or asks for them through the NVIDIA hook.
 //! `devremap.io/device-map` is a `--device-map` value and `devremap.io/prefer` a `--prefer`
-//! value; both are checked here, so a bad one is refused before anything is set up. Any other
+//! value, `devremap.io/relax` a `--relax` value (the checks a restore may fail with a warning);
+//! all are checked here, so a bad one is refused before anything is set up. Any other
 //! `devremap.io/` key is refused too: a misspelt annotation must not be ignored in silence.
 //! Each annotation has a `process.env` variable standing for it ([`ENV_VARS`]), for clients
 //! that drop annotations; a pod's sandbox ([`is_sandbox`]) never gets devremap.
 
+use crate::checks::parse_relax;
 use crate::pairing::parse_device_map;
 use crate::spec::SpecView;
 use serde_json::Value;
@@ -17,6 +19,7 @@ use thiserror::Error;
 pub const ENABLE: &str = "devremap.io/enable";
 pub const DEVICE_MAP: &str = "devremap.io/device-map";
 pub const PREFER: &str = "devremap.io/prefer";
+pub const RELAX: &str = "devremap.io/relax";
 const PREFIX: &str = "devremap.io/";
 
 /// What the annotations ask for.
@@ -28,6 +31,8 @@ pub struct Request {
     pub device_map: Option<String>,
     /// The `--prefer` value, `native` or `checkpoint`.
     pub prefer: Option<String>,
+    /// The `--relax` value, checked.
+    pub relax: Option<String>,
 }
 
 impl Request {
@@ -45,6 +50,9 @@ impl Request {
         }
         if let Some(prefer) = &self.prefer {
             args.extend(["--prefer".to_owned(), prefer.clone()]);
+        }
+        if let Some(relax) = &self.relax {
+            args.extend(["--relax".to_owned(), relax.clone()]);
         }
         args
     }
@@ -64,7 +72,9 @@ pub enum AnnotationError {
     DeviceMap { from: String, why: String },
     #[error("{from}: expected \"native\" or \"checkpoint\", found {value:?}")]
     Prefer { from: String, value: String },
-    #[error("unknown annotation {0} (known: {ENABLE}, {DEVICE_MAP}, {PREFER})")]
+    #[error("{from}: {why}")]
+    Relax { from: String, why: String },
+    #[error("unknown annotation {0} (known: {ENABLE}, {DEVICE_MAP}, {PREFER}, {RELAX})")]
     Unknown(String),
 }
 
@@ -72,8 +82,12 @@ pub enum AnnotationError {
 /// pass annotations: Docker before API 1.43 (Debian 12's 20.10) drops them without an error,
 /// while `docker run -e DEVREMAP_ENABLE=true` reaches the spec (issue 17.4). An annotation
 /// wins over its variable.
-pub const ENV_VARS: &[(&str, &str)] =
-    &[("DEVREMAP_ENABLE", ENABLE), ("DEVREMAP_DEVICE_MAP", DEVICE_MAP), ("DEVREMAP_PREFER", PREFER)];
+pub const ENV_VARS: &[(&str, &str)] = &[
+    ("DEVREMAP_ENABLE", ENABLE),
+    ("DEVREMAP_DEVICE_MAP", DEVICE_MAP),
+    ("DEVREMAP_PREFER", PREFER),
+    ("DEVREMAP_RELAX", RELAX),
+];
 
 /// The annotations by which CRI runtimes mark a pod's sandbox (its pause container).
 const SANDBOX_MARKS: &[&str] = &["io.kubernetes.cri.container-type", "io.kubernetes.cri-o.ContainerType"];
@@ -107,7 +121,11 @@ impl Request {
                 "native" | "checkpoint" => self.prefer = Some(text.to_owned()),
                 other => return Err(AnnotationError::Prefer { from, value: other.to_owned() }),
             },
-            ENABLE | DEVICE_MAP | PREFER => {}
+            RELAX if self.relax.is_none() => {
+                parse_relax(text).map_err(|e| AnnotationError::Relax { from, why: e.to_string() })?;
+                self.relax = Some(text.to_owned());
+            }
+            ENABLE | DEVICE_MAP | PREFER | RELAX => {}
             _ => return Err(AnnotationError::Unknown(key.to_owned())),
         }
         Ok(())
@@ -180,10 +198,17 @@ mod tests {
     /// are not ours.
     #[test]
     fn daemon_flags() {
-        let r = parse(&with(json!({DEVICE_MAP: "0=2,GPU-00000000-0000-0000-0000-000000000001=3", PREFER: "checkpoint", "io.kubernetes.x": "y"}))).unwrap();
+        let r = parse(&with(json!({DEVICE_MAP: "0=2,GPU-00000000-0000-0000-0000-000000000001=3", PREFER: "checkpoint", RELAX: "model,driver", "io.kubernetes.x": "y"}))).unwrap();
         assert_eq!(
             r.daemon_args(),
-            ["--device-map", "0=2,GPU-00000000-0000-0000-0000-000000000001=3", "--prefer", "checkpoint"]
+            [
+                "--device-map",
+                "0=2,GPU-00000000-0000-0000-0000-000000000001=3",
+                "--prefer",
+                "checkpoint",
+                "--relax",
+                "model,driver"
+            ]
         );
         assert!(parse(&with(Value::Null)).unwrap().daemon_args().is_empty());
     }
@@ -227,6 +252,8 @@ mod tests {
             (with(json!({DEVICE_MAP: ""})), "annotation devremap.io/device-map: "),
             (with(json!({PREFER: "Native"})), "devremap.io/prefer: expected \"native\" or \"checkpoint\""),
             (with(json!({"devremap.io/enabled": "true"})), "unknown annotation devremap.io/enabled"),
+            (with(json!({RELAX: "count"})), "annotation devremap.io/relax: count cannot be relaxed"),
+            (with(json!({RELAX: "modle"})), "annotation devremap.io/relax: unknown check \"modle\""),
             (with(json!(["x"])), "expected an object of strings"),
         ];
         for (spec, expected) in cases {
