@@ -23,7 +23,7 @@ use crate::cli::MountArgs;
 use crate::mountpoint::wait_answering;
 use crate::{logging, signals};
 use devremap::adapter::Adapter;
-use devremap::atomic::{Written, write_atomic};
+use devremap::atomic::{Written, write_atomic_told};
 use devremap::fuse_wire;
 use devremap::handover::{self, Control, Resume};
 use devremap::lifecycle::{Event, Lifecycle, Notice, Notifier, PublishError, Session, Status, warnings};
@@ -199,6 +199,7 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
     // Answers the INIT the keeper sends: the kernel's, or its replay.
     let session = fuser::Session::from_fd(adapter, fuse, SessionACL::All, config)
         .map_err(|e| fail(format!("the FUSE handshake through the keeper failed: {}", io_message(&e))))?;
+    stall_before_resume();
     let resume = read_payload(&control, None)
         .and_then(|payload| Resume::parse(&payload).map_err(|e| format!("from the keeper: {e}")))
         .map_err(fail)?;
@@ -302,6 +303,22 @@ fn hooks(adapter: Adapter) -> Adapter {
     adapter
 }
 
+/// The test hook `DEVREMAPD_FAILPOINT=stall-before-resume`: the server answers the INIT, then
+/// stops reading its control socket for ever (until killed), before the resume payload: a
+/// successor that no longer reads what the keeper hands it.
+#[cfg(feature = "test-hooks")]
+fn stall_before_resume() {
+    if std::env::var("DEVREMAPD_FAILPOINT").is_ok_and(|f| f == "stall-before-resume") {
+        log::warn!("failpoint stall-before-resume: no longer reading the control socket");
+        loop {
+            std::thread::park();
+        }
+    }
+}
+
+#[cfg(not(feature = "test-hooks"))]
+fn stall_before_resume() {}
+
 impl Session for Server {
     /// Loads the inputs on a worker thread: an input on a stuck filesystem blocks only it.
     fn load(&mut self, id: u64) -> io::Result<()> {
@@ -335,7 +352,12 @@ impl Session for Server {
         state.insert("log_lines_dropped".into(), logging::dropped().into());
         let mut text = Value::Object(state).to_string();
         text.push('\n');
-        let written = write_atomic(path, text.as_bytes())
+        let control = &self.control;
+        let told = |w: &Written| {
+            let (dev, ino) = w.identity();
+            tell(control, &Control::StateFile(dev, ino));
+        };
+        let written = write_atomic_told(path, text.as_bytes(), None, told)
             .map_err(|source| PublishError::StateFile { path: path.clone(), source })?;
         self.state_written = Some(written);
         Ok(())

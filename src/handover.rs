@@ -47,6 +47,10 @@ pub enum Control {
         generation: u64,
         last_error: Option<String>,
     },
+    /// Server to keeper: the state file about to be renamed into place is this `(device,
+    /// inode)`: at stop, the keeper removes the file at `--state-file` only if it is one its
+    /// servers wrote (the last two told: the rename of the last may not have happened).
+    StateFile(u64, u64),
     /// Server to keeper: tell the service manager (only the keeper, the main process, may).
     Notify(Notice),
     /// Server to keeper: write this notification (an invalidation) to `/dev/fuse`, then answer
@@ -88,6 +92,7 @@ impl Control {
                 };
                 return vec![b'N', n];
             }
+            Control::StateFile(dev, ino) => return [&[b'W'][..], &dev.to_le_bytes(), &ino.to_le_bytes()].concat(),
             Control::Invalidate(msg) => (b'I', msg),
             Control::Invalidated(errno) => return [&[b'i'][..], &errno.to_le_bytes()].concat(),
             Control::Part(part) => (b'P', part),
@@ -122,6 +127,11 @@ impl Control {
                 b"s" => Notice::Stopping,
                 _ => return Err(HandoverError::Truncated('N')),
             }),
+            b'W' => {
+                let (dev, ino) = body.split_first_chunk::<8>().ok_or(HandoverError::Truncated('W'))?;
+                let ino: [u8; 8] = ino.try_into().map_err(|_| HandoverError::Truncated('W'))?;
+                Control::StateFile(u64::from_le_bytes(*dev), u64::from_le_bytes(ino))
+            }
             b'I' => Control::Invalidate(body.to_vec()),
             b'i' => {
                 Control::Invalidated(i32::from_le_bytes(body.try_into().map_err(|_| HandoverError::Truncated('i'))?))
@@ -258,6 +268,7 @@ mod tests {
             Control::Status { generation: u64::MAX, last_error: None },
             Control::Status { generation: 3, last_error: Some("spec.json: bad".into()) },
             Control::Notify(Notice::Reloading),
+            Control::StateFile(2049, u64::MAX),
             Control::Invalidate(vec![9; 40]),
             Control::Invalidated(-2),
             Control::Part(vec![1, 2, 3]),
@@ -273,6 +284,7 @@ mod tests {
         assert_eq!(Control::decode(&[]), Err(HandoverError::Empty));
         assert_eq!(Control::decode(b"Z"), Err(HandoverError::Tag(b'Z')));
         assert_eq!(Control::decode(b"G123"), Err(HandoverError::Truncated('G')));
+        assert_eq!(Control::decode(b"W12345678123"), Err(HandoverError::Truncated('W')));
     }
 
     /// Rule: a payload larger than a record goes in parts, and comes back whole.

@@ -189,6 +189,15 @@ impl Relay {
         self.pending.values().filter_map(|p| p.sent).min()
     }
 
+    /// Every request sent to a server counts as sent `now`: the keeper itself did not run for a
+    /// while (stopped, or starved of CPU), and a server is not to blame for the time its
+    /// requests and replies waited on the keeper's threads.
+    pub fn restart_clocks(&mut self, now: Instant) {
+        for sent in self.pending.values_mut().filter_map(|p| p.sent.as_mut()) {
+            *sent = now;
+        }
+    }
+
     /// The INIT to send a replacement, whose reply is then swallowed and compared; `None`
     /// before the first server answered INIT (no replacement can be probed then).
     pub fn probe(&mut self, epoch: u64) -> Option<Vec<u8>> {
@@ -356,5 +365,21 @@ mod tests {
         assert_eq!(r.oldest_sent(), Some(t0 + std::time::Duration::from_secs(1)));
         r.lost(1);
         assert_eq!(r.oldest_sent(), None, "requests waiting for a successor are not the server's");
+    }
+
+    /// Rule (issue 18): after the keeper did not run for a while, every request sent counts
+    /// from then: a server is not blamed for the keeper's own absence.
+    #[test]
+    fn restarted_clocks_count_from_the_keepers_return() {
+        let mut r = started(b"f");
+        let t0 = Instant::now();
+        r.from_kernel(&build::lookup(2, ROOT, "a"), t0).unwrap();
+        r.lost(1);
+        r.from_kernel(&build::lookup(3, ROOT, "b"), t0).unwrap();
+        r.switch(2, t0);
+        r.from_kernel(&build::lookup(4, ROOT, "c"), t0).unwrap();
+        let back = t0 + std::time::Duration::from_secs(5);
+        r.restart_clocks(back);
+        assert_eq!(r.oldest_sent(), Some(back));
     }
 }

@@ -36,8 +36,9 @@ use devremap::io_message;
 use devremap::lifecycle::{Notice, Waited, wait};
 use devremap::relay::Relay;
 use log::{info, warn};
+use nix::errno::Errno;
 use nix::mount::MntFlags;
-use nix::sys::socket::{Shutdown, shutdown};
+use nix::sys::socket::{MsgFlags, Shutdown, send, shutdown};
 use parking_lot::{Condvar, Mutex};
 use sd_notify::NotifyState;
 use std::collections::HashMap;
@@ -45,14 +46,17 @@ use std::ffi::OsString;
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::AtomicU8;
+use std::sync::atomic::{AtomicBool, AtomicU8};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
-use threads::{Link, Readers, Shared, mount, read_control, relay_replies, relay_requests, seqpacket_pair};
+use threads::{
+    Link, Readers, Shared, mount, read_control, relay_replies, relay_requests, replies_waiting, seqpacket_pair,
+};
 
 /// How long an upgrade lets the old server answer what it has before the rest goes to the new.
 const DRAIN: Duration = Duration::from_millis(500);
@@ -60,6 +64,9 @@ const DRAIN: Duration = Duration::from_millis(500);
 const FIRST_EPOCH: u64 = 1;
 /// How long a retired server has to end before it is killed.
 const RETIRE: Duration = Duration::from_secs(1);
+/// How long the hang check waits for replies that have arrived to be passed on before it looks
+/// again at the next wake-up.
+const REPLY_GRACE: Duration = Duration::from_millis(100);
 /// The longest wait between two failed restarts after a crash.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
@@ -97,6 +104,8 @@ struct Proc {
     exe: Arc<File>,
     /// It said it is ready (it answers, and its state file is written).
     ready: bool,
+    /// Its reply thread holds a reply the relay has not counted yet ([`replies_waiting`]).
+    passing: Arc<AtomicBool>,
 }
 
 impl Proc {
@@ -104,8 +113,14 @@ impl Proc {
         self.child.id()
     }
 
+    /// Sends it a control message without waiting: a server that no longer reads its control
+    /// socket (hung, or stopped) must not block the keeper's main thread once the socket is
+    /// full. A message that does not fit is logged; the keeper's timers deal with the server.
     fn tell(&self, message: &Control) {
-        let _ = nix::unistd::write(&*self.control, &message.encode());
+        // Any other failure is a server that is gone, which its sockets' end tells.
+        if send(self.control.as_raw_fd(), &message.encode(), MsgFlags::MSG_DONTWAIT) == Err(Errno::EAGAIN) {
+            warn!("server pid {}: its control socket is full; {message:?} not sent", self.pid());
+        }
     }
 
     /// Ends its relay and control sockets: it reads EOF and exits, and so does our reader.
@@ -171,12 +186,21 @@ struct Keeper {
     plan: Option<Vec<u8>>,
 }
 
-/// Whether the state file at `path` is a regular file whose `pid` is this process: one that
-/// another daemon given the same path wrote since is left alone.
-fn names_us(path: &Path) -> bool {
-    let Ok(file) = devremap::files::open_regular(path) else { return false };
-    let state: serde_json::Value = serde_json::from_reader(io::BufReader::new(file)).unwrap_or_default();
-    state.get("pid").and_then(serde_json::Value::as_u64) == Some(u64::from(std::process::id()))
+/// The path the keeper was started by, unresolved: `argv[0]` made absolute, or, for a bare
+/// name, the first file of that name on `PATH` (as the shell found it); `None` when that is
+/// not the binary we run (`exec -a`). An upgrade opens the file this path names then, so an
+/// install that switches a symlink (alternatives, stow, `/opt/x-<version>`) upgrades to the
+/// binary the link names now: `current_exe` reads `/proc/self/exe`, where every symlink is
+/// already resolved to the old binary.
+fn started_as(running: &File) -> Option<PathBuf> {
+    let argv0 = PathBuf::from(std::env::args_os().next()?);
+    let path = if argv0.as_os_str().as_encoded_bytes().contains(&b'/') {
+        std::path::absolute(&argv0).ok()?
+    } else {
+        std::env::split_paths(&std::env::var_os("PATH")?).map(|dir| dir.join(&argv0)).find(|p| p.is_file())?
+    };
+    let (named, ours) = (std::fs::metadata(&path).ok()?, running.metadata().ok()?);
+    (named.dev() == ours.dev() && named.ino() == ours.ino()).then(|| std::path::absolute(&path).ok()).flatten()
 }
 
 /// A server's exit status in words: `exit status 1`, `signal 9 (SIGKILL)`.
@@ -214,9 +238,11 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
              that mounts there fails (\"read-only file system\"); give the container's config.json with --spec"
         );
     }
-    let exe_path = std::env::current_exe().map_err(|e| format!("cannot find our own binary: {}", io_message(&e)))?;
     let exe =
         Arc::new(File::open("/proc/self/exe").map_err(|e| format!("cannot open our own binary: {}", io_message(&e)))?);
+    let exe_path = started_as(&exe)
+        .map_or_else(std::env::current_exe, Ok)
+        .map_err(|e| format!("cannot find our own binary: {}", io_message(&e)))?;
     let dev = File::options()
         .read(true)
         .write(true)
@@ -228,6 +254,7 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
         dev,
         events: tx,
         buffers: Mutex::new(Vec::new()),
+        state_files: Mutex::new(Vec::new()),
     });
     let mut keeper = Keeper {
         link,
@@ -315,13 +342,14 @@ impl Keeper {
         self.link.shared.lock().sockets.insert(epoch, socket.clone());
         let readers = Arc::new(AtomicU8::new(2));
         let done = || Readers(readers.clone(), epoch, self.link.events.clone());
-        let (link, reader, replies_done) = (self.link.clone(), socket.clone(), done());
-        let spawned =
-            spawn_thread("replies", move || relay_replies(&link, epoch, &reader, replies_done)).and_then(|()| {
+        let passing = Arc::new(AtomicBool::new(false));
+        let (link, reader, replies_done, flag) = (self.link.clone(), socket.clone(), done(), passing.clone());
+        let spawned = spawn_thread("replies", move || relay_replies(&link, epoch, &reader, &flag, replies_done))
+            .and_then(|()| {
                 let (link, control, control_done) = (self.link.clone(), control.clone(), done());
                 spawn_thread("control", move || read_control(&link, epoch, &control, control_done))
             });
-        let proc = Proc { epoch, child, socket, control, exe, ready: false };
+        let proc = Proc { epoch, child, socket, control, exe, ready: false, passing };
         if let Err(e) = spawned {
             self.kill(proc);
             return Err(io::Error::other(e));
@@ -354,19 +382,48 @@ impl Keeper {
         let _ = std::thread::Builder::new().name("reaper".into()).spawn(move || drop(proc.child.wait()));
     }
 
+    /// The longest the main thread sleeps while a server answers: a wake-up later than this
+    /// past its deadline means the keeper itself did not run ([`Keeper::woke`]).
+    fn heartbeat(&self) -> Duration {
+        self.server_timeout / 4
+    }
+
     fn deadline(&self) -> Option<Instant> {
-        // While a server answers, wake at least every --server-timeout to see whether it hangs.
+        // While a server answers, wake when its oldest request would make it hung, and at least
+        // every heartbeat, so that a late wake-up tells that the keeper was away.
         let hung = self.current.as_ref().filter(|p| p.ready).map(|_| {
             let oldest = self.link.shared.lock().relay.oldest_sent();
-            oldest.unwrap_or_else(Instant::now) + self.server_timeout
+            let now = Instant::now();
+            oldest.map_or(now + self.server_timeout, |t| t + self.server_timeout).min(now + self.heartbeat())
         });
         [self.retry_at, self.replacing.as_ref().map(|r| r.deadline), hung].into_iter().flatten().min()
+    }
+
+    /// The main thread woke at `now` from a wait until `deadline`. Woken more than a heartbeat
+    /// late, the keeper did not run meanwhile (SIGSTOP, or starved of CPU): requests it had
+    /// decided to send may not have been written, and replies may wait unread, so the server's
+    /// clock starts again. (A false "hung" needs a keeper away for at least `--server-timeout`:
+    /// it is then at least three heartbeats late.)
+    fn woke(&mut self, deadline: Option<Instant>, now: Instant) {
+        let Some(late) = deadline.map(|d| now.saturating_duration_since(d)).filter(|l| *l > self.heartbeat()) else {
+            return;
+        };
+        if self.current.as_ref().is_some_and(|p| p.ready) {
+            info!(
+                "the keeper did not run for {} ms (stopped, or starved of CPU): its server gets a new --server-timeout",
+                late.as_millis()
+            );
+            self.link.shared.lock().relay.restart_clocks(now);
+        }
     }
 
     /// The keeper's life, from the first server's start to the end of the mount.
     fn serve(&mut self, rx: &Receiver<Ev>, args: &MountArgs) -> Result<(), String> {
         loop {
-            let ev = match wait(rx, self.deadline()) {
+            let deadline = self.deadline();
+            let waited = wait(rx, deadline);
+            self.woke(deadline, Instant::now());
+            let ev = match waited {
                 Waited::Event(ev) => ev,
                 Waited::Deadline => {
                     self.timer();
@@ -483,11 +540,29 @@ impl Keeper {
         self.retry_at = Some(Instant::now() + backoff);
     }
 
+    /// Whether the current server has left a request unanswered for `--server-timeout`, counting
+    /// the replies it has sent: those that arrived and are not yet passed on are waited for (a
+    /// little, [`REPLY_GRACE`]), and while any remain it is not hung.
+    fn hung_since(&self, now: Instant) -> Option<Instant> {
+        let p = self.current.as_ref().filter(|p| p.ready)?;
+        let mut shared = self.link.shared.lock();
+        let until = now + REPLY_GRACE;
+        loop {
+            let since = shared.relay.oldest_sent().filter(|t| now.duration_since(*t) >= self.server_timeout)?;
+            if !replies_waiting(&p.socket, &p.passing) {
+                return Some(since);
+            }
+            if self.link.answered.wait_until(&mut shared, until).timed_out() {
+                // Still passing replies on: it answers, and the next wake-up looks again.
+                return None;
+            }
+        }
+    }
+
     fn timer(&mut self) {
         let now = Instant::now();
-        let oldest = self.link.shared.lock().relay.oldest_sent();
-        if let Some(since) = oldest.filter(|t| now.duration_since(*t) >= self.server_timeout)
-            && let Some(p) = self.current.take_if(|p| p.ready)
+        if let Some(since) = self.hung_since(now)
+            && let Some(p) = self.current.take()
         {
             warn!(
                 "server pid {} has left a request unanswered for {} s: hung; killing it and starting another to take over",
@@ -721,8 +796,7 @@ impl Keeper {
                 }
             }
         }
-        let mut shared = self.link.shared.lock();
-        let mut switch = shared.relay.switch(epoch, Instant::now());
+        let mut switch = self.link.shared.lock().relay.switch(epoch, Instant::now());
         let how = match (&self.current, self.dead) {
             (Some(old), _) if !r.crashed => format!("from server pid {} (an upgrade)", old.pid()),
             (_, Some((dead, how))) if r.handed_plan => format!("from server pid {dead} ({how}; serving its plan)"),
@@ -733,13 +807,23 @@ impl Keeper {
         if !r.crashed {
             switch.resume.previous_plan = self.plan.as_deref().and_then(|p| String::from_utf8(p.to_vec()).ok());
         }
-        for record in switch.resume.records() {
-            let _ = nix::unistd::write(&*r.proc.control, &record);
-        }
-        for msg in &switch.resend {
-            let _ = nix::unistd::write(&*r.proc.socket, msg);
-        }
-        drop(shared);
+        // Written by a thread of its own, outside the relay's lock: the resume (with the whole
+        // previous plan, at an upgrade) can be larger than the socket's buffer, and a successor
+        // that stops reading would otherwise block every request and the main thread. The
+        // server reads the resume before it reads a request, and requests that arrive
+        // meanwhile are independent of those resent (each is answered on its own), so the
+        // order between the two sockets does not matter.
+        let (records, resend) = (switch.resume.records(), std::mem::take(&mut switch.resend));
+        let (control, socket) = (r.proc.control.clone(), r.proc.socket.clone());
+        let _ = spawn_thread("hand-over", move || {
+            let writes = records.iter().map(|m| (&control, m)).chain(resend.iter().map(|m| (&socket, m)));
+            for (to, message) in writes {
+                // A successor that died: its own end is seen by the main thread.
+                if nix::unistd::write(&**to, message).is_err() {
+                    break;
+                }
+            }
+        });
         for (unique, opcode) in &switch.give_up {
             warn!("request {unique} (opcode {opcode}) was in flight at three server deaths: answered EIO");
             let _ = nix::unistd::write(&self.link.dev, &fuse_wire::error_reply(*unique, libc::EIO));
@@ -799,7 +883,7 @@ impl Keeper {
 
     /// Tells the server that the daemon stops (it removes the state file) and waits a little
     /// for it; kills whatever is left. A state file no server removed (none was serving, or it
-    /// was stopped and killed) is removed here if it still names this keeper.
+    /// was stopped and killed) is removed here if it is still a file one of them wrote.
     fn end_servers(&mut self) {
         if let Some(p) = self.current.take() {
             p.tell(&Control::Stop);
@@ -810,10 +894,12 @@ impl Keeper {
         for p in self.replacing.take().map(|r| r.proc).into_iter().chain(std::mem::take(&mut self.leaving)) {
             self.kill(p);
         }
-        if let Some(path) = &self.state_file
-            && names_us(path)
-        {
-            let _ = std::fs::remove_file(path);
+        // Never read: a file at the path is removed only if it is one our servers wrote (a
+        // file another user put there may be of any size, and is theirs).
+        if let Some(path) = &self.state_file {
+            for identity in self.link.state_files.lock().drain(..) {
+                Written::known(path, identity).remove_if_ours();
+            }
         }
     }
 
