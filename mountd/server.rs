@@ -26,7 +26,7 @@ use devremap::adapter::Adapter;
 use devremap::atomic::{Written, write_atomic_told};
 use devremap::fuse_wire;
 use devremap::handover::{self, Control, Resume};
-use devremap::lifecycle::{Event, Lifecycle, Notice, Notifier, PublishError, Session, Status, warnings};
+use devremap::lifecycle::{End, Event, Lifecycle, Notice, Notifier, PublishError, Session, Status, warnings};
 use devremap::load::{self, Loaded, Sources};
 use devremap::served::Devfs;
 use devremap::{io_message, render};
@@ -38,7 +38,6 @@ use std::io;
 use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::time::Duration;
 
@@ -208,10 +207,7 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
     // for them, its requests become events.
     let (answers_tx, answers) = mpsc::channel();
     let (proceed_tx, proceed) = mpsc::channel();
-    // Set when the keeper says the daemon stops: the state file goes with it. (Not a Stop
-    // event: the keeper logs the stop and tells systemd; the session's end ends us quietly.)
-    let stopping = Arc::new(AtomicBool::new(false));
-    let (control_tx, control_rx, stop_flag) = (tx.clone(), control.clone(), stopping.clone());
+    let (control_tx, control_rx) = (tx.clone(), control.clone());
     std::thread::Builder::new()
         .name("control".into())
         .spawn(move || {
@@ -220,10 +216,8 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
                     Control::Invalidated(errno) => drop(answers_tx.send(errno)),
                     Control::Proceed => drop(proceed_tx.send(())),
                     Control::Refused(e) => drop(control_tx.send(Event::Refused(e))),
-                    Control::Stop => {
-                        stop_flag.store(true, Ordering::Relaxed);
-                        drop(control_tx.send(Event::Ended(Ok(()))));
-                    }
+                    // The daemon stops: the state file goes with it.
+                    Control::Stop => drop(control_tx.send(Event::Stop("the keeper stops the mount".into()))),
                     // Replaced: end before the successor writes its state file.
                     Control::Retire => drop(control_tx.send(Event::Ended(Ok(())))),
                     _ => {}
@@ -276,11 +270,12 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
         );
     }
     let keeper = nix::unistd::getppid();
-    // Ends when the session does: the keeper closed the socket (a stop, an upgrade, its death).
-    life.serve(&rx);
+    // Ends when the keeper says the daemon stops, or retires us, or when the session does (the
+    // keeper closed the socket: an upgrade, its death).
+    let end = life.serve(&rx);
     // The state file goes with the daemon: when the keeper said it stops, or died (we were
     // handed to another parent). A server replaced by an upgrade leaves it to its successor.
-    if stopping.load(Ordering::Relaxed) || nix::unistd::getppid() != keeper {
+    if matches!(end, End::Stop) || nix::unistd::getppid() != keeper {
         life.session().state_written.iter().for_each(Written::remove_if_ours);
     }
     if logging::dropped() > 0 {

@@ -96,16 +96,8 @@ impl Relay {
         self.current
     }
 
-    pub fn held(&self) -> &Held {
-        &self.held
-    }
-
     pub fn in_flight(&self) -> usize {
         self.pending.len()
-    }
-
-    pub fn handovers(&self) -> u64 {
-        self.handovers
     }
 
     /// The generation the current server serves and its last reload error, as it last said.
@@ -171,11 +163,6 @@ impl Relay {
     /// New requests wait here, while the current server finishes those it has (an upgrade).
     pub fn hold(&mut self) {
         self.holding = true;
-    }
-
-    /// Lets requests go to the current server again (an upgrade that did not happen).
-    pub fn release(&mut self) {
-        self.holding = false;
     }
 
     /// Whether every request sent to a server has been answered.
