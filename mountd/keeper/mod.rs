@@ -7,7 +7,9 @@
 //! So a server can die (a bug, the OOM killer, `SIGKILL`) or be replaced (`SIGUSR2`: an upgrade
 //! to the binary now on disk) without the kernel noticing: the keeper starts another, replays
 //! the kernel's INIT to it, hands it the node table the kernel holds, and sends it every
-//! request still in flight ([`Relay`] decides all of it; this file reads and writes). Requests
+//! request still in flight ([`Relay`] decides the traffic, and [`devremap::keeper`] what a signal,
+//! a server's readiness, its death or its hang leads to; this file reads, writes, spawns and
+//! keeps the time). Requests
 //! that arrive meanwhile wait. A crash restart runs the binary the dead server ran; an upgrade
 //! runs the file now at the path the keeper was started from, and if that server fails to
 //! start, load its inputs or agree on INIT, the old one serves on and its state file's
@@ -33,6 +35,7 @@ use devremap::atomic::{Written, write_atomic};
 use devremap::fuse_wire;
 use devremap::handover::{self, Control};
 use devremap::io_message;
+use devremap::keeper::{Hang, Phase, Policy, Probe, Reload, Upgrade, away, hang, probed};
 use devremap::lifecycle::{Notice, Waited, wait};
 use devremap::relay::Relay;
 use log::{info, warn};
@@ -67,8 +70,6 @@ const RETIRE: Duration = Duration::from_secs(1);
 /// How long the hang check waits for replies that have arrived to be passed on before it looks
 /// again at the next wake-up.
 const REPLY_GRACE: Duration = Duration::from_millis(100);
-/// The longest wait between two failed restarts after a crash.
-const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 /// What the keeper's main loop acts on.
 enum Ev {
@@ -160,13 +161,11 @@ struct Keeper {
     /// The mount answered through the first server and the pid file is written: a server that
     /// dies from now on is replaced, not the end of the start.
     started: bool,
-    reload_when_ready: bool,
-    upgrade_when_ready: bool,
-    /// Servers in a row that died or failed before they were ready, and when the next start is
-    /// due: a server that cannot get ready is not restarted in a tight loop.
-    failures: u32,
+    /// What a signal or a server's readiness or loss leads to ([`Policy`]).
+    policy: Policy,
     /// Why the first server failed, as it said before exiting: the command's error.
     start_error: Option<String>,
+    /// When the next start after a failed one is due.
     retry_at: Option<Instant>,
     pid_written: Option<Written>,
     state_file: Option<PathBuf>,
@@ -175,12 +174,6 @@ struct Keeper {
     good: Arc<File>,
     /// The last server lost, and how (`it died`, `it hung`), named by the one that takes over.
     dead: Option<(u32, &'static str)>,
-    /// The current server is in the middle of a reload (it said `RELOADING=1`, not yet
-    /// `READY=1`), and how many servers in a row died in the middle of one: after a crash the
-    /// successor reloads (a `SIGHUP` the dead server got, or a reload it had begun, is not
-    /// lost), unless two did (the inputs may be what kills them; a `SIGHUP` to us tries again).
-    reload_reloading: bool,
-    reload_deaths: u32,
     /// The plan the current server serves, opaque: a server restarted after a crash serves it,
     /// reading no input (an input that changed since, or made the server die, waits for a reload).
     plan: Option<Vec<u8>>,
@@ -270,17 +263,13 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
         leaving: Vec::new(),
         mounted: false,
         started: false,
-        reload_when_ready: false,
-        upgrade_when_ready: false,
-        failures: 0,
+        policy: Policy::default(),
         start_error: None,
         retry_at: None,
         pid_written: None,
         state_file: args.state_file.clone(),
         good: exe.clone(),
         dead: None,
-        reload_reloading: false,
-        reload_deaths: 0,
         plan: None,
     };
     keeper.current = Some(keeper.spawn(exe, None).map_err(|e| format!("cannot start the server: {}", io_message(&e)))?);
@@ -405,9 +394,7 @@ impl Keeper {
     /// clock starts again. (A false "hung" needs a keeper away for at least `--server-timeout`:
     /// it is then at least three heartbeats late.)
     fn woke(&mut self, deadline: Option<Instant>, now: Instant) {
-        let Some(late) = deadline.map(|d| now.saturating_duration_since(d)).filter(|l| *l > self.heartbeat()) else {
-            return;
-        };
+        let Some(late) = away(deadline, now, self.heartbeat()) else { return };
         if self.current.as_ref().is_some_and(|p| p.ready) {
             info!(
                 "the keeper did not run for {} ms (stopped, or starved of CPU): its server gets a new --server-timeout",
@@ -433,11 +420,13 @@ impl Keeper {
             };
             match ev {
                 Ev::Reload => {
-                    // Asked by someone: whatever servers died of before, try it.
-                    self.reload_deaths = 0;
-                    self.reload();
+                    let reload = self.policy.sighup(self.phase());
+                    self.reload(reload);
                 }
-                Ev::Upgrade => self.upgrade(),
+                Ev::Upgrade => {
+                    let upgrade = self.policy.upgrade(self.phase());
+                    self.upgrade(upgrade);
+                }
                 Ev::Stop(why) => return self.stop(&why, rx),
                 Ev::KernelEnded(result) => return self.ended(result),
                 Ev::Gone(epoch) => self.gone(epoch)?,
@@ -451,40 +440,35 @@ impl Keeper {
         }
     }
 
-    fn reload(&mut self) {
-        match &self.current {
-            Some(p) if p.ready => {
+    /// Where the keeper is, from the servers it has.
+    fn phase(&self) -> Phase {
+        match (&self.current, &self.replacing) {
+            _ if !self.started => Phase::Starting,
+            (Some(p), Some(_)) if p.ready => Phase::Upgrading,
+            (Some(p), None) if p.ready => Phase::Serving,
+            _ => Phase::Replacing,
+        }
+    }
+
+    fn reload(&mut self, reload: Reload) {
+        match (reload, &self.current) {
+            (Reload::Now | Reload::NowAndOnceServing, Some(p)) => {
                 let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p.pid() as i32), nix::sys::signal::SIGHUP);
-                // An upgrade's server may have loaded the inputs before they changed: it reloads
-                // too, once it serves.
-                if self.replacing.is_some() {
-                    self.reload_when_ready = true;
-                }
             }
             // A server that is starting loads the inputs as they are now (or serves the plan it
             // was handed); one more reload once serving, as the inputs may have changed.
-            _ if !self.started => {
-                info!("signal SIGHUP while starting: reloading once serving");
-                self.reload_when_ready = true;
-            }
-            _ => {
-                info!("signal SIGHUP while a server takes over: reloading once it serves");
-                self.reload_when_ready = true;
-            }
+            _ if !self.started => info!("signal SIGHUP while starting: reloading once serving"),
+            _ => info!("signal SIGHUP while a server takes over: reloading once it serves"),
         }
     }
 
     /// `SIGUSR2`: starts the binary now at the path we were started from, to take over.
-    fn upgrade(&mut self) {
-        if self.replacing.as_ref().is_some_and(|r| !r.crashed) {
-            info!("signal SIGUSR2: ignored, an upgrade is under way");
-            return;
-        }
-        // A server starting (the first, or one taking over after a crash) serves first.
-        if !self.current.as_ref().is_some_and(|p| p.ready) {
-            info!("signal SIGUSR2 while a server starts: upgrading once it serves");
-            self.upgrade_when_ready = true;
-            return;
+    fn upgrade(&mut self, upgrade: Upgrade) {
+        match upgrade {
+            Upgrade::Ignored => return info!("signal SIGUSR2: ignored, an upgrade is under way"),
+            // A server starting (the first, or one taking over after a crash) serves first.
+            Upgrade::OnceServing => return info!("signal SIGUSR2 while a server starts: upgrading once it serves"),
+            Upgrade::Start => {}
         }
         let path = self.exe_path.display().to_string();
         let started = File::open(&self.exe_path).and_then(|exe| self.spawn(Arc::new(exe), None));
@@ -534,8 +518,11 @@ impl Keeper {
     }
 
     fn retry_later(&mut self) {
-        self.failures += 1;
-        let backoff = (Duration::from_millis(100) * 2u32.saturating_pow(self.failures)).min(MAX_BACKOFF);
+        let backoff = self.policy.failed();
+        self.retry_at_in(backoff);
+    }
+
+    fn retry_at_in(&mut self, backoff: Duration) {
         warn!("starting another server in {} ms; requests wait until one serves", backoff.as_millis());
         self.retry_at = Some(Instant::now() + backoff);
     }
@@ -548,13 +535,16 @@ impl Keeper {
         let mut shared = self.link.shared.lock();
         let until = now + REPLY_GRACE;
         loop {
-            let since = shared.relay.oldest_sent().filter(|t| now.duration_since(*t) >= self.server_timeout)?;
-            if !replies_waiting(&p.socket, &p.passing) {
-                return Some(since);
-            }
-            if self.link.answered.wait_until(&mut shared, until).timed_out() {
-                // Still passing replies on: it answers, and the next wake-up looks again.
-                return None;
+            let oldest = shared.relay.oldest_sent();
+            match hang(oldest, now, self.server_timeout, replies_waiting(&p.socket, &p.passing)) {
+                Hang::No => return None,
+                Hang::Hung(since) => return Some(since),
+                Hang::WaitForReplies => {
+                    if self.link.answered.wait_until(&mut shared, until).timed_out() {
+                        // Still passing replies on: it answers, and the next wake-up looks again.
+                        return None;
+                    }
+                }
             }
         }
     }
@@ -601,13 +591,11 @@ impl Keeper {
     fn replace_lost(&mut self, p: &Proc, how: &'static str) {
         self.dead = Some((p.pid(), how));
         self.good = p.exe.clone();
-        self.reload_deaths += u32::from(std::mem::take(&mut self.reload_reloading));
-        if self.reload_deaths >= 2 {
+        let lost = self.policy.lost(p.ready);
+        if !lost.reload {
             warn!(
                 "two servers in a row died in the middle of a reload; the next serves the last plan and reloads only on SIGHUP (the inputs may be what kills them)"
             );
-        } else {
-            self.reload_when_ready = true;
         }
         // An upgrade under way is dropped: the dead server's binary and plan take over at
         // once, rather than waiting for an untried binary still loading its inputs.
@@ -615,7 +603,10 @@ impl Keeper {
             warn!("upgrade abandoned: the serving server died while server pid {} was starting", r.proc.pid());
             self.kill(r.proc);
         }
-        if p.ready { self.restart() } else { self.retry_later() }
+        match lost.retry_in {
+            None => self.restart(),
+            Some(backoff) => self.retry_at_in(backoff),
+        }
     }
 
     /// A server's sockets ended: it exited.
@@ -697,21 +688,19 @@ impl Keeper {
                 self.link.shared.lock().relay.set_status(epoch, generation, last_error)
             }
             Control::Notify(notice) if is_current => {
-                match notice {
-                    Notice::Reloading => self.reload_reloading = true,
-                    Notice::Ready if std::mem::take(&mut self.reload_reloading) => self.reload_deaths = 0,
-                    _ => {}
-                }
+                self.policy.notice(notice);
                 if notice == Notice::Ready
                     && let Some(p) = self.current.as_mut().filter(|p| !p.ready)
                 {
                     p.ready = true;
-                    self.failures = 0;
-                    if std::mem::take(&mut self.reload_when_ready) {
-                        self.reload();
+                    let due = self.policy.ready();
+                    if due.reload {
+                        let reload = self.policy.reload(self.phase());
+                        self.reload(reload);
                     }
-                    if std::mem::take(&mut self.upgrade_when_ready) {
-                        self.upgrade();
+                    if due.upgrade {
+                        let upgrade = self.policy.upgrade(self.phase());
+                        self.upgrade(upgrade);
                     }
                 }
                 notify(notice);
@@ -759,16 +748,19 @@ impl Keeper {
     /// A replacement answered the INIT replay: it takes over, unless an upgrade disagrees.
     fn probed(&mut self, epoch: u64, same: bool) {
         let Some(r) = self.replacing.take_if(|r| r.proc.epoch == epoch) else { return };
-        if !same && !r.crashed {
-            self.kill(r.proc);
-            self.refuse(
+        let differs = match probed(same, r.crashed) {
+            Probe::TakeOver { differs } => differs,
+            Probe::Refuse => {
+                self.kill(r.proc);
+                self.refuse(
                 "upgrade refused: the new binary negotiates other FUSE parameters with the kernel; restart the daemon \
                  to use it"
                     .into(),
-            );
-            return;
-        }
-        if !same {
+                );
+                return;
+            }
+        };
+        if differs {
             warn!(
                 "server pid {} negotiates other FUSE parameters than the kernel agreed to; it serves anyway",
                 r.proc.pid()
