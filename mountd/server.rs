@@ -184,7 +184,7 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
         String::new()
     };
     let loaded = what_to_serve(&control, &sources).map_err(fail)?;
-    tell(&control, &Control::Loaded);
+    tell(&control, &Control::Loaded(protocol()));
 
     let devfs = Arc::new(Devfs::new(loaded.plan.tree.clone()));
     let retired_tx = tx.clone();
@@ -296,6 +296,19 @@ fn hooks(adapter: Adapter) -> Adapter {
 #[cfg(not(feature = "test-hooks"))]
 fn hooks(adapter: Adapter) -> Adapter {
     adapter
+}
+
+/// The keeper protocol this server speaks: [`handover::PROTOCOL`], or with the test hook
+/// `DEVREMAPD_FAILPOINT=protocol:N`, N (a build of another protocol, without a second build).
+#[cfg(feature = "test-hooks")]
+fn protocol() -> u32 {
+    let hook = std::env::var("DEVREMAPD_FAILPOINT").ok();
+    hook.and_then(|f| f.strip_prefix("protocol:")?.parse().ok()).unwrap_or(handover::PROTOCOL)
+}
+
+#[cfg(not(feature = "test-hooks"))]
+fn protocol() -> u32 {
+    handover::PROTOCOL
 }
 
 /// The test hook `DEVREMAPD_FAILPOINT=stall-before-resume`: the server answers the INIT, then

@@ -33,7 +33,7 @@ use crate::mountpoint::{MountLock, check_private, detach, is_dead_mount, prepare
 use crate::signals;
 use devremap::atomic::{Written, write_atomic};
 use devremap::fuse_wire;
-use devremap::handover::{self, Control};
+use devremap::handover::{self, Control, PROTOCOL};
 use devremap::io_message;
 use devremap::keeper::{Hang, Phase, Policy, Probe, Reload, Upgrade, away, hang, probed};
 use devremap::lifecycle::{Notice, Waited, wait};
@@ -647,8 +647,26 @@ impl Keeper {
     fn control(&mut self, epoch: u64, message: Control, args: &MountArgs) -> Result<(), String> {
         let is_current = self.current.as_ref().is_some_and(|p| p.epoch == epoch);
         match message {
-            Control::Loaded if is_current && !self.mounted => self.mount_now(args)?,
-            Control::Loaded => {
+            Control::Loaded(protocol) if protocol != PROTOCOL => {
+                let why = format!("it speaks keeper protocol {protocol}, this keeper speaks protocol {PROTOCOL}");
+                if is_current && !self.mounted {
+                    return Err(self.start_failed(format!("the server cannot serve: {why}")));
+                }
+                if let Some(r) = self.replacing.take_if(|r| r.proc.epoch == epoch) {
+                    let crashed = r.crashed;
+                    self.kill(r.proc);
+                    if crashed {
+                        warn!("a server to take over cannot: {why}");
+                        self.retry_later();
+                    } else {
+                        self.refuse(format!(
+                            "upgrade refused: the new binary cannot take over: {why}; restart the daemon to use it"
+                        ));
+                    }
+                }
+            }
+            Control::Loaded(_) if is_current && !self.mounted => self.mount_now(args)?,
+            Control::Loaded(_) => {
                 let init = self.link.shared.lock().relay.probe(epoch);
                 // Probed with the kernel's INIT; it takes over once it answers alike.
                 if let (Some(init), Some(r)) = (init, self.replacing.as_ref().filter(|r| r.proc.epoch == epoch)) {
