@@ -23,10 +23,10 @@ use crate::cli::MountArgs;
 use crate::mountpoint::wait_answering;
 use crate::{logging, signals};
 use devremap::adapter::Adapter;
-use devremap::atomic::{Written, write_atomic};
+use devremap::atomic::{Written, write_atomic_told};
 use devremap::fuse_wire;
 use devremap::handover::{self, Control, Resume};
-use devremap::lifecycle::{Event, Lifecycle, Notice, Notifier, PublishError, Session, Status, warnings};
+use devremap::lifecycle::{End, Event, Lifecycle, Notice, Notifier, PublishError, Session, Status, warnings};
 use devremap::load::{self, Loaded, Sources};
 use devremap::served::Devfs;
 use devremap::{io_message, render};
@@ -38,7 +38,6 @@ use std::io;
 use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::time::Duration;
 
@@ -185,7 +184,7 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
         String::new()
     };
     let loaded = what_to_serve(&control, &sources).map_err(fail)?;
-    tell(&control, &Control::Loaded);
+    tell(&control, &Control::Loaded(protocol()));
 
     let devfs = Arc::new(Devfs::new(loaded.plan.tree.clone()));
     let retired_tx = tx.clone();
@@ -199,6 +198,7 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
     // Answers the INIT the keeper sends: the kernel's, or its replay.
     let session = fuser::Session::from_fd(adapter, fuse, SessionACL::All, config)
         .map_err(|e| fail(format!("the FUSE handshake through the keeper failed: {}", io_message(&e))))?;
+    stall_before_resume();
     let resume = read_payload(&control, None)
         .and_then(|payload| Resume::parse(&payload).map_err(|e| format!("from the keeper: {e}")))
         .map_err(fail)?;
@@ -207,10 +207,7 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
     // for them, its requests become events.
     let (answers_tx, answers) = mpsc::channel();
     let (proceed_tx, proceed) = mpsc::channel();
-    // Set when the keeper says the daemon stops: the state file goes with it. (Not a Stop
-    // event: the keeper logs the stop and tells systemd; the session's end ends us quietly.)
-    let stopping = Arc::new(AtomicBool::new(false));
-    let (control_tx, control_rx, stop_flag) = (tx.clone(), control.clone(), stopping.clone());
+    let (control_tx, control_rx) = (tx.clone(), control.clone());
     std::thread::Builder::new()
         .name("control".into())
         .spawn(move || {
@@ -219,10 +216,8 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
                     Control::Invalidated(errno) => drop(answers_tx.send(errno)),
                     Control::Proceed => drop(proceed_tx.send(())),
                     Control::Refused(e) => drop(control_tx.send(Event::Refused(e))),
-                    Control::Stop => {
-                        stop_flag.store(true, Ordering::Relaxed);
-                        drop(control_tx.send(Event::Ended(Ok(()))));
-                    }
+                    // The daemon stops: the state file goes with it.
+                    Control::Stop => drop(control_tx.send(Event::Stop("the keeper stops the mount".into()))),
                     // Replaced: end before the successor writes its state file.
                     Control::Retire => drop(control_tx.send(Event::Ended(Ok(())))),
                     _ => {}
@@ -275,11 +270,12 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
         );
     }
     let keeper = nix::unistd::getppid();
-    // Ends when the session does: the keeper closed the socket (a stop, an upgrade, its death).
-    life.serve(&rx);
+    // Ends when the keeper says the daemon stops, or retires us, or when the session does (the
+    // keeper closed the socket: an upgrade, its death).
+    let end = life.serve(&rx);
     // The state file goes with the daemon: when the keeper said it stops, or died (we were
     // handed to another parent). A server replaced by an upgrade leaves it to its successor.
-    if stopping.load(Ordering::Relaxed) || nix::unistd::getppid() != keeper {
+    if matches!(end, End::Stop) || nix::unistd::getppid() != keeper {
         life.session().state_written.iter().for_each(Written::remove_if_ours);
     }
     if logging::dropped() > 0 {
@@ -301,6 +297,35 @@ fn hooks(adapter: Adapter) -> Adapter {
 fn hooks(adapter: Adapter) -> Adapter {
     adapter
 }
+
+/// The keeper protocol this server speaks: [`handover::PROTOCOL`], or with the test hook
+/// `DEVREMAPD_FAILPOINT=protocol:N`, N (a build of another protocol, without a second build).
+#[cfg(feature = "test-hooks")]
+fn protocol() -> u32 {
+    let hook = std::env::var("DEVREMAPD_FAILPOINT").ok();
+    hook.and_then(|f| f.strip_prefix("protocol:")?.parse().ok()).unwrap_or(handover::PROTOCOL)
+}
+
+#[cfg(not(feature = "test-hooks"))]
+fn protocol() -> u32 {
+    handover::PROTOCOL
+}
+
+/// The test hook `DEVREMAPD_FAILPOINT=stall-before-resume`: the server answers the INIT, then
+/// stops reading its control socket for ever (until killed), before the resume payload: a
+/// successor that no longer reads what the keeper hands it.
+#[cfg(feature = "test-hooks")]
+fn stall_before_resume() {
+    if std::env::var("DEVREMAPD_FAILPOINT").is_ok_and(|f| f == "stall-before-resume") {
+        log::warn!("failpoint stall-before-resume: no longer reading the control socket");
+        loop {
+            std::thread::park();
+        }
+    }
+}
+
+#[cfg(not(feature = "test-hooks"))]
+fn stall_before_resume() {}
 
 impl Session for Server {
     /// Loads the inputs on a worker thread: an input on a stuck filesystem blocks only it.
@@ -335,7 +360,12 @@ impl Session for Server {
         state.insert("log_lines_dropped".into(), logging::dropped().into());
         let mut text = Value::Object(state).to_string();
         text.push('\n');
-        let written = write_atomic(path, text.as_bytes())
+        let control = &self.control;
+        let told = |w: &Written| {
+            let (dev, ino) = w.identity();
+            tell(control, &Control::StateFile(dev, ino));
+        };
+        let written = write_atomic_told(path, text.as_bytes(), None, told)
             .map_err(|source| PublishError::StateFile { path: path.clone(), source })?;
         self.state_written = Some(written);
         Ok(())

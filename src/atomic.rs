@@ -28,6 +28,16 @@ pub struct Written {
 }
 
 impl Written {
+    /// The file's `(device, inode)`.
+    pub fn identity(&self) -> (u64, u64) {
+        (self.dev, self.ino)
+    }
+
+    /// A file written by another process, known by its path and identity.
+    pub fn known(path: &Path, (dev, ino): (u64, u64)) -> Written {
+        Written { path: path.to_owned(), dev, ino }
+    }
+
     /// Removes the file if the path still names the inode written here: a file that another
     /// process (another daemon given the same path) wrote since is left alone.
     pub fn remove_if_ours(&self) {
@@ -59,6 +69,19 @@ pub fn replace_file(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
 /// As [`write_atomic`], but the new file gets `access` (mode bits and owner) when given,
 /// whatever the file it replaces had: how a saved file is put back as it was.
 pub fn write_atomic_as(path: &Path, bytes: &[u8], access: Option<Access>) -> io::Result<Written> {
+    write_atomic_told(path, bytes, access, |_| {})
+}
+
+/// As [`write_atomic_as`], telling `told` the new file's identity just before it is renamed to
+/// `path`: another process that removes the file only while it is this one (the keeper, at
+/// stop, the state file its server wrote) then knows it before it can be at the path, even if
+/// the writer dies right after the rename.
+pub fn write_atomic_told(
+    path: &Path,
+    bytes: &[u8],
+    access: Option<Access>,
+    told: impl FnOnce(&Written),
+) -> io::Result<Written> {
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let name = path.file_name().ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
     // The file being replaced, never a symlink's target: a planted symlink is replaced too.
@@ -82,8 +105,10 @@ pub fn write_atomic_as(path: &Path, bytes: &[u8], access: Option<Access>) -> io:
     file.write_all(bytes)?;
     file.sync_data()?;
     let meta = file.metadata()?;
+    let written = Written { path: path.to_owned(), dev: meta.dev(), ino: meta.ino() };
+    told(&written);
     tmp.persist(path).map_err(|e| e.error)?;
-    Ok(Written { path: path.to_owned(), dev: meta.dev(), ino: meta.ino() })
+    Ok(written)
 }
 
 #[cfg(test)]

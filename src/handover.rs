@@ -14,6 +14,14 @@ use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap};
 use thiserror::Error;
 
+/// The version of what the keeper and its servers say to each other (the control messages and
+/// the resume payload). A server says it with `Loaded`; an upgrade to a binary that speaks
+/// another is refused, never misread. Raise it with any change to either encoding.
+pub const PROTOCOL: u32 = 1;
+
+/// `devremapd --version`: the package's version and [`PROTOCOL`] (checked equal by a test).
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (keeper protocol 1)");
+
 /// The largest control record: well under a socket's default buffer.
 pub const MAX_RECORD: usize = 64 * 1024;
 
@@ -32,8 +40,9 @@ pub enum HandoverError {
 /// One control message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Control {
-    /// Server to keeper: the inputs loaded; send the INIT.
-    Loaded,
+    /// Server to keeper: the inputs loaded, and the [`PROTOCOL`] it speaks; send the INIT. (A
+    /// build before protocol versions sent no version: it decodes as 0.)
+    Loaded(u32),
     /// Server to keeper: the inputs did not load (the error line); the server exits 1.
     Failed(String),
     /// Server to keeper: the mount answers through me; write the pid file, then say
@@ -47,6 +56,10 @@ pub enum Control {
         generation: u64,
         last_error: Option<String>,
     },
+    /// Server to keeper: the state file about to be renamed into place is this `(device,
+    /// inode)`: at stop, the keeper removes the file at `--state-file` only if it is one its
+    /// servers wrote (the last two told: the rename of the last may not have happened).
+    StateFile(u64, u64),
     /// Server to keeper: tell the service manager (only the keeper, the main process, may).
     Notify(Notice),
     /// Server to keeper: write this notification (an invalidation) to `/dev/fuse`, then answer
@@ -72,7 +85,7 @@ pub enum Control {
 impl Control {
     pub fn encode(&self) -> Vec<u8> {
         let (tag, body): (u8, &[u8]) = match self {
-            Control::Loaded => (b'L', &[]),
+            Control::Loaded(protocol) => return [&[b'L'][..], &protocol.to_le_bytes()].concat(),
             Control::Failed(text) => (b'F', text.as_bytes()),
             Control::Answering => (b'A', &[]),
             Control::Proceed => (b'O', &[]),
@@ -88,6 +101,7 @@ impl Control {
                 };
                 return vec![b'N', n];
             }
+            Control::StateFile(dev, ino) => return [&[b'W'][..], &dev.to_le_bytes(), &ino.to_le_bytes()].concat(),
             Control::Invalidate(msg) => (b'I', msg),
             Control::Invalidated(errno) => return [&[b'i'][..], &errno.to_le_bytes()].concat(),
             Control::Part(part) => (b'P', part),
@@ -104,7 +118,8 @@ impl Control {
         let (&tag, body) = record.split_first().ok_or(HandoverError::Empty)?;
         let text = || String::from_utf8_lossy(body).into_owned();
         Ok(match tag {
-            b'L' => Control::Loaded,
+            b'L' if body.is_empty() => Control::Loaded(0),
+            b'L' => Control::Loaded(u32::from_le_bytes(body.try_into().map_err(|_| HandoverError::Truncated('L'))?)),
             b'F' => Control::Failed(text()),
             b'A' => Control::Answering,
             b'O' => Control::Proceed,
@@ -122,6 +137,11 @@ impl Control {
                 b"s" => Notice::Stopping,
                 _ => return Err(HandoverError::Truncated('N')),
             }),
+            b'W' => {
+                let (dev, ino) = body.split_first_chunk::<8>().ok_or(HandoverError::Truncated('W'))?;
+                let ino: [u8; 8] = ino.try_into().map_err(|_| HandoverError::Truncated('W'))?;
+                Control::StateFile(u64::from_le_bytes(*dev), u64::from_le_bytes(ino))
+            }
             b'I' => Control::Invalidate(body.to_vec()),
             b'i' => {
                 Control::Invalidated(i32::from_le_bytes(body.try_into().map_err(|_| HandoverError::Truncated('i'))?))
@@ -251,13 +271,14 @@ mod tests {
     #[test]
     fn control_messages_round_trip() {
         let all = [
-            Control::Loaded,
+            Control::Loaded(PROTOCOL),
             Control::Failed("spec.json: not json".into()),
             Control::Answering,
             Control::Proceed,
             Control::Status { generation: u64::MAX, last_error: None },
             Control::Status { generation: 3, last_error: Some("spec.json: bad".into()) },
             Control::Notify(Notice::Reloading),
+            Control::StateFile(2049, u64::MAX),
             Control::Invalidate(vec![9; 40]),
             Control::Invalidated(-2),
             Control::Part(vec![1, 2, 3]),
@@ -273,6 +294,10 @@ mod tests {
         assert_eq!(Control::decode(&[]), Err(HandoverError::Empty));
         assert_eq!(Control::decode(b"Z"), Err(HandoverError::Tag(b'Z')));
         assert_eq!(Control::decode(b"G123"), Err(HandoverError::Truncated('G')));
+        assert_eq!(Control::decode(b"L"), Ok(Control::Loaded(0)), "a build before versions");
+        assert_eq!(Control::decode(b"L12"), Err(HandoverError::Truncated('L')));
+        assert!(VERSION.ends_with(&format!("(keeper protocol {PROTOCOL})")), "{VERSION}");
+        assert_eq!(Control::decode(b"W12345678123"), Err(HandoverError::Truncated('W')));
     }
 
     /// Rule: a payload larger than a record goes in parts, and comes back whole.

@@ -19,6 +19,7 @@ pub mod fuse_wire;
 pub mod handover;
 pub mod held;
 pub mod host;
+pub mod keeper;
 pub mod lifecycle;
 pub mod limits;
 pub mod load;

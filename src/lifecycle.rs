@@ -40,7 +40,7 @@ pub const MAX_STUCK_RELOADS: usize = 4;
 pub enum Event {
     /// Reload the inputs (`SIGHUP`).
     Reload,
-    /// Stop serving; the text names the cause for the log (`signal SIGTERM`).
+    /// Stop serving; the text names the cause for the log (`the keeper stops the mount`).
     Stop(String),
     /// A reload's inputs, loaded (or refused) by its worker.
     Loaded(u64, Box<Result<Loaded, LoadError>>),

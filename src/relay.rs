@@ -96,16 +96,8 @@ impl Relay {
         self.current
     }
 
-    pub fn held(&self) -> &Held {
-        &self.held
-    }
-
     pub fn in_flight(&self) -> usize {
         self.pending.len()
-    }
-
-    pub fn handovers(&self) -> u64 {
-        self.handovers
     }
 
     /// The generation the current server serves and its last reload error, as it last said.
@@ -173,11 +165,6 @@ impl Relay {
         self.holding = true;
     }
 
-    /// Lets requests go to the current server again (an upgrade that did not happen).
-    pub fn release(&mut self) {
-        self.holding = false;
-    }
-
     /// Whether every request sent to a server has been answered.
     pub fn drained(&self) -> bool {
         self.oldest_sent().is_none()
@@ -187,6 +174,15 @@ impl Relay {
     /// leaves one unanswered for long is hung (devremap answers every request at once).
     pub fn oldest_sent(&self) -> Option<Instant> {
         self.pending.values().filter_map(|p| p.sent).min()
+    }
+
+    /// Every request sent to a server counts as sent `now`: the keeper itself did not run for a
+    /// while (stopped, or starved of CPU), and a server is not to blame for the time its
+    /// requests and replies waited on the keeper's threads.
+    pub fn restart_clocks(&mut self, now: Instant) {
+        for sent in self.pending.values_mut().filter_map(|p| p.sent.as_mut()) {
+            *sent = now;
+        }
     }
 
     /// The INIT to send a replacement, whose reply is then swallowed and compared; `None`
@@ -356,5 +352,21 @@ mod tests {
         assert_eq!(r.oldest_sent(), Some(t0 + std::time::Duration::from_secs(1)));
         r.lost(1);
         assert_eq!(r.oldest_sent(), None, "requests waiting for a successor are not the server's");
+    }
+
+    /// Rule (issue 18): after the keeper did not run for a while, every request sent counts
+    /// from then: a server is not blamed for the keeper's own absence.
+    #[test]
+    fn restarted_clocks_count_from_the_keepers_return() {
+        let mut r = started(b"f");
+        let t0 = Instant::now();
+        r.from_kernel(&build::lookup(2, ROOT, "a"), t0).unwrap();
+        r.lost(1);
+        r.from_kernel(&build::lookup(3, ROOT, "b"), t0).unwrap();
+        r.switch(2, t0);
+        r.from_kernel(&build::lookup(4, ROOT, "c"), t0).unwrap();
+        let back = t0 + std::time::Duration::from_secs(5);
+        r.restart_clocks(back);
+        assert_eq!(r.oldest_sent(), Some(back));
     }
 }

@@ -29,6 +29,16 @@ fn no_arguments_print_the_usage() {
     }
 }
 
+/// Rule (issue 18): `devremapd --version` names the keeper protocol, which an upgrade must
+/// speak too.
+#[test]
+fn the_version_names_the_keeper_protocol() {
+    let (code, stdout, stderr) = devremapd(&["--version"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(stdout, format!("devremapd {}\n", devremap::handover::VERSION));
+    assert!(stdout.contains("(keeper protocol 1)"), "{stdout}");
+}
+
 /// Rule (issue 11.3): `oci-patch --dev` refuses a path that is not a live devremap mount
 /// (missing, a plain directory, another filesystem's mount point) with one line naming it and
 /// the way out, exit 1, and leaves the spec alone, `--in-place` or not.

@@ -14,7 +14,7 @@ mod common;
 use common::bundle::{Bundle, Container, Runtime, allow_char, need_containers, oci_config};
 use common::daemon::{Daemon, children, has_exited, is_mounted, kill, need_fuse, wait_for, wait_for_or};
 use common::readers::{Expect, Load, Reader, quantile, stall_per_period};
-use common::{BIN, FakeHost, arg, fake_rdev, fixture, saved_devices};
+use common::{BIN, FakeHost, arg, fake_rdev, fixture, mknod_char, saved_devices};
 use serde_json::Value;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
@@ -34,7 +34,12 @@ const SERVED_BY_EACH: u64 = 20;
 /// How long a container may take to start, or to show that it runs on.
 const CONTAINER_PATIENCE: Duration = Duration::from_secs(60);
 
-/// The inputs: host GPUs 0..=3, metadata saving GPUs 4 and 5, the basic spec.
+/// The inputs: host GPUs 0..=3, metadata saving GPUs 4 and 5, the basic spec. `--host-dev` is
+/// a symlink, `gpus`, to one of two device directories that never change: `dev` (GPUs 0..=3)
+/// or `dev-without-gpu0` (1..=3). Host GPU 0 comes and goes by flipping the symlink, one
+/// rename: a server scans the directory it opened, whole, so a load that runs while the test
+/// changes the host sees the host before or after, never a GPU listed and then gone (which is
+/// a refused load, and an upgrade refused with it).
 struct Inputs {
     host: FakeHost,
     meta: PathBuf,
@@ -44,6 +49,12 @@ struct Inputs {
 impl Inputs {
     fn new() -> Inputs {
         let host = FakeHost::with_gpus(&[0, 1, 2, 3]);
+        let without = host.tmp.path().join("dev-without-gpu0");
+        fs::create_dir(&without).unwrap();
+        for minor in 1..=3 {
+            mknod_char(&without.join(format!("nvidia{minor}")), fake_rdev(minor), 0o666);
+        }
+        std::os::unix::fs::symlink("dev", host.tmp.path().join("gpus")).unwrap();
         let meta = host.tmp.path().join("meta.json");
         fs::write(&meta, saved_devices(&[4, 5]).to_string()).unwrap();
         let spec = host.tmp.path().join("config.json");
@@ -55,7 +66,8 @@ impl Inputs {
     fn args(&self, extra: &[&str]) -> Vec<String> {
         let mut v: Vec<String> =
             vec!["--metadata".into(), arg(&self.meta).into(), "--spec".into(), arg(&self.spec).into()];
-        v.extend(self.host.args());
+        v.extend(["--host-dev".into(), arg(&self.host.tmp.path().join("gpus")).into()]);
+        v.extend(self.host.root_args());
         v.extend(["--ttl".into(), "0".into()]);
         v.extend(extra.iter().map(|s| s.to_string()));
         v
@@ -71,13 +83,13 @@ impl Inputs {
         Daemon::start_program(&binary.path(), &strs(&self.args(&[])))
     }
 
-    /// Removes or restores host GPU 0, which moves saved {4, 5} between host {0, 1} and {1, 2}.
+    /// Removes or restores host GPU 0, which moves saved {4, 5} between host {0, 1} and {1, 2}:
+    /// the `gpus` symlink is replaced by one to the other directory, in one rename.
     fn set_host_gpu0(&self, present: bool) {
-        if present {
-            self.host.node("nvidia0", fake_rdev(0));
-        } else {
-            fs::remove_file(self.host.dev().join("nvidia0")).unwrap();
-        }
+        let (link, next) = (self.host.tmp.path().join("gpus"), self.host.tmp.path().join("gpus.next"));
+        let _ = fs::remove_file(&next);
+        std::os::unix::fs::symlink(if present { "dev" } else { "dev-without-gpu0" }, &next).unwrap();
+        fs::rename(&next, &link).unwrap();
     }
 }
 
@@ -453,6 +465,63 @@ fn a_failed_upgrade_keeps_the_old_server() {
     }
 }
 
+/// Bug (issue 18, found from outside): an install that switches a symlink (alternatives, stow,
+/// `/opt/x-<version>`) never upgraded: the keeper kept the path its binary resolved to
+/// (`/proc/self/exe`), so `SIGUSR2` ran the old binary again and the log told of a normal
+/// takeover. Now the keeper keeps the path it was started by, and the new server runs the
+/// binary the link names at the upgrade.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn an_upgrade_through_a_switched_symlink_runs_the_binary_it_names_now() {
+    need_fuse();
+    let inputs = Inputs::new();
+    let (v1, v2) = (Binary::new(), Binary::new());
+    let links = TempDir::new().unwrap();
+    let link = links.path().join("devremapd");
+    std::os::unix::fs::symlink(v1.path(), &link).unwrap();
+    let d = Daemon::start_program(&link, &strs(&inputs.args(&[])));
+    let old = d.server_pid();
+    assert_eq!(running(old), v1.identity());
+    let next = links.path().join("devremapd.next");
+    std::os::unix::fs::symlink(v2.path(), &next).unwrap();
+    fs::rename(&next, &link).unwrap();
+    kill(d.child.id(), libc::SIGUSR2);
+    let state = wait_new_server(&d, old, 1);
+    check_new_server(&d, &state, old);
+    let server = state_pid(&state, "server_pid");
+    assert_eq!(running(server), v2.identity(), "the upgrade ran the binary the link named before\n{}", d.log_text());
+    stop(d);
+}
+
+/// Rule (issue 18): an upgrade to a build that speaks another keeper protocol is refused, never
+/// misread: the old server serves on and `last_error` names both versions. The other build is
+/// this one made to claim protocol 2 by a test hook (`DEVREMAPD_FAILPOINT=protocol:2`, set by a
+/// wrapper script installed at the keeper's path), not a second real build.
+#[test]
+#[ignore = "needs root, /dev/fuse and --features test-hooks"]
+fn an_upgrade_to_a_build_of_another_protocol_is_refused() {
+    need_fuse();
+    common::need_test_hooks();
+    let inputs = Inputs::new();
+    let binary = Binary::new();
+    let d = inputs.start_from(&binary);
+    let old = d.server_pid();
+    binary.replace(format!("#!/bin/sh\nDEVREMAPD_FAILPOINT=protocol:2 exec {BIN} \"$@\"\n").as_bytes(), 0o755);
+    kill(d.child.id(), libc::SIGUSR2);
+    let state = wait_on(&d, "last_error", || read_state(&d).filter(|s| !s["last_error"].is_null()));
+    let error = state["last_error"].as_str().unwrap();
+    assert!(error.contains("keeper protocol 2") && error.contains("protocol 1"), "{error}");
+    assert_eq!(state_pid(&state, "server_pid"), old);
+    assert_eq!(handovers(&state), 0);
+    assert!(!has_exited(old));
+    assert_eq!(rdev_of(&d.path("nvidia4")), fake_rdev(0));
+    binary.replace_with_copy();
+    kill(d.child.id(), libc::SIGUSR2);
+    let state = wait_new_server(&d, old, 1);
+    check_new_server(&d, &state, old);
+    stop(d);
+}
+
 /// Rule (issue 13): signals that race each other, six rounds under the four readers, fail not
 /// one operation: an upgrade, a reload and a crash of the serving server while its successor
 /// loads, and another upgrade asked for meanwhile; or an upgrade whose successor is killed
@@ -733,7 +802,10 @@ fn an_upgrade_takes_over_from_a_frozen_server() {
 /// each of 60 rounds (an upgrade, then after a delay that moves through 0 to 25 ms so that the
 /// change lands at every point of the upgrade, host GPU 0 removed or restored and SIGHUP), the
 /// mount comes to serve the inputs as they are, and the state file names the keeper's only
-/// child and counts the handover.
+/// child and counts the handover. (Flaky on a busy machine, issue 18: the GPU was removed and
+/// made with `unlink` and `mknod`, so a successor whose scan listed `nvidia0` and then found
+/// it gone failed to load, and the upgrade the round waits for was refused. The host now
+/// changes by one symlink flip, [`Inputs::set_host_gpu0`]: every load sees a whole host.)
 #[test]
 #[ignore = "needs root and /dev/fuse"]
 fn a_reload_during_an_upgrade_is_never_lost() {

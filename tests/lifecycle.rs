@@ -303,6 +303,10 @@ fn spec_on_a_stuck_mount(dir: &Path) -> (Daemon, PathBuf) {
     (stuck, spec)
 }
 
+/// How long a SIGTERM may take in these tests: the daemon stops within a second, and a machine
+/// busy with other work may make it slower, but never this slow.
+const STOP_BOUND: Duration = Duration::from_secs(5);
+
 /// Whether one of `pid`'s threads is named `name`.
 fn has_thread(pid: u32, name: &str) -> bool {
     fs::read_dir(format!("/proc/{pid}/task"))
@@ -329,7 +333,10 @@ fn sigterm_stops_the_daemon_during_a_stuck_reload() {
     d.signal(libc::SIGTERM);
     let status = wait_for("devremapd to exit", || d.child.try_wait().unwrap());
     let took = sent.elapsed();
-    assert!(took < Duration::from_secs(1), "SIGTERM took {took:?} during a stuck reload");
+    // The daemon promises a second; the bound tested is looser, so that a busy machine does not
+    // break it, and still tells the bug (for ever) from a stop that does not wait for the reload
+    // (its --reload-timeout is 10 s).
+    assert!(took < STOP_BOUND, "SIGTERM took {took:?} during a stuck reload");
     assert!(status.success(), "{status}: {}", d.log_text());
     assert!(!is_mounted(&d.mountpoint));
     drop(frozen);
@@ -477,7 +484,7 @@ fn an_unread_stderr_never_blocks_the_daemon() {
     d.signal(libc::SIGTERM);
     let status = wait_for("devremapd to exit", || d.child.try_wait().unwrap());
     let took = sent.elapsed();
-    assert!(took < Duration::from_secs(1), "SIGTERM took {took:?} with stderr full");
+    assert!(took < STOP_BOUND, "SIGTERM took {took:?} with stderr full");
     assert!(status.success());
     assert!(!is_mounted(&d.mountpoint));
     drop(reader);

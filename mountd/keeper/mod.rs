@@ -7,7 +7,9 @@
 //! So a server can die (a bug, the OOM killer, `SIGKILL`) or be replaced (`SIGUSR2`: an upgrade
 //! to the binary now on disk) without the kernel noticing: the keeper starts another, replays
 //! the kernel's INIT to it, hands it the node table the kernel holds, and sends it every
-//! request still in flight ([`Relay`] decides all of it; this file reads and writes). Requests
+//! request still in flight ([`Relay`] decides the traffic, and [`devremap::keeper`] what a signal,
+//! a server's readiness, its death or its hang leads to; this file reads, writes, spawns and
+//! keeps the time). Requests
 //! that arrive meanwhile wait. A crash restart runs the binary the dead server ran; an upgrade
 //! runs the file now at the path the keeper was started from, and if that server fails to
 //! start, load its inputs or agree on INIT, the old one serves on and its state file's
@@ -31,13 +33,15 @@ use crate::mountpoint::{MountLock, check_private, detach, is_dead_mount, prepare
 use crate::signals;
 use devremap::atomic::{Written, write_atomic};
 use devremap::fuse_wire;
-use devremap::handover::{self, Control};
+use devremap::handover::{self, Control, PROTOCOL};
 use devremap::io_message;
+use devremap::keeper::{Hang, Phase, Policy, Probe, Reload, Upgrade, away, hang, probed};
 use devremap::lifecycle::{Notice, Waited, wait};
 use devremap::relay::Relay;
 use log::{info, warn};
+use nix::errno::Errno;
 use nix::mount::MntFlags;
-use nix::sys::socket::{Shutdown, shutdown};
+use nix::sys::socket::{MsgFlags, Shutdown, send, shutdown};
 use parking_lot::{Condvar, Mutex};
 use sd_notify::NotifyState;
 use std::collections::HashMap;
@@ -45,14 +49,17 @@ use std::ffi::OsString;
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::AtomicU8;
+use std::sync::atomic::{AtomicBool, AtomicU8};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
-use threads::{Link, Readers, Shared, mount, read_control, relay_replies, relay_requests, seqpacket_pair};
+use threads::{
+    Link, Readers, Shared, mount, read_control, relay_replies, relay_requests, replies_waiting, seqpacket_pair,
+};
 
 /// How long an upgrade lets the old server answer what it has before the rest goes to the new.
 const DRAIN: Duration = Duration::from_millis(500);
@@ -60,8 +67,9 @@ const DRAIN: Duration = Duration::from_millis(500);
 const FIRST_EPOCH: u64 = 1;
 /// How long a retired server has to end before it is killed.
 const RETIRE: Duration = Duration::from_secs(1);
-/// The longest wait between two failed restarts after a crash.
-const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// How long the hang check waits for replies that have arrived to be passed on before it looks
+/// again at the next wake-up.
+const REPLY_GRACE: Duration = Duration::from_millis(100);
 
 /// What the keeper's main loop acts on.
 enum Ev {
@@ -97,6 +105,8 @@ struct Proc {
     exe: Arc<File>,
     /// It said it is ready (it answers, and its state file is written).
     ready: bool,
+    /// Its reply thread holds a reply the relay has not counted yet ([`replies_waiting`]).
+    passing: Arc<AtomicBool>,
 }
 
 impl Proc {
@@ -104,8 +114,14 @@ impl Proc {
         self.child.id()
     }
 
+    /// Sends it a control message without waiting: a server that no longer reads its control
+    /// socket (hung, or stopped) must not block the keeper's main thread once the socket is
+    /// full. A message that does not fit is logged; the keeper's timers deal with the server.
     fn tell(&self, message: &Control) {
-        let _ = nix::unistd::write(&*self.control, &message.encode());
+        // Any other failure is a server that is gone, which its sockets' end tells.
+        if send(self.control.as_raw_fd(), &message.encode(), MsgFlags::MSG_DONTWAIT) == Err(Errno::EAGAIN) {
+            warn!("server pid {}: its control socket is full; {message:?} not sent", self.pid());
+        }
     }
 
     /// Ends its relay and control sockets: it reads EOF and exits, and so does our reader.
@@ -145,13 +161,11 @@ struct Keeper {
     /// The mount answered through the first server and the pid file is written: a server that
     /// dies from now on is replaced, not the end of the start.
     started: bool,
-    reload_when_ready: bool,
-    upgrade_when_ready: bool,
-    /// Servers in a row that died or failed before they were ready, and when the next start is
-    /// due: a server that cannot get ready is not restarted in a tight loop.
-    failures: u32,
+    /// What a signal or a server's readiness or loss leads to ([`Policy`]).
+    policy: Policy,
     /// Why the first server failed, as it said before exiting: the command's error.
     start_error: Option<String>,
+    /// When the next start after a failed one is due.
     retry_at: Option<Instant>,
     pid_written: Option<Written>,
     state_file: Option<PathBuf>,
@@ -160,23 +174,26 @@ struct Keeper {
     good: Arc<File>,
     /// The last server lost, and how (`it died`, `it hung`), named by the one that takes over.
     dead: Option<(u32, &'static str)>,
-    /// The current server is in the middle of a reload (it said `RELOADING=1`, not yet
-    /// `READY=1`), and how many servers in a row died in the middle of one: after a crash the
-    /// successor reloads (a `SIGHUP` the dead server got, or a reload it had begun, is not
-    /// lost), unless two did (the inputs may be what kills them; a `SIGHUP` to us tries again).
-    reload_reloading: bool,
-    reload_deaths: u32,
     /// The plan the current server serves, opaque: a server restarted after a crash serves it,
     /// reading no input (an input that changed since, or made the server die, waits for a reload).
     plan: Option<Vec<u8>>,
 }
 
-/// Whether the state file at `path` is a regular file whose `pid` is this process: one that
-/// another daemon given the same path wrote since is left alone.
-fn names_us(path: &Path) -> bool {
-    let Ok(file) = devremap::files::open_regular(path) else { return false };
-    let state: serde_json::Value = serde_json::from_reader(io::BufReader::new(file)).unwrap_or_default();
-    state.get("pid").and_then(serde_json::Value::as_u64) == Some(u64::from(std::process::id()))
+/// The path the keeper was started by, unresolved: `argv[0]` made absolute, or, for a bare
+/// name, the first file of that name on `PATH` (as the shell found it); `None` when that is
+/// not the binary we run (`exec -a`). An upgrade opens the file this path names then, so an
+/// install that switches a symlink (alternatives, stow, `/opt/x-<version>`) upgrades to the
+/// binary the link names now: `current_exe` reads `/proc/self/exe`, where every symlink is
+/// already resolved to the old binary.
+fn started_as(running: &File) -> Option<PathBuf> {
+    let argv0 = PathBuf::from(std::env::args_os().next()?);
+    let path = if argv0.as_os_str().as_encoded_bytes().contains(&b'/') {
+        std::path::absolute(&argv0).ok()?
+    } else {
+        std::env::split_paths(&std::env::var_os("PATH")?).map(|dir| dir.join(&argv0)).find(|p| p.is_file())?
+    };
+    let (named, ours) = (std::fs::metadata(&path).ok()?, running.metadata().ok()?);
+    (named.dev() == ours.dev() && named.ino() == ours.ino()).then(|| std::path::absolute(&path).ok()).flatten()
 }
 
 /// A server's exit status in words: `exit status 1`, `signal 9 (SIGKILL)`.
@@ -214,9 +231,11 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
              that mounts there fails (\"read-only file system\"); give the container's config.json with --spec"
         );
     }
-    let exe_path = std::env::current_exe().map_err(|e| format!("cannot find our own binary: {}", io_message(&e)))?;
     let exe =
         Arc::new(File::open("/proc/self/exe").map_err(|e| format!("cannot open our own binary: {}", io_message(&e)))?);
+    let exe_path = started_as(&exe)
+        .map_or_else(std::env::current_exe, Ok)
+        .map_err(|e| format!("cannot find our own binary: {}", io_message(&e)))?;
     let dev = File::options()
         .read(true)
         .write(true)
@@ -228,6 +247,7 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
         dev,
         events: tx,
         buffers: Mutex::new(Vec::new()),
+        state_files: Mutex::new(Vec::new()),
     });
     let mut keeper = Keeper {
         link,
@@ -243,17 +263,13 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
         leaving: Vec::new(),
         mounted: false,
         started: false,
-        reload_when_ready: false,
-        upgrade_when_ready: false,
-        failures: 0,
+        policy: Policy::default(),
         start_error: None,
         retry_at: None,
         pid_written: None,
         state_file: args.state_file.clone(),
         good: exe.clone(),
         dead: None,
-        reload_reloading: false,
-        reload_deaths: 0,
         plan: None,
     };
     keeper.current = Some(keeper.spawn(exe, None).map_err(|e| format!("cannot start the server: {}", io_message(&e)))?);
@@ -315,13 +331,14 @@ impl Keeper {
         self.link.shared.lock().sockets.insert(epoch, socket.clone());
         let readers = Arc::new(AtomicU8::new(2));
         let done = || Readers(readers.clone(), epoch, self.link.events.clone());
-        let (link, reader, replies_done) = (self.link.clone(), socket.clone(), done());
-        let spawned =
-            spawn_thread("replies", move || relay_replies(&link, epoch, &reader, replies_done)).and_then(|()| {
+        let passing = Arc::new(AtomicBool::new(false));
+        let (link, reader, replies_done, flag) = (self.link.clone(), socket.clone(), done(), passing.clone());
+        let spawned = spawn_thread("replies", move || relay_replies(&link, epoch, &reader, &flag, replies_done))
+            .and_then(|()| {
                 let (link, control, control_done) = (self.link.clone(), control.clone(), done());
                 spawn_thread("control", move || read_control(&link, epoch, &control, control_done))
             });
-        let proc = Proc { epoch, child, socket, control, exe, ready: false };
+        let proc = Proc { epoch, child, socket, control, exe, ready: false, passing };
         if let Err(e) = spawned {
             self.kill(proc);
             return Err(io::Error::other(e));
@@ -354,19 +371,46 @@ impl Keeper {
         let _ = std::thread::Builder::new().name("reaper".into()).spawn(move || drop(proc.child.wait()));
     }
 
+    /// The longest the main thread sleeps while a server answers: a wake-up later than this
+    /// past its deadline means the keeper itself did not run ([`Keeper::woke`]).
+    fn heartbeat(&self) -> Duration {
+        self.server_timeout / 4
+    }
+
     fn deadline(&self) -> Option<Instant> {
-        // While a server answers, wake at least every --server-timeout to see whether it hangs.
+        // While a server answers, wake when its oldest request would make it hung, and at least
+        // every heartbeat, so that a late wake-up tells that the keeper was away.
         let hung = self.current.as_ref().filter(|p| p.ready).map(|_| {
             let oldest = self.link.shared.lock().relay.oldest_sent();
-            oldest.unwrap_or_else(Instant::now) + self.server_timeout
+            let now = Instant::now();
+            oldest.map_or(now + self.server_timeout, |t| t + self.server_timeout).min(now + self.heartbeat())
         });
         [self.retry_at, self.replacing.as_ref().map(|r| r.deadline), hung].into_iter().flatten().min()
+    }
+
+    /// The main thread woke at `now` from a wait until `deadline`. Woken more than a heartbeat
+    /// late, the keeper did not run meanwhile (SIGSTOP, or starved of CPU): requests it had
+    /// decided to send may not have been written, and replies may wait unread, so the server's
+    /// clock starts again. (A false "hung" needs a keeper away for at least `--server-timeout`:
+    /// it is then at least three heartbeats late.)
+    fn woke(&mut self, deadline: Option<Instant>, now: Instant) {
+        let Some(late) = away(deadline, now, self.heartbeat()) else { return };
+        if self.current.as_ref().is_some_and(|p| p.ready) {
+            info!(
+                "the keeper did not run for {} ms (stopped, or starved of CPU): its server gets a new --server-timeout",
+                late.as_millis()
+            );
+            self.link.shared.lock().relay.restart_clocks(now);
+        }
     }
 
     /// The keeper's life, from the first server's start to the end of the mount.
     fn serve(&mut self, rx: &Receiver<Ev>, args: &MountArgs) -> Result<(), String> {
         loop {
-            let ev = match wait(rx, self.deadline()) {
+            let deadline = self.deadline();
+            let waited = wait(rx, deadline);
+            self.woke(deadline, Instant::now());
+            let ev = match waited {
                 Waited::Event(ev) => ev,
                 Waited::Deadline => {
                     self.timer();
@@ -376,11 +420,13 @@ impl Keeper {
             };
             match ev {
                 Ev::Reload => {
-                    // Asked by someone: whatever servers died of before, try it.
-                    self.reload_deaths = 0;
-                    self.reload();
+                    let reload = self.policy.sighup(self.phase());
+                    self.reload(reload);
                 }
-                Ev::Upgrade => self.upgrade(),
+                Ev::Upgrade => {
+                    let upgrade = self.policy.upgrade(self.phase());
+                    self.upgrade(upgrade);
+                }
                 Ev::Stop(why) => return self.stop(&why, rx),
                 Ev::KernelEnded(result) => return self.ended(result),
                 Ev::Gone(epoch) => self.gone(epoch)?,
@@ -394,40 +440,35 @@ impl Keeper {
         }
     }
 
-    fn reload(&mut self) {
-        match &self.current {
-            Some(p) if p.ready => {
+    /// Where the keeper is, from the servers it has.
+    fn phase(&self) -> Phase {
+        match (&self.current, &self.replacing) {
+            _ if !self.started => Phase::Starting,
+            (Some(p), Some(_)) if p.ready => Phase::Upgrading,
+            (Some(p), None) if p.ready => Phase::Serving,
+            _ => Phase::Replacing,
+        }
+    }
+
+    fn reload(&mut self, reload: Reload) {
+        match (reload, &self.current) {
+            (Reload::Now | Reload::NowAndOnceServing, Some(p)) => {
                 let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p.pid() as i32), nix::sys::signal::SIGHUP);
-                // An upgrade's server may have loaded the inputs before they changed: it reloads
-                // too, once it serves.
-                if self.replacing.is_some() {
-                    self.reload_when_ready = true;
-                }
             }
             // A server that is starting loads the inputs as they are now (or serves the plan it
             // was handed); one more reload once serving, as the inputs may have changed.
-            _ if !self.started => {
-                info!("signal SIGHUP while starting: reloading once serving");
-                self.reload_when_ready = true;
-            }
-            _ => {
-                info!("signal SIGHUP while a server takes over: reloading once it serves");
-                self.reload_when_ready = true;
-            }
+            _ if !self.started => info!("signal SIGHUP while starting: reloading once serving"),
+            _ => info!("signal SIGHUP while a server takes over: reloading once it serves"),
         }
     }
 
     /// `SIGUSR2`: starts the binary now at the path we were started from, to take over.
-    fn upgrade(&mut self) {
-        if self.replacing.as_ref().is_some_and(|r| !r.crashed) {
-            info!("signal SIGUSR2: ignored, an upgrade is under way");
-            return;
-        }
-        // A server starting (the first, or one taking over after a crash) serves first.
-        if !self.current.as_ref().is_some_and(|p| p.ready) {
-            info!("signal SIGUSR2 while a server starts: upgrading once it serves");
-            self.upgrade_when_ready = true;
-            return;
+    fn upgrade(&mut self, upgrade: Upgrade) {
+        match upgrade {
+            Upgrade::Ignored => return info!("signal SIGUSR2: ignored, an upgrade is under way"),
+            // A server starting (the first, or one taking over after a crash) serves first.
+            Upgrade::OnceServing => return info!("signal SIGUSR2 while a server starts: upgrading once it serves"),
+            Upgrade::Start => {}
         }
         let path = self.exe_path.display().to_string();
         let started = File::open(&self.exe_path).and_then(|exe| self.spawn(Arc::new(exe), None));
@@ -477,17 +518,41 @@ impl Keeper {
     }
 
     fn retry_later(&mut self) {
-        self.failures += 1;
-        let backoff = (Duration::from_millis(100) * 2u32.saturating_pow(self.failures)).min(MAX_BACKOFF);
+        let backoff = self.policy.failed();
+        self.retry_at_in(backoff);
+    }
+
+    fn retry_at_in(&mut self, backoff: Duration) {
         warn!("starting another server in {} ms; requests wait until one serves", backoff.as_millis());
         self.retry_at = Some(Instant::now() + backoff);
     }
 
+    /// Whether the current server has left a request unanswered for `--server-timeout`, counting
+    /// the replies it has sent: those that arrived and are not yet passed on are waited for (a
+    /// little, [`REPLY_GRACE`]), and while any remain it is not hung.
+    fn hung_since(&self, now: Instant) -> Option<Instant> {
+        let p = self.current.as_ref().filter(|p| p.ready)?;
+        let mut shared = self.link.shared.lock();
+        let until = now + REPLY_GRACE;
+        loop {
+            let oldest = shared.relay.oldest_sent();
+            match hang(oldest, now, self.server_timeout, replies_waiting(&p.socket, &p.passing)) {
+                Hang::No => return None,
+                Hang::Hung(since) => return Some(since),
+                Hang::WaitForReplies => {
+                    if self.link.answered.wait_until(&mut shared, until).timed_out() {
+                        // Still passing replies on: it answers, and the next wake-up looks again.
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+
     fn timer(&mut self) {
         let now = Instant::now();
-        let oldest = self.link.shared.lock().relay.oldest_sent();
-        if let Some(since) = oldest.filter(|t| now.duration_since(*t) >= self.server_timeout)
-            && let Some(p) = self.current.take_if(|p| p.ready)
+        if let Some(since) = self.hung_since(now)
+            && let Some(p) = self.current.take()
         {
             warn!(
                 "server pid {} has left a request unanswered for {} s: hung; killing it and starting another to take over",
@@ -526,13 +591,11 @@ impl Keeper {
     fn replace_lost(&mut self, p: &Proc, how: &'static str) {
         self.dead = Some((p.pid(), how));
         self.good = p.exe.clone();
-        self.reload_deaths += u32::from(std::mem::take(&mut self.reload_reloading));
-        if self.reload_deaths >= 2 {
+        let lost = self.policy.lost(p.ready);
+        if !lost.reload {
             warn!(
                 "two servers in a row died in the middle of a reload; the next serves the last plan and reloads only on SIGHUP (the inputs may be what kills them)"
             );
-        } else {
-            self.reload_when_ready = true;
         }
         // An upgrade under way is dropped: the dead server's binary and plan take over at
         // once, rather than waiting for an untried binary still loading its inputs.
@@ -540,7 +603,10 @@ impl Keeper {
             warn!("upgrade abandoned: the serving server died while server pid {} was starting", r.proc.pid());
             self.kill(r.proc);
         }
-        if p.ready { self.restart() } else { self.retry_later() }
+        match lost.retry_in {
+            None => self.restart(),
+            Some(backoff) => self.retry_at_in(backoff),
+        }
     }
 
     /// A server's sockets ended: it exited.
@@ -581,8 +647,26 @@ impl Keeper {
     fn control(&mut self, epoch: u64, message: Control, args: &MountArgs) -> Result<(), String> {
         let is_current = self.current.as_ref().is_some_and(|p| p.epoch == epoch);
         match message {
-            Control::Loaded if is_current && !self.mounted => self.mount_now(args)?,
-            Control::Loaded => {
+            Control::Loaded(protocol) if protocol != PROTOCOL => {
+                let why = format!("it speaks keeper protocol {protocol}, this keeper speaks protocol {PROTOCOL}");
+                if is_current && !self.mounted {
+                    return Err(self.start_failed(format!("the server cannot serve: {why}")));
+                }
+                if let Some(r) = self.replacing.take_if(|r| r.proc.epoch == epoch) {
+                    let crashed = r.crashed;
+                    self.kill(r.proc);
+                    if crashed {
+                        warn!("a server to take over cannot: {why}");
+                        self.retry_later();
+                    } else {
+                        self.refuse(format!(
+                            "upgrade refused: the new binary cannot take over: {why}; restart the daemon to use it"
+                        ));
+                    }
+                }
+            }
+            Control::Loaded(_) if is_current && !self.mounted => self.mount_now(args)?,
+            Control::Loaded(_) => {
                 let init = self.link.shared.lock().relay.probe(epoch);
                 // Probed with the kernel's INIT; it takes over once it answers alike.
                 if let (Some(init), Some(r)) = (init, self.replacing.as_ref().filter(|r| r.proc.epoch == epoch)) {
@@ -622,21 +706,19 @@ impl Keeper {
                 self.link.shared.lock().relay.set_status(epoch, generation, last_error)
             }
             Control::Notify(notice) if is_current => {
-                match notice {
-                    Notice::Reloading => self.reload_reloading = true,
-                    Notice::Ready if std::mem::take(&mut self.reload_reloading) => self.reload_deaths = 0,
-                    _ => {}
-                }
+                self.policy.notice(notice);
                 if notice == Notice::Ready
                     && let Some(p) = self.current.as_mut().filter(|p| !p.ready)
                 {
                     p.ready = true;
-                    self.failures = 0;
-                    if std::mem::take(&mut self.reload_when_ready) {
-                        self.reload();
+                    let due = self.policy.ready();
+                    if due.reload {
+                        let reload = self.policy.reload(self.phase());
+                        self.reload(reload);
                     }
-                    if std::mem::take(&mut self.upgrade_when_ready) {
-                        self.upgrade();
+                    if due.upgrade {
+                        let upgrade = self.policy.upgrade(self.phase());
+                        self.upgrade(upgrade);
                     }
                 }
                 notify(notice);
@@ -684,16 +766,19 @@ impl Keeper {
     /// A replacement answered the INIT replay: it takes over, unless an upgrade disagrees.
     fn probed(&mut self, epoch: u64, same: bool) {
         let Some(r) = self.replacing.take_if(|r| r.proc.epoch == epoch) else { return };
-        if !same && !r.crashed {
-            self.kill(r.proc);
-            self.refuse(
+        let differs = match probed(same, r.crashed) {
+            Probe::TakeOver { differs } => differs,
+            Probe::Refuse => {
+                self.kill(r.proc);
+                self.refuse(
                 "upgrade refused: the new binary negotiates other FUSE parameters with the kernel; restart the daemon \
                  to use it"
                     .into(),
-            );
-            return;
-        }
-        if !same {
+                );
+                return;
+            }
+        };
+        if differs {
             warn!(
                 "server pid {} negotiates other FUSE parameters than the kernel agreed to; it serves anyway",
                 r.proc.pid()
@@ -721,8 +806,7 @@ impl Keeper {
                 }
             }
         }
-        let mut shared = self.link.shared.lock();
-        let mut switch = shared.relay.switch(epoch, Instant::now());
+        let mut switch = self.link.shared.lock().relay.switch(epoch, Instant::now());
         let how = match (&self.current, self.dead) {
             (Some(old), _) if !r.crashed => format!("from server pid {} (an upgrade)", old.pid()),
             (_, Some((dead, how))) if r.handed_plan => format!("from server pid {dead} ({how}; serving its plan)"),
@@ -733,13 +817,23 @@ impl Keeper {
         if !r.crashed {
             switch.resume.previous_plan = self.plan.as_deref().and_then(|p| String::from_utf8(p.to_vec()).ok());
         }
-        for record in switch.resume.records() {
-            let _ = nix::unistd::write(&*r.proc.control, &record);
-        }
-        for msg in &switch.resend {
-            let _ = nix::unistd::write(&*r.proc.socket, msg);
-        }
-        drop(shared);
+        // Written by a thread of its own, outside the relay's lock: the resume (with the whole
+        // previous plan, at an upgrade) can be larger than the socket's buffer, and a successor
+        // that stops reading would otherwise block every request and the main thread. The
+        // server reads the resume before it reads a request, and requests that arrive
+        // meanwhile are independent of those resent (each is answered on its own), so the
+        // order between the two sockets does not matter.
+        let (records, resend) = (switch.resume.records(), std::mem::take(&mut switch.resend));
+        let (control, socket) = (r.proc.control.clone(), r.proc.socket.clone());
+        let _ = spawn_thread("hand-over", move || {
+            let writes = records.iter().map(|m| (&control, m)).chain(resend.iter().map(|m| (&socket, m)));
+            for (to, message) in writes {
+                // A successor that died: its own end is seen by the main thread.
+                if nix::unistd::write(&**to, message).is_err() {
+                    break;
+                }
+            }
+        });
         for (unique, opcode) in &switch.give_up {
             warn!("request {unique} (opcode {opcode}) was in flight at three server deaths: answered EIO");
             let _ = nix::unistd::write(&self.link.dev, &fuse_wire::error_reply(*unique, libc::EIO));
@@ -799,7 +893,7 @@ impl Keeper {
 
     /// Tells the server that the daemon stops (it removes the state file) and waits a little
     /// for it; kills whatever is left. A state file no server removed (none was serving, or it
-    /// was stopped and killed) is removed here if it still names this keeper.
+    /// was stopped and killed) is removed here if it is still a file one of them wrote.
     fn end_servers(&mut self) {
         if let Some(p) = self.current.take() {
             p.tell(&Control::Stop);
@@ -810,10 +904,12 @@ impl Keeper {
         for p in self.replacing.take().map(|r| r.proc).into_iter().chain(std::mem::take(&mut self.leaving)) {
             self.kill(p);
         }
-        if let Some(path) = &self.state_file
-            && names_us(path)
-        {
-            let _ = std::fs::remove_file(path);
+        // Never read: a file at the path is removed only if it is one our servers wrote (a
+        // file another user put there may be of any size, and is theirs).
+        if let Some(path) = &self.state_file {
+            for identity in self.link.state_files.lock().drain(..) {
+                Written::known(path, identity).remove_if_ours();
+            }
         }
     }
 

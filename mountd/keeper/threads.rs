@@ -16,15 +16,16 @@ use devremap::relay::{FromKernel, FromServer, Relay};
 use log::warn;
 use nix::errno::Errno;
 use nix::mount::MsFlags;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, setsockopt, socketpair, sockopt};
 use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::mpsc::Sender;
 use std::time::Instant;
 
@@ -49,6 +50,10 @@ pub(super) struct Link {
     /// grew the keeper by that much each time (glibc served later ones from an arena, zeroing
     /// every page).
     pub(super) buffers: Mutex<Vec<Vec<u8>>>,
+    /// The `(device, inode)` of the last two state files a server said it was renaming into
+    /// place, newest last: kept by the control thread itself, so that a stop knows them even
+    /// with events still queued for the main thread.
+    pub(super) state_files: Mutex<Vec<(u64, u64)>>,
 }
 
 pub(super) struct Shared {
@@ -119,18 +124,45 @@ impl Drop for Readers {
     }
 }
 
-/// Reads server `epoch`'s messages and passes them on, until it exits.
-pub(super) fn relay_replies(link: &Link, epoch: u64, socket: &OwnedFd, _done: Readers) {
+/// Whether replies from a server have arrived that the relay has not yet counted: one still in
+/// its socket, or one [`relay_replies`] has read and not yet passed to the relay (`passing`).
+/// A server is never called hung while this holds: after the keeper itself was stopped
+/// (`SIGSTOP`) or starved of CPU, its main thread can wake before the reply thread, with every
+/// answer the server gave meanwhile waiting to be read.
+pub(super) fn replies_waiting(socket: &OwnedFd, passing: &AtomicBool) -> bool {
+    if passing.load(Ordering::Acquire) {
+        return true;
+    }
+    let mut fds = [PollFd::new(socket.as_fd(), PollFlags::POLLIN)];
+    poll(&mut fds, PollTimeout::ZERO).is_ok_and(|n| n > 0)
+        && fds[0].revents().is_some_and(|r| r.contains(PollFlags::POLLIN))
+}
+
+/// Reads server `epoch`'s messages and passes them on, until it exits. `passing` is set from
+/// the moment a message is readable until the relay has it, so that an arrived reply is always
+/// seen by [`replies_waiting`]: in the socket, or passing.
+pub(super) fn relay_replies(link: &Link, epoch: u64, socket: &OwnedFd, passing: &AtomicBool, _done: Readers) {
     let mut buf = link.buffers.lock().pop().unwrap_or_else(|| vec![0u8; READ_BUFFER]);
     loop {
+        let mut fds = [PollFd::new(socket.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) => {}
+            Err(Errno::EINTR) => continue,
+            Err(_) => break,
+        }
+        passing.store(true, Ordering::Release);
         let n = match nix::unistd::read(socket, &mut buf) {
             Ok(0) => break,
             Ok(n) => n,
-            Err(Errno::EINTR) => continue,
+            Err(Errno::EINTR | Errno::EAGAIN) => {
+                passing.store(false, Ordering::Release);
+                continue;
+            }
             Err(_) => break,
         };
         let msg = &buf[..n];
         let action = link.shared.lock().relay.from_server(epoch, msg);
+        passing.store(false, Ordering::Release);
         link.answered.notify_all();
         match action {
             Ok(FromServer::ToKernel(added)) => {
@@ -145,6 +177,7 @@ pub(super) fn relay_replies(link: &Link, epoch: u64, socket: &OwnedFd, _done: Re
             Err(e) => warn!("server {epoch}: a message that cannot be read: {e}"),
         }
     }
+    passing.store(false, Ordering::Release);
     link.buffers.lock().push(buf);
 }
 
@@ -160,6 +193,12 @@ pub(super) fn read_control(link: &Link, epoch: u64, control: &OwnedFd, _done: Re
                 Ok(Control::Invalidate(note)) => {
                     let errno = nix::unistd::write(&link.dev, &note).map_or_else(|e| e as i32, |_| 0);
                     let _ = nix::unistd::write(control, &Control::Invalidated(errno).encode());
+                }
+                Ok(Control::StateFile(dev, ino)) => {
+                    let mut known = link.state_files.lock();
+                    known.push((dev, ino));
+                    let excess = known.len().saturating_sub(2);
+                    known.drain(..excess);
                 }
                 Ok(Control::Part(part)) => plan.extend(part),
                 Ok(Control::End) => drop(link.events.send(Ev::Served(epoch, std::mem::take(&mut plan)))),
