@@ -23,7 +23,7 @@ use crate::cli::MountArgs;
 use crate::mountpoint::wait_answering;
 use crate::{logging, signals};
 use devremap::adapter::Adapter;
-use devremap::atomic::{Written, write_atomic_told};
+use devremap::atomic::{Lasting, Written, write_atomic_told};
 use devremap::fuse_wire;
 use devremap::handover::{self, Control, Resume};
 use devremap::lifecycle::{End, Event, Lifecycle, Notice, Notifier, PublishError, Session, Status, warnings};
@@ -365,7 +365,7 @@ impl Session for Server {
             let (dev, ino) = w.identity();
             tell(control, &Control::StateFile(dev, ino));
         };
-        let written = write_atomic_told(path, text.as_bytes(), None, told)
+        let written = write_atomic_told(path, text.as_bytes(), None, Lasting::UntilReboot, told)
             .map_err(|source| PublishError::StateFile { path: path.clone(), source })?;
         self.state_written = Some(written);
         Ok(())

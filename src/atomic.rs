@@ -7,7 +7,8 @@
 //! plant symlinks or files under any name they can predict. So the temporary file is created
 //! under a name `tempfile` makes unpredictable (`O_CREAT|O_EXCL`, mode 0600), filled, given
 //! the mode and owner of the file it replaces, and renamed over it (a rename replaces a
-//! symlink, it never follows it). Every failure, a full or read-only filesystem included, removes the temporary
+//! symlink, it never follows it). A file that must outlive a power cut is synced before the
+//! rename; one under `/run` that a reboot makes meaningless is not ([`Lasting`]). Every failure, a full or read-only filesystem included, removes the temporary
 //! file; only a process killed outright can leave one (`.<name>.<random>.tmp`).
 
 use crate::device::Access;
@@ -47,10 +48,29 @@ impl Written {
     }
 }
 
+/// How long a written file must last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lasting {
+    /// Through a power cut: synced before the rename (a checkpoint record, a patched spec).
+    Durable,
+    /// Until the next boot: a pid or state file, a container's state under `/run`, meaningless
+    /// after a reboot. Not synced: an fdatasync costs milliseconds on a busy disk at every
+    /// container start (issue 17's benchmark), and a reader still sees the old content or the
+    /// new, never a mix.
+    UntilReboot,
+}
+
 /// Replaces `path` with `bytes` atomically: a reader sees the old content or the new, never a
 /// mix, and a file that replaces another keeps its mode and owner.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<Written> {
     write_atomic_as(path, bytes, None)
+}
+
+/// [`replace_file`] for a file that lasts [`Lasting::UntilReboot`].
+pub fn replace_runtime_file(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
+    write_atomic_told(path, bytes, None, Lasting::UntilReboot, |_| {})
+        .map(drop)
+        .map_err(|source| WriteError { path: path.to_owned(), source })
 }
 
 /// A file [`replace_file`] could not write.
@@ -69,17 +89,18 @@ pub fn replace_file(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
 /// As [`write_atomic`], but the new file gets `access` (mode bits and owner) when given,
 /// whatever the file it replaces had: how a saved file is put back as it was.
 pub fn write_atomic_as(path: &Path, bytes: &[u8], access: Option<Access>) -> io::Result<Written> {
-    write_atomic_told(path, bytes, access, |_| {})
+    write_atomic_told(path, bytes, access, Lasting::Durable, |_| {})
 }
 
-/// As [`write_atomic_as`], telling `told` the new file's identity just before it is renamed to
-/// `path`: another process that removes the file only while it is this one (the keeper, at
+/// As [`write_atomic_as`], for a file that lasts `lasting`, telling `told` the new file's
+/// identity just before it is renamed to `path`: another process that removes the file only while it is this one (the keeper, at
 /// stop, the state file its server wrote) then knows it before it can be at the path, even if
 /// the writer dies right after the rename.
 pub fn write_atomic_told(
     path: &Path,
     bytes: &[u8],
     access: Option<Access>,
+    lasting: Lasting,
     told: impl FnOnce(&Written),
 ) -> io::Result<Written> {
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
@@ -103,7 +124,9 @@ pub fn write_atomic_told(
         std::os::unix::fs::fchown(&*file, Some(a.uid), Some(a.gid))?;
     }
     file.write_all(bytes)?;
-    file.sync_data()?;
+    if lasting == Lasting::Durable {
+        file.sync_data()?;
+    }
     let meta = file.metadata()?;
     let written = Written { path: path.to_owned(), dev: meta.dev(), ino: meta.ino() };
     told(&written);

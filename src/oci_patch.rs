@@ -104,7 +104,8 @@ pub fn patch_text(text: &str, dev: &str) -> Result<String, PatchError> {
     let ours = dev_mount(dev);
     // A splice that does not read back as the patched spec (a second /dev mount dropped)
     // gives way to the whole spec written in the file's indentation.
-    let spliced = splice(text, &spec, &ours).filter(|out| serde_json::from_str::<Value>(out).ok() == Some(patched.clone()));
+    let spliced =
+        splice(text, &spec, &ours).filter(|out| serde_json::from_str::<Value>(out).ok() == Some(patched.clone()));
     Ok(spliced.unwrap_or_else(|| {
         let mut whole = render(&patched, text, "", &indent_unit(text));
         if text.ends_with('\n') {

@@ -31,7 +31,7 @@ mod threads;
 use crate::cli::MountArgs;
 use crate::mountpoint::{MountLock, check_private, detach, is_dead_mount, prepare_mountpoint, resolve};
 use crate::signals;
-use devremap::atomic::{Written, write_atomic};
+use devremap::atomic::{Lasting, Written, write_atomic_told};
 use devremap::fuse_wire;
 use devremap::handover::{self, Control, PROTOCOL};
 use devremap::io_message;
@@ -686,7 +686,8 @@ impl Keeper {
             // the daemon ready (the state file). A server taking over finds it written.
             Control::Answering if is_current => {
                 if let Some(pid_file) = args.pid_file.as_ref().filter(|_| self.pid_written.is_none()) {
-                    let written = write_atomic(pid_file, format!("{}\n", std::process::id()).as_bytes());
+                    let pid = format!("{}\n", std::process::id());
+                    let written = write_atomic_told(pid_file, pid.as_bytes(), None, Lasting::UntilReboot, |_| {});
                     match written {
                         Ok(w) => self.pid_written = Some(w),
                         Err(e) => {

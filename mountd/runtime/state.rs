@@ -150,7 +150,7 @@ impl Container {
         builder.create(&self.dir).map_err(|e| format!("{}: {}", self.dir.display(), io_message(&e)))?;
         let lock = wait_lock_dir(&self.dir)?;
         builder.create(self.dev()).map_err(|e| format!("{}: {}", self.dev().display(), io_message(&e)))?;
-        devremap::atomic::replace_file(&self.root_file(), root.unwrap_or_default().as_bytes())
+        devremap::atomic::replace_runtime_file(&self.root_file(), root.unwrap_or_default().as_bytes())
             .map_err(|e| e.to_string())?;
         Ok(lock)
     }
@@ -301,7 +301,7 @@ impl Container {
         let dir = self.bundle();
         DirBuilder::new().mode(0o700).create(&dir).map_err(|e| format!("{}: {}", dir.display(), io_message(&e)))?;
         let path = dir.join("config.json");
-        devremap::atomic::replace_file(&path, spec.as_bytes()).map_err(|e| e.to_string())?;
+        devremap::atomic::replace_runtime_file(&path, spec.as_bytes()).map_err(|e| e.to_string())?;
         Ok(path)
     }
 
@@ -317,7 +317,7 @@ impl Container {
         let dir = self.dir.join("restore");
         DirBuilder::new().mode(0o700).create(&dir).map_err(|e| format!("{}: {}", dir.display(), io_message(&e)))?;
         let to = dir.join(from.file_name().unwrap_or("metadata".as_ref()));
-        devremap::atomic::replace_file(&to, &bytes).map_err(|e| e.to_string())?;
+        devremap::atomic::replace_runtime_file(&to, &bytes).map_err(|e| e.to_string())?;
         Ok(to)
     }
 
