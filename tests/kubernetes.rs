@@ -115,7 +115,10 @@ fn node_setup_installs_and_keeps_the_operators_config() {
     let shipped = fs::read_to_string(setup.source.join("runtime.json")).unwrap();
     assert_eq!(fs::read_to_string(&config).unwrap(), shipped);
     let out = Command::new(host.join("usr/local/bin/devremapd")).arg("--version").output().unwrap();
-    assert_eq!(String::from_utf8_lossy(&out.stdout), format!("devremapd {}\n", env!("CARGO_PKG_VERSION")));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("devremapd {} (keeper protocol {})\n", env!("CARGO_PKG_VERSION"), devremap::handover::PROTOCOL)
+    );
 
     let edited = "{\"runtime\": \"crun\"}\n";
     fs::write(&config, edited).unwrap();
