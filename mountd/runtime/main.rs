@@ -416,7 +416,7 @@ fn checkpoint(config: &Config, inv: &Invocation) -> Result<u8, String> {
         // As `devremapd record --metadata PREV`: a container restored with metadata carries the
         // names it was given into the record; the restore was judged then, not here.
         let sources = devremap::load::Sources {
-            metadata: container.daemon_metadata(),
+            metadata: container.restored_metadata(),
             spec: Some(Path::new(bundle).join("config.json")),
             host_dev: config.host_dev.clone(),
             host_root: config.host_root.clone(),

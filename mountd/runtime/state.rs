@@ -155,17 +155,18 @@ impl Container {
         Ok(lock)
     }
 
-    /// The `--metadata` this container's daemon serves, when it has one: what the container
-    /// was restored with, which its next checkpoint's record carries forward (issue 20). Read
-    /// from the running daemon's command line, which `start_daemon` wrote, so that nothing
-    /// else has to be kept in step with it.
-    pub fn daemon_metadata(&self) -> Option<PathBuf> {
-        let pid = devremap::files::read_small_text(&self.pid_file(), 64);
-        let devremap::files::SmallText::Text(pid) = pid else { return None };
-        let cmdline = fs::read(format!("/proc/{}/cmdline", pid.trim().parse::<u32>().ok()?)).ok()?;
-        let mut args = cmdline.split(|&b| b == 0);
-        args.by_ref().find(|a| *a == b"--metadata")?;
-        args.next().map(|a| PathBuf::from(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(a)))
+    /// The metadata this container was restored with, when it was: the copy [`keep_metadata`]
+    /// made (the daemon's `--metadata`), which its next checkpoint's record carries forward
+    /// (issue 20).
+    ///
+    /// [`keep_metadata`]: Container::keep_metadata
+    pub fn restored_metadata(&self) -> Option<PathBuf> {
+        let mut entries = fs::read_dir(self.restore_dir()).ok()?.flatten();
+        entries.find(|e| e.file_type().is_ok_and(|t| t.is_file())).map(|e| e.path())
+    }
+
+    fn restore_dir(&self) -> PathBuf {
+        self.dir.join("restore")
     }
 
     /// Starts `devremapd mount` on `dev/`, detached (its own session, stdio to its log file, no
@@ -314,7 +315,7 @@ impl Container {
         let mut bytes = Vec::new();
         devremap::files::read_up_to(&mut file, devremap::metadata::MAX_METADATA_LEN + 1, &mut bytes)
             .map_err(|e| format!("{f}: {}", io_message(&e)))?;
-        let dir = self.dir.join("restore");
+        let dir = self.restore_dir();
         DirBuilder::new().mode(0o700).create(&dir).map_err(|e| format!("{}: {}", dir.display(), io_message(&e)))?;
         let to = dir.join(from.file_name().unwrap_or("metadata".as_ref()));
         devremap::atomic::replace_runtime_file(&to, &bytes).map_err(|e| e.to_string())?;

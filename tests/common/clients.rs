@@ -12,7 +12,7 @@ use serde_json::json;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The wrapper Cargo built for these tests.
 pub const WRAPPER: &str = env!("CARGO_BIN_EXE_devremap-runtime");
@@ -22,15 +22,9 @@ pub const CLIENT_PATIENCE: Duration = Duration::from_secs(180);
 
 /// Polls `f` until it returns `Some`, failing the test after [`CLIENT_PATIENCE`] with
 /// `context()` (a client's log).
-pub fn wait_client<T>(what: &str, context: impl Fn() -> String, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + CLIENT_PATIENCE;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}\n{}", context());
-        std::thread::sleep(Duration::from_millis(50));
-    }
+/// Polled every 50 ms: each look runs a client's command.
+pub fn wait_client<T>(what: &str, context: impl Fn() -> String, f: impl FnMut() -> Option<T>) -> T {
+    super::daemon::wait_within(CLIENT_PATIENCE, Duration::from_millis(50), what, context, f)
 }
 
 /// Fails the calling (`#[ignore]`d) test unless `bins` are installed (`package` names them),

@@ -34,15 +34,27 @@ pub fn wait_for<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
 }
 
 /// Like [`wait_for`]; a timeout's message ends with `context()` (a daemon's log, say).
-pub fn wait_for_or<T>(what: &str, context: impl Fn() -> String, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + PATIENCE;
+pub fn wait_for_or<T>(what: &str, context: impl Fn() -> String, f: impl FnMut() -> Option<T>) -> T {
+    wait_within(PATIENCE, Duration::from_micros(200), what, context, f)
+}
+
+/// Polls `f` every `interval` until it returns `Some`, failing the test after `patience` with
+/// `context()`.
+pub fn wait_within<T>(
+    patience: Duration,
+    interval: Duration,
+    what: &str,
+    context: impl Fn() -> String,
+    mut f: impl FnMut() -> Option<T>,
+) -> T {
+    let deadline = Instant::now() + patience;
     loop {
         if let Some(v) = f() {
             return v;
         }
         assert!(Instant::now() < deadline, "timed out waiting for {what}\n{}", context());
         std::thread::yield_now();
-        std::thread::sleep(Duration::from_micros(200));
+        std::thread::sleep(interval);
     }
 }
 
