@@ -352,6 +352,7 @@ impl Session for Server {
         let mut state = render::plan_json(&status.loaded.plan, status.loaded.metadata.as_ref());
         state.insert("generation".into(), status.generation.into());
         state.insert("last_error".into(), status.last_error.map_or(Value::Null, Value::from));
+        state.insert("reloads".into(), status.reloads.into());
         state.insert("retired_nodes".into(), status.retired_nodes.into());
         state.insert("pid".into(), nix::unistd::getppid().as_raw().into());
         state.insert("server_pid".into(), std::process::id().into());

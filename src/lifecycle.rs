@@ -115,6 +115,9 @@ pub struct Status<'a> {
     pub loaded: &'a Loaded,
     pub generation: u64,
     pub last_error: Option<&'a str>,
+    /// Reloads this server has finished (applied, refused or abandoned): a reload whose error
+    /// is the one before still shows as done.
+    pub reloads: u64,
     pub retired_nodes: usize,
 }
 
@@ -140,6 +143,8 @@ pub struct Lifecycle<N, S> {
     next_reload: u64,
     /// Abandoned reloads whose worker has not returned yet.
     stuck: usize,
+    /// Reloads finished (applied, refused or abandoned), published as `reloads`.
+    finished: u64,
 }
 
 impl<N: Notifier, S: Session> Lifecycle<N, S> {
@@ -157,6 +162,7 @@ impl<N: Notifier, S: Session> Lifecycle<N, S> {
             reload_again: false,
             next_reload: 1,
             stuck: 0,
+            finished: 0,
         }
     }
 
@@ -251,6 +257,7 @@ impl<N: Notifier, S: Session> Lifecycle<N, S> {
         }
         self.state = State::Serving;
         self.stuck += 1;
+        self.finished += 1;
         let e = format!(
             "reload abandoned: the inputs did not load within {} s (an input on a stuck filesystem?)",
             self.reload_timeout.as_secs()
@@ -279,6 +286,7 @@ impl<N: Notifier, S: Session> Lifecycle<N, S> {
     /// Starts loading the inputs; the result comes back as an event.
     fn start_reload(&mut self) {
         if self.stuck >= MAX_STUCK_RELOADS {
+            self.finished += 1;
             self.refused(
                 "",
                 format!(
@@ -297,6 +305,7 @@ impl<N: Notifier, S: Session> Lifecycle<N, S> {
                 self.state = State::Reloading;
             }
             Err(e) => {
+                self.finished += 1;
                 self.refused("reload refused: ", format!("cannot start a reload thread: {e}"));
                 self.session.notify(Notice::Ready);
             }
@@ -312,6 +321,7 @@ impl<N: Notifier, S: Session> Lifecycle<N, S> {
         };
         self.reloading = None;
         self.state = State::Serving;
+        self.finished += 1;
         match result {
             Ok(loaded) => self.swap(loaded, started),
             Err(e) => self.refused("reload refused: ", e.to_string()),
@@ -366,6 +376,7 @@ impl<N: Notifier, S: Session> Lifecycle<N, S> {
             loaded: &self.current,
             generation: self.generation(),
             last_error: self.last_error.as_deref(),
+            reloads: self.finished,
             retired_nodes: self.devfs.retired_count(),
         };
         self.session.publish(&status)
@@ -443,6 +454,7 @@ mod tests {
     struct World {
         loads: Vec<u64>,
         published: Vec<(u64, Option<String>, usize)>,
+        reloads: Vec<u64>,
         notices: Vec<Notice>,
         invalidated: Vec<(u64, String)>,
         dirs: Vec<u64>,
@@ -478,6 +490,7 @@ mod tests {
                 return Err(PublishError::StateFile { path: "state.json".into(), source });
             }
             w.published.push((s.generation, s.last_error.map(str::to_owned), s.retired_nodes));
+            w.reloads.push(s.reloads);
             Ok(())
         }
         fn notify(&mut self, notice: Notice) {
@@ -655,6 +668,25 @@ mod tests {
         lc.handle([Event::Reload]);
         lc.handle([Event::Loaded(2, ok(loaded(5)))]);
         assert_eq!(world.0.borrow().published.last(), Some(&(2, None, 0)));
+    }
+
+    /// Bug (issue 18, CI): a reload refused with the error of the one before published the same
+    /// state, so whoever sent the SIGHUP (a test, a health check) could not tell it was done.
+    /// Every reload that ends, applied, refused or abandoned, counts in `reloads`.
+    #[test]
+    fn every_finished_reload_counts_even_with_the_same_error() {
+        let (mut lc, world, _) = ready();
+        for id in 1..=2 {
+            lc.handle([Event::Reload]);
+            lc.handle([Event::Loaded(id, refused())]);
+        }
+        lc.handle([Event::Reload]);
+        lc.expire();
+        lc.handle([Event::Reload]);
+        lc.handle([Event::Loaded(4, ok(loaded(7)))]);
+        let w = world.0.borrow();
+        assert_eq!(w.published[1].1, w.published[2].1, "the same error twice");
+        assert_eq!(w.reloads, [0, 1, 2, 3, 4]);
     }
 
     /// Rule: a reload past its deadline is abandoned (the tree stays, the error says why), and

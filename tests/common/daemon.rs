@@ -238,15 +238,15 @@ impl Daemon {
         assert_eq!(rc, 0, "kill: {}", std::io::Error::last_os_error());
     }
 
-    /// Sends SIGHUP and waits until the state file shows a new generation (a good reload) or a
-    /// new `last_error` (a refused one). Returns the new state.
+    /// Sends SIGHUP and waits until the state file shows the reload finished: its server's
+    /// `reloads` count moved (a refused reload may repeat the error before it word for word),
+    /// or another server serves, which reloads once it does. Returns the new state.
     pub fn reload(&self) -> Value {
         let before = self.state();
         self.signal(libc::SIGHUP);
         wait_for("the reload to show in the state file", || {
             let now = fs::read_to_string(&self.state_file).ok().and_then(|t| serde_json::from_str::<Value>(&t).ok())?;
-            let moved = now["generation"] != before["generation"]
-                || (now["last_error"] != before["last_error"] && !now["last_error"].is_null());
+            let moved = now["server_pid"] != before["server_pid"] || now["reloads"] != before["reloads"];
             moved.then_some(now)
         })
     }
