@@ -149,15 +149,21 @@ fn runtime_help_and_version_come_before_the_real_runtimes() {
     assert_eq!(String::from_utf8(out.stdout).unwrap(), "runtime: state --help\n");
 }
 
+/// A stand-in for the real runtime in `dir`, and the file it creates when it runs.
+fn marking_runtime(dir: &TempDir) -> (std::path::PathBuf, std::path::PathBuf) {
+    let marker = dir.path().join("ran");
+    let runtime = dir.path().join("runtime");
+    fs::write(&runtime, format!("#!/bin/sh\ntouch {}\n", arg(&marker))).unwrap();
+    fs::set_permissions(&runtime, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    (marker, runtime)
+}
+
 /// Rule (issue 21): a malformed config, or one another user could write, is refused with the
 /// file named before anything else happens: the runtime never runs, whatever the command.
 #[test]
 fn runtime_refuses_a_bad_config_before_anything() {
     let tmp = TempDir::new().unwrap();
-    let marker = tmp.path().join("ran");
-    let runtime = tmp.path().join("runtime");
-    fs::write(&runtime, format!("#!/bin/sh\ntouch {}\n", arg(&marker))).unwrap();
-    fs::set_permissions(&runtime, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let (marker, runtime) = marking_runtime(&tmp);
     let config = tmp.path().join("runtime.json");
     let good = format!(r#"{{"runtime": "{}"}}"#, arg(&runtime));
     for (text, mode, expected) in [
@@ -209,4 +215,41 @@ fn missing_inputs_name_the_flags_that_give_them() {
         "error: no saved GPUs: no --metadata given; cuda-device-map pairs the checkpoint's GPUs (--metadata: its devremap-gpus.json, \
          or a gVisor checkpoint directory) with the restored ones (--spec or --host-dev)\n"
     );
+}
+
+/// Rule (issue 21): a config whose directory another user could write (so could rename another
+/// file over it) is refused, naming the file and the directory, before the runtime runs; a
+/// sticky directory, where only the file's owner may replace it, is accepted.
+#[test]
+fn runtime_refuses_a_config_in_a_directory_others_can_write() {
+    let tmp = TempDir::new().unwrap();
+    let (marker, runtime) = marking_runtime(&tmp);
+    let dir = tmp.path().join("etc");
+    fs::create_dir(&dir).unwrap();
+    let config = dir.join("runtime.json");
+    fs::write(&config, format!(r#"{{"runtime": "{}"}}"#, arg(&runtime))).unwrap();
+    fs::set_permissions(&config, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    let state = |mode: u32| {
+        fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(mode)).unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_devremap-runtime"))
+            .args(["state", "c1"])
+            .env("DEVREMAP_RUNTIME_CONFIG", &config)
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8(out.stderr).unwrap())
+    };
+    for mode in [0o775, 0o757, 0o777] {
+        let (code, stderr) = state(mode);
+        assert_eq!(code, Some(1), "{mode:o}: {stderr}");
+        let (c, d) = (arg(&config), arg(&dir));
+        let line = format!(
+            "devremap-runtime: error: {c}: its directory {d} is writable by group or others; refused: the config \
+             chooses what runs as root (chmod go-w {d})\n"
+        );
+        assert_eq!(stderr, line, "{mode:o}");
+        assert!(!marker.exists(), "{mode:o}: the runtime ran");
+    }
+    let (code, stderr) = state(0o1777);
+    assert_eq!(code, Some(0), "sticky: {stderr}");
+    assert!(marker.exists(), "sticky: the runtime did not run");
 }

@@ -106,6 +106,13 @@ fn load_config(inv: &Invocation) -> Result<Config, String> {
     let meta = file.metadata().map_err(|e| format!("{p}: {}", io_message(&e)))?;
     let me = nix::unistd::geteuid().as_raw();
     config::check_access(meta.uid(), meta.mode(), me).map_err(|e| format!("{p}: {e}"))?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let dmeta = std::fs::metadata(dir).map_err(|e| format!("{p}: {}: {}", dir.display(), io_message(&e)))?;
+    config::check_dir_access(&dir.display().to_string(), dmeta.uid(), dmeta.mode(), me)
+        .map_err(|e| format!("{p}: {e}"))?;
     let mut buf = Vec::new();
     devremap::files::read_up_to(&mut file, config::MAX_LEN + 1, &mut buf)
         .map_err(|e| format!("{p}: {}", io_message(&e)))?;

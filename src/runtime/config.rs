@@ -5,7 +5,10 @@
 //!
 //! Pure: [`parse`] takes the file's bytes, [`check_access`] its owner and mode. Every key is
 //! optional; an unknown key, a value that is not a string, or a relative path is refused, so a
-//! typo never silently falls back to a default; so is a file that another user could write.
+//! typo never silently falls back to a default; so is a file that another user could write, or
+//! one in a directory another user could write (they could rename another file over it).
+//! Only the file's own directory is checked, not the ones above it: `/etc` and `/` are root's
+//! on any host this runs on, and a config named elsewhere is the caller's choice.
 
 use std::path::PathBuf;
 use thiserror::Error;
@@ -62,6 +65,15 @@ pub enum ConfigError {
     Owner { owner: u32, me: u32 },
     #[error("writable by group or others; refused: the config chooses what runs as root (chmod go-w it)")]
     Writable,
+    /// Whoever can write the directory can put another file in the config's place.
+    #[error(
+        "its directory {dir} is owned by uid {owner}, not {me} or root; refused: the config chooses what runs as root (chown {me} {dir})"
+    )]
+    DirOwner { dir: String, owner: u32, me: u32 },
+    #[error(
+        "its directory {dir} is writable by group or others; refused: the config chooses what runs as root (chmod go-w {dir})"
+    )]
+    DirWritable { dir: String },
 }
 
 /// Checks a config file's owner and mode (`st_uid`, `st_mode`) for a wrapper running as
@@ -73,6 +85,20 @@ pub fn check_access(owner: u32, mode: u32, me: u32) -> Result<(), ConfigError> {
     }
     if mode & 0o022 != 0 {
         return Err(ConfigError::Writable);
+    }
+    Ok(())
+}
+
+/// Checks the directory holding the config file (`st_uid`, `st_mode` of `dir`) for a wrapper
+/// running as `me`: it must be `me`'s or root's, and writable by no one else, unless it is
+/// sticky (as `/tmp` is): there only the file's owner, checked by [`check_access`], or the
+/// directory's can rename or remove the file.
+pub fn check_dir_access(dir: &str, owner: u32, mode: u32, me: u32) -> Result<(), ConfigError> {
+    if owner != me && owner != 0 {
+        return Err(ConfigError::DirOwner { dir: dir.to_owned(), owner, me });
+    }
+    if mode & 0o022 != 0 && mode & 0o1000 == 0 {
+        return Err(ConfigError::DirWritable { dir: dir.to_owned() });
     }
     Ok(())
 }
@@ -159,5 +185,30 @@ mod tests {
         assert_eq!(check_access(0, 0o100664, 0), Err(ConfigError::Writable));
         assert_eq!(check_access(0, 0o100646, 0), Err(ConfigError::Writable));
         assert!(ConfigError::Writable.to_string().contains("chmod go-w"));
+    }
+
+    /// Rule (issue 21): a config in a directory another user can write is refused, naming the
+    /// directory; a sticky directory (`/tmp`) keeps others from replacing the file.
+    #[test]
+    fn a_config_in_a_directory_others_can_write_is_refused() {
+        let d = "/etc/devremap";
+        assert_eq!(check_dir_access(d, 0, 0o40755, 0), Ok(()));
+        assert_eq!(check_dir_access(d, 0, 0o40755, 1000), Ok(()));
+        assert_eq!(check_dir_access(d, 1000, 0o40700, 1000), Ok(()));
+        assert_eq!(check_dir_access("/tmp", 0, 0o41777, 0), Ok(()));
+        let owner = ConfigError::DirOwner { dir: d.to_owned(), owner: 1000, me: 0 };
+        assert_eq!(check_dir_access(d, 1000, 0o40755, 0), Err(owner));
+        for mode in [0o40775, 0o40757, 0o40777] {
+            assert_eq!(
+                check_dir_access(d, 0, mode, 0),
+                Err(ConfigError::DirWritable { dir: d.to_owned() }),
+                "{mode:o}"
+            );
+        }
+        let text = ConfigError::DirWritable { dir: d.to_owned() }.to_string();
+        assert_eq!(
+            text,
+            "its directory /etc/devremap is writable by group or others; refused: the config chooses what runs as root (chmod go-w /etc/devremap)"
+        );
     }
 }
