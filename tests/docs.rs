@@ -1,102 +1,230 @@
-//! The docs' examples, run: every transcript in README.md and docs/*.md (a fenced block whose
-//! lines starting `$ devremapd ` are commands, each followed by its expected output) whose
-//! command needs nothing but the repository's own files runs here, in the repository root,
-//! with this build's `devremapd` first on `PATH`, and its output (stderr and stdout, as a
-//! terminal shows them) must be the block's. The README's quick start, an `sh` block followed
-//! by its output, is checked the same way.
+//! The docs' examples, run. A transcript is a fenced block (no language, or `console`) whose
+//! first line starts `$ `: each `$ ` line is a command, followed by the output it prints
+//! (stderr and stdout, as a terminal shows them). A command continues on the next lines when
+//! it holds a here-document (`<<'EOF'` up to the line `EOF`) or its line ends in `\`.
 //!
-//! A transcript that names a file outside the repository (`/tmp/devremap-host`, a mountpoint
-//! under `/run/devremap`, a file an earlier block or the prose describes) is not run here:
-//! most of remap.md's are such, so remap.md does not yet run top to bottom.
+//! Each file (README.md, docs/*.md) runs top to bottom, as root, in one shell (bash, so a
+//! variable, a function or a `cd` of one transcript holds in the next) in its own scratch
+//! directory, which holds links to the repository's `examples` and `tests` and nothing else;
+//! this build's `devremapd` and `devremap-runtime` come first on `PATH`. Every command's output
+//! must be what the doc shows, where a line `...` stands for any number of lines (as in
+//! trycmd), and these normalisations apply to both sides, the only ones:
+//!
+//! - a log line's timestamp (`[2026-12-01T22:30:00.123Z INFO ...`, which the docs write
+//!   `[...`) becomes `[T`;
+//!
+//! A transcript right after a line `*Not run by the tests: needs a GPU host.*` or
+//! `*Not run by the tests: needs a real cluster.*` (the line a reader sees above it) is not run
+//! but counted; so is one after a line `*Not run by the tests yet: REASON.*`, an example not
+//! yet made to run here (issue 21 left them: docs/daemon.md's live mounts under
+//! `/run/devremap`, docs/restore.md's runc and CRIU session). The counts are pinned below: a
+//! transcript that stops being recognised, or one marked without saying so here, fails the
+//! test.
+//!
+//! The README's quick start, an `sh` block followed by its output, is checked the same way.
 
 mod common;
 
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::Command;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::time::Duration;
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
-/// One transcript entry: where it is, the command, the output it shows.
+/// How many transcripts run, and how many are marked (per reason). Change these only with the
+/// docs: they are what keeps a doc from silently going untested.
+const RUN: usize = 100;
+const MARKED: &[(&str, usize)] = &[(GPU_HOST, 0), (CLUSTER, 0), (NOT_YET, 63)];
+
+const GPU_HOST: &str = "*Not run by the tests: needs a GPU host.*";
+const CLUSTER: &str = "*Not run by the tests: needs a real cluster.*";
+/// The start of a marker line whose reason follows.
+const NOT_YET: &str = "*Not run by the tests yet: ";
+
+/// How long one command may take before the file's run is given up.
+const PATIENCE: Duration = Duration::from_secs(120);
+
+/// One command of a transcript: where it is, the command, the output it shows.
 #[derive(Debug)]
 struct Case {
-    file: String,
     line: usize,
     command: String,
     expected: String,
 }
 
-/// The fenced blocks of a markdown file: (line of the fence, language, body).
-fn blocks(text: &str) -> Vec<(usize, String, String)> {
+/// A transcript: its fence's line, the marker above it (if any), its commands.
+#[derive(Debug)]
+struct Transcript {
+    line: usize,
+    marker: Option<&'static str>,
+    cases: Vec<Case>,
+}
+
+/// The fenced blocks of a markdown file: (line of the fence, language, body, the last
+/// non-blank line before the fence).
+fn blocks(text: &str) -> Vec<(usize, String, String, String)> {
     let mut out = Vec::new();
-    let mut open: Option<(usize, String, String)> = None;
+    let mut open: Option<(usize, String, String, String)> = None;
+    let mut before = String::new();
     for (n, line) in text.lines().enumerate() {
         match (&mut open, line.strip_prefix("```")) {
-            (None, Some(lang)) => open = Some((n + 1, lang.trim().to_owned(), String::new())),
+            (None, Some(lang)) => open = Some((n + 1, lang.trim().to_owned(), String::new(), before.clone())),
             (Some(_), Some("")) => out.extend(open.take()),
-            (Some((_, _, body)), _) => {
+            (Some((_, _, body, _)), _) => {
                 body.push_str(line);
                 body.push('\n');
             }
+            (None, None) if !line.trim().is_empty() => before = line.trim().to_owned(),
             (None, None) => {}
         }
     }
     out
 }
 
+/// The word ending the here-document that `command` opens, if it opens one.
+fn heredoc_end(command: &str) -> Option<String> {
+    let at = command.find("<<")?;
+    let rest = command[at + 2..].trim_start_matches('-').trim_start();
+    let word: String = rest.chars().take_while(|c| !c.is_whitespace() && *c != ';').collect();
+    let word = word.trim_matches(|c| c == '\'' || c == '"').to_owned();
+    (!word.is_empty()).then_some(word)
+}
+
 /// The transcripts of `file` (relative to the repository root).
-fn cases(file: &str) -> Vec<Case> {
+fn transcripts(file: &str) -> Vec<Transcript> {
     let text = std::fs::read_to_string(Path::new(ROOT).join(file)).unwrap();
-    let mut out: Vec<Case> = Vec::new();
-    for (fence, lang, body) in blocks(&text) {
-        if !lang.is_empty() || !body.starts_with("$ devremapd ") {
+    let mut out = Vec::new();
+    for (fence, lang, body, before) in blocks(&text) {
+        if !(lang.is_empty() || lang == "console") || !body.starts_with("$ ") {
             continue;
         }
-        for (i, line) in body.lines().enumerate() {
+        let marker = [GPU_HOST, CLUSTER]
+            .into_iter()
+            .find(|m| before == *m)
+            .or_else(|| (before.starts_with(NOT_YET) && before.ends_with(".*")).then_some(NOT_YET));
+        let mut cases: Vec<Case> = Vec::new();
+        let mut lines = body.lines().enumerate();
+        while let Some((i, line)) = lines.next() {
             if let Some(command) = line.strip_prefix("$ ") {
-                out.push(Case {
-                    file: file.to_owned(),
-                    line: fence + 1 + i,
-                    command: command.to_owned(),
-                    expected: String::new(),
-                });
-            } else if let Some(case) = out.last_mut() {
+                let mut command = command.to_owned();
+                if let Some(end) = heredoc_end(&command) {
+                    for (_, l) in lines.by_ref() {
+                        command.push('\n');
+                        command.push_str(l);
+                        if l == end {
+                            break;
+                        }
+                    }
+                }
+                while command.ends_with('\\') {
+                    let Some((_, l)) = lines.next() else { break };
+                    command.push('\n');
+                    command.push_str(l);
+                }
+                cases.push(Case { line: fence + 1 + i, command, expected: String::new() });
+            } else if let Some(case) = cases.last_mut() {
                 case.expected.push_str(line);
                 case.expected.push('\n');
             }
         }
+        out.push(Transcript { line: fence, marker, cases });
     }
     out
 }
 
-/// Whether the command needs only the repository's files: every argument that is a path
-/// (holds a `/`, or ends `.json`) is one that exists from the repository root, or
-/// `/dev/null`.
-fn runs_here(command: &str) -> bool {
-    let words = command.split('|').next().unwrap_or_default().split_whitespace();
-    let words = words.map(|w| w.strip_prefix("2>").unwrap_or(w));
-    words.filter(|w| !w.starts_with('-') && (w.contains('/') || w.ends_with(".json"))).all(|w| {
-        let p = Path::new(w);
-        w == "/dev/null" || (!p.is_absolute() && Path::new(ROOT).join(p).exists())
-    })
+/// README.md and docs/*.md, sorted.
+fn doc_files() -> Vec<String> {
+    let mut files = vec!["README.md".to_owned()];
+    for entry in std::fs::read_dir(Path::new(ROOT).join("docs")).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        if name.ends_with(".md") {
+            files.push(format!("docs/{name}"));
+        }
+    }
+    files.sort();
+    files
 }
 
-/// Runs `command` in the repository root, with this build's binaries first on PATH; returns
-/// stderr and stdout as one stream, in order.
-fn run(command: &str) -> String {
-    let bin = Path::new(common::BIN).parent().unwrap();
-    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
-    let out = Command::new("sh")
-        .args(["-c", &format!("{{ {command}\n}} 2>&1")])
-        .current_dir(ROOT)
-        .env("PATH", path)
-        .env_remove("RUST_LOG")
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).into_owned()
+/// The end of a command's output in the shell's stream: the line after it carries its status.
+const END: &str = "\x1fdocs-end ";
+
+/// One bash, in a scratch directory, that runs a file's commands in order.
+struct Shell {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Receiver<String>,
+    _dir: tempfile::TempDir,
+}
+
+impl Shell {
+    fn new() -> Shell {
+        let dir = tempfile::TempDir::new().unwrap();
+        for name in ["examples", "tests"] {
+            std::os::unix::fs::symlink(Path::new(ROOT).join(name), dir.path().join(name)).unwrap();
+        }
+        let bin = Path::new(common::BIN).parent().unwrap();
+        let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+        let (out, err) = std::io::pipe().unwrap();
+        let mut child = Command::new("bash")
+            .args(["--noprofile", "--norc"])
+            .current_dir(dir.path())
+            .env("PATH", path)
+            .env("LC_ALL", "C.UTF-8")
+            .env_remove("RUST_LOG")
+            .env_remove("DEVREMAP_RUNTIME_CONFIG")
+            .stdin(Stdio::piped())
+            .stdout(err.try_clone().unwrap())
+            .stderr(err)
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let (tx, lines) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines() {
+                if tx.send(line.unwrap_or_else(|e| format!("(unreadable: {e})"))).is_err() {
+                    break;
+                }
+            }
+        });
+        Shell { child, stdin, lines, _dir: dir }
+    }
+
+    /// Runs `command` (stdin from /dev/null) and returns what it printed, or why it did not end.
+    fn run(&mut self, command: &str) -> Result<String, String> {
+        let script = format!("{{ {command}\n}} </dev/null\nprintf '\\n{END}%d\\n' $?\n");
+        self.stdin.write_all(script.as_bytes()).map_err(|e| format!("the shell is gone: {e}"))?;
+        let mut got = String::new();
+        loop {
+            match self.lines.recv_timeout(PATIENCE) {
+                Ok(line) if line.starts_with(END) => break,
+                Ok(line) => {
+                    got.push_str(&line);
+                    got.push('\n');
+                }
+                Err(RecvTimeoutError::Timeout) => return Err(format!("still running after {PATIENCE:?}:\n{got}")),
+                Err(RecvTimeoutError::Disconnected) => return Err(format!("the shell exited:\n{got}")),
+            }
+        }
+        // The newline printed before the end marker.
+        got.pop();
+        Ok(got)
+    }
+}
+
+impl Drop for Shell {
+    fn drop(&mut self) {
+        // The whole group: a command the doc left running in the background too.
+        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(self.child.id() as i32), nix::sys::signal::SIGKILL);
+        let _ = self.child.wait();
+    }
 }
 
 /// A log line's timestamp, which the docs show as `[...` or a real time: both become `[T`.
-fn without_times(text: &str) -> String {
+fn normalised(text: &str) -> String {
     text.lines()
         .map(|l| match (l.strip_prefix('['), l.find(' ')) {
             (Some(_), Some(sp)) if l.starts_with("[...") || l[1..sp].contains('T') => format!("[T{}", &l[sp..]),
@@ -120,35 +248,62 @@ fn matches(got: &str, expected: &str) -> bool {
     walk(&got, &expected)
 }
 
-/// Rule (issue 21): every transcript that needs only the repository runs as written and
-/// prints what the doc shows.
+/// The number of commands per kind over all docs: (run, marked per marker).
+fn counts() -> (usize, Vec<(&'static str, usize)>) {
+    let all: Vec<Transcript> = doc_files().iter().flat_map(|f| transcripts(f)).collect();
+    let run = all.iter().filter(|t| t.marker.is_none()).map(|t| t.cases.len()).sum();
+    let marked = MARKED
+        .iter()
+        .map(|(m, _)| (*m, all.iter().filter(|t| t.marker == Some(*m)).map(|t| t.cases.len()).sum()))
+        .collect();
+    (run, marked)
+}
+
+/// Rule (issue 21): the docs hold as many runnable and as many marked commands as pinned here,
+/// so a transcript the parser stops recognising, or one newly marked, fails (without root).
 #[test]
+fn the_docs_hold_the_pinned_number_of_transcripts() {
+    let (run, marked) = counts();
+    assert_eq!((run, marked), (RUN, MARKED.to_vec()), "(commands run, commands marked per marker)");
+}
+
+/// Rule (issue 21): every transcript of README.md and docs/*.md that is not marked runs as
+/// written, top to bottom in its file, and prints what the doc shows.
+#[test]
+#[ignore = "needs root: the docs' examples make device nodes, mount FUSE and run containers"]
 fn the_docs_transcripts_print_what_they_show() {
-    let mut files = vec!["README.md".to_owned()];
-    for entry in std::fs::read_dir(Path::new(ROOT).join("docs")).unwrap() {
-        let name = entry.unwrap().file_name().into_string().unwrap();
-        if name.ends_with(".md") {
-            files.push(format!("docs/{name}"));
-        }
-    }
-    files.sort();
+    common::need_root();
     let mut ran = 0;
     let mut failures = Vec::new();
-    for case in files.iter().flat_map(|f| cases(f)) {
-        if !runs_here(&case.command) {
-            continue;
-        }
-        ran += 1;
-        let got = run(&case.command);
-        if !matches(&without_times(&got), &without_times(&case.expected)) {
-            failures.push(format!(
-                "{}:{}: $ {}\n--- the doc shows:\n{}--- it printed:\n{got}",
-                case.file, case.line, case.command, case.expected
-            ));
+    // DOCS_ONLY=docs/remap.md runs one file (while editing it); the count is then not checked.
+    let only = std::env::var("DOCS_ONLY").ok();
+    for file in doc_files().into_iter().filter(|f| only.as_ref().is_none_or(|o| o == f)) {
+        let mut shell = None;
+        for transcript in transcripts(&file).into_iter().filter(|t| t.marker.is_none()) {
+            let shell = shell.get_or_insert_with(Shell::new);
+            for case in &transcript.cases {
+                ran += 1;
+                let got = match shell.run(&case.command) {
+                    Ok(got) => got,
+                    Err(why) => {
+                        failures.push(format!("{file}:{}: $ {}\n{why}", case.line, case.command));
+                        break;
+                    }
+                };
+                if !matches(&normalised(&got), &normalised(&case.expected)) {
+                    failures.push(format!(
+                        "{file}:{} (block at {}): $ {}\n--- the doc shows:\n{}--- it printed:\n{got}",
+                        case.line, transcript.line, case.command, case.expected
+                    ));
+                }
+            }
         }
     }
-    assert!(failures.is_empty(), "{} of {ran} transcripts differ:\n\n{}", failures.len(), failures.join("\n"));
-    assert!(ran >= 10, "only {ran} transcripts ran: the docs' format changed?");
+    eprintln!("{ran} commands run");
+    assert!(failures.is_empty(), "{} of {ran} commands differ:\n\n{}", failures.len(), failures.join("\n"));
+    if only.is_none() {
+        assert_eq!(ran, RUN, "commands run");
+    }
 }
 
 /// Rule (issue 21): the README's quick start prints exactly the block that follows it.
@@ -158,9 +313,18 @@ fn the_quick_start_prints_what_the_readme_shows() {
     let all = blocks(&text);
     let at = all
         .iter()
-        .position(|(_, lang, body)| lang == "sh" && body.starts_with("cargo run --release -- plan "))
+        .position(|(_, lang, body, _)| lang == "sh" && body.starts_with("cargo run --release -- plan "))
         .unwrap();
     let command = all[at].2.trim().replace("cargo run --release --", "devremapd");
     let expected = &all[at + 1].2;
-    assert_eq!(&run(&command), expected, "README's quick start: $ {command}");
+    let bin = Path::new(common::BIN).parent().unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let out = Command::new("sh")
+        .args(["-c", &format!("{{ {command}\n}} 2>&1")])
+        .current_dir(ROOT)
+        .env("PATH", path)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    assert_eq!(&String::from_utf8_lossy(&out.stdout), expected, "README's quick start: $ {command}");
 }
