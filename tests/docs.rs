@@ -10,18 +10,18 @@
 //! made by the doc, as on a fresh machine, and the host's is never touched);
 //! this build's `devremapd` and `devremap-runtime` come first on `PATH`. Every command's output
 //! must be what the doc shows, where a line `...` stands for any number of lines (as in
-//! trycmd), and these normalisations apply to both sides, the only ones:
-//!
-//! - a log line's timestamp (`[2026-12-01T22:30:00.123Z INFO ...`, which the docs write
-//!   `[...`) becomes `[T`;
+//! trycmd). One normalisation applies to both sides, the only one: a log line's timestamp
+//! (`[2026-12-01T22:30:00.123Z INFO ...`, which the docs write `[...`) becomes `[T`. Pids, dates
+//! and temporary paths are not normalised: an example that prints them is made deterministic
+//! (relative paths in the scratch directory) or marked.
 //!
 //! A transcript right after a line `*Not run by the tests: needs a GPU host.*` or
 //! `*Not run by the tests: needs a real cluster.*` (the line a reader sees above it) is not run
 //! but counted; so is one after a line `*Not run by the tests yet: REASON.*`, an example not
 //! yet made to run here (issue 21 left them: docs/daemon.md from "A session" on, whose
-//! outputs hold dates, pids and reloads, docs/restore.md's runc and CRIU session). The counts are pinned below: a
-//! transcript that stops being recognised, or one marked without saying so here, fails the
-//! test.
+//! outputs hold dates, pids and reloads, and docs/restore.md's runc and CRIU session). The
+//! counts are pinned below: a transcript that stops being recognised, or one marked without
+//! saying so here, fails the test.
 //!
 //! The README's quick start, an `sh` block followed by its output, is checked the same way.
 //!
@@ -41,7 +41,7 @@ use std::time::Duration;
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
-/// How many transcripts run, and how many are marked (per reason). Change these only with the
+/// How many commands run, and how many are marked (per marker). Change these only with the
 /// docs: they are what keeps a doc from silently going untested.
 const RUN: usize = 131;
 const MARKED: &[(&str, usize)] = &[(GPU_HOST, 0), (CLUSTER, 0), (NOT_YET, 37)];
@@ -295,7 +295,8 @@ fn the_docs_transcripts_print_what_they_show() {
     let only = std::env::var("DOCS_ONLY").ok();
     for file in doc_files().into_iter().filter(|f| only.as_ref().is_none_or(|o| o == f)) {
         let mut shell = None;
-        for transcript in transcripts(&file).into_iter().filter(|t| t.marker.is_none()) {
+        // A command that did not end leaves the shell busy: the file's later commands cannot run.
+        'file: for transcript in transcripts(&file).into_iter().filter(|t| t.marker.is_none()) {
             let shell = shell.get_or_insert_with(Shell::new);
             for case in &transcript.cases {
                 ran += 1;
@@ -303,7 +304,7 @@ fn the_docs_transcripts_print_what_they_show() {
                     Ok(got) => got,
                     Err(why) => {
                         failures.push(format!("{file}:{}: $ {}\n{why}", case.line, case.command));
-                        break;
+                        break 'file;
                     }
                 };
                 if !matches(&normalised(&got), &normalised(&case.expected)) {
