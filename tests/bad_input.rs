@@ -790,10 +790,8 @@ fn reload_within(d: &Daemon, before: &Value) -> Option<Value> {
     d.signal(libc::SIGHUP);
     let deadline = Instant::now() + DEADLINE;
     while Instant::now() < deadline {
-        if let Some(now) = read_state(d) {
-            if now["reloads"] != before["reloads"] {
-                return Some(now);
-            }
+        if let Some(now) = read_state(d).filter(|now| now["reloads"] != before["reloads"]) {
+            return Some(now);
         }
         std::thread::sleep(Duration::from_millis(1));
     }

@@ -361,7 +361,7 @@ fn a_cri_pod_through_the_runtime_handler() {
         let id = id.clone();
         async move { c.start_container(StartContainerRequest { container_id: id }).await }
     });
-    assert_eq!(w.containers(), [id.clone()], "one daemon for the pod: its GPU container's");
+    assert_eq!(w.containers(), std::slice::from_ref(&id), "one daemon for the pod: its GPU container's");
     let mut exec = |cmd: &[&str]| {
         let r = cri.call("ExecSync", |mut c| {
             let (id, cmd) = (id.clone(), cmd.iter().map(|s| (*s).to_owned()).collect());
