@@ -11,7 +11,8 @@
 //! every restore from gVisor's own checkpoints. An operator may relax a check by name (it then
 //! warns); `count` cannot be, since a saved GPU without a restored one has nowhere to go.
 
-use crate::device::{Access, RestoredGpu};
+use crate::device::Access;
+use crate::family::nvidia::RestoredGpu;
 use crate::metadata::DeviceId;
 use crate::pairing::{self, Pair};
 use std::collections::BTreeSet;

@@ -5,7 +5,7 @@
 //! and its restored pair must have a well-formed `GPU-` UUID (8-4-4-4-12 hex digits); the
 //! driver's placeholder `GPU-????????-...` for an unreadable UUID is unknown, never an identity.
 
-use crate::device::is_gpu_uuid;
+use crate::family::nvidia::is_gpu_uuid;
 use crate::plan::Plan;
 use thiserror::Error;
 
@@ -58,7 +58,8 @@ fn shown(uuid: Option<&String>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::{Access, Rdev, RestoredGpu};
+    use crate::device::{Access, Rdev};
+    use crate::family::nvidia::RestoredGpu;
     use crate::metadata::DeviceId;
     use crate::plan::RemapEntry;
     use crate::tree::TreeBuilder;

@@ -8,7 +8,8 @@
 //! [`needed_len`] tells a reader how many bytes that is, so a 50 GiB image costs 16 bytes
 //! plus its header.
 
-use crate::device::{Access, MAX_DRIVER_VERSION_LEN, MAX_MODEL_LEN, MAX_REGULAR_MINOR, fact_fault, is_gpu_uuid};
+use crate::device::{Access, MAX_DRIVER_VERSION_LEN, MAX_MODEL_LEN, fact_fault};
+use crate::family::nvidia::{MAX_REGULAR_MINOR, is_gpu_uuid};
 use serde_json::{Map, Value};
 use std::collections::BTreeSet;
 use thiserror::Error;

@@ -13,9 +13,12 @@
 //! cause is known, as the variant of the input that holds it ([`PlanError::input`]).
 
 use crate::checks::{self, CheckName, CheckResult, Side};
-use crate::device::{Access, DevKind, Rdev, RestoredGpu, gpu_name};
-use crate::host::{DevDirScan, GpuInfo, HostFacts};
+use crate::device::{Access, DevKind, Rdev};
+use crate::family::nvidia::{GpuInfo, RestoredGpu};
+use crate::family::{HostFacts, NVIDIA};
+use crate::host::DevDirScan;
 use crate::metadata::{DeviceId, Metadata};
+use crate::pci;
 use crate::pairing::{self, By, MapPair, PairingError, Rule};
 use crate::spec::SpecView;
 use crate::tree::{Node, NodeKind, Tree, TreeBuilder, TreeError};
@@ -77,7 +80,7 @@ pub struct EarlierName {
 impl RemapEntry {
     /// The checkpoint name, `nvidia<saved minor>`.
     pub fn name(&self) -> String {
-        gpu_name(self.old.minor)
+        NVIDIA.gpu_name(self.old.minor)
     }
 }
 
@@ -248,7 +251,7 @@ fn check_driver_files(gpus: &[GpuInfo]) -> Result<(), PlanError> {
             // `get`: host.rs gives only `GPU-...` UUIDs, but `GpuInfo` is public, and a short or
             // non-ASCII one must not panic here.
             g.uuid.as_ref().map(|u| format!("GPU UUID GPU-{}", u.get(4..).unwrap_or(u).to_ascii_lowercase())),
-            g.bus.as_deref().and_then(visible::bus_id).map(|b| format!("Bus Location {}", visible::bus_name(b))),
+            g.bus.as_deref().and_then(pci::bus_id).map(|b| format!("Bus Location {}", pci::bus_name(b))),
         ]
     };
     let mut seen: BTreeMap<String, &GpuInfo> = BTreeMap::new();
@@ -379,7 +382,7 @@ pub fn build(inputs: &Inputs) -> Result<Plan, PlanError> {
         // Each name the saved GPU had, its own and those of earlier restores, leads to its pair
         // unless another restored GPU's native name wins.
         let mut place = |minor: u32, what: &str| -> Result<bool, PlanError> {
-            let name = gpu_name(minor);
+            let name = NVIDIA.gpu_name(minor);
             let holder = restored.iter().any(|g| g.minor == minor && g.minor != p.new.minor);
             let served = match (holder, inputs.prefer) {
                 (true, Prefer::Native) => {
@@ -478,7 +481,8 @@ pub fn gate(plan: &Plan) -> Result<(), PlanError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::host::{GpuInfo, HostNode};
+    use crate::family::nvidia::GpuInfo;
+    use crate::host::HostNode;
     use crate::metadata::{Format, RecordedAccess};
     use crate::spec::{DevMount, SpecDevice};
     use crate::visible::{Selector, Visible};
@@ -501,7 +505,7 @@ mod tests {
         let gpus = new
             .iter()
             .map(|&n| {
-                (n, HostNode { rel_path: gpu_name(n), rdev: Rdev::new(1, n + 3), access: Access::DEVICE_DEFAULT })
+                (n, HostNode { rel_path: NVIDIA.gpu_name(n), rdev: Rdev::new(1, n + 3), access: Access::DEVICE_DEFAULT })
             })
             .collect();
         Inputs {

@@ -14,7 +14,7 @@
 //! (0x300 for `0000:03:00.0`); `device_instance` is the GPU's position in PCI bus order among
 //! the recorded GPUs. Both are 0 where the driver's files give no bus.
 
-use crate::device::RestoredGpu;
+use crate::family::nvidia::RestoredGpu;
 use crate::plan::Plan;
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
@@ -127,7 +127,9 @@ fn gpu_id(gpu: &RestoredGpu) -> Option<u32> {
 mod tests {
     use super::*;
     use crate::device::{Access, Rdev};
-    use crate::host::{DevDirScan, GpuInfo, HostFacts, HostNode};
+    use crate::family::HostFacts;
+    use crate::family::nvidia::GpuInfo;
+    use crate::host::{DevDirScan, HostNode};
     use crate::metadata;
     use crate::plan::{self, Inputs};
 

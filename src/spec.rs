@@ -8,7 +8,8 @@
 //! `/dev/`-relative for what we serve; a device outside `/dev` is not ours to serve and is
 //! reported, not refused.
 
-use crate::device::{Access, DevKind, MAX_REGULAR_MINOR, NV_MAJOR, Rdev};
+use crate::device::{Access, DevKind, Rdev};
+use crate::family::NVIDIA;
 use crate::visible::{self, Visible, VisibleError};
 use oci_spec::runtime::{LinuxDeviceType, Spec};
 use thiserror::Error;
@@ -28,8 +29,7 @@ pub struct SpecDevice {
 impl SpecDevice {
     /// The GPU minor this entry grants, if it is a regular NVIDIA device (char 195:N, N <= 247).
     pub fn gpu_minor(&self) -> Option<u32> {
-        (self.kind == DevKind::Char && self.rdev.major == NV_MAJOR && self.rdev.minor <= MAX_REGULAR_MINOR)
-            .then_some(self.rdev.minor)
+        NVIDIA.gpu_minor_of_device(self.kind, self.rdev)
     }
 }
 

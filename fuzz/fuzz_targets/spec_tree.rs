@@ -11,8 +11,10 @@
 //! the restored GPU's device.
 #![no_main]
 
-use devremap::device::{Access, DevKind, MAX_REGULAR_MINOR, Rdev};
-use devremap::host::{DevDirScan, HostFacts, HostNode};
+use devremap::device::{Access, DevKind, Rdev};
+use devremap::family::HostFacts;
+use devremap::family::nvidia::MAX_REGULAR_MINOR;
+use devremap::host::{DevDirScan, HostNode};
 use devremap::limits;
 use devremap::metadata::{DeviceId, Format, Metadata};
 use devremap::pairing::{DeviceRef, MapPair, Rule};
@@ -109,7 +111,7 @@ fn extra_inputs(view: spec::SpecView, extra: &[u8]) -> Inputs {
     });
     // The driver's information files name some GPUs by minor.
     let gpu_info = (0..u32::from(flags >> 5))
-        .map(|m| devremap::host::GpuInfo {
+        .map(|m| devremap::family::nvidia::GpuInfo {
             minor: Some(m),
             uuid: Some(uuid(m as u8)),
             // Bus order is not minor order, as on real hosts.
