@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, Parser)]
 #[command(
     name = "devremapd",
-    version = devremap::handover::VERSION,
+    version = devremap::keeper::control::VERSION,
     about = "A FUSE /dev for containers whose GPUs were remapped by checkpoint/restore",
     arg_required_else_help = true
 )]

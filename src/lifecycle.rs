@@ -1,6 +1,6 @@
 //! The server's life as a state machine: starting (or taking over from another server),
 //! serving, reloading, stopping. (Handing over between servers is the keeper's, in
-//! [`crate::relay`].)
+//! [`crate::keeper::relay`].)
 //!
 //! [`Lifecycle`] decides what happens; it does no I/O of its own. What it needs from the world
 //! goes through two small traits: [`Notifier`] (tell the kernel to drop what it cached of names

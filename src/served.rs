@@ -27,7 +27,7 @@
 //! inputs ever held, which are few.
 
 use crate::device::{Access, DevKind, Rdev};
-use crate::held::{Held, HeldNode};
+use crate::keeper::kernel_nodes::{Held, HeldNode};
 use crate::tree::{self, Diff, Node, NodeKind, Tree};
 use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeMap, HashMap};
@@ -809,7 +809,7 @@ mod tests {
                 NodeKind::Symlink(t) => (libc::S_IFLNK, t.len() as u64, 0),
                 NodeKind::Device(k, r) => (type_bits(*k), 0, r.to_fuse()),
             };
-            let attr = crate::fuse_wire::Attr {
+            let attr = crate::keeper::fuse_wire::Attr {
                 mode: bits | e.node.access.mode,
                 uid: e.node.access.uid,
                 gid: e.node.access.gid,

@@ -17,9 +17,9 @@
 //! request that has been in flight at [`MAX_DEATHS`] server deaths is answered EIO by the
 //! keeper instead of being sent a fourth time: it may be what kills them.
 
-use crate::fuse_wire::{self, Reply, Request, WireError};
-use crate::handover::Resume;
-use crate::held::Held;
+use crate::keeper::fuse_wire::{self, Reply, Request, WireError};
+use crate::keeper::control::Resume;
+use crate::keeper::kernel_nodes::Held;
 use std::collections::BTreeMap;
 use std::time::Instant;
 
@@ -234,7 +234,7 @@ impl Relay {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fuse_wire::{Attr, build};
+    use crate::keeper::fuse_wire::{Attr, build};
     use crate::served::ROOT;
 
     fn attr() -> Attr {

@@ -2,7 +2,7 @@
 //! in each phase, what follows a server's readiness or its loss (restart at once or after a
 //! backoff, reload or not), whether a replacement that answered the INIT probe takes over, and
 //! whether a server is hung. The keeper (`mountd/keeper/`) derives the [`Phase`] from the
-//! servers it has, feeds these the events and does what they return; [`crate::relay::Relay`]
+//! servers it has, feeds these the events and does what they return; [`crate::keeper::relay::Relay`]
 //! decides the FUSE traffic.
 //!
 //! Assumptions: at most one server is current and at most one replaces it (after a crash, or

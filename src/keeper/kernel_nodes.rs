@@ -13,7 +13,7 @@
 //! MKDIR, SYMLINK, LINK, CREATE and TMPFILE answer an error), so LOOKUP and READDIRPLUS are the
 //! only replies that give the kernel a node.
 
-use crate::fuse_wire::{self, Attr, EntryOut, Reply, Request, WireError};
+use crate::keeper::fuse_wire::{self, Attr, EntryOut, Reply, Request, WireError};
 use crate::served::ROOT;
 use std::collections::{BTreeMap, HashMap};
 
@@ -142,7 +142,7 @@ impl Held {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fuse_wire::build;
+    use crate::keeper::fuse_wire::build;
 
     fn attr(mode: u32) -> Attr {
         Attr { mode, uid: 0, gid: 0, rdev: 0, size: 0, mtime: (1, 2) }
