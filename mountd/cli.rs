@@ -1,10 +1,10 @@
 //! The command line: `devremapd plan` and `devremapd mount`, sharing the input flags.
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use devremap::checks::{CheckName, parse_relax};
-use devremap::load::Sources;
-use devremap::pairing::{MapPair, Rule, parse_device_map};
-use devremap::plan::Prefer;
+use devremap::decision::checks::{CheckName, parse_relax};
+use devremap::inputs::load::Sources;
+use devremap::decision::pairing::{MapPair, Rule, parse_device_map};
+use devremap::decision::plan::Prefer;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 

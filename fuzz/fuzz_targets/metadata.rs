@@ -8,7 +8,7 @@
 #![no_main]
 
 use devremap::family::nvidia::MAX_REGULAR_MINOR;
-use devremap::metadata::{self, Format};
+use devremap::inputs::metadata::{self, Format};
 use libfuzzer_sys::fuzz_target;
 use std::collections::BTreeSet;
 

@@ -14,13 +14,13 @@
 use devremap::device::{Access, DevKind, Rdev};
 use devremap::family::HostFacts;
 use devremap::family::nvidia::MAX_REGULAR_MINOR;
-use devremap::host::{DevDirScan, HostNode};
-use devremap::limits;
-use devremap::metadata::{DeviceId, Format, Metadata};
-use devremap::pairing::{DeviceRef, MapPair, Rule};
-use devremap::plan::{self, Inputs, Prefer};
-use devremap::spec;
-use devremap::tree::{NodeKind, Tree};
+use devremap::inputs::host::{DevDirScan, HostNode};
+use devremap::inputs::limits;
+use devremap::inputs::metadata::{DeviceId, Format, Metadata};
+use devremap::decision::pairing::{DeviceRef, MapPair, Rule};
+use devremap::decision::plan::{self, Inputs, Prefer};
+use devremap::inputs::spec;
+use devremap::decision::tree::{NodeKind, Tree};
 use libfuzzer_sys::fuzz_target;
 use std::collections::BTreeMap;
 
@@ -67,7 +67,7 @@ fn extra_inputs(view: spec::SpecView, extra: &[u8]) -> Inputs {
                     device_instance: m,
                     subdevice_instance: u32::from(tag >> 7),
                     uuid,
-                    recorded: devremap::metadata::RecordedAccess {
+                    recorded: devremap::inputs::metadata::RecordedAccess {
                         mode: (b & 0x40 != 0).then_some(u32::from(b) & 0o777),
                         ..Default::default()
                     },

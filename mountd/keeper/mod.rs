@@ -36,7 +36,7 @@ use devremap::keeper::fuse_wire;
 use devremap::keeper::control::{self as handover, Control, PROTOCOL};
 use devremap::io_message;
 use devremap::keeper::servers::{Hang, Phase, Policy, Probe, Reload, Upgrade, away, hang, probed};
-use devremap::lifecycle::{Notice, Waited, wait};
+use devremap::served::lifecycle::{Notice, Waited, wait};
 use devremap::keeper::relay::Relay;
 use log::{info, warn};
 use nix::errno::Errno;

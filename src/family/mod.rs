@@ -15,8 +15,8 @@
 pub mod nvidia;
 
 use crate::device::{DevKind, Rdev};
-use crate::host::{DevDir, DevDirScan, HostError};
-use crate::limits;
+use crate::inputs::host::{DevDir, DevDirScan, HostError};
+use crate::inputs::limits;
 use std::path::Path;
 
 /// One device family's rules. Every method is pure but the two that read the host, which read

@@ -9,7 +9,7 @@
 
 use crate::keeper::fuse_wire::Attr;
 use crate::keeper::kernel_nodes::{Held, HeldNode};
-use crate::lifecycle::Notice;
+use crate::served::lifecycle::Notice;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap};
 use thiserror::Error;

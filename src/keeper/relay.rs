@@ -235,7 +235,7 @@ impl Relay {
 mod tests {
     use super::*;
     use crate::keeper::fuse_wire::{Attr, build};
-    use crate::served::ROOT;
+    use crate::keeper::kernel_nodes::ROOT;
 
     fn attr() -> Attr {
         Attr { mode: 0o20666, uid: 0, gid: 0, rdev: 0x103, size: 0, mtime: (1, 0) }

@@ -9,7 +9,7 @@
 //! an upgrade); a server that said `READY=1` answers every request at once, so one left
 //! unanswered for `--server-timeout` means it hangs, unless its replies wait on the keeper.
 
-use crate::lifecycle::Notice;
+use crate::served::lifecycle::Notice;
 use std::time::{Duration, Instant};
 
 /// The first wait before a server is started again after one died before it was ready.

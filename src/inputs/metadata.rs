@@ -210,7 +210,7 @@ pub fn parse(bytes: &[u8]) -> Result<Metadata, MetadataError> {
                 warnings: Vec::new(),
             })
         }
-        _ => Err(crate::limits::byte_order_mark(bytes).map_or(MetadataError::UnknownFormat, MetadataError::Encoding)),
+        _ => Err(crate::inputs::limits::byte_order_mark(bytes).map_or(MetadataError::UnknownFormat, MetadataError::Encoding)),
     }
 }
 
@@ -233,7 +233,7 @@ fn parse_state_file(bytes: &[u8]) -> Result<Metadata, MetadataError> {
 }
 
 fn parse_json(bytes: &[u8]) -> Result<Value, MetadataError> {
-    crate::limits::parse_json(bytes).map_err(|e| MetadataError::Json(e.to_string()))
+    crate::inputs::limits::parse_json(bytes).map_err(|e| MetadataError::Json(e.to_string()))
 }
 
 fn parse_json_object(bytes: &[u8]) -> Result<Map<String, Value>, MetadataError> {
@@ -275,7 +275,7 @@ fn from_map(format: Format, map: &Map<String, Value>) -> Result<Metadata, Metada
 /// gVisor stores a list as a string holding JSON; hand-written maps may hold the list itself.
 fn embedded(key: &'static str, value: &Value) -> Result<Value, MetadataError> {
     match value {
-        Value::String(s) => crate::limits::parse_json(s.as_bytes())
+        Value::String(s) => crate::inputs::limits::parse_json(s.as_bytes())
             .map_err(|e| MetadataError::Shape { key, what: format!("the string value is not valid JSON: {e}") }),
         // A hand-written `null` means what Go's `null` list means: no devices.
         Value::Array(_) | Value::Null => Ok(value.clone()),

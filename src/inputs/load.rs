@@ -1,4 +1,4 @@
-//! Reading every input from disk: the I/O edge in front of [`crate::plan::build`].
+//! Reading every input from disk: the I/O edge in front of [`crate::decision::plan::build`].
 //!
 //! Assumptions: inputs are small (metadata and specs are capped at 16 MiB; a state file is read
 //! only up to the end of its header); every error names the file or flag at fault, so that a
@@ -6,14 +6,14 @@
 //! calls [`load`] again for every reload and the dynamic majors of pass-through nodes are
 //! never cached.
 
-use crate::checks::CheckName;
-use crate::files::{self, FileError, read_up_to};
+use crate::decision::checks::CheckName;
+use crate::inputs::files::{self, FileError, read_up_to};
 use crate::family;
-use crate::host::HostError;
-use crate::metadata::{self, MAX_METADATA_LEN, Metadata, MetadataError};
-use crate::pairing::{MapPair, Rule};
-use crate::plan::{self, Input, Inputs, Plan, PlanError, Prefer};
-use crate::spec::{self, SpecError};
+use crate::inputs::host::HostError;
+use crate::inputs::metadata::{self, MAX_METADATA_LEN, Metadata, MetadataError};
+use crate::decision::pairing::{MapPair, Rule};
+use crate::decision::plan::{self, Input, Inputs, Plan, PlanError, Prefer};
+use crate::inputs::spec::{self, SpecError};
 use std::collections::BTreeSet;
 use std::fs::File;
 use std::io;

@@ -6,7 +6,7 @@
 //! driver's placeholder `GPU-????????-...` for an unreadable UUID is unknown, never an identity.
 
 use crate::family::nvidia::is_gpu_uuid;
-use crate::plan::Plan;
+use crate::decision::plan::Plan;
 use thiserror::Error;
 
 /// Why no device map can be given.
@@ -60,9 +60,9 @@ mod tests {
     use super::*;
     use crate::device::{Access, Rdev};
     use crate::family::nvidia::RestoredGpu;
-    use crate::metadata::DeviceId;
-    use crate::plan::RemapEntry;
-    use crate::tree::TreeBuilder;
+    use crate::inputs::metadata::DeviceId;
+    use crate::decision::plan::RemapEntry;
+    use crate::decision::tree::TreeBuilder;
 
     fn uuid(side: u32, minor: u32) -> String {
         format!("GPU-{side:08x}-0000-0000-0000-{minor:012x}")

@@ -27,8 +27,8 @@
 //! inputs ever held, which are few.
 
 use crate::device::{Access, DevKind, Rdev};
-use crate::keeper::kernel_nodes::{Held, HeldNode};
-use crate::tree::{self, Diff, Node, NodeKind, Tree};
+use crate::keeper::kernel_nodes::{Held, HeldNode, ROOT};
+use crate::decision::tree::{self, Diff, Node, NodeKind, Tree};
 use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsStr;
@@ -38,8 +38,6 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::SystemTime;
 use thiserror::Error;
 
-/// FUSE's node id of the root directory.
-pub const ROOT: u64 = 1;
 
 /// Why a request names nothing that [`Devfs`] serves; the adapter turns it into an errno.
 #[derive(Debug, Error, Clone, Copy, PartialEq, Eq)]
@@ -287,7 +285,7 @@ impl Devfs {
         } else {
             Miss::NoNode
         })?;
-        if name.len() > crate::limits::MAX_NAME_LEN {
+        if name.len() > crate::inputs::limits::MAX_NAME_LEN {
             return Err(Miss::NameTooLong);
         }
         let name = std::str::from_utf8(name.as_bytes()).map_err(|_| Miss::NotFound)?;
@@ -571,7 +569,7 @@ fn born(h: &HeldNode) -> SystemTime {
 mod tests {
     use super::*;
     use crate::device::{Access, DevKind, Rdev};
-    use crate::tree::TreeBuilder;
+    use crate::decision::tree::TreeBuilder;
 
     fn tree(gpus: &[(u32, u32)]) -> Tree {
         let mut b = TreeBuilder::default();

@@ -10,8 +10,8 @@
 //! skipped unread (one over [`INFO_LIMIT`] with a warning, since it is no file a driver writes).
 
 use crate::device::{Access, Rdev};
-use crate::files::{self, SmallText};
-use crate::limits;
+use crate::inputs::files::{self, SmallText};
+use crate::inputs::limits;
 use nix::dir::Dir;
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag};

@@ -21,10 +21,10 @@
 //! Assumptions: events are handled by one thread (the daemon's main loop), in batches of what
 //! was queued together; a load's result carries the id of the reload that asked for it.
 
-use crate::load::{LoadError, Loaded};
-use crate::render;
-use crate::served::{Change, Devfs, Resumed};
-use crate::tree::{self, Diff};
+use crate::inputs::load::{LoadError, Loaded};
+use crate::decision::render;
+use crate::served::devfs::{Change, Devfs, Resumed};
+use crate::decision::tree::{self, Diff};
 use log::{info, warn};
 use std::io;
 use std::path::PathBuf;
@@ -444,8 +444,8 @@ fn describe(d: &Diff, old: &Loaded, new: &Loaded) -> String {
 mod tests {
     use super::*;
     use crate::device::{Access, DevKind, Rdev};
-    use crate::plan::Plan;
-    use crate::tree::{Node, Tree, TreeBuilder};
+    use crate::decision::plan::Plan;
+    use crate::decision::tree::{Node, Tree, TreeBuilder};
     use std::cell::RefCell;
     use std::rc::Rc;
 

@@ -9,10 +9,12 @@
 //! `GPU-????????-????-????-????-????????????` when it cannot read one) is unknown, never an
 //! identity.
 
+pub mod visible;
+
 use super::{Family, HostFacts};
 use crate::device::{Access, DevKind, MAX_DRIVER_VERSION_LEN, MAX_MODEL_LEN, Rdev, fact_fault};
-use crate::host::{DevDir, DevDirScan, HostError, small_text};
-use crate::pci::{bus_id, bus_name};
+use crate::inputs::host::{DevDir, DevDirScan, HostError, small_text};
+use crate::inputs::pci::{bus_id, bus_name};
 use regex::Regex;
 use std::fs;
 use std::path::Path;

@@ -22,14 +22,14 @@
 //! is not enumerated by NVML, so it takes no index, cannot be selected and is not part of `all`.
 
 use crate::family::nvidia::{GpuInfo, is_gpu_uuid};
-use crate::pci::{BusId, bus_id, bus_name};
+use crate::inputs::pci::{BusId, bus_id, bus_name};
 use std::collections::BTreeSet;
 use std::fmt;
 use thiserror::Error;
 
 /// The most entries a list may hold. A host has at most 248 GPUs; a list of millions (a 16 MiB
 /// spec allows eight million `0,`) would take hundreds of MiB as selectors.
-pub const MAX_ENTRIES: usize = crate::limits::MAX_NODES;
+pub const MAX_ENTRIES: usize = crate::inputs::limits::MAX_NODES;
 
 /// What the variable asks for, when it asks for GPU support at all.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -13,8 +13,8 @@
 
 use crate::device::Access;
 use crate::family::nvidia::RestoredGpu;
-use crate::metadata::DeviceId;
-use crate::pairing::{self, Pair};
+use crate::inputs::metadata::DeviceId;
+use crate::decision::pairing::{self, Pair};
 use std::collections::BTreeSet;
 use std::fmt;
 use thiserror::Error;
@@ -249,8 +249,8 @@ pub fn mode(pairs: &[Pair], relax: &BTreeSet<CheckName>) -> CheckResult {
 mod tests {
     use super::*;
     use crate::device::Rdev;
-    use crate::metadata::RecordedAccess;
-    use crate::pairing::By;
+    use crate::inputs::metadata::RecordedAccess;
+    use crate::decision::pairing::By;
 
     fn saved(minor: u32, pci: Option<(u32, u32)>) -> DeviceId {
         let (pci_vendor_id, pci_device_id) = pci.unwrap_or((0, 0));

@@ -9,20 +9,20 @@
 //!
 //! The restored GPUs are the spec's GPU devices and, where the spec names no GPU device, the
 //! device directory's `nvidiaN` nodes; when the spec asks for GPUs through the NVIDIA hook,
-//! only the directory's GPUs that `NVIDIA_VISIBLE_DEVICES` selects (see [`crate::visible`]). Every error is made where its
+//! only the directory's GPUs that `NVIDIA_VISIBLE_DEVICES` selects (see [`crate::family::nvidia::visible`]). Every error is made where its
 //! cause is known, as the variant of the input that holds it ([`PlanError::input`]).
 
-use crate::checks::{self, CheckName, CheckResult, Side};
+use crate::decision::checks::{self, CheckName, CheckResult, Side};
 use crate::device::{Access, DevKind, Rdev};
 use crate::family::nvidia::{GpuInfo, RestoredGpu};
 use crate::family::{HostFacts, NVIDIA};
-use crate::host::DevDirScan;
-use crate::metadata::{DeviceId, Metadata};
-use crate::pci;
-use crate::pairing::{self, By, MapPair, PairingError, Rule};
-use crate::spec::SpecView;
-use crate::tree::{Node, NodeKind, Tree, TreeBuilder, TreeError};
-use crate::visible::{self, VisibleError};
+use crate::inputs::host::DevDirScan;
+use crate::inputs::metadata::{DeviceId, Metadata};
+use crate::inputs::pci;
+use crate::decision::pairing::{self, By, MapPair, PairingError, Rule};
+use crate::inputs::spec::SpecView;
+use crate::decision::tree::{Node, NodeKind, Tree, TreeBuilder, TreeError};
+use crate::family::nvidia::visible::{self, VisibleError};
 use serde_json::Value;
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
@@ -482,10 +482,10 @@ pub fn gate(plan: &Plan) -> Result<(), PlanError> {
 mod tests {
     use super::*;
     use crate::family::nvidia::GpuInfo;
-    use crate::host::HostNode;
-    use crate::metadata::{Format, RecordedAccess};
-    use crate::spec::{DevMount, SpecDevice};
-    use crate::visible::{Selector, Visible};
+    use crate::inputs::host::HostNode;
+    use crate::inputs::metadata::{Format, RecordedAccess};
+    use crate::inputs::spec::{DevMount, SpecDevice};
+    use crate::family::nvidia::visible::{Selector, Visible};
 
     fn saved(minor: u32) -> DeviceId {
         DeviceId {
@@ -896,7 +896,7 @@ mod tests {
         let mut inp = inputs(&[], &[2]);
         inp.metadata = None;
         inp.device_map =
-            vec![MapPair { old: crate::pairing::DeviceRef::Minor(0), new: crate::pairing::DeviceRef::Minor(2) }];
+            vec![MapPair { old: crate::decision::pairing::DeviceRef::Minor(0), new: crate::decision::pairing::DeviceRef::Minor(2) }];
         let err = build(&inp).unwrap_err();
         assert_eq!(err, PlanError::DeviceMap(PairingError::NoCheckpoint));
         assert_eq!(err.to_string(), "no checkpoint was given (--metadata), so there are no saved devices to pair");
@@ -908,13 +908,13 @@ mod tests {
     #[test]
     fn a_console_past_the_node_limit_is_refused_not_a_panic() {
         let defaults = build(&Inputs::default()).unwrap().tree.len();
-        let devices = (0..crate::limits::MAX_NODES - defaults)
+        let devices = (0..crate::inputs::limits::MAX_NODES - defaults)
             .map(|i| spec_dev(&format!("/dev/d{i}"), Rdev::new(1, 3), Access::DEVICE_DEFAULT))
             .collect();
         let mut spec = SpecView { devices, ..SpecView::default() };
         assert_eq!(
             build(&Inputs { spec: Some(spec.clone()), ..Inputs::default() }).unwrap().tree.len(),
-            crate::limits::MAX_NODES
+            crate::inputs::limits::MAX_NODES
         );
         spec.terminal = true;
         let err = build(&Inputs { spec: Some(spec), ..Inputs::default() }).unwrap_err();

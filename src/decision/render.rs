@@ -2,11 +2,11 @@
 //! aligned tables for people. The JSON keys are a contract; add, never rename.
 
 use crate::family::NVIDIA;
-use crate::escape::escape;
-use crate::metadata::Metadata;
-use crate::pairing::By;
-use crate::plan::Plan;
-use crate::tree::{Node, NodeKind};
+use crate::decision::escape::escape;
+use crate::inputs::metadata::Metadata;
+use crate::decision::pairing::By;
+use crate::decision::plan::Plan;
+use crate::decision::tree::{Node, NodeKind};
 use serde_json::{Map, Value, json};
 use std::borrow::Cow;
 use std::fmt::Write;
@@ -101,7 +101,7 @@ pub fn plan_json(plan: &Plan, metadata: Option<&Metadata>) -> Map<String, Value>
 /// over and shifts its own line only.
 const MAX_COLUMN: usize = 40;
 
-/// An aligned table. Every cell is escaped (see [`crate::escape`]): cells hold names, paths and
+/// An aligned table. Every cell is escaped (see [`crate::decision::escape`]): cells hold names, paths and
 /// uuids from the inputs.
 fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
     let cells: Vec<Vec<Cow<str>>> = std::iter::once(header.iter().map(|h| escape(h)).collect())

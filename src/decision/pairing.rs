@@ -12,7 +12,7 @@
 //! digits are compared ignoring case, as `NVIDIA_VISIBLE_DEVICES` compares them.
 
 use crate::family::nvidia::{RestoredGpu, is_gpu_uuid};
-use crate::metadata::DeviceId;
+use crate::inputs::metadata::DeviceId;
 use std::collections::BTreeSet;
 use std::fmt;
 use thiserror::Error;
