@@ -9,6 +9,8 @@
 //! [`device`] is the vocabulary every layer shares, [`atomic`] the one way files are written.
 //! The library only logs through `log` macros; the binaries set a logger up.
 
+#![forbid(unsafe_code)]
+
 pub mod atomic;
 pub mod decision;
 pub mod device;

@@ -161,7 +161,9 @@ fn compared(n: usize, of: usize, what: &str) -> String {
 
 /// `model`: each pair's saved and restored PCI ids are equal, where both are known.
 pub fn model(pairs: &[Pair], relax: &BTreeSet<CheckName>) -> CheckResult {
-    let known: Vec<(&Pair, (u32, u32), (u32, u32))> =
+    // Each pair with its saved and restored PCI ids (vendor, device).
+    type Known<'a> = (&'a Pair, (u32, u32), (u32, u32));
+    let known: Vec<Known> =
         pairs.iter().filter_map(|p| Some((p, p.old.pci()?, p.new.pci?))).collect();
     let outcome = match known.iter().find(|(_, old, new)| old != new) {
         Some((p, old, new)) => Err(format!(
