@@ -2,9 +2,9 @@
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use devremap::decision::checks::{CheckName, parse_relax};
-use devremap::inputs::load::Sources;
 use devremap::decision::pairing::{MapPair, Rule, parse_device_map};
 use devremap::decision::plan::Prefer;
+use devremap::inputs::load::Sources;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 

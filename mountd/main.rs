@@ -13,8 +13,8 @@ mod watch;
 use clap::Parser;
 use cli::{Cli, Command};
 use devremap::decision::escape::escape;
-use devremap::inputs::load;
 use devremap::decision::render;
+use devremap::inputs::load;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -151,7 +151,9 @@ fn cuda_device_map(args: &cli::InputArgs) -> Result<(), String> {
     let map = devremap::decision::cuda_map::device_map(&loaded.plan).map_err(|e| {
         // A restored GPU's UUID comes from the host's driver files, a saved one's from the checkpoint.
         match (&e, &args.metadata) {
-            (devremap::decision::cuda_map::CudaMapError::RestoredUuid { .. }, _) => format!("{}: {e}", args.host_root.display()),
+            (devremap::decision::cuda_map::CudaMapError::RestoredUuid { .. }, _) => {
+                format!("{}: {e}", args.host_root.display())
+            }
             (_, Some(metadata)) => format!("{}: {e}", metadata.display()),
             (_, None) => {
                 "no saved GPUs: no --metadata given; cuda-device-map pairs the checkpoint's GPUs (--metadata: its \

@@ -33,10 +33,10 @@ mod pidfd;
 mod state;
 
 use devremap::io_message;
-use devremap::runtime::oci_patch::PatchError;
 use devremap::runtime::annotations;
 use devremap::runtime::argv::{self, Invocation};
 use devremap::runtime::config::{self, Config};
+use devremap::runtime::oci_patch::PatchError;
 use devremap::runtime::osarg;
 use nix::errno::Errno;
 use nix::sys::signal::{Signal, kill};

@@ -353,7 +353,10 @@ fn ensure_private_dir(dir: &Path) -> Result<(), String> {
     DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|e| format!("{d}: {}", io_message(&e)))?;
     let meta = fs::symlink_metadata(dir).map_err(|e| format!("{d}: {}", io_message(&e)))?;
     if !meta.is_dir() {
-        return Err(format!("{d}: is {}, not a directory; refused: {FIX}", devremap::inputs::files::describe(meta.mode())));
+        return Err(format!(
+            "{d}: is {}, not a directory; refused: {FIX}",
+            devremap::inputs::files::describe(meta.mode())
+        ));
     }
     let me = nix::unistd::geteuid().as_raw();
     if meta.uid() != me {

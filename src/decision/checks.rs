@@ -11,10 +11,10 @@
 //! every restore from gVisor's own checkpoints. An operator may relax a check by name (it then
 //! warns); `count` cannot be, since a saved GPU without a restored one has nowhere to go.
 
+use crate::decision::pairing::{self, Pair};
 use crate::device::Access;
 use crate::family::nvidia::RestoredGpu;
 use crate::inputs::metadata::DeviceId;
-use crate::decision::pairing::{self, Pair};
 use std::collections::BTreeSet;
 use std::fmt;
 use thiserror::Error;
@@ -163,8 +163,7 @@ fn compared(n: usize, of: usize, what: &str) -> String {
 pub fn model(pairs: &[Pair], relax: &BTreeSet<CheckName>) -> CheckResult {
     // Each pair with its saved and restored PCI ids (vendor, device).
     type Known<'a> = (&'a Pair, (u32, u32), (u32, u32));
-    let known: Vec<Known> =
-        pairs.iter().filter_map(|p| Some((p, p.old.pci()?, p.new.pci?))).collect();
+    let known: Vec<Known> = pairs.iter().filter_map(|p| Some((p, p.old.pci()?, p.new.pci?))).collect();
     let outcome = match known.iter().find(|(_, old, new)| old != new) {
         Some((p, old, new)) => Err(format!(
             "saved nvidia{} is {}, restored {} is {}",
@@ -250,9 +249,9 @@ pub fn mode(pairs: &[Pair], relax: &BTreeSet<CheckName>) -> CheckResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decision::pairing::By;
     use crate::device::Rdev;
     use crate::inputs::metadata::RecordedAccess;
-    use crate::decision::pairing::By;
 
     fn saved(minor: u32, pci: Option<(u32, u32)>) -> DeviceId {
         let (pci_vendor_id, pci_device_id) = pci.unwrap_or((0, 0));

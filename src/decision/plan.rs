@@ -13,16 +13,16 @@
 //! cause is known, as the variant of the input that holds it ([`PlanError::input`]).
 
 use crate::decision::checks::{self, CheckName, CheckResult, Side};
+use crate::decision::pairing::{self, By, MapPair, PairingError, Rule};
+use crate::decision::tree::{Node, NodeKind, Tree, TreeBuilder, TreeError};
 use crate::device::{Access, DevKind, Rdev};
+use crate::family::nvidia::visible::{self, VisibleError};
 use crate::family::nvidia::{GpuInfo, RestoredGpu};
 use crate::family::{HostFacts, NVIDIA};
 use crate::inputs::host::DevDirScan;
 use crate::inputs::metadata::{DeviceId, Metadata};
 use crate::inputs::pci;
-use crate::decision::pairing::{self, By, MapPair, PairingError, Rule};
 use crate::inputs::spec::SpecView;
-use crate::decision::tree::{Node, NodeKind, Tree, TreeBuilder, TreeError};
-use crate::family::nvidia::visible::{self, VisibleError};
 use serde_json::Value;
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
@@ -482,10 +482,10 @@ pub fn gate(plan: &Plan) -> Result<(), PlanError> {
 mod tests {
     use super::*;
     use crate::family::nvidia::GpuInfo;
+    use crate::family::nvidia::visible::{Selector, Visible};
     use crate::inputs::host::HostNode;
     use crate::inputs::metadata::{Format, RecordedAccess};
     use crate::inputs::spec::{DevMount, SpecDevice};
-    use crate::family::nvidia::visible::{Selector, Visible};
 
     fn saved(minor: u32) -> DeviceId {
         DeviceId {
@@ -505,7 +505,14 @@ mod tests {
         let gpus = new
             .iter()
             .map(|&n| {
-                (n, HostNode { rel_path: NVIDIA.gpu_name(n), rdev: Rdev::new(1, n + 3), access: Access::DEVICE_DEFAULT })
+                (
+                    n,
+                    HostNode {
+                        rel_path: NVIDIA.gpu_name(n),
+                        rdev: Rdev::new(1, n + 3),
+                        access: Access::DEVICE_DEFAULT,
+                    },
+                )
             })
             .collect();
         Inputs {
@@ -895,8 +902,10 @@ mod tests {
 
         let mut inp = inputs(&[], &[2]);
         inp.metadata = None;
-        inp.device_map =
-            vec![MapPair { old: crate::decision::pairing::DeviceRef::Minor(0), new: crate::decision::pairing::DeviceRef::Minor(2) }];
+        inp.device_map = vec![MapPair {
+            old: crate::decision::pairing::DeviceRef::Minor(0),
+            new: crate::decision::pairing::DeviceRef::Minor(2),
+        }];
         let err = build(&inp).unwrap_err();
         assert_eq!(err, PlanError::DeviceMap(PairingError::NoCheckpoint));
         assert_eq!(err.to_string(), "no checkpoint was given (--metadata), so there are no saved devices to pair");

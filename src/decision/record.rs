@@ -14,8 +14,8 @@
 //! (0x300 for `0000:03:00.0`); `device_instance` is the GPU's position in PCI bus order among
 //! the recorded GPUs. Both are 0 where the driver's files give no bus.
 
-use crate::family::nvidia::RestoredGpu;
 use crate::decision::plan::Plan;
+use crate::family::nvidia::RestoredGpu;
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
 
@@ -126,12 +126,12 @@ fn gpu_id(gpu: &RestoredGpu) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decision::plan::{self, Inputs};
     use crate::device::{Access, Rdev};
     use crate::family::HostFacts;
     use crate::family::nvidia::GpuInfo;
     use crate::inputs::host::{DevDirScan, HostNode};
     use crate::inputs::metadata;
-    use crate::decision::plan::{self, Inputs};
 
     fn uuid(minor: u32) -> String {
         format!("GPU-00000000-0000-0000-0000-{minor:012}")

@@ -1,12 +1,12 @@
 //! How a plan is shown: one JSON object for scripts (`plan --json`, the state file), and
 //! aligned tables for people. The JSON keys are a contract; add, never rename.
 
-use crate::family::NVIDIA;
 use crate::decision::escape::escape;
-use crate::inputs::metadata::Metadata;
 use crate::decision::pairing::By;
 use crate::decision::plan::Plan;
 use crate::decision::tree::{Node, NodeKind};
+use crate::family::NVIDIA;
+use crate::inputs::metadata::Metadata;
 use serde_json::{Map, Value, json};
 use std::borrow::Cow;
 use std::fmt::Write;

@@ -104,8 +104,8 @@ impl DevDir {
     /// `lstat`s entry `name` and takes it only if it is a char device, served as its path
     /// relative to the device directory.
     pub fn char_node(&self, name: &str) -> Result<HostNode, HostError> {
-        let st =
-            fstatat(&self.fd, name, AtFlags::AT_SYMLINK_NOFOLLOW).map_err(|e| HostError::Stat(self.path(name), e.into()))?;
+        let st = fstatat(&self.fd, name, AtFlags::AT_SYMLINK_NOFOLLOW)
+            .map_err(|e| HostError::Stat(self.path(name), e.into()))?;
         if st.st_mode & libc::S_IFMT != libc::S_IFCHR {
             return Err(HostError::NotCharDevice(self.path(name), files::describe(st.st_mode)));
         }

@@ -7,12 +7,12 @@
 //! never cached.
 
 use crate::decision::checks::CheckName;
-use crate::inputs::files::{self, FileError, read_up_to};
-use crate::family;
-use crate::inputs::host::HostError;
-use crate::inputs::metadata::{self, MAX_METADATA_LEN, Metadata, MetadataError};
 use crate::decision::pairing::{MapPair, Rule};
 use crate::decision::plan::{self, Input, Inputs, Plan, PlanError, Prefer};
+use crate::family;
+use crate::inputs::files::{self, FileError, read_up_to};
+use crate::inputs::host::HostError;
+use crate::inputs::metadata::{self, MAX_METADATA_LEN, Metadata, MetadataError};
 use crate::inputs::spec::{self, SpecError};
 use std::collections::BTreeSet;
 use std::fs::File;

@@ -210,7 +210,10 @@ pub fn parse(bytes: &[u8]) -> Result<Metadata, MetadataError> {
                 warnings: Vec::new(),
             })
         }
-        _ => Err(crate::inputs::limits::byte_order_mark(bytes).map_or(MetadataError::UnknownFormat, MetadataError::Encoding)),
+        _ => {
+            Err(crate::inputs::limits::byte_order_mark(bytes)
+                .map_or(MetadataError::UnknownFormat, MetadataError::Encoding))
+        }
     }
 }
 

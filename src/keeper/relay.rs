@@ -17,8 +17,8 @@
 //! request that has been in flight at [`MAX_DEATHS`] server deaths is answered EIO by the
 //! keeper instead of being sent a fourth time: it may be what kills them.
 
-use crate::keeper::fuse_wire::{self, Reply, Request, WireError};
 use crate::keeper::control::Resume;
+use crate::keeper::fuse_wire::{self, Reply, Request, WireError};
 use crate::keeper::kernel_nodes::Held;
 use std::collections::BTreeMap;
 use std::time::Instant;

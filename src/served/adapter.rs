@@ -8,9 +8,9 @@
 //! Refusals: setattr answers EPERM, so that runtimes which chown their std streams carry on
 //! (crun 1.8 aborts on anything but EPERM or EINVAL); every other change answers EROFS.
 
+use crate::decision::tree::NodeKind;
 use crate::device::DevKind;
 use crate::served::devfs::{Devfs, Entry, Miss};
-use crate::decision::tree::NodeKind;
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, KernelConfig, OpenFlags,
     RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,

@@ -26,9 +26,9 @@
 //! collide and does not keep name order.) The table only grows, by the distinct names the
 //! inputs ever held, which are few.
 
+use crate::decision::tree::{self, Diff, Node, NodeKind, Tree};
 use crate::device::{Access, DevKind, Rdev};
 use crate::keeper::kernel_nodes::{Held, HeldNode, ROOT};
-use crate::decision::tree::{self, Diff, Node, NodeKind, Tree};
 use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsStr;
@@ -37,7 +37,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::SystemTime;
 use thiserror::Error;
-
 
 /// Why a request names nothing that [`Devfs`] serves; the adapter turns it into an errno.
 #[derive(Debug, Error, Clone, Copy, PartialEq, Eq)]
@@ -568,8 +567,8 @@ fn born(h: &HeldNode) -> SystemTime {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::{Access, DevKind, Rdev};
     use crate::decision::tree::TreeBuilder;
+    use crate::device::{Access, DevKind, Rdev};
 
     fn tree(gpus: &[(u32, u32)]) -> Tree {
         let mut b = TreeBuilder::default();

@@ -21,10 +21,10 @@
 //! Assumptions: events are handled by one thread (the daemon's main loop), in batches of what
 //! was queued together; a load's result carries the id of the reload that asked for it.
 
-use crate::inputs::load::{LoadError, Loaded};
 use crate::decision::render;
-use crate::served::devfs::{Change, Devfs, Resumed};
 use crate::decision::tree::{self, Diff};
+use crate::inputs::load::{LoadError, Loaded};
+use crate::served::devfs::{Change, Devfs, Resumed};
 use log::{info, warn};
 use std::io;
 use std::path::PathBuf;
@@ -443,9 +443,9 @@ fn describe(d: &Diff, old: &Loaded, new: &Loaded) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::{Access, DevKind, Rdev};
     use crate::decision::plan::Plan;
     use crate::decision::tree::{Node, Tree, TreeBuilder};
+    use crate::device::{Access, DevKind, Rdev};
     use std::cell::RefCell;
     use std::rc::Rc;
 
