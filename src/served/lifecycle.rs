@@ -24,7 +24,8 @@
 use crate::decision::render;
 use crate::decision::tree::{self, Diff};
 use crate::inputs::load::{LoadError, Loaded};
-use crate::served::devfs::{Change, Devfs, Resumed};
+use crate::served::devfs::{Change, Devfs};
+use crate::served::takeover::Resumed;
 use log::{info, warn};
 use std::io;
 use std::path::PathBuf;
