@@ -8,7 +8,8 @@
 //! [`needed_len`] tells a reader how many bytes that is, so a 50 GiB image costs 16 bytes
 //! plus its header.
 
-use crate::device::{Access, MAX_DRIVER_VERSION_LEN, MAX_MODEL_LEN, MAX_REGULAR_MINOR, fact_fault, is_gpu_uuid};
+use crate::device::{Access, MAX_DRIVER_VERSION_LEN, MAX_MODEL_LEN, fact_fault};
+use crate::family::nvidia::{MAX_REGULAR_MINOR, is_gpu_uuid};
 use serde_json::{Map, Value};
 use std::collections::BTreeSet;
 use thiserror::Error;
@@ -209,7 +210,10 @@ pub fn parse(bytes: &[u8]) -> Result<Metadata, MetadataError> {
                 warnings: Vec::new(),
             })
         }
-        _ => Err(crate::limits::byte_order_mark(bytes).map_or(MetadataError::UnknownFormat, MetadataError::Encoding)),
+        _ => {
+            Err(crate::inputs::limits::byte_order_mark(bytes)
+                .map_or(MetadataError::UnknownFormat, MetadataError::Encoding))
+        }
     }
 }
 
@@ -232,7 +236,7 @@ fn parse_state_file(bytes: &[u8]) -> Result<Metadata, MetadataError> {
 }
 
 fn parse_json(bytes: &[u8]) -> Result<Value, MetadataError> {
-    crate::limits::parse_json(bytes).map_err(|e| MetadataError::Json(e.to_string()))
+    crate::inputs::limits::parse_json(bytes).map_err(|e| MetadataError::Json(e.to_string()))
 }
 
 fn parse_json_object(bytes: &[u8]) -> Result<Map<String, Value>, MetadataError> {
@@ -274,7 +278,7 @@ fn from_map(format: Format, map: &Map<String, Value>) -> Result<Metadata, Metada
 /// gVisor stores a list as a string holding JSON; hand-written maps may hold the list itself.
 fn embedded(key: &'static str, value: &Value) -> Result<Value, MetadataError> {
     match value {
-        Value::String(s) => crate::limits::parse_json(s.as_bytes())
+        Value::String(s) => crate::inputs::limits::parse_json(s.as_bytes())
             .map_err(|e| MetadataError::Shape { key, what: format!("the string value is not valid JSON: {e}") }),
         // A hand-written `null` means what Go's `null` list means: no devices.
         Value::Array(_) | Value::Null => Ok(value.clone()),

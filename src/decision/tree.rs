@@ -4,11 +4,11 @@
 //! A node's identity is its path together with its value: two trees agree on a name exactly
 //! when both hold an equal node there, which is what [`diff`] reports and what the daemon uses
 //! to decide which names the kernel must forget. Every parent of a node is a directory; the
-//! builder refuses anything else, and anything beyond [`crate::limits`]: a name or path the
+//! builder refuses anything else, and anything beyond [`crate::inputs::limits`]: a name or path the
 //! kernel cannot take, a device number FUSE cannot carry, a tree too large to serve.
 
 use crate::device::{Access, DevKind, Rdev};
-use crate::limits::{self, LimitError};
+use crate::inputs::limits::{self, LimitError};
 use std::collections::BTreeMap;
 use thiserror::Error;
 

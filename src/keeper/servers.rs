@@ -2,14 +2,14 @@
 //! in each phase, what follows a server's readiness or its loss (restart at once or after a
 //! backoff, reload or not), whether a replacement that answered the INIT probe takes over, and
 //! whether a server is hung. The keeper (`mountd/keeper/`) derives the [`Phase`] from the
-//! servers it has, feeds these the events and does what they return; [`crate::relay::Relay`]
+//! servers it has, feeds these the events and does what they return; [`crate::keeper::relay::Relay`]
 //! decides the FUSE traffic.
 //!
 //! Assumptions: at most one server is current and at most one replaces it (after a crash, or
 //! an upgrade); a server that said `READY=1` answers every request at once, so one left
 //! unanswered for `--server-timeout` means it hangs, unless its replies wait on the keeper.
 
-use crate::lifecycle::Notice;
+use crate::served::lifecycle::Notice;
 use std::time::{Duration, Instant};
 
 /// The first wait before a server is started again after one died before it was ready.

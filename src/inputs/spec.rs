@@ -8,8 +8,9 @@
 //! `/dev/`-relative for what we serve; a device outside `/dev` is not ours to serve and is
 //! reported, not refused.
 
-use crate::device::{Access, DevKind, MAX_REGULAR_MINOR, NV_MAJOR, Rdev};
-use crate::visible::{self, Visible, VisibleError};
+use crate::device::{Access, DevKind, Rdev};
+use crate::family::NVIDIA;
+use crate::family::nvidia::visible::{self, Visible, VisibleError};
 use oci_spec::runtime::{LinuxDeviceType, Spec};
 use thiserror::Error;
 
@@ -28,8 +29,7 @@ pub struct SpecDevice {
 impl SpecDevice {
     /// The GPU minor this entry grants, if it is a regular NVIDIA device (char 195:N, N <= 247).
     pub fn gpu_minor(&self) -> Option<u32> {
-        (self.kind == DevKind::Char && self.rdev.major == NV_MAJOR && self.rdev.minor <= MAX_REGULAR_MINOR)
-            .then_some(self.rdev.minor)
+        NVIDIA.gpu_minor_of_device(self.kind, self.rdev)
     }
 }
 
@@ -62,7 +62,7 @@ pub struct SpecView {
 pub enum SpecError {
     #[error("not a valid OCI runtime spec: {0}")]
     Parse(String),
-    #[error("larger than {} bytes", crate::metadata::MAX_METADATA_LEN)]
+    #[error("larger than {} bytes", crate::inputs::metadata::MAX_METADATA_LEN)]
     TooLarge,
     #[error("linux.devices[{index}] ({path}): {what}")]
     Device { index: usize, path: String, what: String },
@@ -80,10 +80,10 @@ pub fn parse(bytes: &[u8], file_source: &dyn Fn(&str) -> bool) -> Result<SpecVie
     // Checked and counted first (memory stays bounded), then parsed straight into the spec,
     // which skips unknown fields without keeping them. Serde would also take a struct from a
     // JSON array.
-    if let Some(encoding) = crate::limits::byte_order_mark(bytes) {
+    if let Some(encoding) = crate::inputs::limits::byte_order_mark(bytes) {
         return Err(SpecError::Parse(format!("the text is {encoding}; JSON is UTF-8 without a byte-order mark")));
     }
-    crate::limits::check_json(bytes).map_err(parse_error)?;
+    crate::inputs::limits::check_json(bytes).map_err(parse_error)?;
     if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         return Err(SpecError::Parse("expected a JSON object".into()));
     }
@@ -223,7 +223,7 @@ fn hook_request(spec: &Spec) -> Result<Option<Visible>, VisibleError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::visible::Selector;
+    use crate::family::nvidia::visible::Selector;
     use serde_json::json;
 
     fn no_files(_: &str) -> bool {

@@ -7,9 +7,9 @@
 //! resume payload, which grows with the nodes the kernel holds, goes in parts. A message that
 //! does not decode is an error naming what was wrong: a server refuses to start on it.
 
-use crate::fuse_wire::Attr;
-use crate::held::{Held, HeldNode};
-use crate::lifecycle::Notice;
+use crate::keeper::fuse_wire::Attr;
+use crate::keeper::kernel_nodes::{Held, HeldNode};
+use crate::served::lifecycle::Notice;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap};
 use thiserror::Error;

@@ -1,12 +1,12 @@
 //! How a plan is shown: one JSON object for scripts (`plan --json`, the state file), and
 //! aligned tables for people. The JSON keys are a contract; add, never rename.
 
-use crate::device::gpu_name;
-use crate::escape::escape;
-use crate::metadata::Metadata;
-use crate::pairing::By;
-use crate::plan::Plan;
-use crate::tree::{Node, NodeKind};
+use crate::decision::escape::escape;
+use crate::decision::pairing::By;
+use crate::decision::plan::Plan;
+use crate::decision::tree::{Node, NodeKind};
+use crate::family::NVIDIA;
+use crate::inputs::metadata::Metadata;
 use serde_json::{Map, Value, json};
 use std::borrow::Cow;
 use std::fmt::Write;
@@ -55,7 +55,7 @@ pub fn plan_json(plan: &Plan, metadata: Option<&Metadata>) -> Map<String, Value>
                 "served": e.served,
                 "explicit": e.by == By::Explicit,
                 "by": e.by.as_str(),
-                "earlier_names": e.earlier.iter().map(|n| json!({"name": gpu_name(n.minor), "served": n.served})).collect::<Vec<_>>(),
+                "earlier_names": e.earlier.iter().map(|n| json!({"name": NVIDIA.gpu_name(n.minor), "served": n.served})).collect::<Vec<_>>(),
             })
         })
         .collect();
@@ -101,7 +101,7 @@ pub fn plan_json(plan: &Plan, metadata: Option<&Metadata>) -> Map<String, Value>
 /// over and shifts its own line only.
 const MAX_COLUMN: usize = 40;
 
-/// An aligned table. Every cell is escaped (see [`crate::escape`]): cells hold names, paths and
+/// An aligned table. Every cell is escaped (see [`crate::decision::escape`]): cells hold names, paths and
 /// uuids from the inputs.
 fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
     let cells: Vec<Vec<Cow<str>>> = std::iter::once(header.iter().map(|h| escape(h)).collect())
@@ -142,7 +142,7 @@ pub fn plan_text(plan: &Plan) -> String {
                 };
                 // An earlier restore's names of the GPU, each a row of its own.
                 std::iter::once(row(e.name(), status(e.served).into())).chain(e.earlier.iter().map(move |n| {
-                    row(gpu_name(n.minor), format!("{} (an earlier name of {})", status(n.served), e.name()))
+                    row(NVIDIA.gpu_name(n.minor), format!("{} (an earlier name of {})", status(n.served), e.name()))
                 }))
             })
             .collect();

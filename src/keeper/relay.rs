@@ -17,9 +17,9 @@
 //! request that has been in flight at [`MAX_DEATHS`] server deaths is answered EIO by the
 //! keeper instead of being sent a fourth time: it may be what kills them.
 
-use crate::fuse_wire::{self, Reply, Request, WireError};
-use crate::handover::Resume;
-use crate::held::Held;
+use crate::keeper::control::Resume;
+use crate::keeper::fuse_wire::{self, Reply, Request, WireError};
+use crate::keeper::kernel_nodes::Held;
 use std::collections::BTreeMap;
 use std::time::Instant;
 
@@ -234,8 +234,8 @@ impl Relay {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fuse_wire::{Attr, build};
-    use crate::served::ROOT;
+    use crate::keeper::fuse_wire::{Attr, build};
+    use crate::keeper::kernel_nodes::ROOT;
 
     fn attr() -> Attr {
         Attr { mode: 0o20666, uid: 0, gid: 0, rdev: 0x103, size: 0, mtime: (1, 0) }

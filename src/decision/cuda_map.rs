@@ -5,8 +5,8 @@
 //! and its restored pair must have a well-formed `GPU-` UUID (8-4-4-4-12 hex digits); the
 //! driver's placeholder `GPU-????????-...` for an unreadable UUID is unknown, never an identity.
 
-use crate::device::is_gpu_uuid;
-use crate::plan::Plan;
+use crate::decision::plan::Plan;
+use crate::family::nvidia::is_gpu_uuid;
 use thiserror::Error;
 
 /// Why no device map can be given.
@@ -58,10 +58,11 @@ fn shown(uuid: Option<&String>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::{Access, Rdev, RestoredGpu};
-    use crate::metadata::DeviceId;
-    use crate::plan::RemapEntry;
-    use crate::tree::TreeBuilder;
+    use crate::decision::plan::RemapEntry;
+    use crate::decision::tree::TreeBuilder;
+    use crate::device::{Access, Rdev};
+    use crate::family::nvidia::RestoredGpu;
+    use crate::inputs::metadata::DeviceId;
 
     fn uuid(side: u32, minor: u32) -> String {
         format!("GPU-{side:08x}-0000-0000-0000-{minor:012x}")

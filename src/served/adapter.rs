@@ -1,5 +1,5 @@
 //! The `fuser::Filesystem` implementation: a thin adapter from requests to [`Devfs`] and back
-//! to `Reply*`. Every decision about names and nodes is made in [`crate::served`]; this file
+//! to `Reply*`. Every decision about names and nodes is made in [`crate::served::devfs`]; this file
 //! only translates, refuses every change, and reports retired nodes let go.
 //!
 //! No `access` handler: under `default_permissions` the kernel checks permissions itself and
@@ -8,9 +8,9 @@
 //! Refusals: setattr answers EPERM, so that runtimes which chown their std streams carry on
 //! (crun 1.8 aborts on anything but EPERM or EINVAL); every other change answers EROFS.
 
+use crate::decision::tree::NodeKind;
 use crate::device::DevKind;
-use crate::served::{Devfs, Entry, Miss};
-use crate::tree::NodeKind;
+use crate::served::devfs::{Devfs, Entry, Miss};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, KernelConfig, OpenFlags,
     RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
@@ -229,7 +229,7 @@ impl Filesystem for Adapter {
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         guard("readlink", || {
             let result = self.fs.entry(ino.0).ok_or(Errno::ENOENT).and_then(|e| match &e.node.kind {
-                crate::tree::NodeKind::Symlink(target) => Ok(target.clone()),
+                crate::decision::tree::NodeKind::Symlink(target) => Ok(target.clone()),
                 _ => Err(Errno::EINVAL),
             });
             match result {

@@ -1,7 +1,7 @@
 //! The node ids the kernel holds, as the keeper learns them from the messages it relays: for
 //! each, the `(parent, name)` it was looked up as, the attributes the kernel was given, a
 //! symlink's target once a READLINK reply passed, and the lookup count. A server that takes
-//! over starts from this table ([`crate::served::Devfs::resume`]), so node ids and lookup counts
+//! over starts from this table ([`crate::served::devfs::Devfs::resume`]), so node ids and lookup counts
 //! stay the kernel's across a crash or an upgrade.
 //!
 //! The kernel's counting rules followed here, as `Devfs` follows them: a LOOKUP reply with a
@@ -13,9 +13,11 @@
 //! MKDIR, SYMLINK, LINK, CREATE and TMPFILE answer an error), so LOOKUP and READDIRPLUS are the
 //! only replies that give the kernel a node.
 
-use crate::fuse_wire::{self, Attr, EntryOut, Reply, Request, WireError};
-use crate::served::ROOT;
+use crate::keeper::fuse_wire::{self, Attr, EntryOut, Reply, Request, WireError};
 use std::collections::{BTreeMap, HashMap};
+
+/// FUSE's node id of the root directory (`FUSE_ROOT_ID`), which the kernel never forgets.
+pub const ROOT: u64 = 1;
 
 /// One node id the kernel holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -142,7 +144,7 @@ impl Held {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fuse_wire::build;
+    use crate::keeper::fuse_wire::build;
 
     fn attr(mode: u32) -> Attr {
         Attr { mode, uid: 0, gid: 0, rdev: 0, size: 0, mtime: (1, 2) }

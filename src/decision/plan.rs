@@ -9,17 +9,20 @@
 //!
 //! The restored GPUs are the spec's GPU devices and, where the spec names no GPU device, the
 //! device directory's `nvidiaN` nodes; when the spec asks for GPUs through the NVIDIA hook,
-//! only the directory's GPUs that `NVIDIA_VISIBLE_DEVICES` selects (see [`crate::visible`]). Every error is made where its
+//! only the directory's GPUs that `NVIDIA_VISIBLE_DEVICES` selects (see [`crate::family::nvidia::visible`]). Every error is made where its
 //! cause is known, as the variant of the input that holds it ([`PlanError::input`]).
 
-use crate::checks::{self, CheckName, CheckResult, Side};
-use crate::device::{Access, DevKind, Rdev, RestoredGpu, gpu_name};
-use crate::host::{DevDirScan, GpuInfo, HostFacts};
-use crate::metadata::{DeviceId, Metadata};
-use crate::pairing::{self, By, MapPair, PairingError, Rule};
-use crate::spec::SpecView;
-use crate::tree::{Node, NodeKind, Tree, TreeBuilder, TreeError};
-use crate::visible::{self, VisibleError};
+use crate::decision::checks::{self, CheckName, CheckResult, Side};
+use crate::decision::pairing::{self, By, MapPair, PairingError, Rule};
+use crate::decision::tree::{Node, NodeKind, Tree, TreeBuilder, TreeError};
+use crate::device::{Access, DevKind, Rdev};
+use crate::family::nvidia::visible::{self, VisibleError};
+use crate::family::nvidia::{GpuInfo, RestoredGpu};
+use crate::family::{HostFacts, NVIDIA};
+use crate::inputs::host::DevDirScan;
+use crate::inputs::metadata::{DeviceId, Metadata};
+use crate::inputs::pci;
+use crate::inputs::spec::SpecView;
 use serde_json::Value;
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
@@ -77,7 +80,7 @@ pub struct EarlierName {
 impl RemapEntry {
     /// The checkpoint name, `nvidia<saved minor>`.
     pub fn name(&self) -> String {
-        gpu_name(self.old.minor)
+        NVIDIA.gpu_name(self.old.minor)
     }
 }
 
@@ -248,7 +251,7 @@ fn check_driver_files(gpus: &[GpuInfo]) -> Result<(), PlanError> {
             // `get`: host.rs gives only `GPU-...` UUIDs, but `GpuInfo` is public, and a short or
             // non-ASCII one must not panic here.
             g.uuid.as_ref().map(|u| format!("GPU UUID GPU-{}", u.get(4..).unwrap_or(u).to_ascii_lowercase())),
-            g.bus.as_deref().and_then(visible::bus_id).map(|b| format!("Bus Location {}", visible::bus_name(b))),
+            g.bus.as_deref().and_then(pci::bus_id).map(|b| format!("Bus Location {}", pci::bus_name(b))),
         ]
     };
     let mut seen: BTreeMap<String, &GpuInfo> = BTreeMap::new();
@@ -284,8 +287,52 @@ fn too_few(inputs: &Inputs, error: PairingError) -> PlanError {
     }
 }
 
-/// Computes the remap table and the tree.
+/// What the checks and the pairing decided, before any node is placed.
+struct Decided {
+    restored: Vec<RestoredGpu>,
+    pairs: Vec<pairing::Pair>,
+    checks: Vec<CheckResult>,
+    warnings: Vec<String>,
+    mixed_input: Input,
+}
+
+/// Computes the remap table and the tree: the checks and the pairing first, then the tree in
+/// the order of the module's documentation, each step able to replace a non-directory placed by
+/// an earlier one.
 pub fn build(inputs: &Inputs) -> Result<Plan, PlanError> {
+    let Decided { restored, pairs, checks, mut warnings, mixed_input } = decide(inputs)?;
+    let mut b = TreeBuilder::default();
+    place_defaults(&mut b, inputs.host.has_kcore);
+    if let Some(spec) = &inputs.spec {
+        place_spec_devices(&mut b, spec, &mut warnings)?;
+    }
+    for node in inputs.dev_dir.iter().flat_map(|d| &d.passthrough) {
+        b.insert(&node.rel_path, Node::device(DevKind::Char, node.rdev, node.access)).map_err(PlanError::HostNode)?;
+    }
+    for gpu in &restored {
+        b.insert(&gpu.name(), Node::device(DevKind::Char, gpu.rdev, gpu.access)).map_err(PlanError::SpecDevice)?;
+    }
+    let remap = place_saved_names(&mut b, inputs, &restored, pairs, &mut warnings)?;
+    if let Some(spec) = &inputs.spec {
+        place_mounts(&mut b, spec, &mut warnings)?;
+    }
+
+    let tpus = inputs.metadata.as_ref().map(|m| m.tpus.clone()).unwrap_or_default();
+    Ok(Plan {
+        remap,
+        restored,
+        tree: b.build(),
+        warnings,
+        tpus,
+        driver_version: inputs.host.driver_version.clone(),
+        checks,
+        mixed_input,
+    })
+}
+
+/// Checks the driver's files and the saved GPUs, pairs them with the restored ones and
+/// evaluates every named check (a relaxed failure becomes a warning).
+fn decide(inputs: &Inputs) -> Result<Decided, PlanError> {
     check_driver_files(&inputs.host.gpu_info)?;
     let restored = restored_gpus(inputs)?;
     let saved = inputs.metadata.as_ref().map(|m| m.gpus.as_slice()).unwrap_or_default();
@@ -313,8 +360,11 @@ pub fn build(inputs: &Inputs) -> Result<Plan, PlanError> {
         Some(Side::Restored) => Input::HostRoot,
         _ => Input::Checkpoint,
     };
+    Ok(Decided { restored, pairs, checks, warnings, mixed_input })
+}
 
-    let mut b = TreeBuilder::default();
+/// runc's default nodes and symlinks (`core` only where the host has `/proc/kcore`).
+fn place_defaults(b: &mut TreeBuilder, has_kcore: bool) {
     for &(name, major, minor) in DEFAULT_DEVICES {
         b.insert(name, Node::device(DevKind::Char, Rdev::new(major, minor), Access::DEVICE_DEFAULT))
             .expect("defaults fit an empty tree");
@@ -322,55 +372,63 @@ pub fn build(inputs: &Inputs) -> Result<Plan, PlanError> {
     for &(name, target) in DEFAULT_LINKS {
         b.insert(name, Node::symlink(target)).expect("defaults fit an empty tree");
     }
-    if inputs.host.has_kcore {
+    if has_kcore {
         b.insert("core", Node::symlink("/proc/kcore")).expect("defaults fit an empty tree");
     }
-    if let Some(spec) = &inputs.spec {
-        // runc keeps the first entry of a path: specconv's createDevices appends every
-        // linux.devices entry in order, and rootfs_linux.go's createDeviceNode takes EEXIST from
-        // mknod as success, so a later entry for the same path never replaces the node.
-        // specconv drops a default device only for a spec device whose path is the default's
-        // path as a string (`/dev/null`, not `/dev//null`); a default kept is made first, so an
-        // entry spelled otherwise finds it there. And setupPtmx replaces whatever is at
-        // /dev/ptmx with its symlink.
-        let default_dropped = |name: &str| spec.devices.iter().any(|d| d.path.strip_prefix("/dev/") == Some(name));
-        let mut first_of: BTreeMap<&str, &str> = BTreeMap::new();
-        for dev in &spec.devices {
-            let Some(rel) = &dev.rel_path else {
-                warnings.push(format!("spec device {} is outside /dev; not served", dev.path));
-                continue;
-            };
-            match first_of.entry(rel) {
-                Entry::Occupied(first) => warnings.push(format!(
-                    "spec device {} is listed again as {}; serving the first entry, as runc does",
-                    first.get(),
+}
+
+/// The spec's devices, as runc makes them.
+fn place_spec_devices(b: &mut TreeBuilder, spec: &SpecView, warnings: &mut Vec<String>) -> Result<(), PlanError> {
+    // runc keeps the first entry of a path: specconv's createDevices appends every
+    // linux.devices entry in order, and rootfs_linux.go's createDeviceNode takes EEXIST from
+    // mknod as success, so a later entry for the same path never replaces the node.
+    // specconv drops a default device only for a spec device whose path is the default's
+    // path as a string (`/dev/null`, not `/dev//null`); a default kept is made first, so an
+    // entry spelled otherwise finds it there. And setupPtmx replaces whatever is at
+    // /dev/ptmx with its symlink.
+    let default_dropped = |name: &str| spec.devices.iter().any(|d| d.path.strip_prefix("/dev/") == Some(name));
+    let mut first_of: BTreeMap<&str, &str> = BTreeMap::new();
+    for dev in &spec.devices {
+        let Some(rel) = &dev.rel_path else {
+            warnings.push(format!("spec device {} is outside /dev; not served", dev.path));
+            continue;
+        };
+        match first_of.entry(rel) {
+            Entry::Occupied(first) => warnings.push(format!(
+                "spec device {} is listed again as {}; serving the first entry, as runc does",
+                first.get(),
+                dev.path
+            )),
+            Entry::Vacant(_) if rel == "ptmx" => warnings.push(format!(
+                "spec device {}: runc makes /dev/ptmx the symlink pts/ptmx whatever the spec lists; \
+                 serving the symlink",
+                dev.path
+            )),
+            Entry::Vacant(_) if DEFAULT_DEVICES.iter().any(|d| d.0 == rel) && !default_dropped(rel) => {
+                warnings.push(format!(
+                    "spec device {} is not written /dev/{rel}, so runc keeps its default /dev/{rel}; \
+                     serving the default",
                     dev.path
-                )),
-                Entry::Vacant(_) if rel == "ptmx" => warnings.push(format!(
-                    "spec device {}: runc makes /dev/ptmx the symlink pts/ptmx whatever the spec lists; \
-                     serving the symlink",
-                    dev.path
-                )),
-                Entry::Vacant(_) if DEFAULT_DEVICES.iter().any(|d| d.0 == rel) && !default_dropped(rel) => warnings
-                    .push(format!(
-                        "spec device {} is not written /dev/{rel}, so runc keeps its default /dev/{rel}; \
-                         serving the default",
-                        dev.path
-                    )),
-                Entry::Vacant(slot) => {
-                    slot.insert(&dev.path);
-                    b.insert(rel, Node::device(dev.kind, dev.rdev, dev.access)).map_err(PlanError::SpecDevice)?;
-                }
+                ))
+            }
+            Entry::Vacant(slot) => {
+                slot.insert(&dev.path);
+                b.insert(rel, Node::device(dev.kind, dev.rdev, dev.access)).map_err(PlanError::SpecDevice)?;
             }
         }
     }
-    for node in inputs.dev_dir.iter().flat_map(|d| &d.passthrough) {
-        b.insert(&node.rel_path, Node::device(DevKind::Char, node.rdev, node.access)).map_err(PlanError::HostNode)?;
-    }
-    for gpu in &restored {
-        b.insert(&gpu.name(), Node::device(DevKind::Char, gpu.rdev, gpu.access)).map_err(PlanError::SpecDevice)?;
-    }
+    Ok(())
+}
 
+/// Every saved GPU under its checkpoint name and its earlier names, each leading to its pair
+/// unless another restored GPU's native name wins; the remap table says which were served.
+fn place_saved_names(
+    b: &mut TreeBuilder,
+    inputs: &Inputs,
+    restored: &[RestoredGpu],
+    pairs: Vec<pairing::Pair>,
+    warnings: &mut Vec<String>,
+) -> Result<Vec<RemapEntry>, PlanError> {
     let mut remap = Vec::with_capacity(pairs.len());
     for p in pairs {
         // The checkpoint name keeps the mode and owner it had at save time where the metadata
@@ -379,7 +437,7 @@ pub fn build(inputs: &Inputs) -> Result<Plan, PlanError> {
         // Each name the saved GPU had, its own and those of earlier restores, leads to its pair
         // unless another restored GPU's native name wins.
         let mut place = |minor: u32, what: &str| -> Result<bool, PlanError> {
-            let name = gpu_name(minor);
+            let name = NVIDIA.gpu_name(minor);
             let holder = restored.iter().any(|g| g.minor == minor && g.minor != p.new.minor);
             let served = match (holder, inputs.prefer) {
                 (true, Prefer::Native) => {
@@ -416,50 +474,40 @@ pub fn build(inputs: &Inputs) -> Result<Plan, PlanError> {
             .collect::<Result<Vec<_>, PlanError>>()?;
         remap.push(RemapEntry { old: p.old, new: p.new, by: p.by, served, earlier });
     }
+    Ok(remap)
+}
 
-    // Mount points last: a file mount goes onto whatever non-directory is there (a GPU node a
-    // restore bind-mounts over, say), any other mount onto a directory; only a missing one is
-    // made.
-    if let Some(spec) = &inputs.spec {
-        for m in &spec.dev_mounts {
-            match b.get(&m.rel_path) {
-                Some(_) if !m.onto_file => b.mkdir_all(&m.rel_path),
-                Some(n) if n.kind == NodeKind::Dir => {
-                    Err(TreeError::NodeOverDir { path: m.rel_path.clone(), new: "file mount" })
-                }
-                Some(_) => Ok(()),
-                None if m.onto_file => b.insert(&m.rel_path, placeholder()),
-                None => b.mkdir_all(&m.rel_path),
+/// The spec's mount points under `/dev`, the warnings for what they hide, and the console.
+/// Mount points come last: a file mount goes onto whatever non-directory is there (a GPU node a
+/// restore bind-mounts over, say), any other mount onto a directory; only a missing one is made.
+fn place_mounts(b: &mut TreeBuilder, spec: &SpecView, warnings: &mut Vec<String>) -> Result<(), PlanError> {
+    for m in &spec.dev_mounts {
+        match b.get(&m.rel_path) {
+            Some(_) if !m.onto_file => b.mkdir_all(&m.rel_path),
+            Some(n) if n.kind == NodeKind::Dir => {
+                Err(TreeError::NodeOverDir { path: m.rel_path.clone(), new: "file mount" })
             }
-            .map_err(PlanError::SpecMount)?;
+            Some(_) => Ok(()),
+            None if m.onto_file => b.insert(&m.rel_path, placeholder()),
+            None => b.mkdir_all(&m.rel_path),
         }
-        // The runtime mounts onto the tree, so what a mount point holds is hidden in the
-        // container, while runc's own /dev would make a spec device inside the mount: say so.
-        for m in spec.dev_mounts.iter().filter(|m| !m.onto_file) {
-            if let Some(hidden) = b.first_file_under(&m.rel_path) {
-                warnings.push(format!(
-                    "/dev/{hidden} lies under the mount /dev/{}, which hides it in the container",
-                    m.rel_path
-                ));
-            }
-        }
-        // The console can be the node past the tree's limits: refused like any other.
-        if spec.terminal && b.get("console").is_none() {
-            b.insert("console", placeholder()).map_err(PlanError::SpecMount)?;
+        .map_err(PlanError::SpecMount)?;
+    }
+    // The runtime mounts onto the tree, so what a mount point holds is hidden in the
+    // container, while runc's own /dev would make a spec device inside the mount: say so.
+    for m in spec.dev_mounts.iter().filter(|m| !m.onto_file) {
+        if let Some(hidden) = b.first_file_under(&m.rel_path) {
+            warnings.push(format!(
+                "/dev/{hidden} lies under the mount /dev/{}, which hides it in the container",
+                m.rel_path
+            ));
         }
     }
-
-    let tpus = inputs.metadata.as_ref().map(|m| m.tpus.clone()).unwrap_or_default();
-    Ok(Plan {
-        remap,
-        restored,
-        tree: b.build(),
-        warnings,
-        tpus,
-        driver_version: inputs.host.driver_version.clone(),
-        checks,
-        mixed_input,
-    })
+    // The console can be the node past the tree's limits: refused like any other.
+    if spec.terminal && b.get("console").is_none() {
+        b.insert("console", placeholder()).map_err(PlanError::SpecMount)?;
+    }
+    Ok(())
 }
 
 /// Refuses a plan one of whose checks failed unrelaxed: the first such, naming the input that
@@ -478,10 +526,11 @@ pub fn gate(plan: &Plan) -> Result<(), PlanError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::host::{GpuInfo, HostNode};
-    use crate::metadata::{Format, RecordedAccess};
-    use crate::spec::{DevMount, SpecDevice};
-    use crate::visible::{Selector, Visible};
+    use crate::family::nvidia::GpuInfo;
+    use crate::family::nvidia::visible::{Selector, Visible};
+    use crate::inputs::host::HostNode;
+    use crate::inputs::metadata::{Format, RecordedAccess};
+    use crate::inputs::spec::{DevMount, SpecDevice};
 
     fn saved(minor: u32) -> DeviceId {
         DeviceId {
@@ -501,7 +550,14 @@ mod tests {
         let gpus = new
             .iter()
             .map(|&n| {
-                (n, HostNode { rel_path: gpu_name(n), rdev: Rdev::new(1, n + 3), access: Access::DEVICE_DEFAULT })
+                (
+                    n,
+                    HostNode {
+                        rel_path: NVIDIA.gpu_name(n),
+                        rdev: Rdev::new(1, n + 3),
+                        access: Access::DEVICE_DEFAULT,
+                    },
+                )
             })
             .collect();
         Inputs {
@@ -891,8 +947,10 @@ mod tests {
 
         let mut inp = inputs(&[], &[2]);
         inp.metadata = None;
-        inp.device_map =
-            vec![MapPair { old: crate::pairing::DeviceRef::Minor(0), new: crate::pairing::DeviceRef::Minor(2) }];
+        inp.device_map = vec![MapPair {
+            old: crate::decision::pairing::DeviceRef::Minor(0),
+            new: crate::decision::pairing::DeviceRef::Minor(2),
+        }];
         let err = build(&inp).unwrap_err();
         assert_eq!(err, PlanError::DeviceMap(PairingError::NoCheckpoint));
         assert_eq!(err.to_string(), "no checkpoint was given (--metadata), so there are no saved devices to pair");
@@ -904,13 +962,13 @@ mod tests {
     #[test]
     fn a_console_past_the_node_limit_is_refused_not_a_panic() {
         let defaults = build(&Inputs::default()).unwrap().tree.len();
-        let devices = (0..crate::limits::MAX_NODES - defaults)
+        let devices = (0..crate::inputs::limits::MAX_NODES - defaults)
             .map(|i| spec_dev(&format!("/dev/d{i}"), Rdev::new(1, 3), Access::DEVICE_DEFAULT))
             .collect();
         let mut spec = SpecView { devices, ..SpecView::default() };
         assert_eq!(
             build(&Inputs { spec: Some(spec.clone()), ..Inputs::default() }).unwrap().tree.len(),
-            crate::limits::MAX_NODES
+            crate::inputs::limits::MAX_NODES
         );
         spec.terminal = true;
         let err = build(&Inputs { spec: Some(spec), ..Inputs::default() }).unwrap_err();

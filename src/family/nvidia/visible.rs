@@ -21,15 +21,15 @@
 //! Assumption: a GPU the driver marks `GPU Excluded: Yes` (`Blacklisted: Yes` before driver 450)
 //! is not enumerated by NVML, so it takes no index, cannot be selected and is not part of `all`.
 
-use crate::device::is_gpu_uuid;
-use crate::host::GpuInfo;
+use crate::family::nvidia::{GpuInfo, is_gpu_uuid};
+use crate::inputs::pci::{BusId, bus_id, bus_name};
 use std::collections::BTreeSet;
 use std::fmt;
 use thiserror::Error;
 
 /// The most entries a list may hold. A host has at most 248 GPUs; a list of millions (a 16 MiB
 /// spec allows eight million `0,`) would take hundreds of MiB as selectors.
-pub const MAX_ENTRIES: usize = crate::limits::MAX_NODES;
+pub const MAX_ENTRIES: usize = crate::inputs::limits::MAX_NODES;
 
 /// What the variable asks for, when it asks for GPU support at all.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,9 +52,6 @@ pub enum Selector {
     /// A PCI bus id: domain, bus, device, function.
     Bus(BusId),
 }
-
-/// A PCI bus id, ordered as NVML enumerates GPUs.
-pub type BusId = (u32, u32, u32, u32);
 
 impl fmt::Display for Selector {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -151,21 +148,6 @@ fn selector(written: &str) -> Result<Selector, VisibleError> {
         Ok(n) if digits(entry) => Ok(Selector::Index(n)),
         _ => Err(VisibleError::Unknown(entry.to_owned())),
     }
-}
-
-/// `dddd:bb:dd.f` (hex, as the driver's `Bus Location` and NVML write it) as numbers.
-pub fn bus_id(text: &str) -> Option<BusId> {
-    let (domain, rest) = text.split_once(':')?;
-    let (bus, rest) = rest.split_once(':')?;
-    let (device, function) = rest.split_once('.')?;
-    let hex = |s: &str| (!s.is_empty() && s.len() <= 8).then(|| u32::from_str_radix(s, 16).ok()).flatten();
-    Some((hex(domain)?, hex(bus)?, hex(device)?, hex(function)?))
-}
-
-/// A bus id written as sysfs names its directory and the driver writes it, lower-case:
-/// `0000:3b:00.0`.
-pub fn bus_name((domain, bus, device, function): BusId) -> String {
-    format!("{domain:04x}:{bus:02x}:{device:02x}.{function:x}")
 }
 
 /// The host minors `visible` selects among the GPUs the driver describes and the device

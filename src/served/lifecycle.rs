@@ -1,6 +1,6 @@
 //! The server's life as a state machine: starting (or taking over from another server),
 //! serving, reloading, stopping. (Handing over between servers is the keeper's, in
-//! [`crate::relay`].)
+//! [`crate::keeper::relay`].)
 //!
 //! [`Lifecycle`] decides what happens; it does no I/O of its own. What it needs from the world
 //! goes through two small traits: [`Notifier`] (tell the kernel to drop what it cached of names
@@ -21,10 +21,11 @@
 //! Assumptions: events are handled by one thread (the daemon's main loop), in batches of what
 //! was queued together; a load's result carries the id of the reload that asked for it.
 
-use crate::load::{LoadError, Loaded};
-use crate::render;
-use crate::served::{Change, Devfs, Resumed};
-use crate::tree::{self, Diff};
+use crate::decision::render;
+use crate::decision::tree::{self, Diff};
+use crate::inputs::load::{LoadError, Loaded};
+use crate::served::devfs::{Change, Devfs};
+use crate::served::takeover::Resumed;
 use log::{info, warn};
 use std::io;
 use std::path::PathBuf;
@@ -443,9 +444,9 @@ fn describe(d: &Diff, old: &Loaded, new: &Loaded) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decision::plan::Plan;
+    use crate::decision::tree::{Node, Tree, TreeBuilder};
     use crate::device::{Access, DevKind, Rdev};
-    use crate::plan::Plan;
-    use crate::tree::{Node, Tree, TreeBuilder};
     use std::cell::RefCell;
     use std::rc::Rc;
 

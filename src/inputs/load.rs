@@ -1,4 +1,4 @@
-//! Reading every input from disk: the I/O edge in front of [`crate::plan::build`].
+//! Reading every input from disk: the I/O edge in front of [`crate::decision::plan::build`].
 //!
 //! Assumptions: inputs are small (metadata and specs are capped at 16 MiB; a state file is read
 //! only up to the end of its header); every error names the file or flag at fault, so that a
@@ -6,13 +6,14 @@
 //! calls [`load`] again for every reload and the dynamic majors of pass-through nodes are
 //! never cached.
 
-use crate::checks::CheckName;
-use crate::files::{self, FileError, read_up_to};
-use crate::host::{self, HostError};
-use crate::metadata::{self, MAX_METADATA_LEN, Metadata, MetadataError};
-use crate::pairing::{MapPair, Rule};
-use crate::plan::{self, Input, Inputs, Plan, PlanError, Prefer};
-use crate::spec::{self, SpecError};
+use crate::decision::checks::CheckName;
+use crate::decision::pairing::{MapPair, Rule};
+use crate::decision::plan::{self, Input, Inputs, Plan, PlanError, Prefer};
+use crate::family;
+use crate::inputs::files::{self, FileError, read_up_to};
+use crate::inputs::host::HostError;
+use crate::inputs::metadata::{self, MAX_METADATA_LEN, Metadata, MetadataError};
+use crate::inputs::spec::{self, SpecError};
 use std::collections::BTreeSet;
 use std::fs::File;
 use std::io;
@@ -156,7 +157,7 @@ fn dev_dir_of(sources: &Sources, spec: Option<&spec::SpecView>) -> Option<PathBu
 pub fn gather(sources: &Sources) -> Result<Inputs, LoadError> {
     let metadata = sources.metadata.as_deref().map(read_metadata).transpose()?;
     let spec = sources.spec.as_deref().map(read_spec).transpose()?;
-    let dev_dir = dev_dir_of(sources, spec.as_ref()).as_deref().map(host::scan_dev_dir).transpose()?;
+    let dev_dir = dev_dir_of(sources, spec.as_ref()).as_deref().map(family::scan_dev_dir).transpose()?;
     // A host root that is not there would read as a host without driver files, in silence.
     let root = &sources.host_root;
     let meta = std::fs::metadata(root).map_err(|e| LoadError::Io(root.clone(), e))?;
@@ -167,7 +168,7 @@ pub fn gather(sources: &Sources) -> Result<Inputs, LoadError> {
         metadata,
         spec,
         dev_dir,
-        host: host::read_host_facts(root),
+        host: family::read_host_facts(root),
         device_map: sources.device_map.clone(),
         prefer: match &sources.prefer_file {
             Some(path) => read_prefer(path)?,

@@ -14,8 +14,8 @@
 //! (0x300 for `0000:03:00.0`); `device_instance` is the GPU's position in PCI bus order among
 //! the recorded GPUs. Both are 0 where the driver's files give no bus.
 
-use crate::device::RestoredGpu;
-use crate::plan::Plan;
+use crate::decision::plan::Plan;
+use crate::family::nvidia::RestoredGpu;
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
 
@@ -126,10 +126,12 @@ fn gpu_id(gpu: &RestoredGpu) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decision::plan::{self, Inputs};
     use crate::device::{Access, Rdev};
-    use crate::host::{DevDirScan, GpuInfo, HostFacts, HostNode};
-    use crate::metadata;
-    use crate::plan::{self, Inputs};
+    use crate::family::HostFacts;
+    use crate::family::nvidia::GpuInfo;
+    use crate::inputs::host::{DevDirScan, HostNode};
+    use crate::inputs::metadata;
 
     fn uuid(minor: u32) -> String {
         format!("GPU-00000000-0000-0000-0000-{minor:012}")
@@ -212,7 +214,7 @@ mod tests {
         assert_eq!((&on_b[1]["minor"], &on_b[1]["earlier_minors"]), (&json!(3), &json!([1])));
         let on_c = restore(host(&[6, 7], access), &on_b);
         let rdev = |name: &str| match on_c.tree.get(name).map(|n| &n.kind) {
-            Some(crate::tree::NodeKind::Device(_, rdev)) => Some(*rdev),
+            Some(crate::decision::tree::NodeKind::Device(_, rdev)) => Some(*rdev),
             _ => None,
         };
         let (c6, c7) = (Some(Rdev::new(1, 9)), Some(Rdev::new(1, 10)));

@@ -11,8 +11,8 @@
 //! is an identity only when well formed, on either side and in `--device-map`, and its hex
 //! digits are compared ignoring case, as `NVIDIA_VISIBLE_DEVICES` compares them.
 
-use crate::device::{RestoredGpu, is_gpu_uuid};
-use crate::metadata::DeviceId;
+use crate::family::nvidia::{RestoredGpu, is_gpu_uuid};
+use crate::inputs::metadata::DeviceId;
 use std::collections::BTreeSet;
 use std::fmt;
 use thiserror::Error;

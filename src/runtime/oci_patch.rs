@@ -430,7 +430,7 @@ mod tests {
     /// Rule (issue 21): the shipped example, hand-laid-out, changes in its /dev line alone.
     #[test]
     fn the_example_changes_in_one_line() {
-        let text = include_str!("../examples/config.json");
+        let text = include_str!("../../examples/config.json");
         let out = patch_text(text, "/run/devremap/ctr1").unwrap();
         assert_eq!(serde_json::from_str::<Value>(&out).unwrap(), patched_value(text, "/run/devremap/ctr1"));
         let (gone, added) = changed(text, &out);

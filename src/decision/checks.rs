@@ -11,9 +11,10 @@
 //! every restore from gVisor's own checkpoints. An operator may relax a check by name (it then
 //! warns); `count` cannot be, since a saved GPU without a restored one has nowhere to go.
 
-use crate::device::{Access, RestoredGpu};
-use crate::metadata::DeviceId;
-use crate::pairing::{self, Pair};
+use crate::decision::pairing::{self, Pair};
+use crate::device::Access;
+use crate::family::nvidia::RestoredGpu;
+use crate::inputs::metadata::DeviceId;
 use std::collections::BTreeSet;
 use std::fmt;
 use thiserror::Error;
@@ -160,8 +161,9 @@ fn compared(n: usize, of: usize, what: &str) -> String {
 
 /// `model`: each pair's saved and restored PCI ids are equal, where both are known.
 pub fn model(pairs: &[Pair], relax: &BTreeSet<CheckName>) -> CheckResult {
-    let known: Vec<(&Pair, (u32, u32), (u32, u32))> =
-        pairs.iter().filter_map(|p| Some((p, p.old.pci()?, p.new.pci?))).collect();
+    // Each pair with its saved and restored PCI ids (vendor, device).
+    type Known<'a> = (&'a Pair, (u32, u32), (u32, u32));
+    let known: Vec<Known> = pairs.iter().filter_map(|p| Some((p, p.old.pci()?, p.new.pci?))).collect();
     let outcome = match known.iter().find(|(_, old, new)| old != new) {
         Some((p, old, new)) => Err(format!(
             "saved nvidia{} is {}, restored {} is {}",
@@ -247,9 +249,9 @@ pub fn mode(pairs: &[Pair], relax: &BTreeSet<CheckName>) -> CheckResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decision::pairing::By;
     use crate::device::Rdev;
-    use crate::metadata::RecordedAccess;
-    use crate::pairing::By;
+    use crate::inputs::metadata::RecordedAccess;
 
     fn saved(minor: u32, pci: Option<(u32, u32)>) -> DeviceId {
         let (pci_vendor_id, pci_device_id) = pci.unwrap_or((0, 0));
