@@ -17,8 +17,8 @@ use crate::fuse_wire::{self, Attr, EntryOut, Reply, Request, WireError};
 use crate::served::ROOT;
 use std::collections::{BTreeMap, HashMap};
 
-/// One node id the kernel holds.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One node id the kernel holds (as the resume payload carries it, too).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct HeldNode {
     pub parent: u64,
     pub name: String,

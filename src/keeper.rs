@@ -149,7 +149,9 @@ enum State {
     Serving { current: Server },
     Replacing { successor: Option<Successor>, retry_at: Option<Instant> },
     Upgrading { current: Server, successor: Successor },
-    Stopping,
+    /// `current`: the server that was current, which the driver tells to stop (it removes the
+    /// state file), rather than only killing it.
+    Stopping { current: Option<Server> },
 }
 
 /// The keeper's state: the phase with its servers, the counters and what is deferred to a
@@ -200,7 +202,7 @@ impl Machine {
             State::Serving { .. } => Phase::Serving,
             State::Replacing { .. } => Phase::Replacing,
             State::Upgrading { .. } => Phase::Upgrading,
-            State::Stopping => Phase::Stopping,
+            State::Stopping { .. } => Phase::Stopping,
         }
     }
 
@@ -230,11 +232,11 @@ impl Machine {
 
     /// Feeds one event; returns what to do, in order.
     pub fn handle(&mut self, event: Event, now: Instant) -> Vec<Action> {
-        let state = std::mem::replace(&mut self.state, State::Stopping);
+        let state = std::mem::replace(&mut self.state, State::Stopping { current: None });
         self.state = match (state, event) {
-            (State::Stopping, _) => State::Stopping,
-            (_, Event::Stop(why)) => self.stop(Exit::Stop, Some(why)),
-            (_, Event::KernelEnded) => self.stop(Exit::Ended, None),
+            (state @ State::Stopping { .. }, _) => state,
+            (state, Event::Stop(why)) => self.stop(state.current().copied(), Exit::Stop, Some(why)),
+            (state, Event::KernelEnded) => self.stop(state.current().copied(), Exit::Ended, None),
             (state, Event::Spawned { epoch, pid, handed_plan }) => steps::spawned(state, epoch, pid, handed_plan),
             (state, Event::SpawnFailed { epoch, why }) => self.spawn_failed(state, epoch, why, now),
             (state, Event::Sighup) => {
@@ -267,7 +269,8 @@ impl State {
             State::Starting { first: current, .. } | State::Serving { current } | State::Upgrading { current, .. } => {
                 Some(current)
             }
-            _ => None,
+            State::Stopping { current } => current.as_ref(),
+            State::Replacing { .. } => None,
         }
     }
 

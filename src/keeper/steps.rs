@@ -14,13 +14,16 @@ impl Machine {
         self.out.push(Action::Info(text.into()));
     }
 
-    pub(super) fn stop(&mut self, exit: Exit, why: Option<String>) -> State {
+    /// The end of the keeper's life (`why` logged and told to systemd, for a stop): the server
+    /// that was `current` stays known, for the driver to tell it to stop (it removes the state
+    /// file) before it kills what is left.
+    pub(super) fn stop(&mut self, current: Option<Server>, exit: Exit, why: Option<String>) -> State {
         if let Some(why) = why {
             self.info(format!("{why}: stopping"));
             self.out.push(Action::Notify(Notice::Stopping));
         }
         self.out.push(Action::Exit(exit));
-        State::Stopping
+        State::Stopping { current }
     }
 
     /// A reload, asked for (`SIGHUP`) or due: a ready server reloads now; during an upgrade the
@@ -41,7 +44,7 @@ impl Machine {
                 self.reload_when_ready = true;
                 self.info("signal SIGHUP while a server takes over: reloading once it serves");
             }
-            State::Stopping => {}
+            State::Stopping { .. } => {}
         }
     }
 
@@ -115,7 +118,7 @@ impl Machine {
 
     pub(super) fn spawn_failed(&mut self, state: State, epoch: u64, why: String, now: Instant) -> State {
         match state {
-            State::Starting { .. } => self.stop(Exit::StartFailed(format!("cannot start the server: {why}")), None),
+            State::Starting { .. } => self.stop(None, Exit::StartFailed(format!("cannot start the server: {why}")), None),
             State::Replacing { successor: Some(s), .. } if s.server.epoch == epoch => {
                 self.warn(format!("cannot start a server: {why}"));
                 self.retry_later(now)
@@ -133,7 +136,7 @@ impl Machine {
             let why = format!("it speaks keeper protocol {protocol}, this keeper speaks protocol {PROTOCOL}");
             return match state {
                 State::Starting { first, mounted: false, .. } if first.epoch == epoch => {
-                    self.stop(Exit::StartFailed(format!("the server cannot serve: {why}")), None)
+                    self.stop(None, Exit::StartFailed(format!("the server cannot serve: {why}")), None)
                 }
                 state if is_successor => {
                     let refusal = format!("upgrade refused: the new binary cannot take over: {why}; restart the daemon to use it");
@@ -264,7 +267,7 @@ impl Machine {
         match state {
             State::Starting { first, error, .. } if first.epoch == epoch => {
                 let why = error.unwrap_or_else(|| format!("the server exited before it was ready ({status})"));
-                self.stop(Exit::StartFailed(why), None)
+                self.stop(None, Exit::StartFailed(why), None)
             }
             State::Serving { current } if current.epoch == epoch => {
                 self.warn(died(&current));
