@@ -355,11 +355,18 @@ impl Session for Server {
         state.insert("last_error".into(), status.last_error.map_or(Value::Null, Value::from));
         state.insert("reloads".into(), status.reloads.into());
         state.insert("retired_nodes".into(), status.retired_nodes.into());
-        state.insert("pid".into(), nix::unistd::getppid().as_raw().into());
-        state.insert("server_pid".into(), std::process::id().into());
-        state.insert("handovers".into(), self.handovers.into());
-        state.insert("mountpoint".into(), self.mountpoint.display().to_string().into());
-        state.insert("log_lines_dropped".into(), logging::dropped().into());
+        let mountpoint = self.mountpoint.display().to_string();
+        let keeper = handover::StateFields {
+            protocol: handover::PROTOCOL,
+            pid: nix::unistd::getppid().as_raw(),
+            server_pid: std::process::id(),
+            handovers: self.handovers,
+            mountpoint: &mountpoint,
+            log_lines_dropped: logging::dropped(),
+        };
+        if let Ok(Value::Object(fields)) = serde_json::to_value(&keeper) {
+            state.extend(fields);
+        }
         let mut text = Value::Object(state).to_string();
         text.push('\n');
         let control = &self.control;

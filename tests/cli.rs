@@ -36,7 +36,7 @@ fn the_version_names_the_keeper_protocol() {
     let (code, stdout, stderr) = devremapd(&["--version"]);
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(stdout, format!("devremapd {}\n", devremap::keeper::control::VERSION));
-    assert!(stdout.contains("(keeper protocol 1)"), "{stdout}");
+    assert!(stdout.contains(&format!("(keeper protocol {})", devremap::keeper::control::PROTOCOL)), "{stdout}");
 }
 
 /// Rule (issue 11.3): `oci-patch --dev` refuses a path that is not a live devremap mount

@@ -495,8 +495,8 @@ fn an_upgrade_through_a_switched_symlink_runs_the_binary_it_names_now() {
 
 /// Rule (issue 18): an upgrade to a build that speaks another keeper protocol is refused, never
 /// misread: the old server serves on and `last_error` names both versions. The other build is
-/// this one made to claim protocol 2 by a test hook (`DEVREMAPD_FAILPOINT=protocol:2`, set by a
-/// wrapper script installed at the keeper's path), not a second real build.
+/// this one made to claim the next protocol by a test hook (`DEVREMAPD_FAILPOINT=protocol:N`,
+/// set by a wrapper script installed at the keeper's path), not a second real build.
 #[test]
 #[ignore = "needs root, /dev/fuse and --features test-hooks"]
 fn an_upgrade_to_a_build_of_another_protocol_is_refused() {
@@ -506,11 +506,12 @@ fn an_upgrade_to_a_build_of_another_protocol_is_refused() {
     let binary = Binary::new();
     let d = inputs.start_from(&binary);
     let old = d.server_pid();
-    binary.replace(format!("#!/bin/sh\nDEVREMAPD_FAILPOINT=protocol:2 exec {BIN} \"$@\"\n").as_bytes(), 0o755);
+    let (ours, theirs) = (devremap::keeper::control::PROTOCOL, devremap::keeper::control::PROTOCOL + 1);
+    binary.replace(format!("#!/bin/sh\nDEVREMAPD_FAILPOINT=protocol:{theirs} exec {BIN} \"$@\"\n").as_bytes(), 0o755);
     kill(d.child.id(), libc::SIGUSR2);
     let state = wait_on(&d, "last_error", || read_state(&d).filter(|s| !s["last_error"].is_null()));
     let error = state["last_error"].as_str().unwrap();
-    assert!(error.contains("keeper protocol 2") && error.contains("protocol 1"), "{error}");
+    assert!(error.contains(&format!("keeper protocol {theirs}, this keeper speaks protocol {ours}")), "{error}");
     assert_eq!(state_pid(&state, "server_pid"), old);
     assert_eq!(handovers(&state), 0);
     assert!(!has_exited(old));

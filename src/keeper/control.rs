@@ -1,47 +1,60 @@
 //! What the keeper and its server say to each other outside the FUSE traffic, over the
-//! control socket (a `SOCK_SEQPACKET` pair: one record is one message), and the resume payload:
-//! the kernel's node table and the counters a server takes over.
+//! control socket (a `SOCK_SEQPACKET` pair: one record is one message), the resume payload (the
+//! kernel's node table and the counters a server takes over) and the state file's fields about
+//! the keeper and its servers: one protocol, [`PROTOCOL`], with serde deriving each encoding.
 //!
-//! Assumptions: both ends are the same program, or an upgrade of it that speaks this
-//! encoding (a tag byte, then the message); a record is at most [`MAX_RECORD`] bytes, so the
-//! resume payload, which grows with the nodes the kernel holds, goes in parts. A message that
-//! does not decode is an error naming what was wrong: a server refuses to start on it.
+//! A control record is the message as JSON (`{"Status":{"generation":3,...}}`), then, for the
+//! two that carry bytes ([`Control::Part`], [`Control::Invalidate`]), a NUL byte and the bytes
+//! as they are (compact JSON never holds a NUL). Two records are frozen, the same in every
+//! version since protocol 1: [`Control::Load`] (`D`) and [`Control::Loaded`] (`L` and the
+//! version, 4 bytes little-endian; a bare `L`, from a build before versions, is protocol 0), so
+//! that a keeper and a server of any two versions always learn each other's version, and an
+//! upgrade to another is refused naming both, never misread.
+//!
+//! Assumptions: a record is at most [`MAX_RECORD`] bytes, so the resume payload, which grows
+//! with the nodes the kernel holds, goes in parts; what is read is bounded by the record (the
+//! reader's buffer). A message that does not decode is an error naming what was wrong: a
+//! server refuses to start on it.
 
-use crate::keeper::fuse_wire::Attr;
 use crate::keeper::kernel_nodes::{Held, HeldNode};
 use crate::served::lifecycle::Notice;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use thiserror::Error;
 
-/// The version of what the keeper and its servers say to each other (the control messages and
-/// the resume payload). A server says it with `Loaded`; an upgrade to a binary that speaks
-/// another is refused, never misread. Raise it with any change to either encoding.
-pub const PROTOCOL: u32 = 1;
+/// The version of what the keeper and its servers say to each other (the control messages, the
+/// resume payload, the state file's keeper fields). A server says it with `Loaded`; an upgrade
+/// to a binary that speaks another is refused, never misread. Raise it with any change to an
+/// encoding. 1: hand-kept tag tables; 2: serde JSON.
+pub const PROTOCOL: u32 = 2;
 
 /// `devremapd --version`: the package's version and [`PROTOCOL`] (checked equal by a test).
-pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (keeper protocol 1)");
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (keeper protocol 2)");
 
 /// The largest control record: well under a socket's default buffer.
 pub const MAX_RECORD: usize = 64 * 1024;
+/// Room for a [`Control::Part`]'s JSON before its bytes.
+const PART_HEADER: usize = 64;
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum HandoverError {
     #[error("an empty control message")]
     Empty,
-    #[error("an unknown control message (tag {0:#04x})")]
-    Tag(u8),
-    #[error("a truncated control message (tag {0:?})")]
-    Truncated(char),
+    #[error("a control message that is not valid: {0}")]
+    Message(String),
+    #[error("a truncated control message ({0})")]
+    Truncated(&'static str),
     #[error("a resume payload that is not valid: {0}")]
     Payload(String),
 }
 
 /// One control message.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Control {
-    /// Server to keeper: the inputs loaded, and the [`PROTOCOL`] it speaks; send the INIT. (A
-    /// build before protocol versions sent no version: it decodes as 0.)
+    /// Server to keeper: the inputs loaded, and the [`PROTOCOL`] it speaks; send the INIT.
+    /// (Frozen: see the module's doc.)
     Loaded(u32),
     /// Server to keeper: the inputs did not load (the error line); the server exits 1.
     Failed(String),
@@ -64,14 +77,15 @@ pub enum Control {
     Notify(Notice),
     /// Server to keeper: write this notification (an invalidation) to `/dev/fuse`, then answer
     /// [`Control::Invalidated`] with the write's errno (0: done; ENOENT: nothing was cached).
-    Invalidate(Vec<u8>),
+    Invalidate(#[serde(skip)] Vec<u8>),
     Invalidated(i32),
     /// A part of a payload larger than a record ([`records`]); [`Control::End`] ends it. From
     /// the keeper: the plan to serve (instead of [`Control::Load`]), then the [`Resume`]; from
     /// the server: the plan it serves, after each generation (`Loaded::to_bytes`).
-    Part(Vec<u8>),
+    Part(#[serde(skip)] Vec<u8>),
     End,
     /// Keeper to server, first: load the inputs (rather than serve the plan that follows).
+    /// (Frozen: see the module's doc.)
     Load,
     /// Keeper to server: an upgrade failed; record it as the last error.
     Refused(String),
@@ -84,76 +98,45 @@ pub enum Control {
 
 impl Control {
     pub fn encode(&self) -> Vec<u8> {
-        let (tag, body): (u8, &[u8]) = match self {
-            Control::Loaded(protocol) => return [&[b'L'][..], &protocol.to_le_bytes()].concat(),
-            Control::Failed(text) => (b'F', text.as_bytes()),
-            Control::Answering => (b'A', &[]),
-            Control::Proceed => (b'O', &[]),
-            Control::Status { generation, last_error } => {
-                let error = last_error.as_deref().map_or(&b""[..], str::as_bytes);
-                return [&[b'G'][..], &generation.to_le_bytes(), &[u8::from(last_error.is_some())], error].concat();
-            }
-            Control::Notify(n) => {
-                let n = match n {
-                    Notice::Ready => b'r',
-                    Notice::Reloading => b'l',
-                    Notice::Stopping => b's',
-                };
-                return vec![b'N', n];
-            }
-            Control::StateFile(dev, ino) => return [&[b'W'][..], &dev.to_le_bytes(), &ino.to_le_bytes()].concat(),
-            Control::Invalidate(msg) => (b'I', msg),
-            Control::Invalidated(errno) => return [&[b'i'][..], &errno.to_le_bytes()].concat(),
-            Control::Part(part) => (b'P', part),
-            Control::End => (b'E', &[]),
-            Control::Load => (b'D', &[]),
-            Control::Refused(text) => (b'R', text.as_bytes()),
-            Control::Stop => (b'S', &[]),
-            Control::Retire => (b'X', &[]),
-        };
-        [&[tag][..], body].concat()
+        match self {
+            Control::Loaded(protocol) => return [&b"L"[..], &protocol.to_le_bytes()].concat(),
+            Control::Load => return b"D".to_vec(),
+            _ => {}
+        }
+        // An enum of plain data with string keys only: its JSON cannot fail.
+        let mut record = serde_json::to_vec(self).expect("a control message serializes");
+        if let Control::Part(bytes) | Control::Invalidate(bytes) = self {
+            record.push(0);
+            record.extend_from_slice(bytes);
+        }
+        record
     }
 
     pub fn decode(record: &[u8]) -> Result<Control, HandoverError> {
-        let (&tag, body) = record.split_first().ok_or(HandoverError::Empty)?;
-        let text = || String::from_utf8_lossy(body).into_owned();
-        Ok(match tag {
-            b'L' if body.is_empty() => Control::Loaded(0),
-            b'L' => Control::Loaded(u32::from_le_bytes(body.try_into().map_err(|_| HandoverError::Truncated('L'))?)),
-            b'F' => Control::Failed(text()),
-            b'A' => Control::Answering,
-            b'O' => Control::Proceed,
-            b'G' => {
-                let (generation, rest) = body.split_first_chunk::<8>().ok_or(HandoverError::Truncated('G'))?;
-                let (&has_error, error) = rest.split_first().ok_or(HandoverError::Truncated('G'))?;
-                Control::Status {
-                    generation: u64::from_le_bytes(*generation),
-                    last_error: (has_error != 0).then(|| String::from_utf8_lossy(error).into_owned()),
-                }
+        match record {
+            [] => return Err(HandoverError::Empty),
+            [b'L'] => return Ok(Control::Loaded(0)),
+            [b'L', version @ ..] => {
+                let version = version.try_into().map_err(|_| HandoverError::Truncated("Loaded"))?;
+                return Ok(Control::Loaded(u32::from_le_bytes(version)));
             }
-            b'N' => Control::Notify(match body {
-                b"r" => Notice::Ready,
-                b"l" => Notice::Reloading,
-                b"s" => Notice::Stopping,
-                _ => return Err(HandoverError::Truncated('N')),
-            }),
-            b'W' => {
-                let (dev, ino) = body.split_first_chunk::<8>().ok_or(HandoverError::Truncated('W'))?;
-                let ino: [u8; 8] = ino.try_into().map_err(|_| HandoverError::Truncated('W'))?;
-                Control::StateFile(u64::from_le_bytes(*dev), u64::from_le_bytes(ino))
-            }
-            b'I' => Control::Invalidate(body.to_vec()),
-            b'i' => {
-                Control::Invalidated(i32::from_le_bytes(body.try_into().map_err(|_| HandoverError::Truncated('i'))?))
-            }
-            b'P' => Control::Part(body.to_vec()),
-            b'E' => Control::End,
-            b'D' => Control::Load,
-            b'R' => Control::Refused(text()),
-            b'S' => Control::Stop,
-            b'X' => Control::Retire,
-            other => return Err(HandoverError::Tag(other)),
-        })
+            [b'D'] => return Ok(Control::Load),
+            _ => {}
+        }
+        let (json, bytes) = match record.iter().position(|&b| b == 0) {
+            Some(nul) => (&record[..nul], Some(&record[nul + 1..])),
+            None => (record, None),
+        };
+        let mut message: Control =
+            serde_json::from_slice(json).map_err(|e| HandoverError::Message(e.to_string()))?;
+        match (&mut message, bytes) {
+            (Control::Part(b) | Control::Invalidate(b), Some(bytes)) => *b = bytes.to_vec(),
+            (Control::Part(_) | Control::Invalidate(_), None) => return Err(HandoverError::Truncated("no bytes")),
+            (Control::Loaded(_) | Control::Load, _) => return Err(HandoverError::Message("not in its frozen form".into())),
+            (_, Some(_)) => return Err(HandoverError::Message("bytes after a message that has none".into())),
+            _ => {}
+        }
+        Ok(message)
     }
 }
 
@@ -161,7 +144,7 @@ impl Control {
 /// [`Control::End`].
 pub fn records(payload: &[u8]) -> Vec<Vec<u8>> {
     let mut records: Vec<Vec<u8>> =
-        payload.chunks(MAX_RECORD - 1).map(|part| Control::Part(part.to_vec()).encode()).collect();
+        payload.chunks(MAX_RECORD - PART_HEADER).map(|part| Control::Part(part.to_vec()).encode()).collect();
     records.push(Control::End.encode());
     records
 }
@@ -186,88 +169,87 @@ pub struct Resume {
     pub previous_plan: Option<String>,
 }
 
+/// The resume payload as it travels: [`Resume`], with the node table and the cookies as maps
+/// and the previous plan as JSON inside it (not a string of JSON).
+#[derive(Serialize, Deserialize)]
+struct Payload<'a> {
+    protocol: u32,
+    generation: u64,
+    handovers: u64,
+    max_ino: u64,
+    from: String,
+    last_error: Option<String>,
+    #[serde(borrow)]
+    previous_plan: Option<&'a RawValue>,
+    nodes: Cow<'a, HashMap<u64, HeldNode>>,
+    cookies: Cow<'a, BTreeMap<u64, String>>,
+}
+
 impl Resume {
     /// The first server of a mount: numbers its tree afresh.
     pub fn is_first(&self) -> bool {
         self.generation == 0
     }
 
-    /// The payload as the records that carry it, [`Control::End`] last.
+    /// The payload as the records that carry it, [`Control::End`] last. A previous plan that is
+    /// not JSON (it always is: `Loaded::to_bytes`) is left out: the successor's log line then
+    /// says less.
     pub fn records(&self) -> Vec<Vec<u8>> {
-        let nodes: Vec<Value> = self
-            .held
-            .nodes()
-            .iter()
-            .map(|(ino, n)| {
-                let a = &n.attr;
-                json!([
-                    ino, n.parent, n.name, a.mode, a.uid, a.gid, a.rdev, a.size, a.mtime.0, a.mtime.1, n.target,
-                    n.count
-                ])
-            })
-            .collect();
-        let payload = json!({
-            "generation": self.generation,
-            "handovers": self.handovers,
-            "max_ino": self.held.max_ino(),
-            "from": self.from,
-            "last_error": self.last_error,
-            "previous_plan": self.previous_plan,
-            "nodes": nodes,
-            "cookies": self.held.cookies().iter().map(|(c, name)| json!([c, name])).collect::<Vec<Value>>(),
-        })
-        .to_string();
-        records(payload.as_bytes())
+        let plan = self.previous_plan.as_deref().and_then(|p| serde_json::from_str::<&RawValue>(p).ok());
+        let payload = Payload {
+            protocol: PROTOCOL,
+            generation: self.generation,
+            handovers: self.handovers,
+            max_ino: self.held.max_ino(),
+            from: self.from.clone(),
+            last_error: self.last_error.clone(),
+            previous_plan: plan,
+            nodes: Cow::Borrowed(self.held.nodes()),
+            cookies: Cow::Borrowed(self.held.cookies()),
+        };
+        // Maps with integer keys and plain data: its JSON cannot fail.
+        records(&serde_json::to_vec(&payload).expect("a resume payload serializes"))
     }
 
     /// The payload put back together from its parts.
     pub fn parse(payload: &[u8]) -> Result<Resume, HandoverError> {
-        let bad = |what: &str| HandoverError::Payload(what.to_owned());
-        let v: Value = serde_json::from_slice(payload).map_err(|e| HandoverError::Payload(e.to_string()))?;
-        let num = |key: &str| v.get(key).and_then(Value::as_u64).ok_or_else(|| bad(key));
-        let mut nodes = HashMap::new();
-        for row in v.get("nodes").and_then(Value::as_array).ok_or_else(|| bad("nodes"))? {
-            let row = row.as_array().filter(|r| r.len() == 12).ok_or_else(|| bad("a node row"))?;
-            let n = |i: usize| row[i].as_u64().ok_or_else(|| bad("a node row's number"));
-            let n32 = |i: usize| n(i).and_then(|x| u32::try_from(x).map_err(|_| bad("a node row's number")));
-            let node = HeldNode {
-                parent: n(1)?,
-                name: row[2].as_str().ok_or_else(|| bad("a node's name"))?.to_owned(),
-                attr: Attr {
-                    mode: n32(3)?,
-                    uid: n32(4)?,
-                    gid: n32(5)?,
-                    rdev: n32(6)?,
-                    size: n(7)?,
-                    mtime: (n(8)?, n32(9)?),
-                },
-                target: row[10].as_str().map(str::to_owned),
-                count: n(11)?,
-            };
-            nodes.insert(n(0)?, node);
-        }
-        let mut cookies = BTreeMap::new();
-        for row in v.get("cookies").and_then(Value::as_array).ok_or_else(|| bad("cookies"))? {
-            let cookie = row.get(0).and_then(Value::as_u64).ok_or_else(|| bad("a cookie"))?;
-            let name = row.get(1).and_then(Value::as_str).ok_or_else(|| bad("a cookie's name"))?;
-            cookies.insert(cookie, name.to_owned());
+        let p: Payload = serde_json::from_slice(payload).map_err(|e| HandoverError::Payload(e.to_string()))?;
+        if p.protocol != PROTOCOL {
+            return Err(HandoverError::Payload(format!("keeper protocol {}, not {PROTOCOL}", p.protocol)));
         }
         Ok(Resume {
-            generation: num("generation")?,
-            handovers: num("handovers")?,
-            held: Held::from_parts(nodes, num("max_ino")?, cookies),
-            from: v.get("from").and_then(Value::as_str).ok_or_else(|| bad("from"))?.to_owned(),
-            last_error: v.get("last_error").and_then(Value::as_str).map(str::to_owned),
-            previous_plan: v.get("previous_plan").and_then(Value::as_str).map(str::to_owned),
+            generation: p.generation,
+            handovers: p.handovers,
+            held: Held::from_parts(p.nodes.into_owned(), p.max_ino, p.cookies.into_owned()),
+            from: p.from,
+            last_error: p.last_error,
+            previous_plan: p.previous_plan.map(|plan| plan.get().to_owned()),
         })
     }
+}
+
+/// The state file's fields about the keeper and its servers (the rest is the plan served).
+#[derive(Debug, Serialize)]
+pub struct StateFields<'a> {
+    /// [`PROTOCOL`]: what a tool reading these fields may expect of them.
+    pub protocol: u32,
+    /// The keeper's (the daemon's) pid.
+    pub pid: i32,
+    /// The server answering now.
+    pub server_pid: u32,
+    /// Servers replaced since the mount (crashes and upgrades).
+    pub handovers: u64,
+    pub mountpoint: &'a str,
+    pub log_lines_dropped: u64,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::keeper::fuse_wire::Attr;
 
-    /// Rule: every control message decodes to itself; unknown and truncated ones are errors.
+    /// Rule (issue 18): every control message decodes to itself; unknown, truncated and
+    /// misplaced ones are errors; `Load` and `Loaded` keep the form every version reads.
     #[test]
     fn control_messages_round_trip() {
         let all = [
@@ -276,12 +258,13 @@ mod tests {
             Control::Answering,
             Control::Proceed,
             Control::Status { generation: u64::MAX, last_error: None },
-            Control::Status { generation: 3, last_error: Some("spec.json: bad".into()) },
+            Control::Status { generation: 3, last_error: Some("spec.json: bad\n\0".into()) },
             Control::Notify(Notice::Reloading),
             Control::StateFile(2049, u64::MAX),
-            Control::Invalidate(vec![9; 40]),
+            Control::Invalidate(vec![0; 40]),
             Control::Invalidated(-2),
-            Control::Part(vec![1, 2, 3]),
+            Control::Part(vec![1, 0, 3]),
+            Control::Part(Vec::new()),
             Control::End,
             Control::Load,
             Control::Refused("upgrade refused".into()),
@@ -291,13 +274,18 @@ mod tests {
         for c in all {
             assert_eq!(Control::decode(&c.encode()).unwrap(), c);
         }
-        assert_eq!(Control::decode(&[]), Err(HandoverError::Empty));
-        assert_eq!(Control::decode(b"Z"), Err(HandoverError::Tag(b'Z')));
-        assert_eq!(Control::decode(b"G123"), Err(HandoverError::Truncated('G')));
+        assert_eq!(Control::Loaded(1).encode(), b"L\x01\0\0\0", "frozen since protocol 1");
+        assert_eq!(Control::Load.encode(), b"D", "frozen since protocol 1");
         assert_eq!(Control::decode(b"L"), Ok(Control::Loaded(0)), "a build before versions");
-        assert_eq!(Control::decode(b"L12"), Err(HandoverError::Truncated('L')));
+        assert_eq!(Control::decode(&[]), Err(HandoverError::Empty));
+        assert_eq!(Control::decode(b"L12"), Err(HandoverError::Truncated("Loaded")));
+        assert!(matches!(Control::decode(b"Z"), Err(HandoverError::Message(_))));
+        assert!(matches!(Control::decode(b"{\"Status\":{\"last_error\":null}}"), Err(HandoverError::Message(_))));
+        assert!(matches!(Control::decode(b"{\"StateFile\":[1]}"), Err(HandoverError::Message(_))));
+        assert!(matches!(Control::decode(b"{\"Loaded\":2}"), Err(HandoverError::Message(_))), "only frozen");
+        assert_eq!(Control::decode(b"\"Part\""), Err(HandoverError::Truncated("no bytes")));
+        assert!(matches!(Control::decode(b"\"End\"\0x"), Err(HandoverError::Message(_))));
         assert!(VERSION.ends_with(&format!("(keeper protocol {PROTOCOL})")), "{VERSION}");
-        assert_eq!(Control::decode(b"W12345678123"), Err(HandoverError::Truncated('W')));
     }
 
     /// Rule: a payload larger than a record goes in parts, and comes back whole.
@@ -335,5 +323,13 @@ mod tests {
         assert_eq!(Resume::parse(&payload).unwrap(), resume);
         assert!(Resume::parse(&payload[..payload.len() / 2]).is_err());
         assert!(Resume::parse(b"{\"generation\":1}").is_err());
+        let other = String::from_utf8(payload).unwrap().replacen(&format!("\"protocol\":{PROTOCOL}"), "\"protocol\":9", 1);
+        assert_eq!(
+            Resume::parse(other.as_bytes()),
+            Err(HandoverError::Payload(format!("keeper protocol 9, not {PROTOCOL}"))),
+            "a payload of another protocol is never misread"
+        );
+        // The previous plan travels as JSON inside the payload, not as a string of JSON.
+        assert!(other.contains("\"previous_plan\":{\"plan\": 1}"), "{}", &other[..200]);
     }
 }

@@ -8,6 +8,7 @@
 //! length it did not check: a short or inconsistent message is an error, never a panic.
 
 use thiserror::Error;
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 pub const LOOKUP: u32 = 1;
 pub const FORGET: u32 = 2;
@@ -19,13 +20,137 @@ pub const BATCH_FORGET: u32 = 42;
 pub const READDIRPLUS: u32 = 44;
 
 /// `fuse_in_header`'s size.
-pub const IN_HEADER: usize = 40;
+pub const IN_HEADER: usize = size_of::<InHeader>();
 /// `fuse_out_header`'s size.
-pub const OUT_HEADER: usize = 16;
-/// `fuse_entry_out`'s size (with `fuse_attr` of 7.9 and later).
-const ENTRY_OUT: usize = 128;
-/// `fuse_dirent`'s fixed part.
-const DIRENT: usize = 24;
+pub const OUT_HEADER: usize = size_of::<OutHeader>();
+
+// The kernel's structs (`include/uapi/linux/fuse.h`), read by copy (a message's fields need not
+// be aligned in its buffer); each size is checked against the kernel's at compile time.
+
+/// `fuse_in_header`.
+#[repr(C)]
+#[derive(FromBytes, Immutable, KnownLayout)]
+struct InHeader {
+    len: u32,
+    opcode: u32,
+    unique: u64,
+    nodeid: u64,
+    uid: u32,
+    gid: u32,
+    pid: u32,
+    total_extlen: u16,
+    padding: u16,
+}
+
+/// `fuse_out_header`.
+#[repr(C)]
+#[derive(FromBytes, IntoBytes, Immutable, KnownLayout)]
+struct OutHeader {
+    len: u32,
+    error: i32,
+    unique: u64,
+}
+
+/// `fuse_attr` (7.9 and later).
+#[repr(C)]
+#[derive(FromBytes, Immutable, KnownLayout)]
+struct FuseAttr {
+    ino: u64,
+    size: u64,
+    blocks: u64,
+    atime: u64,
+    mtime: u64,
+    ctime: u64,
+    atimensec: u32,
+    mtimensec: u32,
+    ctimensec: u32,
+    mode: u32,
+    nlink: u32,
+    uid: u32,
+    gid: u32,
+    rdev: u32,
+    blksize: u32,
+    flags: u32,
+}
+
+/// `fuse_entry_out`.
+#[repr(C)]
+#[derive(FromBytes, Immutable, KnownLayout)]
+struct FuseEntryOut {
+    nodeid: u64,
+    generation: u64,
+    entry_valid: u64,
+    attr_valid: u64,
+    entry_valid_nsec: u32,
+    attr_valid_nsec: u32,
+    attr: FuseAttr,
+}
+
+/// `fuse_dirent`'s fixed part (the name follows, padded to 8 bytes).
+#[repr(C)]
+#[derive(FromBytes, Immutable, KnownLayout)]
+struct FuseDirent {
+    ino: u64,
+    off: u64,
+    namelen: u32,
+    typ: u32,
+}
+
+/// `fuse_forget_in`, and `fuse_batch_forget_in` with its `fuse_forget_one`s.
+#[repr(C)]
+#[derive(FromBytes, Immutable, KnownLayout)]
+struct ForgetIn {
+    nlookup: u64,
+}
+
+#[repr(C)]
+#[derive(FromBytes, Immutable, KnownLayout)]
+struct BatchForgetIn {
+    count: u32,
+    dummy: u32,
+}
+
+#[repr(C)]
+#[derive(FromBytes, Immutable, KnownLayout)]
+struct ForgetOne {
+    nodeid: u64,
+    nlookup: u64,
+}
+
+/// `fuse_notify_inval_inode_out` and `fuse_notify_inval_entry_out` (the name follows).
+#[repr(C)]
+#[derive(IntoBytes, Immutable)]
+struct InvalInodeOut {
+    ino: u64,
+    off: i64,
+    len: i64,
+}
+
+#[repr(C)]
+#[derive(IntoBytes, Immutable)]
+struct InvalEntryOut {
+    parent: u64,
+    namelen: u32,
+    flags: u32,
+}
+
+const _: () = {
+    assert!(size_of::<InHeader>() == 40);
+    assert!(size_of::<OutHeader>() == 16);
+    assert!(size_of::<FuseAttr>() == 88);
+    assert!(size_of::<FuseEntryOut>() == 128);
+    assert!(size_of::<FuseDirent>() == 24);
+    assert!(size_of::<ForgetIn>() == 8);
+    assert!(size_of::<BatchForgetIn>() == 8);
+    assert!(size_of::<ForgetOne>() == 16);
+    assert!(size_of::<InvalInodeOut>() == 24);
+    assert!(size_of::<InvalEntryOut>() == 16);
+};
+
+/// The `T` at the start of `b`, and what follows it; `None` if `b` is shorter.
+fn read<T: FromBytes + KnownLayout + Immutable>(b: &[u8]) -> Option<(T, &[u8])> {
+    T::read_from_prefix(b).ok()
+}
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum WireError {
@@ -37,24 +162,14 @@ pub enum WireError {
     Truncated { what: &'static str },
 }
 
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    u32::from_ne_bytes(b[at..at + 4].try_into().expect("4 bytes"))
-}
-
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    u64::from_ne_bytes(b[at..at + 8].try_into().expect("8 bytes"))
-}
-
-/// Checks that `msg` holds its header (`header` bytes) and is as long as its first field says.
-fn whole(msg: &[u8], header: usize) -> Result<(), WireError> {
-    if msg.len() < header {
-        return Err(WireError::Short(msg.len()));
-    }
-    let said = u32_at(msg, 0) as usize;
+/// Checks that `msg` starts with a header `H` and is as long as its first field (`len`) says.
+fn whole<H: FromBytes + KnownLayout + Immutable>(msg: &[u8], len: impl Fn(&H) -> u32) -> Result<H, WireError> {
+    let (header, _) = read::<H>(msg).ok_or(WireError::Short(msg.len()))?;
+    let said = len(&header) as usize;
     if said != msg.len() {
         return Err(WireError::Length { said, got: msg.len() });
     }
-    Ok(())
+    Ok(header)
 }
 
 /// A request from the kernel: `fuse_in_header` and what follows it.
@@ -68,8 +183,8 @@ pub struct Request<'a> {
 
 impl<'a> Request<'a> {
     pub fn parse(msg: &'a [u8]) -> Result<Request<'a>, WireError> {
-        whole(msg, IN_HEADER)?;
-        Ok(Request { opcode: u32_at(msg, 4), unique: u64_at(msg, 8), nodeid: u64_at(msg, 16), body: &msg[IN_HEADER..] })
+        let h = whole::<InHeader>(msg, |h| h.len)?;
+        Ok(Request { opcode: h.opcode, unique: h.unique, nodeid: h.nodeid, body: &msg[IN_HEADER..] })
     }
 
     /// A request that gets no reply: FORGET, BATCH_FORGET, INTERRUPT.
@@ -86,16 +201,21 @@ impl<'a> Request<'a> {
     pub fn forgets(&self) -> Result<Vec<(u64, u64)>, WireError> {
         let truncated = WireError::Truncated { what: "forget" };
         match self.opcode {
-            FORGET if self.body.len() >= 8 => Ok(vec![(self.nodeid, u64_at(self.body, 0))]),
-            BATCH_FORGET if self.body.len() >= 8 => {
-                let count = u32_at(self.body, 0) as usize;
-                let ones = &self.body[8..];
-                if ones.len() / 16 < count {
-                    return Err(truncated);
+            FORGET => read::<ForgetIn>(self.body).map(|(f, _)| vec![(self.nodeid, f.nlookup)]).ok_or(truncated),
+            BATCH_FORGET => {
+                let (batch, mut ones) = read::<BatchForgetIn>(self.body).ok_or(truncated)?;
+                let count = batch.count as usize;
+                if ones.len() / size_of::<ForgetOne>() < count {
+                    return Err(WireError::Truncated { what: "forget" });
                 }
-                Ok((0..count).map(|i| (u64_at(ones, i * 16), u64_at(ones, i * 16 + 8))).collect())
+                let mut out = Vec::with_capacity(count);
+                for _ in 0..count {
+                    let (one, rest) = read::<ForgetOne>(ones).ok_or(WireError::Truncated { what: "forget" })?;
+                    out.push((one.nodeid, one.nlookup));
+                    ones = rest;
+                }
+                Ok(out)
             }
-            FORGET | BATCH_FORGET => Err(truncated),
             _ => Ok(Vec::new()),
         }
     }
@@ -112,13 +232,13 @@ pub struct Reply<'a> {
 
 impl<'a> Reply<'a> {
     pub fn parse(msg: &'a [u8]) -> Result<Reply<'a>, WireError> {
-        whole(msg, OUT_HEADER)?;
-        Ok(Reply { error: u32_at(msg, 4) as i32, unique: u64_at(msg, 8), body: &msg[OUT_HEADER..] })
+        let h = whole::<OutHeader>(msg, |h| h.len)?;
+        Ok(Reply { error: h.error, unique: h.unique, body: &msg[OUT_HEADER..] })
     }
 }
 
 /// What an entry told the kernel about a node: the attributes that make its identity.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Attr {
     /// `st_mode`: the type bits and the permission bits.
     pub mode: u32,
@@ -138,26 +258,26 @@ pub struct EntryOut {
     pub attr: Attr,
 }
 
-fn entry_out(b: &[u8]) -> EntryOut {
-    EntryOut {
-        nodeid: u64_at(b, 0),
-        attr: Attr {
-            size: u64_at(b, 48),
-            mtime: (u64_at(b, 72), u32_at(b, 92)),
-            mode: u32_at(b, 100),
-            uid: u32_at(b, 108),
-            gid: u32_at(b, 112),
-            rdev: u32_at(b, 116),
-        },
+impl From<FuseEntryOut> for EntryOut {
+    fn from(e: FuseEntryOut) -> EntryOut {
+        let a = e.attr;
+        EntryOut {
+            nodeid: e.nodeid,
+            attr: Attr {
+                size: a.size,
+                mtime: (a.mtime, a.mtimensec),
+                mode: a.mode,
+                uid: a.uid,
+                gid: a.gid,
+                rdev: a.rdev,
+            },
+        }
     }
 }
 
 /// The entry of a LOOKUP reply.
 pub fn lookup_entry(body: &[u8]) -> Result<EntryOut, WireError> {
-    if body.len() < ENTRY_OUT {
-        return Err(WireError::Truncated { what: "entry" });
-    }
-    Ok(entry_out(body))
+    read::<FuseEntryOut>(body).map(|(e, _)| e.into()).ok_or(WireError::Truncated { what: "entry" })
 }
 
 /// One entry of a READDIR or READDIRPLUS reply.
@@ -173,24 +293,19 @@ pub struct Dirent {
 /// The entries of a READDIR reply (`plus` false) or a READDIRPLUS reply, `.` and `..` included.
 pub fn dirents(body: &[u8], plus: bool) -> Result<Vec<Dirent>, WireError> {
     let what = if plus { "direntplus" } else { "dirent" };
-    let head = if plus { ENTRY_OUT } else { 0 };
     let mut out = Vec::new();
     let mut rest = body;
     while !rest.is_empty() {
-        if rest.len() < head + DIRENT {
-            return Err(WireError::Truncated { what });
+        let (entry, after) = match plus {
+            true => read::<FuseEntryOut>(rest).map(|(e, after)| (Some(e.into()), after)),
+            false => Some((None, rest)),
         }
-        let namelen = u32_at(rest, head + 16) as usize;
-        let size = head + DIRENT + namelen;
-        if rest.len() < size {
-            return Err(WireError::Truncated { what });
-        }
-        out.push(Dirent {
-            name: rest[head + DIRENT..size].to_vec(),
-            off: u64_at(rest, head + 8),
-            entry: plus.then(|| entry_out(rest)),
-        });
+        .ok_or(WireError::Truncated { what })?;
+        let (dirent, after) = read::<FuseDirent>(after).ok_or(WireError::Truncated { what })?;
+        let name = after.get(..dirent.namelen as usize).ok_or(WireError::Truncated { what })?;
+        out.push(Dirent { name: name.to_vec(), off: dirent.off, entry });
         // Each entry is padded to 8 bytes; the last one may end without its padding.
+        let size = rest.len() - after.len() + name.len();
         rest = &rest[size.next_multiple_of(8).min(rest.len())..];
     }
     Ok(out)
@@ -198,45 +313,31 @@ pub fn dirents(body: &[u8], plus: bool) -> Result<Vec<Dirent>, WireError> {
 
 /// An error reply to request `unique`: what the keeper answers for a request it gives up on.
 pub fn error_reply(unique: u64, errno: i32) -> Vec<u8> {
-    let mut b = Vec::with_capacity(OUT_HEADER);
-    b.extend_from_slice(&(OUT_HEADER as u32).to_ne_bytes());
-    b.extend_from_slice(&(-errno).to_ne_bytes());
-    b.extend_from_slice(&unique.to_ne_bytes());
-    b
+    OutHeader { len: OUT_HEADER as u32, error: -errno, unique }.as_bytes().to_vec()
 }
 
 /// `FUSE_NOTIFY_INVAL_INODE`: drop what the kernel cached of node `ino` (attributes, a
 /// directory's listing).
 pub fn inval_inode(ino: u64) -> Vec<u8> {
-    let mut body = Vec::with_capacity(24);
-    body.extend_from_slice(&ino.to_ne_bytes());
     // Offset 0, length 0: the whole cached content, with the attributes.
-    body.extend_from_slice(&0i64.to_ne_bytes());
-    body.extend_from_slice(&0i64.to_ne_bytes());
-    notification(NOTIFY_INVAL_INODE, &body)
+    notification(NOTIFY_INVAL_INODE, &[InvalInodeOut { ino, off: 0, len: 0 }.as_bytes()])
 }
 
 /// `FUSE_NOTIFY_INVAL_ENTRY`: drop the kernel's entry `name` in directory `parent`.
 pub fn inval_entry(parent: u64, name: &[u8]) -> Vec<u8> {
-    let mut body = Vec::with_capacity(16 + name.len() + 1);
-    body.extend_from_slice(&parent.to_ne_bytes());
-    body.extend_from_slice(&(name.len() as u32).to_ne_bytes());
-    body.extend_from_slice(&0u32.to_ne_bytes());
-    body.extend_from_slice(name);
-    body.push(0);
-    notification(NOTIFY_INVAL_ENTRY, &body)
+    let head = InvalEntryOut { parent, namelen: name.len() as u32, flags: 0 };
+    notification(NOTIFY_INVAL_ENTRY, &[head.as_bytes(), name, &[0]])
 }
 
 const NOTIFY_INVAL_INODE: i32 = 2;
 const NOTIFY_INVAL_ENTRY: i32 = 3;
 
 /// A notification: an out header with unique 0 and the code where a reply has its error.
-fn notification(code: i32, body: &[u8]) -> Vec<u8> {
-    let mut b = Vec::with_capacity(OUT_HEADER + body.len());
-    b.extend_from_slice(&((OUT_HEADER + body.len()) as u32).to_ne_bytes());
-    b.extend_from_slice(&code.to_ne_bytes());
-    b.extend_from_slice(&0u64.to_ne_bytes());
-    b.extend_from_slice(body);
+fn notification(code: i32, body: &[&[u8]]) -> Vec<u8> {
+    let len = OUT_HEADER + body.iter().map(|part| part.len()).sum::<usize>();
+    let mut b = Vec::with_capacity(len);
+    b.extend_from_slice(OutHeader { len: len as u32, error: code, unique: 0 }.as_bytes());
+    body.iter().for_each(|part| b.extend_from_slice(part));
     b
 }
 
@@ -244,6 +345,11 @@ fn notification(code: i32, body: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 pub mod build {
     use super::*;
+
+    /// `fuse_entry_out`'s size and `fuse_dirent`'s fixed part, as the kernel has them: the
+    /// builders below write at the kernel's offsets, not through the structs they test.
+    pub const ENTRY_OUT: usize = 128;
+    pub const DIRENT: usize = 24;
 
     pub fn request(opcode: u32, unique: u64, nodeid: u64, body: &[u8]) -> Vec<u8> {
         let mut b = Vec::new();

@@ -19,8 +19,8 @@ use std::collections::{BTreeMap, HashMap};
 /// FUSE's node id of the root directory (`FUSE_ROOT_ID`), which the kernel never forgets.
 pub const ROOT: u64 = 1;
 
-/// One node id the kernel holds.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One node id the kernel holds (as the resume payload carries it, too).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct HeldNode {
     pub parent: u64,
     pub name: String,

@@ -1,14 +1,29 @@
-//! The keeper's decisions about its servers, without I/O: what a `SIGHUP` or a `SIGUSR2` does
-//! in each phase, what follows a server's readiness or its loss (restart at once or after a
-//! backoff, reload or not), whether a replacement that answered the INIT probe takes over, and
-//! whether a server is hung. The keeper (`mountd/keeper/`) derives the [`Phase`] from the
-//! servers it has, feeds these the events and does what they return; [`crate::keeper::relay::Relay`]
-//! decides the FUSE traffic.
+//! The keeper's decisions about its servers, as one state machine without I/O: events in
+//! ([`Event`]: a signal, a server's message, its exit, its hang, a timer), actions out
+//! ([`Action`]: start a server, probe it, let it take over, kill it, tell it something, log,
+//! exit). The keeper (`mountd/keeper/`) feeds it what happens and does what it returns;
+//! [`crate::keeper::relay::Relay`] decides the FUSE traffic.
 //!
-//! Assumptions: at most one server is current and at most one replaces it (after a crash, or
-//! an upgrade); a server that said `READY=1` answers every request at once, so one left
-//! unanswered for `--server-timeout` means it hangs, unless its replies wait on the keeper.
+//! The phases ([`Phase`]) and their legal transitions, each made in one place ([`Machine::handle`]):
+//!
+//! - `Starting` (the first server loads, the keeper mounts, the mount answers through it):
+//!   to `Serving` when it answers; a failure before that is the command's error (`Exit`).
+//! - `Serving` (a current server takes requests; it is *ready* once it said `READY=1`): to
+//!   `Upgrading` on `SIGUSR2` (ready only), to `Replacing` when it dies or hangs.
+//! - `Replacing` (no current server: a successor is starting from the dead one's binary and
+//!   plan, or due after a backoff): to `Serving` when the successor takes over.
+//! - `Upgrading` (a ready server serves while the binary now on disk loads to take over): to
+//!   `Serving` when the new server takes over, or when it is refused (the old one serves on);
+//!   to `Replacing` when the old one dies (the upgrade is dropped).
+//! - `Stopping` (`SIGTERM`, the container gone, the connection ended): from every phase, and
+//!   final: no event starts anything any more.
+//!
+//! Assumptions: at most one server is current and at most one is a successor; a server that
+//! took over answers every request at once, so one left unanswered for `--server-timeout` means
+//! it hangs (ready or not: a successor is sent requests as soon as it takes over), unless its
+//! replies wait on the keeper ([`hang`]).
 
+use crate::keeper::control::Control;
 use crate::served::lifecycle::Notice;
 use std::time::{Duration, Instant};
 
@@ -19,85 +34,133 @@ pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// Servers in a row that may die in the middle of a reload before a successor stops reloading
 /// on its own (the inputs may be what kills them).
 pub const MAX_RELOAD_DEATHS: u32 = 2;
+/// The first server's epoch.
+pub const FIRST_EPOCH: u64 = 1;
 
-/// Where the keeper is, as its servers tell.
+/// Where the keeper is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
-    /// The first server has not yet answered through the mount.
     Starting,
-    /// A ready server answers, and none replaces it.
     Serving,
-    /// No ready server: one died (or hung) and another is starting, or due, to take over.
     Replacing,
-    /// A ready server answers while the binary now on disk loads to take over from it.
     Upgrading,
+    Stopping,
 }
 
-/// What a reload request does.
+/// The binary a server is started from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reload {
-    /// Pass the `SIGHUP` to the current server.
-    Now,
-    /// Pass it, and reload once more when the upgrade's server serves (it may have loaded
-    /// the inputs before they changed).
-    NowAndOnceServing,
-    /// No server can reload yet: reload once one serves.
-    OnceServing,
+pub enum Binary {
+    /// The one the last server that took over ran (the first: the keeper's own).
+    Good,
+    /// The file now at the path the keeper was started by (an upgrade).
+    Path,
 }
 
-/// What a `SIGUSR2` does.
+/// Why the keeper's life ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Exit {
+    /// Stopped (the reason was logged): unmount, stop the servers, exit 0.
+    Stop,
+    /// `/dev/fuse` ended: stop the servers; the connection's end decides the exit status.
+    Ended,
+    /// The start failed with this error: leave nothing behind, exit 1.
+    StartFailed(String),
+}
+
+/// What the keeper does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Start server `epoch`; `plan`: hand it the plan the current server served, if any, rather
+    /// than have it load the inputs. Answered by [`Event::Spawned`] or [`Event::SpawnFailed`].
+    Spawn { epoch: u64, binary: Binary, plan: bool },
+    /// The first server loaded: mount, and start relaying requests.
+    Mount(u64),
+    /// Write the pid file, unless it is written already.
+    WritePidFile,
+    Tell(u64, Control),
+    /// Send `SIGHUP` to server `epoch` (a reload).
+    Reload(u64),
+    /// Replay the kernel's INIT to successor `epoch`.
+    Probe(u64),
+    /// Successor `epoch` takes over: at an upgrade the old server `retire` drains, retires and
+    /// leaves first; then the relay hands it the node table (and, at an upgrade, the old plan)
+    /// and the requests in flight. `from` starts the successor's log line.
+    TakeOver { epoch: u64, retire: Option<u64>, from: String },
+    /// The relay counts a death for what was in flight at server `epoch`, which no longer answers.
+    Lost(u64),
+    Kill(u64),
+    /// Tell the service manager.
+    Notify(Notice),
+    Info(String),
+    Warn(String),
+    Exit(Exit),
+}
+
+/// What happens to the keeper.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// [`Action::Spawn`] started server `epoch` as `pid`; `handed_plan`: it was handed a plan.
+    Spawned { epoch: u64, pid: u32, handed_plan: bool },
+    SpawnFailed { epoch: u64, why: String },
+    Sighup,
+    Sigusr2,
+    /// `SIGTERM`, `SIGINT` or the watched container gone: the reason.
+    Stop(String),
+    /// `/dev/fuse` ended (unmounted or aborted from outside).
+    KernelEnded,
+    /// Server `epoch` loaded its inputs and speaks `protocol`.
+    Loaded { epoch: u64, protocol: u32 },
+    /// Server `epoch` failed to load (its error line); it exits next.
+    Failed { epoch: u64, why: String },
+    /// The mount answers through server `epoch`.
+    Answering(u64),
+    Notice(u64, Notice),
+    /// Successor `epoch` answered the INIT replay, alike (`same`) or not.
+    Probed { epoch: u64, same: bool },
+    /// Server `epoch` exited, with this status.
+    Gone { epoch: u64, status: String },
+    /// Server `epoch` has left a request unanswered since `since` ([`hang`] said so).
+    Hung { epoch: u64, since: Instant },
+    /// A deadline ([`Machine::deadline`]) passed.
+    Tick,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Upgrade {
-    /// Start the binary at the keeper's path to take over.
-    Start,
-    /// A server is starting: upgrade once it serves.
-    OnceServing,
-    /// An upgrade is under way already.
-    Ignored,
+struct Server {
+    epoch: u64,
+    pid: u32,
+    /// It said `READY=1`.
+    ready: bool,
 }
 
-/// What the current server's first `READY=1` makes due.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct WhenReady {
-    pub reload: bool,
-    pub upgrade: bool,
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Successor {
+    server: Server,
+    /// When it is given up on, if it has not taken over.
+    deadline: Instant,
+    /// Why it failed, when it said so before exiting.
+    failed: Option<String>,
+    handed_plan: bool,
 }
 
-/// What follows the loss of the current server.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Lost {
-    /// Start a successor now (`None`), or after this backoff (it was not ready: it may die
-    /// the same way at once).
-    pub retry_in: Option<Duration>,
-    /// The successor reloads once it serves (a reload the dead server was asked for, or had
-    /// begun, is not lost); `false` after [`MAX_RELOAD_DEATHS`] deaths in a reload.
-    pub reload: bool,
+#[derive(Debug)]
+enum State {
+    Starting { first: Server, mounted: bool, error: Option<String> },
+    Serving { current: Server },
+    Replacing { successor: Option<Successor>, retry_at: Option<Instant> },
+    Upgrading { current: Server, successor: Successor },
+    /// `current`: the server that was current, which the driver tells to stop (it removes the
+    /// state file), rather than only killing it.
+    Stopping { current: Option<Server> },
 }
 
-/// Whether a replacement that answered the INIT probe takes over.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Probe {
-    /// It takes over; `differs`: it negotiates other FUSE parameters (after a crash there is
-    /// no server to keep, so it serves anyway, with a warning).
-    TakeOver { differs: bool },
-    /// An upgrade that disagrees with the kernel's INIT: refused, the old server serves on.
-    Refuse,
-}
-
-/// The hang check's verdict on the current server.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Hang {
-    /// Nothing has waited on it for `--server-timeout`.
-    No,
-    /// Something has, but replies it sent wait to be passed on: pass them on, then look again.
-    WaitForReplies,
-    /// It has left a request unanswered since then: kill it, another takes over.
-    Hung(Instant),
-}
-
-/// The counters and the requests deferred to a ready server.
-#[derive(Debug, Default)]
-pub struct Policy {
+/// The keeper's state: the phase with its servers, the counters and what is deferred to a
+/// ready server.
+#[derive(Debug)]
+pub struct Machine {
+    state: State,
+    next_epoch: u64,
+    reload_timeout: Duration,
     /// Servers in a row that died before they were ready (the backoff grows with them).
     failures: u32,
     /// The current server said `RELOADING=1` and not yet `READY=1`.
@@ -106,84 +169,119 @@ pub struct Policy {
     reload_deaths: u32,
     reload_when_ready: bool,
     upgrade_when_ready: bool,
+    /// The last server lost, and how (`it died`, `it hung`), named by the one that takes over.
+    dead: Option<(u32, &'static str)>,
+    out: Vec<Action>,
 }
 
-impl Policy {
-    /// A `SIGHUP` from someone: whatever servers died of before, the reload is tried.
-    pub fn sighup(&mut self, phase: Phase) -> Reload {
-        self.reload_deaths = 0;
-        self.reload(phase)
+impl Machine {
+    /// A keeper starting its first server, which gives up on a successor that has not taken
+    /// over within `reload_timeout`.
+    pub fn new(reload_timeout: Duration) -> (Machine, Vec<Action>) {
+        let first = Server { epoch: FIRST_EPOCH, pid: 0, ready: false };
+        let mut m = Machine {
+            state: State::Starting { first, mounted: false, error: None },
+            next_epoch: FIRST_EPOCH + 1,
+            reload_timeout,
+            failures: 0,
+            reloading: false,
+            reload_deaths: 0,
+            reload_when_ready: false,
+            upgrade_when_ready: false,
+            dead: None,
+            out: Vec::new(),
+        };
+        m.out.push(Action::Spawn { epoch: FIRST_EPOCH, binary: Binary::Good, plan: false });
+        let actions = std::mem::take(&mut m.out);
+        (m, actions)
     }
 
-    /// A reload, asked for or due.
-    pub fn reload(&mut self, phase: Phase) -> Reload {
-        match phase {
-            Phase::Serving => Reload::Now,
-            Phase::Upgrading => {
-                self.reload_when_ready = true;
-                Reload::NowAndOnceServing
+    pub fn phase(&self) -> Phase {
+        match self.state {
+            State::Starting { .. } => Phase::Starting,
+            State::Serving { .. } => Phase::Serving,
+            State::Replacing { .. } => Phase::Replacing,
+            State::Upgrading { .. } => Phase::Upgrading,
+            State::Stopping { .. } => Phase::Stopping,
+        }
+    }
+
+    /// The server requests go to that is checked for a hang: the current one once it took
+    /// over (the first once the mount answers through it), ready or not.
+    pub fn hang_checked(&self) -> Option<u64> {
+        match &self.state {
+            State::Serving { current } | State::Upgrading { current, .. } => Some(current.epoch),
+            _ => None,
+        }
+    }
+
+    /// When [`Event::Tick`] is due: a restart's backoff, or a successor's deadline.
+    pub fn deadline(&self) -> Option<Instant> {
+        match &self.state {
+            State::Replacing { successor: Some(s), .. } | State::Upgrading { successor: s, .. } => Some(s.deadline),
+            State::Replacing { successor: None, retry_at } => *retry_at,
+            _ => None,
+        }
+    }
+
+    /// The server of `epoch` is the current one or a successor (its exit is this machine's
+    /// event; any other's is the driver's to reap).
+    pub fn knows(&self, epoch: u64) -> bool {
+        self.current() == Some(epoch) || self.state.successor(epoch).is_some()
+    }
+
+    /// Feeds one event; returns what to do, in order.
+    pub fn handle(&mut self, event: Event, now: Instant) -> Vec<Action> {
+        let state = std::mem::replace(&mut self.state, State::Stopping { current: None });
+        self.state = match (state, event) {
+            (state @ State::Stopping { .. }, _) => state,
+            (state, Event::Stop(why)) => self.stop(state.current().copied(), Exit::Stop, Some(why)),
+            (state, Event::KernelEnded) => self.stop(state.current().copied(), Exit::Ended, None),
+            (state, Event::Spawned { epoch, pid, handed_plan }) => steps::spawned(state, epoch, pid, handed_plan),
+            (state, Event::SpawnFailed { epoch, why }) => self.spawn_failed(state, epoch, why, now),
+            (state, Event::Sighup) => {
+                self.reload_deaths = 0;
+                self.reload(&state);
+                state
             }
-            Phase::Starting | Phase::Replacing => {
-                self.reload_when_ready = true;
-                Reload::OnceServing
-            }
-        }
+            (state, Event::Sigusr2) => self.upgrade(state, now),
+            (state, Event::Loaded { epoch, protocol }) => self.loaded(state, epoch, protocol, now),
+            (state, Event::Failed { epoch, why }) => self.failed_said(state, epoch, why),
+            (state, Event::Answering(epoch)) => self.answering(state, epoch),
+            (state, Event::Notice(epoch, notice)) => self.notice(state, epoch, notice, now),
+            (state, Event::Probed { epoch, same }) => self.probed(state, epoch, same),
+            (state, Event::Gone { epoch, status }) => self.gone(state, epoch, &status, now),
+            (state, Event::Hung { epoch, since }) => self.hung(state, epoch, since, now),
+            (state, Event::Tick) => self.tick(state, now),
+        };
+        std::mem::take(&mut self.out)
     }
 
-    /// A `SIGUSR2`.
-    pub fn upgrade(&mut self, phase: Phase) -> Upgrade {
-        match phase {
-            Phase::Serving => Upgrade::Start,
-            Phase::Upgrading => Upgrade::Ignored,
-            Phase::Starting | Phase::Replacing => {
-                self.upgrade_when_ready = true;
-                Upgrade::OnceServing
-            }
-        }
-    }
-
-    /// A notice of the current server (`RELOADING=1`, `READY=1`): a reload it finishes ends
-    /// the run of deaths in reloads.
-    pub fn notice(&mut self, notice: Notice) {
-        match notice {
-            Notice::Reloading => self.reloading = true,
-            Notice::Ready if std::mem::take(&mut self.reloading) => self.reload_deaths = 0,
-            _ => {}
-        }
-    }
-
-    /// The current server's first `READY=1`: the run of failures ends, and what was deferred
-    /// to a ready server is due.
-    pub fn ready(&mut self) -> WhenReady {
-        self.failures = 0;
-        WhenReady {
-            reload: std::mem::take(&mut self.reload_when_ready),
-            upgrade: std::mem::take(&mut self.upgrade_when_ready),
-        }
-    }
-
-    /// The current server died or was killed as hung; `was_ready`: it had said `READY=1`.
-    pub fn lost(&mut self, was_ready: bool) -> Lost {
-        self.reload_deaths += u32::from(std::mem::take(&mut self.reloading));
-        let reload = self.reload_deaths < MAX_RELOAD_DEATHS;
-        self.reload_when_ready |= reload;
-        Lost { retry_in: (!was_ready).then(|| self.failed()), reload }
-    }
-
-    /// A server that was to take over failed (it died, or did not load in time): the wait
-    /// before the next start.
-    pub fn failed(&mut self) -> Duration {
-        self.failures += 1;
-        (FIRST_BACKOFF * 2u32.saturating_pow(self.failures - 1)).min(MAX_BACKOFF)
+    /// The current server's epoch (the first server's, while it starts).
+    pub fn current(&self) -> Option<u64> {
+        self.state.current().map(|s| s.epoch)
     }
 }
 
-/// Whether a replacement takes over, given whether it answered the probe as the first server
-/// did and whether it replaces a crashed server (or an upgrade's).
-pub fn probed(same: bool, crashed: bool) -> Probe {
-    match (same, crashed) {
-        (false, false) => Probe::Refuse,
-        (same, _) => Probe::TakeOver { differs: !same },
+impl State {
+    fn current(&self) -> Option<&Server> {
+        match self {
+            State::Starting { first: current, .. } | State::Serving { current } | State::Upgrading { current, .. } => {
+                Some(current)
+            }
+            State::Stopping { current } => current.as_ref(),
+            State::Replacing { .. } => None,
+        }
+    }
+
+    /// The successor, if it is server `epoch`.
+    fn successor(&self, epoch: u64) -> Option<&Successor> {
+        match self {
+            State::Replacing { successor: Some(s), .. } | State::Upgrading { successor: s, .. } => {
+                Some(s).filter(|s| s.server.epoch == epoch)
+            }
+            _ => None,
+        }
     }
 }
 
@@ -198,6 +296,17 @@ pub fn hang(oldest_sent: Option<Instant>, now: Instant, timeout: Duration, repli
     }
 }
 
+/// The hang check's verdict on the current server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hang {
+    /// Nothing has waited on it for `--server-timeout`.
+    No,
+    /// Something has, but replies it sent wait to be passed on: pass them on, then look again.
+    WaitForReplies,
+    /// It has left a request unanswered since then: [`Event::Hung`].
+    Hung(Instant),
+}
+
 /// How late a wake-up at `now` was for `deadline`, when later than `heartbeat` (the longest the
 /// keeper sleeps while a server answers): then the keeper itself did not run meanwhile
 /// (stopped, or starved of CPU), and its server's clock starts again.
@@ -205,118 +314,6 @@ pub fn away(deadline: Option<Instant>, now: Instant, heartbeat: Duration) -> Opt
     deadline.map(|d| now.saturating_duration_since(d)).filter(|late| *late > heartbeat)
 }
 
+mod steps;
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Rule (issue 13): a server that dies before it is ready is started again after a backoff
-    /// of 0.2 s doubling to 5 s; a ready successor ends the run.
-    #[test]
-    fn failed_starts_back_off_and_a_ready_server_resets_it() {
-        let mut p = Policy::default();
-        let waits: Vec<u128> = (0..7).map(|_| p.failed().as_millis()).collect();
-        assert_eq!(waits, [200, 400, 800, 1600, 3200, 5000, 5000]);
-        p.ready();
-        assert_eq!(p.failed(), FIRST_BACKOFF);
-    }
-
-    /// Rule (issue 13): a ready server that dies is replaced at once; one that was not ready
-    /// is retried after the backoff; either way its successor reloads.
-    #[test]
-    fn a_crash_restarts_at_once_and_an_unready_death_backs_off() {
-        let mut p = Policy::default();
-        assert_eq!(p.lost(true), Lost { retry_in: None, reload: true });
-        assert_eq!(p.lost(false), Lost { retry_in: Some(FIRST_BACKOFF), reload: true });
-        assert_eq!(p.ready(), WhenReady { reload: true, upgrade: false });
-    }
-
-    /// Rule (issue 13): after two servers in a row died in the middle of a reload, the next
-    /// serves the last plan without reloading, until someone sends SIGHUP.
-    #[test]
-    fn two_deaths_in_a_reload_stop_the_reloads_until_a_sighup() {
-        let mut p = Policy::default();
-        p.notice(Notice::Reloading);
-        assert!(p.lost(true).reload);
-        p.ready();
-        p.notice(Notice::Reloading);
-        assert!(!p.lost(true).reload, "the inputs may be what kills them");
-        assert_eq!(p.ready(), WhenReady::default());
-        assert_eq!(p.sighup(Phase::Replacing), Reload::OnceServing);
-        assert!(p.ready().reload);
-        p.notice(Notice::Reloading);
-        assert!(p.lost(true).reload, "a SIGHUP tries again");
-        // A reload that finishes ends the run.
-        let mut q = Policy::default();
-        q.notice(Notice::Reloading);
-        q.lost(true);
-        q.notice(Notice::Reloading);
-        q.notice(Notice::Ready);
-        q.notice(Notice::Reloading);
-        assert!(q.lost(true).reload);
-    }
-
-    /// Rule (issue 13, 18): a SIGHUP while no server can reload (starting, or taking over
-    /// after a crash) is done once one serves; during an upgrade the old server reloads and the
-    /// new one reloads again once it serves.
-    #[test]
-    fn a_sighup_during_a_takeover_is_done_once_a_server_serves() {
-        for phase in [Phase::Starting, Phase::Replacing] {
-            let mut p = Policy::default();
-            assert_eq!(p.sighup(phase), Reload::OnceServing);
-            assert_eq!(p.ready(), WhenReady { reload: true, upgrade: false }, "{phase:?}");
-            assert_eq!(p.ready(), WhenReady::default(), "{phase:?}: once");
-        }
-        let mut p = Policy::default();
-        assert_eq!(p.sighup(Phase::Upgrading), Reload::NowAndOnceServing);
-        assert!(p.ready().reload);
-        assert_eq!(Policy::default().sighup(Phase::Serving), Reload::Now);
-    }
-
-    /// Rule (issue 13): SIGUSR2 starts an upgrade from a serving server; during a start or a
-    /// takeover it waits for a ready server; during an upgrade it is ignored.
-    #[test]
-    fn an_upgrade_is_started_deferred_or_ignored_by_phase() {
-        let mut p = Policy::default();
-        assert_eq!(p.upgrade(Phase::Serving), Upgrade::Start);
-        assert_eq!(p.upgrade(Phase::Upgrading), Upgrade::Ignored);
-        assert_eq!(p.ready(), WhenReady::default());
-        for phase in [Phase::Starting, Phase::Replacing] {
-            assert_eq!(p.upgrade(phase), Upgrade::OnceServing);
-            assert_eq!(p.ready(), WhenReady { reload: false, upgrade: true });
-        }
-    }
-
-    /// Rule (issue 13): an upgrade that negotiates other FUSE parameters is refused; after a
-    /// crash the replacement takes over anyway (there is no server to keep).
-    #[test]
-    fn an_upgrade_that_disagrees_on_init_is_refused() {
-        assert_eq!(probed(true, false), Probe::TakeOver { differs: false });
-        assert_eq!(probed(false, false), Probe::Refuse);
-        assert_eq!(probed(true, true), Probe::TakeOver { differs: false });
-        assert_eq!(probed(false, true), Probe::TakeOver { differs: true });
-    }
-
-    /// Rule (issue 18): a request unanswered for the timeout makes a server hung, unless
-    /// replies it sent wait to be passed on: those are passed on first.
-    #[test]
-    fn replies_are_drained_before_a_server_is_called_hung() {
-        let (t0, timeout) = (Instant::now(), Duration::from_secs(1));
-        let late = t0 + Duration::from_millis(1500);
-        assert_eq!(hang(None, late, timeout, false), Hang::No);
-        assert_eq!(hang(Some(t0), t0 + Duration::from_millis(999), timeout, false), Hang::No);
-        assert_eq!(hang(Some(t0), late, timeout, true), Hang::WaitForReplies);
-        assert_eq!(hang(Some(t0), late, timeout, false), Hang::Hung(t0));
-    }
-
-    /// Rule (issue 18): a wake-up more than a heartbeat past its deadline means the keeper was
-    /// away; one within it, or before the deadline, does not.
-    #[test]
-    fn a_late_wake_up_tells_that_the_keeper_was_away() {
-        let (d, beat) = (Instant::now(), Duration::from_millis(250));
-        assert_eq!(away(None, d + beat * 10, beat), None);
-        assert_eq!(away(Some(d), d, beat), None);
-        assert_eq!(away(Some(d + beat), d, beat), None);
-        assert_eq!(away(Some(d), d + beat, beat), None);
-        assert_eq!(away(Some(d), d + beat * 6, beat), Some(beat * 6));
-    }
-}
+mod tests;

@@ -77,7 +77,7 @@ pub enum State {
 }
 
 /// What the service manager is told.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Notice {
     Ready,
     Reloading,

@@ -1,0 +1,134 @@
+//! The end of the keeper's life: a stop, the connection's end from outside, a start that
+//! failed; and what it tells systemd.
+
+use super::procs::Proc;
+use super::{Ev, Keeper};
+use crate::mountpoint::{detach, is_dead_mount};
+use devremap::atomic::Written;
+use devremap::keeper::control::Control;
+use devremap::io_message;
+use devremap::served::lifecycle::Notice;
+use log::{info, warn};
+use nix::mount::MntFlags;
+use sd_notify::NotifyState;
+use std::io;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+impl Keeper<'_> {
+    /// A start that failed: nothing is left behind (no server, no mount); returns `why`.
+    pub(super) fn start_failed(&mut self, why: String) -> String {
+        let all: Vec<Proc> = self.procs.drain().map(|(_, p)| p).collect();
+        for p in all {
+            self.kill(p);
+        }
+        if self.mounted {
+            if nix::mount::umount2(&self.mountpoint, MntFlags::empty()).is_err() {
+                detach(&self.mountpoint);
+            }
+            self.mounted = false;
+        }
+        why
+    }
+
+    /// SIGTERM, SIGINT, or the watched container gone (logged, and told to systemd, by the
+    /// machine's actions): unmount, stop the server.
+    pub(super) fn stop(&mut self, rx: &Receiver<Ev>) -> Result<(), String> {
+        if self.mounted {
+            match nix::mount::umount2(&self.mountpoint, MntFlags::empty()) {
+                // Unmounted here; the connection ends once no other mount holds it. A
+                // container's bind mount of it does: then exiting ends it, and the container
+                // sees ENOTCONN.
+                Ok(()) => {
+                    let deadline = Instant::now() + Duration::from_millis(500);
+                    let ended = loop {
+                        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                            Ok(Ev::KernelEnded(_)) | Err(RecvTimeoutError::Disconnected) => break true,
+                            Ok(_) => {}
+                            Err(RecvTimeoutError::Timeout) => break false,
+                        }
+                    };
+                    if ended {
+                        info!("unmounted {}", self.m);
+                    } else {
+                        warn!(
+                            "unmounted {}, but other mounts of it (a container's /dev?) remain; they lose their /dev as we exit",
+                            self.m
+                        );
+                    }
+                }
+                // Busy (a process has its cwd in it): detach; the same holds for its last users.
+                Err(e) => {
+                    warn!(
+                        "{}: unmount failed ({}); detached it, and what still holds it loses its /dev as we exit",
+                        self.m,
+                        io_message(&e.into())
+                    );
+                    detach(&self.mountpoint);
+                }
+            }
+        }
+        self.end_servers();
+        Ok(())
+    }
+
+    /// Tells the server that the daemon stops (it removes the state file) and waits a little
+    /// for it; kills whatever is left. A state file no server removed (none was serving, or it
+    /// was stopped and killed) is removed here if it is still a file one of them wrote.
+    fn end_servers(&mut self) {
+        if let Some(p) = self.machine.current().and_then(|epoch| self.procs.remove(&epoch)) {
+            p.tell(&Control::Stop);
+            // It removes the state file and exits; whatever is left then is killed.
+            crate::watch::exits_within(p.pid(), Duration::from_secs(2));
+            self.kill(p);
+        }
+        let rest: Vec<Proc> = self.procs.drain().map(|(_, p)| p).chain(self.leaving.drain(..)).collect();
+        for p in rest {
+            self.kill(p);
+        }
+        // Never read: a file at the path is removed only if it is one our servers wrote (a
+        // file another user put there may be of any size, and is theirs).
+        if let Some(path) = &self.args.state_file {
+            for identity in self.link.state_files.lock().drain(..) {
+                Written::known(path, identity).remove_if_ours();
+            }
+        }
+    }
+
+    /// `/dev/fuse` ended without a stop. A clean outside `umount` ends it with ENODEV (`Ok`):
+    /// exit 0. An aborted connection (`umount -f`, a write to `/sys/fs/fuse/connections/N/abort`)
+    /// ends it with ECONNABORTED (the server asks for `FUSE_ABORT_ERROR`) and may leave a dead
+    /// mount answering ENOTCONN (when it was busy): detach that and fail, so that a supervisor
+    /// (systemd's `Restart=on-failure`) starts a new daemon.
+    pub(super) fn ended(&mut self, result: io::Result<()>) -> Result<(), String> {
+        self.end_servers();
+        let aborted = result.as_ref().err().and_then(io::Error::raw_os_error) == Some(libc::ECONNABORTED);
+        if is_dead_mount(&self.mountpoint) {
+            detach(&self.mountpoint);
+            return Err(format!("{}: the FUSE connection was aborted; detached the dead mount", self.m));
+        }
+        match result {
+            _ if aborted => return Err(format!("{}: the FUSE connection was aborted", self.m)),
+            Ok(()) => info!("{}: unmounted from outside", self.m),
+            Err(e) => warn!("{}: the FUSE connection ended: {}", self.m, io_message(&e)),
+        }
+        Ok(())
+    }
+}
+
+/// Tells systemd, when it started us with a notify socket (`Type=notify` or `notify-reload`,
+/// which shows the unit as reloading until `READY=1`); without one this does nothing.
+pub(super) fn notify(notice: Notice) {
+    let states = match notice {
+        Notice::Ready => vec![NotifyState::Ready],
+        Notice::Stopping => vec![NotifyState::Stopping],
+        Notice::Reloading => {
+            let mut reloading = vec![NotifyState::Reloading];
+            reloading.extend(NotifyState::monotonic_usec_now().ok());
+            reloading
+        }
+    };
+    if let Err(e) = sd_notify::notify(&states) {
+        warn!("cannot notify systemd: {}", io_message(&e));
+    }
+}

@@ -1,0 +1,115 @@
+//! The keeper's actions on the mount and at a takeover: mounting once the first server has
+//! loaded, the pid file, the INIT replay to a successor, and the takeover itself (the old
+//! server's drain and retirement at an upgrade, the node table and the requests in flight).
+
+use super::threads::{mount, relay_requests};
+use super::{Keeper, spawn_thread};
+use devremap::atomic::{Lasting, write_atomic_told};
+use devremap::keeper::fuse_wire;
+use devremap::keeper::control::Control;
+use devremap::io_message;
+use log::warn;
+use std::time::{Duration, Instant};
+
+/// How long an upgrade lets the old server answer what it has before the rest goes to the new.
+const DRAIN: Duration = Duration::from_millis(500);
+/// How long a retired server has to end before it is killed.
+const RETIRE: Duration = Duration::from_secs(1);
+
+impl Keeper<'_> {
+    /// The first server loaded its inputs: hand it the (empty) resume, mount, and relay. The
+    /// server declares the daemon ready once the mount answers through it.
+    pub(super) fn mount_now(&mut self, epoch: u64) -> Result<(), String> {
+        let Some(first) = self.procs.get(&epoch) else { return Ok(()) };
+        let resume = self.link.shared.lock().relay.start(epoch);
+        for record in resume.records() {
+            let _ = nix::unistd::write(&*first.control, &record);
+        }
+        if let Err(e) = mount(&self.link.dev, &self.mountpoint) {
+            return Err(format!("{}: cannot mount: {}", self.m, io_message(&e.into())));
+        }
+        self.mounted = true;
+        let link = self.link.clone();
+        spawn_thread("requests", move || relay_requests(&link))?;
+        let events = self.link.events.clone();
+        crate::watch::spawn(self.args.owner_pid, self.args.container_pid_file.clone(), move |why| {
+            let _ = events.send(super::Ev::Stop(why));
+        });
+        Ok(())
+    }
+
+    /// The mount answers: the pid file, once (a server taking over finds it written).
+    pub(super) fn write_pid_file(&mut self) -> Result<(), String> {
+        let Some(pid_file) = self.args.pid_file.as_ref().filter(|_| self.pid_written.is_none()) else { return Ok(()) };
+        let pid = format!("{}\n", std::process::id());
+        let written = write_atomic_told(pid_file, pid.as_bytes(), None, Lasting::UntilReboot, |_| {})
+            .map_err(|e| format!("{}: cannot write the pid file: {}", pid_file.display(), io_message(&e)))?;
+        self.pid_written = Some(written);
+        Ok(())
+    }
+
+    /// Replays the kernel's INIT to successor `epoch`; it takes over once it answers alike.
+    pub(super) fn probe(&mut self, epoch: u64) {
+        let init = self.link.shared.lock().relay.probe(epoch);
+        if let (Some(init), Some(p)) = (init, self.procs.get(&epoch)) {
+            let _ = nix::unistd::write(&*p.socket, &init);
+        }
+    }
+
+    /// At an upgrade: the old server answers what it has (new requests wait here meanwhile),
+    /// then ends, before the new one serves: a reload it was finishing can no longer write a
+    /// state file over its successor's.
+    fn retire(&mut self, old: u64) {
+        let mut shared = self.link.shared.lock();
+        shared.relay.hold();
+        let until = Instant::now() + DRAIN;
+        while !shared.relay.drained() && !self.link.answered.wait_until(&mut shared, until).timed_out() {}
+        drop(shared);
+        let Some(old) = self.procs.get(&old) else { return };
+        old.tell(&Control::Retire);
+        if !crate::watch::exits_within(old.pid(), RETIRE) {
+            warn!("server pid {} did not end within {} ms of its retirement; killed it", old.pid(), RETIRE.as_millis());
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(old.pid() as i32), nix::sys::signal::SIGKILL);
+        }
+    }
+
+    /// Successor `epoch` takes over (from the old server `retire`, at an upgrade).
+    pub(super) fn take_over(&mut self, epoch: u64, retire: Option<u64>, from: &str) {
+        if let Some(old) = retire {
+            self.retire(old);
+        }
+        let Some(new) = self.procs.get(&epoch) else { return };
+        let mut switch = self.link.shared.lock().relay.switch(epoch, Instant::now());
+        switch.resume.from = format!("{from}, {} requests resent", switch.resend.len());
+        if retire.is_some() {
+            switch.resume.previous_plan = self.plan.as_deref().and_then(|p| String::from_utf8(p.to_vec()).ok());
+        }
+        // Written by a thread of its own, outside the relay's lock: the resume (with the whole
+        // previous plan, at an upgrade) can be larger than the socket's buffer, and a successor
+        // that stops reading would otherwise block every request and the main thread. The
+        // server reads the resume before it reads a request, and requests that arrive
+        // meanwhile are independent of those resent (each is answered on its own), so the
+        // order between the two sockets does not matter.
+        let (records, resend) = (switch.resume.records(), std::mem::take(&mut switch.resend));
+        let (control, socket) = (new.control.clone(), new.socket.clone());
+        self.good = new.exe.clone();
+        let _ = spawn_thread("hand-over", move || {
+            let writes = records.iter().map(|m| (&control, m)).chain(resend.iter().map(|m| (&socket, m)));
+            for (to, message) in writes {
+                // A successor that died: its own end is seen by the main thread.
+                if nix::unistd::write(&**to, message).is_err() {
+                    break;
+                }
+            }
+        });
+        for (unique, opcode) in &switch.give_up {
+            warn!("request {unique} (opcode {opcode}) was in flight at three server deaths: answered EIO");
+            let _ = nix::unistd::write(&self.link.dev, &fuse_wire::error_reply(*unique, libc::EIO));
+        }
+        // The new server logs the takeover, with what it kept of the kernel's nodes.
+        if let Some(old) = retire.and_then(|e| self.procs.remove(&e)) {
+            old.disconnect();
+            self.leaving.push(old);
+        }
+    }
+}

@@ -1,0 +1,371 @@
+//! The machine's steps: one function per event, from a phase to the next, pushing actions.
+
+use super::{Action, Binary, Exit, MAX_BACKOFF, MAX_RELOAD_DEATHS, Machine, Server, State, Successor, FIRST_BACKOFF};
+use crate::keeper::control::{Control, PROTOCOL};
+use crate::served::lifecycle::Notice;
+use std::time::Instant;
+
+impl Machine {
+    fn warn(&mut self, text: impl Into<String>) {
+        self.out.push(Action::Warn(text.into()));
+    }
+
+    fn info(&mut self, text: impl Into<String>) {
+        self.out.push(Action::Info(text.into()));
+    }
+
+    /// The end of the keeper's life (`why` logged and told to systemd, for a stop): the server
+    /// that was `current` stays known, for the driver to tell it to stop (it removes the state
+    /// file) before it kills what is left.
+    pub(super) fn stop(&mut self, current: Option<Server>, exit: Exit, why: Option<String>) -> State {
+        if let Some(why) = why {
+            self.info(format!("{why}: stopping"));
+            self.out.push(Action::Notify(Notice::Stopping));
+        }
+        self.out.push(Action::Exit(exit));
+        State::Stopping { current }
+    }
+
+    /// A reload, asked for (`SIGHUP`) or due: a ready server reloads now; during an upgrade the
+    /// new server reloads once more when it serves (it may have loaded the inputs before they
+    /// changed); with no ready server, once one serves.
+    pub(super) fn reload(&mut self, state: &State) {
+        match state {
+            State::Serving { current } if current.ready => self.out.push(Action::Reload(current.epoch)),
+            State::Upgrading { current, .. } => {
+                self.reload_when_ready = true;
+                self.out.push(Action::Reload(current.epoch));
+            }
+            State::Starting { .. } => {
+                self.reload_when_ready = true;
+                self.info("signal SIGHUP while starting: reloading once serving");
+            }
+            State::Serving { .. } | State::Replacing { .. } => {
+                self.reload_when_ready = true;
+                self.info("signal SIGHUP while a server takes over: reloading once it serves");
+            }
+            State::Stopping { .. } => {}
+        }
+    }
+
+    /// `SIGUSR2` (or one deferred): a ready server is upgraded; while a server starts, once it
+    /// serves; during an upgrade it is ignored.
+    pub(super) fn upgrade(&mut self, state: State, now: Instant) -> State {
+        match state {
+            State::Serving { current } if current.ready => {
+                let successor = self.spawn(Binary::Path, false, now);
+                State::Upgrading { current, successor }
+            }
+            State::Upgrading { .. } => {
+                self.info("signal SIGUSR2: ignored, an upgrade is under way");
+                state
+            }
+            state => {
+                self.upgrade_when_ready = true;
+                self.info("signal SIGUSR2 while a server starts: upgrading once it serves");
+                state
+            }
+        }
+    }
+
+    fn spawn(&mut self, binary: Binary, plan: bool, now: Instant) -> Successor {
+        let epoch = self.next_epoch;
+        self.next_epoch += 1;
+        self.out.push(Action::Spawn { epoch, binary, plan });
+        let server = Server { epoch, pid: 0, ready: false };
+        Successor { server, deadline: now + self.reload_timeout, failed: None, handed_plan: false }
+    }
+
+    /// Starts a successor after a crash, from the dead server's binary and with its plan.
+    fn restart(&mut self, now: Instant) -> State {
+        let successor = self.spawn(Binary::Good, true, now);
+        State::Replacing { successor: Some(successor), retry_at: None }
+    }
+
+    /// A successor after a crash failed: another is started after the backoff.
+    fn retry_later(&mut self, now: Instant) -> State {
+        self.failures += 1;
+        let backoff = (FIRST_BACKOFF * 2u32.saturating_pow(self.failures - 1)).min(MAX_BACKOFF);
+        self.warn(format!("starting another server in {} ms; requests wait until one serves", backoff.as_millis()));
+        State::Replacing { successor: None, retry_at: Some(now + backoff) }
+    }
+
+    /// An upgrade that did not happen: logged, and recorded by the serving server, which
+    /// serves on. A reload deferred to the new server is moot: the old one did it.
+    fn refuse(&mut self, current: Server, why: String) -> State {
+        self.warn(format!("{why}; the running server serves on"));
+        self.out.push(Action::Tell(current.epoch, Control::Refused(why)));
+        self.reload_when_ready = false;
+        State::Serving { current }
+    }
+
+    /// Successor `s` cannot take over (`why`, a sentence for a crash's log; `refusal`, the
+    /// upgrade's `last_error`): killed, and the next is due, or the old server serves on.
+    fn successor_failed(&mut self, state: State, why: String, refusal: String, now: Instant) -> State {
+        match state {
+            State::Replacing { successor: Some(s), .. } => {
+                self.out.push(Action::Kill(s.server.epoch));
+                self.warn(why);
+                self.retry_later(now)
+            }
+            State::Upgrading { current, successor } => {
+                self.out.push(Action::Kill(successor.server.epoch));
+                self.refuse(current, refusal)
+            }
+            state => state,
+        }
+    }
+
+    pub(super) fn spawn_failed(&mut self, state: State, epoch: u64, why: String, now: Instant) -> State {
+        match state {
+            State::Starting { .. } => self.stop(None, Exit::StartFailed(format!("cannot start the server: {why}")), None),
+            State::Replacing { successor: Some(s), .. } if s.server.epoch == epoch => {
+                self.warn(format!("cannot start a server: {why}"));
+                self.retry_later(now)
+            }
+            State::Upgrading { current, successor } if successor.server.epoch == epoch => {
+                self.refuse(current, format!("upgrade refused: {why}"))
+            }
+            state => state,
+        }
+    }
+
+    pub(super) fn loaded(&mut self, state: State, epoch: u64, protocol: u32, now: Instant) -> State {
+        let is_successor = state.successor(epoch).is_some();
+        if protocol != PROTOCOL {
+            let why = format!("it speaks keeper protocol {protocol}, this keeper speaks protocol {PROTOCOL}");
+            return match state {
+                State::Starting { first, mounted: false, .. } if first.epoch == epoch => {
+                    self.stop(None, Exit::StartFailed(format!("the server cannot serve: {why}")), None)
+                }
+                state if is_successor => {
+                    let refusal = format!("upgrade refused: the new binary cannot take over: {why}; restart the daemon to use it");
+                    self.successor_failed(state, format!("a server to take over cannot: {why}"), refusal, now)
+                }
+                state => state,
+            };
+        }
+        match state {
+            State::Starting { first, mounted: false, error } if first.epoch == epoch => {
+                self.out.push(Action::Mount(epoch));
+                State::Starting { first, mounted: true, error }
+            }
+            state => {
+                // Probed with the kernel's INIT; it takes over once it answers alike.
+                if is_successor {
+                    self.out.push(Action::Probe(epoch));
+                }
+                state
+            }
+        }
+    }
+
+    /// A server's load error: the first server's is the command's, said once it has exited; a
+    /// successor's is why it could not take over; a current server's is logged (its exit next).
+    pub(super) fn failed_said(&mut self, state: State, epoch: u64, why: String) -> State {
+        match state {
+            State::Starting { first, mounted, .. } if first.epoch == epoch => {
+                State::Starting { first, mounted, error: Some(why) }
+            }
+            State::Replacing { successor: Some(mut s), retry_at } if s.server.epoch == epoch => {
+                s.failed = Some(why);
+                State::Replacing { successor: Some(s), retry_at }
+            }
+            State::Upgrading { current, mut successor } if successor.server.epoch == epoch => {
+                successor.failed = Some(why);
+                State::Upgrading { current, successor }
+            }
+            state => {
+                if let Some(current) = state.current().filter(|c| c.epoch == epoch) {
+                    let pid = current.pid;
+                    self.warn(format!("server pid {pid}: {why}"));
+                }
+                state
+            }
+        }
+    }
+
+    /// The mount answers through the current server: the pid file first, then it may declare
+    /// the daemon ready (the state file). From now on a server that dies is replaced.
+    pub(super) fn answering(&mut self, state: State, epoch: u64) -> State {
+        if state.current().is_none_or(|c| c.epoch != epoch) {
+            return state;
+        }
+        self.out.push(Action::WritePidFile);
+        self.out.push(Action::Tell(epoch, Control::Proceed));
+        match state {
+            State::Starting { first, .. } => State::Serving { current: first },
+            state => state,
+        }
+    }
+
+    /// A notice of the current server: passed to the service manager. A reload it finishes
+    /// ends the run of deaths in reloads; its first `READY=1` ends the run of failures, and
+    /// what was deferred to a ready server is due.
+    pub(super) fn notice(&mut self, state: State, epoch: u64, notice: Notice, now: Instant) -> State {
+        if state.current().is_none_or(|c| c.epoch != epoch) {
+            return state;
+        }
+        self.out.push(Action::Notify(notice));
+        match notice {
+            Notice::Reloading => self.reloading = true,
+            Notice::Ready if std::mem::take(&mut self.reloading) => self.reload_deaths = 0,
+            _ => {}
+        }
+        let State::Serving { mut current } = state else { return state };
+        if notice != Notice::Ready || current.ready {
+            return State::Serving { current };
+        }
+        current.ready = true;
+        self.failures = 0;
+        let mut state = State::Serving { current };
+        if std::mem::take(&mut self.reload_when_ready) {
+            self.reload(&state);
+        }
+        if std::mem::take(&mut self.upgrade_when_ready) {
+            state = self.upgrade(state, now);
+        }
+        state
+    }
+
+    /// A successor answered the INIT replay: it takes over, unless an upgrade disagrees (after
+    /// a crash there is no server to keep, so it serves anyway, with a warning).
+    pub(super) fn probed(&mut self, state: State, epoch: u64, same: bool) -> State {
+        match state {
+            State::Replacing { successor: Some(s), .. } if s.server.epoch == epoch => {
+                if !same {
+                    let pid = s.server.pid;
+                    self.warn(format!(
+                        "server pid {pid} negotiates other FUSE parameters than the kernel agreed to; it serves anyway"
+                    ));
+                }
+                let from = match self.dead {
+                    Some((dead, how)) if s.handed_plan => format!("from server pid {dead} ({how}; serving its plan)"),
+                    Some((dead, how)) => format!("from server pid {dead} ({how})"),
+                    None => "(the server before it died)".to_owned(),
+                };
+                self.out.push(Action::TakeOver { epoch, retire: None, from });
+                State::Serving { current: s.server }
+            }
+            State::Upgrading { current, successor } if successor.server.epoch == epoch && !same => {
+                self.out.push(Action::Kill(epoch));
+                let why = "upgrade refused: the new binary negotiates other FUSE parameters with the kernel; restart \
+                           the daemon to use it";
+                self.refuse(current, why.into())
+            }
+            State::Upgrading { current, successor } if successor.server.epoch == epoch => {
+                let from = format!("from server pid {} (an upgrade)", current.pid);
+                self.out.push(Action::TakeOver { epoch, retire: Some(current.epoch), from });
+                State::Serving { current: successor.server }
+            }
+            state => state,
+        }
+    }
+
+    pub(super) fn gone(&mut self, state: State, epoch: u64, status: &str, now: Instant) -> State {
+        let died = |current: &Server| format!("server pid {} exited ({status}); starting another to take over", current.pid);
+        match state {
+            State::Starting { first, error, .. } if first.epoch == epoch => {
+                let why = error.unwrap_or_else(|| format!("the server exited before it was ready ({status})"));
+                self.stop(None, Exit::StartFailed(why), None)
+            }
+            State::Serving { current } if current.epoch == epoch => {
+                self.warn(died(&current));
+                self.lose(current, None, "it died", now)
+            }
+            State::Upgrading { current, successor } if current.epoch == epoch => {
+                self.warn(died(&current));
+                self.lose(current, Some(successor), "it died", now)
+            }
+            state => {
+                let Some(s) = state.successor(epoch) else { return state };
+                let why = s.failed.clone().unwrap_or_else(|| format!("it exited ({status})"));
+                let crash = format!("server pid {} could not take over: {why}", s.server.pid);
+                let refusal = format!("upgrade refused: the new server could not take over: {why}");
+                self.successor_failed(state, crash, refusal, now)
+            }
+        }
+    }
+
+    /// The current server is gone (dead, or killed as hung): another takes over at once from
+    /// the same binary and with its plan, or after the backoff if it was not ready (it may die
+    /// the same way at once); a reload it was asked for, or had begun, is asked again, unless
+    /// [`MAX_RELOAD_DEATHS`] servers in a row died in one; an upgrade under way is dropped.
+    fn lose(&mut self, current: Server, upgrade: Option<Successor>, how: &'static str, now: Instant) -> State {
+        self.out.push(Action::Lost(current.epoch));
+        self.dead = Some((current.pid, how));
+        self.reload_deaths += u32::from(std::mem::take(&mut self.reloading));
+        let reload = self.reload_deaths < MAX_RELOAD_DEATHS;
+        self.reload_when_ready |= reload;
+        if !reload {
+            self.warn(
+                "two servers in a row died in the middle of a reload; the next serves the last plan and reloads only \
+                 on SIGHUP (the inputs may be what kills them)",
+            );
+        }
+        // Dropped: the dead server's binary and plan take over at once, rather than waiting for
+        // an untried binary still loading its inputs.
+        if let Some(s) = upgrade {
+            self.warn(format!("upgrade abandoned: the serving server died while server pid {} was starting", s.server.pid));
+            self.out.push(Action::Kill(s.server.epoch));
+        }
+        if current.ready { self.restart(now) } else { self.retry_later(now) }
+    }
+
+    /// The hang check found the current server hung: killed, and replaced as a dead one is.
+    pub(super) fn hung(&mut self, state: State, epoch: u64, since: Instant, now: Instant) -> State {
+        let (current, upgrade) = match state {
+            State::Serving { current } if current.epoch == epoch => (current, None),
+            State::Upgrading { current, successor } if current.epoch == epoch => (current, Some(successor)),
+            state => return state,
+        };
+        self.warn(format!(
+            "server pid {} has left a request unanswered for {} s: hung; killing it and starting another to take over",
+            current.pid,
+            now.saturating_duration_since(since).as_secs()
+        ));
+        self.out.push(Action::Kill(epoch));
+        self.lose(current, upgrade, "it hung", now)
+    }
+
+    /// A deadline passed: a restart that was due, or a successor that did not take over in time.
+    pub(super) fn tick(&mut self, state: State, now: Instant) -> State {
+        let secs = self.reload_timeout.as_secs();
+        let overdue = match &state {
+            State::Replacing { successor: Some(s), .. } | State::Upgrading { successor: s, .. } => {
+                Some(s.server.pid).filter(|_| s.deadline <= now)
+            }
+            _ => None,
+        };
+        match (state, overdue) {
+            (State::Replacing { successor: None, retry_at: Some(t) }, _) if t <= now => self.restart(now),
+            (state, Some(pid)) => {
+                let crash =
+                    format!("server pid {pid} did not take over within {secs} s (an input on a stuck filesystem?); killed it");
+                let refusal = format!("upgrade refused: the new server did not load its inputs within {secs} s");
+                self.successor_failed(state, crash, refusal, now)
+            }
+            (state, None) => state,
+        }
+    }
+}
+
+/// Records the pid of a server just started.
+pub(super) fn spawned(state: State, epoch: u64, pid: u32, handed_plan: bool) -> State {
+    match state {
+        State::Starting { mut first, mounted, error } if first.epoch == epoch => {
+            first.pid = pid;
+            State::Starting { first, mounted, error }
+        }
+        State::Replacing { successor: Some(mut s), retry_at } if s.server.epoch == epoch => {
+            (s.server.pid, s.handed_plan) = (pid, handed_plan);
+            State::Replacing { successor: Some(s), retry_at }
+        }
+        State::Upgrading { current, mut successor } if successor.server.epoch == epoch => {
+            (successor.server.pid, successor.handed_plan) = (pid, handed_plan);
+            State::Upgrading { current, successor }
+        }
+        state => state,
+    }
+}
+

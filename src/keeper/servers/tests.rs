@@ -1,0 +1,358 @@
+//! The keeper's rules, each driven through [`Machine::handle`] as the keeper feeds it.
+
+use super::*;
+use crate::keeper::control::PROTOCOL;
+
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A keeper fed events at one instant, `t0`, unless told another.
+struct Run {
+    m: Machine,
+    t0: Instant,
+}
+
+impl Run {
+    fn new() -> (Run, Vec<Action>) {
+        let (m, first) = Machine::new(TIMEOUT);
+        (Run { m, t0: Instant::now() }, first)
+    }
+
+    fn on(&mut self, event: Event) -> Vec<Action> {
+        self.m.handle(event, self.t0)
+    }
+
+    fn at(&mut self, later: Duration, event: Event) -> Vec<Action> {
+        self.m.handle(event, self.t0 + later)
+    }
+
+    /// The first server, epoch 1 (pid 100), ready: the keeper serves.
+    fn serving() -> Run {
+        let (mut r, _) = Run::new();
+        r.on(Event::Spawned { epoch: 1, pid: 100, handed_plan: false });
+        r.on(Event::Loaded { epoch: 1, protocol: PROTOCOL });
+        r.on(Event::Answering(1));
+        r.on(Event::Notice(1, Notice::Ready));
+        assert_eq!(r.m.phase(), Phase::Serving);
+        r
+    }
+
+    /// Successor `epoch` (pid `pid`) answers the INIT replay alike and says it is ready.
+    fn takes_over(&mut self, epoch: u64, pid: u32) -> Vec<Action> {
+        let mut all = self.on(Event::Spawned { epoch, pid, handed_plan: true });
+        all.extend(self.on(Event::Loaded { epoch, protocol: PROTOCOL }));
+        all.extend(self.on(Event::Probed { epoch, same: true }));
+        all.extend(self.on(Event::Answering(epoch)));
+        all.extend(self.on(Event::Notice(epoch, Notice::Ready)));
+        all
+    }
+}
+
+fn gone(epoch: u64) -> Event {
+    Event::Gone { epoch, status: "signal 9 (SIGKILL)".into() }
+}
+
+fn spawns(actions: &[Action]) -> Vec<(u64, Binary, bool)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Spawn { epoch, binary, plan } => Some((*epoch, *binary, *plan)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn refusal(actions: &[Action]) -> Option<&str> {
+    actions.iter().find_map(|a| match a {
+        Action::Tell(1, Control::Refused(why)) => Some(why.as_str()),
+        _ => None,
+    })
+}
+
+/// Rule (issue 13): the first server loads, the keeper mounts, and the mount answering
+/// through it writes the pid file before it may declare the daemon ready; its death before
+/// that is the command's error, with the error it said.
+#[test]
+fn the_start_mounts_then_writes_the_pid_file_and_fails_with_the_servers_error() {
+    let (mut r, first) = Run::new();
+    assert_eq!(first, [Action::Spawn { epoch: 1, binary: Binary::Good, plan: false }]);
+    r.on(Event::Spawned { epoch: 1, pid: 100, handed_plan: false });
+    assert_eq!(r.on(Event::Loaded { epoch: 1, protocol: PROTOCOL }), [Action::Mount(1)]);
+    assert_eq!(r.m.hang_checked(), None, "a start has no hang check: its failure is the command's");
+    assert_eq!(r.on(Event::Answering(1)), [Action::WritePidFile, Action::Tell(1, Control::Proceed)]);
+    assert_eq!(r.m.phase(), Phase::Serving);
+
+    let (mut r, _) = Run::new();
+    r.on(Event::Failed { epoch: 1, why: "spec.json: not JSON".into() });
+    assert_eq!(r.on(gone(1)), [Action::Exit(Exit::StartFailed("spec.json: not JSON".into()))]);
+    let (mut r, _) = Run::new();
+    let exit = r.on(Event::Loaded { epoch: 1, protocol: PROTOCOL + 1 });
+    assert!(matches!(&exit[..], [Action::Exit(Exit::StartFailed(why))] if why.contains("protocol")), "{exit:?}");
+    let (mut r, _) = Run::new();
+    let exit = r.on(Event::SpawnFailed { epoch: 1, why: "ENOMEM".into() });
+    assert_eq!(exit, [Action::Exit(Exit::StartFailed("cannot start the server: ENOMEM".into()))]);
+}
+
+/// Rule (issue 13): a ready server that dies is replaced at once, from its binary and with its
+/// plan; a successor that dies before it is ready is retried after a backoff of 0.2 s doubling
+/// to 5 s; a ready successor ends the run.
+#[test]
+fn a_crash_restarts_at_once_and_failed_successors_back_off() {
+    let mut r = Run::serving();
+    let died = r.on(gone(1));
+    assert_eq!(spawns(&died), [(2, Binary::Good, true)]);
+    assert!(died.contains(&Action::Lost(1)));
+    assert_eq!(r.m.phase(), Phase::Replacing);
+    let mut waits = Vec::new();
+    let mut epoch = 2;
+    for _ in 0..7 {
+        let failed = r.on(gone(epoch));
+        assert_eq!(spawns(&failed), [], "not at once");
+        let due = r.m.deadline().expect("a restart is due");
+        waits.push(due.duration_since(r.t0).as_millis());
+        assert_eq!(r.at(due - r.t0 - Duration::from_millis(1), Event::Tick), [], "not before it is due");
+        epoch += 1;
+        assert_eq!(spawns(&r.at(due - r.t0, Event::Tick)), [(epoch, Binary::Good, true)]);
+    }
+    assert_eq!(waits, [200, 400, 800, 1600, 3200, 5000, 5000]);
+    r.takes_over(epoch, 200);
+    assert_eq!(r.m.phase(), Phase::Serving);
+    r.on(gone(epoch));
+    epoch += 1;
+    r.on(gone(epoch));
+    assert_eq!(r.m.deadline(), Some(r.t0 + FIRST_BACKOFF), "a ready server ended the run");
+}
+
+/// Rule (issue 13): a successor that has not taken over within `--reload-timeout` is killed
+/// and the next is due after the backoff; the successor's log line names the dead server.
+#[test]
+fn a_successor_that_does_not_take_over_in_time_is_killed() {
+    let mut r = Run::serving();
+    r.on(gone(1));
+    r.on(Event::Spawned { epoch: 2, pid: 200, handed_plan: true });
+    assert_eq!(r.m.deadline(), Some(r.t0 + TIMEOUT));
+    let late = r.at(TIMEOUT, Event::Tick);
+    assert!(late.contains(&Action::Kill(2)), "{late:?}");
+    r.at(TIMEOUT + FIRST_BACKOFF, Event::Tick);
+    r.on(Event::Spawned { epoch: 3, pid: 300, handed_plan: true });
+    r.on(Event::Loaded { epoch: 3, protocol: PROTOCOL });
+    let from = "from server pid 100 (it died; serving its plan)".to_owned();
+    assert_eq!(r.on(Event::Probed { epoch: 3, same: true }), [Action::TakeOver { epoch: 3, retire: None, from }]);
+}
+
+/// Rule (issue 13): after two servers in a row died in the middle of a reload, the next serves
+/// the last plan without reloading, until someone sends SIGHUP; a reload that finishes ends
+/// the run. (The relay's rule for a request in flight at three deaths is `relay::MAX_DEATHS`.)
+#[test]
+fn two_deaths_in_a_reload_stop_the_reloads_until_a_sighup() {
+    let mut r = Run::serving();
+    r.on(Event::Notice(1, Notice::Reloading));
+    r.on(gone(1));
+    assert_eq!(r.takes_over(2, 200).last(), Some(&Action::Reload(2)), "the reload is not lost");
+    r.on(Event::Notice(2, Notice::Reloading));
+    let second = r.on(gone(2));
+    assert!(second.iter().any(|a| matches!(a, Action::Warn(w) if w.contains("two servers in a row"))), "{second:?}");
+    assert!(!r.takes_over(3, 300).iter().any(|a| matches!(a, Action::Reload(_))), "the inputs may kill them");
+    assert_eq!(r.on(Event::Sighup), [Action::Reload(3)], "a SIGHUP tries again");
+    r.on(Event::Notice(3, Notice::Reloading));
+    r.on(gone(3));
+    assert!(r.takes_over(4, 400).contains(&Action::Reload(4)));
+    // A reload that finishes ends the run: one death in a reload, one finished, one more death.
+    let mut r = Run::serving();
+    r.on(Event::Notice(1, Notice::Reloading));
+    r.on(gone(1));
+    r.takes_over(2, 200);
+    r.on(Event::Notice(2, Notice::Reloading));
+    r.on(Event::Notice(2, Notice::Ready));
+    r.on(Event::Notice(2, Notice::Reloading));
+    r.on(gone(2));
+    assert!(r.takes_over(3, 300).contains(&Action::Reload(3)));
+}
+
+/// Rule (issue 13, 18): a SIGHUP while no server can reload (starting, taking over after a
+/// crash, or taken over and not yet ready) is done once, when one is ready; during an upgrade
+/// the old server reloads now and the new one once more when it serves.
+#[test]
+fn a_sighup_during_a_takeover_is_done_once_a_server_serves() {
+    let (mut r, _) = Run::new();
+    r.on(Event::Spawned { epoch: 1, pid: 100, handed_plan: false });
+    assert!(matches!(&r.on(Event::Sighup)[..], [Action::Info(_)]));
+    r.on(Event::Loaded { epoch: 1, protocol: PROTOCOL });
+    r.on(Event::Answering(1));
+    assert_eq!(r.on(Event::Notice(1, Notice::Ready)), [Action::Notify(Notice::Ready), Action::Reload(1)]);
+    assert_eq!(r.on(Event::Notice(1, Notice::Ready)), [Action::Notify(Notice::Ready)], "once");
+
+    let mut r = Run::serving();
+    r.on(Event::Notice(1, Notice::Ready));
+    r.on(gone(1));
+    r.on(Event::Spawned { epoch: 2, pid: 200, handed_plan: true });
+    assert!(matches!(&r.on(Event::Sighup)[..], [Action::Info(_)]), "replacing");
+    r.on(Event::Loaded { epoch: 2, protocol: PROTOCOL });
+    r.on(Event::Probed { epoch: 2, same: true });
+    assert!(matches!(&r.on(Event::Sighup)[..], [Action::Info(_)]), "taken over, not ready");
+    let ready = r.on(Event::Notice(2, Notice::Ready));
+    assert_eq!(ready.iter().filter(|a| **a == Action::Reload(2)).count(), 1, "{ready:?}");
+
+    let mut r = Run::serving();
+    r.on(Event::Sigusr2);
+    assert_eq!(r.on(Event::Sighup), [Action::Reload(1)], "the old server reloads now");
+    r.on(Event::Spawned { epoch: 2, pid: 200, handed_plan: false });
+    r.on(Event::Loaded { epoch: 2, protocol: PROTOCOL });
+    r.on(Event::Probed { epoch: 2, same: true });
+    r.on(Event::Answering(2));
+    assert!(r.on(Event::Notice(2, Notice::Ready)).contains(&Action::Reload(2)), "and the new one once it serves");
+}
+
+/// Rule (issue 13): SIGUSR2 starts the binary at the keeper's path from a ready server; while a
+/// server starts it waits for one to be ready; during an upgrade, and once stopping, it does
+/// nothing.
+#[test]
+fn an_upgrade_is_started_deferred_or_ignored_by_phase() {
+    let mut r = Run::serving();
+    assert_eq!(spawns(&r.on(Event::Sigusr2)), [(2, Binary::Path, false)]);
+    assert_eq!(r.m.phase(), Phase::Upgrading);
+    assert!(matches!(&r.on(Event::Sigusr2)[..], [Action::Info(_)]));
+    let (mut r, _) = Run::new();
+    r.on(Event::Spawned { epoch: 1, pid: 100, handed_plan: false });
+    assert_eq!(spawns(&r.on(Event::Sigusr2)), []);
+    r.on(Event::Loaded { epoch: 1, protocol: PROTOCOL });
+    r.on(Event::Answering(1));
+    assert_eq!(spawns(&r.on(Event::Notice(1, Notice::Ready))), [(2, Binary::Path, false)]);
+}
+
+/// Rule (issue 13, 18): an upgrade whose server probes alike takes over from the old one, which
+/// retires first; one that negotiates other FUSE parameters, speaks another keeper protocol,
+/// cannot be started, exits, or does not load in time is refused, and the old server, told why
+/// (its `last_error`), serves on. After a crash a replacement that differs serves anyway.
+#[test]
+fn an_upgrade_is_accepted_or_refused() {
+    let mut r = Run::serving();
+    r.on(Event::Sigusr2);
+    r.on(Event::Spawned { epoch: 2, pid: 200, handed_plan: false });
+    assert_eq!(r.on(Event::Loaded { epoch: 2, protocol: PROTOCOL }), [Action::Probe(2)]);
+    let from = "from server pid 100 (an upgrade)".to_owned();
+    assert_eq!(r.on(Event::Probed { epoch: 2, same: true }), [Action::TakeOver { epoch: 2, retire: Some(1), from }]);
+    assert_eq!((r.m.phase(), r.m.current()), (Phase::Serving, Some(2)));
+
+    let refused = |events: Vec<Event>| {
+        let mut r = Run::serving();
+        r.on(Event::Sigusr2);
+        let mut actions = Vec::new();
+        for event in events {
+            actions = r.on(event);
+        }
+        assert_eq!((r.m.phase(), r.m.current()), (Phase::Serving, Some(1)), "{actions:?}");
+        refusal(&actions).expect("refused").to_owned()
+    };
+    let spawned = Event::Spawned { epoch: 2, pid: 200, handed_plan: false };
+    let loaded = Event::Loaded { epoch: 2, protocol: PROTOCOL };
+    let other = refused(vec![spawned.clone(), Event::Loaded { epoch: 2, protocol: 7 }]);
+    assert!(other.contains("protocol 7") && other.contains(&format!("protocol {PROTOCOL}")), "{other}");
+    assert!(refused(vec![spawned.clone(), loaded, Event::Probed { epoch: 2, same: false }]).contains("FUSE"));
+    assert!(refused(vec![Event::SpawnFailed { epoch: 2, why: "/x: ENOENT".into() }]).contains("/x: ENOENT"));
+    let failed = Event::Failed { epoch: 2, why: "spec.json: bad".into() };
+    assert!(refused(vec![spawned.clone(), failed, gone(2)]).contains("spec.json: bad"));
+    let mut r = Run::serving();
+    r.on(Event::Sigusr2);
+    assert!(refusal(&r.at(TIMEOUT, Event::Tick)).is_some_and(|w| w.contains("within 10 s")));
+
+    let mut r = Run::serving();
+    r.on(gone(1));
+    r.on(Event::Spawned { epoch: 2, pid: 200, handed_plan: true });
+    r.on(Event::Loaded { epoch: 2, protocol: PROTOCOL });
+    let differs = r.on(Event::Probed { epoch: 2, same: false });
+    assert!(matches!(&differs[..], [Action::Warn(_), Action::TakeOver { retire: None, .. }]), "{differs:?}");
+}
+
+/// Rule (issue 13): a server that dies during an upgrade is replaced from its own binary and
+/// plan; the untried upgrade is dropped.
+#[test]
+fn a_death_during_an_upgrade_drops_it() {
+    let mut r = Run::serving();
+    r.on(Event::Sigusr2);
+    r.on(Event::Spawned { epoch: 2, pid: 200, handed_plan: false });
+    let died = r.on(gone(1));
+    assert!(died.contains(&Action::Kill(2)), "{died:?}");
+    assert_eq!(spawns(&died), [(3, Binary::Good, true)]);
+    assert_eq!(r.on(Event::Probed { epoch: 2, same: true }), [], "the dropped one never takes over");
+}
+
+/// Rule (issue 18): the server requests go to is checked for a hang once it took over, ready or
+/// not (a successor is sent the requests in flight at once); a hung one is killed and replaced
+/// as a dead one is: at once if it was ready, after the backoff if not.
+#[test]
+fn a_hung_server_is_killed_and_replaced_ready_or_not() {
+    let mut r = Run::serving();
+    assert_eq!(r.m.hang_checked(), Some(1));
+    let hung = r.on(Event::Hung { epoch: 1, since: r.t0 });
+    assert!(hung.contains(&Action::Kill(1)) && hung.contains(&Action::Lost(1)), "{hung:?}");
+    assert_eq!(spawns(&hung), [(2, Binary::Good, true)]);
+    assert_eq!(r.m.hang_checked(), None, "nothing takes requests while a successor starts");
+    r.on(Event::Spawned { epoch: 2, pid: 200, handed_plan: true });
+    r.on(Event::Loaded { epoch: 2, protocol: PROTOCOL });
+    let taken = r.on(Event::Probed { epoch: 2, same: true });
+    assert!(matches!(&taken[..], [Action::TakeOver { from, .. }] if from.contains("pid 100 (it hung")), "{taken:?}");
+    assert_eq!(r.m.hang_checked(), Some(2), "taken over, not ready: checked");
+    let hung = r.on(Event::Hung { epoch: 2, since: r.t0 });
+    assert!(hung.contains(&Action::Kill(2)));
+    assert_eq!(spawns(&hung), [], "it was not ready: after the backoff");
+    assert_eq!(r.m.deadline(), Some(r.t0 + FIRST_BACKOFF));
+    assert_eq!(r.on(Event::Hung { epoch: 2, since: r.t0 }), [], "once");
+}
+
+/// Rule (issue 18): a request unanswered for the timeout makes a server hung, unless replies it
+/// sent wait to be passed on: those are passed on first.
+#[test]
+fn replies_are_drained_before_a_server_is_called_hung() {
+    let (t0, timeout) = (Instant::now(), Duration::from_secs(1));
+    let late = t0 + Duration::from_millis(1500);
+    assert_eq!(hang(None, late, timeout, false), Hang::No);
+    assert_eq!(hang(Some(t0), t0 + Duration::from_millis(999), timeout, false), Hang::No);
+    assert_eq!(hang(Some(t0), late, timeout, true), Hang::WaitForReplies);
+    assert_eq!(hang(Some(t0), late, timeout, false), Hang::Hung(t0));
+}
+
+/// Rule (issue 18): a wake-up more than a heartbeat past its deadline means the keeper was
+/// away; one within it, or before the deadline, does not.
+#[test]
+fn a_late_wake_up_tells_that_the_keeper_was_away() {
+    let (d, beat) = (Instant::now(), Duration::from_millis(250));
+    assert_eq!(away(None, d + beat * 10, beat), None);
+    assert_eq!(away(Some(d), d, beat), None);
+    assert_eq!(away(Some(d + beat), d, beat), None);
+    assert_eq!(away(Some(d), d + beat, beat), None);
+    assert_eq!(away(Some(d), d + beat * 6, beat), Some(beat * 6));
+}
+
+/// Rule (issue 18): a stop in any phase logs why, tells systemd and exits, with the current
+/// server still known, to be told to stop (a first draft forgot it, and the server was only
+/// killed: `lifecycle::a_forced_unmount_of_a_busy_mount_fails_the_daemon` found its state file
+/// left); from then on nothing starts, kills or reloads anything.
+#[test]
+fn a_stop_in_each_phase_ends_everything() {
+    let starting = Run::new().0;
+    let serving = Run::serving();
+    let mut replacing = Run::serving();
+    replacing.on(gone(1));
+    let mut upgrading = Run::serving();
+    upgrading.on(Event::Sigusr2);
+    for (mut r, phase, current) in [
+        (starting, Phase::Starting, Some(1)),
+        (serving, Phase::Serving, Some(1)),
+        (replacing, Phase::Replacing, None),
+        (upgrading, Phase::Upgrading, Some(1)),
+    ] {
+        assert_eq!(r.m.phase(), phase);
+        let stop = r.on(Event::Stop("signal SIGTERM".into()));
+        let expected =
+            [Action::Info("signal SIGTERM: stopping".into()), Action::Notify(Notice::Stopping), Action::Exit(Exit::Stop)];
+        assert_eq!(stop, expected, "{phase:?}");
+        assert_eq!(r.m.phase(), Phase::Stopping);
+        assert_eq!(r.m.current(), current, "{phase:?}: the server told to stop (it removes the state file)");
+        for event in [gone(1), gone(2), Event::Sighup, Event::Sigusr2, Event::Tick, Event::KernelEnded] {
+            assert_eq!(r.at(TIMEOUT * 10, event.clone()), [], "{phase:?}: {event:?}");
+        }
+        assert_eq!((r.m.deadline(), r.m.hang_checked()), (None, None));
+    }
+    let mut r = Run::serving();
+    assert_eq!(r.on(Event::KernelEnded), [Action::Exit(Exit::Ended)]);
+}
