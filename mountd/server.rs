@@ -356,8 +356,8 @@ impl Session for Server {
         state.insert("reloads".into(), status.reloads.into());
         state.insert("retired_nodes".into(), status.retired_nodes.into());
         let mountpoint = self.mountpoint.display().to_string();
-        let keeper = handover::StateFields {
-            protocol: handover::PROTOCOL,
+        let keeper = control::StateFields {
+            protocol: control::PROTOCOL,
             pid: nix::unistd::getppid().as_raw(),
             server_pid: std::process::id(),
             handovers: self.handovers,

@@ -4,7 +4,7 @@
 use super::threads::{Readers, read_control, relay_replies, seqpacket_pair};
 use super::{Keeper, spawn_thread};
 use crate::signals;
-use devremap::keeper::control::{self as handover, Control};
+use devremap::keeper::control::{self, Control};
 use devremap::io_message;
 use log::warn;
 use nix::errno::Errno;
@@ -87,7 +87,7 @@ impl Keeper<'_> {
         }
         // Written by a thread of its own: a plan larger than the socket's buffer waits for the
         // server to read it, and the main thread must not.
-        let (what, to) = (plan.map_or_else(|| vec![Control::Load.encode()], handover::records), proc.control.clone());
+        let (what, to) = (plan.map_or_else(|| vec![Control::Load.encode()], control::records), proc.control.clone());
         let _ = spawn_thread("hand-plan", move || {
             for record in what {
                 if nix::unistd::write(&*to, &record).is_err() {
