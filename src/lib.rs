@@ -9,6 +9,7 @@
 //! logger up.
 
 pub mod adapter;
+pub mod amd;
 pub mod atomic;
 pub mod checks;
 pub mod cuda_map;
