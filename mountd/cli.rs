@@ -1,17 +1,17 @@
 //! The command line: `devremapd plan` and `devremapd mount`, sharing the input flags.
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use devremap::checks::{CheckName, parse_relax};
-use devremap::load::Sources;
-use devremap::pairing::{MapPair, Rule, parse_device_map};
-use devremap::plan::Prefer;
+use devremap::decision::checks::{CheckName, parse_relax};
+use devremap::decision::pairing::{MapPair, Rule, parse_device_map};
+use devremap::decision::plan::Prefer;
+use devremap::inputs::load::Sources;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, Parser)]
 #[command(
     name = "devremapd",
-    version = devremap::handover::VERSION,
+    version = devremap::keeper::control::VERSION,
     about = "A FUSE /dev for containers whose GPUs were remapped by checkpoint/restore",
     arg_required_else_help = true
 )]

@@ -9,7 +9,7 @@
 //! the queue full is dropped and counted ([`dropped`]), so serving, reloading and stopping never
 //! wait for a log line.
 
-use devremap::escape::escape;
+use devremap::decision::escape::escape;
 use std::io::Write;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};

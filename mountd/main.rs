@@ -12,9 +12,9 @@ mod watch;
 
 use clap::Parser;
 use cli::{Cli, Command};
-use devremap::escape::escape;
-use devremap::load;
-use devremap::render;
+use devremap::decision::escape::escape;
+use devremap::decision::render;
+use devremap::inputs::load;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -93,7 +93,7 @@ fn oci_patch(args: &cli::OciPatchArgs) -> Result<(), String> {
     }
     let dev = dev.to_str().ok_or_else(|| format!("{}: not a UTF-8 path", dev.display()))?;
     // Only the /dev mount's text changes: a diff of the spec shows that and nothing else.
-    let out = devremap::oci_patch::patch_text(&text, dev).map_err(|e| format!("{p}: {e}"))?;
+    let out = devremap::runtime::oci_patch::patch_text(&text, dev).map_err(|e| format!("{p}: {e}"))?;
     if !args.in_place {
         print!("{out}");
         return Ok(());
@@ -131,9 +131,9 @@ fn record(args: &cli::RecordArgs) -> Result<(), String> {
     if args.metadata.is_none() {
         log::info!("recorded without --metadata: no names of an earlier restore are carried (earlier_minors left out)");
     }
-    let list = devremap::record::devices(&loaded.plan, args.metadata.is_some());
+    let list = devremap::decision::record::devices(&loaded.plan, args.metadata.is_some());
     // Still exit 0: a record without uuids pairs by minor.
-    for gap in devremap::record::gaps(&loaded.plan) {
+    for gap in devremap::decision::record::gaps(&loaded.plan) {
         log::warn!("{}: {gap}", args.host_root.display());
     }
     let text = format!("{list:#}\n");
@@ -148,10 +148,12 @@ fn record(args: &cli::RecordArgs) -> Result<(), String> {
 
 fn cuda_device_map(args: &cli::InputArgs) -> Result<(), String> {
     let loaded = load::load(&args.sources()).map_err(|e| e.to_string())?;
-    let map = devremap::cuda_map::device_map(&loaded.plan).map_err(|e| {
+    let map = devremap::decision::cuda_map::device_map(&loaded.plan).map_err(|e| {
         // A restored GPU's UUID comes from the host's driver files, a saved one's from the checkpoint.
         match (&e, &args.metadata) {
-            (devremap::cuda_map::CudaMapError::RestoredUuid { .. }, _) => format!("{}: {e}", args.host_root.display()),
+            (devremap::decision::cuda_map::CudaMapError::RestoredUuid { .. }, _) => {
+                format!("{}: {e}", args.host_root.display())
+            }
             (_, Some(metadata)) => format!("{}: {e}", metadata.display()),
             (_, None) => {
                 "no saved GPUs: no --metadata given; cuda-device-map pairs the checkpoint's GPUs (--metadata: its \

@@ -22,14 +22,15 @@
 use crate::cli::MountArgs;
 use crate::mountpoint::wait_answering;
 use crate::{logging, signals};
-use devremap::adapter::Adapter;
 use devremap::atomic::{Lasting, Written, write_atomic_told};
-use devremap::fuse_wire;
-use devremap::handover::{self, Control, Resume};
-use devremap::lifecycle::{End, Event, Lifecycle, Notice, Notifier, PublishError, Session, Status, warnings};
-use devremap::load::{self, Loaded, Sources};
-use devremap::served::Devfs;
-use devremap::{io_message, render};
+use devremap::decision::render;
+use devremap::inputs::load::{self, Loaded, Sources};
+use devremap::io_message;
+use devremap::keeper::control::{self, Control, Resume};
+use devremap::keeper::fuse_wire;
+use devremap::served::adapter::Adapter;
+use devremap::served::devfs::Devfs;
+use devremap::served::lifecycle::{End, Event, Lifecycle, Notice, Notifier, PublishError, Session, Status, warnings};
 use fuser::{Config, SessionACL};
 use log::info;
 use nix::sys::socket::{SockType, getsockopt, sockopt};
@@ -126,7 +127,7 @@ fn tell(control: &OwnedFd, message: &Control) {
 /// Reads one control message; EOF (the keeper is gone) or a message that does not decode is an
 /// error.
 fn receive(control: &OwnedFd) -> Result<Control, String> {
-    let mut buf = vec![0u8; devremap::handover::MAX_RECORD + 1];
+    let mut buf = vec![0u8; devremap::keeper::control::MAX_RECORD + 1];
     loop {
         match nix::unistd::read(control, &mut buf) {
             Ok(0) => return Err("the keeper closed the control socket".into()),
@@ -298,17 +299,17 @@ fn hooks(adapter: Adapter) -> Adapter {
     adapter
 }
 
-/// The keeper protocol this server speaks: [`handover::PROTOCOL`], or with the test hook
+/// The keeper protocol this server speaks: [`control::PROTOCOL`], or with the test hook
 /// `DEVREMAPD_FAILPOINT=protocol:N`, N (a build of another protocol, without a second build).
 #[cfg(feature = "test-hooks")]
 fn protocol() -> u32 {
     let hook = std::env::var("DEVREMAPD_FAILPOINT").ok();
-    hook.and_then(|f| f.strip_prefix("protocol:")?.parse().ok()).unwrap_or(handover::PROTOCOL)
+    hook.and_then(|f| f.strip_prefix("protocol:")?.parse().ok()).unwrap_or(control::PROTOCOL)
 }
 
 #[cfg(not(feature = "test-hooks"))]
 fn protocol() -> u32 {
-    handover::PROTOCOL
+    control::PROTOCOL
 }
 
 /// The test hook `DEVREMAPD_FAILPOINT=stall-before-resume`: the server answers the INIT, then
@@ -344,7 +345,7 @@ impl Session for Server {
         // The plan of each generation, for a server restarted after a crash to serve as it was.
         if self.handed != status.generation {
             self.handed = status.generation;
-            for record in handover::records(&status.loaded.to_bytes()) {
+            for record in control::records(&status.loaded.to_bytes()) {
                 let _ = nix::unistd::write(&*self.control, &record);
             }
         }

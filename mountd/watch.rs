@@ -15,7 +15,7 @@
 //! inode (runc writes it to a temporary name and renames it over) or another modification
 //! time. No clock is compared: a file system's coarse timestamps cannot make a new file look old.
 
-use devremap::files::read_pid;
+use devremap::inputs::files::read_pid;
 use log::info;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};

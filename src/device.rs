@@ -1,14 +1,7 @@
-//! Device facts shared by every stage: node types, device numbers, and a restored GPU.
-//!
-//! Assumes Linux device numbering: a GPU's regular device is char 195:N with N <= 247
-//! (`NV_MINOR_DEVICE_NUMBER_REGULAR_MAX`); minors above that belong to `nvidiactl` and friends.
+//! Device facts shared by every stage and every device family: node types, device numbers,
+//! access, and the bounds on the facts a driver gives (model names, driver versions).
 
 use std::fmt;
-
-/// The NVIDIA driver's character major (`NV_MAJOR_DEVICE_NUMBER`).
-pub const NV_MAJOR: u32 = 195;
-/// The largest minor of a regular GPU device (`NV_MINOR_DEVICE_NUMBER_REGULAR_MAX`).
-pub const MAX_REGULAR_MINOR: u32 = 247;
 
 /// The type of a special file in the tree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -78,41 +71,6 @@ impl Access {
     pub const DIR_DEFAULT: Access = Access { mode: 0o755, uid: 0, gid: 0 };
 }
 
-/// A GPU present on the restore host, named `nvidia<minor>` there.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct RestoredGpu {
-    /// The host minor: the N of its native name `nvidiaN`.
-    pub minor: u32,
-    /// The real device the node opens (195:N on a real host).
-    pub rdev: Rdev,
-    pub access: Access,
-    pub uuid: Option<String>,
-    /// PCI bus location, e.g. `0000:3b:00.0`.
-    pub bus: Option<String>,
-    /// PCI vendor and device id, when the host tells them.
-    pub pci: Option<(u32, u32)>,
-    /// The driver's `Model:` line (`NVIDIA H100 80GB HBM3`), when the host tells it.
-    #[serde(default)]
-    pub model: Option<String>,
-}
-
-impl RestoredGpu {
-    /// The native name of this GPU.
-    pub fn name(&self) -> String {
-        gpu_name(self.minor)
-    }
-}
-
-/// Whether `s` is a well-formed GPU UUID as the driver prints it: `GPU-` and 8-4-4-4-12 hex
-/// digits. Anything else is no identity: the driver prints `GPU-????????-????-????-????-????????????`
-/// for every GPU whose UUID it could not read, so two GPUs may "share" such a string.
-pub fn is_gpu_uuid(s: &str) -> bool {
-    let Some(rest) = s.strip_prefix("GPU-") else { return false };
-    let groups: Vec<&str> = rest.split('-').collect();
-    groups.len() == 5
-        && groups.iter().zip([8, 4, 4, 4, 12]).all(|(g, n)| g.len() == n && g.bytes().all(|b| b.is_ascii_hexdigit()))
-}
-
 /// The longest GPU model name taken, in bytes: NVML's `NVML_DEVICE_NAME_V2_BUFFER_SIZE` (96)
 /// holds the driver's names with their NUL.
 pub const MAX_MODEL_LEN: usize = 95;
@@ -135,11 +93,6 @@ pub fn fact_fault(text: &str, max: usize) -> Option<String> {
     }
 }
 
-/// `nvidia<minor>`, the device file name of a GPU minor.
-pub fn gpu_name(minor: u32) -> String {
-    format!("nvidia{minor}")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -152,27 +105,6 @@ mod tests {
             let raw = libc::makedev(major, minor) as u64;
             assert_eq!(u64::from(Rdev::new(major, minor).to_fuse()), raw & 0xffff_ffff, "{major}:{minor}");
             assert_eq!(Rdev::from_raw(raw), Rdev::new(major, minor));
-        }
-    }
-
-    /// Bug (issue 10.3): the driver's placeholder `GPU-????????-????-????-????-????????????`
-    /// (UUID unreadable) and any other malformed string is not a UUID, so never an identity.
-    #[test]
-    fn only_well_formed_gpu_uuids_are_identities() {
-        assert!(is_gpu_uuid("GPU-9221d5d1-b60b-a624-bf14-0a1819cfda3b"));
-        assert!(is_gpu_uuid("GPU-9221D5D1-B60B-A624-BF14-0A1819CFDA3B"));
-        for bad in [
-            "GPU-????????-????-????-????-????????????",
-            "GPU-nope",
-            "GPU-",
-            "9221d5d1-b60b-a624-bf14-0a1819cfda3b",
-            "MIG-9221d5d1-b60b-a624-bf14-0a1819cfda3b",
-            "GPU-9221d5d1-b60b-a624-bf14-0a1819cfda3",
-            "GPU-9221d5d1-b60b-a624-bf14-0a1819cfda3b-1",
-            "GPU-9221d5d1b60b-a624-bf14-0a1819cfda3b",
-            "GPU-9221d5d1-b60b-a624-bf14-0a1819cfda3g",
-        ] {
-            assert!(!is_gpu_uuid(bad), "{bad}");
         }
     }
 

@@ -1,41 +1,24 @@
 //! devremap: a synthetic `/dev` for containers whose GPUs were remapped by a checkpoint/restore.
 //!
-//! The core is pure: [`metadata`] parses the checkpoint's device list, [`spec`] reads what an
-//! OCI spec puts in `/dev`, [`visible`] reads its `NVIDIA_VISIBLE_DEVICES`, [`pairing`] pairs
-//! saved with restored GPUs, [`plan`] builds the remap table and the [`tree`]. I/O sits at the
-//! edges: [`host`] looks at the restore host's devices, [`load`] reads the input files.
-//! [`lifecycle`] is the daemon's life (serving, reloading, stopping) as a state machine behind
-//! small traits. The library only logs through `log` macros; the `devremapd` binary sets a
-//! logger up.
+//! The folders follow the data. [`inputs`] reads the command line's files and the restore host
+//! into values; [`family`] holds what each device family (NVIDIA) brings: its names, numbers,
+//! host scan and driver files; [`decision`] is the pure core, from those values to the remap
+//! table, the `/dev` tree and what is shown of them; [`served`] answers the kernel with a tree
+//! and lives through reloads; [`keeper`] is the protocol of the process that holds `/dev/fuse`
+//! across server crashes and upgrades; [`runtime`] is the OCI runtime wrapper's pure part.
+//! [`device`] is the vocabulary every layer shares, [`atomic`] the one way files are written.
+//! The library only logs through `log` macros; the binaries set a logger up.
 
-pub mod adapter;
-pub mod amd;
+#![forbid(unsafe_code)]
+
 pub mod atomic;
-pub mod checks;
-pub mod cuda_map;
+pub mod decision;
 pub mod device;
-pub mod escape;
-pub mod files;
-pub mod fuse_wire;
-pub mod handover;
-pub mod held;
-pub mod host;
+pub mod family;
+pub mod inputs;
 pub mod keeper;
-pub mod lifecycle;
-pub mod limits;
-pub mod load;
-pub mod metadata;
-pub mod oci_patch;
-pub mod pairing;
-pub mod plan;
-pub mod record;
-pub mod relay;
-pub mod render;
 pub mod runtime;
 pub mod served;
-pub mod spec;
-pub mod tree;
-pub mod visible;
 
 /// An I/O error as a lower-case message without the `(os error N)` suffix.
 pub fn io_message(e: &std::io::Error) -> String {

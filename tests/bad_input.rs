@@ -860,7 +860,7 @@ fn every_bad_input_leaves_a_live_daemon_unchanged() {
             Some(expect) => {
                 // The state file holds the text raw (JSON escapes it); the corpus gives it as a
                 // person reads it, escaped, as the CLI's `error:` line shows it.
-                let err = devremap::escape::escape(after["last_error"].as_str().unwrap_or("")).into_owned();
+                let err = devremap::decision::escape::escape(after["last_error"].as_str().unwrap_or("")).into_owned();
                 if after["generation"] != before["generation"] {
                     why.push(format!(
                         "the generation moved {} -> {}: the bad input was taken",

@@ -35,7 +35,7 @@ fn no_arguments_print_the_usage() {
 fn the_version_names_the_keeper_protocol() {
     let (code, stdout, stderr) = devremapd(&["--version"]);
     assert_eq!(code, 0, "{stderr}");
-    assert_eq!(stdout, format!("devremapd {}\n", devremap::handover::VERSION));
+    assert_eq!(stdout, format!("devremapd {}\n", devremap::keeper::control::VERSION));
     assert!(stdout.contains("(keeper protocol 1)"), "{stdout}");
 }
 

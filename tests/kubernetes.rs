@@ -117,7 +117,7 @@ fn node_setup_installs_and_keeps_the_operators_config() {
     let out = Command::new(host.join("usr/local/bin/devremapd")).arg("--version").output().unwrap();
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
-        format!("devremapd {} (keeper protocol {})\n", env!("CARGO_PKG_VERSION"), devremap::handover::PROTOCOL)
+        format!("devremapd {} (keeper protocol {})\n", env!("CARGO_PKG_VERSION"), devremap::keeper::control::PROTOCOL)
     );
 
     let edited = "{\"runtime\": \"crun\"}\n";

@@ -176,7 +176,7 @@ fn the_package_installs_runs_and_upgrades() {
     // prints its version after ours.
     let version = env!("CARGO_PKG_VERSION");
     let out = run(Command::new(root.join("usr/bin/devremapd")).arg("--version"));
-    assert_eq!(out, format!("devremapd {version} (keeper protocol {})\n", devremap::handover::PROTOCOL));
+    assert_eq!(out, format!("devremapd {version} (keeper protocol {})\n", devremap::keeper::control::PROTOCOL));
     let config = root.join("etc/devremap/runtime.json");
     let out = run(Command::new(root.join("usr/bin/devremap-runtime"))
         .arg("--version")

@@ -7,8 +7,8 @@
 //! answer as one that read the whole file.
 #![no_main]
 
-use devremap::device::MAX_REGULAR_MINOR;
-use devremap::metadata::{self, Format};
+use devremap::family::nvidia::MAX_REGULAR_MINOR;
+use devremap::inputs::metadata::{self, Format};
 use libfuzzer_sys::fuzz_target;
 use std::collections::BTreeSet;
 

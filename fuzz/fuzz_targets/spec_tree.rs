@@ -11,14 +11,16 @@
 //! the restored GPU's device.
 #![no_main]
 
-use devremap::device::{Access, DevKind, MAX_REGULAR_MINOR, Rdev};
-use devremap::host::{DevDirScan, HostFacts, HostNode};
-use devremap::limits;
-use devremap::metadata::{DeviceId, Format, Metadata};
-use devremap::pairing::{DeviceRef, MapPair, Rule};
-use devremap::plan::{self, Inputs, Prefer};
-use devremap::spec;
-use devremap::tree::{NodeKind, Tree};
+use devremap::device::{Access, DevKind, Rdev};
+use devremap::family::HostFacts;
+use devremap::family::nvidia::MAX_REGULAR_MINOR;
+use devremap::inputs::host::{DevDirScan, HostNode};
+use devremap::inputs::limits;
+use devremap::inputs::metadata::{DeviceId, Format, Metadata};
+use devremap::decision::pairing::{DeviceRef, MapPair, Rule};
+use devremap::decision::plan::{self, Inputs, Prefer};
+use devremap::inputs::spec;
+use devremap::decision::tree::{NodeKind, Tree};
 use libfuzzer_sys::fuzz_target;
 use std::collections::BTreeMap;
 
@@ -65,7 +67,7 @@ fn extra_inputs(view: spec::SpecView, extra: &[u8]) -> Inputs {
                     device_instance: m,
                     subdevice_instance: u32::from(tag >> 7),
                     uuid,
-                    recorded: devremap::metadata::RecordedAccess {
+                    recorded: devremap::inputs::metadata::RecordedAccess {
                         mode: (b & 0x40 != 0).then_some(u32::from(b) & 0o777),
                         ..Default::default()
                     },
@@ -109,7 +111,7 @@ fn extra_inputs(view: spec::SpecView, extra: &[u8]) -> Inputs {
     });
     // The driver's information files name some GPUs by minor.
     let gpu_info = (0..u32::from(flags >> 5))
-        .map(|m| devremap::host::GpuInfo {
+        .map(|m| devremap::family::nvidia::GpuInfo {
             minor: Some(m),
             uuid: Some(uuid(m as u8)),
             // Bus order is not minor order, as on real hosts.

@@ -11,8 +11,8 @@
 
 use super::Ev;
 use crate::mountpoint::FSNAME;
-use devremap::handover::{Control, MAX_RECORD};
-use devremap::relay::{FromKernel, FromServer, Relay};
+use devremap::keeper::control::{Control, MAX_RECORD};
+use devremap::keeper::relay::{FromKernel, FromServer, Relay};
 use log::warn;
 use nix::errno::Errno;
 use nix::mount::MsFlags;

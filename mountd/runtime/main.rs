@@ -33,10 +33,10 @@ mod pidfd;
 mod state;
 
 use devremap::io_message;
-use devremap::oci_patch::PatchError;
 use devremap::runtime::annotations;
 use devremap::runtime::argv::{self, Invocation};
 use devremap::runtime::config::{self, Config};
+use devremap::runtime::oci_patch::PatchError;
 use devremap::runtime::osarg;
 use nix::errno::Errno;
 use nix::sys::signal::{Signal, kill};
@@ -96,9 +96,9 @@ fn load_config(inv: &Invocation) -> Result<Config, String> {
         (None, None) => (PathBuf::from(config::DEFAULT_PATH), false),
     };
     let p = path.display();
-    let mut file = match devremap::files::open_regular(&path) {
+    let mut file = match devremap::inputs::files::open_regular(&path) {
         Ok(f) => f,
-        Err(devremap::files::FileError::Io(e)) if !required && e.kind() == std::io::ErrorKind::NotFound => {
+        Err(devremap::inputs::files::FileError::Io(e)) if !required && e.kind() == std::io::ErrorKind::NotFound => {
             return Ok(Config::default());
         }
         Err(e) => return Err(format!("{p}: {e}")),
@@ -107,7 +107,7 @@ fn load_config(inv: &Invocation) -> Result<Config, String> {
     let me = nix::unistd::geteuid().as_raw();
     config::check_access(meta.uid(), meta.mode(), me).map_err(|e| format!("{p}: {e}"))?;
     let mut buf = Vec::new();
-    devremap::files::read_up_to(&mut file, config::MAX_LEN + 1, &mut buf)
+    devremap::inputs::files::read_up_to(&mut file, config::MAX_LEN + 1, &mut buf)
         .map_err(|e| format!("{p}: {}", io_message(&e)))?;
     let config = config::parse(&buf).map_err(|e| format!("{p}: {e}"))?;
     if is_this_program(&config.runtime) {
@@ -136,7 +136,7 @@ fn is_this_program(runtime: &Path) -> bool {
 /// caller for the error of a runtime that failed after it.
 fn report(inv: &Invocation, level: &str, message: &str) {
     // A path in the message may hold control characters: never a forged line (issue 9.6).
-    let message = &*devremap::escape::escape(message);
+    let message = &*devremap::decision::escape::escape(message);
     if level == "error" || inv.log.is_none() {
         eprintln!("devremap-runtime: {level}: {message}");
     }
@@ -266,7 +266,7 @@ fn start(config: &Config, inv: &Invocation, restoring: Option<Restoring>) -> Res
     let s = spec_path.display();
     let request = annotations::parse(&value).map_err(|e| format!("{s}: {e}"))?;
     // Only whether the spec wants GPUs matters here, not what its bind mounts are onto.
-    let view = match devremap::spec::parse(&original, &|_| false) {
+    let view = match devremap::inputs::spec::parse(&original, &|_| false) {
         Ok(v) => v,
         Err(e) if request.enable == Some(true) => return Err(format!("{s}: {e}")),
         Err(e) => return without_devremap(config, inv, &format!("{s}: {e}")),
@@ -283,8 +283,8 @@ fn start(config: &Config, inv: &Invocation, restoring: Option<Restoring>) -> Res
     // when devremap was asked for, and runs without it otherwise (issue 17.6).
     let dev = container.dev();
     let dev = dev.to_str().ok_or_else(|| format!("{}: not a UTF-8 path", dev.display()))?;
-    let patched = devremap::oci_patch::patch(&value, dev).and_then(|mut p| {
-        devremap::oci_patch::relocate(&mut p, &bundle)?;
+    let patched = devremap::runtime::oci_patch::patch(&value, dev).and_then(|mut p| {
+        devremap::runtime::oci_patch::relocate(&mut p, &bundle)?;
         Ok(p)
     });
     let patched = match patched {
@@ -378,9 +378,9 @@ fn undo(container: &Container, daemon: Option<Child>, why: String) -> String {
 }
 
 fn read_spec(path: &Path) -> Option<Vec<u8>> {
-    let mut file = devremap::files::open_regular(path).ok()?;
+    let mut file = devremap::inputs::files::open_regular(path).ok()?;
     let mut buf = Vec::new();
-    devremap::files::read_up_to(&mut file, devremap::metadata::MAX_METADATA_LEN, &mut buf).ok()?;
+    devremap::inputs::files::read_up_to(&mut file, devremap::inputs::metadata::MAX_METADATA_LEN, &mut buf).ok()?;
     Some(buf)
 }
 
@@ -415,19 +415,19 @@ fn checkpoint(config: &Config, inv: &Invocation) -> Result<u8, String> {
             .map_err(|e| format!("{}: {}", image.display(), io_message(&e)))?;
         // As `devremapd record --metadata PREV`: a container restored with metadata carries the
         // names it was given into the record; the restore was judged then, not here.
-        let sources = devremap::load::Sources {
+        let sources = devremap::inputs::load::Sources {
             metadata: container.restored_metadata(),
             spec: Some(Path::new(bundle).join("config.json")),
             host_dev: config.host_dev.clone(),
             host_root: config.host_root.clone(),
             ..Default::default()
         };
-        let loaded = devremap::load::load_unchecked(&sources).map_err(|e| e.to_string())?;
+        let loaded = devremap::inputs::load::load_unchecked(&sources).map_err(|e| e.to_string())?;
         // As `devremapd record` does: the record still pairs by minor, but say what it lacks.
-        for gap in devremap::record::gaps(&loaded.plan) {
+        for gap in devremap::decision::record::gaps(&loaded.plan) {
             report(inv, "warning", &format!("{}: {gap}", config.host_root.display()));
         }
-        let text = format!("{:#}\n", devremap::record::devices(&loaded.plan, sources.metadata.is_some()));
+        let text = format!("{:#}\n", devremap::decision::record::devices(&loaded.plan, sources.metadata.is_some()));
         let out = image.join(RECORD_FILE);
         devremap::atomic::replace_file(&out, text.as_bytes()).map_err(|e| e.to_string())?;
     }

@@ -136,8 +136,8 @@ impl Container {
     /// The runtime root this directory's container belongs to, when it is not `root`.
     pub fn other_root(&self, root: Option<&str>) -> Option<String> {
         // A directory without the file was left by a wrapper killed before writing it.
-        match devremap::files::read_small_text(&self.root_file(), 4096) {
-            devremap::files::SmallText::Text(theirs) if theirs != root.unwrap_or_default() => Some(theirs),
+        match devremap::inputs::files::read_small_text(&self.root_file(), 4096) {
+            devremap::inputs::files::SmallText::Text(theirs) if theirs != root.unwrap_or_default() => Some(theirs),
             _ => None,
         }
     }
@@ -311,9 +311,9 @@ impl Container {
     /// byte past the metadata limit is copied, so the daemon still refuses a file too large.
     pub fn keep_metadata(&self, from: &Path) -> Result<PathBuf, String> {
         let f = from.display();
-        let mut file = devremap::files::open_regular(from).map_err(|e| format!("{f}: {e}"))?;
+        let mut file = devremap::inputs::files::open_regular(from).map_err(|e| format!("{f}: {e}"))?;
         let mut bytes = Vec::new();
-        devremap::files::read_up_to(&mut file, devremap::metadata::MAX_METADATA_LEN + 1, &mut bytes)
+        devremap::inputs::files::read_up_to(&mut file, devremap::inputs::metadata::MAX_METADATA_LEN + 1, &mut bytes)
             .map_err(|e| format!("{f}: {}", io_message(&e)))?;
         let dir = self.restore_dir();
         DirBuilder::new().mode(0o700).create(&dir).map_err(|e| format!("{}: {}", dir.display(), io_message(&e)))?;
@@ -324,7 +324,7 @@ impl Container {
 
     /// The daemon's pid, if its pid file names a live process serving this mountpoint.
     fn daemon_pid(&self) -> Option<u32> {
-        let pid = devremap::files::read_pid(&self.pid_file()).filter(|&p| p > 1)?;
+        let pid = devremap::inputs::files::read_pid(&self.pid_file()).filter(|&p| p > 1)?;
         let cmdline = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
         let dev = self.dev();
         let dev = dev.as_os_str().as_encoded_bytes();
@@ -353,7 +353,10 @@ fn ensure_private_dir(dir: &Path) -> Result<(), String> {
     DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|e| format!("{d}: {}", io_message(&e)))?;
     let meta = fs::symlink_metadata(dir).map_err(|e| format!("{d}: {}", io_message(&e)))?;
     if !meta.is_dir() {
-        return Err(format!("{d}: is {}, not a directory; refused: {FIX}", devremap::files::describe(meta.mode())));
+        return Err(format!(
+            "{d}: is {}, not a directory; refused: {FIX}",
+            devremap::inputs::files::describe(meta.mode())
+        ));
     }
     let me = nix::unistd::geteuid().as_raw();
     if meta.uid() != me {

@@ -10,9 +10,9 @@
 //! Each annotation has a `process.env` variable standing for it ([`ENV_VARS`]), for clients
 //! that drop annotations; a pod's sandbox ([`is_sandbox`]) never gets devremap.
 
-use crate::checks::parse_relax;
-use crate::pairing::parse_device_map;
-use crate::spec::SpecView;
+use crate::decision::checks::parse_relax;
+use crate::decision::pairing::parse_device_map;
+use crate::inputs::spec::SpecView;
 use serde_json::Value;
 use thiserror::Error;
 
@@ -142,9 +142,10 @@ pub fn parse(spec: &Value) -> Result<Request, AnnotationError> {
         Some(_) => return Err(AnnotationError::NotAMap),
     };
     for (key, value) in map.into_iter().flatten().filter(|(k, _)| k.starts_with(PREFIX)) {
-        let text = value
-            .as_str()
-            .ok_or_else(|| AnnotationError::NotAString { key: key.clone(), found: crate::metadata::describe(value) })?;
+        let text = value.as_str().ok_or_else(|| AnnotationError::NotAString {
+            key: key.clone(),
+            found: crate::inputs::metadata::describe(value),
+        })?;
         request.set(key, text, format!("annotation {key}"))?;
     }
     // The spec parsed as an OCI spec before this is asked, so `env` holds strings; anything
@@ -162,7 +163,7 @@ pub fn parse(spec: &Value) -> Result<Request, AnnotationError> {
 mod tests {
     use super::*;
     use crate::device::{Access, DevKind, Rdev};
-    use crate::spec::SpecDevice;
+    use crate::inputs::spec::SpecDevice;
     use serde_json::json;
 
     fn with(annotations: Value) -> Value {
@@ -189,7 +190,9 @@ mod tests {
         let none = parse(&json!({})).unwrap();
         assert!(!none.wanted(&SpecView::default()));
         assert!(none.wanted(&gpu_spec()));
-        assert!(none.wanted(&SpecView { hook: Some(crate::visible::Visible::All), ..SpecView::default() }));
+        assert!(
+            none.wanted(&SpecView { hook: Some(crate::family::nvidia::visible::Visible::All), ..SpecView::default() })
+        );
         assert!(parse(&with(json!({ENABLE: "true"}))).unwrap().wanted(&SpecView::default()));
         assert!(!parse(&with(json!({ENABLE: "false"}))).unwrap().wanted(&gpu_spec()));
     }

@@ -89,9 +89,10 @@ pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
         if !["runtime", "host_dev", "host_root", "state_dir", "devremapd"].contains(&key.as_str()) {
             return Err(ConfigError::UnknownKey(key.clone()));
         }
-        let text = value
-            .as_str()
-            .ok_or_else(|| ConfigError::NotAString { key: key.clone(), found: crate::metadata::describe(value) })?;
+        let text = value.as_str().ok_or_else(|| ConfigError::NotAString {
+            key: key.clone(),
+            found: crate::inputs::metadata::describe(value),
+        })?;
         // A bare name is looked up on PATH, as a shell would; anything with a slash must be
         // absolute, since the wrapper runs in whatever directory its caller chose.
         let bare_name_ok = key == "runtime" && !text.is_empty() && !text.contains('/');

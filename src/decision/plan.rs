@@ -1,0 +1,1012 @@
+//! From gathered inputs to the remap table and the `/dev` tree: the whole decision, pure.
+//!
+//! Order of construction, each step able to replace a device placed by an earlier one: runc's
+//! default nodes; the spec's devices; the host's pass-through NVIDIA nodes; every restored GPU
+//! under its native name; every saved GPU under its checkpoint name, unless that name is
+//! another restored GPU's native name and natives are preferred; last, the mount points of the
+//! spec's mounts under `/dev` (a directory, or for a file bind mount whatever node is there or
+//! a placeholder) and, for a terminal, the `console` placeholder. Nothing else enters the tree.
+//!
+//! The restored GPUs are the spec's GPU devices and, where the spec names no GPU device, the
+//! device directory's `nvidiaN` nodes; when the spec asks for GPUs through the NVIDIA hook,
+//! only the directory's GPUs that `NVIDIA_VISIBLE_DEVICES` selects (see [`crate::family::nvidia::visible`]). Every error is made where its
+//! cause is known, as the variant of the input that holds it ([`PlanError::input`]).
+
+use crate::decision::checks::{self, CheckName, CheckResult, Side};
+use crate::decision::pairing::{self, By, MapPair, PairingError, Rule};
+use crate::decision::tree::{Node, NodeKind, Tree, TreeBuilder, TreeError};
+use crate::device::{Access, DevKind, Rdev};
+use crate::family::nvidia::visible::{self, VisibleError};
+use crate::family::nvidia::{GpuInfo, RestoredGpu};
+use crate::family::{HostFacts, NVIDIA};
+use crate::inputs::host::DevDirScan;
+use crate::inputs::metadata::{DeviceId, Metadata};
+use crate::inputs::pci;
+use crate::inputs::spec::SpecView;
+use serde_json::Value;
+use std::collections::btree_map::Entry;
+use std::collections::{BTreeMap, BTreeSet};
+use thiserror::Error;
+
+/// Which name wins when a checkpoint name is another restored GPU's native name.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Prefer {
+    /// The driver's view stays consistent: `nvidiaN` is host GPU N.
+    #[default]
+    Native,
+    /// The restore's view: `nvidiaN` is what saved GPU N now is.
+    Checkpoint,
+}
+
+/// Everything the plan is made from, already read.
+#[derive(Debug, Clone, Default)]
+pub struct Inputs {
+    pub metadata: Option<Metadata>,
+    pub spec: Option<SpecView>,
+    /// The host device directory's GPU and pass-through nodes, when one was scanned.
+    pub dev_dir: Option<DevDirScan>,
+    pub host: HostFacts,
+    pub device_map: Vec<MapPair>,
+    pub prefer: Prefer,
+    /// Identity first, or gVisor's positional rule (`--pairing positional`).
+    pub pairing: Rule,
+    /// The checks whose failure is a warning, not a refusal (`--relax`).
+    pub relax: BTreeSet<CheckName>,
+}
+
+/// One saved GPU and where its checkpoint name leads.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RemapEntry {
+    pub old: DeviceId,
+    pub new: RestoredGpu,
+    /// Which rule paired them.
+    #[serde(default)]
+    pub by: By,
+    /// False when the checkpoint name lost a collision and is not in the tree as this GPU.
+    pub served: bool,
+    /// The saved GPU's earlier names (`earlier_minors`), each served as it unless it lost a
+    /// collision.
+    #[serde(default)]
+    pub earlier: Vec<EarlierName>,
+}
+
+/// A name a saved GPU had from an earlier restore, and whether it leads to its pair here.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct EarlierName {
+    pub minor: u32,
+    pub served: bool,
+}
+
+impl RemapEntry {
+    /// The checkpoint name, `nvidia<saved minor>`.
+    pub fn name(&self) -> String {
+        NVIDIA.gpu_name(self.old.minor)
+    }
+}
+
+/// The result: what `plan` prints and what the daemon serves.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Plan {
+    pub remap: Vec<RemapEntry>,
+    pub restored: Vec<RestoredGpu>,
+    pub tree: Tree,
+    pub warnings: Vec<String>,
+    pub tpus: Vec<Value>,
+    /// The restore host's driver version, where its driver tells it.
+    #[serde(default)]
+    pub driver_version: Option<String>,
+    /// Every check evaluated, in [`CheckName::ALL`]'s order; [`gate`] refuses the plan when one
+    /// failed unrelaxed. Empty in a plan handed over by a server before checks existed.
+    #[serde(default)]
+    pub checks: Vec<CheckResult>,
+    /// Whose fault a failed `mixed` check is: the checkpoint's or the host root's.
+    #[serde(skip)]
+    pub mixed_input: Input,
+}
+
+/// Why no plan could be made from inputs that each parsed: one variant per input that can hold
+/// the cause, made where the cause is known.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum PlanError {
+    /// The saved GPUs cannot be remapped (a subdevice, mixed models).
+    #[error("{0}")]
+    Checkpoint(PairingError),
+    /// Saved GPUs, and no input that gives restored ones at all: neither a spec nor a device
+    /// directory.
+    #[error(
+        "{0}; give the restored GPUs with --spec (the container's OCI spec) or --host-dev (a directory of their nvidiaN nodes)"
+    )]
+    NoRestoreSide(PairingError),
+    /// The spec gives the restored GPUs (its devices, or the hook's selection) and too few.
+    #[error("{0}")]
+    SpecGpus(PairingError),
+    /// `NVIDIA_VISIBLE_DEVICES` names GPUs the host cannot give.
+    #[error("{0}")]
+    Visible(VisibleError),
+    /// The device directory gives the restored GPUs and too few.
+    #[error("{0}")]
+    HostDevGpus(PairingError),
+    /// `NVIDIA_VISIBLE_DEVICES` selects a GPU that the device directory holds no node of.
+    #[error("NVIDIA_VISIBLE_DEVICES selects nvidia{0}, which is not here")]
+    HostDevMissing(u32),
+    /// A host pass-through node cannot be placed (a spec node is in its way).
+    #[error("host node {0}")]
+    HostNode(TreeError),
+    /// Two of the driver's information files describe the same GPU minor, UUID or bus, which
+    /// the driver never writes: which GPU a name means would be a guess.
+    #[error("the driver's information files of {first} and {second} both give {what}")]
+    DriverFilesClash { first: String, second: String, what: String },
+    /// An explicit pair cannot be made.
+    #[error("{0}")]
+    DeviceMap(PairingError),
+    #[error("spec device {0}")]
+    SpecDevice(TreeError),
+    #[error("spec mount {0}")]
+    SpecMount(TreeError),
+    /// A named check failed and was not relaxed: the checkpoint does not fit this host (or, for
+    /// mixed restored GPUs, the host root's GPUs are two models).
+    #[error("{}: {}", .result.check, .result.detail)]
+    Check { input: Input, result: CheckResult },
+}
+
+/// The inputs a plan error can be about.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Input {
+    #[default]
+    Checkpoint,
+    Spec,
+    HostDev,
+    HostRoot,
+    DeviceMap,
+}
+
+impl PlanError {
+    /// The input that holds the cause.
+    pub fn input(&self) -> Input {
+        match self {
+            PlanError::Checkpoint(_) | PlanError::NoRestoreSide(_) => Input::Checkpoint,
+            PlanError::SpecGpus(_) | PlanError::Visible(_) | PlanError::SpecDevice(_) | PlanError::SpecMount(_) => {
+                Input::Spec
+            }
+            PlanError::HostDevGpus(_) | PlanError::HostDevMissing(_) | PlanError::HostNode(_) => Input::HostDev,
+            PlanError::DriverFilesClash { .. } => Input::HostRoot,
+            PlanError::DeviceMap(_) => Input::DeviceMap,
+            PlanError::Check { input, .. } => *input,
+        }
+    }
+}
+
+/// runc's default device nodes.
+const DEFAULT_DEVICES: &[(&str, u32, u32)] =
+    &[("null", 1, 3), ("zero", 1, 5), ("full", 1, 7), ("random", 1, 8), ("urandom", 1, 9), ("tty", 5, 0)];
+/// runc's default symlinks.
+const DEFAULT_LINKS: &[(&str, &str)] = &[
+    ("fd", "/proc/self/fd"),
+    ("stdin", "/proc/self/fd/0"),
+    ("stdout", "/proc/self/fd/1"),
+    ("stderr", "/proc/self/fd/2"),
+    ("ptmx", "pts/ptmx"),
+];
+
+/// What a file mount point (a file bind mount, the console a terminal gets) is before the
+/// runtime mounts over it: a non-directory is needed and the tree has no regular files, so it
+/// is `/dev/null`'s device, which opens harmlessly and which every device cgroup allows.
+fn placeholder() -> Node {
+    Node::device(DevKind::Char, Rdev::new(1, 3), Access::DEVICE_DEFAULT)
+}
+
+/// The restored GPUs: the spec's 195:N devices and the device directory's `nvidiaN` nodes
+/// (whose stat'd number wins): of those, only the spec's own when it names GPU devices, and only
+/// those the hook's `NVIDIA_VISIBLE_DEVICES` selects when the spec asks through the hook; with
+/// what the driver says of them, sorted by minor.
+pub fn restored_gpus(inputs: &Inputs) -> Result<Vec<RestoredGpu>, PlanError> {
+    let mut by_minor: BTreeMap<u32, (Rdev, Access)> = BTreeMap::new();
+    for dev in inputs.spec.iter().flat_map(|s| &s.devices) {
+        if let Some(minor) = dev.gpu_minor() {
+            by_minor.insert(minor, (dev.rdev, dev.access));
+        }
+    }
+    let selected = hook_selection(inputs)?;
+    if let (Some(selected), Some(dir)) = (&selected, &inputs.dev_dir)
+        && let Some(missing) = selected.iter().find(|m| !dir.gpus.iter().any(|(n, _)| n == *m))
+    {
+        return Err(PlanError::HostDevMissing(*missing));
+    }
+    // A spec that names GPUs (devices, or the hook's selection) is given those and no others
+    // (issue 17.9); one that names none gets the device directory's, as `--host-dev` alone does.
+    let named = !by_minor.is_empty();
+    for (minor, node) in inputs.dev_dir.iter().flat_map(|d| &d.gpus) {
+        let given = match &selected {
+            Some(s) => s.contains(minor),
+            None => !named || by_minor.contains_key(minor),
+        };
+        if given {
+            by_minor.insert(*minor, (node.rdev, node.access));
+        }
+    }
+    Ok(by_minor
+        .into_iter()
+        .map(|(minor, (rdev, access))| {
+            let info = inputs.host.gpu_info.iter().find(|i| i.minor == Some(minor));
+            RestoredGpu {
+                minor,
+                rdev,
+                access,
+                uuid: info.and_then(|i| i.uuid.clone()),
+                bus: info.and_then(|i| i.bus.clone()),
+                pci: info.and_then(|i| i.pci),
+                model: info.and_then(|i| i.model.clone()),
+            }
+        })
+        .collect())
+}
+
+/// Refuses driver files that contradict each other: two GPUs with one Device Minor, one UUID
+/// (in either case) or one bus. The driver gives each GPU its own; a UUID or selection would
+/// otherwise silently mean the first of the two.
+fn check_driver_files(gpus: &[GpuInfo]) -> Result<(), PlanError> {
+    let key = |g: &GpuInfo| -> [Option<String>; 3] {
+        [
+            g.minor.map(|m| format!("Device Minor {m}")),
+            // `get`: host.rs gives only `GPU-...` UUIDs, but `GpuInfo` is public, and a short or
+            // non-ASCII one must not panic here.
+            g.uuid.as_ref().map(|u| format!("GPU UUID GPU-{}", u.get(4..).unwrap_or(u).to_ascii_lowercase())),
+            g.bus.as_deref().and_then(pci::bus_id).map(|b| format!("Bus Location {}", pci::bus_name(b))),
+        ]
+    };
+    let mut seen: BTreeMap<String, &GpuInfo> = BTreeMap::new();
+    for gpu in gpus {
+        for what in key(gpu).into_iter().flatten() {
+            if let Some(first) = seen.insert(what.clone(), gpu) {
+                let name = |g: &GpuInfo| g.bus.clone().unwrap_or_else(|| "a GPU".into());
+                return Err(PlanError::DriverFilesClash { first: name(first), second: name(gpu), what });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The host minors the spec's hook request selects; `None` for no selection (no hook request).
+fn hook_selection(inputs: &Inputs) -> Result<Option<BTreeSet<u32>>, PlanError> {
+    let Some(hook) = inputs.spec.as_ref().and_then(|s| s.hook.as_ref()) else { return Ok(None) };
+    let present: Vec<u32> = inputs.dev_dir.iter().flat_map(|d| &d.gpus).map(|(minor, _)| *minor).collect();
+    visible::resolve(hook, &inputs.host.gpu_info, &inputs.host.unread, &present).map(Some).map_err(PlanError::Visible)
+}
+
+/// The error for too few restored GPUs, as the input that gave them: the spec when it names
+/// GPUs (devices or the hook's selection), else the device directory, else (no restore side
+/// given at all) the checkpoint, saying which flags give them.
+fn too_few(inputs: &Inputs, error: PairingError) -> PlanError {
+    let spec_names_gpus =
+        inputs.spec.as_ref().is_some_and(|s| s.hook.is_some() || s.devices.iter().any(|d| d.gpu_minor().is_some()));
+    match (&inputs.spec, &inputs.dev_dir) {
+        (Some(_), _) if spec_names_gpus => PlanError::SpecGpus(error),
+        (_, Some(_)) => PlanError::HostDevGpus(error),
+        (Some(_), None) => PlanError::SpecGpus(error),
+        (None, None) => PlanError::NoRestoreSide(error),
+    }
+}
+
+/// Computes the remap table and the tree.
+pub fn build(inputs: &Inputs) -> Result<Plan, PlanError> {
+    check_driver_files(&inputs.host.gpu_info)?;
+    let restored = restored_gpus(inputs)?;
+    let saved = inputs.metadata.as_ref().map(|m| m.gpus.as_slice()).unwrap_or_default();
+    if inputs.metadata.is_none() && !inputs.device_map.is_empty() {
+        return Err(PlanError::DeviceMap(PairingError::NoCheckpoint));
+    }
+    pairing::check_subdevice(saved).map_err(PlanError::Checkpoint)?;
+    // Without as many restored GPUs there is no pairing, so no plan to show: refused here.
+    pairing::check_count(saved, &restored).map_err(|e| too_few(inputs, e))?;
+    let relax = &inputs.relax;
+    let (mixed, mixed_side) = checks::mixed(saved, &restored, relax);
+    let pairs = pairing::pair(saved, &restored, &inputs.device_map, inputs.pairing).map_err(PlanError::DeviceMap)?;
+    let checks = vec![
+        checks::count(saved, &restored, relax),
+        mixed,
+        checks::model(&pairs, relax),
+        checks::driver(&pairs, inputs.host.driver_version.as_ref(), relax),
+        checks::mode(&pairs, relax),
+    ];
+    let mut warnings = inputs.host.warnings.clone();
+    warnings.extend(
+        checks.iter().filter(|c| !c.ok && c.relaxed).map(|c| format!("check {} relaxed: {}", c.check, c.detail)),
+    );
+    let mixed_input = match mixed_side {
+        Some(Side::Restored) => Input::HostRoot,
+        _ => Input::Checkpoint,
+    };
+
+    let mut b = TreeBuilder::default();
+    for &(name, major, minor) in DEFAULT_DEVICES {
+        b.insert(name, Node::device(DevKind::Char, Rdev::new(major, minor), Access::DEVICE_DEFAULT))
+            .expect("defaults fit an empty tree");
+    }
+    for &(name, target) in DEFAULT_LINKS {
+        b.insert(name, Node::symlink(target)).expect("defaults fit an empty tree");
+    }
+    if inputs.host.has_kcore {
+        b.insert("core", Node::symlink("/proc/kcore")).expect("defaults fit an empty tree");
+    }
+    if let Some(spec) = &inputs.spec {
+        // runc keeps the first entry of a path: specconv's createDevices appends every
+        // linux.devices entry in order, and rootfs_linux.go's createDeviceNode takes EEXIST from
+        // mknod as success, so a later entry for the same path never replaces the node.
+        // specconv drops a default device only for a spec device whose path is the default's
+        // path as a string (`/dev/null`, not `/dev//null`); a default kept is made first, so an
+        // entry spelled otherwise finds it there. And setupPtmx replaces whatever is at
+        // /dev/ptmx with its symlink.
+        let default_dropped = |name: &str| spec.devices.iter().any(|d| d.path.strip_prefix("/dev/") == Some(name));
+        let mut first_of: BTreeMap<&str, &str> = BTreeMap::new();
+        for dev in &spec.devices {
+            let Some(rel) = &dev.rel_path else {
+                warnings.push(format!("spec device {} is outside /dev; not served", dev.path));
+                continue;
+            };
+            match first_of.entry(rel) {
+                Entry::Occupied(first) => warnings.push(format!(
+                    "spec device {} is listed again as {}; serving the first entry, as runc does",
+                    first.get(),
+                    dev.path
+                )),
+                Entry::Vacant(_) if rel == "ptmx" => warnings.push(format!(
+                    "spec device {}: runc makes /dev/ptmx the symlink pts/ptmx whatever the spec lists; \
+                     serving the symlink",
+                    dev.path
+                )),
+                Entry::Vacant(_) if DEFAULT_DEVICES.iter().any(|d| d.0 == rel) && !default_dropped(rel) => warnings
+                    .push(format!(
+                        "spec device {} is not written /dev/{rel}, so runc keeps its default /dev/{rel}; \
+                         serving the default",
+                        dev.path
+                    )),
+                Entry::Vacant(slot) => {
+                    slot.insert(&dev.path);
+                    b.insert(rel, Node::device(dev.kind, dev.rdev, dev.access)).map_err(PlanError::SpecDevice)?;
+                }
+            }
+        }
+    }
+    for node in inputs.dev_dir.iter().flat_map(|d| &d.passthrough) {
+        b.insert(&node.rel_path, Node::device(DevKind::Char, node.rdev, node.access)).map_err(PlanError::HostNode)?;
+    }
+    for gpu in &restored {
+        b.insert(&gpu.name(), Node::device(DevKind::Char, gpu.rdev, gpu.access)).map_err(PlanError::SpecDevice)?;
+    }
+
+    let mut remap = Vec::with_capacity(pairs.len());
+    for p in pairs {
+        // The checkpoint name keeps the mode and owner it had at save time where the metadata
+        // recorded them: CRIU refuses a reopened file whose mode changed.
+        let node = Node::device(DevKind::Char, p.new.rdev, p.old.recorded.over(p.new.access));
+        // Each name the saved GPU had, its own and those of earlier restores, leads to its pair
+        // unless another restored GPU's native name wins.
+        let mut place = |minor: u32, what: &str| -> Result<bool, PlanError> {
+            let name = NVIDIA.gpu_name(minor);
+            let holder = restored.iter().any(|g| g.minor == minor && g.minor != p.new.minor);
+            let served = match (holder, inputs.prefer) {
+                (true, Prefer::Native) => {
+                    warnings.push(format!(
+                        "{name}: {what} of saved GPU {} (now {}) collides with host GPU {name}; \
+                         serving the host GPU (prefer checkpoint to serve the saved one)",
+                        p.old.minor,
+                        p.new.name()
+                    ));
+                    false
+                }
+                (true, Prefer::Checkpoint) => {
+                    warnings.push(format!(
+                        "{name}: {what} of saved GPU {} (now {}) collides with host GPU {name}; \
+                         serving the saved one, so host GPU {name} has no name of its own",
+                        p.old.minor,
+                        p.new.name()
+                    ));
+                    true
+                }
+                (false, _) => true,
+            };
+            if served {
+                b.insert(&name, node.clone()).map_err(PlanError::SpecDevice)?;
+            }
+            Ok(served)
+        };
+        let served = place(p.old.minor, "checkpoint name")?;
+        let earlier = p
+            .old
+            .earlier_minors
+            .iter()
+            .map(|&minor| Ok(EarlierName { minor, served: place(minor, "earlier name")? }))
+            .collect::<Result<Vec<_>, PlanError>>()?;
+        remap.push(RemapEntry { old: p.old, new: p.new, by: p.by, served, earlier });
+    }
+
+    // Mount points last: a file mount goes onto whatever non-directory is there (a GPU node a
+    // restore bind-mounts over, say), any other mount onto a directory; only a missing one is
+    // made.
+    if let Some(spec) = &inputs.spec {
+        for m in &spec.dev_mounts {
+            match b.get(&m.rel_path) {
+                Some(_) if !m.onto_file => b.mkdir_all(&m.rel_path),
+                Some(n) if n.kind == NodeKind::Dir => {
+                    Err(TreeError::NodeOverDir { path: m.rel_path.clone(), new: "file mount" })
+                }
+                Some(_) => Ok(()),
+                None if m.onto_file => b.insert(&m.rel_path, placeholder()),
+                None => b.mkdir_all(&m.rel_path),
+            }
+            .map_err(PlanError::SpecMount)?;
+        }
+        // The runtime mounts onto the tree, so what a mount point holds is hidden in the
+        // container, while runc's own /dev would make a spec device inside the mount: say so.
+        for m in spec.dev_mounts.iter().filter(|m| !m.onto_file) {
+            if let Some(hidden) = b.first_file_under(&m.rel_path) {
+                warnings.push(format!(
+                    "/dev/{hidden} lies under the mount /dev/{}, which hides it in the container",
+                    m.rel_path
+                ));
+            }
+        }
+        // The console can be the node past the tree's limits: refused like any other.
+        if spec.terminal && b.get("console").is_none() {
+            b.insert("console", placeholder()).map_err(PlanError::SpecMount)?;
+        }
+    }
+
+    let tpus = inputs.metadata.as_ref().map(|m| m.tpus.clone()).unwrap_or_default();
+    Ok(Plan {
+        remap,
+        restored,
+        tree: b.build(),
+        warnings,
+        tpus,
+        driver_version: inputs.host.driver_version.clone(),
+        checks,
+        mixed_input,
+    })
+}
+
+/// Refuses a plan one of whose checks failed unrelaxed: the first such, naming the input that
+/// holds the cause (the host root for mixed restored GPUs, else the checkpoint, which does not
+/// fit this host).
+pub fn gate(plan: &Plan) -> Result<(), PlanError> {
+    match plan.checks.iter().find(|c| c.refuses()) {
+        Some(result) => {
+            let input = if result.check == CheckName::Mixed { plan.mixed_input } else { Input::Checkpoint };
+            Err(PlanError::Check { input, result: result.clone() })
+        }
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::family::nvidia::GpuInfo;
+    use crate::family::nvidia::visible::{Selector, Visible};
+    use crate::inputs::host::HostNode;
+    use crate::inputs::metadata::{Format, RecordedAccess};
+    use crate::inputs::spec::{DevMount, SpecDevice};
+
+    fn saved(minor: u32) -> DeviceId {
+        DeviceId {
+            minor,
+            pci_vendor_id: 4318,
+            pci_device_id: 8896,
+            gpu_id: 0,
+            device_instance: 0,
+            subdevice_instance: 0,
+            uuid: format!("GPU-{minor}"),
+            ..Default::default()
+        }
+    }
+
+    /// Inputs with saved GPUs `old` and a host dev dir whose `nvidiaN` for N in `new` opens 1:N+3.
+    fn inputs(old: &[u32], new: &[u32]) -> Inputs {
+        let gpus = new
+            .iter()
+            .map(|&n| {
+                (
+                    n,
+                    HostNode {
+                        rel_path: NVIDIA.gpu_name(n),
+                        rdev: Rdev::new(1, n + 3),
+                        access: Access::DEVICE_DEFAULT,
+                    },
+                )
+            })
+            .collect();
+        Inputs {
+            metadata: Some(Metadata {
+                format: Format::Array,
+                gpus: old.iter().copied().map(saved).collect(),
+                gpu_key_present: true,
+                tpus: vec![],
+                warnings: vec![],
+            }),
+            dev_dir: Some(DevDirScan { gpus, passthrough: vec![] }),
+            ..Inputs::default()
+        }
+    }
+
+    /// A spec char device at `path` (under `/dev/` when it starts so).
+    fn spec_dev(path: &str, rdev: Rdev, access: Access) -> SpecDevice {
+        SpecDevice {
+            rel_path: path.strip_prefix("/dev/").map(str::to_owned),
+            path: path.into(),
+            kind: DevKind::Char,
+            rdev,
+            access,
+        }
+    }
+
+    fn rdev_at(plan: &Plan, name: &str) -> Option<Rdev> {
+        plan.tree.get(name).and_then(Node::rdev)
+    }
+
+    /// runc's /dev: with no inputs the tree is exactly the defaults.
+    #[test]
+    fn no_inputs_is_runcs_default_dev() {
+        let plan = build(&Inputs::default()).unwrap();
+        let names: Vec<&str> = plan.tree.iter().map(|(p, _)| p).collect();
+        assert_eq!(
+            names,
+            ["fd", "full", "null", "ptmx", "random", "stderr", "stdin", "stdout", "tty", "urandom", "zero"]
+        );
+        assert_eq!(rdev_at(&plan, "tty"), Some(Rdev::new(5, 0)));
+        assert!(plan.remap.is_empty() && plan.warnings.is_empty());
+        let with_core =
+            build(&Inputs { host: HostFacts { has_kcore: true, ..Default::default() }, ..Default::default() }).unwrap();
+        assert_eq!(with_core.tree.get("core").unwrap().kind, NodeKind::Symlink("/proc/kcore".into()));
+    }
+
+    /// Bug (issue 17.9): with a host device directory, a container given only `/dev/nvidia0`
+    /// also listed `nvidia1` and every other host GPU. A spec that names GPU devices is given
+    /// those alone (the directory's node for the same minor still gives its number); one that
+    /// names none still gets the directory's GPUs.
+    #[test]
+    fn a_spec_naming_gpus_gets_only_those() {
+        let mut inp = inputs(&[], &[0, 1, 2]);
+        inp.metadata = None;
+        let gpu0 = spec_dev("/dev/nvidia0", Rdev::new(195, 0), Access::DEVICE_DEFAULT);
+        inp.spec = Some(SpecView { devices: vec![gpu0], ..SpecView::default() });
+        let plan = build(&inp).unwrap();
+        let names: Vec<String> = plan.restored.iter().map(RestoredGpu::name).collect();
+        assert_eq!(names, ["nvidia0"]);
+        assert_eq!(rdev_at(&plan, "nvidia0"), Some(Rdev::new(1, 3)));
+        assert_eq!((rdev_at(&plan, "nvidia1"), rdev_at(&plan, "nvidia2")), (None, None));
+        inp.spec = Some(SpecView::default());
+        assert_eq!(build(&inp).unwrap().restored.len(), 3, "a spec naming no GPU gets the directory's");
+    }
+
+    /// Both kinds of names: native names are the host GPUs, checkpoint names their pairs.
+    #[test]
+    fn native_and_checkpoint_names() {
+        let plan = build(&inputs(&[0, 1], &[4, 5])).unwrap();
+        assert_eq!(rdev_at(&plan, "nvidia4"), Some(Rdev::new(1, 7)));
+        assert_eq!(rdev_at(&plan, "nvidia5"), Some(Rdev::new(1, 8)));
+        assert_eq!(rdev_at(&plan, "nvidia0"), Some(Rdev::new(1, 7)));
+        assert_eq!(rdev_at(&plan, "nvidia1"), Some(Rdev::new(1, 8)));
+        assert!(plan.remap.iter().all(|e| e.served));
+        assert!(plan.warnings.is_empty());
+    }
+
+    /// Collision: saved {0,1} onto {1,2}; nvidia1 is host GPU 1 by default, the saved GPU 1's
+    /// device (host 2) with --prefer checkpoint; a warning either way.
+    #[test]
+    fn collision_native_wins_by_default() {
+        let plan = build(&inputs(&[0, 1], &[1, 2])).unwrap();
+        assert_eq!(rdev_at(&plan, "nvidia1"), Some(Rdev::new(1, 4)));
+        assert_eq!(rdev_at(&plan, "nvidia0"), Some(Rdev::new(1, 4)));
+        assert_eq!(plan.remap.iter().map(|e| e.served).collect::<Vec<_>>(), [true, false]);
+        assert_eq!(plan.warnings.len(), 1);
+        assert!(plan.warnings[0].starts_with("nvidia1: checkpoint name"), "{:?}", plan.warnings);
+
+        let mut inp = inputs(&[0, 1], &[1, 2]);
+        inp.prefer = Prefer::Checkpoint;
+        let plan = build(&inp).unwrap();
+        assert_eq!(rdev_at(&plan, "nvidia1"), Some(Rdev::new(1, 5)));
+        assert_eq!(rdev_at(&plan, "nvidia2"), Some(Rdev::new(1, 5)));
+        assert!(plan.remap.iter().all(|e| e.served));
+        assert_eq!(plan.warnings.len(), 1);
+    }
+
+    /// A restore onto the same GPUs serves each name as itself, with no warning.
+    #[test]
+    fn identity_restore() {
+        let plan = build(&inputs(&[0, 1], &[0, 1])).unwrap();
+        assert_eq!(rdev_at(&plan, "nvidia0"), Some(Rdev::new(1, 3)));
+        assert_eq!(rdev_at(&plan, "nvidia1"), Some(Rdev::new(1, 4)));
+        assert!(plan.warnings.is_empty() && plan.remap.iter().all(|e| e.served));
+    }
+
+    /// Rule (issue 12.2): a checkpoint name is served with the mode, uid and gid the metadata
+    /// recorded; the native name keeps the host's; unrecorded fields come from the host node.
+    #[test]
+    fn checkpoint_names_keep_recorded_access() {
+        let mut inp = inputs(&[0, 1], &[4, 5]);
+        let gpus = &mut inp.metadata.as_mut().unwrap().gpus;
+        gpus[0].recorded = RecordedAccess { mode: Some(0o600), uid: Some(7), gid: Some(8) };
+        gpus[1].recorded = RecordedAccess { mode: Some(0o640), uid: None, gid: None };
+        let plan = build(&inp).unwrap();
+        assert_eq!(plan.tree.get("nvidia0").unwrap().access, Access { mode: 0o600, uid: 7, gid: 8 });
+        assert_eq!(plan.tree.get("nvidia1").unwrap().access, Access { mode: 0o640, uid: 0, gid: 0 });
+        assert_eq!(plan.tree.get("nvidia4").unwrap().access, Access::DEVICE_DEFAULT);
+        assert_eq!(rdev_at(&plan, "nvidia0"), Some(Rdev::new(1, 7)));
+    }
+
+    /// The metadata key absent (cuda-checkpoint released the devices): host GPUs still served.
+    #[test]
+    fn absent_key_still_serves_native_names() {
+        let plan = build(&inputs(&[], &[3])).unwrap();
+        assert!(plan.remap.is_empty());
+        assert_eq!(rdev_at(&plan, "nvidia3"), Some(Rdev::new(1, 6)));
+        assert_eq!(plan.tree.iter().filter(|(p, _)| p.starts_with("nvidia")).count(), 1);
+    }
+
+    /// Spec: mounts become directories; devices keep their path and access; spec GPUs are
+    /// restored GPUs; a device outside /dev is reported; a device over a mount point is refused.
+    #[test]
+    fn spec_shapes_the_tree() {
+        let dev = |path: &str, rdev: Rdev| spec_dev(path, rdev, Access { mode: 0o600, uid: 1, gid: 2 });
+        let spec = SpecView {
+            devices: vec![
+                dev("/dev/dri/card0", Rdev::new(226, 0)),
+                dev("/dev/nvidia7", Rdev::new(195, 7)),
+                dev("/opt/x", Rdev::new(1, 3)),
+            ],
+            dev_mounts: ["pts", "shm"].map(|p| DevMount { rel_path: p.into(), ..DevMount::default() }).to_vec(),
+            ..SpecView::default()
+        };
+        let plan = build(&Inputs { spec: Some(spec.clone()), ..Inputs::default() }).unwrap();
+        assert_eq!(plan.tree.get("pts").unwrap().kind, NodeKind::Dir);
+        assert_eq!(plan.tree.get("dri").unwrap().kind, NodeKind::Dir);
+        assert_eq!(plan.tree.get("dri/card0").unwrap().access, Access { mode: 0o600, uid: 1, gid: 2 });
+        assert_eq!(plan.restored.iter().map(|g| g.minor).collect::<Vec<_>>(), [7]);
+        assert_eq!(plan.warnings, ["spec device /opt/x is outside /dev; not served"]);
+
+        let mut clash = spec;
+        clash.devices.push(dev("/dev/pts", Rdev::new(1, 3)));
+        assert!(matches!(
+            build(&Inputs { spec: Some(clash), ..Inputs::default() }),
+            Err(PlanError::SpecMount(TreeError::DirOverNode { .. }))
+        ));
+    }
+
+    /// Mount points: a mount onto an existing node (a restore's bind mount over a GPU) keeps
+    /// the node; a file bind mount and a terminal's console get a non-directory placeholder.
+    #[test]
+    fn mount_points_onto_nodes_files_and_console() {
+        let mut inp = inputs(&[], &[0]);
+        let mount =
+            |p: &str, file: bool| DevMount { rel_path: p.into(), bind_source: Some("/x".into()), onto_file: file };
+        inp.spec = Some(SpecView {
+            dev_mounts: vec![mount("nvidia0", true), mount("termination-log", true), mount("data/sub", false)],
+            terminal: true,
+            ..SpecView::default()
+        });
+        let plan = build(&inp).unwrap();
+        assert_eq!(rdev_at(&plan, "nvidia0"), Some(Rdev::new(1, 3)), "the GPU node stays as the mount point");
+        assert_eq!(rdev_at(&plan, "termination-log"), Some(Rdev::new(1, 3)));
+        assert_eq!(rdev_at(&plan, "console"), Some(Rdev::new(1, 3)));
+        assert_eq!(plan.tree.get("data/sub").unwrap().kind, NodeKind::Dir);
+        let no_tty = build(&Inputs { spec: Some(SpecView::default()), ..Inputs::default() }).unwrap();
+        assert!(no_tty.tree.get("console").is_none());
+    }
+
+    /// Bug (found from outside): a spec device under a spec mount (`/dev/shm/x` with a tmpfs on
+    /// `/dev/shm`) was served in silence, though the runtime's mount hides it in the container,
+    /// while runc's own /dev makes it inside the mount. A warning names it, once per mount;
+    /// directories made for other mounts under it are not warned about.
+    #[test]
+    fn a_node_under_a_mount_is_warned_about() {
+        let mount = |p: &str| DevMount { rel_path: p.into(), ..DevMount::default() };
+        let spec = SpecView {
+            devices: vec![
+                spec_dev("/dev/shm/x", Rdev::new(1, 3), Access::DEVICE_DEFAULT),
+                spec_dev("/dev/shm/y", Rdev::new(1, 3), Access::DEVICE_DEFAULT),
+            ],
+            dev_mounts: vec![mount("shm"), mount("pts"), mount("pts/sub")],
+            ..SpecView::default()
+        };
+        let plan = build(&Inputs { spec: Some(spec), ..Inputs::default() }).unwrap();
+        assert_eq!(plan.warnings, ["/dev/shm/x lies under the mount /dev/shm, which hides it in the container"]);
+    }
+
+    /// Nothing enters the tree that no input asked for: every node is a default, a spec node,
+    /// a pass-through node, or a GPU name.
+    #[test]
+    fn tree_holds_only_what_inputs_ask_for() {
+        let mut inp = inputs(&[0, 1, 2], &[5, 6, 7, 9]);
+        inp.dev_dir.as_mut().unwrap().passthrough.push(HostNode {
+            rel_path: "nvidiactl".into(),
+            rdev: Rdev::new(195, 255),
+            access: Access::DEVICE_DEFAULT,
+        });
+        let plan = build(&inp).unwrap();
+        let gpus: Vec<&str> = plan.tree.iter().map(|(p, _)| p).filter(|p| p.starts_with("nvidia")).collect();
+        assert_eq!(gpus, ["nvidia0", "nvidia1", "nvidia2", "nvidia5", "nvidia6", "nvidia7", "nvidia9", "nvidiactl"]);
+        assert_eq!(plan.tree.iter().count(), 11 + gpus.len());
+    }
+
+    /// Host facts for GPUs `minors`, each on a bus in the given order, with PCI ids `pci`.
+    fn described(buses_by_minor: &[(u32, &str)], pci: (u32, u32)) -> HostFacts {
+        let gpu_info = buses_by_minor
+            .iter()
+            .map(|&(minor, bus)| GpuInfo {
+                minor: Some(minor),
+                uuid: Some(format!("GPU-0b5e55ed-1111-4222-8333-{minor:012}")),
+                bus: Some(bus.to_owned()),
+                pci: Some(pci),
+                excluded: false,
+                model: None,
+            })
+            .collect();
+        HostFacts { gpu_info, ..HostFacts::default() }
+    }
+
+    fn hook(visible: Visible) -> Option<SpecView> {
+        Some(SpecView { hook: Some(visible), ..SpecView::default() })
+    }
+
+    fn native_gpus(plan: &Plan) -> Vec<u32> {
+        plan.restored.iter().map(|g| g.minor).collect()
+    }
+
+    /// Bug (issue 10.1): in hook mode the restored GPUs are exactly those NVIDIA_VISIBLE_DEVICES
+    /// selects, by the driver's (PCI bus) order: `2,3` on a host whose minors 0..3 sit on buses
+    /// 3c, 3d, 1a, 1b are minors 0 and 1; only they get native names; one GPU for two saved ones
+    /// is too few, blamed on the spec.
+    #[test]
+    fn hook_mode_serves_only_the_selected_gpus() {
+        let mut inp = inputs(&[0, 1], &[0, 1, 2, 3]);
+        inp.host = described(
+            &[(0, "0000:3c:00.0"), (1, "0000:3d:00.0"), (2, "0000:1a:00.0"), (3, "0000:1b:00.0")],
+            (0x10de, 0x2330),
+        );
+        inp.spec = hook(Visible::Devices(vec![Selector::Index(2), Selector::Index(3)]));
+        let plan = build(&inp).unwrap();
+        assert_eq!(native_gpus(&plan), [0, 1]);
+        assert!(plan.tree.get("nvidia2").is_none() && plan.tree.get("nvidia3").is_none());
+
+        inp.spec = hook(Visible::Devices(vec![Selector::Index(0)]));
+        let err = build(&inp).unwrap_err();
+        assert_eq!(err, PlanError::SpecGpus(PairingError::Count { saved: 2, restored: 1 }));
+        assert_eq!(err.input(), Input::Spec);
+
+        inp.spec = hook(Visible::None);
+        inp.metadata = None;
+        assert_eq!(native_gpus(&build(&inp).unwrap()), [0u32; 0]);
+        inp.spec = hook(Visible::All);
+        assert_eq!(native_gpus(&build(&inp).unwrap()), [0, 1, 2, 3]);
+        inp.spec = hook(Visible::Devices(vec![Selector::Index(4)]));
+        assert!(matches!(build(&inp), Err(PlanError::Visible(_))));
+        inp.dev_dir.as_mut().unwrap().gpus.retain(|(m, _)| *m != 2);
+        inp.spec = hook(Visible::Devices(vec![Selector::Index(0)]));
+        assert_eq!(build(&inp).unwrap_err(), PlanError::HostDevMissing(2));
+        assert_eq!(PlanError::HostDevMissing(2).input(), Input::HostDev);
+    }
+
+    /// Bug (issue 10.2): with nothing to remap (no metadata, or metadata without GPUs) a host
+    /// with two GPU models is served; with saved GPUs the mixed restored side is refused, as the
+    /// host root's fault.
+    #[test]
+    fn mixed_models_refused_only_with_something_to_remap() {
+        let mut inp = inputs(&[], &[0, 1]);
+        inp.host = described(&[(0, "0000:3c:00.0"), (1, "0000:3d:00.0")], (0x10de, 0x2330));
+        inp.host.gpu_info[1].pci = Some((0x10de, 0x2684));
+        assert_eq!(native_gpus(&build(&inp).unwrap()), [0, 1]);
+        inp.metadata = None;
+        assert_eq!(native_gpus(&build(&inp).unwrap()), [0, 1]);
+        let mut with_saved = inputs(&[0], &[0, 1]);
+        with_saved.host = inp.host.clone();
+        let err = gate(&build(&with_saved).unwrap()).unwrap_err();
+        assert_eq!(err.input(), Input::HostRoot);
+        assert_eq!(
+            err.to_string(),
+            "mixed: restored devices are not homogeneous: nvidia0 is 10de:2330 but nvidia1 is 10de:2684"
+        );
+        // Relaxed, it is served with a warning.
+        with_saved.relax.insert(CheckName::Mixed);
+        with_saved.relax.insert(CheckName::Model);
+        let plan = build(&with_saved).unwrap();
+        assert_eq!(gate(&plan), Ok(()));
+        assert_eq!(
+            plan.warnings[0],
+            "check mixed relaxed: restored devices are not homogeneous: nvidia0 is 10de:2330 but nvidia1 is 10de:2684"
+        );
+    }
+
+    /// Bug (issue 10.6): the same path twice in linux.devices: the first entry is served, as runc
+    /// does, and a warning names both.
+    #[test]
+    fn duplicate_spec_device_path_keeps_the_first() {
+        let dev = |path: &str, minor: u32| spec_dev(path, Rdev::new(1, minor), Access::DEVICE_DEFAULT);
+        let spec =
+            SpecView { devices: vec![dev("/dev/x", 3), dev("/dev/y", 7), dev("/dev/x", 5)], ..SpecView::default() };
+        let plan = build(&Inputs { spec: Some(spec), ..Inputs::default() }).unwrap();
+        assert_eq!(rdev_at(&plan, "x"), Some(Rdev::new(1, 3)));
+        assert_eq!(
+            plan.warnings,
+            ["spec device /dev/x is listed again as /dev/x; serving the first entry, as runc does"]
+        );
+    }
+
+    /// Bug (found from outside): runc's own /dev (runc 1.1.5, measured) differs from the spec's
+    /// list in two ways the plan did not follow: /dev/ptmx is always the symlink `pts/ptmx`
+    /// (setupPtmx removes what is there), and a default node is replaced only by a device
+    /// written exactly as its path (`/dev//null`, `/dev/./zero`, `/dev/full/` leave the
+    /// default, unless another entry is written `/dev/null`, which drops it). Each kept node
+    /// is warned about.
+    #[test]
+    fn spec_devices_over_defaults_follow_runc() {
+        let dev = |path: &str, minor: u32| spec_dev(path, Rdev::new(1, minor), Access::DEVICE_DEFAULT);
+        let d = |path: &str, minor: u32| {
+            let mut v = dev(path, minor);
+            v.rel_path = Some(path.trim_start_matches("/dev/").trim_matches(&['/', '.'][..]).replace("//", "/"));
+            v
+        };
+        let devices = vec![
+            d("/dev/ptmx", 2),
+            d("/dev//null", 5),
+            d("/dev/./zero", 7),
+            d("/dev/full/", 3),
+            d("/dev/fd", 9),
+            d("/dev//tty", 11),
+            d("/dev/tty", 12),
+        ];
+        let plan =
+            build(&Inputs { spec: Some(SpecView { devices, ..SpecView::default() }), ..Inputs::default() }).unwrap();
+        assert_eq!(plan.tree.get("ptmx").unwrap().kind, NodeKind::Symlink("pts/ptmx".into()));
+        assert_eq!(rdev_at(&plan, "null"), Some(Rdev::new(1, 3)));
+        assert_eq!(rdev_at(&plan, "zero"), Some(Rdev::new(1, 5)));
+        assert_eq!(rdev_at(&plan, "full"), Some(Rdev::new(1, 7)));
+        assert_eq!(rdev_at(&plan, "fd"), Some(Rdev::new(1, 9)), "a device over a default symlink stays");
+        assert_eq!(rdev_at(&plan, "tty"), Some(Rdev::new(1, 11)), "/dev/tty drops the default; the first entry wins");
+        assert_eq!(plan.warnings.len(), 5, "{:?}", plan.warnings);
+        assert!(plan.warnings[0].contains("runc makes /dev/ptmx the symlink pts/ptmx"), "{:?}", plan.warnings);
+        assert_eq!(
+            plan.warnings[1],
+            "spec device /dev//null is not written /dev/null, so runc keeps its default /dev/null; serving the default"
+        );
+    }
+
+    /// Bug (issue 10.7): each error is the variant of the input that holds its cause: too few
+    /// GPUs is the spec's when the spec names the GPUs, the device directory's when it alone
+    /// does; a pass-through node in a spec node's way is the host's; --device-map without a
+    /// checkpoint is the flag's.
+    #[test]
+    fn errors_name_the_input_that_holds_the_cause() {
+        let spec_gpu = spec_dev("/dev/nvidia3", Rdev::new(195, 3), Access::DEVICE_DEFAULT);
+        let mut inp = inputs(&[0, 1], &[]);
+        inp.dev_dir = None;
+        inp.spec = Some(SpecView { devices: vec![spec_gpu], ..SpecView::default() });
+        assert_eq!(build(&inp).unwrap_err().input(), Input::Spec);
+        let mut inp = inputs(&[0, 1], &[5]);
+        inp.spec = Some(SpecView::default());
+        assert_eq!(build(&inp).unwrap_err(), PlanError::HostDevGpus(PairingError::Count { saved: 2, restored: 1 }));
+        let mut inp = inputs(&[0, 1], &[]);
+        inp.dev_dir = None;
+        assert_eq!(build(&inp).unwrap_err().input(), Input::Checkpoint);
+
+        let mut inp = inputs(&[], &[]);
+        inp.dev_dir.as_mut().unwrap().passthrough.push(HostNode {
+            rel_path: "nvidia-caps/nvidia-cap1".into(),
+            rdev: Rdev::new(508, 1),
+            access: Access::DEVICE_DEFAULT,
+        });
+        let caps_file = spec_dev("/dev/nvidia-caps", Rdev::new(1, 3), Access::DEVICE_DEFAULT);
+        inp.spec = Some(SpecView { devices: vec![caps_file], ..SpecView::default() });
+        let err = build(&inp).unwrap_err();
+        assert!(matches!(err, PlanError::HostNode(TreeError::ParentNotDir { .. })), "{err}");
+        assert_eq!(err.input(), Input::HostDev);
+
+        let mut inp = inputs(&[], &[2]);
+        inp.metadata = None;
+        inp.device_map = vec![MapPair {
+            old: crate::decision::pairing::DeviceRef::Minor(0),
+            new: crate::decision::pairing::DeviceRef::Minor(2),
+        }];
+        let err = build(&inp).unwrap_err();
+        assert_eq!(err, PlanError::DeviceMap(PairingError::NoCheckpoint));
+        assert_eq!(err.to_string(), "no checkpoint was given (--metadata), so there are no saved devices to pair");
+    }
+
+    /// Bug (found from outside): a spec with a terminal whose other nodes fill the tree to its
+    /// node limit made `plan` panic (exit 101) placing the console, and a daemon reloading it
+    /// died, leaving a dead mount. The console past the limit is refused like any other node.
+    #[test]
+    fn a_console_past_the_node_limit_is_refused_not_a_panic() {
+        let defaults = build(&Inputs::default()).unwrap().tree.len();
+        let devices = (0..crate::inputs::limits::MAX_NODES - defaults)
+            .map(|i| spec_dev(&format!("/dev/d{i}"), Rdev::new(1, 3), Access::DEVICE_DEFAULT))
+            .collect();
+        let mut spec = SpecView { devices, ..SpecView::default() };
+        assert_eq!(
+            build(&Inputs { spec: Some(spec.clone()), ..Inputs::default() }).unwrap().tree.len(),
+            crate::inputs::limits::MAX_NODES
+        );
+        spec.terminal = true;
+        let err = build(&Inputs { spec: Some(spec), ..Inputs::default() }).unwrap_err();
+        assert_eq!(err.input(), Input::Spec);
+        assert_eq!(err.to_string(), "spec mount console: the tree would hold more than 16384 nodes");
+    }
+
+    /// Bug (found from outside): two driver information files giving the same Device Minor
+    /// made NVIDIA_VISIBLE_DEVICES=<second GPU's UUID> serve that minor under the first GPU's
+    /// UUID, and `0,1` one GPU, in silence. Two files describing one minor, UUID (in either
+    /// case) or bus are refused, naming both, as the host root's fault.
+    #[test]
+    fn driver_files_that_contradict_each_other_are_refused() {
+        let host = |edit: fn(&mut GpuInfo)| {
+            let mut h = described(&[(0, "0000:3c:00.0"), (1, "0000:3d:00.0")], (0x10de, 0x2330));
+            edit(&mut h.gpu_info[1]);
+            Inputs { host: h, ..Inputs::default() }
+        };
+        let err = build(&host(|g| g.minor = Some(0))).unwrap_err();
+        assert_eq!(err.input(), Input::HostRoot);
+        assert_eq!(
+            err.to_string(),
+            "the driver's information files of 0000:3c:00.0 and 0000:3d:00.0 both give Device Minor 0"
+        );
+        let err = build(&host(|g| g.uuid = Some("GPU-0B5E55ED-1111-4222-8333-000000000000".into()))).unwrap_err();
+        assert!(err.to_string().ends_with("both give GPU UUID GPU-0b5e55ed-1111-4222-8333-000000000000"), "{err}");
+        let err = build(&host(|g| g.bus = Some("0000:3C:00.0".into()))).unwrap_err();
+        assert!(err.to_string().ends_with("both give Bus Location 0000:3c:00.0"), "{err}");
+        assert!(build(&host(|g| g.minor = None)).is_ok(), "a file without a minor contradicts nothing");
+    }
+
+    /// Rule (issue 20, the `mode` check): metadata that would make a root-only 0600 GPU 0666,
+    /// or give it to uid 65534, through its checkpoint name is refused, naming the check; relaxed,
+    /// the recorded mode is served with a warning; one that narrows access passes unwarned.
+    #[test]
+    fn a_checkpoint_name_never_widens_access() {
+        let mut inp = inputs(&[0], &[2]);
+        inp.dev_dir.as_mut().unwrap().gpus[0].1.access = Access { mode: 0o600, uid: 0, gid: 0 };
+        let recorded = |inp: &mut Inputs, r: RecordedAccess| inp.metadata.as_mut().unwrap().gpus[0].recorded = r;
+        recorded(&mut inp, RecordedAccess { mode: Some(0o666), ..RecordedAccess::default() });
+        let err = gate(&build(&inp).unwrap()).unwrap_err();
+        assert_eq!(err.input(), Input::Checkpoint);
+        assert_eq!(
+            err.to_string(),
+            "mode: saved nvidia0 was recorded 0666 0:0, more access than the 0600 0:0 that restored nvidia2 has here"
+        );
+        recorded(&mut inp, RecordedAccess { uid: Some(65534), ..RecordedAccess::default() });
+        assert!(gate(&build(&inp).unwrap()).is_err());
+        inp.relax.insert(CheckName::Mode);
+        let plan = build(&inp).unwrap();
+        assert_eq!(gate(&plan), Ok(()));
+        assert_eq!(plan.tree.get("nvidia0").unwrap().access.uid, 65534);
+        assert!(
+            plan.warnings[0].starts_with("check mode relaxed: saved nvidia0 was recorded 0600 65534:0"),
+            "{:?}",
+            plan.warnings
+        );
+        inp.relax.clear();
+        recorded(&mut inp, RecordedAccess { mode: Some(0o400), ..RecordedAccess::default() });
+        let plan = build(&inp).unwrap();
+        assert_eq!((gate(&plan), plan.warnings.len()), (Ok(()), 0));
+        let names: Vec<&str> = plan.checks.iter().map(|c| c.check.as_str()).collect();
+        assert_eq!(names, ["count", "mixed", "model", "driver", "mode"]);
+    }
+
+    /// Rule (issue 20): a GPU still there keeps its process (identity first), the plan says which
+    /// rule paired each, and `Rule::Positional` is gVisor's rule.
+    #[test]
+    fn remap_entries_say_which_rule_paired_them() {
+        let mut inp = inputs(&[0, 1], &[1, 2]);
+        inp.host = described(&[(1, "0000:3c:00.0"), (2, "0000:3d:00.0")], (4318, 8896));
+        // Saved GPU 1 is host GPU 1: the same UUID.
+        inp.metadata.as_mut().unwrap().gpus[1].uuid = inp.host.gpu_info[0].uuid.clone().unwrap();
+        let by = |plan: &Plan| plan.remap.iter().map(|e| (e.old.minor, e.new.minor, e.by)).collect::<Vec<_>>();
+        assert_eq!(by(&build(&inp).unwrap()), [(0, 2, By::Position), (1, 1, By::Uuid)]);
+        inp.pairing = Rule::Positional;
+        assert_eq!(by(&build(&inp).unwrap()), [(0, 1, By::Position), (1, 2, By::Position)]);
+    }
+
+    /// Rule: the host's warnings (an oversized driver file skipped) reach the plan's.
+    #[test]
+    fn host_warnings_reach_the_plan() {
+        let host = HostFacts { warnings: vec!["x: skipped".into()], ..HostFacts::default() };
+        assert_eq!(build(&Inputs { host, ..Inputs::default() }).unwrap().warnings, ["x: skipped"]);
+    }
+}

@@ -1,0 +1,91 @@
+//! Device families: what one kind of GPU (one driver) brings to a container's `/dev`, behind
+//! the [`Family`] trait, and the table of families, [`FAMILIES`].
+//!
+//! A family says which names of the host's device directory are its GPUs and which of its
+//! nodes pass through unchanged (NVIDIA: `nvidiaN`, and `nvidiactl`, `nvidia-uvm`,
+//! `nvidia-caps/...`), what its driver's files under the host root say of each GPU, and how
+//! its GPUs are named and recognised in a spec. [`scan_dev_dir`] and [`read_host_facts`] ask
+//! every family in the table, through one open descriptor of the device directory and one host
+//! root. NVIDIA is the only family; [`NVIDIA`] is it, for the stages whose data is NVIDIA's
+//! (the metadata's device list, pairing, the checks, the remap table).
+//!
+//! Assumption: the families' names do not overlap (no name in a device directory is two
+//! families' node), so the order of the table changes nothing but the order of the scan.
+
+pub mod amd;
+pub mod nvidia;
+
+use crate::device::{DevKind, Rdev};
+use crate::inputs::host::{DevDir, DevDirScan, HostError};
+use crate::inputs::limits;
+use std::path::Path;
+
+/// One device family's rules. Every method is pure but the two that read the host, which read
+/// only through what they are given (an open [`DevDir`], files under the host root).
+pub trait Family: Sync {
+    /// Adds this family's GPU and pass-through nodes in the device directory to `scan`.
+    /// A name that is this family's but wrong (a GPU name with no valid number, a non-char
+    /// node under a GPU name) is an error naming it.
+    fn scan_dev_dir(&self, dir: &mut DevDir, scan: &mut DevDirScan) -> Result<(), HostError>;
+    /// Adds what this family's driver files under `root` say to `facts`. Best effort: what is
+    /// missing or unreadable is left out, an oversized file with a warning.
+    fn read_host_facts(&self, root: &Path, facts: &mut HostFacts);
+    /// The `/dev`-relative name of this family's GPU `minor` (`nvidia3`).
+    fn gpu_name(&self, minor: u32) -> String;
+    /// The GPU minor a spec's device entry grants, if it is one of this family's GPUs.
+    fn gpu_minor_of_device(&self, kind: DevKind, rdev: Rdev) -> Option<u32>;
+}
+
+/// The NVIDIA family.
+pub static NVIDIA: &dyn Family = &nvidia::Nvidia;
+
+/// Every family, in the order they are asked.
+pub static FAMILIES: &[&dyn Family] = &[NVIDIA];
+
+/// Facts about the host beyond its GPU nodes: what the families' driver files say.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HostFacts {
+    /// What NVIDIA's driver says of each GPU.
+    pub gpu_info: Vec<nvidia::GpuInfo>,
+    /// The GPU directories (bus ids) under `proc/driver/nvidia/gpus` whose information file
+    /// could not be read: GPUs the host has but whose facts are unknown.
+    pub unread: Vec<String>,
+    /// What a user should hear about the driver's files (an oversized file skipped).
+    pub warnings: Vec<String>,
+    /// The host has `/proc/kcore`, so runc would add the `core` symlink.
+    pub has_kcore: bool,
+    /// The driver's version (`570.86.15`), from `proc/driver/nvidia/version`; `None` when the
+    /// file is missing or gives none.
+    pub driver_version: Option<String>,
+}
+
+/// Lists every family's GPU and pass-through nodes of `dir`.
+///
+/// The directory is opened once (following `dir` itself if it is a symlink: the caller named
+/// it), and its entries are listed and `lstat`ed through that one descriptor, as are the
+/// directories under it a family reads (opened without following a symlink). A directory
+/// swapped while it is scanned (a symlink flipped to another) cannot mix into the scan: it is
+/// all of the directory opened.
+pub fn scan_dev_dir(dir: &Path) -> Result<DevDirScan, HostError> {
+    let mut top = DevDir::open(dir)?;
+    let mut scan = DevDirScan::default();
+    for family in FAMILIES {
+        family.scan_dev_dir(&mut top, &mut scan)?;
+    }
+    if scan.gpus.len() + scan.passthrough.len() > limits::MAX_NODES {
+        return Err(HostError::TooMany(dir.to_owned()));
+    }
+    scan.gpus.sort_by_key(|(minor, _)| *minor);
+    scan.passthrough.sort_by(|a, b| a.rel_path.cmp(&b.rel_path));
+    Ok(scan)
+}
+
+/// Reads what every family's driver files under `root` say, and whether `root` has
+/// `proc/kcore`.
+pub fn read_host_facts(root: &Path) -> HostFacts {
+    let mut facts = HostFacts { has_kcore: root.join("proc/kcore").exists(), ..HostFacts::default() };
+    for family in FAMILIES {
+        family.read_host_facts(root, &mut facts);
+    }
+    facts
+}

@@ -1,0 +1,768 @@
+//! Checkpoint metadata: the saved GPU list (`nvproxy-device-remap-ids`) and, for reporting,
+//! the saved TPU list (`tpu-device-remap-ids`).
+//!
+//! Pure: every function here takes bytes and returns values. Three inputs are accepted, told
+//! apart by their first bytes, never by file name: a gVisor state file (magic `gVisorSF`, an
+//! 8-byte big-endian length, then a JSON object of strings), a JSON object (the metadata map),
+//! and a JSON array (the device list alone). Only the state file's header is ever looked at;
+//! [`needed_len`] tells a reader how many bytes that is, so a 50 GiB image costs 16 bytes
+//! plus its header.
+
+use crate::device::{Access, MAX_DRIVER_VERSION_LEN, MAX_MODEL_LEN, fact_fault};
+use crate::family::nvidia::{MAX_REGULAR_MINOR, is_gpu_uuid};
+use serde_json::{Map, Value};
+use std::collections::BTreeSet;
+use thiserror::Error;
+
+/// The state file magic, ASCII `gVisorSF`.
+pub const MAGIC: &[u8; 8] = b"gVisorSF";
+/// gVisor refuses metadata longer than this; so do we, for every form.
+pub const MAX_METADATA_LEN: u64 = 16 << 20;
+/// The metadata key of the saved GPU list.
+pub const GPU_KEY: &str = "nvproxy-device-remap-ids";
+/// The metadata key of the saved TPU list.
+pub const TPU_KEY: &str = "tpu-device-remap-ids";
+const PREFIX_LEN: usize = 16;
+
+/// One GPU as it was at save time (gVisor's `nvproxy.DeviceRemapID`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DeviceId {
+    pub minor: u32,
+    pub pci_vendor_id: u32,
+    pub pci_device_id: u32,
+    pub gpu_id: u32,
+    pub device_instance: u32,
+    pub subdevice_instance: u32,
+    /// A well-formed `GPU-` UUID, or empty when unknown: a missing or malformed one (the
+    /// driver's `GPU-????????-...` placeholder) is never an identity.
+    pub uuid: String,
+    /// The mode, uid and gid the node had at save time, where `devremapd record` wrote them.
+    pub recorded: RecordedAccess,
+    /// The driver's model name at save time, where `devremapd record` wrote it: shown beside
+    /// the PCI ids when the `model` check fails.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// The save host's driver version, where `devremapd record` wrote it: the `driver` check.
+    #[serde(default)]
+    pub driver_version: Option<String>,
+    /// The other names this GPU had in the checkpointed container, sorted: the checkpoint names
+    /// of an earlier restore that led to it (`record --metadata PREV` writes them). Each is
+    /// served as this GPU's checkpoint name too, so a process migrated twice finds every name
+    /// it may hold.
+    #[serde(default)]
+    pub earlier_minors: Vec<u32>,
+}
+
+impl DeviceId {
+    /// PCI vendor and device id; `None` when the list left them out (0 is no vendor).
+    pub fn pci(&self) -> Option<(u32, u32)> {
+        (self.pci_vendor_id != 0).then_some((self.pci_vendor_id, self.pci_device_id))
+    }
+}
+
+/// The optional `mode`, `uid` and `gid` of a saved device: what its node was at save time.
+/// CRIU compares a reopened file's whole `st_mode` with the saved one, so a checkpoint name must
+/// keep the recorded mode even when the restore host's node has another.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RecordedAccess {
+    /// Permission bits, at most 0o7777.
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+}
+
+impl RecordedAccess {
+    /// `base` with each recorded field put in its place.
+    pub fn over(self, base: Access) -> Access {
+        Access {
+            mode: self.mode.unwrap_or(base.mode),
+            uid: self.uid.unwrap_or(base.uid),
+            gid: self.gid.unwrap_or(base.gid),
+        }
+    }
+}
+
+/// Which of the accepted forms the input was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Format {
+    StateFile,
+    Map,
+    Array,
+}
+
+impl Format {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Format::StateFile => "state-file",
+            Format::Map => "map",
+            Format::Array => "array",
+        }
+    }
+}
+
+/// What the checkpoint says about its devices.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Metadata {
+    pub format: Format,
+    /// Saved GPUs, sorted by minor; empty when the key is absent (nothing was open at save).
+    pub gpus: Vec<DeviceId>,
+    /// Whether the GPU key was present at all.
+    pub gpu_key_present: bool,
+    /// Saved TPUs, as written; reported, not remapped.
+    pub tpus: Vec<Value>,
+    /// What a user should hear about the input (the caller prefixes the file).
+    pub warnings: Vec<String>,
+}
+
+/// Why metadata bytes were refused. Messages name the key and index at fault; the caller
+/// prefixes the file.
+#[derive(Debug, Error, PartialEq)]
+pub enum MetadataError {
+    #[error("file is empty")]
+    Empty,
+    #[error("truncated state file header: {0}")]
+    Truncated(String),
+    #[error("metadata length {0} is over the limit of {MAX_METADATA_LEN} bytes")]
+    TooLong(u64),
+    #[error("the file is larger than the limit of {MAX_METADATA_LEN} bytes")]
+    TooLarge,
+    #[error("not checkpoint metadata: expected a gVisor state file, a JSON object or a JSON array")]
+    UnknownFormat,
+    #[error("the text is {0}; JSON is UTF-8 without a byte-order mark")]
+    Encoding(&'static str),
+    #[error("invalid JSON: {0}")]
+    Json(String),
+    #[error("state file metadata: key {key:?} holds {found}, expected a string")]
+    NotAString { key: String, found: String },
+    #[error("{key}: {what}")]
+    Shape { key: &'static str, what: String },
+    #[error("{GPU_KEY}[{index}].{field}: expected {expected}, found {found}")]
+    Field { index: usize, field: &'static str, expected: &'static str, found: String },
+    #[error("{GPU_KEY}[{index}].{field}: {why}")]
+    Fact { index: usize, field: &'static str, why: String },
+    #[error("{GPU_KEY}[{index}].mode: {mode:#o} has bits beyond the permission and sticky bits (0o1777)")]
+    ModeTooLarge { index: usize, mode: u32 },
+    #[error("{GPU_KEY}[{index}].{field}: 4294967295 is no owner (chown reads it as \"leave unchanged\")")]
+    NoOwner { index: usize, field: &'static str },
+    #[error("{GPU_KEY}[{index}]: minor {minor} is over {MAX_REGULAR_MINOR}, the largest GPU minor")]
+    MinorTooLarge { index: usize, minor: u32 },
+    #[error("{GPU_KEY}: minor {0} appears twice")]
+    DuplicateMinor(u32),
+    #[error("{GPU_KEY}: uuid {0} appears twice")]
+    DuplicateUuid(String),
+    #[error("{GPU_KEY}[{index}].earlier_minors: {what}")]
+    Earlier { index: usize, what: String },
+}
+
+/// How many leading bytes of a file [`parse`] needs, judged from its first bytes: for a state
+/// file, the 16-byte prefix and then the header; for JSON, everything up to the limit.
+/// `Ok(None)` means "read up to `MAX_METADATA_LEN + 1` bytes" (JSON input).
+pub fn needed_len(prefix: &[u8]) -> Result<Option<u64>, MetadataError> {
+    if !looks_like_state_file(prefix) {
+        return Ok(None);
+    }
+    if prefix.len() < PREFIX_LEN {
+        return Ok(Some(PREFIX_LEN as u64));
+    }
+    let len = header_len(prefix)?;
+    Ok(Some(PREFIX_LEN as u64 + len))
+}
+
+fn looks_like_state_file(bytes: &[u8]) -> bool {
+    // A file shorter than the magic that starts like it is a truncated state file.
+    let n = bytes.len().min(MAGIC.len());
+    n > 0 && bytes[..n] == MAGIC[..n]
+}
+
+fn header_len(bytes: &[u8]) -> Result<u64, MetadataError> {
+    let raw: [u8; 8] = bytes[8..16].try_into().expect("caller checked the prefix length");
+    let len = u64::from_be_bytes(raw);
+    if len > MAX_METADATA_LEN {
+        return Err(MetadataError::TooLong(len));
+    }
+    Ok(len)
+}
+
+/// Parses metadata from the leading bytes of a file (the whole file for JSON; for a state
+/// file, at least its header: anything after the header is never looked at).
+pub fn parse(bytes: &[u8]) -> Result<Metadata, MetadataError> {
+    if bytes.is_empty() {
+        return Err(MetadataError::Empty);
+    }
+    if looks_like_state_file(bytes) {
+        return parse_state_file(bytes);
+    }
+    if bytes.len() as u64 > MAX_METADATA_LEN {
+        return Err(MetadataError::TooLarge);
+    }
+    match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'{') => {
+            let map = parse_json_object(bytes)?;
+            from_map(Format::Map, &map)
+        }
+        Some(b'[') => {
+            let value = parse_json(bytes)?;
+            Ok(Metadata {
+                format: Format::Array,
+                gpus: device_list(&value)?,
+                gpu_key_present: true,
+                tpus: Vec::new(),
+                warnings: Vec::new(),
+            })
+        }
+        _ => {
+            Err(crate::inputs::limits::byte_order_mark(bytes)
+                .map_or(MetadataError::UnknownFormat, MetadataError::Encoding))
+        }
+    }
+}
+
+fn parse_state_file(bytes: &[u8]) -> Result<Metadata, MetadataError> {
+    if bytes.len() < PREFIX_LEN {
+        return Err(MetadataError::Truncated(format!("{} bytes, the magic and length take {PREFIX_LEN}", bytes.len())));
+    }
+    let len = header_len(bytes)? as usize;
+    let header = bytes.get(PREFIX_LEN..PREFIX_LEN + len).ok_or_else(|| {
+        MetadataError::Truncated(format!(
+            "the header says {len} bytes of metadata, the file has {}",
+            bytes.len() - PREFIX_LEN
+        ))
+    })?;
+    let map = parse_json_object(header)?;
+    if let Some((key, value)) = map.iter().find(|(_, v)| !v.is_string()) {
+        return Err(MetadataError::NotAString { key: key.clone(), found: describe(value) });
+    }
+    from_map(Format::StateFile, &map)
+}
+
+fn parse_json(bytes: &[u8]) -> Result<Value, MetadataError> {
+    crate::inputs::limits::parse_json(bytes).map_err(|e| MetadataError::Json(e.to_string()))
+}
+
+fn parse_json_object(bytes: &[u8]) -> Result<Map<String, Value>, MetadataError> {
+    match parse_json(bytes)? {
+        Value::Object(map) => Ok(map),
+        other => Err(MetadataError::Shape {
+            key: "metadata",
+            what: format!("expected a JSON object, found {}", describe(&other)),
+        }),
+    }
+}
+
+fn from_map(format: Format, map: &Map<String, Value>) -> Result<Metadata, MetadataError> {
+    let gpus = match map.get(GPU_KEY) {
+        Some(v) => device_list(&embedded(GPU_KEY, v)?)?,
+        None => Vec::new(),
+    };
+    let tpus = match map.get(TPU_KEY) {
+        Some(v) => tpu_list(&embedded(TPU_KEY, v)?)?,
+        None => Vec::new(),
+    };
+    let mut warnings = Vec::new();
+    // gVisor always writes `_timestamp`: a map with neither it nor the GPU list is some other
+    // JSON object (a spec given as --metadata, say), which would otherwise pass as "no GPUs".
+    if format == Format::Map && !map.is_empty() && !map.contains_key(GPU_KEY) && !map.contains_key("_timestamp") {
+        let mut keys: Vec<&str> = map.keys().take(6).map(String::as_str).collect();
+        if map.len() > keys.len() {
+            keys.push("...");
+        }
+        warnings.push(format!(
+            "a JSON object with neither {GPU_KEY} nor _timestamp (its keys: {}): not checkpoint metadata? \
+             no saved GPUs",
+            keys.join(", ")
+        ));
+    }
+    Ok(Metadata { format, gpus, gpu_key_present: map.contains_key(GPU_KEY), tpus, warnings })
+}
+
+/// gVisor stores a list as a string holding JSON; hand-written maps may hold the list itself.
+fn embedded(key: &'static str, value: &Value) -> Result<Value, MetadataError> {
+    match value {
+        Value::String(s) => crate::inputs::limits::parse_json(s.as_bytes())
+            .map_err(|e| MetadataError::Shape { key, what: format!("the string value is not valid JSON: {e}") }),
+        // A hand-written `null` means what Go's `null` list means: no devices.
+        Value::Array(_) | Value::Null => Ok(value.clone()),
+        other => Err(MetadataError::Shape {
+            key,
+            what: format!("expected a JSON array or a string holding one, found {}", describe(other)),
+        }),
+    }
+}
+
+fn list_items<'a>(key: &'static str, value: &'a Value) -> Result<&'a [Value], MetadataError> {
+    match value {
+        // Go marshals a nil slice as `null`.
+        Value::Null => Ok(&[]),
+        Value::Array(items) => Ok(items),
+        other => Err(MetadataError::Shape {
+            key,
+            what: format!("expected a JSON array of device ids, found {}", describe(other)),
+        }),
+    }
+}
+
+fn tpu_list(value: &Value) -> Result<Vec<Value>, MetadataError> {
+    let items = list_items(TPU_KEY, value)?;
+    if let Some((i, item)) = items.iter().enumerate().find(|(_, v)| !v.is_object()) {
+        return Err(MetadataError::Shape {
+            key: TPU_KEY,
+            what: format!("item {i}: expected an object, found {}", describe(item)),
+        });
+    }
+    Ok(items.to_vec())
+}
+
+fn device_list(value: &Value) -> Result<Vec<DeviceId>, MetadataError> {
+    let items = list_items(GPU_KEY, value)?;
+    let mut gpus =
+        items.iter().enumerate().map(|(index, item)| device_id(index, item)).collect::<Result<Vec<_>, _>>()?;
+    gpus.sort_by_key(|d| d.minor);
+    if let Some(w) = gpus.windows(2).find(|w| w[0].minor == w[1].minor) {
+        return Err(MetadataError::DuplicateMinor(w[0].minor));
+    }
+    // Every name leads to one GPU: an earlier name is no other GPU's minor or earlier name.
+    let mut names = BTreeSet::new();
+    for minor in gpus.iter().flat_map(|d| std::iter::once(&d.minor).chain(&d.earlier_minors)) {
+        if !names.insert(*minor) {
+            return Err(MetadataError::DuplicateMinor(*minor));
+        }
+    }
+    // A UUID's hex digits mean the same in either case.
+    let mut uuids = BTreeSet::new();
+    if let Some(d) = gpus.iter().find(|d| !d.uuid.is_empty() && !uuids.insert(d.uuid.to_ascii_lowercase())) {
+        return Err(MetadataError::DuplicateUuid(d.uuid.clone()));
+    }
+    Ok(gpus)
+}
+
+fn device_id(index: usize, item: &Value) -> Result<DeviceId, MetadataError> {
+    let Value::Object(obj) = item else {
+        return Err(MetadataError::Shape {
+            key: GPU_KEY,
+            what: format!("item {index}: expected an object, found {}", describe(item)),
+        });
+    };
+    let optional = |field: &'static str| -> Result<Option<u32>, MetadataError> {
+        obj.get(field)
+            .map(|v| {
+                v.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(|| MetadataError::Field {
+                    index,
+                    field,
+                    expected: "an unsigned 32-bit integer",
+                    found: describe(v),
+                })
+            })
+            .transpose()
+    };
+    let number = |field: &'static str, required: bool| -> Result<u32, MetadataError> {
+        match optional(field)? {
+            Some(n) => Ok(n),
+            None if !required => Ok(0),
+            None => Err(MetadataError::Field {
+                index,
+                field,
+                expected: "an unsigned 32-bit integer",
+                found: "nothing".into(),
+            }),
+        }
+    };
+    let minor = number("minor", true)?;
+    if minor > MAX_REGULAR_MINOR {
+        return Err(MetadataError::MinorTooLarge { index, minor });
+    }
+    let uuid = match obj.get("uuid") {
+        None => String::new(),
+        Some(Value::String(s)) if is_gpu_uuid(s) => s.clone(),
+        Some(Value::String(_)) => String::new(),
+        Some(v) => {
+            return Err(MetadataError::Field { index, field: "uuid", expected: "a string", found: describe(v) });
+        }
+    };
+    // Facts are compared and shown in messages: text a driver writes, never echoed when not.
+    let fact = |field: &'static str, max: usize| -> Result<Option<String>, MetadataError> {
+        match obj.get(field) {
+            None => Ok(None),
+            Some(Value::String(s)) => match fact_fault(s, max) {
+                None => Ok(Some(s.clone())),
+                Some(why) => Err(MetadataError::Fact { index, field, why }),
+            },
+            Some(v) => Err(MetadataError::Field { index, field, expected: "a string", found: describe(v) }),
+        }
+    };
+    let model = fact("model", MAX_MODEL_LEN)?;
+    let earlier_minors = earlier_minors(index, minor, obj.get("earlier_minors"))?;
+    let driver_version = fact("driver_version", MAX_DRIVER_VERSION_LEN)?;
+    let recorded = RecordedAccess { mode: optional("mode")?, uid: optional("uid")?, gid: optional("gid")? };
+    // The metadata may come from another host: it may give a checkpoint name the mode the saved
+    // node had, but never setuid or setgid (runc clears them on device nodes too, so a node a
+    // checkpoint saw never had them) nor the owner id that means "no owner".
+    if let Some(mode) = recorded.mode.filter(|m| m & !0o1777 != 0) {
+        return Err(MetadataError::ModeTooLarge { index, mode });
+    }
+    for (field, id) in [("uid", recorded.uid), ("gid", recorded.gid)] {
+        if id == Some(u32::MAX) {
+            return Err(MetadataError::NoOwner { index, field });
+        }
+    }
+    Ok(DeviceId {
+        minor,
+        pci_vendor_id: number("pci_vendor_id", false)?,
+        pci_device_id: number("pci_device_id", false)?,
+        gpu_id: number("gpu_id", false)?,
+        device_instance: number("device_instance", false)?,
+        subdevice_instance: number("subdevice_instance", false)?,
+        uuid,
+        recorded,
+        model,
+        driver_version,
+        earlier_minors,
+    })
+}
+
+/// The `earlier_minors` of item `index` (whose minor is `minor`): GPU minors, each once, none
+/// the item's own; sorted.
+fn earlier_minors(index: usize, minor: u32, value: Option<&Value>) -> Result<Vec<u32>, MetadataError> {
+    let bad = |what: String| MetadataError::Earlier { index, what };
+    let items = match value {
+        None => return Ok(Vec::new()),
+        Some(Value::Array(items)) => items,
+        Some(v) => return Err(bad(format!("expected an array of GPU minors, found {}", describe(v)))),
+    };
+    let mut out = BTreeSet::new();
+    for item in items {
+        let m = item
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(|| bad(format!("expected GPU minors, found {}", describe(item))))?;
+        if m > MAX_REGULAR_MINOR {
+            return Err(bad(format!("minor {m} is over {MAX_REGULAR_MINOR}, the largest GPU minor")));
+        }
+        if m == minor || !out.insert(m) {
+            return Err(bad(format!("minor {m} is listed twice or is the GPU's own")));
+        }
+    }
+    Ok(out.into_iter().collect())
+}
+
+/// A short description of a JSON value for error messages: numbers as written, the rest by kind.
+pub(crate) fn describe(value: &Value) -> String {
+    match value {
+        Value::Null => "null".into(),
+        Value::Bool(b) => b.to_string(),
+        Value::Number(n) => n.to_string(),
+        Value::String(s) if s.len() <= 40 => format!("the string {s:?}"),
+        Value::String(_) => "a string".into(),
+        Value::Array(_) => "an array".into(),
+        Value::Object(_) => "an object".into(),
+    }
+}
+
+/// Serialises a state file header exactly as gVisor writes it (magic, big-endian length, JSON),
+/// for the unit tests below (integration tests and fixtures have their own writers).
+#[cfg(test)]
+fn encode_state_header(map: &Map<String, Value>) -> Vec<u8> {
+    let json = serde_json::to_vec(map).expect("a JSON map always serialises");
+    let mut out = Vec::with_capacity(PREFIX_LEN + json.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&(json.len() as u64).to_be_bytes());
+    out.extend_from_slice(&json);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const UA: &str = "GPU-5b2c6f7e-0d1a-4c3e-9f10-aa0000000000";
+    const UB: &str = "GPU-5b2c6f7e-0d1a-4c3e-9f10-aa0000000001";
+
+    fn dev(minor: u32, uuid: &str) -> Value {
+        json!({"minor": minor, "pci_vendor_id": 4318, "pci_device_id": 8896, "gpu_id": 768 + minor,
+               "device_instance": minor, "subdevice_instance": 0, "uuid": uuid, "future_field": true})
+    }
+
+    fn state_file(list: &Value) -> Vec<u8> {
+        let mut map = Map::new();
+        map.insert("_timestamp".into(), "2026-11-29T00:00:00Z".into());
+        map.insert("compression".into(), "flate-best-speed".into());
+        map.insert(GPU_KEY.into(), list.to_string().into());
+        let mut bytes = encode_state_header(&map);
+        bytes.extend_from_slice(b"\x01\x02 state data follows");
+        bytes
+    }
+
+    /// Rule (issue 20): `model` and `driver_version` are read where present, absent ones are
+    /// unknown (gVisor's lists, older records), and one that is no fact is refused naming the
+    /// field, never echoing the value.
+    #[test]
+    fn recorded_facts_are_read_or_refused() {
+        let m = parse(br#"[{"minor":0,"model":"NVIDIA H100 80GB HBM3","driver_version":"535.129.03"},{"minor":1}]"#)
+            .unwrap();
+        assert_eq!(m.gpus[0].model.as_deref(), Some("NVIDIA H100 80GB HBM3"));
+        assert_eq!(m.gpus[0].driver_version.as_deref(), Some("535.129.03"));
+        assert_eq!((m.gpus[1].model.as_ref(), m.gpus[1].driver_version.as_ref()), (None, None));
+        let huge = format!(r#"[{{"minor":0,"model":"{}"}}]"#, "x".repeat(10_000));
+        for (text, message) in [
+            (huge.as_str(), "nvproxy-device-remap-ids[0].model: is 10000 bytes, longer than the 95 any driver writes"),
+            (r#"[{"minor":0,"model":""}]"#, "nvproxy-device-remap-ids[0].model: is empty"),
+            (r#"[{"minor":0,"model":null}]"#, "nvproxy-device-remap-ids[0].model: expected a string, found null"),
+            (
+                r#"[{"minor":0,"driver_version":5}]"#,
+                "nvproxy-device-remap-ids[0].driver_version: expected a string, found 5",
+            ),
+            (
+                r#"[{"minor":0,"driver_version":"5\u001b[2J"}]"#,
+                "nvproxy-device-remap-ids[0].driver_version: holds a control character",
+            ),
+        ] {
+            assert_eq!(parse(text.as_bytes()).unwrap_err().to_string(), message);
+        }
+    }
+
+    /// Rule (issue 20): `earlier_minors` are GPU minors, sorted on reading; one that is the
+    /// GPU's own, listed twice, over 247, or another GPU's name is refused.
+    #[test]
+    fn earlier_minors_are_names_of_one_gpu_each() {
+        let m = parse(br#"[{"minor":2,"earlier_minors":[7,0]},{"minor":3}]"#).unwrap();
+        assert_eq!((m.gpus[0].earlier_minors.as_slice(), m.gpus[1].earlier_minors.as_slice()), (&[0, 7][..], &[][..]));
+        for (text, message) in [
+            (
+                r#"[{"minor":2,"earlier_minors":[2]}]"#,
+                "[0].earlier_minors: minor 2 is listed twice or is the GPU's own",
+            ),
+            (
+                r#"[{"minor":2,"earlier_minors":[0,0]}]"#,
+                "[0].earlier_minors: minor 0 is listed twice or is the GPU's own",
+            ),
+            (
+                r#"[{"minor":2,"earlier_minors":[248]}]"#,
+                "[0].earlier_minors: minor 248 is over 247, the largest GPU minor",
+            ),
+            (
+                r#"[{"minor":2,"earlier_minors":"0"}]"#,
+                "[0].earlier_minors: expected an array of GPU minors, found the string \"0\"",
+            ),
+            (r#"[{"minor":2,"earlier_minors":[-1]}]"#, "[0].earlier_minors: expected GPU minors, found -1"),
+            (r#"[{"minor":2,"earlier_minors":[3]},{"minor":3}]"#, "nvproxy-device-remap-ids: minor 3 appears twice"),
+            (r#"[{"minor":2,"earlier_minors":[0]},{"minor":3,"earlier_minors":[0]}]"#, "minor 0 appears twice"),
+        ] {
+            let e = parse(text.as_bytes()).unwrap_err().to_string();
+            assert!(e.ends_with(message), "{text}: {e}");
+        }
+    }
+
+    /// Format: a state file's list is a string holding JSON; all seven fields are read, unknown
+    /// ones ignored, and the result is sorted by minor.
+    #[test]
+    fn state_file_header_gives_sorted_devices() {
+        let m = parse(&state_file(&json!([dev(3, UB), dev(1, UA)]))).unwrap();
+        assert_eq!(m.format, Format::StateFile);
+        assert_eq!(m.gpus.iter().map(|d| d.minor).collect::<Vec<_>>(), vec![1, 3]);
+        assert_eq!(
+            m.gpus[0],
+            DeviceId {
+                minor: 1,
+                pci_vendor_id: 4318,
+                pci_device_id: 8896,
+                gpu_id: 769,
+                device_instance: 1,
+                subdevice_instance: 0,
+                uuid: UA.into(),
+                ..DeviceId::default()
+            }
+        );
+    }
+
+    /// Format: the three forms are told apart by content and agree.
+    #[test]
+    fn map_and_array_forms_agree_with_state_file() {
+        let list = json!([dev(0, UA), dev(1, UB)]);
+        let from_state = parse(&state_file(&list)).unwrap().gpus;
+        let as_string = json!({ GPU_KEY: list.to_string() }).to_string();
+        let as_array = json!({ GPU_KEY: list }).to_string();
+        assert_eq!(parse(as_string.as_bytes()).unwrap().gpus, from_state);
+        assert_eq!(parse(as_array.as_bytes()).unwrap().gpus, from_state);
+        let bare = parse(format!("  \n{list}").as_bytes()).unwrap();
+        assert_eq!((bare.format, bare.gpus), (Format::Array, from_state));
+    }
+
+    /// An absent key means nothing to remap, not an error; a TPU list is kept for the report.
+    #[test]
+    fn absent_gpu_key_and_tpu_key() {
+        let m = parse(
+            json!({"_timestamp": "x", TPU_KEY: "[{\"BDF\":\"0000:00:04.0\",\"vfio_group\":3}]"}).to_string().as_bytes(),
+        )
+        .unwrap();
+        assert!(m.gpus.is_empty() && !m.gpu_key_present);
+        assert_eq!(m.tpus.len(), 1);
+    }
+
+    /// Bug (issue 10.3): a UUID that is not well formed (the driver's placeholder for an
+    /// unreadable one) is unknown: two saved GPUs with it are not duplicates, and it is no
+    /// identity a `--device-map` could name.
+    #[test]
+    fn malformed_saved_uuids_are_unknown() {
+        let placeholder = "GPU-????????-????-????-????-????????????";
+        let m =
+            parse(json!([dev(0, placeholder), dev(1, placeholder), dev(2, "GPU-a")]).to_string().as_bytes()).unwrap();
+        assert!(m.gpus.iter().all(|d| d.uuid.is_empty()), "{:?}", m.gpus);
+    }
+
+    /// Bug (issue 10.8): a JSON object with neither the GPU list nor gVisor's `_timestamp` (a
+    /// spec given as --metadata) is accepted as "no saved GPUs" but warned about, naming its
+    /// keys; gVisor's own map without the GPU list (nothing was open at save) is not.
+    #[test]
+    fn map_that_is_not_metadata_is_warned_about() {
+        let spec = json!({"ociVersion": "1.0.2", "process": {}, "root": {}, "hostname": "h", "mounts": [],
+                          "linux": {}, "hooks": {}});
+        let m = parse(spec.to_string().as_bytes()).unwrap();
+        assert!(m.gpus.is_empty() && !m.gpu_key_present);
+        assert_eq!(m.warnings.len(), 1);
+        assert!(m.warnings[0].contains("neither nvproxy-device-remap-ids nor _timestamp"), "{:?}", m.warnings);
+        assert!(
+            m.warnings[0].contains("(its keys: ociVersion, process, root, hostname, mounts, linux, ...)"),
+            "{:?}",
+            m.warnings
+        );
+        for quiet in [json!({"_timestamp": "x", "compression": "none"}), json!({}), json!({GPU_KEY: "[]", "x": 1})] {
+            assert!(parse(quiet.to_string().as_bytes()).unwrap().warnings.is_empty(), "{quiet}");
+        }
+        let mut map = Map::new();
+        map.insert("other".into(), "x".into());
+        assert!(parse(&encode_state_header(&map)).unwrap().warnings.is_empty(), "a state file is a checkpoint");
+    }
+
+    /// Header: only the header is needed; `needed_len` stops a reader there.
+    #[test]
+    fn needed_len_is_the_header() {
+        let bytes = state_file(&json!([dev(0, UA)]));
+        let n = needed_len(&bytes[..16]).unwrap().unwrap() as usize;
+        assert!(n < bytes.len());
+        assert_eq!(parse(&bytes[..n]).unwrap().gpus.len(), 1);
+        assert_eq!(needed_len(b"[1]").unwrap(), None);
+    }
+
+    /// Bad input: each malformed header or list is refused with a message naming the problem.
+    #[test]
+    fn malformed_inputs_are_refused() {
+        let good = state_file(&json!([dev(0, UA)]));
+        assert_eq!(parse(b""), Err(MetadataError::Empty));
+        assert!(matches!(parse(&good[..12]), Err(MetadataError::Truncated(_))));
+        assert!(matches!(parse(&good[..20]), Err(MetadataError::Truncated(_))));
+        assert!(matches!(parse(b"gVisor"), Err(MetadataError::Truncated(_))));
+        let mut long = MAGIC.to_vec();
+        long.extend_from_slice(&(MAX_METADATA_LEN + 1).to_be_bytes());
+        assert_eq!(parse(&long), Err(MetadataError::TooLong(MAX_METADATA_LEN + 1)));
+        assert_eq!(parse(b"gVisorXX\0\0\0\0\0\0\0\x02{}"), Err(MetadataError::UnknownFormat));
+        assert_eq!(parse(b"hello"), Err(MetadataError::UnknownFormat));
+        assert!(matches!(parse(b"{\"a\": "), Err(MetadataError::Json(_))));
+        let cases = [
+            (json!([{"minor": "1"}]), "minor: expected an unsigned 32-bit integer, found the string \"1\""),
+            (json!([{"minor": -1}]), "found -1"),
+            (json!([{"minor": 1.5}]), "found 1.5"),
+            (json!([{"minor": 1, "uuid": 7}]), "uuid: expected a string"),
+            (json!([{"uuid": "GPU-a"}]), "found nothing"),
+            (json!([{"minor": 248}]), "minor 248 is over 247"),
+            (json!([{"minor": 1}, {"minor": 1}]), "minor 1 appears twice"),
+            (json!([dev(1, UA), dev(2, UA)]), "uuid GPU-5b2c6f7e-0d1a-4c3e-9f10-aa0000000000 appears twice"),
+            (json!([[1]]), "expected an object"),
+            (json!({GPU_KEY: 5}), "expected a JSON array or a string"),
+            (json!({GPU_KEY: {}}), "expected a JSON array or a string"),
+            (json!({GPU_KEY: "{}"}), "expected a JSON array of device ids"),
+            (json!({GPU_KEY: "[nope"}), "not valid JSON"),
+        ];
+        for (input, expected) in cases {
+            let err = parse(input.to_string().as_bytes()).unwrap_err().to_string();
+            assert!(err.contains(expected), "{input}: {err:?} lacks {expected:?}");
+        }
+    }
+
+    /// Format: `mode`, `uid` and `gid` are optional and read when present; a mode with type
+    /// bits or a negative owner is refused. Bug (found from outside): metadata from another host
+    /// could give a served GPU node setuid/setgid or the owner 4294967295.
+    #[test]
+    fn recorded_access_fields() {
+        let mut item = dev(0, "GPU-a");
+        item["mode"] = json!(0o660);
+        item["gid"] = json!(44);
+        let m = parse(json!([item, dev(1, "GPU-b")]).to_string().as_bytes()).unwrap();
+        assert_eq!(m.gpus[0].recorded, RecordedAccess { mode: Some(0o660), uid: None, gid: Some(44) });
+        assert_eq!(m.gpus[0].recorded.over(Access::DEVICE_DEFAULT), Access { mode: 0o660, uid: 0, gid: 44 });
+        assert_eq!(m.gpus[1].recorded, RecordedAccess::default());
+        let cases = [
+            (json!([{"minor": 0, "mode": 0o20666}]), "mode: 0o20666 has bits beyond the permission and sticky bits"),
+            (json!([{"minor": 0, "mode": 0o4666}]), "mode: 0o4666 has bits beyond"),
+            (json!([{"minor": 0, "mode": 0o2666}]), "mode: 0o2666 has bits beyond"),
+            (json!([{"minor": 0, "uid": 4294967295u32}]), "[0].uid: 4294967295 is no owner"),
+            (json!([{"minor": 0, "gid": 4294967295u32}]), "[0].gid: 4294967295 is no owner"),
+            (json!([{"minor": 0, "uid": -1}]), "[0].uid: expected an unsigned 32-bit integer, found -1"),
+            (json!([{"minor": 0, "gid": "5"}]), "[0].gid: expected an unsigned 32-bit integer"),
+        ];
+        for (input, expected) in cases {
+            let err = parse(input.to_string().as_bytes()).unwrap_err().to_string();
+            assert!(err.contains(expected), "{input}: {err:?} lacks {expected:?}");
+        }
+    }
+
+    /// Bug (found from outside): two saved GPUs whose UUIDs differ only in the case of their
+    /// hex digits are the same GPU, yet passed the duplicate check and were both remapped.
+    #[test]
+    fn a_uuid_twice_in_two_cases_is_a_duplicate() {
+        let err = parse(json!([dev(0, UA), dev(1, &UA.to_uppercase())]).to_string().as_bytes()).unwrap_err();
+        assert!(matches!(err, MetadataError::DuplicateUuid(_)), "{err}");
+    }
+
+    /// Bug (found from outside): a JSON file saved by an editor with a byte-order mark, or as
+    /// UTF-16, was "not checkpoint metadata: expected ... a JSON object or a JSON array",
+    /// though it held one; the error says what the text is.
+    #[test]
+    fn a_byte_order_mark_is_named() {
+        let err = parse(b"\xef\xbb\xbf[{\"minor\":0}]").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "the text is UTF-8 with a byte-order mark; JSON is UTF-8 without a byte-order mark"
+        );
+        assert_eq!(parse(b"\xff\xfe[\0]\0"), Err(MetadataError::Encoding("UTF-16")));
+    }
+
+    /// A state file's map holds strings only, as gVisor writes it.
+    #[test]
+    fn state_file_values_must_be_strings() {
+        let mut map = Map::new();
+        map.insert("_timestamp".into(), json!(5));
+        let err = parse(&encode_state_header(&map)).unwrap_err();
+        assert!(matches!(err, MetadataError::NotAString { .. }), "{err}");
+    }
+
+    /// Deep nesting is an error from the JSON parser's recursion limit, never a stack overflow.
+    #[test]
+    fn deep_nesting_is_an_error() {
+        let deep = "[".repeat(100_000);
+        assert!(matches!(parse(deep.as_bytes()), Err(MetadataError::Json(_))));
+    }
+}
+
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Property: parsing any bytes returns Ok or Err, never panics.
+        #[test]
+        fn parse_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = parse(&bytes);
+            let _ = needed_len(&bytes);
+        }
+
+        /// Property: any bytes after a valid magic never panic, whatever the length field says.
+        #[test]
+        fn state_headers_never_panic(len in any::<u64>(), tail in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let mut bytes = MAGIC.to_vec();
+            bytes.extend_from_slice(&len.to_be_bytes());
+            bytes.extend_from_slice(&tail);
+            let _ = parse(&bytes);
+        }
+    }
+}

@@ -1,0 +1,409 @@
+//! The OCI runtime spec, reduced to what shapes `/dev`: the devices it lists, the mounts it
+//! places under `/dev`, whether it asks for GPUs through the NVIDIA hook, and whether the
+//! process has a terminal.
+//!
+//! Pure: [`parse`] takes the spec's bytes, and the one fact about the bundle the spec alone
+//! cannot tell (whether a bind mount's source is a non-directory), so the view is complete
+//! when it returns. Paths are taken as the runtime takes them: absolute,
+//! `/dev/`-relative for what we serve; a device outside `/dev` is not ours to serve and is
+//! reported, not refused.
+
+use crate::device::{Access, DevKind, Rdev};
+use crate::family::NVIDIA;
+use crate::family::nvidia::visible::{self, Visible, VisibleError};
+use oci_spec::runtime::{LinuxDeviceType, Spec};
+use thiserror::Error;
+
+/// A `linux.devices` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpecDevice {
+    /// The path inside `/dev`, without the leading `/dev/`; `None` for a device outside `/dev`.
+    pub rel_path: Option<String>,
+    /// The path as the spec writes it.
+    pub path: String,
+    pub kind: DevKind,
+    pub rdev: Rdev,
+    pub access: Access,
+}
+
+impl SpecDevice {
+    /// The GPU minor this entry grants, if it is a regular NVIDIA device (char 195:N, N <= 247).
+    pub fn gpu_minor(&self) -> Option<u32> {
+        NVIDIA.gpu_minor_of_device(self.kind, self.rdev)
+    }
+}
+
+/// A mount the spec places under `/dev`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DevMount {
+    /// The destination relative to `/dev` (`pts`, `shm`, `termination-log`).
+    pub rel_path: String,
+    /// For a bind mount, its source as the spec writes it.
+    pub bind_source: Option<String>,
+    /// The source is not a directory, so the mount point must be a non-directory.
+    pub onto_file: bool,
+}
+
+/// What of a spec matters to `/dev`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SpecView {
+    pub devices: Vec<SpecDevice>,
+    /// Mounts under `/dev` (`pts`, `shm`, `mqueue`, ...).
+    pub dev_mounts: Vec<DevMount>,
+    /// What the spec asks for through the NVIDIA hook (`NVIDIA_VISIBLE_DEVICES`), so the
+    /// host's `/dev` names GPUs too; `None` when it asks for nothing that way.
+    pub hook: Option<Visible>,
+    /// `process.terminal`: the runtime bind-mounts the console onto `/dev/console`.
+    pub terminal: bool,
+}
+
+/// Why a spec was refused; the caller prefixes the file.
+#[derive(Debug, Error, PartialEq)]
+pub enum SpecError {
+    #[error("not a valid OCI runtime spec: {0}")]
+    Parse(String),
+    #[error("larger than {} bytes", crate::inputs::metadata::MAX_METADATA_LEN)]
+    TooLarge,
+    #[error("linux.devices[{index}] ({path}): {what}")]
+    Device { index: usize, path: String, what: String },
+    #[error("mounts[{index}]: destination {path:?} {what}")]
+    Mount { index: usize, path: String, what: &'static str },
+    #[error("process.env: {0}")]
+    Visible(VisibleError),
+}
+
+/// Parses a spec and keeps what shapes `/dev`. `file_source(source)` tells whether a bind
+/// mount's source (as the spec writes it) is a non-directory, which needs a non-directory mount
+/// point.
+pub fn parse(bytes: &[u8], file_source: &dyn Fn(&str) -> bool) -> Result<SpecView, SpecError> {
+    let parse_error = |e: serde_json::Error| SpecError::Parse(e.to_string());
+    // Checked and counted first (memory stays bounded), then parsed straight into the spec,
+    // which skips unknown fields without keeping them. Serde would also take a struct from a
+    // JSON array.
+    if let Some(encoding) = crate::inputs::limits::byte_order_mark(bytes) {
+        return Err(SpecError::Parse(format!("the text is {encoding}; JSON is UTF-8 without a byte-order mark")));
+    }
+    crate::inputs::limits::check_json(bytes).map_err(parse_error)?;
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(SpecError::Parse("expected a JSON object".into()));
+    }
+    let mut spec: Spec = serde_json::from_slice(bytes).map_err(parse_error)?;
+    let mut view = SpecView {
+        hook: hook_request(&spec).map_err(SpecError::Visible)?,
+        terminal: spec.process().as_ref().and_then(|p| p.terminal()).unwrap_or(false),
+        ..SpecView::default()
+    };
+    // Taken out of the spec, each path moved rather than copied: memory holds one copy of them.
+    let devices = spec.linux_mut().as_mut().and_then(|l| l.devices_mut().take()).unwrap_or_default();
+    for (index, mut dev) in devices.into_iter().enumerate() {
+        let path = std::mem::take(dev.path_mut())
+            .into_os_string()
+            .into_string()
+            .unwrap_or_else(|p| p.to_string_lossy().into_owned());
+        let err = |what: String| SpecError::Device { index, path: path.clone(), what };
+        let kind = match dev.typ() {
+            LinuxDeviceType::C | LinuxDeviceType::U => DevKind::Char,
+            LinuxDeviceType::B => DevKind::Block,
+            LinuxDeviceType::P => DevKind::Fifo,
+            LinuxDeviceType::A => return Err(err("type \"a\" is not a device node type".into())),
+        };
+        let number =
+            |n: i64, which: &str| u32::try_from(n).map_err(|_| err(format!("{which} number {n} is out of range")));
+        let rdev = Rdev::new(number(dev.major(), "major")?, number(dev.minor(), "minor")?);
+        let mode = dev.file_mode().map(|m| permission_bits(m, kind)).transpose().map_err(err)?;
+        let access = as_runc_leaves_it(Access {
+            mode: mode.unwrap_or(Access::DEVICE_DEFAULT.mode),
+            uid: dev.uid().unwrap_or(0),
+            gid: dev.gid().unwrap_or(0),
+        });
+        let rel_path = dev_relative(&path).map_err(|what| err(what.to_string()))?;
+        if rel_path.as_deref() == Some("") {
+            return Err(err("is /dev itself".into()));
+        }
+        view.devices.push(SpecDevice { rel_path, path, kind, rdev, access });
+    }
+    for (index, mount) in spec.mounts().iter().flatten().enumerate() {
+        let path = mount.destination().to_string_lossy().into_owned();
+        let rel = dev_relative(&path).map_err(|what| SpecError::Mount { index, path: path.clone(), what })?;
+        if let Some(rel_path) = rel.filter(|r| !r.is_empty()) {
+            let is_bind = mount.typ().as_deref() == Some("bind")
+                || mount.options().iter().flatten().any(|o| o == "bind" || o == "rbind");
+            let bind_source =
+                is_bind.then(|| mount.source().as_ref().map(|s| s.to_string_lossy().into_owned())).flatten();
+            let onto_file = bind_source.as_deref().is_some_and(file_source);
+            view.dev_mounts.push(DevMount { rel_path, bind_source, onto_file });
+        }
+    }
+    Ok(view)
+}
+
+/// A node's access as runc leaves it: runc makes each node as root and then chowns it to the
+/// spec's `uid` and `gid`, where 4294967295 is chown's "leave as is" (the node stays root's), and
+/// the kernel's chown of a non-directory clears set-user-ID, and set-group-ID where group execute
+/// is set (measured with runc 1.1.5: `fileMode` 0o7777 gives 0o1777).
+fn as_runc_leaves_it(access: Access) -> Access {
+    let unchanged = |id: u32| if id == u32::MAX { 0 } else { id };
+    let mut mode = access.mode & !libc::S_ISUID;
+    if mode & libc::S_IXGRP != 0 {
+        mode &= !libc::S_ISGID;
+    }
+    Access { mode, uid: unchanged(access.uid), gid: unchanged(access.gid) }
+}
+
+/// The permission bits of a device's `fileMode`. containerd wrote the file-type bits too
+/// (0o20666 for a char device, containerd#5028) and runc ORs the type into the mode before
+/// mknod, so type bits that match the device's type are harmless and dropped; others would make
+/// another kind of node and are refused.
+fn permission_bits(mode: u32, kind: DevKind) -> Result<u32, String> {
+    let type_bits = match kind {
+        DevKind::Char => libc::S_IFCHR,
+        DevKind::Block => libc::S_IFBLK,
+        DevKind::Fifo => libc::S_IFIFO,
+    };
+    match mode & !0o7777 {
+        0 => Ok(mode),
+        bits if bits == type_bits => Ok(mode & 0o7777),
+        bits if bits & !libc::S_IFMT == 0 => Err(format!(
+            "fileMode {mode:#o}: its file-type bits {bits:#o} are not those of a {} node ({type_bits:#o})",
+            kind.as_str()
+        )),
+        _ => Err(format!("fileMode {mode:#o} has bits beyond the file type and permission bits")),
+    }
+}
+
+/// `/dev/a/b` -> `Some("a/b")`, `/dev` -> `Some("")`, `/other` -> `None`. Refuses `..`, which
+/// would let a spec place a node outside the tree.
+fn dev_relative(path: &str) -> Result<Option<String>, &'static str> {
+    // Walked, not collected: a path of millions of components takes no more than its length.
+    let parts = || path.split('/').filter(|p| !p.is_empty() && *p != ".");
+    if parts().any(|p| p == "..") {
+        return Err("contains \"..\"");
+    }
+    if !path.starts_with('/') {
+        return Err("is not an absolute path");
+    }
+    let mut rest = parts();
+    if rest.next() != Some("dev") {
+        return Ok(None);
+    }
+    let mut rel = String::new();
+    for part in rest {
+        if !rel.is_empty() {
+            rel.push('/');
+        }
+        rel.push_str(part);
+    }
+    Ok(Some(rel))
+}
+
+/// gVisor's `GPUFunctionalityRequestedViaHook`: an NVIDIA hook is installed and
+/// `NVIDIA_VISIBLE_DEVICES` asks for something; what it asks for, read as the toolkit reads it.
+fn hook_request(spec: &Spec) -> Result<Option<Visible>, VisibleError> {
+    let Some(hooks) = spec.hooks() else { return Ok(None) };
+    let ends = |hooks: &Option<Vec<oci_spec::runtime::Hook>>, suffix: &str| {
+        hooks.iter().flatten().any(|h| h.path().to_string_lossy().ends_with(suffix))
+    };
+    let cdi = ends(hooks.create_container(), "/nvidia-cdi-hook");
+    #[allow(deprecated)]
+    let legacy = ends(hooks.prestart(), "/nvidia-container-runtime-hook");
+    if !cdi && !legacy {
+        return Ok(None);
+    }
+    let env = spec.process().as_ref().and_then(|p| p.env().clone()).unwrap_or_default();
+    let values: Vec<&str> = env.iter().filter_map(|e| e.strip_prefix("NVIDIA_VISIBLE_DEVICES=")).collect();
+    // The CDI toolkit appends `NVIDIA_VISIBLE_DEVICES=void` after the user's own value.
+    let effective = match values.as_slice() {
+        [.., user, "void"] if cdi => Some(*user),
+        [.., last] => Some(*last),
+        [] => None,
+    };
+    effective.map_or(Ok(None), visible::parse)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::family::nvidia::visible::Selector;
+    use serde_json::json;
+
+    fn no_files(_: &str) -> bool {
+        false
+    }
+
+    fn spec(linux_devices: serde_json::Value, mounts: serde_json::Value) -> serde_json::Value {
+        json!({"ociVersion": "1.0.2", "root": {"path": "rootfs"},
+               "process": {"cwd": "/", "args": ["sh"], "user": {"uid": 0, "gid": 0}, "terminal": true},
+               "mounts": mounts, "linux": {"devices": linux_devices}})
+    }
+
+    /// runc's /dev: spec devices keep type, numbers, mode (0666 default), uid and gid; mounts
+    /// under /dev become directories; /dev itself and mounts elsewhere are not ours.
+    #[test]
+    fn devices_and_dev_mounts() {
+        let s = spec(
+            json!([{"path": "/dev/fuse", "type": "c", "major": 10, "minor": 229, "fileMode": 0o600, "uid": 7, "gid": 8},
+                   {"path": "/dev/sda", "type": "b", "major": 8, "minor": 0},
+                   {"path": "/dev/fifo", "type": "p"}]),
+            json!([{"destination": "/dev", "type": "tmpfs", "source": "tmpfs"},
+                   {"destination": "/dev/pts", "type": "devpts", "source": "devpts"},
+                   {"destination": "/proc", "type": "proc", "source": "proc"},
+                   {"destination": "/dev/shm/", "type": "tmpfs", "source": "shm"},
+                   {"destination": "/dev/termination-log", "source": "/var/log/t", "options": ["rbind", "ro"]}]),
+        );
+        let v = parse(s.to_string().as_bytes(), &no_files).unwrap();
+        let rels: Vec<&str> = v.dev_mounts.iter().map(|m| m.rel_path.as_str()).collect();
+        assert_eq!(rels, ["pts", "shm", "termination-log"]);
+        assert_eq!(v.dev_mounts[2].bind_source.as_deref(), Some("/var/log/t"));
+        assert_eq!(v.dev_mounts[0].bind_source, None);
+        assert!(v.terminal && v.hook.is_none());
+        assert_eq!(v.devices[0].rel_path.as_deref(), Some("fuse"));
+        assert_eq!(v.devices[0].access, Access { mode: 0o600, uid: 7, gid: 8 });
+        assert_eq!((v.devices[1].kind, v.devices[1].rdev), (DevKind::Block, Rdev::new(8, 0)));
+        assert_eq!(v.devices[1].access, Access::DEVICE_DEFAULT);
+        assert_eq!(v.devices[2].kind, DevKind::Fifo);
+    }
+
+    /// gVisor's rule: a spec GPU is a char device 195:N with N <= 247.
+    #[test]
+    fn gpu_minor_rule() {
+        let s = spec(
+            json!([{"path": "/dev/nvidia3", "type": "c", "major": 195, "minor": 3},
+                   {"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255},
+                   {"path": "/dev/x", "type": "b", "major": 195, "minor": 1}]),
+            json!([]),
+        );
+        let v = parse(s.to_string().as_bytes(), &no_files).unwrap();
+        let minors: Vec<_> = v.devices.iter().map(SpecDevice::gpu_minor).collect();
+        assert_eq!(minors, vec![Some(3), None, None]);
+    }
+
+    /// Hook detection: hook path suffixes, NVIDIA_VISIBLE_DEVICES asking for something (not
+    /// void or empty), and the CDI toolkit's trailing `void` ignored; what it asks for is read
+    /// as the toolkit reads it.
+    #[test]
+    fn hook_request_rules() {
+        let with = |hooks: serde_json::Value, env: &[&str]| {
+            let mut s = spec(json!([]), json!([]));
+            s["hooks"] = hooks;
+            s["process"]["env"] = json!(env);
+            parse(s.to_string().as_bytes(), &no_files).map(|v| v.hook)
+        };
+        let legacy = json!({"prestart": [{"path": "/usr/bin/nvidia-container-runtime-hook"}]});
+        let cdi = json!({"createContainer": [{"path": "/usr/bin/nvidia-cdi-hook"}]});
+        let env = |v: &str| format!("NVIDIA_VISIBLE_DEVICES={v}");
+        assert_eq!(with(legacy.clone(), &[&env("all")]), Ok(Some(Visible::All)));
+        assert_eq!(with(legacy.clone(), &[&env("none")]), Ok(Some(Visible::None)));
+        assert_eq!(
+            with(legacy.clone(), &[&env("2,3")]),
+            Ok(Some(Visible::Devices(vec![Selector::Index(2), Selector::Index(3)])))
+        );
+        for nothing in [vec![env("void")], vec![env("")], vec![env(" , ")], vec!["PATH=/bin".into()]] {
+            let nothing: Vec<&str> = nothing.iter().map(String::as_str).collect();
+            assert_eq!(with(legacy.clone(), &nothing), Ok(None), "{nothing:?}");
+        }
+        assert_eq!(with(legacy.clone(), &[&env("all"), &env("void")]), Ok(None));
+        assert_eq!(with(cdi.clone(), &[&env("0,1"), &env("void")]), with(legacy.clone(), &[&env("0,1")]));
+        assert_eq!(with(cdi, &[&env("void")]), Ok(None));
+        assert_eq!(with(json!({"prestart": [{"path": "/bin/other-hook"}]}), &[&env("MIG-x")]), Ok(None));
+        // Bug (issue 10.1): a MIG device is refused, but only where the hook would read it.
+        let mig = with(legacy, &[&env("0:1")]).unwrap_err().to_string();
+        assert_eq!(
+            mig,
+            "process.env: NVIDIA_VISIBLE_DEVICES: \"0:1\" is a MIG device; MIG devices are not supported yet"
+        );
+    }
+
+    /// Bug (found from outside): runc 1.1.5 (measured) chowns every node it makes: `uid` and
+    /// `gid` 4294967295 leave it root's (chown's -1), and the chown clears set-user-ID, and
+    /// set-group-ID with group execute. The plan served 0o7777 and owner 4294967295, which the
+    /// kernel shows as nobody.
+    #[test]
+    fn access_is_what_runc_leaves_after_its_chown() {
+        let access = |extra: serde_json::Value| {
+            let mut d = json!({"path": "/dev/x", "type": "c", "major": 1, "minor": 3});
+            d.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            parse(spec(json!([d]), json!([])).to_string().as_bytes(), &no_files).unwrap().devices[0].access
+        };
+        assert_eq!(
+            access(json!({"uid": 4_294_967_295u32, "gid": 4_294_967_295u32, "fileMode": 0o600})),
+            Access { mode: 0o600, uid: 0, gid: 0 }
+        );
+        assert_eq!(access(json!({"fileMode": 0o7777})).mode, 0o1777);
+        assert_eq!(access(json!({"fileMode": 0o4640, "uid": 5, "gid": 6})), Access { mode: 0o640, uid: 5, gid: 6 });
+        assert_eq!(access(json!({"fileMode": 0o2640})).mode, 0o2640, "set-group-ID without group execute stays");
+    }
+
+    /// Bug (found from outside): a spec saved with a byte-order mark was "expected value at
+    /// line 1 column 1"; the error says what the text is.
+    #[test]
+    fn a_byte_order_mark_is_named() {
+        let err = parse(b"\xef\xbb\xbf{\"ociVersion\":\"1.0.2\"}", &no_files).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "not a valid OCI runtime spec: the text is UTF-8 with a byte-order mark; JSON is UTF-8 without a byte-order mark"
+        );
+    }
+
+    /// Bug (issue 10.4): containerd wrote `fileMode` with the file-type bits set
+    /// (containerd#5028); type bits matching the device's type are accepted and dropped, other
+    /// type bits (which would make runc create another kind of node) are refused.
+    #[test]
+    fn file_mode_type_bits() {
+        let mode = |typ: &str, file_mode: u32| {
+            let d = json!({"path": "/dev/x", "type": typ, "major": 1, "minor": 3, "fileMode": file_mode});
+            parse(spec(json!([d]), json!([])).to_string().as_bytes(), &no_files).map(|v| v.devices[0].access.mode)
+        };
+        assert_eq!(mode("c", 0o20666), Ok(0o666));
+        assert_eq!(mode("u", 0o20600), Ok(0o600));
+        assert_eq!(mode("b", 0o60660), Ok(0o660));
+        assert_eq!(mode("p", 0o10644), Ok(0o644));
+        assert_eq!(mode("c", 0o4755), Ok(0o755), "runc's chown clears set-user-ID");
+        let err = mode("c", 0o60666).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "linux.devices[0] (/dev/x): fileMode 0o60666: its file-type bits 0o60000 are not those of a char node (0o20000)"
+        );
+        assert!(mode("b", 0o20666).is_err());
+        assert!(mode("c", 0o100666).is_err());
+        assert!(mode("c", 0o1020666).unwrap_err().to_string().contains("beyond the file type and permission bits"));
+    }
+
+    /// Rule: a bind mount onto `/dev` whose source is a file needs a file mount point; the
+    /// parser asks once, for bind mounts only, with the source as written.
+    #[test]
+    fn bind_sources_are_asked_once() {
+        let s = spec(
+            json!([]),
+            json!([{"destination": "/dev/termination-log", "source": "log", "options": ["rbind"]},
+                   {"destination": "/dev/data", "source": "data", "type": "bind"},
+                   {"destination": "/dev/shm", "source": "log", "type": "tmpfs"}]),
+        );
+        let asked = std::cell::RefCell::new(Vec::new());
+        let is_file = |src: &str| {
+            asked.borrow_mut().push(src.to_owned());
+            src == "log"
+        };
+        let v = parse(s.to_string().as_bytes(), &is_file).unwrap();
+        assert_eq!(v.dev_mounts.iter().map(|m| m.onto_file).collect::<Vec<_>>(), [true, false, false]);
+        assert_eq!(*asked.borrow(), ["log", "data"]);
+    }
+
+    /// Bad specs are refused: not a spec, wrong types, numbers out of range, `..` escapes.
+    #[test]
+    fn bad_specs() {
+        assert!(matches!(parse(b"{", &no_files), Err(SpecError::Parse(_))));
+        assert!(matches!(parse(b"[]", &no_files), Err(SpecError::Parse(_))));
+        let bad_dev = |d: serde_json::Value| {
+            parse(spec(json!([d]), json!([])).to_string().as_bytes(), &no_files).unwrap_err().to_string()
+        };
+        assert!(bad_dev(json!({"path": "/dev/x", "type": "c", "major": -1, "minor": 0})).contains("out of range"));
+        assert!(bad_dev(json!({"path": "/dev/../etc/x", "type": "c", "major": 1, "minor": 3})).contains(".."));
+        assert!(bad_dev(json!({"path": "/dev/x", "type": "a"})).contains("not a device node type"));
+        assert!(bad_dev(json!({"path": "dev/x", "type": "c", "major": 1, "minor": 3})).contains("absolute"));
+        let err = parse(
+            spec(json!([]), json!([{"destination": "/dev/../x", "type": "tmpfs"}])).to_string().as_bytes(),
+            &no_files,
+        );
+        assert!(matches!(err, Err(SpecError::Mount { .. })));
+    }
+}

@@ -1,0 +1,8 @@
+//! The served filesystem: what answers the kernel behind a mount. [`devfs`] numbers a tree and
+//! holds the live generation and the retired nodes (`Devfs`), [`adapter`] turns `fuser`'s
+//! callbacks into `Devfs` calls, and [`lifecycle`] is the daemon's life (serving, reloading,
+//! stopping) as a state machine behind small traits.
+
+pub mod adapter;
+pub mod devfs;
+pub mod lifecycle;
