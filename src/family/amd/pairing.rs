@@ -227,11 +227,10 @@ mod tests {
     fn device_map_wins_with_a_warning() {
         let gpus = all("mi210-2");
         let pairing = pair(&gpus, &gpus, &Checks::default(), &[(128, 129)]).unwrap();
-        assert_eq!(
-            minors(&gpus, &pairing, &gpus),
-            vec![(128, 129, By::Explicit), (129, 128, By::Position)]
+        assert_eq!(minors(&gpus, &pairing, &gpus), vec![(128, 129, By::Explicit), (129, 128, By::Position)]);
+        assert!(
+            pairing.warnings[0].contains("renderD128: --device-map leads it to renderD129, but CRIU's amdgpu plugin")
         );
-        assert!(pairing.warnings[0].contains("renderD128: --device-map leads it to renderD129, but CRIU's amdgpu plugin"));
         assert!(pairing.warnings[1].contains("renderD129: devremap cannot know"), "{:?}", pairing.warnings);
         let agreed = pair(&gpus, &gpus, &Checks::default(), &[(128, 128)]).unwrap();
         assert!(agreed.warnings.is_empty());
@@ -248,10 +247,7 @@ mod tests {
         let restored = all("radeon-7900xtx-2");
         let pairing = pair(&saved, &restored, &Checks::default(), &[]).unwrap();
         assert_eq!(pairing.refusal.as_deref(), Some("Failed to match remaining nodes"));
-        assert_eq!(
-            minors(&saved, &pairing, &restored),
-            vec![(128, 128, By::Position), (129, 129, By::Position)]
-        );
+        assert_eq!(minors(&saved, &pairing, &restored), vec![(128, 128, By::Position), (129, 129, By::Position)]);
         let fewer = &restored[..1];
         let pairing = pair(&saved, fewer, &Checks::default(), &[]).unwrap();
         assert_eq!(pairing.unpaired.len(), 1);
@@ -263,7 +259,8 @@ mod tests {
     #[test]
     fn partitions_pair_within_their_hive() {
         let topo = host("mi300x-cpx");
-        let ids = |minors: std::ops::Range<u32>| -> Vec<u32> { minors.map(|m| topo.gpu_by_minor(m).unwrap().id).collect() };
+        let ids =
+            |minors: std::ops::Range<u32>| -> Vec<u32> { minors.map(|m| topo.gpu_by_minor(m).unwrap().id).collect() };
         let (a, b) = (ids(128..132), ids(132..136));
         let saved = visible_gpus(&topo, |id| a.contains(&id));
         let restored = visible_gpus(&topo, |id| b.contains(&id));

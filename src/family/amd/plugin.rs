@@ -60,8 +60,7 @@ pub struct Gpu {
 /// GPUs' nodes (every CPU node stays). As `topology_determine_iolinks`: a link is valid when
 /// its node is there, and bi-directional when that node links back with the same type.
 pub fn visible_gpus(topology: &Topology, visible: impl Fn(u32) -> bool) -> Vec<Gpu> {
-    let present: Vec<&super::topology::Node> =
-        topology.nodes.iter().filter(|n| !n.is_gpu() || visible(n.id)).collect();
+    let present: Vec<&super::topology::Node> = topology.nodes.iter().filter(|n| !n.is_gpu() || visible(n.id)).collect();
     let find = |id: u32| present.iter().find(|n| n.id == id);
     present
         .iter()
@@ -187,7 +186,13 @@ pub fn mismatch(src: &Facts, dest: &Facts, checks: &Checks) -> Option<String> {
     let at_least = [
         (checks.vram_size, "vram_size", src.vram_size, dest.vram_size, "KFD_VRAM_SIZE_CHECK"),
         (checks.num_gws, "num_gws", src.num_gws.into(), dest.num_gws.into(), "KFD_NUM_GWS_CHECK"),
-        (checks.caches_count, "caches_count", src.caches_count.into(), dest.caches_count.into(), "KFD_CACHES_COUNT_CHECK"),
+        (
+            checks.caches_count,
+            "caches_count",
+            src.caches_count.into(),
+            dest.caches_count.into(),
+            "KFD_CACHES_COUNT_CHECK",
+        ),
         (checks.fw_version, "fw_version", src.fw_version.into(), dest.fw_version.into(), "KFD_FW_VER_CHECK"),
         (
             checks.sdma_fw_version,
