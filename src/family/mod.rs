@@ -12,6 +12,7 @@
 //! Assumption: the families' names do not overlap (no name in a device directory is two
 //! families' node), so the order of the table changes nothing but the order of the scan.
 
+pub mod amd;
 pub mod nvidia;
 
 use crate::device::{DevKind, Rdev};
