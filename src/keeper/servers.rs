@@ -171,6 +171,9 @@ pub struct Machine {
     upgrade_when_ready: bool,
     /// The last server lost, and how (`it died`, `it hung`), named by the one that takes over.
     dead: Option<(u32, &'static str)>,
+    /// Why the first server could not declare the daemon ready after the mount answered (its
+    /// state file cannot be written): its exit then fails the start, as a load error does.
+    start_error: Option<String>,
     out: Vec<Action>,
 }
 
@@ -189,6 +192,7 @@ impl Machine {
             reload_when_ready: false,
             upgrade_when_ready: false,
             dead: None,
+            start_error: None,
             out: Vec::new(),
         };
         m.out.push(Action::Spawn { epoch: FIRST_EPOCH, binary: Binary::Good, plan: false });

@@ -1,6 +1,6 @@
 //! The machine's steps: one function per event, from a phase to the next, pushing actions.
 
-use super::{Action, Binary, Exit, MAX_BACKOFF, MAX_RELOAD_DEATHS, Machine, Server, State, Successor, FIRST_BACKOFF};
+use super::{Action, Binary, Exit, FIRST_BACKOFF, FIRST_EPOCH, MAX_BACKOFF, MAX_RELOAD_DEATHS, Machine, Server, State, Successor};
 use crate::keeper::control::{Control, PROTOCOL};
 use crate::served::lifecycle::Notice;
 use std::time::Instant;
@@ -175,6 +175,12 @@ impl Machine {
                 successor.failed = Some(why);
                 State::Upgrading { current, successor }
             }
+            // The first server, answering but not yet ready, failed to declare the daemon
+            // ready: the start fails once it has exited.
+            State::Serving { current } if current.epoch == epoch && current.epoch == FIRST_EPOCH && !current.ready => {
+                self.start_error = Some(why);
+                State::Serving { current }
+            }
             state => {
                 if let Some(current) = state.current().filter(|c| c.epoch == epoch) {
                     let pid = current.pid;
@@ -269,10 +275,13 @@ impl Machine {
                 let why = error.unwrap_or_else(|| format!("the server exited before it was ready ({status})"));
                 self.stop(None, Exit::StartFailed(why), None)
             }
-            State::Serving { current } if current.epoch == epoch => {
-                self.warn(died(&current));
-                self.lose(current, None, "it died", now)
-            }
+            State::Serving { current } if current.epoch == epoch => match self.start_error.take() {
+                Some(why) => self.stop(None, Exit::StartFailed(why), None),
+                None => {
+                    self.warn(died(&current));
+                    self.lose(current, None, "it died", now)
+                }
+            },
             State::Upgrading { current, successor } if current.epoch == epoch => {
                 self.warn(died(&current));
                 self.lose(current, Some(successor), "it died", now)

@@ -92,6 +92,29 @@ fn the_start_mounts_then_writes_the_pid_file_and_fails_with_the_servers_error() 
     assert_eq!(exit, [Action::Exit(Exit::StartFailed("cannot start the server: ENOMEM".into()))]);
 }
 
+/// Bug (merge of issues 18 and 21, found by docs/daemon.md's transcript): the first server
+/// answers, the pid file is written, and then its state file cannot be written: the start
+/// fails with that error (exit 1, as the docs say), not a successor started to take over. A
+/// first server that dies after answering without saying why is still replaced.
+#[test]
+fn a_first_server_that_cannot_declare_ready_fails_the_start() {
+    let (mut r, _) = Run::new();
+    r.on(Event::Spawned { epoch: 1, pid: 100, handed_plan: false });
+    r.on(Event::Loaded { epoch: 1, protocol: PROTOCOL });
+    r.on(Event::Answering(1));
+    let why = "/nonexistent/ctr9.json: cannot write the state file: no such file or directory";
+    assert_eq!(r.on(Event::Failed { epoch: 1, why: why.into() }), []);
+    assert_eq!(r.on(gone(1)), [Action::Exit(Exit::StartFailed(why.into()))]);
+    assert_eq!(r.m.phase(), Phase::Stopping);
+
+    let (mut r, _) = Run::new();
+    r.on(Event::Spawned { epoch: 1, pid: 100, handed_plan: false });
+    r.on(Event::Loaded { epoch: 1, protocol: PROTOCOL });
+    r.on(Event::Answering(1));
+    r.on(gone(1));
+    assert_eq!(r.m.phase(), Phase::Replacing, "a silent death is replaced");
+}
+
 /// Rule (issue 13): a ready server that dies is replaced at once, from its binary and with its
 /// plan; a successor that dies before it is ready is retried after a backoff of 0.2 s doubling
 /// to 5 s; a ready successor ends the run.
