@@ -5,21 +5,29 @@
 //!
 //! Each file (README.md, docs/*.md) runs top to bottom, as root, in one shell (bash, so a
 //! variable, a function or a `cd` of one transcript holds in the next) in its own scratch
-//! directory, which holds links to the repository's `examples` and `tests` and nothing else,
-//! and in a mount namespace of its own whose `/run` is an empty tmpfs (so `/run/devremap` is
-//! made by the doc, as on a fresh machine, and the host's is never touched);
-//! this build's `devremapd` and `devremap-runtime` come first on `PATH`. Every command's output
+//! directory (under Cargo's target directory), which holds links to the repository's `examples`
+//! and `tests` and nothing else, in a mount namespace of its own whose `/run` and `/tmp` are
+//! empty tmpfs (so `/run/devremap` and docs/restore.md's `/tmp/demo` are made by the doc, as on
+//! a fresh machine, and the host's are never touched), and in a pid namespace of its own whose
+//! init is that shell: when it ends, whatever a doc left running (a daemon, a container, a
+//! detached process) is killed with it. This build's `devremapd` and `devremap-runtime` come
+//! first on `PATH`, then a `criu` that works here (found as the suite finds it,
+//! `common::clients::need_criu`), for docs/restore.md's checkpoint; runc and a static busybox
+//! are needed too, so the run fails, never skips, where any of them is missing. Every command's output
 //! must be what the doc shows, where a line `...` stands for any number of lines (as in
-//! trycmd). One normalisation applies to both sides, the only one: a log line's timestamp
-//! (`[2026-12-01T22:30:00.123Z INFO ...`, which the docs write `[...`) becomes `[T`. Pids, dates
-//! and temporary paths are not normalised: an example that prints them is made deterministic
-//! (relative paths in the scratch directory) or marked.
+//! trycmd). Two normalisations apply to both sides, the only ones, both to a daemon's log
+//! lines, whose text no reader chooses: the timestamp (`[2026-12-01T22:30:00.123Z INFO ...`,
+//! which the docs may write `[...`) becomes `[T`, and each pid in the line (`keeper pid 5852`)
+//! becomes `pid P`. Nothing else is: dates, pids and temporary paths in a command's own output
+//! are the command's to leave out (`ls -l --time-style=+`, relative paths in the scratch
+//! directory, a pid compared in the command instead of printed), and a signal to a daemon is
+//! followed by a command that waits until the state file shows its effect
+//! (`examples/state`, docs/daemon.md), never by a sleep.
 //!
 //! A transcript right after a line `*Not run by the tests: needs a GPU host.*` or
 //! `*Not run by the tests: needs a real cluster.*` (the line a reader sees above it) is not run
 //! but counted; so is one after a line `*Not run by the tests yet: REASON.*`, an example not
-//! yet made to run here (issue 21 left them: docs/daemon.md from "A session" on, whose
-//! outputs hold dates, pids and reloads, and docs/restore.md's runc and CRIU session). The
+//! yet made to run here (none is left: the count is pinned at 0). The
 //! counts are pinned below: a transcript that stops being recognised, or one marked without
 //! saying so here, fails the test.
 //!
@@ -43,8 +51,8 @@ const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
 /// How many commands run, and how many are marked (per marker). Change these only with the
 /// docs: they are what keeps a doc from silently going untested.
-const RUN: usize = 131;
-const MARKED: &[(&str, usize)] = &[(GPU_HOST, 0), (CLUSTER, 0), (NOT_YET, 37)];
+const RUN: usize = 230;
+const MARKED: &[(&str, usize)] = &[(GPU_HOST, 0), (CLUSTER, 0), (NOT_YET, 0)];
 
 const GPU_HOST: &str = "*Not run by the tests: needs a GPU host.*";
 const CLUSTER: &str = "*Not run by the tests: needs a real cluster.*";
@@ -170,22 +178,28 @@ struct Shell {
     stdin: ChildStdin,
     lines: Receiver<String>,
     _dir: tempfile::TempDir,
+    _tools: tempfile::TempDir,
 }
 
 impl Shell {
     fn new() -> Shell {
-        let dir = tempfile::TempDir::new().unwrap();
+        // Not under /tmp, which the namespace below covers with a tmpfs of its own.
+        std::fs::create_dir_all(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        let dir = tempfile::TempDir::new_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
         for name in ["examples", "tests"] {
             std::os::unix::fs::symlink(Path::new(ROOT).join(name), dir.path().join(name)).unwrap();
         }
+        let tools = tempfile::TempDir::new_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
         let bin = Path::new(common::BIN).parent().unwrap();
-        let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+        let path = format!("{}:{}", bin.display(), common::clients::path_with_criu(tools.path()));
         let (out, err) = std::io::pipe().unwrap();
-        // A mount namespace of its own with an empty /run: the docs' /run/devremap is then the
-        // fresh one they start from, and whatever they leave mounted goes with the namespace.
+        // A mount namespace of its own with an empty /run and /tmp: the docs' /run/devremap and
+        // /tmp/demo are then the fresh ones they start from, and whatever they leave mounted
+        // goes with the namespace. A pid namespace whose init is the shell: its end (the
+        // killpg in drop) kills everything the doc started, wherever it was reparented to.
         let mut child = Command::new("unshare")
-            .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
-            .arg("mount -t tmpfs -o mode=0755 docs-run /run && exec bash --noprofile --norc")
+            .args(["--mount", "--propagation", "private", "--pid", "--fork", "--mount-proc", "--", "sh", "-c"])
+            .arg("mount -t tmpfs -o mode=0755 docs-run /run && mount -t tmpfs docs-tmp /tmp && exec bash --noprofile --norc")
             .current_dir(dir.path())
             .env("PATH", path)
             .env("LC_ALL", "C.UTF-8")
@@ -206,7 +220,7 @@ impl Shell {
                 }
             }
         });
-        Shell { child, stdin, lines, _dir: dir }
+        Shell { child, stdin, lines, _dir: dir, _tools: tools }
     }
 
     /// Runs `command` (stdin from /dev/null) and returns what it printed, or why it did not end.
@@ -239,15 +253,35 @@ impl Drop for Shell {
     }
 }
 
-/// A log line's timestamp, which the docs show as `[...` or a real time: both become `[T`.
+/// A log line's timestamp, which the docs show as `[...` or a real time: both become `[T`; and
+/// in a log line, each pid (`pid 5852`) becomes `pid P`.
 fn normalised(text: &str) -> String {
     text.lines()
         .map(|l| match (l.strip_prefix('['), l.find(' ')) {
-            (Some(_), Some(sp)) if l.starts_with("[...") || l[1..sp].contains('T') => format!("[T{}", &l[sp..]),
+            (Some(_), Some(sp)) if l.starts_with("[...") || l[1..sp].contains('T') => {
+                format!("[T{}", without_pids(&l[sp..]))
+            }
             _ => l.to_owned(),
         })
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// `text` with the digits after each `pid ` replaced by `P`.
+fn without_pids(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("pid ") {
+        out.push_str(&rest[..at + 4]);
+        rest = &rest[at + 4..];
+        let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+        if digits > 0 {
+            out.push('P');
+        }
+        rest = &rest[digits..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Whether `got` is `expected`, where a line `...` (indented or not) in `expected` stands for
@@ -286,9 +320,11 @@ fn the_docs_hold_the_pinned_number_of_transcripts() {
 /// Rule (issue 21): every transcript of README.md and docs/*.md that is not marked runs as
 /// written, top to bottom in its file, and prints what the doc shows.
 #[test]
-#[ignore = "needs root: the docs' examples make device nodes"]
+#[ignore = "needs root, /dev/fuse, runc, busybox-static and CRIU: the docs' examples make device nodes, mount and checkpoint a container"]
 fn the_docs_transcripts_print_what_they_show() {
     common::need_root();
+    common::bundle::need_containers(common::bundle::Runtime::Runc);
+    common::clients::need_criu();
     let mut ran = 0;
     let mut failures = Vec::new();
     // DOCS_ONLY=docs/remap.md runs one file (while editing it); the count is then not checked.
@@ -374,4 +410,9 @@ fn an_ellipsis_line_stands_for_any_lines() {
     assert!(!matches("a\nb\n", "a\n"));
     assert!(!matches("a\nb\nc\n", "a\n...\nd\n"));
     assert_eq!(normalised("[2026-11-30T12:29:35.020Z WARN  x] y"), normalised("[... WARN  x] y"));
+    assert_eq!(
+        normalised("[2026-11-30T12:29:35.020Z INFO  x] (keeper pid 5852, server pid 5856)"),
+        "[T INFO  x] (keeper pid P, server pid P)"
+    );
+    assert_eq!(normalised("pid 5852 is not a log line"), "pid 5852 is not a log line");
 }
