@@ -402,7 +402,8 @@ fn transcripts_are_read_as_the_docs_write_them() {
     assert_eq!((marked.marker, marked.cases.len()), (Some(NOT_YET), 1));
 }
 
-/// Rule (issue 21): `...` stands for any number of lines, and nothing else is loose.
+/// Rule (issue 21): `...` stands for any number of lines, and nothing else is loose but a log
+/// line's timestamp and pids (a pid in a command's own output is compared as printed).
 #[test]
 fn an_ellipsis_line_stands_for_any_lines() {
     assert!(matches("a\nb\nc\nd\n", "a\n  ...\nd\n"));
