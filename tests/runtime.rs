@@ -303,10 +303,10 @@ fn runc_run_and_delete_force() {
     assert!(!alive(daemon) && !s.state_dir().join(&id).exists());
 }
 
-/// Rule (issue 17, the benchmark's teardown): a delete returns only once the container's daemon,
-/// its keeper and its server, has exited (it is killed, not asked to stop), so that a create of
-/// the same id right after (`podman restart`) can never have the old keeper unmount the new
-/// mount or the old server write into the new directory; the new container's mount stays.
+/// Rule (issue 17, the teardown that the benchmark's cuts must keep): a delete returns only once
+/// the container's daemon, its keeper and its server, has exited, so that a create of the same
+/// id right after (`podman restart`) can never have the old keeper unmount the new mount or the
+/// old server write into the new directory; the new container's mount stays.
 #[test]
 #[ignore = "needs root, /dev/fuse, runc and busybox-static: runs a container"]
 fn delete_waits_for_the_daemon_before_the_id_is_reused() {
