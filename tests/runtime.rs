@@ -303,6 +303,42 @@ fn runc_run_and_delete_force() {
     assert!(!alive(daemon) && !s.state_dir().join(&id).exists());
 }
 
+/// Rule (issue 17, the teardown that the benchmark's cuts must keep): a delete returns only once
+/// the container's daemon, its keeper and its server, has exited, so that a create of the same
+/// id right after (`podman restart`) can never have the old keeper unmount the new mount or the
+/// old server write into the new directory; the new container's mount stays.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs a container"]
+fn delete_waits_for_the_daemon_before_the_id_is_reused() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Setup::new(Runtime::Runc, json!({"devremap.io/enable": "true"}));
+    let id = format!("wrapped-reuse-{}", std::process::id());
+    let _delete = Deleting(&s, id.clone());
+    let bundle = arg(s.bundle.dir()).to_owned();
+    let dir = s.state_dir().join(&id);
+    let server_pid = || {
+        let state: Value = serde_json::from_slice(&fs::read(dir.join("state.json")).ok()?).ok()?;
+        state["server_pid"].as_u64().map(|p| p as u32)
+    };
+    for round in ["first", "second"] {
+        let out = s.run(&["create", "--bundle", &bundle, &id]);
+        assert_ok(&out, &format!("the {round} create"), &s, &id);
+        let (daemon, server) = (s.daemon_pid(&id), wait_for("the server's pid in the state file", server_pid));
+        assert!(alive(daemon) && alive(server));
+        let out = s.run(&["delete", "--force", &id]);
+        assert_ok(&out, &format!("the {round} delete"), &s, &id);
+        // No wait here: the delete itself waited.
+        assert!(!alive(daemon) && !alive(server), "delete returned while the {round} daemon still ran");
+        assert!(!dir.exists());
+    }
+    let out = s.run(&["create", "--bundle", &bundle, &id]);
+    assert_ok(&out, "the create after two deletes", &s, &id);
+    assert!(is_mounted(&dir.join("dev")) && alive(s.daemon_pid(&id)), "the new container's mount stays");
+    let out = s.run(&["delete", "--force", &id]);
+    assert_ok(&out, "the last delete", &s, &id);
+}
+
 /// Rule (issue 12.3): a bad annotation or config is one clear error, also in the runtime's
 /// `--log` where containerd reads it, and leaves no container, no daemon, no directory and the
 /// spec as it was.

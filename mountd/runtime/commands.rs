@@ -1,0 +1,87 @@
+//! `restore`, `checkpoint` and `delete`, which add to what the runtime does around a devremap
+//! container.
+
+use crate::error::Failure;
+use crate::procs::Host;
+use crate::runner::{exec, report, run_runtime, runtime_knows};
+use crate::start::{Restoring, start};
+use crate::{RECORD_FILE, absolute};
+use devremap::io_message;
+use devremap::runtime::argv::{self, Invocation};
+use devremap::runtime::config::Config;
+use devremap::runtime::container_daemon::{Container, Found};
+use std::path::{Path, PathBuf};
+
+/// The image directory of a checkpoint or restore: `--image-path`, else runc's default
+/// `./checkpoint`.
+fn image_dir(inv: &Invocation) -> Result<PathBuf, Failure> {
+    absolute(inv.command_args().image_path.as_deref().unwrap_or("checkpoint"))
+}
+
+pub fn restore(config: &Config, inv: &Invocation) -> Result<u8, Failure> {
+    let image = image_dir(inv)?;
+    let metadata = [RECORD_FILE, "checkpoint.img"].iter().map(|f| image.join(f)).find(|p| p.is_file());
+    start(config, inv, Some(Restoring { metadata }))
+}
+
+/// Records the GPUs of a devremap container into the image directory, then checkpoints.
+pub fn checkpoint(config: &Config, inv: &Invocation) -> Result<u8, Failure> {
+    let id = inv.command_args().id.filter(|id| argv::valid_id(id));
+    if let Some(id) = id
+        && let container = Container::new(&config.state_dir, &id)
+        && container.exists()
+        && container.other_root(inv.root.as_deref()).is_none()
+    {
+        record(config, inv, &id, &container)?;
+    }
+    Err(exec(config, inv.original()))
+}
+
+/// Writes `<image>/devremap-gpus.json` for container `id`.
+fn record(config: &Config, inv: &Invocation, id: &str, container: &Container) -> Result<(), Failure> {
+    let lost = |what: &str| Failure::Container { id: id.to_owned(), what: what.into() };
+    let state = runtime_knows(config, inv, id).ok_or_else(|| lost("the runtime does not know it"))?;
+    let bundle = state["bundle"].as_str().ok_or_else(|| lost("the runtime's state names no bundle"))?;
+    let image = image_dir(inv)?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .create(&image)
+        .map_err(|e| Failure::at(image.display(), io_message(&e)))?;
+    // As `devremapd record --metadata PREV`: a container restored with metadata carries the
+    // names it was given into the record; the restore was judged then, not here.
+    let sources = devremap::inputs::load::Sources {
+        metadata: container.restored_metadata(),
+        spec: Some(Path::new(bundle).join("config.json")),
+        host_dev: config.host_dev.clone(),
+        host_root: config.host_root.clone(),
+        ..Default::default()
+    };
+    let loaded = devremap::inputs::load::load_unchecked(&sources)?;
+    // As `devremapd record` does: the record still pairs by minor, but say what it lacks.
+    for gap in devremap::decision::record::gaps(&loaded.plan) {
+        report(inv, "warning", &format!("{}: {gap}", config.host_root.display()));
+    }
+    let text = format!("{:#}\n", devremap::decision::record::devices(&loaded.plan, sources.metadata.is_some()));
+    devremap::atomic::replace_file(&image.join(RECORD_FILE), text.as_bytes())?;
+    Ok(())
+}
+
+/// Deletes through the runtime, then, once the runtime no longer knows the container, stops
+/// its daemon and removes its directory (also when the runtime's delete failed because the
+/// container never got made).
+pub fn delete(config: &Config, inv: &Invocation) -> Result<u8, Failure> {
+    let code = run_runtime(config, &inv.original())?;
+    if let Some(id) = inv.command_args().id.filter(|id| argv::valid_id(id)) {
+        let container = Container::new(&config.state_dir, &id);
+        if container.exists() {
+            // Not a container another wrapper is setting up or running, nor another root's.
+            let _claiming = container.lock_state_dir()?;
+            if let Found::Idle = container.found(inv.root.as_deref())?
+                && runtime_knows(config, inv, &id).is_none()
+            {
+                container.teardown(None, &Host)?;
+            }
+        }
+    }
+    Ok(code)
+}

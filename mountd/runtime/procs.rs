@@ -1,0 +1,35 @@
+//! What the library's daemon start and stop need that takes `unsafe`
+//! ([`devremap::runtime::container_daemon::Processes`]): detaching the daemon before its exec,
+//! and pidfds.
+
+use devremap::runtime::container_daemon::Processes;
+use std::os::fd::OwnedFd;
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+
+pub struct Host;
+
+impl Processes for Host {
+    fn detach(&self, cmd: &mut Command) {
+        // The daemon must not share our session (a terminal's ^C) nor hold a descriptor of our
+        // caller's (containerd waits for EOF on the runtime's output pipes). Descriptors are
+        // marked close-on-exec rather than closed, so that the pipe `spawn` reports a failed
+        // exec through stays open; closing is the fallback before Linux 5.11.
+        // SAFETY: the closure runs in the forked child before exec, and calls only setsid and
+        // close_range, which are async-signal-safe, allocate nothing and touch only the child.
+        unsafe {
+            cmd.pre_exec(|| {
+                let _ = nix::unistd::setsid();
+                let (first, last) = (3u32, u32::MAX);
+                if libc::syscall(libc::SYS_close_range, first, last, libc::CLOSE_RANGE_CLOEXEC) != 0 {
+                    libc::syscall(libc::SYS_close_range, first, last, 0u32);
+                }
+                Ok(())
+            });
+        }
+    }
+
+    fn exit_watch(&self, pid: u32) -> Option<OwnedFd> {
+        crate::pidfd::pidfd_open(pid).ok()
+    }
+}

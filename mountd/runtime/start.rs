@@ -1,0 +1,192 @@
+//! `create`, `run` and `restore` of a container that asks for devremap: claim the id (tearing
+//! down a killed wrapper's leftover), decide from the spec, set up the container's directory and
+//! daemon, run the runtime on our bundle, and undo everything if that fails.
+
+use crate::error::Failure;
+use crate::procs::Host;
+use crate::runner::{exec, report, run_runtime, runtime_knows};
+use crate::{RECORD_FILE, absolute, arg_of};
+use devremap::runtime::annotations::{self, Request};
+use devremap::runtime::argv::{self, Invocation};
+use devremap::runtime::config::Config;
+use devremap::runtime::container_daemon::{Container, DaemonArgs, DaemonError, Found, Lock};
+use devremap::runtime::oci_patch::{self, PatchError};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Child;
+
+/// What `start` needs to know beyond the command line.
+pub struct Restoring {
+    /// The checkpoint's metadata: the image's record, or a gVisor state file.
+    pub metadata: Option<PathBuf>,
+}
+
+/// What a spec that asks for devremap gets.
+struct Wanted {
+    request: Request,
+    /// The caller's spec, its `/dev` pointed at the mount and its paths made absolute.
+    patched: Value,
+    metadata: Option<PathBuf>,
+}
+
+/// `create`, `run` and `restore` of a container that asks for devremap; the runtime alone for
+/// one that does not.
+pub fn start(config: &Config, inv: &Invocation, restoring: Option<Restoring>) -> Result<u8, Failure> {
+    let c = inv.command_args();
+    let Some(id) = c.id.clone() else { return Err(exec(config, inv.original())) };
+    let container = argv::valid_id(&id).then(|| Container::new(&config.state_dir, &id));
+    // A killed wrapper's leftover for this id is torn down before anything is set up.
+    let claimed = match container.as_ref().filter(|c| c.exists()) {
+        Some(container) => Some(claim(config, inv, container)?),
+        None => None,
+    };
+    let Some((container, wanted)) = decide(inv, &id, container, restoring)? else {
+        return Err(exec(config, inv.original()));
+    };
+    // Claiming the id and tearing down a leftover happen under the state dir's lock; the
+    // container's own lock, held until this wrapper ends, tells others it is not a leftover.
+    let claiming = match claimed {
+        Some(lock) => lock,
+        None => claim(config, inv, &container)?,
+    };
+    let pid_file = match &c.pid_file {
+        Some(p) => absolute(p)?,
+        None => container.default_container_pid_file(),
+    };
+    let pid_file_arg = arg_of(&pid_file)?;
+    let devremapd = devremapd_path(config)?;
+    let _mine = container.prepare(inv.root.as_deref()).map_err(|e| undo(&container, None, e.into()))?;
+    drop(claiming);
+    let daemon = set_up(config, &container, wanted, &devremapd, &pid_file).map_err(|e| undo(&container, None, e))?;
+    let args = arg_of(&container.bundle()).map(|b| inv.with_bundle(&b, &pid_file_arg));
+    let code = match args.and_then(|args| run_runtime(config, &args)) {
+        Ok(code) => code,
+        Err(e) => return Err(undo(&container, Some(daemon), e)),
+    };
+    let foreground = inv.command.as_deref() != Some("create") && !c.detach;
+    if code != 0 || (foreground && !c.keep) {
+        // Failed, or a foreground container ended and the runtime deleted it.
+        container.teardown(Some(daemon), &Host)?;
+    }
+    Ok(code)
+}
+
+/// Whether the spec gets devremap, and the container and patched spec if so; `None` for the
+/// runtime alone (a spec we cannot read or parse is the runtime's to refuse, in its own words).
+fn decide(
+    inv: &Invocation,
+    id: &str,
+    container: Option<Container>,
+    restoring: Option<Restoring>,
+) -> Result<Option<(Container, Wanted)>, Failure> {
+    let bundle = absolute(inv.command_args().bundle.as_deref().unwrap_or("."))?;
+    let spec_path = bundle.join("config.json");
+    let Some(original) = read_spec(&spec_path) else { return Ok(None) };
+    let Ok(value) = serde_json::from_slice::<Value>(&original) else { return Ok(None) };
+    if annotations::is_sandbox(&value) {
+        return Ok(None);
+    }
+    let s = spec_path.display();
+    let request = annotations::parse(&value).map_err(|e| Failure::at(&s, e))?;
+    // Only whether the spec wants GPUs matters here, not what its bind mounts are onto.
+    let view = match devremap::inputs::spec::parse(&original, &|_| false) {
+        Ok(v) => v,
+        Err(e) if request.enable == Some(true) => return Err(Failure::at(&s, e)),
+        Err(e) => return Ok(without_devremap(inv, &format!("{s}: {e}"))),
+    };
+    let metadata = restoring.and_then(|r| r.metadata);
+    let recorded = metadata.as_ref().is_some_and(|m| m.ends_with(RECORD_FILE));
+    if !(request.wanted(&view) || (recorded && request.enable != Some(false))) {
+        return Ok(None);
+    }
+    let Some(container) = container else { return Err(Failure::BadId(id.to_owned())) };
+    // The spec is patched before anything is set up: one that binds its own /dev is refused
+    // when devremap was asked for, and runs without it otherwise (issue 17.6).
+    let dev = container.dev();
+    let dev = dev.to_str().ok_or_else(|| Failure::at(dev.display(), "not a UTF-8 path"))?;
+    let patched = oci_patch::patch(&value, dev).and_then(|mut p| {
+        oci_patch::relocate(&mut p, &bundle)?;
+        Ok(p)
+    });
+    match patched {
+        Ok(patched) => Ok(Some((container, Wanted { request, patched, metadata }))),
+        Err(e @ (PatchError::DevBound { .. } | PatchError::BundleNotUtf8(_))) if request.enable != Some(true) => {
+            Ok(without_devremap(inv, &format!("{s}: {e}")))
+        }
+        Err(e) => Err(Failure::at(&s, e)),
+    }
+}
+
+/// Writes our bundle, keeps a restore's metadata, and starts the daemon, which answers when
+/// this returns.
+fn set_up(
+    config: &Config,
+    container: &Container,
+    wanted: Wanted,
+    devremapd: &Path,
+    pid_file: &Path,
+) -> Result<Child, Failure> {
+    let ours = container.write_bundle(&format!("{:#}\n", wanted.patched))?;
+    let metadata = wanted.metadata.map(|m| container.keep_metadata(&m)).transpose()?;
+    let args = DaemonArgs {
+        devremapd,
+        spec: &ours,
+        host_dev: config.host_dev.as_deref(),
+        host_root: &config.host_root,
+        metadata: metadata.as_deref(),
+        extra: wanted.request.daemon_args(),
+        container_pid_file: pid_file,
+    };
+    Ok(container.start_daemon(&args, &Host)?)
+}
+
+/// The runtime alone, saying why: devremap was not asked for by name and the spec cannot have
+/// it. Always `None` (run the runtime unchanged).
+fn without_devremap<T>(inv: &Invocation, why: &str) -> Option<T> {
+    report(inv, "warning", &format!("{why}; running without devremap"));
+    None
+}
+
+fn devremapd_path(config: &Config) -> Result<PathBuf, Failure> {
+    if let Some(p) = &config.devremapd {
+        return Ok(p.clone());
+    }
+    let me = std::env::current_exe().map_err(Failure::OwnExe)?;
+    Ok(me.with_file_name("devremapd"))
+}
+
+/// Takes the state dir's lock to claim `container`'s id, and tears down a killed wrapper's
+/// leftover directory for it; refuses an id another wrapper holds or another runtime root
+/// uses. Replaces this process with the runtime when the runtime already knows the id (it
+/// refuses it in its own words).
+fn claim(config: &Config, inv: &Invocation, container: &Container) -> Result<Lock, Failure> {
+    let lock = container.lock_state_dir()?;
+    if !container.exists() {
+        return Ok(lock);
+    }
+    let id = container.dir.file_name().unwrap_or_default().to_string_lossy().into_owned();
+    let refused = |what: String| Err(Failure::Container { id: id.clone(), what });
+    match container.found(inv.root.as_deref())? {
+        Found::Busy => refused("another devremap-runtime is setting it up or running it".into()),
+        Found::OtherRoot(theirs) => refused(format!(
+            "the id is in use by a devremap container of runtime root {theirs:?} (ids are unique per root only)"
+        )),
+        Found::Idle if runtime_knows(config, inv, &id).is_some() => Err(exec(config, inv.original())),
+        // Left by a wrapper killed mid-way: its container never ran or is gone.
+        Found::Idle => Ok(container.teardown(None, &Host).map(|()| lock)?),
+    }
+}
+
+/// Undoes a half-made start: stops the daemon and removes the directory; returns `why`, with
+/// what could not be undone.
+fn undo(container: &Container, daemon: Option<Child>, why: Failure) -> Failure {
+    let cleanup: Vec<DaemonError> = container.teardown(daemon, &Host).err().into_iter().collect();
+    if cleanup.is_empty() { why } else { Failure::Undone { why: Box::new(why), cleanup } }
+}
+
+fn read_spec(path: &Path) -> Option<Vec<u8>> {
+    let mut file = devremap::inputs::files::open_regular(path).ok()?;
+    let mut buf = Vec::new();
+    devremap::inputs::files::read_up_to(&mut file, devremap::inputs::metadata::MAX_METADATA_LEN, &mut buf).ok()?;
+    Some(buf)
+}

@@ -1,0 +1,186 @@
+//! The daemon of one container: `devremapd mount` started on the container's `dev/`, waited
+//! for until its mount answers, and stopped at the container's end.
+//!
+//! A stop is `SIGTERM` (the keeper unmounts, tells its server, waits for it) and a wait for
+//! the keeper's exit, `SIGKILL` after [`PATIENCE`]: waiting is what keeps a quick delete and
+//! create of one id (`podman restart`) from having the old keeper unmount, by path, the new
+//! container's mount. (Killing the keeper and its servers at once instead, and waiting for them,
+//! was measured against this in issue 17's benchmark and saved nothing.)
+
+use super::{Container, DaemonError, io_at};
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use std::fs;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a daemon may take to answer, and to stop.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// What the library needs done that takes `unsafe`, which it forbids: given by the front end.
+pub trait Processes {
+    /// Makes `cmd` start its process detached from the front end: in a session of its own (no
+    /// terminal's ^C), and holding none of the front end's descriptors (a caller such as
+    /// containerd waits for EOF on the runtime's output pipes).
+    fn detach(&self, cmd: &mut Command);
+    /// A descriptor that becomes readable once process `pid` has exited (a pidfd), or `None`
+    /// where there is none (before Linux 5.3, or the process is gone).
+    fn exit_watch(&self, pid: u32) -> Option<OwnedFd>;
+}
+
+/// What the daemon is started with.
+pub struct DaemonArgs<'a> {
+    pub devremapd: &'a Path,
+    pub spec: &'a Path,
+    pub host_dev: Option<&'a Path>,
+    pub host_root: &'a Path,
+    pub metadata: Option<&'a Path>,
+    /// `--device-map` and `--prefer` from the annotations.
+    pub extra: Vec<String>,
+    /// The runtime's pid file of the container's init.
+    pub container_pid_file: &'a Path,
+}
+
+impl Container {
+    /// Starts `devremapd mount` on `dev/`, detached (its own session, stdio to its log file, no
+    /// inherited descriptors), and waits until its mount answers (its pid file appears).
+    pub fn start_daemon(&self, a: &DaemonArgs, procs: &dyn Processes) -> Result<Child, DaemonError> {
+        let log = fs::File::create(self.log()).map_err(io_at(&self.log()))?;
+        let log2 = log.try_clone().map_err(io_at(&self.log()))?;
+        let mut cmd = Command::new(a.devremapd);
+        cmd.arg("mount")
+            .arg(self.dev())
+            .arg("--spec")
+            .arg(a.spec)
+            .arg("--host-root")
+            .arg(a.host_root)
+            .arg("--pid-file")
+            .arg(self.pid_file())
+            .arg("--state-file")
+            .arg(self.dir.join("state.json"))
+            .arg("--container-pid-file")
+            .arg(a.container_pid_file)
+            .arg("--owner-pid")
+            .arg(std::process::id().to_string())
+            .args(&a.extra)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log2);
+        if let Some(dev) = a.host_dev {
+            cmd.arg("--host-dev").arg(dev);
+        }
+        if let Some(meta) = a.metadata {
+            cmd.arg("--metadata").arg(meta);
+        }
+        procs.detach(&mut cmd);
+        // Watched before the spawn, so that the pid file's arrival cannot be missed.
+        let watch_failed = |errno| DaemonError::Watch { path: self.dir.clone(), errno };
+        let inotify = Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK).map_err(watch_failed)?;
+        inotify.add_watch(&self.dir, AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO).map_err(watch_failed)?;
+        let mut child =
+            cmd.spawn().map_err(|source| DaemonError::Spawn { path: a.devremapd.to_owned(), source })?;
+        match self.wait_ready(&mut child, &inotify, procs) {
+            Ok(()) => Ok(child),
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                Err(e)
+            }
+        }
+    }
+
+    /// Waits until the daemon's pid file appears (its mount answers), woken by the directory's
+    /// events and the daemon's exit rather than by a timer: the wait costs no more than the
+    /// daemon's start (issue 17's benchmark).
+    fn wait_ready(&self, child: &mut Child, inotify: &Inotify, procs: &dyn Processes) -> Result<(), DaemonError> {
+        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        let exited = procs.exit_watch(child.id());
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if self.pid_file().exists() {
+                return Ok(());
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(DaemonError::Exited { status, log: self.last_log_line() });
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(DaemonError::NoAnswer { secs: PATIENCE.as_secs(), log: self.last_log_line() });
+            }
+            let mut fds = vec![PollFd::new(inotify.as_fd(), PollFlags::POLLIN)];
+            fds.extend(exited.as_ref().map(|fd| PollFd::new(fd.as_fd(), PollFlags::POLLIN)));
+            // Without a pidfd (before Linux 5.3) the child's exit is looked at every 100 ms.
+            let _ =
+                poll(&mut fds, PollTimeout::try_from(left.min(Duration::from_millis(100))).unwrap_or(PollTimeout::MAX));
+            // Drained only to rearm the wakeup: which name appeared is checked above.
+            let _ = inotify.read_events();
+        }
+    }
+
+    fn last_log_line(&self) -> String {
+        let text = fs::read_to_string(self.log()).unwrap_or_default();
+        text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("(no log)").to_owned()
+    }
+
+    /// Stops the daemon (if it still runs) and waits for its exit, detaches whatever is left
+    /// mounted on `dev/`, and removes the directory. `child` is the daemon when this process
+    /// started it (to reap it).
+    pub fn teardown(&self, child: Option<Child>, procs: &dyn Processes) -> Result<(), DaemonError> {
+        if let Some(pid) = self.daemon_pid() {
+            stop(pid, procs);
+        }
+        if let Some(mut child) = child {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        // A daemon that was killed leaves a dead FUSE mount; a live one has unmounted already.
+        // EINVAL when nothing is mounted there.
+        let _ = nix::mount::umount2(&self.dev(), nix::mount::MntFlags::MNT_DETACH);
+        match fs::remove_dir_all(&self.dir) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(DaemonError::Remove { path: self.dir.clone(), source: e }),
+            _ => Ok(()),
+        }
+    }
+
+    /// The daemon's pid, if its pid file names a live process serving this mountpoint.
+    fn daemon_pid(&self) -> Option<u32> {
+        let pid = crate::inputs::files::read_pid(&self.pid_file()).filter(|&p| p > 1)?;
+        serves(pid, &self.dev()).then_some(pid)
+    }
+}
+
+/// Whether process `pid`'s command line names `dev` (a `devremapd` of this mountpoint).
+fn serves(pid: u32, dev: &Path) -> bool {
+    let Ok(cmdline) = fs::read(format!("/proc/{pid}/cmdline")) else { return false };
+    let dev = dev.as_os_str().as_encoded_bytes();
+    cmdline.split(|&b| b == 0).any(|arg| arg == dev)
+}
+
+/// SIGTERM, then waits for the process to exit (SIGKILL after [`PATIENCE`]), through a pidfd.
+fn stop(pid: u32, procs: &dyn Processes) {
+    let watch = procs.exit_watch(pid);
+    let pid = Pid::from_raw(pid as libc::pid_t);
+    // The pid was checked to be our daemon's; an error means it has exited already.
+    let _ = kill(pid, Signal::SIGTERM);
+    // No pidfd: the process is gone already (or the kernel has none: then no wait, as before).
+    if watch.is_some_and(|fd| !exited(&fd, PATIENCE)) {
+        let _ = kill(pid, Signal::SIGKILL);
+    }
+}
+
+/// Whether the pidfd `fd` becomes readable (its process exits) within `timeout`.
+fn exited(fd: &OwnedFd, timeout: Duration) -> bool {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+    let timeout = PollTimeout::try_from(timeout).unwrap_or(PollTimeout::MAX);
+    loop {
+        match poll(&mut fds, timeout) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            rc => return rc.is_ok_and(|n| n > 0),
+        }
+    }
+}

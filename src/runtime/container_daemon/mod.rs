@@ -1,0 +1,246 @@
+//! A container's devremap state and its daemon, for any front end that starts one `devremapd
+//! mount` per container (the OCI runtime wrapper `devremap-runtime` is one; an NRI plugin or a
+//! CRIU action script would be others): `<state_dir>/<id>/` holding the mountpoint `dev/`, the
+//! daemon's pid, state and log files, the default pid file of the container's init, the front
+//! end's own bundle `bundle/config.json` (the caller's spec with its `/dev` pointed at the
+//! mount; the caller's bundle is never written), and a restore's metadata copied from the
+//! client's checkpoint directory (`restore/`), which the client may remove while the container
+//! runs: the daemon reads all its inputs from here, at every reload and after a crash. The
+//! daemon's start and stop are in [`daemon`].
+//!
+//! Assumptions: only root writes under `<state_dir>`, which is made a root-owned directory of
+//! mode 0700 (or checked to be root's and writable by no one else), so a pid file found there
+//! was written by a daemon we started; still, a pid is signalled only if `/proc/<pid>/cmdline`
+//! names this container's mountpoint, so a stale file whose pid was reused never makes us
+//! signal another process. The library forbids `unsafe`: what needs it (detaching the daemon
+//! before its exec, a pidfd) the front end gives through [`Processes`].
+
+mod daemon;
+
+pub use daemon::{DaemonArgs, Processes};
+
+use crate::io_message;
+use nix::errno::Errno;
+use nix::fcntl::{Flock, FlockArg};
+use std::fs::{self, DirBuilder};
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
+
+/// What to do about a refused state dir, said after every refusal: the operator's fix.
+const FIX: &str =
+    "set the config's state_dir to a directory of root's that no one else can write (default /run/devremap)";
+
+/// What went wrong with a container's directory or its daemon; every message names the file or
+/// the program at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("{}: {}", path.display(), io_message(source))]
+    Io { path: PathBuf, source: io::Error },
+    #[error("{}: {why}", path.display())]
+    Read { path: PathBuf, why: crate::inputs::files::FileError },
+    #[error(transparent)]
+    Write(#[from] crate::atomic::WriteError),
+    #[error("{}: cannot lock: {}", path.display(), errno.desc())]
+    Lock { path: PathBuf, errno: Errno },
+    #[error("{}: cannot remove: {}", path.display(), io_message(source))]
+    Remove { path: PathBuf, source: io::Error },
+    /// The config's `state_dir` could not be made, or is not private to root.
+    #[error("state_dir {}: {what}", path.display())]
+    StateDir { path: PathBuf, what: String },
+    #[error("cannot watch {}: {}", path.display(), errno.desc())]
+    Watch { path: PathBuf, errno: Errno },
+    #[error("cannot start {}: {}", path.display(), io_message(source))]
+    Spawn { path: PathBuf, source: io::Error },
+    #[error("devremapd exited ({status}) before its mount answered: {log}")]
+    Exited { status: ExitStatus, log: String },
+    #[error("devremapd did not answer within {secs} s: {log}")]
+    NoAnswer { secs: u64, log: String },
+}
+
+fn io_at(path: &Path) -> impl FnOnce(io::Error) -> DaemonError + '_ {
+    move |source| DaemonError::Io { path: path.to_owned(), source }
+}
+
+/// One container's directory.
+pub struct Container {
+    pub dir: PathBuf,
+}
+
+/// An exclusive `flock` on a directory, released when dropped (or when its holder dies).
+pub struct Lock {
+    _held: Flock<fs::File>,
+}
+
+/// Locks directory `dir`: waits for the lock when `wait`, else `None` when another process
+/// holds it.
+fn lock_dir(dir: &Path, wait: bool) -> Result<Option<Lock>, DaemonError> {
+    let file = fs::File::open(dir).map_err(io_at(dir))?;
+    let how = if wait { FlockArg::LockExclusive } else { FlockArg::LockExclusiveNonblock };
+    match Flock::lock(file, how) {
+        Ok(held) => Ok(Some(Lock { _held: held })),
+        Err((_, Errno::EWOULDBLOCK)) if !wait => Ok(None),
+        Err((_, errno)) => Err(DaemonError::Lock { path: dir.to_owned(), errno }),
+    }
+}
+
+/// Locks directory `dir`, waiting for another holder to let go.
+fn wait_lock_dir(dir: &Path) -> Result<Lock, DaemonError> {
+    // A waiting flock never answers EWOULDBLOCK, so `None` cannot come back.
+    lock_dir(dir, true)?.ok_or(DaemonError::Lock { path: dir.to_owned(), errno: Errno::EWOULDBLOCK })
+}
+
+/// What a container directory found in the state dir is to the front end that finds it.
+pub enum Found {
+    /// A front end is setting it up, or running its container in the foreground.
+    Busy,
+    /// It belongs to a container of another runtime root (`--root`), named here.
+    OtherRoot(String),
+    /// Nobody holds it: the caller may tear it down if the runtime does not know the container
+    /// (no one can claim it meanwhile: that takes the state dir's lock the caller holds).
+    Idle,
+}
+
+impl Container {
+    pub fn new(state_dir: &Path, id: &str) -> Container {
+        Container { dir: state_dir.join(id) }
+    }
+
+    /// The mountpoint, which the front end's bundle binds onto the container's `/dev`.
+    pub fn dev(&self) -> PathBuf {
+        self.dir.join("dev")
+    }
+
+    fn pid_file(&self) -> PathBuf {
+        self.dir.join("devremapd.pid")
+    }
+
+    fn log(&self) -> PathBuf {
+        self.dir.join("devremapd.log")
+    }
+
+    /// The pid file given to the runtime when its caller gave none.
+    pub fn default_container_pid_file(&self) -> PathBuf {
+        self.dir.join("container.pid")
+    }
+
+    pub fn exists(&self) -> bool {
+        fs::symlink_metadata(&self.dir).is_ok()
+    }
+
+    fn state_dir(&self) -> &Path {
+        self.dir.parent().expect("a container dir has a parent")
+    }
+
+    /// The file naming the runtime root (`--root`, empty for the runtime's default) that the
+    /// container belongs to: ids are unique per root only.
+    fn root_file(&self) -> PathBuf {
+        self.dir.join("runtime-root")
+    }
+
+    /// Makes `<state_dir>` (root-owned, 0700) if missing and locks it: the lock serialises
+    /// front ends claiming ids (`claim`, `prepare`) and tearing down leftovers.
+    pub fn lock_state_dir(&self) -> Result<Lock, DaemonError> {
+        ensure_private_dir(self.state_dir())?;
+        wait_lock_dir(self.state_dir())
+    }
+
+    /// What this existing directory is to a front end of runtime root `root` (under the state
+    /// dir's lock).
+    pub fn found(&self, root: Option<&str>) -> Result<Found, DaemonError> {
+        if lock_dir(&self.dir, false)?.is_none() {
+            return Ok(Found::Busy);
+        }
+        Ok(self.other_root(root).map_or(Found::Idle, Found::OtherRoot))
+    }
+
+    /// The runtime root this directory's container belongs to, when it is not `root`.
+    pub fn other_root(&self, root: Option<&str>) -> Option<String> {
+        // A directory without the file was left by a front end killed before writing it.
+        match crate::inputs::files::read_small_text(&self.root_file(), 4096) {
+            crate::inputs::files::SmallText::Text(theirs) if theirs != root.unwrap_or_default() => Some(theirs),
+            _ => None,
+        }
+    }
+
+    /// Makes this container's directory and mountpoint, records the runtime root, and locks
+    /// the directory for as long as the returned lock lives (under the state dir's lock).
+    pub fn prepare(&self, root: Option<&str>) -> Result<Lock, DaemonError> {
+        let mut builder = DirBuilder::new();
+        builder.mode(0o700);
+        builder.create(&self.dir).map_err(io_at(&self.dir))?;
+        let lock = wait_lock_dir(&self.dir)?;
+        builder.create(self.dev()).map_err(io_at(&self.dev()))?;
+        crate::atomic::replace_runtime_file(&self.root_file(), root.unwrap_or_default().as_bytes())?;
+        Ok(lock)
+    }
+
+    /// The metadata this container was restored with, when it was: the copy [`keep_metadata`]
+    /// made (the daemon's `--metadata`), which its next checkpoint's record carries forward
+    /// (issue 20).
+    ///
+    /// [`keep_metadata`]: Container::keep_metadata
+    pub fn restored_metadata(&self) -> Option<PathBuf> {
+        let mut entries = fs::read_dir(self.restore_dir()).ok()?.flatten();
+        entries.find(|e| e.file_type().is_ok_and(|t| t.is_file())).map(|e| e.path())
+    }
+
+    fn restore_dir(&self) -> PathBuf {
+        self.dir.join("restore")
+    }
+
+    /// The front end's bundle, which the runtime is given in place of the caller's.
+    pub fn bundle(&self) -> PathBuf {
+        self.dir.join("bundle")
+    }
+
+    /// Writes the front end's bundle: `spec`, whose paths were made absolute against the
+    /// caller's bundle, as `bundle/config.json`; returns the spec's path.
+    pub fn write_bundle(&self, spec: &str) -> Result<PathBuf, DaemonError> {
+        let dir = self.bundle();
+        DirBuilder::new().mode(0o700).create(&dir).map_err(io_at(&dir))?;
+        let path = dir.join("config.json");
+        crate::atomic::replace_runtime_file(&path, spec.as_bytes())?;
+        Ok(path)
+    }
+
+    /// Copies a restore's metadata into `restore/`, under its own name (the daemon tells the
+    /// forms apart by content; the front end by name), and returns the copy's path. At most one
+    /// byte past the metadata limit is copied, so the daemon still refuses a file too large.
+    pub fn keep_metadata(&self, from: &Path) -> Result<PathBuf, DaemonError> {
+        let read = |why| DaemonError::Read { path: from.to_owned(), why };
+        let mut file = crate::inputs::files::open_regular(from).map_err(read)?;
+        let mut bytes = Vec::new();
+        crate::inputs::files::read_up_to(&mut file, crate::inputs::metadata::MAX_METADATA_LEN + 1, &mut bytes)
+            .map_err(io_at(from))?;
+        let dir = self.restore_dir();
+        DirBuilder::new().mode(0o700).create(&dir).map_err(io_at(&dir))?;
+        let to = dir.join(from.file_name().unwrap_or("metadata".as_ref()));
+        crate::atomic::replace_runtime_file(&to, &bytes)?;
+        Ok(to)
+    }
+}
+
+/// Makes `dir` (and its missing parents) a directory of mode 0700, or checks that it is one
+/// owned by us: never a symlink, never a directory another user could write into. An existing
+/// directory is never changed: the config may name a shared one (`/run`, even `/tmp`).
+fn ensure_private_dir(dir: &Path) -> Result<(), DaemonError> {
+    // Named as the config names it: the operator's fix is there.
+    let refused = |what: String| DaemonError::StateDir { path: dir.to_owned(), what };
+    let io = |e: io::Error| refused(io_message(&e));
+    DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(io)?;
+    let meta = fs::symlink_metadata(dir).map_err(io)?;
+    if !meta.is_dir() {
+        let what = crate::inputs::files::describe(meta.mode());
+        return Err(refused(format!("is {what}, not a directory; refused: {FIX}")));
+    }
+    let me = nix::unistd::geteuid().as_raw();
+    if meta.uid() != me {
+        return Err(refused(format!("owned by uid {}, not {me}; refused: {FIX}", meta.uid())));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(refused(format!("writable by group or others; refused: {FIX}")));
+    }
+    Ok(())
+}
