@@ -28,6 +28,7 @@ use devremap::inputs::load::{self, Loaded, Sources};
 use devremap::io_message;
 use devremap::keeper::control::{self, Control, Resume};
 use devremap::keeper::fuse_wire;
+use devremap::report::Failure;
 use devremap::served::adapter::Adapter;
 use devremap::served::devfs::Devfs;
 use devremap::served::lifecycle::{End, Event, Lifecycle, Notice, Notifier, PublishError, Session, Status, warnings};
@@ -172,7 +173,7 @@ fn act(sig: i32) -> Option<Event> {
     (sig == libc::SIGHUP).then_some(Event::Reload)
 }
 
-pub fn run(args: &MountArgs) -> Result<(), String> {
+pub fn run(args: &MountArgs) -> Result<(), Failure> {
     let (tx, rx) = mpsc::channel();
     let (fuse, control) = inherited()?;
     signals::start(tx.clone(), act, " (signal the keeper, the pid in the pid file)")?;
@@ -182,7 +183,7 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
     // command the user ran (and `main` prints nothing more).
     let fail = |e: String| {
         tell(&control, &Control::Failed(e));
-        String::new()
+        Failure::Reported
     };
     let loaded = what_to_serve(&control, &sources).map_err(fail)?;
     tell(&control, &Control::Loaded(protocol()));
