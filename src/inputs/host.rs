@@ -7,7 +7,8 @@
 //! so a scan sees one directory even while a symlink to it is flipped; entries are examined
 //! with `lstat` and never followed, so a symlink under a GPU name is refused rather than
 //! resolved; only char devices count. Driver files that are not small regular files are
-//! skipped unread (one over [`INFO_LIMIT`] with a warning, since it is no file a driver writes).
+//! skipped unread (one over 64 KiB, `INFO_LIMIT`, with a warning, since it is no file a
+//! driver writes).
 
 use crate::device::{Access, Rdev};
 use crate::inputs::files::{self, SmallText};
@@ -21,7 +22,7 @@ use std::path::{Path, PathBuf};
 use thiserror::Error;
 
 /// The driver's files are a few hundred bytes; a larger one is not theirs and is skipped.
-pub const INFO_LIMIT: u64 = 64 << 10;
+const INFO_LIMIT: u64 = 64 << 10;
 
 /// A device node found on the host.
 #[derive(Debug, Clone, PartialEq, Eq)]
