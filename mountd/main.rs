@@ -15,6 +15,7 @@ use cli::{Cli, Command};
 use devremap::decision::escape::escape;
 use devremap::decision::render;
 use devremap::inputs::load;
+use devremap::report::Failure;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -56,7 +57,7 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Plan(args) => plan(&args),
-        Command::Mount(args) => keeper::run(&args),
+        Command::Mount(args) => keeper::run(&args).map_err(Failure::from),
         Command::Serve(args) => server::run(&args),
         Command::OciPatch(args) => oci_patch(&args),
         Command::Record(args) => record(&args),
@@ -67,17 +68,17 @@ fn main() -> ExitCode {
     let drained = logging::flush(Duration::from_millis(200));
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
-            // An empty message was reported already: a server's load error is the keeper's to say.
-            if drained && !message.is_empty() {
-                eprintln!("error: {}", escape(&message));
+        Err(failure) => {
+            // A server's load error is the keeper's to say: reported already.
+            if let Some(line) = failure.line().filter(|_| drained) {
+                eprintln!("error: {}", escape(&line));
             }
             ExitCode::FAILURE
         }
     }
 }
 
-fn oci_patch(args: &cli::OciPatchArgs) -> Result<(), String> {
+fn oci_patch(args: &cli::OciPatchArgs) -> Result<(), Failure> {
     let path = &args.config;
     let p = path.display();
     let text = std::fs::read_to_string(path).map_err(|e| format!("{p}: {}", devremap::io_message(&e)))?;
@@ -101,10 +102,10 @@ fn oci_patch(args: &cli::OciPatchArgs) -> Result<(), String> {
     if out == text {
         return Ok(());
     }
-    devremap::atomic::replace_file(path, out.as_bytes()).map_err(|e| e.to_string())
+    devremap::atomic::replace_file(path, out.as_bytes()).map_err(|e| Failure::Message(e.to_string()))
 }
 
-fn plan(args: &cli::PlanArgs) -> Result<(), String> {
+fn plan(args: &cli::PlanArgs) -> Result<(), Failure> {
     // A refusal, a failed check's too, is the one error line and nothing on stdout; with
     // `--relax` the JSON's `checks` say what every check found.
     let loaded = load::load(&args.inputs.sources()).map_err(|e| e.to_string())?;
@@ -117,7 +118,7 @@ fn plan(args: &cli::PlanArgs) -> Result<(), String> {
     Ok(())
 }
 
-fn record(args: &cli::RecordArgs) -> Result<(), String> {
+fn record(args: &cli::RecordArgs) -> Result<(), Failure> {
     let sources = load::Sources {
         metadata: args.metadata.clone(),
         spec: Some(args.spec.clone()),
@@ -146,7 +147,7 @@ fn record(args: &cli::RecordArgs) -> Result<(), String> {
     Ok(())
 }
 
-fn cuda_device_map(args: &cli::InputArgs) -> Result<(), String> {
+fn cuda_device_map(args: &cli::InputArgs) -> Result<(), Failure> {
     let loaded = load::load(&args.sources()).map_err(|e| e.to_string())?;
     let map = devremap::decision::cuda_map::device_map(&loaded.plan).map_err(|e| {
         // A restored GPU's UUID comes from the host's driver files, a saved one's from the checkpoint.

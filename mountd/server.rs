@@ -28,6 +28,7 @@ use devremap::inputs::load::{self, Loaded, Sources};
 use devremap::io_message;
 use devremap::keeper::control::{self, Control, Resume};
 use devremap::keeper::fuse_wire;
+use devremap::report::Failure;
 use devremap::served::adapter::Adapter;
 use devremap::served::devfs::Devfs;
 use devremap::served::lifecycle::{End, Event, Lifecycle, Notice, Notifier, PublishError, Session, Status, warnings};
@@ -172,7 +173,7 @@ fn act(sig: i32) -> Option<Event> {
     (sig == libc::SIGHUP).then_some(Event::Reload)
 }
 
-pub fn run(args: &MountArgs) -> Result<(), String> {
+pub fn run(args: &MountArgs) -> Result<(), Failure> {
     let (tx, rx) = mpsc::channel();
     let (fuse, control) = inherited()?;
     signals::start(tx.clone(), act, " (signal the keeper, the pid in the pid file)")?;
@@ -182,50 +183,19 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
     // command the user ran (and `main` prints nothing more).
     let fail = |e: String| {
         tell(&control, &Control::Failed(e));
-        String::new()
+        Failure::Reported
     };
     let loaded = what_to_serve(&control, &sources).map_err(fail)?;
     tell(&control, &Control::Loaded(protocol()));
 
     let devfs = Arc::new(Devfs::new(loaded.plan.tree.clone()));
-    let retired_tx = tx.clone();
-    let on_retired = Box::new(move || {
-        let _ = retired_tx.send(Event::Retired);
-    });
-    let adapter = hooks(Adapter::new(devfs.clone(), Duration::from_secs(args.ttl), Some(on_retired)));
-    let mut config = Config::default();
-    config.acl = SessionACL::All;
-    config.n_threads = Some(args.threads.into());
-    // Answers the INIT the keeper sends: the kernel's, or its replay.
-    let session = fuser::Session::from_fd(adapter, fuse, SessionACL::All, config)
-        .map_err(|e| fail(format!("the FUSE handshake through the keeper failed: {}", io_message(&e))))?;
+    let session = handshake(args, &devfs, fuse, &tx).map_err(fail)?;
     stall_before_resume();
     let resume = read_payload(&control, None)
         .and_then(|payload| Resume::parse(&payload).map_err(|e| format!("from the keeper: {e}")))
         .map_err(fail)?;
     let resumed = (!resume.is_first()).then(|| devfs.resume(&resume.held, resume.generation));
-    // From now on one thread reads the control socket: the keeper's answers go to who waits
-    // for them, its requests become events.
-    let (answers_tx, answers) = mpsc::channel();
-    let (proceed_tx, proceed) = mpsc::channel();
-    let (control_tx, control_rx) = (tx.clone(), control.clone());
-    std::thread::Builder::new()
-        .name("control".into())
-        .spawn(move || {
-            while let Ok(message) = receive(&control_rx) {
-                match message {
-                    Control::Invalidated(errno) => drop(answers_tx.send(errno)),
-                    Control::Proceed => drop(proceed_tx.send(())),
-                    Control::Refused(e) => drop(control_tx.send(Event::Refused(e))),
-                    // The daemon stops: the state file goes with it.
-                    Control::Stop => drop(control_tx.send(Event::Stop("the keeper stops the mount".into()))),
-                    // Replaced: end before the successor writes its state file.
-                    Control::Retire => drop(control_tx.send(Event::Ended(Ok(())))),
-                    _ => {}
-                }
-            }
-        })
-        .map_err(|e| fail(format!("cannot start the control thread: {e}")))?;
+    let (answers, proceed) = read_control(&control, &tx).map_err(fail)?;
     let notifier = Invalidator { control: control.clone(), answers };
     let session_tx = tx.clone();
     std::thread::Builder::new()
@@ -249,27 +219,7 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
         let previous = resume.previous_plan.as_deref().and_then(|p| Loaded::from_bytes(p.as_bytes()).ok());
         life.resumed(resumed, &resume.from, resume.last_error.clone(), previous.as_ref());
     }
-    wait_answering(&args.mountpoint).map_err(fail)?;
-    // The keeper writes the pid file now, before the state file is.
-    tell(&control, &Control::Answering);
-    proceed.recv().map_err(|_| fail("the keeper did not answer".into()))?;
-    if resumed.is_some() {
-        life.ready_after_takeover();
-    } else {
-        life.ready().map_err(|e| fail(e.to_string()))?;
-    }
-    if resumed.is_none() {
-        let current = life.current();
-        info!(
-            "serving {}: generation 1, nodes: {}, remapped GPUs: {} (keeper pid {}, server pid {}){}",
-            args.mountpoint.display(),
-            current.plan.tree.len() - 1,
-            current.plan.remap.iter().filter(|e| e.served).count(),
-            nix::unistd::getppid(),
-            std::process::id(),
-            warnings(current)
-        );
-    }
+    become_ready(&mut life, args, &control, &proceed, resumed.is_some()).map_err(fail)?;
     let keeper = nix::unistd::getppid();
     // Ends when the keeper says the daemon stops, or retires us, or when the session does (the
     // keeper closed the socket: an upgrade, its death).
@@ -282,6 +232,84 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
     if logging::dropped() > 0 {
         log::warn!("{} log lines were dropped: stderr was not being read", logging::dropped());
     }
+    Ok(())
+}
+
+/// The FUSE session on the keeper's relay: answers the INIT the keeper sends (the kernel's, or
+/// its replay). A retired node the kernel forgets becomes an event.
+fn handshake(
+    args: &MountArgs,
+    devfs: &Arc<Devfs>,
+    fuse: OwnedFd,
+    events: &Sender<Event>,
+) -> Result<fuser::Session<Adapter>, String> {
+    let retired_tx = events.clone();
+    let on_retired = Box::new(move || {
+        let _ = retired_tx.send(Event::Retired);
+    });
+    let adapter = hooks(Adapter::new(devfs.clone(), Duration::from_secs(args.ttl), Some(on_retired)));
+    let mut config = Config::default();
+    config.acl = SessionACL::All;
+    config.n_threads = Some(args.threads.into());
+    fuser::Session::from_fd(adapter, fuse, SessionACL::All, config)
+        .map_err(|e| format!("the FUSE handshake through the keeper failed: {}", io_message(&e)))
+}
+
+/// From now on one thread reads the control socket: the keeper's answers go to who waits for
+/// them (the invalidations' errnos, and its go-ahead to declare readiness), its requests become
+/// events.
+fn read_control(control: &Arc<OwnedFd>, events: &Sender<Event>) -> Result<(Receiver<i32>, Receiver<()>), String> {
+    let (answers_tx, answers) = mpsc::channel();
+    let (proceed_tx, proceed) = mpsc::channel();
+    let (control_tx, control_rx) = (events.clone(), control.clone());
+    std::thread::Builder::new()
+        .name("control".into())
+        .spawn(move || {
+            while let Ok(message) = receive(&control_rx) {
+                match message {
+                    Control::Invalidated(errno) => drop(answers_tx.send(errno)),
+                    Control::Proceed => drop(proceed_tx.send(())),
+                    Control::Refused(e) => drop(control_tx.send(Event::Refused(e))),
+                    // The daemon stops: the state file goes with it.
+                    Control::Stop => drop(control_tx.send(Event::Stop("the keeper stops the mount".into()))),
+                    // Replaced: end before the successor writes its state file.
+                    Control::Retire => drop(control_tx.send(Event::Ended(Ok(())))),
+                    _ => {}
+                }
+            }
+        })
+        .map_err(|e| format!("cannot start the control thread: {e}"))?;
+    Ok((answers, proceed))
+}
+
+/// Readiness, once the mount answers through us: the keeper writes the pid file, then says to
+/// proceed, and the state file is written (taking over: as the resumed generation was).
+fn become_ready(
+    life: &mut Lifecycle<Invalidator, Server>,
+    args: &MountArgs,
+    control: &OwnedFd,
+    proceed: &Receiver<()>,
+    resumed: bool,
+) -> Result<(), String> {
+    wait_answering(&args.mountpoint)?;
+    // The keeper writes the pid file now, before the state file is.
+    tell(control, &Control::Answering);
+    proceed.recv().map_err(|_| "the keeper did not answer".to_owned())?;
+    if resumed {
+        life.ready_after_takeover();
+        return Ok(());
+    }
+    life.ready().map_err(|e| e.to_string())?;
+    let current = life.current();
+    info!(
+        "serving {}: generation 1, nodes: {}, remapped GPUs: {} (keeper pid {}, server pid {}){}",
+        args.mountpoint.display(),
+        current.plan.tree.len() - 1,
+        current.plan.remap.iter().filter(|e| e.served).count(),
+        nix::unistd::getppid(),
+        std::process::id(),
+        warnings(current)
+    );
     Ok(())
 }
 

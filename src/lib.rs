@@ -6,7 +6,8 @@
 //! table, the `/dev` tree and what is shown of them; [`served`] answers the kernel with a tree
 //! and lives through reloads; [`keeper`] is the protocol of the process that holds `/dev/fuse`
 //! across server crashes and upgrades; [`runtime`] is the OCI runtime wrapper's pure part.
-//! [`device`] is the vocabulary every layer shares, [`atomic`] the one way files are written.
+//! [`device`] is the vocabulary every layer shares, [`atomic`] the one way files are written,
+//! [`report`] the one way a binary's command fails.
 //! The library only logs through `log` macros; the binaries set a logger up.
 
 #![forbid(unsafe_code)]
@@ -17,6 +18,7 @@ pub mod device;
 pub mod family;
 pub mod inputs;
 pub mod keeper;
+pub mod report;
 pub mod runtime;
 pub mod served;
 

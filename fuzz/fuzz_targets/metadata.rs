@@ -2,11 +2,15 @@
 //!
 //! Any bytes go to `metadata::parse` and `metadata::needed_len`; neither may panic. When
 //! parse succeeds the saved GPU list must be what the rest of devremap assumes: sorted by
-//! minor, no minor twice, every minor a regular GPU minor (<= 247), no non-empty UUID twice.
+//! minor, no minor twice, every minor a regular GPU minor (<= 247), no non-empty UUID twice;
+//! a GPU's `earlier_minors` sorted, regular minors, and no name (a minor or an earlier one) of
+//! two GPUs; a `model` or `driver_version` only as a fact (short, non-empty, no control
+//! character: it reaches messages).
 //! And the reader's promise holds: a reader that stops at `needed_len` bytes gets the same
 //! answer as one that read the whole file.
 #![no_main]
 
+use devremap::device::{MAX_DRIVER_VERSION_LEN, MAX_MODEL_LEN, fact_fault};
 use devremap::family::nvidia::MAX_REGULAR_MINOR;
 use devremap::inputs::metadata::{self, Format};
 use libfuzzer_sys::fuzz_target;
@@ -36,10 +40,24 @@ fuzz_target!(|data: &[u8]| {
             "gpus not strictly sorted by minor: {:?}",
             m.gpus.iter().map(|g| g.minor).collect::<Vec<_>>()
         );
-        let mut minors = BTreeSet::new();
+        let mut names = BTreeSet::new();
         for g in &m.gpus {
-            assert!(minors.insert(g.minor), "minor {} twice", g.minor);
             assert!(g.minor <= MAX_REGULAR_MINOR, "minor {} over {MAX_REGULAR_MINOR}", g.minor);
+            assert!(
+                g.earlier_minors.windows(2).all(|w| w[0] < w[1]),
+                "earlier_minors not sorted: {:?}",
+                g.earlier_minors
+            );
+            for &n in std::iter::once(&g.minor).chain(&g.earlier_minors) {
+                assert!(n <= MAX_REGULAR_MINOR, "name {n} over {MAX_REGULAR_MINOR}");
+                assert!(names.insert(n), "minor {n} names two GPUs, or one twice");
+            }
+            let facts = [(&g.model, MAX_MODEL_LEN), (&g.driver_version, MAX_DRIVER_VERSION_LEN)];
+            for (fact, max) in facts {
+                if let Some(text) = fact {
+                    assert_eq!(fact_fault(text, max), None, "{text:?} taken as a fact");
+                }
+            }
         }
         let mut uuids = BTreeSet::new();
         for g in m.gpus.iter().filter(|g| !g.uuid.is_empty()) {

@@ -7,7 +7,8 @@
 //! so a scan sees one directory even while a symlink to it is flipped; entries are examined
 //! with `lstat` and never followed, so a symlink under a GPU name is refused rather than
 //! resolved; only char devices count. Driver files that are not small regular files are
-//! skipped unread (one over [`INFO_LIMIT`] with a warning, since it is no file a driver writes).
+//! skipped unread (one over 64 KiB, `INFO_LIMIT`, with a warning, since it is no file a
+//! driver writes).
 
 use crate::device::{Access, Rdev};
 use crate::inputs::files::{self, SmallText};
@@ -21,7 +22,7 @@ use std::path::{Path, PathBuf};
 use thiserror::Error;
 
 /// The driver's files are a few hundred bytes; a larger one is not theirs and is skipped.
-pub const INFO_LIMIT: u64 = 64 << 10;
+const INFO_LIMIT: u64 = 64 << 10;
 
 /// A device node found on the host.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,7 +52,11 @@ pub enum HostError {
     BadName(PathBuf, String),
     #[error("{}: is {}, not a char device; refused", .0.display(), .1)]
     NotCharDevice(PathBuf, &'static str),
-    #[error("{}: holds more than {} NVIDIA nodes", .0.display(), limits::MAX_NODES)]
+    /// More entries named with a family's prefix (`nvidia`) than a tree can hold.
+    #[error("{}: holds more than {} entries named {}*", .0.display(), limits::MAX_NODES, .1)]
+    TooManyNamed(PathBuf, String),
+    /// More GPU and pass-through nodes, all families together, than a tree can hold.
+    #[error("{}: holds more than {} GPU and pass-through nodes", .0.display(), limits::MAX_NODES)]
     TooMany(PathBuf),
 }
 
@@ -94,7 +99,7 @@ impl DevDir {
             if let Some(name) = entry.file_name().to_str().ok().filter(|n| n.starts_with(prefix)) {
                 names.push(name.to_owned());
                 if names.len() > limits::MAX_NODES {
-                    return Err(HostError::TooMany(here));
+                    return Err(HostError::TooManyNamed(here, prefix.to_owned()));
                 }
             }
         }
@@ -142,5 +147,24 @@ pub fn small_text(path: &Path, warnings: &mut Vec<String>) -> Option<String> {
             None
         }
         SmallText::Unreadable => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Limit (security.md): a device directory with more entries under a family's prefix than
+    /// a tree can hold is refused, naming the prefix counted, not a family.
+    #[test]
+    fn too_many_entries_under_a_prefix_are_refused_by_prefix() {
+        let dir = tempfile::tempdir().unwrap();
+        for i in 0..=limits::MAX_NODES {
+            std::fs::File::create(dir.path().join(format!("amdgpu{i}"))).unwrap();
+        }
+        let mut top = DevDir::open(dir.path()).unwrap();
+        assert!(top.names("nvidia").unwrap().is_empty());
+        let e = top.names("amdgpu").unwrap_err();
+        assert_eq!(e.to_string(), format!("{}: holds more than 16384 entries named amdgpu*", dir.path().display()));
     }
 }
