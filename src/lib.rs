@@ -7,7 +7,7 @@
 //! and lives through reloads; [`keeper`] is the protocol of the process that holds `/dev/fuse`
 //! across server crashes and upgrades; [`runtime`] is the OCI runtime wrapper's pure part.
 //! [`device`] is the vocabulary every layer shares, [`atomic`] the one way files are written,
-//! [`report`] the one way a binary's command fails.
+//! [`report`] the one way a `devremapd` command fails.
 //! The library only logs through `log` macros; the binaries set a logger up.
 
 #![forbid(unsafe_code)]
