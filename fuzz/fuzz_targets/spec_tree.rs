@@ -101,12 +101,14 @@ fn extra_inputs(view: spec::SpecView, extra: &[u8]) -> Inputs {
     let metadata = (flags & 1 != 0).then(|| Metadata {
         format: Format::Array,
         gpus: saved.into_values().collect(),
+        amd: Vec::new(),
         gpu_key_present: true,
         tpus: Vec::new(),
         warnings: Vec::new(),
     });
     let dev_dir = (flags & 2 != 0).then(|| DevDirScan {
         gpus: gpus.into_iter().collect(),
+        amd: Vec::new(),
         passthrough: passthrough.into_values().collect(),
     });
     // The driver's information files name some GPUs by minor.

@@ -12,8 +12,9 @@
 //! only the directory's GPUs that `NVIDIA_VISIBLE_DEVICES` selects (see [`crate::family::nvidia::visible`]). Every error is made where its
 //! cause is known, as the variant of the input that holds it ([`PlanError::input`]).
 
+use crate::decision::amd::{self, AmdPlan};
 use crate::decision::checks::{self, CheckName, CheckResult, Side};
-use crate::decision::pairing::{self, By, MapPair, PairingError, Rule};
+use crate::decision::pairing::{self, By, DeviceRef, MapPair, PairingError, Rule};
 use crate::decision::tree::{Node, NodeKind, Tree, TreeBuilder, TreeError};
 use crate::device::{Access, DevKind, Rdev};
 use crate::family::nvidia::visible::{self, VisibleError};
@@ -102,6 +103,9 @@ pub struct Plan {
     /// Whose fault a failed `mixed` check is: the checkpoint's or the host root's.
     #[serde(skip)]
     pub mixed_input: Input,
+    /// The AMD render nodes and where the checkpoint's lead ([`amd`]).
+    #[serde(default)]
+    pub amd: AmdPlan,
 }
 
 /// Why no plan could be made from inputs that each parsed: one variant per input that can hold
@@ -139,6 +143,9 @@ pub enum PlanError {
     /// An explicit pair cannot be made.
     #[error("{0}")]
     DeviceMap(PairingError),
+    /// An explicit pair of AMD render nodes cannot be made.
+    #[error("{0}")]
+    AmdDeviceMap(crate::family::amd::pairing::PairError),
     #[error("spec device {0}")]
     SpecDevice(TreeError),
     #[error("spec mount {0}")]
@@ -170,7 +177,7 @@ impl PlanError {
             }
             PlanError::HostDevGpus(_) | PlanError::HostDevMissing(_) | PlanError::HostNode(_) => Input::HostDev,
             PlanError::DriverFilesClash { .. } => Input::HostRoot,
-            PlanError::DeviceMap(_) => Input::DeviceMap,
+            PlanError::DeviceMap(_) | PlanError::AmdDeviceMap(_) => Input::DeviceMap,
             PlanError::Check { input, .. } => *input,
         }
     }
@@ -294,13 +301,14 @@ struct Decided {
     checks: Vec<CheckResult>,
     warnings: Vec<String>,
     mixed_input: Input,
+    amd: amd::Decided,
 }
 
 /// Computes the remap table and the tree: the checks and the pairing first, then the tree in
 /// the order of the module's documentation, each step able to replace a non-directory placed by
 /// an earlier one.
 pub fn build(inputs: &Inputs) -> Result<Plan, PlanError> {
-    let Decided { restored, pairs, checks, mut warnings, mixed_input } = decide(inputs)?;
+    let Decided { restored, pairs, checks, mut warnings, mixed_input, mut amd } = decide(inputs)?;
     let mut b = TreeBuilder::default();
     place_defaults(&mut b, inputs.host.has_kcore);
     if let Some(spec) = &inputs.spec {
@@ -313,6 +321,8 @@ pub fn build(inputs: &Inputs) -> Result<Plan, PlanError> {
         b.insert(&gpu.name(), Node::device(DevKind::Char, gpu.rdev, gpu.access)).map_err(PlanError::SpecDevice)?;
     }
     let remap = place_saved_names(&mut b, inputs, &restored, pairs, &mut warnings)?;
+    amd.place(&mut b, inputs.prefer == Prefer::Native).map_err(PlanError::SpecDevice)?;
+    warnings.append(&mut amd.warnings);
     if let Some(spec) = &inputs.spec {
         place_mounts(&mut b, spec, &mut warnings)?;
     }
@@ -327,6 +337,7 @@ pub fn build(inputs: &Inputs) -> Result<Plan, PlanError> {
         driver_version: inputs.host.driver_version.clone(),
         checks,
         mixed_input,
+        amd: amd.plan,
     })
 }
 
@@ -344,14 +355,26 @@ fn decide(inputs: &Inputs) -> Result<Decided, PlanError> {
     pairing::check_count(saved, &restored).map_err(|e| too_few(inputs, e))?;
     let relax = &inputs.relax;
     let (mixed, mixed_side) = checks::mixed(saved, &restored, relax);
-    let pairs = pairing::pair(saved, &restored, &inputs.device_map, inputs.pairing).map_err(PlanError::DeviceMap)?;
-    let checks = vec![
+    let render = |r: &DeviceRef| matches!(r, DeviceRef::Render(_));
+    let nvidia_map: Vec<MapPair> =
+        inputs.device_map.iter().filter(|p| !render(&p.old) && !render(&p.new)).cloned().collect();
+    let pairs = pairing::pair(saved, &restored, &nvidia_map, inputs.pairing).map_err(PlanError::DeviceMap)?;
+    let amd_saved = inputs.metadata.as_ref().map(|m| m.amd.as_slice()).unwrap_or_default();
+    let amd_restored = amd::restored(inputs.spec.as_ref(), inputs.dev_dir.as_ref(), &inputs.host.amd);
+    let amd_map = amd::explicit(&inputs.device_map).map_err(PlanError::DeviceMap)?;
+    let amd = amd::decide(amd_saved, amd_restored, &amd_map).map_err(PlanError::AmdDeviceMap)?;
+    // Each check is NVIDIA's and AMD's together, each family on its own rules.
+    let nvidia = !saved.is_empty() || !restored.is_empty();
+    let checks = [
         checks::count(saved, &restored, relax),
         mixed,
         checks::model(&pairs, relax),
         checks::driver(&pairs, inputs.host.driver_version.as_ref(), relax),
         checks::mode(&pairs, relax),
-    ];
+    ]
+    .into_iter()
+    .map(|c| amd.merge(c, nvidia))
+    .collect::<Vec<_>>();
     let mut warnings = inputs.host.warnings.clone();
     warnings.extend(
         checks.iter().filter(|c| !c.ok && c.relaxed).map(|c| format!("check {} relaxed: {}", c.check, c.detail)),
@@ -360,7 +383,7 @@ fn decide(inputs: &Inputs) -> Result<Decided, PlanError> {
         Some(Side::Restored) => Input::HostRoot,
         _ => Input::Checkpoint,
     };
-    Ok(Decided { restored, pairs, checks, warnings, mixed_input })
+    Ok(Decided { restored, pairs, checks, warnings, mixed_input, amd })
 }
 
 /// runc's default nodes and symlinks (`core` only where the host has `/proc/kcore`).
@@ -564,11 +587,12 @@ mod tests {
             metadata: Some(Metadata {
                 format: Format::Array,
                 gpus: old.iter().copied().map(saved).collect(),
+                amd: vec![],
                 gpu_key_present: true,
                 tpus: vec![],
                 warnings: vec![],
             }),
-            dev_dir: Some(DevDirScan { gpus, passthrough: vec![] }),
+            dev_dir: Some(DevDirScan { gpus, amd: vec![], passthrough: vec![] }),
             ..Inputs::default()
         }
     }

@@ -10,6 +10,7 @@
 
 use crate::device::{Access, MAX_DRIVER_VERSION_LEN, MAX_MODEL_LEN, fact_fault};
 use crate::family::nvidia::{MAX_REGULAR_MINOR, is_gpu_uuid};
+use crate::inputs::amd_metadata::{self, AmdSaved};
 use serde_json::{Map, Value};
 use std::collections::BTreeSet;
 use thiserror::Error;
@@ -104,8 +105,12 @@ impl Format {
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Metadata {
     pub format: Format,
-    /// Saved GPUs, sorted by minor; empty when the key is absent (nothing was open at save).
+    /// Saved NVIDIA GPUs (the items without a `kind`), sorted by minor; empty when the key is
+    /// absent (nothing was open at save).
     pub gpus: Vec<DeviceId>,
+    /// Saved AMD GPUs (`"kind": "amdgpu"`), in the list's order.
+    #[serde(default)]
+    pub amd: Vec<AmdSaved>,
     /// Whether the GPU key was present at all.
     pub gpu_key_present: bool,
     /// Saved TPUs, as written; reported, not remapped.
@@ -152,6 +157,12 @@ pub enum MetadataError {
     DuplicateUuid(String),
     #[error("{GPU_KEY}[{index}].earlier_minors: {what}")]
     Earlier { index: usize, what: String },
+    #[error("{GPU_KEY}[{index}].kind: expected \"amdgpu\" (an NVIDIA item has no kind), found {found}")]
+    Kind { index: usize, found: String },
+    #[error("{GPU_KEY}[{index}] (amdgpu): {what}")]
+    Amd { index: usize, what: String },
+    #[error("{GPU_KEY}: amdgpu render minor {0} appears twice")]
+    DuplicateRender(u32),
 }
 
 /// How many leading bytes of a file [`parse`] needs, judged from its first bytes: for a state
@@ -201,10 +212,11 @@ pub fn parse(bytes: &[u8]) -> Result<Metadata, MetadataError> {
             from_map(Format::Map, &map)
         }
         Some(b'[') => {
-            let value = parse_json(bytes)?;
+            let (gpus, amd) = device_list(&parse_json(bytes)?)?;
             Ok(Metadata {
                 format: Format::Array,
-                gpus: device_list(&value)?,
+                gpus,
+                amd,
                 gpu_key_present: true,
                 tpus: Vec::new(),
                 warnings: Vec::new(),
@@ -250,9 +262,9 @@ fn parse_json_object(bytes: &[u8]) -> Result<Map<String, Value>, MetadataError> 
 }
 
 fn from_map(format: Format, map: &Map<String, Value>) -> Result<Metadata, MetadataError> {
-    let gpus = match map.get(GPU_KEY) {
+    let (gpus, amd) = match map.get(GPU_KEY) {
         Some(v) => device_list(&embedded(GPU_KEY, v)?)?,
-        None => Vec::new(),
+        None => (Vec::new(), Vec::new()),
     };
     let tpus = match map.get(TPU_KEY) {
         Some(v) => tpu_list(&embedded(TPU_KEY, v)?)?,
@@ -272,7 +284,7 @@ fn from_map(format: Format, map: &Map<String, Value>) -> Result<Metadata, Metada
             keys.join(", ")
         ));
     }
-    Ok(Metadata { format, gpus, gpu_key_present: map.contains_key(GPU_KEY), tpus, warnings })
+    Ok(Metadata { format, gpus, amd, gpu_key_present: map.contains_key(GPU_KEY), tpus, warnings })
 }
 
 /// gVisor stores a list as a string holding JSON; hand-written maps may hold the list itself.
@@ -312,10 +324,34 @@ fn tpu_list(value: &Value) -> Result<Vec<Value>, MetadataError> {
     Ok(items.to_vec())
 }
 
-fn device_list(value: &Value) -> Result<Vec<DeviceId>, MetadataError> {
+/// The NVIDIA items (sorted by minor) and the AMD items (in order) of the device list.
+fn device_list(value: &Value) -> Result<(Vec<DeviceId>, Vec<AmdSaved>), MetadataError> {
     let items = list_items(GPU_KEY, value)?;
-    let mut gpus =
-        items.iter().enumerate().map(|(index, item)| device_id(index, item)).collect::<Result<Vec<_>, _>>()?;
+    let (mut gpus, mut amd) = (Vec::new(), Vec::new());
+    for (index, item) in items.iter().enumerate() {
+        let Value::Object(obj) = item else {
+            return Err(MetadataError::Shape {
+                key: GPU_KEY,
+                what: format!("item {index}: expected an object, found {}", describe(item)),
+            });
+        };
+        match obj.get("kind") {
+            None => gpus.push(device_id(index, obj)?),
+            Some(Value::String(k)) if k == amd_metadata::KIND => {
+                let item = amd_metadata::item(index, obj, recorded_access(index, obj)?)?;
+                if amd.iter().any(|a: &AmdSaved| a.minor == item.minor) {
+                    return Err(MetadataError::DuplicateRender(item.minor));
+                }
+                amd.push(item);
+            }
+            Some(other) => return Err(MetadataError::Kind { index, found: describe(other) }),
+        }
+    }
+    Ok((nvidia_list(gpus)?, amd))
+}
+
+/// NVIDIA's items sorted by minor, each minor, earlier name and uuid once.
+fn nvidia_list(mut gpus: Vec<DeviceId>) -> Result<Vec<DeviceId>, MetadataError> {
     gpus.sort_by_key(|d| d.minor);
     if let Some(w) = gpus.windows(2).find(|w| w[0].minor == w[1].minor) {
         return Err(MetadataError::DuplicateMinor(w[0].minor));
@@ -335,25 +371,40 @@ fn device_list(value: &Value) -> Result<Vec<DeviceId>, MetadataError> {
     Ok(gpus)
 }
 
-fn device_id(index: usize, item: &Value) -> Result<DeviceId, MetadataError> {
-    let Value::Object(obj) = item else {
-        return Err(MetadataError::Shape {
-            key: GPU_KEY,
-            what: format!("item {index}: expected an object, found {}", describe(item)),
-        });
-    };
-    let optional = |field: &'static str| -> Result<Option<u32>, MetadataError> {
-        obj.get(field)
-            .map(|v| {
-                v.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(|| MetadataError::Field {
-                    index,
-                    field,
-                    expected: "an unsigned 32-bit integer",
-                    found: describe(v),
-                })
+/// An item's optional unsigned 32-bit `field`.
+fn optional_u32(index: usize, obj: &Map<String, Value>, field: &'static str) -> Result<Option<u32>, MetadataError> {
+    obj.get(field)
+        .map(|v| {
+            v.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(|| MetadataError::Field {
+                index,
+                field,
+                expected: "an unsigned 32-bit integer",
+                found: describe(v),
             })
-            .transpose()
-    };
+        })
+        .transpose()
+}
+
+/// An item's `mode`, `uid` and `gid`. The metadata may come from another host: it may give a
+/// checkpoint name the mode the saved node had, but never setuid or setgid (runc clears them on
+/// device nodes too, so a node a checkpoint saw never had them) nor the owner id that means "no
+/// owner".
+fn recorded_access(index: usize, obj: &Map<String, Value>) -> Result<RecordedAccess, MetadataError> {
+    let field = |f| optional_u32(index, obj, f);
+    let recorded = RecordedAccess { mode: field("mode")?, uid: field("uid")?, gid: field("gid")? };
+    if let Some(mode) = recorded.mode.filter(|m| m & !0o1777 != 0) {
+        return Err(MetadataError::ModeTooLarge { index, mode });
+    }
+    for (field, id) in [("uid", recorded.uid), ("gid", recorded.gid)] {
+        if id == Some(u32::MAX) {
+            return Err(MetadataError::NoOwner { index, field });
+        }
+    }
+    Ok(recorded)
+}
+
+fn device_id(index: usize, obj: &Map<String, Value>) -> Result<DeviceId, MetadataError> {
+    let optional = |field: &'static str| optional_u32(index, obj, field);
     let number = |field: &'static str, required: bool| -> Result<u32, MetadataError> {
         match optional(field)? {
             Some(n) => Ok(n),
@@ -392,18 +443,7 @@ fn device_id(index: usize, item: &Value) -> Result<DeviceId, MetadataError> {
     let model = fact("model", MAX_MODEL_LEN)?;
     let earlier_minors = earlier_minors(index, minor, obj.get("earlier_minors"))?;
     let driver_version = fact("driver_version", MAX_DRIVER_VERSION_LEN)?;
-    let recorded = RecordedAccess { mode: optional("mode")?, uid: optional("uid")?, gid: optional("gid")? };
-    // The metadata may come from another host: it may give a checkpoint name the mode the saved
-    // node had, but never setuid or setgid (runc clears them on device nodes too, so a node a
-    // checkpoint saw never had them) nor the owner id that means "no owner".
-    if let Some(mode) = recorded.mode.filter(|m| m & !0o1777 != 0) {
-        return Err(MetadataError::ModeTooLarge { index, mode });
-    }
-    for (field, id) in [("uid", recorded.uid), ("gid", recorded.gid)] {
-        if id == Some(u32::MAX) {
-            return Err(MetadataError::NoOwner { index, field });
-        }
-    }
+    let recorded = recorded_access(index, obj)?;
     Ok(DeviceId {
         minor,
         pci_vendor_id: number("pci_vendor_id", false)?,
