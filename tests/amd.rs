@@ -284,3 +284,40 @@ fn a_bad_topology_is_a_warning_naming_the_file() {
     assert!(w.contains("sys/class/kfd/kfd/topology/nodes/1/properties: line 1"), "{w}");
     assert!(plan.get("amdgpu").is_none());
 }
+
+/// Rule (issue 22): a device directory's `dri/renderD<N>` nodes are the restored GPUs when no
+/// spec is given, served with their `lstat`ed numbers (fake GPUs: real char devices), and
+/// `kfd` passes through with whatever number the host gives it, read again at every load; a
+/// checkpoint's render name leads to the plugin's choice among them; a `renderD` name that is
+/// not a char device is refused, naming it.
+#[test]
+#[ignore = "needs root (makes device nodes)"]
+fn a_device_directory_gives_render_nodes_and_kfd() {
+    need_root();
+    let tmp = TempDir::new().unwrap();
+    let dev = tmp.path().join("dev");
+    fs::create_dir_all(dev.join("dri")).unwrap();
+    mknod_char(&dev.join("dri/renderD128"), (1, 5), 0o660);
+    mknod_char(&dev.join("dri/renderD129"), (1, 7), 0o660);
+    mknod_char(&dev.join("kfd"), (511, 0), 0o666);
+    for m in [128, 129] {
+        std::os::unix::fs::chown(dev.join(format!("dri/renderD{m}")), Some(0), Some(44)).unwrap();
+    }
+    let (list, _) = record(tmp.path(), "mi210-2", &spec(tmp.path(), "saved.json", &[128, 129], &[]));
+    let base = ["--metadata", list.as_str(), "--host-dev", arg(&dev), "--host-root", &root("mi210-2")];
+    let plan = plan_json(&base);
+    let at = |p: &str| node(&plan, p).map(|n| (n["major"].clone(), n["minor"].clone()));
+    assert_eq!(at("kfd"), Some((json!(511), json!(0))));
+    assert_eq!(at("dri/renderD128"), Some((json!(1), json!(5))));
+    // The plugin pairs each with itself: every restored GPU here was saved.
+    let remap = amd_remap(&plan);
+    assert!(remap.iter().all(|e| e.0 == e.1 && e.2 == "plugin" && e.3), "{remap:?}");
+    assert_eq!(at("dri/renderD129"), Some((json!(1), json!(7))));
+    // kfd's number is read again: a new major shows in the next plan.
+    fs::remove_file(dev.join("kfd")).unwrap();
+    mknod_char(&dev.join("kfd"), (510, 0), 0o666);
+    assert_eq!(node(&plan_json(&base), "kfd").unwrap()["major"], 510);
+    fs::remove_file(dev.join("dri/renderD128")).unwrap();
+    std::os::unix::fs::symlink("/dev/null", dev.join("dri/renderD128")).unwrap();
+    plan_error(&base, "dri/renderD128: is a symlink, not a char device; refused");
+}
