@@ -10,6 +10,7 @@ pub mod checks;
 pub mod cuda_map;
 pub mod escape;
 pub mod pairing;
+mod place;
 pub mod plan;
 pub mod record;
 pub mod render;

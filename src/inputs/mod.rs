@@ -13,5 +13,6 @@ pub mod host;
 pub mod limits;
 pub mod load;
 pub mod metadata;
+mod metadata_items;
 pub mod pci;
 pub mod spec;
