@@ -321,3 +321,40 @@ fn a_device_directory_gives_render_nodes_and_kfd() {
     std::os::unix::fs::symlink("/dev/null", dev.join("dri/renderD128")).unwrap();
     plan_error(&base, "dri/renderD128: is a symlink, not a char device; refused");
 }
+
+/// Bug (CRIU #2723) on a live mount: the checkpoint's `/dev/dri/renderD144` reaches the device
+/// of the GPU the plugin restores onto (here the fake `renderD136`, a real char device), with
+/// the spec's mode and owner, next to `/dev/kfd`; the state file carries the AMD pair.
+#[test]
+#[ignore = "needs root and /dev/fuse: mounts a FUSE filesystem"]
+fn live_mount_leads_the_saved_render_name_to_the_paired_gpu() {
+    common::daemon::need_fuse();
+    let tmp = TempDir::new().unwrap();
+    let (list, _) = record(tmp.path(), "mi300x-8", &spec(tmp.path(), "saved.json", &[144], &[]));
+    let dev = tmp.path().join("dev");
+    fs::create_dir_all(dev.join("dri")).unwrap();
+    mknod_char(&dev.join("dri/renderD136"), (1, 7), 0o660);
+    mknod_char(&dev.join("kfd"), (1, 5), 0o666);
+    let restored = spec(tmp.path(), "restored.json", &[136], &[]);
+    let d = common::daemon::Daemon::start(&[
+        "--metadata",
+        &list,
+        "--spec",
+        &restored,
+        "--host-dev",
+        arg(&dev),
+        "--host-root",
+        &root("mi300x-8"),
+    ]);
+    use std::os::unix::fs::MetadataExt;
+    let saved = fs::metadata(d.path("dri/renderD144")).unwrap();
+    assert_eq!((saved.rdev(), saved.mode(), saved.gid()), (libc::makedev(1, 7), 0o20660, 44));
+    assert_eq!(fs::metadata(d.path("kfd")).unwrap().rdev(), libc::makedev(1, 5));
+    // The fake GPU is /dev/full: a write through the checkpoint name reaches it.
+    let err = fs::write(d.path("dri/renderD144"), b"x").unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+    let state = d.state();
+    assert_eq!(state["amdgpu"]["remap"][0]["new_name"], "dri/renderD136", "{}", state["amdgpu"]);
+    assert_eq!(state["amdgpu"]["remap"][0]["by"], "plugin");
+    d.stop();
+}
