@@ -182,7 +182,10 @@ fn device_map_pairs_render_nodes() {
     assert_eq!((remap[0].1.as_str(), remap[0].2.as_str()), ("dri/renderD129", "explicit"), "{remap:?}");
     assert!(plan["warnings"].to_string().contains("--device-map leads it to renderD129"), "{}", plan["warnings"]);
     plan_error(&join(&base, &["--device-map", "renderD128=1"]), "a render node pairs only with a render node");
-    plan_error(&join(&base, &["--device-map", "renderD130=renderD128"]), "renderD130 is no saved AMD GPU");
+    plan_error(
+        &join(&base, &["--device-map", "renderD130=renderD128"]),
+        "error: --device-map: renderD130 is no saved AMD GPU",
+    );
     plan_error(&join(&base, &["--device-map", "renderD12=renderD128"]), "--device-map");
 }
 

@@ -57,11 +57,11 @@ pub struct Pairing {
 /// Why `--device-map` cannot be used as given.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum PairError {
-    #[error("--device-map: renderD{0} is no saved AMD GPU")]
+    #[error("renderD{0} is no saved AMD GPU")]
     NotSaved(u32),
-    #[error("--device-map: renderD{0} is no restored AMD GPU")]
+    #[error("renderD{0} is no restored AMD GPU")]
     NotRestored(u32),
-    #[error("--device-map: renderD{0} is given twice")]
+    #[error("renderD{0} is given twice")]
     Twice(u32),
 }
 
