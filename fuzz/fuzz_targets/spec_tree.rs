@@ -155,12 +155,16 @@ fn extra_inputs(view: spec::SpecView, extra: &[u8]) -> Inputs {
     let metadata = (flags & 1 != 0).then(|| Metadata {
         format: Format::Array,
         gpus: x.saved.into_values().collect(),
+        amd: Vec::new(),
         gpu_key_present: true,
         tpus: Vec::new(),
         warnings: Vec::new(),
     });
-    let dev_dir = (flags & 2 != 0)
-        .then(|| DevDirScan { gpus: x.gpus.into_iter().collect(), passthrough: x.passthrough.into_values().collect() });
+    let dev_dir = (flags & 2 != 0).then(|| DevDirScan {
+        gpus: x.gpus.into_iter().collect(),
+        amd: Vec::new(),
+        passthrough: x.passthrough.into_values().collect(),
+    });
     // The driver's information files name some GPUs by minor.
     let gpu_info = (0..u32::from(flags >> 5))
         .map(|m| GpuInfo {

@@ -105,6 +105,7 @@ mod tests {
             driver_version: None,
             checks: vec![],
             mixed_input: Default::default(),
+            amd: Default::default(),
         }
     }
 

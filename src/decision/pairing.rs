@@ -17,11 +17,13 @@ use std::collections::BTreeSet;
 use std::fmt;
 use thiserror::Error;
 
-/// A device named on the command line: by minor or by `GPU-` UUID.
+/// A device named on the command line: by minor or by `GPU-` UUID, or an AMD render node
+/// (`renderD<N>`, paired in `decision::amd`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum DeviceRef {
     Minor(u32),
     Uuid(String),
+    Render(u32),
 }
 
 impl fmt::Display for DeviceRef {
@@ -29,6 +31,7 @@ impl fmt::Display for DeviceRef {
         match self {
             DeviceRef::Minor(m) => write!(f, "{m}"),
             DeviceRef::Uuid(u) => f.write_str(u),
+            DeviceRef::Render(m) => write!(f, "renderD{m}"),
         }
     }
 }
@@ -116,6 +119,10 @@ pub fn parse_device_map(value: &str) -> Result<Vec<MapPair>, PairingError> {
                         return Err(bad("a GPU- UUID is GPU- and 8-4-4-4-12 hex digits"));
                     }
                     Ok(DeviceRef::Uuid(s.to_owned()))
+                } else if s.starts_with("renderD") {
+                    crate::family::amd::render_minor_of_name(s)
+                        .map(DeviceRef::Render)
+                        .map_err(|_| bad("a render node is renderD and its minor, 128 or more"))
                 } else if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
                     s.parse().map(DeviceRef::Minor).map_err(|_| bad("minor out of range"))
                 } else {
@@ -204,11 +211,13 @@ pub fn pair(
         let old = saved.iter().position(|d| match &p.old {
             DeviceRef::Minor(m) => d.minor == *m,
             DeviceRef::Uuid(u) => is_gpu_uuid(&d.uuid) && d.uuid.eq_ignore_ascii_case(u),
+            DeviceRef::Render(_) => false,
         });
         let old = old.ok_or_else(|| PairingError::Unknown { side: "saved", reference: p.old.clone() })?;
         let new = restored.iter().position(|g| match &p.new {
             DeviceRef::Minor(m) => g.minor == *m,
             DeviceRef::Uuid(u) => g.uuid.as_deref().is_some_and(|g| is_gpu_uuid(g) && g.eq_ignore_ascii_case(u)),
+            DeviceRef::Render(_) => false,
         });
         let new = new.ok_or_else(|| PairingError::Unknown { side: "restored", reference: p.new.clone() })?;
         if new_of_old[old].is_some() {

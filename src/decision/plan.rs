@@ -3,18 +3,22 @@
 //! Order of construction, each step able to replace a device placed by an earlier one: runc's
 //! default nodes; the spec's devices; the host's pass-through NVIDIA nodes; every restored GPU
 //! under its native name; every saved GPU under its checkpoint name, unless that name is
-//! another restored GPU's native name and natives are preferred; last, the mount points of the
+//! another restored GPU's native name and natives are preferred; the AMD render nodes and names
+//! ([`crate::decision::amd`]); last, the mount points of the
 //! spec's mounts under `/dev` (a directory, or for a file bind mount whatever node is there or
-//! a placeholder) and, for a terminal, the `console` placeholder. Nothing else enters the tree.
+//! a placeholder) and, for a terminal, the `console` placeholder (the steps that place no GPU
+//! are in `place`). Nothing else enters the tree.
 //!
 //! The restored GPUs are the spec's GPU devices and, where the spec names no GPU device, the
 //! device directory's `nvidiaN` nodes; when the spec asks for GPUs through the NVIDIA hook,
 //! only the directory's GPUs that `NVIDIA_VISIBLE_DEVICES` selects (see [`crate::family::nvidia::visible`]). Every error is made where its
 //! cause is known, as the variant of the input that holds it ([`PlanError::input`]).
 
+use crate::decision::amd::{self, AmdPlan};
 use crate::decision::checks::{self, CheckName, CheckResult, Side};
-use crate::decision::pairing::{self, By, MapPair, PairingError, Rule};
-use crate::decision::tree::{Node, NodeKind, Tree, TreeBuilder, TreeError};
+use crate::decision::pairing::{self, By, DeviceRef, MapPair, PairingError, Rule};
+use crate::decision::place;
+use crate::decision::tree::{Node, Tree, TreeBuilder, TreeError};
 use crate::device::{Access, DevKind, Rdev};
 use crate::family::nvidia::visible::{self, VisibleError};
 use crate::family::nvidia::{GpuInfo, RestoredGpu};
@@ -24,7 +28,6 @@ use crate::inputs::metadata::{DeviceId, Metadata};
 use crate::inputs::pci;
 use crate::inputs::spec::SpecView;
 use serde_json::Value;
-use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 use thiserror::Error;
 
@@ -102,6 +105,9 @@ pub struct Plan {
     /// Whose fault a failed `mixed` check is: the checkpoint's or the host root's.
     #[serde(skip)]
     pub mixed_input: Input,
+    /// The AMD render nodes and where the checkpoint's lead ([`amd`]).
+    #[serde(default)]
+    pub amd: AmdPlan,
 }
 
 /// Why no plan could be made from inputs that each parsed: one variant per input that can hold
@@ -139,6 +145,9 @@ pub enum PlanError {
     /// An explicit pair cannot be made.
     #[error("{0}")]
     DeviceMap(PairingError),
+    /// An explicit pair of AMD render nodes cannot be made.
+    #[error("{0}")]
+    AmdDeviceMap(crate::family::amd::pairing::PairError),
     #[error("spec device {0}")]
     SpecDevice(TreeError),
     #[error("spec mount {0}")]
@@ -170,29 +179,10 @@ impl PlanError {
             }
             PlanError::HostDevGpus(_) | PlanError::HostDevMissing(_) | PlanError::HostNode(_) => Input::HostDev,
             PlanError::DriverFilesClash { .. } => Input::HostRoot,
-            PlanError::DeviceMap(_) => Input::DeviceMap,
+            PlanError::DeviceMap(_) | PlanError::AmdDeviceMap(_) => Input::DeviceMap,
             PlanError::Check { input, .. } => *input,
         }
     }
-}
-
-/// runc's default device nodes.
-const DEFAULT_DEVICES: &[(&str, u32, u32)] =
-    &[("null", 1, 3), ("zero", 1, 5), ("full", 1, 7), ("random", 1, 8), ("urandom", 1, 9), ("tty", 5, 0)];
-/// runc's default symlinks.
-const DEFAULT_LINKS: &[(&str, &str)] = &[
-    ("fd", "/proc/self/fd"),
-    ("stdin", "/proc/self/fd/0"),
-    ("stdout", "/proc/self/fd/1"),
-    ("stderr", "/proc/self/fd/2"),
-    ("ptmx", "pts/ptmx"),
-];
-
-/// What a file mount point (a file bind mount, the console a terminal gets) is before the
-/// runtime mounts over it: a non-directory is needed and the tree has no regular files, so it
-/// is `/dev/null`'s device, which opens harmlessly and which every device cgroup allows.
-fn placeholder() -> Node {
-    Node::device(DevKind::Char, Rdev::new(1, 3), Access::DEVICE_DEFAULT)
 }
 
 /// The restored GPUs: the spec's 195:N devices and the device directory's `nvidiaN` nodes
@@ -294,17 +284,18 @@ struct Decided {
     checks: Vec<CheckResult>,
     warnings: Vec<String>,
     mixed_input: Input,
+    amd: amd::Decided,
 }
 
 /// Computes the remap table and the tree: the checks and the pairing first, then the tree in
 /// the order of the module's documentation, each step able to replace a non-directory placed by
 /// an earlier one.
 pub fn build(inputs: &Inputs) -> Result<Plan, PlanError> {
-    let Decided { restored, pairs, checks, mut warnings, mixed_input } = decide(inputs)?;
+    let Decided { restored, pairs, checks, mut warnings, mixed_input, mut amd } = decide(inputs)?;
     let mut b = TreeBuilder::default();
-    place_defaults(&mut b, inputs.host.has_kcore);
+    place::defaults(&mut b, inputs.host.has_kcore);
     if let Some(spec) = &inputs.spec {
-        place_spec_devices(&mut b, spec, &mut warnings)?;
+        place::spec_devices(&mut b, spec, &mut warnings)?;
     }
     for node in inputs.dev_dir.iter().flat_map(|d| &d.passthrough) {
         b.insert(&node.rel_path, Node::device(DevKind::Char, node.rdev, node.access)).map_err(PlanError::HostNode)?;
@@ -313,8 +304,10 @@ pub fn build(inputs: &Inputs) -> Result<Plan, PlanError> {
         b.insert(&gpu.name(), Node::device(DevKind::Char, gpu.rdev, gpu.access)).map_err(PlanError::SpecDevice)?;
     }
     let remap = place_saved_names(&mut b, inputs, &restored, pairs, &mut warnings)?;
+    amd.place(&mut b, inputs.prefer == Prefer::Native).map_err(PlanError::SpecDevice)?;
+    warnings.append(&mut amd.warnings);
     if let Some(spec) = &inputs.spec {
-        place_mounts(&mut b, spec, &mut warnings)?;
+        place::mounts(&mut b, spec, &mut warnings)?;
     }
 
     let tpus = inputs.metadata.as_ref().map(|m| m.tpus.clone()).unwrap_or_default();
@@ -327,6 +320,7 @@ pub fn build(inputs: &Inputs) -> Result<Plan, PlanError> {
         driver_version: inputs.host.driver_version.clone(),
         checks,
         mixed_input,
+        amd: amd.plan,
     })
 }
 
@@ -344,14 +338,26 @@ fn decide(inputs: &Inputs) -> Result<Decided, PlanError> {
     pairing::check_count(saved, &restored).map_err(|e| too_few(inputs, e))?;
     let relax = &inputs.relax;
     let (mixed, mixed_side) = checks::mixed(saved, &restored, relax);
-    let pairs = pairing::pair(saved, &restored, &inputs.device_map, inputs.pairing).map_err(PlanError::DeviceMap)?;
-    let checks = vec![
+    let render = |r: &DeviceRef| matches!(r, DeviceRef::Render(_));
+    let nvidia_map: Vec<MapPair> =
+        inputs.device_map.iter().filter(|p| !render(&p.old) && !render(&p.new)).cloned().collect();
+    let pairs = pairing::pair(saved, &restored, &nvidia_map, inputs.pairing).map_err(PlanError::DeviceMap)?;
+    let amd_saved = inputs.metadata.as_ref().map(|m| m.amd.as_slice()).unwrap_or_default();
+    let amd_restored = amd::restored(inputs.spec.as_ref(), inputs.dev_dir.as_ref(), &inputs.host.amd);
+    let amd_map = amd::explicit(&inputs.device_map).map_err(PlanError::DeviceMap)?;
+    let amd = amd::decide(amd_saved, amd_restored, &amd_map).map_err(PlanError::AmdDeviceMap)?;
+    // Each check is NVIDIA's and AMD's together, each family on its own rules.
+    let nvidia = !saved.is_empty() || !restored.is_empty();
+    let checks = [
         checks::count(saved, &restored, relax),
         mixed,
         checks::model(&pairs, relax),
         checks::driver(&pairs, inputs.host.driver_version.as_ref(), relax),
         checks::mode(&pairs, relax),
-    ];
+    ]
+    .into_iter()
+    .map(|c| amd.merge(c, nvidia))
+    .collect::<Vec<_>>();
     let mut warnings = inputs.host.warnings.clone();
     warnings.extend(
         checks.iter().filter(|c| !c.ok && c.relaxed).map(|c| format!("check {} relaxed: {}", c.check, c.detail)),
@@ -360,64 +366,7 @@ fn decide(inputs: &Inputs) -> Result<Decided, PlanError> {
         Some(Side::Restored) => Input::HostRoot,
         _ => Input::Checkpoint,
     };
-    Ok(Decided { restored, pairs, checks, warnings, mixed_input })
-}
-
-/// runc's default nodes and symlinks (`core` only where the host has `/proc/kcore`).
-fn place_defaults(b: &mut TreeBuilder, has_kcore: bool) {
-    for &(name, major, minor) in DEFAULT_DEVICES {
-        b.insert(name, Node::device(DevKind::Char, Rdev::new(major, minor), Access::DEVICE_DEFAULT))
-            .expect("defaults fit an empty tree");
-    }
-    for &(name, target) in DEFAULT_LINKS {
-        b.insert(name, Node::symlink(target)).expect("defaults fit an empty tree");
-    }
-    if has_kcore {
-        b.insert("core", Node::symlink("/proc/kcore")).expect("defaults fit an empty tree");
-    }
-}
-
-/// The spec's devices, as runc makes them.
-fn place_spec_devices(b: &mut TreeBuilder, spec: &SpecView, warnings: &mut Vec<String>) -> Result<(), PlanError> {
-    // runc keeps the first entry of a path: specconv's createDevices appends every
-    // linux.devices entry in order, and rootfs_linux.go's createDeviceNode takes EEXIST from
-    // mknod as success, so a later entry for the same path never replaces the node.
-    // specconv drops a default device only for a spec device whose path is the default's
-    // path as a string (`/dev/null`, not `/dev//null`); a default kept is made first, so an
-    // entry spelled otherwise finds it there. And setupPtmx replaces whatever is at
-    // /dev/ptmx with its symlink.
-    let default_dropped = |name: &str| spec.devices.iter().any(|d| d.path.strip_prefix("/dev/") == Some(name));
-    let mut first_of: BTreeMap<&str, &str> = BTreeMap::new();
-    for dev in &spec.devices {
-        let Some(rel) = &dev.rel_path else {
-            warnings.push(format!("spec device {} is outside /dev; not served", dev.path));
-            continue;
-        };
-        match first_of.entry(rel) {
-            Entry::Occupied(first) => warnings.push(format!(
-                "spec device {} is listed again as {}; serving the first entry, as runc does",
-                first.get(),
-                dev.path
-            )),
-            Entry::Vacant(_) if rel == "ptmx" => warnings.push(format!(
-                "spec device {}: runc makes /dev/ptmx the symlink pts/ptmx whatever the spec lists; \
-                 serving the symlink",
-                dev.path
-            )),
-            Entry::Vacant(_) if DEFAULT_DEVICES.iter().any(|d| d.0 == rel) && !default_dropped(rel) => {
-                warnings.push(format!(
-                    "spec device {} is not written /dev/{rel}, so runc keeps its default /dev/{rel}; \
-                     serving the default",
-                    dev.path
-                ))
-            }
-            Entry::Vacant(slot) => {
-                slot.insert(&dev.path);
-                b.insert(rel, Node::device(dev.kind, dev.rdev, dev.access)).map_err(PlanError::SpecDevice)?;
-            }
-        }
-    }
-    Ok(())
+    Ok(Decided { restored, pairs, checks, warnings, mixed_input, amd })
 }
 
 /// Every saved GPU under its checkpoint name and its earlier names, each leading to its pair
@@ -477,39 +426,6 @@ fn place_saved_names(
     Ok(remap)
 }
 
-/// The spec's mount points under `/dev`, the warnings for what they hide, and the console.
-/// Mount points come last: a file mount goes onto whatever non-directory is there (a GPU node a
-/// restore bind-mounts over, say), any other mount onto a directory; only a missing one is made.
-fn place_mounts(b: &mut TreeBuilder, spec: &SpecView, warnings: &mut Vec<String>) -> Result<(), PlanError> {
-    for m in &spec.dev_mounts {
-        match b.get(&m.rel_path) {
-            Some(_) if !m.onto_file => b.mkdir_all(&m.rel_path),
-            Some(n) if n.kind == NodeKind::Dir => {
-                Err(TreeError::NodeOverDir { path: m.rel_path.clone(), new: "file mount" })
-            }
-            Some(_) => Ok(()),
-            None if m.onto_file => b.insert(&m.rel_path, placeholder()),
-            None => b.mkdir_all(&m.rel_path),
-        }
-        .map_err(PlanError::SpecMount)?;
-    }
-    // The runtime mounts onto the tree, so what a mount point holds is hidden in the
-    // container, while runc's own /dev would make a spec device inside the mount: say so.
-    for m in spec.dev_mounts.iter().filter(|m| !m.onto_file) {
-        if let Some(hidden) = b.first_file_under(&m.rel_path) {
-            warnings.push(format!(
-                "/dev/{hidden} lies under the mount /dev/{}, which hides it in the container",
-                m.rel_path
-            ));
-        }
-    }
-    // The console can be the node past the tree's limits: refused like any other.
-    if spec.terminal && b.get("console").is_none() {
-        b.insert("console", placeholder()).map_err(PlanError::SpecMount)?;
-    }
-    Ok(())
-}
-
 /// Refuses a plan one of whose checks failed unrelaxed: the first such, naming the input that
 /// holds the cause (the host root for mixed restored GPUs, else the checkpoint, which does not
 /// fit this host).
@@ -526,6 +442,7 @@ pub fn gate(plan: &Plan) -> Result<(), PlanError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decision::tree::NodeKind;
     use crate::family::nvidia::GpuInfo;
     use crate::family::nvidia::visible::{Selector, Visible};
     use crate::inputs::host::HostNode;
@@ -564,11 +481,12 @@ mod tests {
             metadata: Some(Metadata {
                 format: Format::Array,
                 gpus: old.iter().copied().map(saved).collect(),
+                amd: vec![],
                 gpu_key_present: true,
                 tpus: vec![],
                 warnings: vec![],
             }),
-            dev_dir: Some(DevDirScan { gpus, passthrough: vec![] }),
+            dev_dir: Some(DevDirScan { gpus, amd: vec![], passthrough: vec![] }),
             ..Inputs::default()
         }
     }

@@ -8,14 +8,20 @@
 //! `plan --metadata` of the list on the same host pairs each GPU with itself. Each item also
 //! holds the `mode`, `uid` and `gid` of the node served under the GPU's name, which a restore
 //! gives the checkpoint name back (CRIU compares a reopened file's mode with the saved one).
+//! The plan's AMD render nodes follow, as `"kind": "amdgpu"` items (see
+//! [`amd_metadata`](crate::inputs::amd_metadata)).
 //!
 //! `gpu_id` and `device_instance` are informational (pairing never reads them): `gpu_id` is
 //! the PCI location encoded as the driver's gpu ids are, `domain << 16 | bus << 8 | device`
 //! (0x300 for `0000:03:00.0`); `device_instance` is the GPU's position in PCI bus order among
 //! the recorded GPUs. Both are 0 where the driver's files give no bus.
 
+use crate::decision::amd::AmdRestored;
 use crate::decision::plan::Plan;
+use crate::family::amd::topology::kernfs_order;
 use crate::family::nvidia::RestoredGpu;
+use crate::inputs::amd_metadata::{self, AmdSaved};
+use crate::inputs::metadata::RecordedAccess;
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
 
@@ -59,8 +65,22 @@ pub fn devices(plan: &Plan, carried: bool) -> Value {
             }
             item
         })
+        .chain(amd_items(plan))
         .collect();
     Value::Array(items)
+}
+
+/// One `"kind": "amdgpu"` item per restored render node, in the order CRIU's amdgpu plugin
+/// lists the GPUs (the topology's node order; those the topology lacks last, by minor), with
+/// the plugin's identity of it and the mode, uid and gid of the node served under its name.
+fn amd_items(plan: &Plan) -> impl Iterator<Item = Value> + '_ {
+    let mut gpus: Vec<&AmdRestored> = plan.amd.restored.iter().collect();
+    gpus.sort_by_cached_key(|g| (g.gpu.is_none(), g.gpu.as_ref().map(|k| kernfs_order(&k.node.to_string()))));
+    gpus.into_iter().map(|g| {
+        let access = plan.tree.get(&g.name()).map_or(g.access, |n| n.access);
+        let recorded = RecordedAccess { mode: Some(access.mode), uid: Some(access.uid), gid: Some(access.gid) };
+        amd_metadata::to_json(&AmdSaved { minor: g.minor, gpu: g.gpu.clone(), recorded })
+    })
 }
 
 /// The names other than its own that lead to restored GPU `minor` in the plan's tree.
@@ -110,6 +130,14 @@ pub fn gaps(plan: &Plan) -> Vec<String> {
             };
             Some(format!("GPU {} recorded without {}: {why}; {cost}", g.name(), missing.join(", ")))
         })
+        .chain(plan.amd.restored.iter().filter(|g| g.gpu.is_none()).map(|g| {
+            format!(
+                "GPU {} recorded without its KFD identity: the host root's KFD topology has no GPU with \
+                 drm_render_minor {}; a restore pairs it by position",
+                g.name(),
+                g.minor
+            )
+        }))
         .collect()
 }
 
@@ -156,7 +184,7 @@ mod tests {
             })
             .collect();
         Inputs {
-            dev_dir: Some(DevDirScan { gpus, passthrough: vec![] }),
+            dev_dir: Some(DevDirScan { gpus, amd: vec![], passthrough: vec![] }),
             host: HostFacts { gpu_info, driver_version: Some("535.129.03".into()), ..HostFacts::default() },
             ..Inputs::default()
         }

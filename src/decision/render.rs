@@ -1,11 +1,12 @@
 //! How a plan is shown: one JSON object for scripts (`plan --json`, the state file), and
 //! aligned tables for people. The JSON keys are a contract; add, never rename.
 
+use crate::decision::amd::AmdRestored;
 use crate::decision::escape::escape;
 use crate::decision::pairing::By;
 use crate::decision::plan::Plan;
 use crate::decision::tree::{Node, NodeKind};
-use crate::family::NVIDIA;
+use crate::family::{AMD, NVIDIA};
 use crate::inputs::metadata::Metadata;
 use serde_json::{Map, Value, json};
 use std::borrow::Cow;
@@ -38,7 +39,8 @@ pub fn node_json(path: &str, node: &Node) -> Value {
 
 /// The plan as one JSON object: `remap`, `nodes`, `warnings`, `restored`, `tpu_devices`,
 /// `metadata` (`null` without checkpoint metadata), `checks` (every check evaluated, whether it
-/// passed, whether it was relaxed, and what it compared), `driver_version` (the restore host's).
+/// passed, whether it was relaxed, and what it compared), `driver_version` (the restore host's),
+/// and `amdgpu` where the plan has AMD GPUs ([`amd_json`]).
 pub fn plan_json(plan: &Plan, metadata: Option<&Metadata>) -> Map<String, Value> {
     let remap: Vec<Value> = plan
         .remap
@@ -94,7 +96,50 @@ pub fn plan_json(plan: &Plan, metadata: Option<&Metadata>) -> Map<String, Value>
             |m| json!({"format": m.format.as_str(), "gpu_key_present": m.gpu_key_present, "saved_gpus": m.gpus.len()}),
         ),
     );
+    if !plan.amd.is_empty() {
+        o.insert("amdgpu".into(), amd_json(plan));
+    }
     o
+}
+
+/// The AMD part: `remap` (each saved render name, where it leads, `by` which rule: `plugin`,
+/// `explicit` or `position`, and whether it is served), `restored` (each render node with its
+/// KFD `gpu_id`, `node` and `device_id`, `null` where the topology has none), `unpaired` (the
+/// saved render names nothing is left for) and `refusal` (the plugin's words where it will
+/// refuse the restore, else `null`).
+fn amd_json(plan: &Plan) -> Value {
+    let remap: Vec<Value> = plan
+        .amd
+        .remap
+        .iter()
+        .map(|e| {
+            json!({
+                "name": e.name(),
+                "old_minor": e.old_minor,
+                "new_name": AMD.gpu_name(e.new_minor),
+                "major": e.rdev.major,
+                "minor": e.rdev.minor,
+                "by": e.by.as_str(),
+                "served": e.served,
+            })
+        })
+        .collect();
+    let unpaired: Vec<String> = plan.amd.unpaired.iter().map(|&m| AMD.gpu_name(m)).collect();
+    let restored: Vec<Value> = plan.amd.restored.iter().map(amd_restored_json).collect();
+    json!({"remap": remap, "restored": restored, "unpaired": unpaired, "refusal": plan.amd.refusal})
+}
+
+/// A restored render node, with its KFD identity where the topology gives it.
+fn amd_restored_json(g: &AmdRestored) -> Value {
+    let kfd = g.gpu.as_ref();
+    json!({
+        "name": g.name(),
+        "gpu_id": kfd.map(|k| k.gpu_id),
+        "node": kfd.map(|k| k.node),
+        "device_id": kfd.map(|k| format!("{:04x}", k.facts.device_id)),
+        "major": g.rdev.major,
+        "minor": g.rdev.minor,
+    })
 }
 
 /// Columns are padded to their widest cell, up to this width: a longer cell (a long path) runs
@@ -122,9 +167,10 @@ fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
 /// The plan for people: the pairing table, the tree, the warnings.
 pub fn plan_text(plan: &Plan) -> String {
     let mut out = String::new();
-    if plan.remap.is_empty() {
+    let amd_saved = plan.amd.remap.len() + plan.amd.unpaired.len();
+    if plan.remap.is_empty() && amd_saved == 0 {
         out.push_str("remap: none (no saved GPUs)\n");
-    } else {
+    } else if !plan.remap.is_empty() {
         let _ = writeln!(out, "remap ({} saved GPUs):", plan.remap.len());
         let status = |served: bool| if served { "served" } else { "not served: name collision" };
         let rows: Vec<Vec<String>> = plan
@@ -147,6 +193,29 @@ pub fn plan_text(plan: &Plan) -> String {
             })
             .collect();
         table(&mut out, &["OLD", "OLD UUID", "NEW", "NEW UUID", ""], &rows);
+    }
+    if amd_saved > 0 {
+        let _ = writeln!(out, "amdgpu remap ({amd_saved} saved GPUs):");
+        let rows: Vec<Vec<String>> =
+            plan.amd
+                .remap
+                .iter()
+                .map(|e| {
+                    let status = if e.served { "served" } else { "not served: name collision" };
+                    vec![
+                        e.name(),
+                        format!("{} ({})", AMD.gpu_name(e.new_minor), e.rdev),
+                        e.by.as_str().into(),
+                        status.into(),
+                    ]
+                })
+                .chain(
+                    plan.amd.unpaired.iter().map(|&m| {
+                        vec![AMD.gpu_name(m), "-".into(), "-".into(), "not served: no restored GPU left".into()]
+                    }),
+                )
+                .collect();
+        table(&mut out, &["OLD", "NEW", "BY", ""], &rows);
     }
     if !plan.tpus.is_empty() {
         let _ = writeln!(out, "tpu: {} saved TPU devices (reported, not remapped)", plan.tpus.len());

@@ -6,8 +6,9 @@
 //! `nvidia-caps/...`), what its driver's files under the host root say of each GPU, and how
 //! its GPUs are named and recognised in a spec. [`scan_dev_dir`] and [`read_host_facts`] ask
 //! every family in the table, through one open descriptor of the device directory and one host
-//! root. NVIDIA is the only family; [`NVIDIA`] is it, for the stages whose data is NVIDIA's
-//! (the metadata's device list, pairing, the checks, the remap table).
+//! root. [`NVIDIA`] and [`AMD`] are the families; the stages whose data is a family's own (the
+//! metadata's items, pairing, the checks, the remap table) use it directly, NVIDIA's in
+//! `decision::plan`, AMD's in `decision::amd`.
 //!
 //! Assumption: the families' names do not overlap (no name in a device directory is two
 //! families' node), so the order of the table changes nothing but the order of the scan.
@@ -38,9 +39,11 @@ pub trait Family: Sync {
 
 /// The NVIDIA family.
 pub static NVIDIA: &dyn Family = &nvidia::Nvidia;
+/// The AMD family.
+pub static AMD: &dyn Family = &amd::Amd;
 
 /// Every family, in the order they are asked.
-pub static FAMILIES: &[&dyn Family] = &[NVIDIA];
+pub static FAMILIES: &[&dyn Family] = &[NVIDIA, AMD];
 
 /// Facts about the host beyond its GPU nodes: what the families' driver files say.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -57,6 +60,8 @@ pub struct HostFacts {
     /// The driver's version (`570.86.15`), from `proc/driver/nvidia/version`; `None` when the
     /// file is missing or gives none.
     pub driver_version: Option<String>,
+    /// The KFD topology (AMD GPUs and CPUs); empty on a host without KFD.
+    pub amd: amd::topology::Topology,
 }
 
 /// Lists every family's GPU and pass-through nodes of `dir`.
@@ -72,10 +77,11 @@ pub fn scan_dev_dir(dir: &Path) -> Result<DevDirScan, HostError> {
     for family in FAMILIES {
         family.scan_dev_dir(&mut top, &mut scan)?;
     }
-    if scan.gpus.len() + scan.passthrough.len() > limits::MAX_NODES {
+    if scan.gpus.len() + scan.amd.len() + scan.passthrough.len() > limits::MAX_NODES {
         return Err(HostError::TooMany(dir.to_owned()));
     }
     scan.gpus.sort_by_key(|(minor, _)| *minor);
+    scan.amd.sort_by_key(|(minor, _)| *minor);
     scan.passthrough.sort_by(|a, b| a.rel_path.cmp(&b.rel_path));
     Ok(scan)
 }

@@ -38,6 +38,8 @@ pub struct HostNode {
 pub struct DevDirScan {
     /// `(N, node)` for every `nvidiaN`, sorted by N.
     pub gpus: Vec<(u32, HostNode)>,
+    /// `(N, node)` for every AMD `dri/renderDN`, sorted by N.
+    pub amd: Vec<(u32, HostNode)>,
     pub passthrough: Vec<HostNode>,
 }
 

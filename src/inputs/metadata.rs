@@ -8,10 +8,11 @@
 //! [`needed_len`] tells a reader how many bytes that is, so a 50 GiB image costs 16 bytes
 //! plus its header.
 
-use crate::device::{Access, MAX_DRIVER_VERSION_LEN, MAX_MODEL_LEN, fact_fault};
-use crate::family::nvidia::{MAX_REGULAR_MINOR, is_gpu_uuid};
+use crate::device::Access;
+use crate::family::nvidia::MAX_REGULAR_MINOR;
+use crate::inputs::amd_metadata::{self, AmdSaved};
+use crate::inputs::metadata_items as items;
 use serde_json::{Map, Value};
-use std::collections::BTreeSet;
 use thiserror::Error;
 
 /// The state file magic, ASCII `gVisorSF`.
@@ -104,8 +105,12 @@ impl Format {
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Metadata {
     pub format: Format,
-    /// Saved GPUs, sorted by minor; empty when the key is absent (nothing was open at save).
+    /// Saved NVIDIA GPUs (the items without a `kind`), sorted by minor; empty when the key is
+    /// absent (nothing was open at save).
     pub gpus: Vec<DeviceId>,
+    /// Saved AMD GPUs (`"kind": "amdgpu"`), in the list's order.
+    #[serde(default)]
+    pub amd: Vec<AmdSaved>,
     /// Whether the GPU key was present at all.
     pub gpu_key_present: bool,
     /// Saved TPUs, as written; reported, not remapped.
@@ -152,6 +157,12 @@ pub enum MetadataError {
     DuplicateUuid(String),
     #[error("{GPU_KEY}[{index}].earlier_minors: {what}")]
     Earlier { index: usize, what: String },
+    #[error("{GPU_KEY}[{index}].kind: expected \"amdgpu\" (an NVIDIA item has no kind), found {found}")]
+    Kind { index: usize, found: String },
+    #[error("{GPU_KEY}[{index}] (amdgpu): {what}")]
+    Amd { index: usize, what: String },
+    #[error("{GPU_KEY}: amdgpu render minor {0} appears twice")]
+    DuplicateRender(u32),
 }
 
 /// How many leading bytes of a file [`parse`] needs, judged from its first bytes: for a state
@@ -201,10 +212,11 @@ pub fn parse(bytes: &[u8]) -> Result<Metadata, MetadataError> {
             from_map(Format::Map, &map)
         }
         Some(b'[') => {
-            let value = parse_json(bytes)?;
+            let (gpus, amd) = device_list(&parse_json(bytes)?)?;
             Ok(Metadata {
                 format: Format::Array,
-                gpus: device_list(&value)?,
+                gpus,
+                amd,
                 gpu_key_present: true,
                 tpus: Vec::new(),
                 warnings: Vec::new(),
@@ -250,9 +262,9 @@ fn parse_json_object(bytes: &[u8]) -> Result<Map<String, Value>, MetadataError> 
 }
 
 fn from_map(format: Format, map: &Map<String, Value>) -> Result<Metadata, MetadataError> {
-    let gpus = match map.get(GPU_KEY) {
+    let (gpus, amd) = match map.get(GPU_KEY) {
         Some(v) => device_list(&embedded(GPU_KEY, v)?)?,
-        None => Vec::new(),
+        None => (Vec::new(), Vec::new()),
     };
     let tpus = match map.get(TPU_KEY) {
         Some(v) => tpu_list(&embedded(TPU_KEY, v)?)?,
@@ -272,7 +284,7 @@ fn from_map(format: Format, map: &Map<String, Value>) -> Result<Metadata, Metada
             keys.join(", ")
         ));
     }
-    Ok(Metadata { format, gpus, gpu_key_present: map.contains_key(GPU_KEY), tpus, warnings })
+    Ok(Metadata { format, gpus, amd, gpu_key_present: map.contains_key(GPU_KEY), tpus, warnings })
 }
 
 /// gVisor stores a list as a string holding JSON; hand-written maps may hold the list itself.
@@ -312,136 +324,30 @@ fn tpu_list(value: &Value) -> Result<Vec<Value>, MetadataError> {
     Ok(items.to_vec())
 }
 
-fn device_list(value: &Value) -> Result<Vec<DeviceId>, MetadataError> {
+/// The NVIDIA items (sorted by minor) and the AMD items (in order) of the device list.
+fn device_list(value: &Value) -> Result<(Vec<DeviceId>, Vec<AmdSaved>), MetadataError> {
     let items = list_items(GPU_KEY, value)?;
-    let mut gpus =
-        items.iter().enumerate().map(|(index, item)| device_id(index, item)).collect::<Result<Vec<_>, _>>()?;
-    gpus.sort_by_key(|d| d.minor);
-    if let Some(w) = gpus.windows(2).find(|w| w[0].minor == w[1].minor) {
-        return Err(MetadataError::DuplicateMinor(w[0].minor));
-    }
-    // Every name leads to one GPU: an earlier name is no other GPU's minor or earlier name.
-    let mut names = BTreeSet::new();
-    for minor in gpus.iter().flat_map(|d| std::iter::once(&d.minor).chain(&d.earlier_minors)) {
-        if !names.insert(*minor) {
-            return Err(MetadataError::DuplicateMinor(*minor));
+    let (mut gpus, mut amd) = (Vec::new(), Vec::new());
+    for (index, item) in items.iter().enumerate() {
+        let Value::Object(obj) = item else {
+            return Err(MetadataError::Shape {
+                key: GPU_KEY,
+                what: format!("item {index}: expected an object, found {}", describe(item)),
+            });
+        };
+        match obj.get("kind") {
+            None => gpus.push(items::device_id(index, obj)?),
+            Some(Value::String(k)) if k == amd_metadata::KIND => {
+                let item = amd_metadata::item(index, obj, items::recorded_access(index, obj)?)?;
+                if amd.iter().any(|a: &AmdSaved| a.minor == item.minor) {
+                    return Err(MetadataError::DuplicateRender(item.minor));
+                }
+                amd.push(item);
+            }
+            Some(other) => return Err(MetadataError::Kind { index, found: describe(other) }),
         }
     }
-    // A UUID's hex digits mean the same in either case.
-    let mut uuids = BTreeSet::new();
-    if let Some(d) = gpus.iter().find(|d| !d.uuid.is_empty() && !uuids.insert(d.uuid.to_ascii_lowercase())) {
-        return Err(MetadataError::DuplicateUuid(d.uuid.clone()));
-    }
-    Ok(gpus)
-}
-
-fn device_id(index: usize, item: &Value) -> Result<DeviceId, MetadataError> {
-    let Value::Object(obj) = item else {
-        return Err(MetadataError::Shape {
-            key: GPU_KEY,
-            what: format!("item {index}: expected an object, found {}", describe(item)),
-        });
-    };
-    let optional = |field: &'static str| -> Result<Option<u32>, MetadataError> {
-        obj.get(field)
-            .map(|v| {
-                v.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(|| MetadataError::Field {
-                    index,
-                    field,
-                    expected: "an unsigned 32-bit integer",
-                    found: describe(v),
-                })
-            })
-            .transpose()
-    };
-    let number = |field: &'static str, required: bool| -> Result<u32, MetadataError> {
-        match optional(field)? {
-            Some(n) => Ok(n),
-            None if !required => Ok(0),
-            None => Err(MetadataError::Field {
-                index,
-                field,
-                expected: "an unsigned 32-bit integer",
-                found: "nothing".into(),
-            }),
-        }
-    };
-    let minor = number("minor", true)?;
-    if minor > MAX_REGULAR_MINOR {
-        return Err(MetadataError::MinorTooLarge { index, minor });
-    }
-    let uuid = match obj.get("uuid") {
-        None => String::new(),
-        Some(Value::String(s)) if is_gpu_uuid(s) => s.clone(),
-        Some(Value::String(_)) => String::new(),
-        Some(v) => {
-            return Err(MetadataError::Field { index, field: "uuid", expected: "a string", found: describe(v) });
-        }
-    };
-    // Facts are compared and shown in messages: text a driver writes, never echoed when not.
-    let fact = |field: &'static str, max: usize| -> Result<Option<String>, MetadataError> {
-        match obj.get(field) {
-            None => Ok(None),
-            Some(Value::String(s)) => match fact_fault(s, max) {
-                None => Ok(Some(s.clone())),
-                Some(why) => Err(MetadataError::Fact { index, field, why }),
-            },
-            Some(v) => Err(MetadataError::Field { index, field, expected: "a string", found: describe(v) }),
-        }
-    };
-    let model = fact("model", MAX_MODEL_LEN)?;
-    let earlier_minors = earlier_minors(index, minor, obj.get("earlier_minors"))?;
-    let driver_version = fact("driver_version", MAX_DRIVER_VERSION_LEN)?;
-    let recorded = RecordedAccess { mode: optional("mode")?, uid: optional("uid")?, gid: optional("gid")? };
-    // The metadata may come from another host: it may give a checkpoint name the mode the saved
-    // node had, but never setuid or setgid (runc clears them on device nodes too, so a node a
-    // checkpoint saw never had them) nor the owner id that means "no owner".
-    if let Some(mode) = recorded.mode.filter(|m| m & !0o1777 != 0) {
-        return Err(MetadataError::ModeTooLarge { index, mode });
-    }
-    for (field, id) in [("uid", recorded.uid), ("gid", recorded.gid)] {
-        if id == Some(u32::MAX) {
-            return Err(MetadataError::NoOwner { index, field });
-        }
-    }
-    Ok(DeviceId {
-        minor,
-        pci_vendor_id: number("pci_vendor_id", false)?,
-        pci_device_id: number("pci_device_id", false)?,
-        gpu_id: number("gpu_id", false)?,
-        device_instance: number("device_instance", false)?,
-        subdevice_instance: number("subdevice_instance", false)?,
-        uuid,
-        recorded,
-        model,
-        driver_version,
-        earlier_minors,
-    })
-}
-
-/// The `earlier_minors` of item `index` (whose minor is `minor`): GPU minors, each once, none
-/// the item's own; sorted.
-fn earlier_minors(index: usize, minor: u32, value: Option<&Value>) -> Result<Vec<u32>, MetadataError> {
-    let bad = |what: String| MetadataError::Earlier { index, what };
-    let items = match value {
-        None => return Ok(Vec::new()),
-        Some(Value::Array(items)) => items,
-        Some(v) => return Err(bad(format!("expected an array of GPU minors, found {}", describe(v)))),
-    };
-    let mut out = BTreeSet::new();
-    for item in items {
-        let m = item
-            .as_u64()
-            .and_then(|n| u32::try_from(n).ok())
-            .ok_or_else(|| bad(format!("expected GPU minors, found {}", describe(item))))?;
-        if m > MAX_REGULAR_MINOR {
-            return Err(bad(format!("minor {m} is over {MAX_REGULAR_MINOR}, the largest GPU minor")));
-        }
-        if m == minor || !out.insert(m) {
-            return Err(bad(format!("minor {m} is listed twice or is the GPU's own")));
-        }
-    }
-    Ok(out.into_iter().collect())
+    Ok((items::nvidia_list(gpus)?, amd))
 }
 
 /// A short description of a JSON value for error messages: numbers as written, the rest by kind.

@@ -57,11 +57,11 @@ pub struct Pairing {
 /// Why `--device-map` cannot be used as given.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum PairError {
-    #[error("--device-map: renderD{0} is no saved AMD GPU")]
+    #[error("renderD{0} is no saved AMD GPU")]
     NotSaved(u32),
-    #[error("--device-map: renderD{0} is no restored AMD GPU")]
+    #[error("renderD{0} is no restored AMD GPU")]
     NotRestored(u32),
-    #[error("--device-map: renderD{0} is given twice")]
+    #[error("renderD{0} is given twice")]
     Twice(u32),
 }
 
@@ -72,6 +72,16 @@ fn minor(gpu: &Gpu) -> u32 {
 /// Pairs `saved` with `restored` (each in the plugin's order), honouring `explicit`
 /// (`(saved render minor, restored render minor)`).
 pub fn pair(saved: &[Gpu], restored: &[Gpu], checks: &Checks, explicit: &[(u32, u32)]) -> Result<Pairing, PairError> {
+    pair_with(saved, restored, explicit, plugin::choose(saved, restored, checks))
+}
+
+/// [`pair`] with the plugin's `choice` already made (or known to be unknowable).
+pub fn pair_with(
+    saved: &[Gpu],
+    restored: &[Gpu],
+    explicit: &[(u32, u32)],
+    choice: Result<Vec<(usize, usize)>, Refusal>,
+) -> Result<Pairing, PairError> {
     let mut out = Pairing::default();
     let mut seen = (BTreeSet::new(), BTreeSet::new());
     let mut taken = vec![false; restored.len()];
@@ -87,7 +97,6 @@ pub fn pair(saved: &[Gpu], restored: &[Gpu], checks: &Checks, explicit: &[(u32, 
         taken[r] = true;
         out.pairs.push(Pair { saved: s, restored: r, by: By::Explicit });
     }
-    let choice = plugin::choose(saved, restored, checks);
     let mut left: Vec<usize> = (0..saved.len()).filter(|&s| !out.pairs.iter().any(|p| p.saved == s)).collect();
     match &choice {
         Ok(map) => {

@@ -157,6 +157,7 @@ pub fn parse_gpu_id(file: &str, text: &str) -> Result<u32, TopologyError> {
 /// A GPU's facts as CRIU's amdgpu plugin compares them (`struct tp_node`, `device_properties_match`),
 /// with the identity facts devremap shows. A property the file lacks is 0, as in the plugin.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Facts {
     pub simd_count: u32,
     pub mem_banks_count: u32,
@@ -343,7 +344,7 @@ fn vram(dir: &str, files: &NodeFiles) -> Result<Vram, TopologyError> {
 }
 
 /// A host's topology: its nodes in the plugin's order ([`kernfs_order`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Topology {
     pub nodes: Vec<Node>,
 }

@@ -70,6 +70,7 @@ fn loaded(minor: u32) -> Loaded {
         driver_version: None,
         checks: vec![],
         mixed_input: Default::default(),
+        amd: Default::default(),
     };
     Loaded { plan, metadata: None }
 }
