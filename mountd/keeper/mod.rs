@@ -68,6 +68,8 @@ enum Ev {
     Gone(u64),
     /// The plan a server serves (`Loaded::to_bytes`), after each generation.
     Served(u64, Vec<u8>),
+    /// A server sent more than the keeper keeps (the error).
+    Overrun(u64, String),
     Probed(u64, bool),
     /// `/dev/fuse` ended: unmounted (`Ok`) or aborted (ECONNABORTED).
     KernelEnded(io::Result<()>),
@@ -231,6 +233,12 @@ impl Keeper<'_> {
                     self.plan = Some(plan);
                 }
                 return None;
+            }
+            Ev::Overrun(epoch, why) => {
+                if self.machine.current() == Some(epoch) {
+                    self.plan = None;
+                }
+                Event::Overrun { epoch, why }
             }
             Ev::Control(epoch, message) => match message {
                 Control::Loaded(protocol) => Event::Loaded { epoch, protocol },

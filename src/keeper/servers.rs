@@ -119,6 +119,9 @@ pub enum Event {
     Probed { epoch: u64, same: bool },
     /// Server `epoch` exited, with this status.
     Gone { epoch: u64, status: String },
+    /// Server `epoch` sent more than the keeper keeps (`why`, what it sent: a plan over
+    /// [`crate::keeper::control::MAX_PLAN`]).
+    Overrun { epoch: u64, why: String },
     /// Server `epoch` has left a request unanswered since `since` ([`hang`] said so).
     Hung { epoch: u64, since: Instant },
     /// A deadline ([`Machine::deadline`]) passed.
@@ -255,6 +258,7 @@ impl Machine {
             (state, Event::Notice(epoch, notice)) => self.notice(state, epoch, notice, now),
             (state, Event::Probed { epoch, same }) => self.probed(state, epoch, same),
             (state, Event::Gone { epoch, status }) => self.gone(state, epoch, &status, now),
+            (state, Event::Overrun { epoch, why }) => self.overrun(state, epoch, &why, now),
             (state, Event::Hung { epoch, since }) => self.hung(state, epoch, since, now),
             (state, Event::Tick) => self.tick(state, now),
         };

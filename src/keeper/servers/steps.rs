@@ -321,6 +321,24 @@ impl Machine {
         if current.ready { self.restart(now) } else { self.retry_later(now) }
     }
 
+    /// Server `epoch` sent more than the keeper keeps: a successor is treated as failed (killed;
+    /// the next is due, or the old server serves on); the current server serves on, and the
+    /// driver forgets its plan (a server restarted after its crash loads the inputs).
+    pub(super) fn overrun(&mut self, state: State, epoch: u64, why: &str, now: Instant) -> State {
+        if let Some(s) = state.successor(epoch) {
+            let crash = format!("server pid {} could not take over: it {why}; killed it", s.server.pid);
+            let refusal = format!("upgrade refused: the new server {why}");
+            return self.successor_failed(state, crash, refusal, now);
+        }
+        if let Some(current) = state.current().filter(|c| c.epoch == epoch) {
+            let pid = current.pid;
+            self.warn(format!(
+                "server pid {pid} {why}: not kept, so a server restarted after a crash loads the inputs; it serves on"
+            ));
+        }
+        state
+    }
+
     /// The hang check found the current server hung: killed, and replaced as a dead one is.
     pub(super) fn hung(&mut self, state: State, epoch: u64, since: Instant, now: Instant) -> State {
         let (current, upgrade) = match state {
