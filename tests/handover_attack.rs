@@ -667,3 +667,31 @@ fn a_server_that_sends_a_plan_without_bound_is_refused() {
     wait_for("an upgrade to a real binary to take over", || new_server(&d.state_file, old));
     assert!(fs::symlink_metadata(d.path("null")).is_ok());
 }
+
+/// Bug (issue 18, found from outside): a keeper stopped (`SIGSTOP`, 2 s) right after `SIGUSR2`
+/// and continued, with `--reload-timeout 1`, refused the upgrade two times in five ("the new
+/// server did not load its inputs within 1 s") although the new server had loaded in
+/// milliseconds: its `Loaded` waited unread in the control socket while the keeper was stopped,
+/// and on `SIGCONT` the main thread found the deadline passed before the control thread had
+/// passed the message on. Now a keeper that did not run gives a successor a new `--reload-timeout`.
+/// Four rounds (`--reload-timeout 2`, stopped 3 s): every upgrade takes over.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn a_keeper_stopped_during_an_upgrade_does_not_refuse_it() {
+    need_fuse();
+    let d = Daemon::start(&["--host-root", &empty_root(), "--ttl", "0", "--reload-timeout", "2"]);
+    for round in 1..=4u64 {
+        let old = d.server_pid();
+        d.signal(libc::SIGUSR2);
+        d.signal(libc::SIGSTOP);
+        // Not a wait for anything: the keeper must stay stopped past --reload-timeout.
+        std::thread::sleep(std::time::Duration::from_secs(3));
+        d.signal(libc::SIGCONT);
+        let state = wait_for(&format!("round {round}: the upgrade to take over or be refused"), || {
+            let state: Value = serde_json::from_str(&fs::read_to_string(&d.state_file).ok()?).ok()?;
+            (state["handovers"] == round || !state["last_error"].is_null()).then_some(state)
+        });
+        assert!(state["last_error"].is_null(), "round {round}: {}\n{}", state["last_error"], d.log_text());
+        assert_ne!(d.server_pid(), old);
+    }
+}

@@ -124,6 +124,9 @@ pub enum Event {
     Overrun { epoch: u64, why: String },
     /// Server `epoch` has left a request unanswered since `since` ([`hang`] said so).
     Hung { epoch: u64, since: Instant },
+    /// The keeper itself did not run for a while past a deadline (stopped, starved of CPU): a
+    /// successor gets a new `--reload-timeout`, since what it said meanwhile waits unread.
+    Away,
     /// A deadline ([`Machine::deadline`]) passed.
     Tick,
 }
@@ -260,6 +263,7 @@ impl Machine {
             (state, Event::Gone { epoch, status }) => self.gone(state, epoch, &status, now),
             (state, Event::Overrun { epoch, why }) => self.overrun(state, epoch, &why, now),
             (state, Event::Hung { epoch, since }) => self.hung(state, epoch, since, now),
+            (state, Event::Away) => self.away(state, now),
             (state, Event::Tick) => self.tick(state, now),
         };
         std::mem::take(&mut self.out)

@@ -339,6 +339,24 @@ impl Machine {
         state
     }
 
+    /// The keeper did not run for a while: a successor gets a new `--reload-timeout` from `now`.
+    /// Its `Loaded` may have waited unread all that time, and its deadline would otherwise pass
+    /// before the keeper's control thread has read it (an upgrade refused for a slow load that
+    /// was not), as a server gets a new `--server-timeout` for its requests.
+    pub(super) fn away(&mut self, state: State, now: Instant) -> State {
+        match state {
+            State::Replacing { successor: Some(mut s), retry_at } => {
+                s.deadline = s.deadline.max(now + self.reload_timeout);
+                State::Replacing { successor: Some(s), retry_at }
+            }
+            State::Upgrading { current, mut successor } => {
+                successor.deadline = successor.deadline.max(now + self.reload_timeout);
+                State::Upgrading { current, successor }
+            }
+            state => state,
+        }
+    }
+
     /// The hang check found the current server hung: killed, and replaced as a dead one is.
     pub(super) fn hung(&mut self, state: State, epoch: u64, since: Instant, now: Instant) -> State {
         let (current, upgrade) = match state {
