@@ -415,9 +415,14 @@ fn a_full_state_file_filesystem_does_not_kill_every_successor() {
 
 /// The resident memory of process `pid`, in KiB (`VmRSS` in `/proc/<pid>/status`).
 fn resident_kib(pid: u32) -> u64 {
+    status_kib(pid, "VmRSS:")
+}
+
+/// A figure in KiB from `/proc/<pid>/status`: the line starting with `key`.
+fn status_kib(pid: u32, key: &str) -> u64 {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("a VmRSS line");
-    line.split_whitespace().nth(1).and_then(|kib| kib.parse().ok()).expect("VmRSS in kB")
+    let line = status.lines().find(|l| l.starts_with(key)).unwrap_or_else(|| panic!("a {key} line"));
+    line.split_whitespace().nth(1).and_then(|kib| kib.parse().ok()).unwrap_or_else(|| panic!("{key} in kB"))
 }
 
 /// Bug (found from outside): the keeper, "small" and meant to stay so for the mount's life,
@@ -606,4 +611,87 @@ fn a_successor_that_stops_reading_its_handover_does_not_freeze_the_keeper() {
     let status = wait_for("the keeper to act on SIGTERM (it is frozen)", || d.child.try_wait().unwrap());
     assert!(status.success(), "{status}: {}", d.log_text());
     assert!(!is_mounted(&d.mountpoint));
+}
+
+/// Bug (issue 18): the keeper put a server's plan back together from its parts with no bound on
+/// the total (`read_control`): a server that sent parts without end grew the keeper without
+/// end, the one place it allocated on what it read without a limit. Here the binary an upgrade
+/// runs is a fake server (a Python script speaking the control protocol) that sends 512 MiB of
+/// plan parts before anything else. Expected: past `MAX_PLAN` (128 MiB) the keeper drops what
+/// it kept, kills the fake and refuses the upgrade, naming the bound in `last_error`; the old
+/// server serves on, the keeper's peak stays within the bound and its buffers, and an upgrade
+/// to a real binary after it takes over.
+#[test]
+#[ignore = "needs root, /dev/fuse and python3"]
+fn a_server_that_sends_a_plan_without_bound_is_refused() {
+    need_fuse();
+    let dir = tempfile::tempdir().unwrap();
+    let binary = dir.path().join("devremapd");
+    let install = |content: &[u8]| {
+        // Written by a child process: a descriptor open for writing here could be inherited by a
+        // child another test forks, and the file would not execute (ETXTBSY).
+        let next = dir.path().join("devremapd.next");
+        let mut sh =
+            Command::new("/bin/sh").args(["-c", "cat > \"$0\"", arg(&next)]).stdin(Stdio::piped()).spawn().unwrap();
+        std::io::Write::write_all(sh.stdin.as_mut().unwrap(), content).unwrap();
+        drop(sh.stdin.take());
+        assert!(sh.wait().unwrap().success());
+        fs::set_permissions(&next, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        fs::rename(&next, &binary).unwrap();
+    };
+    install(&fs::read(BIN).unwrap());
+    let d = Daemon::start_program(&binary, &["--host-root", &empty_root(), "--ttl", "0"]);
+    let (keeper, old) = (d.child.id(), d.server_pid());
+    let prefix: String =
+        devremap::keeper::control::Control::Part(Vec::new()).encode().iter().map(|b| format!("{b:02x}")).collect();
+    let fake = format!(
+        "#!/usr/bin/env python3\nimport os, time\npart = bytes.fromhex('{prefix}') + bytes(60000)\n\
+         for _ in range(512 * 1024 * 1024 // 60000):\n    os.write(4, part)\n\
+         os.write(4, bytes.fromhex('{end}'))\ntime.sleep(3600)\n",
+        end = devremap::keeper::control::Control::End.encode().iter().map(|b| format!("{b:02x}")).collect::<String>()
+    );
+    install(fake.as_bytes());
+    d.signal(libc::SIGUSR2);
+    let state = wait_for("the upgrade's last_error", || {
+        let state: Value = serde_json::from_str(&fs::read_to_string(&d.state_file).ok()?).ok()?;
+        (!state["last_error"].is_null()).then_some(state)
+    });
+    let error = state["last_error"].as_str().unwrap_or_default();
+    assert!(error.contains("sent a plan of more than 128 MiB"), "{error}\n{}", d.log_text());
+    assert_eq!(d.server_pid(), old, "{}", d.log_text());
+    assert!(fs::symlink_metadata(d.path("null")).is_ok(), "the old server serves on");
+    let peak = status_kib(keeper, "VmHWM:");
+    assert!(peak < 200 * 1024, "the keeper's peak resident memory: {peak} KiB");
+    install(&fs::read(BIN).unwrap());
+    d.signal(libc::SIGUSR2);
+    wait_for("an upgrade to a real binary to take over", || new_server(&d.state_file, old));
+    assert!(fs::symlink_metadata(d.path("null")).is_ok());
+}
+
+/// Bug (issue 18, found from outside): a keeper stopped (`SIGSTOP`, 2 s) right after `SIGUSR2`
+/// and continued, with `--reload-timeout 1`, refused the upgrade two times in five ("the new
+/// server did not load its inputs within 1 s") although the new server had loaded in
+/// milliseconds: its `Loaded` waited unread in the control socket while the keeper was stopped,
+/// and on `SIGCONT` the main thread found the deadline passed before the control thread had
+/// passed the message on. Now a keeper that did not run gives a successor a new `--reload-timeout`.
+/// Four rounds (`--reload-timeout 2`, stopped 3 s): every upgrade takes over.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn a_keeper_stopped_during_an_upgrade_does_not_refuse_it() {
+    need_fuse();
+    let d = Daemon::start(&["--host-root", &empty_root(), "--ttl", "0", "--reload-timeout", "2"]);
+    for round in 1..=4u64 {
+        let old = d.server_pid();
+        d.signal(libc::SIGUSR2);
+        d.signal(libc::SIGSTOP);
+        // Not a wait for anything: the keeper must stay stopped past --reload-timeout.
+        std::thread::sleep(std::time::Duration::from_secs(3));
+        d.signal(libc::SIGCONT);
+        let state = wait_for(&format!("round {round}: the upgrade to take over or be refused"), || {
+            let state: Value = serde_json::from_str(&fs::read_to_string(&d.state_file).ok()?).ok()?;
+            (state["handovers"] == round || !state["last_error"].is_null()).then_some(state)
+        });
+        assert!(state["last_error"].is_null(), "round {round}: {}\n{}", state["last_error"], d.log_text());
+        assert_ne!(d.server_pid(), old);
+    }
 }

@@ -68,6 +68,8 @@ enum Ev {
     Gone(u64),
     /// The plan a server serves (`Loaded::to_bytes`), after each generation.
     Served(u64, Vec<u8>),
+    /// A server sent more than the keeper keeps (the error).
+    Overrun(u64, String),
     Probed(u64, bool),
     /// `/dev/fuse` ended: unmounted (`Ok`) or aborted (ECONNABORTED).
     KernelEnded(io::Result<()>),
@@ -192,7 +194,11 @@ impl Keeper<'_> {
             let deadline = self.deadline();
             let waited = wait(rx, deadline);
             let now = Instant::now();
-            self.woke(deadline, now);
+            if let Some(away) = self.woke(deadline, now)
+                && let Err(end) = self.feed(away, rx)
+            {
+                return end;
+            }
             let event = match waited {
                 Waited::Event(ev) => match self.event(ev) {
                     Some(event) => event,
@@ -231,6 +237,12 @@ impl Keeper<'_> {
                     self.plan = Some(plan);
                 }
                 return None;
+            }
+            Ev::Overrun(epoch, why) => {
+                if self.machine.current() == Some(epoch) {
+                    self.plan = None;
+                }
+                Event::Overrun { epoch, why }
             }
             Ev::Control(epoch, message) => match message {
                 Control::Loaded(protocol) => Event::Loaded { epoch, protocol },
@@ -357,9 +369,11 @@ impl Keeper<'_> {
     /// late, the keeper did not run meanwhile (SIGSTOP, or starved of CPU): requests it had
     /// decided to send may not have been written, and replies may wait unread, so the server's
     /// clock starts again. (A false "hung" needs a keeper away for at least `--server-timeout`:
-    /// it is then at least three heartbeats late.)
-    fn woke(&mut self, deadline: Option<Instant>, now: Instant) {
-        let Some(late) = away(deadline, now, self.heartbeat()) else { return };
+    /// it is then at least three heartbeats late.) Woken later than [`REPLY_GRACE`], the
+    /// machine is told ([`Event::Away`]): a successor gets a new `--reload-timeout`.
+    fn woke(&mut self, deadline: Option<Instant>, now: Instant) -> Option<Event> {
+        let moved = away(deadline, now, REPLY_GRACE).map(|_| Event::Away);
+        let Some(late) = away(deadline, now, self.heartbeat()) else { return moved };
         if self.machine.hang_checked().is_some() {
             info!(
                 "the keeper did not run for {} ms (stopped, or starved of CPU): its server gets a new --server-timeout",
@@ -367,6 +381,7 @@ impl Keeper<'_> {
             );
             self.link.shared.lock().relay.restart_clocks(now);
         }
+        moved
     }
 
     /// Whether the server requests go to has left one unanswered for `--server-timeout`,

@@ -11,7 +11,7 @@
 
 use super::Ev;
 use crate::mountpoint::FSNAME;
-use devremap::keeper::control::{Control, MAX_RECORD};
+use devremap::keeper::control::{Control, MAX_PLAN, MAX_RECORD, Parts};
 use devremap::keeper::relay::{FromKernel, FromServer, Relay};
 use log::warn;
 use nix::errno::Errno;
@@ -182,10 +182,11 @@ pub(super) fn relay_replies(link: &Link, epoch: u64, socket: &OwnedFd, passing: 
 }
 
 /// Reads server `epoch`'s control messages until it exits; writes its invalidations, and puts
-/// the plan it serves back together from its parts.
+/// the plan it serves back together from its parts, up to [`MAX_PLAN`] bytes: one that sends
+/// more is reported (`Overrun`) and the rest of that plan ignored.
 pub(super) fn read_control(link: &Link, epoch: u64, control: &OwnedFd, _done: Readers) {
     let mut buf = vec![0u8; MAX_RECORD + 1];
-    let mut plan = Vec::new();
+    let mut plan = Parts::new(MAX_PLAN);
     loop {
         match nix::unistd::read(control, &mut buf) {
             Ok(0) => return,
@@ -200,8 +201,16 @@ pub(super) fn read_control(link: &Link, epoch: u64, control: &OwnedFd, _done: Re
                     let excess = known.len().saturating_sub(2);
                     known.drain(..excess);
                 }
-                Ok(Control::Part(part)) => plan.extend(part),
-                Ok(Control::End) => drop(link.events.send(Ev::Served(epoch, std::mem::take(&mut plan)))),
+                Ok(Control::Part(part)) => {
+                    if let Err(why) = plan.push(&part) {
+                        let _ = link.events.send(Ev::Overrun(epoch, why));
+                    }
+                }
+                Ok(Control::End) => {
+                    if let Some(plan) = plan.end() {
+                        let _ = link.events.send(Ev::Served(epoch, plan));
+                    }
+                }
                 Ok(message) => {
                     if link.events.send(Ev::Control(epoch, message)).is_err() {
                         return;

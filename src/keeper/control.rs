@@ -149,6 +149,51 @@ pub fn records(payload: &[u8]) -> Vec<Vec<u8>> {
     records
 }
 
+/// The most bytes of a plan the keeper keeps of a server (`Loaded::to_bytes`, in parts). A
+/// plan of inputs within their limits is far smaller: every input is at most 16 MiB and a tree
+/// at most 16,384 nodes whose paths total 1 MiB, and the server that builds one stays under
+/// 100 MiB whole (tests/limits.rs). A server that sends more is broken, whatever it is.
+pub const MAX_PLAN: usize = 128 << 20;
+
+/// A payload put back together from its parts ([`records`]), within a bound: past it, the parts
+/// kept are dropped and the rest of that payload is ignored, so what a peer sends never grows
+/// the reader beyond the bound.
+#[derive(Debug)]
+pub struct Parts {
+    bytes: Vec<u8>,
+    limit: usize,
+    /// This payload went over the limit: its parts are ignored until [`Control::End`].
+    over: bool,
+}
+
+impl Parts {
+    pub fn new(limit: usize) -> Parts {
+        Parts { bytes: Vec::new(), limit, over: false }
+    }
+
+    /// Adds a part. `Err` once, the first time the payload goes over the limit, with the error
+    /// to log.
+    pub fn push(&mut self, part: &[u8]) -> Result<(), String> {
+        if self.over {
+            return Ok(());
+        }
+        if self.bytes.len() + part.len() > self.limit {
+            self.over = true;
+            self.bytes = Vec::new();
+            return Err(format!("sent a plan of more than {} MiB, the most a keeper keeps", self.limit >> 20));
+        }
+        self.bytes.extend_from_slice(part);
+        Ok(())
+    }
+
+    /// The payload at its [`Control::End`]; `None` if it went over the limit. The next part
+    /// starts the next payload.
+    pub fn end(&mut self) -> Option<Vec<u8>> {
+        let bytes = std::mem::take(&mut self.bytes);
+        (!std::mem::take(&mut self.over)).then_some(bytes)
+    }
+}
+
 /// What a server starts from: nothing (the first server), or the kernel's view and the
 /// counters of the servers before it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -286,6 +331,27 @@ mod tests {
         assert_eq!(Control::decode(b"\"Part\""), Err(HandoverError::Truncated("no bytes")));
         assert!(matches!(Control::decode(b"\"End\"\0x"), Err(HandoverError::Message(_))));
         assert!(VERSION.ends_with(&format!("(keeper protocol {PROTOCOL})")), "{VERSION}");
+    }
+
+    /// Rule (issue 18): a payload is put back together only within its bound. One part over
+    /// it is refused once (the bytes kept are dropped, the rest of the payload ignored, so the
+    /// reader never holds more than the bound), and the next payload starts afresh.
+    #[test]
+    fn parts_are_put_together_within_their_bound() {
+        let mut parts = Parts::new(10);
+        assert_eq!(parts.push(b"12345"), Ok(()));
+        assert_eq!(parts.push(b"67890"), Ok(()));
+        assert_eq!(parts.end(), Some(b"1234567890".to_vec()), "exactly the bound is kept");
+        assert_eq!(parts.push(b"123456"), Ok(()));
+        let refused = parts.push(b"78901").unwrap_err();
+        assert!(refused.contains("more than 0 MiB"), "{refused}");
+        assert_eq!(parts.push(&[0; 4]), Ok(()), "refused once per payload");
+        assert_eq!(parts.bytes.len(), 0, "nothing is kept of a payload over the bound");
+        assert_eq!(parts.end(), None);
+        assert_eq!(parts.push(b"ab"), Ok(()));
+        assert_eq!(parts.end(), Some(b"ab".to_vec()), "the next payload is read afresh");
+        assert_eq!(Parts::new(MAX_PLAN).push(&[0; 1]).map(drop), Ok(()));
+        assert!(Parts::new(MAX_PLAN).push(&vec![0; MAX_PLAN + 1]).unwrap_err().contains("more than 128 MiB"));
     }
 
     /// Rule: a payload larger than a record goes in parts, and comes back whole.

@@ -119,8 +119,14 @@ pub enum Event {
     Probed { epoch: u64, same: bool },
     /// Server `epoch` exited, with this status.
     Gone { epoch: u64, status: String },
+    /// Server `epoch` sent more than the keeper keeps (`why`, what it sent: a plan over
+    /// [`crate::keeper::control::MAX_PLAN`]).
+    Overrun { epoch: u64, why: String },
     /// Server `epoch` has left a request unanswered since `since` ([`hang`] said so).
     Hung { epoch: u64, since: Instant },
+    /// The keeper itself did not run for a while past a deadline (stopped, starved of CPU): a
+    /// successor gets a new `--reload-timeout`, since what it said meanwhile waits unread.
+    Away,
     /// A deadline ([`Machine::deadline`]) passed.
     Tick,
 }
@@ -255,7 +261,9 @@ impl Machine {
             (state, Event::Notice(epoch, notice)) => self.notice(state, epoch, notice, now),
             (state, Event::Probed { epoch, same }) => self.probed(state, epoch, same),
             (state, Event::Gone { epoch, status }) => self.gone(state, epoch, &status, now),
+            (state, Event::Overrun { epoch, why }) => self.overrun(state, epoch, &why, now),
             (state, Event::Hung { epoch, since }) => self.hung(state, epoch, since, now),
+            (state, Event::Away) => self.away(state, now),
             (state, Event::Tick) => self.tick(state, now),
         };
         std::mem::take(&mut self.out)

@@ -321,6 +321,42 @@ impl Machine {
         if current.ready { self.restart(now) } else { self.retry_later(now) }
     }
 
+    /// Server `epoch` sent more than the keeper keeps: a successor is treated as failed (killed;
+    /// the next is due, or the old server serves on); the current server serves on, and the
+    /// driver forgets its plan (a server restarted after its crash loads the inputs).
+    pub(super) fn overrun(&mut self, state: State, epoch: u64, why: &str, now: Instant) -> State {
+        if let Some(s) = state.successor(epoch) {
+            let crash = format!("server pid {} could not take over: it {why}; killed it", s.server.pid);
+            let refusal = format!("upgrade refused: the new server {why}");
+            return self.successor_failed(state, crash, refusal, now);
+        }
+        if let Some(current) = state.current().filter(|c| c.epoch == epoch) {
+            let pid = current.pid;
+            self.warn(format!(
+                "server pid {pid} {why}: not kept, so a server restarted after a crash loads the inputs; it serves on"
+            ));
+        }
+        state
+    }
+
+    /// The keeper did not run for a while: a successor gets a new `--reload-timeout` from `now`.
+    /// Its `Loaded` may have waited unread all that time, and its deadline would otherwise pass
+    /// before the keeper's control thread has read it (an upgrade refused for a slow load that
+    /// was not), as a server gets a new `--server-timeout` for its requests.
+    pub(super) fn away(&mut self, state: State, now: Instant) -> State {
+        match state {
+            State::Replacing { successor: Some(mut s), retry_at } => {
+                s.deadline = s.deadline.max(now + self.reload_timeout);
+                State::Replacing { successor: Some(s), retry_at }
+            }
+            State::Upgrading { current, mut successor } => {
+                successor.deadline = successor.deadline.max(now + self.reload_timeout);
+                State::Upgrading { current, successor }
+            }
+            state => state,
+        }
+    }
+
     /// The hang check found the current server hung: killed, and replaced as a dead one is.
     pub(super) fn hung(&mut self, state: State, epoch: u64, since: Instant, now: Instant) -> State {
         let (current, upgrade) = match state {

@@ -286,6 +286,60 @@ fn an_upgrade_is_accepted_or_refused() {
     assert!(matches!(&differs[..], [Action::Warn(_), Action::TakeOver { retire: None, .. }]), "{differs:?}");
 }
 
+/// Rule (issue 18): a server that sends more than the keeper keeps (a plan over `MAX_PLAN`)
+/// is treated as failed while it is a successor: an upgrade's is killed and refused with the
+/// reason (the old server serves on), a crash successor's is killed and the next is due after
+/// the backoff. The current server serves on (the driver forgets its plan), with a warning.
+#[test]
+fn a_server_that_sends_too_much_is_failed_as_a_successor_and_serves_on_as_current() {
+    let why = "sent a plan of more than 128 MiB, the most a keeper keeps".to_owned();
+    let mut r = Run::serving();
+    r.on(Event::Sigusr2);
+    r.on(Event::Spawned { epoch: 2, pid: 200, handed_plan: false });
+    let refused = r.on(Event::Overrun { epoch: 2, why: why.clone() });
+    assert!(refused.contains(&Action::Kill(2)), "{refused:?}");
+    assert_eq!(refusal(&refused), Some(format!("upgrade refused: the new server {why}").as_str()));
+    assert_eq!((r.m.phase(), r.m.current()), (Phase::Serving, Some(1)));
+    assert_eq!(r.on(Event::Probed { epoch: 2, same: true }), [], "the killed one never takes over");
+
+    let current = r.on(Event::Overrun { epoch: 1, why: why.clone() });
+    assert!(matches!(&current[..], [Action::Warn(w)] if w.contains("server pid 100 sent a plan")), "{current:?}");
+    assert_eq!((r.m.phase(), r.m.current()), (Phase::Serving, Some(1)), "it serves on");
+
+    r.on(gone(1));
+    r.on(Event::Spawned { epoch: 3, pid: 300, handed_plan: true });
+    let crash = r.on(Event::Overrun { epoch: 3, why });
+    assert!(crash.contains(&Action::Kill(3)), "{crash:?}");
+    assert_eq!((r.m.phase(), spawns(&crash)), (Phase::Replacing, vec![]), "the next after the backoff");
+    assert_eq!(spawns(&r.at(MAX_BACKOFF, Event::Tick)), [(4, Binary::Good, true)]);
+}
+
+/// Bug (issue 18, found from outside): a keeper stopped (`SIGSTOP`) past an upgrade's
+/// `--reload-timeout` and continued refused the upgrade as "did not load its inputs within N
+/// s", two times in five, though the new server had loaded long before: its `Loaded` waited
+/// unread while the keeper was stopped, and the deadline passed first. Now the time the keeper
+/// was away ([`Event::Away`]) gives a successor a new `--reload-timeout`.
+#[test]
+fn the_time_the_keeper_was_away_is_not_the_successors() {
+    let late = Duration::from_secs(3);
+    let mut r = Run::serving();
+    r.on(Event::Sigusr2);
+    r.on(Event::Spawned { epoch: 2, pid: 200, handed_plan: false });
+    r.at(TIMEOUT + late, Event::Away);
+    assert_eq!(r.m.deadline(), Some(r.t0 + TIMEOUT + late + TIMEOUT), "a new --reload-timeout");
+    assert_eq!(r.at(TIMEOUT + late, Event::Tick), [], "not given up on");
+    assert_eq!(r.on(Event::Loaded { epoch: 2, protocol: PROTOCOL }), [Action::Probe(2)]);
+    let overdue = r.at(TIMEOUT + late + TIMEOUT, Event::Tick);
+    assert!(refusal(&overdue).is_some_and(|w| w.contains("within 10 s")), "then it is: {overdue:?}");
+
+    let mut r = Run::serving();
+    r.on(gone(1));
+    r.at(late, Event::Away);
+    assert_eq!(r.m.deadline(), Some(r.t0 + late + TIMEOUT), "a crash successor's too");
+    r.on(Event::Away);
+    assert_eq!(r.m.deadline(), Some(r.t0 + late + TIMEOUT), "never earlier");
+}
+
 /// Rule (issue 13): a server that dies during an upgrade is replaced from its own binary and
 /// plan; the untried upgrade is dropped.
 #[test]
