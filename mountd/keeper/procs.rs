@@ -4,8 +4,8 @@
 use super::threads::{Readers, read_control, relay_replies, seqpacket_pair};
 use super::{Keeper, spawn_thread};
 use crate::signals;
-use devremap::keeper::control::{self, Control};
 use devremap::io_message;
+use devremap::keeper::control::{self, Control};
 use log::warn;
 use nix::errno::Errno;
 use nix::sys::socket::{MsgFlags, Shutdown, send, shutdown};
@@ -112,7 +112,6 @@ impl Keeper<'_> {
         self.link.shared.lock().sockets.remove(&proc.epoch);
         let _ = std::thread::Builder::new().name("reaper".into()).spawn(move || drop(proc.child.wait()));
     }
-
 }
 
 /// Sets the server's descriptors up between fork and exec: the binary's fd kept open, the
@@ -172,4 +171,3 @@ pub(super) fn status_text(status: io::Result<ExitStatus>) -> String {
         Err(e) => format!("unknown status: {}", io_message(&e)),
     }
 }
-

@@ -5,9 +5,9 @@
 use super::threads::{mount, relay_requests};
 use super::{Keeper, spawn_thread};
 use devremap::atomic::{Lasting, write_atomic_told};
-use devremap::keeper::fuse_wire;
-use devremap::keeper::control::Control;
 use devremap::io_message;
+use devremap::keeper::control::Control;
+use devremap::keeper::fuse_wire;
 use log::warn;
 use std::time::{Duration, Instant};
 

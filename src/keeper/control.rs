@@ -127,12 +127,13 @@ impl Control {
             Some(nul) => (&record[..nul], Some(&record[nul + 1..])),
             None => (record, None),
         };
-        let mut message: Control =
-            serde_json::from_slice(json).map_err(|e| HandoverError::Message(e.to_string()))?;
+        let mut message: Control = serde_json::from_slice(json).map_err(|e| HandoverError::Message(e.to_string()))?;
         match (&mut message, bytes) {
             (Control::Part(b) | Control::Invalidate(b), Some(bytes)) => *b = bytes.to_vec(),
             (Control::Part(_) | Control::Invalidate(_), None) => return Err(HandoverError::Truncated("no bytes")),
-            (Control::Loaded(_) | Control::Load, _) => return Err(HandoverError::Message("not in its frozen form".into())),
+            (Control::Loaded(_) | Control::Load, _) => {
+                return Err(HandoverError::Message("not in its frozen form".into()));
+            }
             (_, Some(_)) => return Err(HandoverError::Message("bytes after a message that has none".into())),
             _ => {}
         }
@@ -389,7 +390,8 @@ mod tests {
         assert_eq!(Resume::parse(&payload).unwrap(), resume);
         assert!(Resume::parse(&payload[..payload.len() / 2]).is_err());
         assert!(Resume::parse(b"{\"generation\":1}").is_err());
-        let other = String::from_utf8(payload).unwrap().replacen(&format!("\"protocol\":{PROTOCOL}"), "\"protocol\":9", 1);
+        let other =
+            String::from_utf8(payload).unwrap().replacen(&format!("\"protocol\":{PROTOCOL}"), "\"protocol\":9", 1);
         assert_eq!(
             Resume::parse(other.as_bytes()),
             Err(HandoverError::Payload(format!("keeper protocol 9, not {PROTOCOL}"))),

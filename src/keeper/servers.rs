@@ -72,7 +72,11 @@ pub enum Exit {
 pub enum Action {
     /// Start server `epoch`; `plan`: hand it the plan the current server served, if any, rather
     /// than have it load the inputs. Answered by [`Event::Spawned`] or [`Event::SpawnFailed`].
-    Spawn { epoch: u64, binary: Binary, plan: bool },
+    Spawn {
+        epoch: u64,
+        binary: Binary,
+        plan: bool,
+    },
     /// The first server loaded: mount, and start relaying requests.
     Mount(u64),
     /// Write the pid file, unless it is written already.
@@ -85,7 +89,11 @@ pub enum Action {
     /// Successor `epoch` takes over: at an upgrade the old server `retire` drains, retires and
     /// leaves first; then the relay hands it the node table (and, at an upgrade, the old plan)
     /// and the requests in flight. `from` starts the successor's log line.
-    TakeOver { epoch: u64, retire: Option<u64>, from: String },
+    TakeOver {
+        epoch: u64,
+        retire: Option<u64>,
+        from: String,
+    },
     /// The relay counts a death for what was in flight at server `epoch`, which no longer answers.
     Lost(u64),
     Kill(u64),
@@ -100,8 +108,15 @@ pub enum Action {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
     /// [`Action::Spawn`] started server `epoch` as `pid`; `handed_plan`: it was handed a plan.
-    Spawned { epoch: u64, pid: u32, handed_plan: bool },
-    SpawnFailed { epoch: u64, why: String },
+    Spawned {
+        epoch: u64,
+        pid: u32,
+        handed_plan: bool,
+    },
+    SpawnFailed {
+        epoch: u64,
+        why: String,
+    },
     Sighup,
     Sigusr2,
     /// `SIGTERM`, `SIGINT` or the watched container gone: the reason.
@@ -109,21 +124,39 @@ pub enum Event {
     /// `/dev/fuse` ended (unmounted or aborted from outside).
     KernelEnded,
     /// Server `epoch` loaded its inputs and speaks `protocol`.
-    Loaded { epoch: u64, protocol: u32 },
+    Loaded {
+        epoch: u64,
+        protocol: u32,
+    },
     /// Server `epoch` failed to load (its error line); it exits next.
-    Failed { epoch: u64, why: String },
+    Failed {
+        epoch: u64,
+        why: String,
+    },
     /// The mount answers through server `epoch`.
     Answering(u64),
     Notice(u64, Notice),
     /// Successor `epoch` answered the INIT replay, alike (`same`) or not.
-    Probed { epoch: u64, same: bool },
+    Probed {
+        epoch: u64,
+        same: bool,
+    },
     /// Server `epoch` exited, with this status.
-    Gone { epoch: u64, status: String },
+    Gone {
+        epoch: u64,
+        status: String,
+    },
     /// Server `epoch` sent more than the keeper keeps (`why`, what it sent: a plan over
     /// [`crate::keeper::control::MAX_PLAN`]).
-    Overrun { epoch: u64, why: String },
+    Overrun {
+        epoch: u64,
+        why: String,
+    },
     /// Server `epoch` has left a request unanswered since `since` ([`hang`] said so).
-    Hung { epoch: u64, since: Instant },
+    Hung {
+        epoch: u64,
+        since: Instant,
+    },
     /// The keeper itself did not run for a while past a deadline (stopped, starved of CPU): a
     /// successor gets a new `--reload-timeout`, since what it said meanwhile waits unread.
     Away,
@@ -151,13 +184,27 @@ struct Successor {
 
 #[derive(Debug)]
 enum State {
-    Starting { first: Server, mounted: bool, error: Option<String> },
-    Serving { current: Server },
-    Replacing { successor: Option<Successor>, retry_at: Option<Instant> },
-    Upgrading { current: Server, successor: Successor },
+    Starting {
+        first: Server,
+        mounted: bool,
+        error: Option<String>,
+    },
+    Serving {
+        current: Server,
+    },
+    Replacing {
+        successor: Option<Successor>,
+        retry_at: Option<Instant>,
+    },
+    Upgrading {
+        current: Server,
+        successor: Successor,
+    },
     /// `current`: the server that was current, which the driver tells to stop (it removes the
     /// state file), rather than only killing it.
-    Stopping { current: Option<Server> },
+    Stopping {
+        current: Option<Server>,
+    },
 }
 
 /// The keeper's state: the phase with its servers, the counters and what is deferred to a

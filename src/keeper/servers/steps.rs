@@ -1,6 +1,8 @@
 //! The machine's steps: one function per event, from a phase to the next, pushing actions.
 
-use super::{Action, Binary, Exit, FIRST_BACKOFF, FIRST_EPOCH, MAX_BACKOFF, MAX_RELOAD_DEATHS, Machine, Server, State, Successor};
+use super::{
+    Action, Binary, Exit, FIRST_BACKOFF, FIRST_EPOCH, MAX_BACKOFF, MAX_RELOAD_DEATHS, Machine, Server, State, Successor,
+};
 use crate::keeper::control::{Control, PROTOCOL};
 use crate::served::lifecycle::Notice;
 use std::time::Instant;
@@ -118,7 +120,9 @@ impl Machine {
 
     pub(super) fn spawn_failed(&mut self, state: State, epoch: u64, why: String, now: Instant) -> State {
         match state {
-            State::Starting { .. } => self.stop(None, Exit::StartFailed(format!("cannot start the server: {why}")), None),
+            State::Starting { .. } => {
+                self.stop(None, Exit::StartFailed(format!("cannot start the server: {why}")), None)
+            }
             State::Replacing { successor: Some(s), .. } if s.server.epoch == epoch => {
                 self.warn(format!("cannot start a server: {why}"));
                 self.retry_later(now)
@@ -139,7 +143,9 @@ impl Machine {
                     self.stop(None, Exit::StartFailed(format!("the server cannot serve: {why}")), None)
                 }
                 state if is_successor => {
-                    let refusal = format!("upgrade refused: the new binary cannot take over: {why}; restart the daemon to use it");
+                    let refusal = format!(
+                        "upgrade refused: the new binary cannot take over: {why}; restart the daemon to use it"
+                    );
                     self.successor_failed(state, format!("a server to take over cannot: {why}"), refusal, now)
                 }
                 state => state,
@@ -269,7 +275,8 @@ impl Machine {
     }
 
     pub(super) fn gone(&mut self, state: State, epoch: u64, status: &str, now: Instant) -> State {
-        let died = |current: &Server| format!("server pid {} exited ({status}); starting another to take over", current.pid);
+        let died =
+            |current: &Server| format!("server pid {} exited ({status}); starting another to take over", current.pid);
         match state {
             State::Starting { first, error, .. } if first.epoch == epoch => {
                 let why = error.unwrap_or_else(|| format!("the server exited before it was ready ({status})"));
@@ -315,7 +322,10 @@ impl Machine {
         // Dropped: the dead server's binary and plan take over at once, rather than waiting for
         // an untried binary still loading its inputs.
         if let Some(s) = upgrade {
-            self.warn(format!("upgrade abandoned: the serving server died while server pid {} was starting", s.server.pid));
+            self.warn(format!(
+                "upgrade abandoned: the serving server died while server pid {} was starting",
+                s.server.pid
+            ));
             self.out.push(Action::Kill(s.server.epoch));
         }
         if current.ready { self.restart(now) } else { self.retry_later(now) }
@@ -385,8 +395,9 @@ impl Machine {
         match (state, overdue) {
             (State::Replacing { successor: None, retry_at: Some(t) }, _) if t <= now => self.restart(now),
             (state, Some(pid)) => {
-                let crash =
-                    format!("server pid {pid} did not take over within {secs} s (an input on a stuck filesystem?); killed it");
+                let crash = format!(
+                    "server pid {pid} did not take over within {secs} s (an input on a stuck filesystem?); killed it"
+                );
                 let refusal = format!("upgrade refused: the new server did not load its inputs within {secs} s");
                 self.successor_failed(state, crash, refusal, now)
             }
@@ -413,4 +424,3 @@ pub(super) fn spawned(state: State, epoch: u64, pid: u32, handed_plan: bool) -> 
         state => state,
     }
 }
-

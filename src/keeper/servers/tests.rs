@@ -420,8 +420,11 @@ fn a_stop_in_each_phase_ends_everything() {
     ] {
         assert_eq!(r.m.phase(), phase);
         let stop = r.on(Event::Stop("signal SIGTERM".into()));
-        let expected =
-            [Action::Info("signal SIGTERM: stopping".into()), Action::Notify(Notice::Stopping), Action::Exit(Exit::Stop)];
+        let expected = [
+            Action::Info("signal SIGTERM: stopping".into()),
+            Action::Notify(Notice::Stopping),
+            Action::Exit(Exit::Stop),
+        ];
         assert_eq!(stop, expected, "{phase:?}");
         assert_eq!(r.m.phase(), Phase::Stopping);
         assert_eq!(r.m.current(), current, "{phase:?}: the server told to stop (it removes the state file)");

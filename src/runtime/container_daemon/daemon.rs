@@ -81,8 +81,7 @@ impl Container {
         let watch_failed = |errno| DaemonError::Watch { path: self.dir.clone(), errno };
         let inotify = Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK).map_err(watch_failed)?;
         inotify.add_watch(&self.dir, AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO).map_err(watch_failed)?;
-        let mut child =
-            cmd.spawn().map_err(|source| DaemonError::Spawn { path: a.devremapd.to_owned(), source })?;
+        let mut child = cmd.spawn().map_err(|source| DaemonError::Spawn { path: a.devremapd.to_owned(), source })?;
         match self.wait_ready(&mut child, &inotify, procs) {
             Ok(()) => Ok(child),
             Err(e) => {
@@ -141,7 +140,9 @@ impl Container {
         // EINVAL when nothing is mounted there.
         let _ = nix::mount::umount2(&self.dev(), nix::mount::MntFlags::MNT_DETACH);
         match fs::remove_dir_all(&self.dir) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(DaemonError::Remove { path: self.dir.clone(), source: e }),
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                Err(DaemonError::Remove { path: self.dir.clone(), source: e })
+            }
             _ => Ok(()),
         }
     }
