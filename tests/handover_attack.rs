@@ -257,7 +257,9 @@ fn a_crash_keeps_the_last_error_of_a_refused_reload() {
 #[ignore = "needs root and /dev/fuse"]
 fn a_hung_server_is_replaced_after_the_server_timeout() {
     need_fuse();
-    let d = Daemon::start(&["--host-root", &empty_root(), "--ttl", "0", "--server-timeout", "1"]);
+    // 3 s, not 1: the successor is hang-checked from the moment it takes over, and on a busy
+    // machine one that needs over a second to answer would be killed as hung in turn.
+    let d = Daemon::start(&["--host-root", &empty_root(), "--ttl", "0", "--server-timeout", "3"]);
     let old = d.server_pid();
     kill(old, libc::SIGSTOP);
     let _resume = Resume(old);
@@ -473,7 +475,9 @@ fn the_keeper_does_not_grow_by_a_buffer_per_handover() {
 #[ignore = "needs root and /dev/fuse"]
 fn a_hung_server_is_replaced_when_its_socket_is_full() {
     need_fuse();
-    let d = Daemon::start(&["--host-root", &empty_root(), "--ttl", "0", "--server-timeout", "1"]);
+    // 3 s, not 1: the successor is hang-checked from the moment it takes over, and on a busy
+    // machine one that needs over a second to answer would be killed as hung in turn.
+    let d = Daemon::start(&["--host-root", &empty_root(), "--ttl", "0", "--server-timeout", "3"]);
     let old = d.server_pid();
     kill(old, libc::SIGSTOP);
     let _resume = Resume(old);
