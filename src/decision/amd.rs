@@ -20,7 +20,8 @@ use crate::decision::tree::{Node, TreeBuilder, TreeError};
 use crate::device::{Access, DevKind, Rdev};
 use crate::family::AMD;
 use crate::family::amd::pairing::{self, By, PairError};
-use crate::family::amd::plugin::{self, Checks, Gpu, Refusal};
+use crate::family::amd::plugin::{self, Gpu, Refusal};
+use crate::family::amd::properties::{self, Checks};
 use crate::family::amd::topology::{Facts, kernfs_order};
 use crate::family::amd::{PLUGIN_LAST_MINOR, topology::Topology};
 use crate::inputs::amd_metadata::AmdSaved;
@@ -163,17 +164,7 @@ pub fn explicit(map: &[MapPair]) -> Result<Vec<(u32, u32)>, PairingError> {
 
 /// Pairs the saved AMD GPUs with `restored` and evaluates the AMD side of the checks.
 pub fn decide(saved: &[AmdSaved], restored: Vec<AmdRestored>, explicit: &[(u32, u32)]) -> Result<Decided, PairError> {
-    let mut warnings: Vec<String> = restored
-        .iter()
-        .filter(|g| g.minor > PLUGIN_LAST_MINOR)
-        .map(|g| {
-            format!(
-                "/dev/{}: CRIU's amdgpu plugin opens only render minors 128-{PLUGIN_LAST_MINOR}; a restore \
-                 onto this GPU fails in the plugin",
-                g.name()
-            )
-        })
-        .collect();
+    let mut warnings = past_the_plugin(&restored);
     if saved.is_empty() {
         let plan = AmdPlan { restored, ..AmdPlan::default() };
         return Ok(Decided { plan, access: vec![], outcomes: None, warnings });
@@ -203,7 +194,7 @@ pub fn decide(saved: &[AmdSaved], restored: Vec<AmdRestored>, explicit: &[(u32, 
         let served_access = old.recorded.over(new.access);
         if known && model.is_none() {
             let no_fw = Checks { fw_version: false, sdma_fw_version: false, ..checks };
-            model = plugin::mismatch(&saved_side[p.saved].facts, &restored_side[p.restored].facts, &no_fw)
+            model = properties::mismatch(&saved_side[p.saved].facts, &restored_side[p.restored].facts, &no_fw)
                 .map(|why| format!("saved renderD{} is not restored renderD{}: {why}", old.minor, new.minor));
         }
         if known && firmware.is_none() {
@@ -211,18 +202,7 @@ pub fn decide(saved: &[AmdSaved], restored: Vec<AmdRestored>, explicit: &[(u32, 
                 .map(|why| format!("saved renderD{} was on {why} than restored renderD{}", old.minor, new.minor));
         }
         if wider.is_none() && checks::widens(served_access, new.access) {
-            wider = Some(format!(
-                "saved renderD{} was recorded {:04o} {}:{}, more access than the {:04o} {}:{} that restored \
-                 renderD{} has here",
-                old.minor,
-                served_access.mode,
-                served_access.uid,
-                served_access.gid,
-                new.access.mode,
-                new.access.uid,
-                new.access.gid,
-                new.minor
-            ));
+            wider = Some(wider_access(old.minor, served_access, new));
         }
         access.push(served_access);
         plan.remap.push(AmdRemap {
@@ -249,6 +229,28 @@ pub fn decide(saved: &[AmdSaved], restored: Vec<AmdRestored>, explicit: &[(u32, 
     ];
     plan.restored = restored;
     Ok(Decided { plan, access, outcomes: Some(outcomes), warnings })
+}
+
+/// A warning for each restored GPU whose render minor CRIU's amdgpu plugin cannot open.
+fn past_the_plugin(restored: &[AmdRestored]) -> Vec<String> {
+    let warn = |g: &AmdRestored| {
+        format!(
+            "/dev/{}: CRIU's amdgpu plugin opens only render minors 128-{PLUGIN_LAST_MINOR}; a restore onto this \
+             GPU fails in the plugin",
+            g.name()
+        )
+    };
+    restored.iter().filter(|g| g.minor > PLUGIN_LAST_MINOR).map(warn).collect()
+}
+
+/// The `mode` check's finding: saved render node `old` was recorded with `recorded`, more
+/// access than `new` has here.
+fn wider_access(old: u32, recorded: Access, new: &AmdRestored) -> String {
+    format!(
+        "saved renderD{old} was recorded {:04o} {}:{}, more access than the {:04o} {}:{} that restored renderD{} \
+         has here",
+        recorded.mode, recorded.uid, recorded.gid, new.access.mode, new.access.uid, new.access.gid, new.minor
+    )
 }
 
 /// The first firmware the restored GPU has older than the saved one's (the plugin's

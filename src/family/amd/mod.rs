@@ -5,8 +5,9 @@
 //! restores it onto GPUs it chooses itself from the restore host's KFD topology, and opens
 //! `/dev/dri/renderD<minor of that GPU>` in the container; the process's own paths name the
 //! checkpoint host's minors. [`topology`] parses the topology files (pure), [`read`] reads them
-//! under a host root (the edge), [`plugin`] makes the plugin's choice (pure), and [`pairing`]
-//! pairs saved with restored GPUs for the tree, with `--device-map` and warnings (pure).
+//! under a host root (the edge), [`plugin`] makes the plugin's choice (pure) with the property
+//! match of [`properties`], and [`pairing`] pairs saved with restored GPUs for the tree, with
+//! `--device-map` and warnings (pure).
 //!
 //! Assumptions: a render node is char 226:N with N >= 128 (`DRM_MAJOR`, the render minors
 //! start at 128); `renderD<N>`'s N is ASCII digits without a leading zero, as the kernel names
@@ -16,6 +17,7 @@
 
 pub mod pairing;
 pub mod plugin;
+pub mod properties;
 pub mod read;
 pub mod topology;
 

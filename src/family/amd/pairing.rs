@@ -9,7 +9,8 @@
 //! or its choice cannot be known, what `--device-map` leaves is paired by position in
 //! render-minor order, and the plan says so for each GPU.
 
-use super::plugin::{self, Checks, Gpu, Refusal};
+use super::plugin::{self, Gpu, Refusal};
+use super::properties::Checks;
 use std::collections::BTreeSet;
 use thiserror::Error;
 
