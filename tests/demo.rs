@@ -14,6 +14,7 @@ use common::daemon::wait_for;
 use std::fs;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
+use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use tempfile::TempDir;
 
@@ -23,6 +24,21 @@ fn demo(tmpdir: &Path, stdin: Stdio) -> Command {
     let mut c = Command::new(SCRIPT);
     c.env("TMPDIR", tmpdir).env("DEVREMAPD", BIN).env_remove("RUST_LOG").stdin(stdin);
     c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    // The script runs as a user's shell would: SIGINT and SIGQUIT at their defaults. A test
+    // runner started as a background job of a non-interactive shell (`cmd &`, nohup) inherits
+    // them ignored, and bash never traps a signal that was ignored when it started, so the
+    // interrupted demo would wait for ever (seen: a CI run launched with `&`).
+    // SAFETY: only signal(2), which is async-signal-safe, between fork and exec.
+    unsafe {
+        c.pre_exec(|| {
+            for sig in [libc::SIGINT, libc::SIGQUIT] {
+                if libc::signal(sig, libc::SIG_DFL) == libc::SIG_ERR {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
     c
 }
 
