@@ -42,6 +42,13 @@ fn demo(tmpdir: &Path, stdin: Stdio) -> Command {
     c
 }
 
+/// Whether process `pid` is blocked in read(2) on its descriptor 0 (`/proc/PID/syscall`: the
+/// syscall number, then the first argument).
+fn reads_its_stdin(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/syscall"))
+        .is_ok_and(|s| s.split_whitespace().take(2).eq([libc::SYS_read.to_string().as_str(), "0x0"]))
+}
+
 /// Fails unless the script left nothing: `tmpdir` empty, nothing mounted under it, and the
 /// daemon it started (`pid` from its output) gone.
 fn assert_nothing_left(tmpdir: &Path, output: &str) {
@@ -108,8 +115,14 @@ fn demo_script_cleans_up_when_interrupted() {
     assert!(
         Path::new(&work).join("dev").exists() && fs::read_to_string("/proc/self/mountinfo").unwrap().contains(&work)
     );
+    // Only once the script waits in `read` on its stdin: a SIGINT that reaches bash while its
+    // foreground `grep` (which printed the line above) is still exiting is dropped, since bash
+    // takes a child that exits normally to have handled the interrupt itself (seen: the demo
+    // waited for ever; a terminal's ^C reaches the child too, so a user never sees this).
+    let pid = child.id();
+    wait_for("the demo to wait for Enter on its stdin", || reads_its_stdin(pid).then_some(()));
     // SAFETY: kill with our child's pid.
-    assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) }, 0);
+    assert_eq!(unsafe { libc::kill(pid as libc::pid_t, libc::SIGINT) }, 0);
     for line in lines {
         seen.push_str(&line.unwrap());
         seen.push('\n');
