@@ -172,6 +172,21 @@ fn doc_files() -> Vec<String> {
 /// The end of a command's output in the shell's stream: the line after it carries its status.
 const END: &str = "\x1fdocs-end ";
 
+/// Run by `sh -c` with the checkout as `$1`: empty tmpfs on /run and /tmp, then bash. A
+/// checkout under /tmp (CI clones into /tmp/ci) is bound back into the new /tmp first, or the
+/// tmpfs would hide the binaries, `examples` and the scratch directory (seen: every command
+/// "not found" in a fresh-clone CI run).
+const FRESH_RUN_AND_TMP: &str = r#"set -e
+mount -t tmpfs -o mode=0755 docs-run /run
+case "$1" in /tmp/*) mkdir /run/.host-tmp; mount --bind /tmp /run/.host-tmp ;; esac
+mount -t tmpfs docs-tmp /tmp
+case "$1" in /tmp/*)
+    mkdir -p "$1"; mount --bind "/run/.host-tmp/${1#/tmp/}" "$1"
+    umount -l /run/.host-tmp; rmdir /run/.host-tmp ;;
+esac
+set +e
+exec bash --noprofile --norc"#;
+
 /// One bash, in a scratch directory, that runs a file's commands in order.
 struct Shell {
     child: Child,
@@ -199,7 +214,8 @@ impl Shell {
         // killpg in drop) kills everything the doc started, wherever it was reparented to.
         let mut child = Command::new("unshare")
             .args(["--mount", "--propagation", "private", "--pid", "--fork", "--mount-proc", "--", "sh", "-c"])
-            .arg("mount -t tmpfs -o mode=0755 docs-run /run && mount -t tmpfs docs-tmp /tmp && exec bash --noprofile --norc")
+            .arg(FRESH_RUN_AND_TMP)
+            .args(["sh", ROOT])
             .current_dir(dir.path())
             .env("PATH", path)
             .env("LC_ALL", "C.UTF-8")
