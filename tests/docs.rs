@@ -175,8 +175,11 @@ const END: &str = "\x1fdocs-end ";
 /// Run by `sh -c` with the checkout as `$1`: empty tmpfs on /run and /tmp, then bash. A
 /// checkout under /tmp (CI clones into /tmp/ci) is bound back into the new /tmp first, or the
 /// tmpfs would hide the binaries, `examples` and the scratch directory (seen: every command
-/// "not found" in a fresh-clone CI run).
+/// "not found" in a fresh-clone CI run). `fusectl` is mounted where nobody has (a host systemd
+/// did not boot: docs/daemon.md aborts a connection through it; seen failing on a fresh CI
+/// machine, where only a later test mounted it).
 const FRESH_RUN_AND_TMP: &str = r#"set -e
+grep -qs ' /sys/fs/fuse/connections fusectl ' /proc/mounts || mount -t fusectl fusectl /sys/fs/fuse/connections
 mount -t tmpfs -o mode=0755 docs-run /run
 case "$1" in /tmp/*) mkdir /run/.host-tmp; mount --bind /tmp /run/.host-tmp ;; esac
 mount -t tmpfs docs-tmp /tmp

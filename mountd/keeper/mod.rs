@@ -368,18 +368,20 @@ impl Keeper<'_> {
     /// The main thread woke at `now` from a wait until `deadline`. Woken more than a heartbeat
     /// late, the keeper did not run meanwhile (SIGSTOP, or starved of CPU): requests it had
     /// decided to send may not have been written, and replies may wait unread, so the server's
-    /// clock starts again. (A false "hung" needs a keeper away for at least `--server-timeout`:
-    /// it is then at least three heartbeats late.) Woken later than [`REPLY_GRACE`], the
-    /// machine is told ([`Event::Away`]): a successor gets a new `--reload-timeout`.
+    /// clock leaves that absence out ([`Relay::credit`]), and only that: a keeper starved again
+    /// and again still calls a hung server hung once it has run for `--server-timeout`. (A
+    /// false "hung" needs a keeper away for at least `--server-timeout`: it is then at least
+    /// three heartbeats late.) Woken later than [`REPLY_GRACE`], the machine is told
+    /// ([`Event::Away`]): a successor gets a new `--reload-timeout`.
     fn woke(&mut self, deadline: Option<Instant>, now: Instant) -> Option<Event> {
         let moved = away(deadline, now, REPLY_GRACE).map(|_| Event::Away);
         let Some(late) = away(deadline, now, self.heartbeat()) else { return moved };
         if self.machine.hang_checked().is_some() {
             info!(
-                "the keeper did not run for {} ms (stopped, or starved of CPU): its server gets a new --server-timeout",
+                "the keeper did not run for {} ms (stopped, or starved of CPU): its server is not blamed for that time",
                 late.as_millis()
             );
-            self.link.shared.lock().relay.restart_clocks(now);
+            self.link.shared.lock().relay.credit(late, now);
         }
         moved
     }

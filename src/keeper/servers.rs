@@ -368,7 +368,7 @@ pub enum Hang {
 
 /// How late a wake-up at `now` was for `deadline`, when later than `heartbeat` (the longest the
 /// keeper sleeps while a server answers): then the keeper itself did not run meanwhile
-/// (stopped, or starved of CPU), and its server's clock starts again.
+/// (stopped, or starved of CPU), and its server's clock leaves that time out.
 pub fn away(deadline: Option<Instant>, now: Instant, heartbeat: Duration) -> Option<Duration> {
     deadline.map(|d| now.saturating_duration_since(d)).filter(|late| *late > heartbeat)
 }
