@@ -10,7 +10,7 @@ use common::{BIN, arg, empty_root, fixture};
 use serde_json::Value;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::Instant;
@@ -41,6 +41,17 @@ impl Drop for Resume {
         // SAFETY: kill with a pid and a valid signal; a process already gone is fine.
         unsafe { libc::kill(self.0 as libc::pid_t, libc::SIGCONT) };
     }
+}
+
+/// A daemon whose server is stopped (hung, as a deadlocked one would be), with the guard that
+/// continues it. `--server-timeout 3`, not 1: the successor is hang-checked from the moment it
+/// takes over, and on a busy machine one that needs over a second to answer would be killed as
+/// hung in turn.
+fn with_a_hung_server() -> (Daemon, u32, Resume) {
+    let d = Daemon::start(&["--host-root", &empty_root(), "--ttl", "0", "--server-timeout", "3"]);
+    let old = d.server_pid();
+    kill(old, libc::SIGSTOP);
+    (d, old, Resume(old))
 }
 
 /// Bug (found from outside): `devremapd serve` run by hand, with nothing at fds 3 and 4, does
@@ -159,6 +170,15 @@ fn minor_of_a(d: &Daemon) -> Option<u32> {
     fs::metadata(d.path("a")).ok().map(|m| libc::minor(m.rdev()))
 }
 
+/// A daemon serving a spec of its own (`/dev/a` as 1:3), the spec's directory, and its path.
+fn serving_a_spec() -> (tempfile::TempDir, PathBuf, Daemon) {
+    let inputs = tempfile::tempdir().unwrap();
+    let spec = inputs.path().join("config.json");
+    write_spec(&spec, 3);
+    let d = Daemon::start(&["--spec", arg(&spec), "--host-root", &empty_root(), "--ttl", "0"]);
+    (inputs, spec, d)
+}
+
 /// Bug (found from outside): a SIGHUP that reaches the keeper as the server dies is lost. The
 /// keeper passes it to the dead server (not yet reaped, so `kill` succeeds), and the successor
 /// serves the dead server's plan: the inputs the operator changed (after a restore: which GPU
@@ -169,10 +189,7 @@ fn minor_of_a(d: &Daemon) -> Option<u32> {
 #[ignore = "needs root and /dev/fuse"]
 fn a_sighup_as_the_server_dies_is_not_lost() {
     need_fuse();
-    let inputs = tempfile::tempdir().unwrap();
-    let spec = inputs.path().join("config.json");
-    write_spec(&spec, 3);
-    let d = Daemon::start(&["--spec", arg(&spec), "--host-root", &empty_root(), "--ttl", "0"]);
+    let (_inputs, spec, d) = serving_a_spec();
     for (round, minor) in [5, 7, 3, 5, 7].into_iter().enumerate() {
         write_spec(&spec, minor);
         let old = d.server_pid();
@@ -240,10 +257,7 @@ fn a_reload_under_way_when_the_server_dies_is_not_lost() {
 #[ignore = "needs root and /dev/fuse"]
 fn a_crash_keeps_the_last_error_of_a_refused_reload() {
     need_fuse();
-    let inputs = tempfile::tempdir().unwrap();
-    let spec = inputs.path().join("config.json");
-    write_spec(&spec, 3);
-    let d = Daemon::start(&["--spec", arg(&spec), "--host-root", &empty_root(), "--ttl", "0"]);
+    let (_inputs, spec, d) = serving_a_spec();
     fs::write(&spec, "{not json").unwrap();
     let refused = d.reload();
     let error = refused["last_error"].as_str().expect("the refused reload's error").to_owned();
@@ -265,12 +279,7 @@ fn a_crash_keeps_the_last_error_of_a_refused_reload() {
 fn a_hung_server_is_replaced_after_the_server_timeout() {
     need_fuse();
     let _alone = CPU_FLOOD.lock().unwrap_or_else(|e| e.into_inner());
-    // 3 s, not 1: the successor is hang-checked from the moment it takes over, and on a busy
-    // machine one that needs over a second to answer would be killed as hung in turn.
-    let d = Daemon::start(&["--host-root", &empty_root(), "--ttl", "0", "--server-timeout", "3"]);
-    let old = d.server_pid();
-    kill(old, libc::SIGSTOP);
-    let _resume = Resume(old);
+    let (d, old, _resume) = with_a_hung_server();
     let path = d.path("null");
     let waiter = std::thread::spawn(move || fs::metadata(path).map(|m| m.rdev()));
     let pid = wait_for_or("a server to replace the hung one", || d.log_text(), || new_server(&d.state_file, old));
@@ -484,12 +493,7 @@ fn the_keeper_does_not_grow_by_a_buffer_per_handover() {
 fn a_hung_server_is_replaced_when_its_socket_is_full() {
     need_fuse();
     let _alone = CPU_FLOOD.lock().unwrap_or_else(|e| e.into_inner());
-    // 3 s, not 1: the successor is hang-checked from the moment it takes over, and on a busy
-    // machine one that needs over a second to answer would be killed as hung in turn.
-    let d = Daemon::start(&["--host-root", &empty_root(), "--ttl", "0", "--server-timeout", "3"]);
-    let old = d.server_pid();
-    kill(old, libc::SIGSTOP);
-    let _resume = Resume(old);
+    let (d, old, _resume) = with_a_hung_server();
     let waiters: Vec<_> = (0..14_000)
         .map(|_| {
             let path = d.path("null");
