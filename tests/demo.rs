@@ -13,8 +13,8 @@ use common::bundle::{Runtime, need_containers};
 use common::daemon::wait_for;
 use std::fs;
 use std::io::{BufRead, BufReader};
-use std::path::Path;
 use std::os::unix::process::CommandExt;
+use std::path::Path;
 use std::process::{Command, Stdio};
 use tempfile::TempDir;
 
