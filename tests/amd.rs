@@ -361,3 +361,49 @@ fn live_mount_leads_the_saved_render_name_to_the_paired_gpu() {
     assert_eq!(state["amdgpu"]["remap"][0]["by"], "plugin");
     d.stop();
 }
+
+/// Rule (issue 22, CRIU's `KFD_*_CHECK` variables): the plan honours the plugin's switches
+/// from its own environment, as the plugin reads CRIU's: the Radeon with the newer firmware
+/// (renderD128) restored onto the older one (renderD129) fails `driver` with the checks on;
+/// with `KFD_FW_VER_CHECK=0` and `KFD_SDMA_FW_VER_CHECK=no` the plugin accepts it, and so does
+/// the plan, pairing by the plugin's choice; a value the plugin ignores (`off`) keeps the
+/// check on, with a warning naming it.
+#[test]
+fn the_plugins_check_variables_relax_the_plan_as_they_relax_the_plugin() {
+    let tmp = TempDir::new().unwrap();
+    let (list, _) = record(tmp.path(), "radeon-7900xtx-2", &spec(tmp.path(), "saved.json", &[128], &[]));
+    let restored = spec(tmp.path(), "restored.json", &[129], &[]);
+    let radeon = root("radeon-7900xtx-2");
+    let base = ["--metadata", list.as_str(), "--spec", restored.as_str(), "--host-root", radeon.as_str()];
+    plan_error(&base, "driver: amdgpu: saved renderD128 was on fw_version 2150, newer (2140)");
+    // `devremapd plan --json <base> <extra>` under `env`: status, stdout, stderr.
+    let plan_with = |extra: &[&str], env: &[(&str, &str)]| {
+        let out = std::process::Command::new(BIN)
+            .args(join(&join(&["plan", "--json"], &base), extra))
+            .envs(env.iter().copied())
+            .env_remove("RUST_LOG")
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8(out.stdout).unwrap(), String::from_utf8(out.stderr).unwrap())
+    };
+    let (code, stdout, stderr) = plan_with(&[], &[("KFD_FW_VER_CHECK", "0"), ("KFD_SDMA_FW_VER_CHECK", "no")]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let plan: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(amd_remap(&plan), vec![("dri/renderD128".into(), "dri/renderD129".into(), "plugin".into(), true)]);
+    let driver = plan["checks"].as_array().unwrap().iter().find(|c| c["check"] == "driver").unwrap().clone();
+    assert_eq!(
+        driver["detail"],
+        "amdgpu: 1 pairs compared, KFD_FW_VER_CHECK and KFD_SDMA_FW_VER_CHECK off as for the plugin"
+    );
+    let ignored = [("KFD_FW_VER_CHECK", "off"), ("KFD_SDMA_FW_VER_CHECK", "0")];
+    let (code, _, stderr) = plan_with(&[], &ignored);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("driver: amdgpu: saved renderD128 was on fw_version 2150"), "{stderr}");
+    let (_, stdout, _) = plan_with(&["--relax", "driver"], &ignored);
+    let plan: Value = serde_json::from_str(&stdout).unwrap();
+    let said =
+        plan["warnings"].as_array().unwrap().iter().any(|w| {
+            w.as_str().unwrap().starts_with("KFD_FW_VER_CHECK=\"off\": CRIU's amdgpu plugin ignores this value")
+        });
+    assert!(said, "{}", plan["warnings"]);
+}

@@ -32,6 +32,8 @@ use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
 const MIB: u64 = 1 << 20;
+/// The KFD topology's node directories under the host root, where `kfd` cases apply.
+const KFD_NODES: &str = "sys/class/kfd/kfd/topology/nodes";
 /// The metadata and spec size limit (gVisor's 16 MiB).
 const LIMIT: u64 = 16 * MIB;
 /// How long one `plan` or a reload may take before the case counts as a hang.
@@ -72,6 +74,9 @@ struct Case {
     input: String,
     /// The expected substring of the error; `None` for "not an error".
     expect: Option<String>,
+    /// For an input that is not an error but is said: a substring of the plan's warning, which
+    /// must also start with the input's path.
+    warns: Option<String>,
     place: Where,
 }
 
@@ -129,8 +134,9 @@ fn cases() -> Vec<Case> {
             Some("mount") => Where::Mount,
             Some(other) => panic!("cases.txt:{}: unknown where {other:?}", i + 1),
         };
-        let expect = (cols[3] != "-").then(|| cols[3].to_owned());
-        out.push(Case { name: cols[0].to_owned(), feed, input: cols[2].to_owned(), expect, place });
+        let warns = cols[3].strip_prefix("warns ").map(str::to_owned);
+        let expect = (cols[3] != "-" && warns.is_none()).then(|| cols[3].to_owned());
+        out.push(Case { name: cols[0].to_owned(), feed, input: cols[2].to_owned(), expect, warns, place });
     }
     out
 }
@@ -167,6 +173,9 @@ struct Env {
 impl Env {
     fn new() -> Env {
         let host = FakeHost::with_described_gpus(&[0, 1]);
+        // An AMD host's KFD topology too, which the spec's GPUs (none AMD) leave unused.
+        let copied = Command::new("cp").arg("-r").arg(fixture("amd/mi210-2/sys")).arg(host.root()).status().unwrap();
+        assert!(copied.success(), "cp of the KFD fixture: {copied}");
         let meta = write_state(host.tmp.path(), "checkpoint.img", &[4, 5]);
         let bundle = host.tmp.path().join("bundle");
         fs::create_dir(&bundle).unwrap();
@@ -305,6 +314,7 @@ impl Applied {
             "file" => fs::write(path, "a regular file\n").unwrap(),
             "socket" => drop(std::os::unix::net::UnixListener::bind(path).unwrap()),
             "text" | "bytes" => fs::write(path, unescape(&rest.join(" "))).unwrap(),
+            "lines" => fs::write(path, format!("{}\n", rest[1..].join(" ")).repeat(rest[0].parse().unwrap())).unwrap(),
             "json-over-limit" => match feed {
                 Feed::Spec => fs::write(path, json_over_limit(b'{', b'}')).unwrap(),
                 _ => fs::write(path, json_over_limit(b'[', b']')).unwrap(),
@@ -345,6 +355,12 @@ impl Applied {
             (Feed::HostRoot, "info") => {
                 let bus = GpuFacts::nvidia(w[1].parse().unwrap()).bus;
                 let path = env.host.root().join("proc/driver/nvidia/gpus").join(bus).join("information");
+                a.aside(&path);
+                a.make(&path, w[2], &w[3..], Feed::HostRoot);
+            }
+            (Feed::HostRoot, "kfd") => {
+                let nodes = env.host.root().join(KFD_NODES);
+                let path = if w[1] == "." { nodes } else { nodes.join(w[1]) };
                 a.aside(&path);
                 a.make(&path, w[2], &w[3..], Feed::HostRoot);
             }
@@ -549,7 +565,7 @@ fn corpus_is_well_formed() {
                 assert!(bad_dir().join(w[1]).is_file(), "{}: no file {}", c.name, w[1]);
                 used.push(w[1].to_owned());
             }
-            "make" | "add" | "info" | "pci" | "args" => {}
+            "make" | "add" | "info" | "pci" | "kfd" | "args" => {}
             other => panic!("{}: unknown input verb {other:?}", c.name),
         }
         if matches!(c.feed, Feed::Flags | Feed::MountFlags) {
@@ -599,7 +615,9 @@ fn every_bad_input_fails_plan_with_one_line() {
 /// Rule: inputs that are not GPUs are not errors either: `nvidia-1`, `nvidia` + Arabic-Indic or
 /// fullwidth digits (Rust's `\d` matches them, gVisor's does not), `nvidia`, `NVIDIA2`, a
 /// non-UTF-8 name, a symlink under such a name (never looked at), missing or garbled driver
-/// files (best effort), and a complete state file exactly at the 16 MiB limit. Each plans
+/// files (best effort), a KFD topology file that cannot be read or parsed (a warning naming it:
+/// the AMD facts are unknown, NVIDIA's plan unchanged), a host render node the spec does not
+/// grant, and a complete state file exactly at the 16 MiB limit. Each plans
 /// like the good inputs: exit 0, the same tree, host GPUs 0 and 1 only; none hangs or reads
 /// without bound (a driver file that is a FIFO or `/dev/zero` must be skipped or capped).
 #[test]
@@ -630,6 +648,8 @@ fn ignored_inputs_give_the_good_plan() {
             ))
         } else if restored != Some(vec!["nvidia0", "nvidia1"]) {
             Some(format!("restored GPUs {restored:?}, expected nvidia0 and nvidia1"))
+        } else if let Some(why) = unsaid(case, &env, plan.as_ref().map_or(&Value::Null, |p| &p["warnings"])) {
+            Some(why)
         } else if run.max_rss_kib > MAX_RSS_KIB {
             Some(format!("peak RSS over {MAX_RSS_KIB} KiB"))
         } else {
@@ -640,6 +660,16 @@ fn ignored_inputs_give_the_good_plan() {
         }
     }
     report("ignored inputs", &failures, ran);
+}
+
+/// Why the plan's `warnings` do not say what `case` must: a warning starting with the input's
+/// path and holding the case's text.
+fn unsaid(case: &Case, env: &Env, warnings: &Value) -> Option<String> {
+    let text = case.warns.as_ref()?;
+    let path = &env.blame(case)[0];
+    let warnings: Vec<&str> = warnings.as_array().map(|w| w.iter().filter_map(Value::as_str).collect())?;
+    let said = warnings.iter().any(|w| w.starts_with(path.as_str()) && w.contains(text.as_str()));
+    (!said).then(|| format!("no warning starting with {path:?} and holding {text:?}: {warnings:?}"))
 }
 
 /// Rule: bad input or bad flags to `devremapd mount` fail at startup like `plan`: exit 1, one

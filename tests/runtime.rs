@@ -13,7 +13,7 @@ mod common;
 use common::bundle::{Bundle, HYBRID_UNIFIED, Runtime, allow_char, is_mount_point, need_containers, oci_config};
 use common::clients::need_criu;
 use common::daemon::{is_mounted, need_fuse, wait_for};
-use common::{FakeHost, arg, fake_rdev, write_file};
+use common::{FakeHost, arg, devremapd, fake_rdev, fixture, write_file};
 use serde_json::{Value, json};
 use std::fs;
 use std::os::unix::fs::MetadataExt;
@@ -53,11 +53,15 @@ impl Setup {
     }
 
     fn with_script(runtime: Runtime, annotations: Value, script: &str) -> Setup {
-        let host = FakeHost::with_gpus(&[0, 1]);
         let rules: Vec<Value> = (0..3).map(fake_rdev).map(|(ma, mi)| allow_char(ma, mi)).collect();
         let mut spec = oci_config("wrapped", &rules);
         spec["annotations"] = annotations;
-        let bundle = Bundle::new(script, &spec);
+        Setup::on_host(runtime, FakeHost::with_gpus(&[0, 1]), &spec, script)
+    }
+
+    /// A bundle of `spec` running `script`, on `host`.
+    fn on_host(runtime: Runtime, host: FakeHost, spec: &Value, script: &str) -> Setup {
+        let bundle = Bundle::new(script, spec);
         let tmp = TempDir::new().unwrap();
         let config = write_file(
             tmp.path(),
@@ -858,6 +862,134 @@ fn runc_checkpoint_restore_onto_another_device() {
     let out = s.run(&["delete", "--force", &id]);
     assert_ok(&out, "delete", &s, &id);
     assert!(!s.state_dir().join(&id).exists());
+    for mut cat in [cat1, cat2] {
+        let _ = cat.kill();
+        let _ = cat.wait();
+    }
+}
+
+/// The AMD container holds the checkpoint name `/dev/dri/renderD144` open on fd 3, then, after
+/// `/xchg/go`, reports where fd 3, a reopen, the restored GPU's own name and `/dev/kfd` lead.
+const AMD_CRIU_SCRIPT: &str = r#"#!/bin/sh
+exec 3<> /dev/dri/renderD144
+echo "before fd3: $(stat -L -c '%t:%T' /proc/self/fd/3)"
+echo "before kfd: $(stat -c '%t:%T' /dev/kfd)"
+echo ready
+while [ ! -e /xchg/go ]; do sleep 0.05; done
+echo "after fd3: $(stat -L -c '%t:%T' /proc/self/fd/3)"
+echo "after reopen: $(stat -c '%t:%T %a %g' /dev/dri/renderD144)"
+echo "after native: $(stat -c '%t:%T' /dev/dri/renderD136)"
+echo "after kfd: $(stat -c '%t:%T' /dev/kfd)"
+echo done
+"#;
+
+/// `/dev/kfd` and the render nodes `minors` as a ROCm container's `linux.devices` give them
+/// (the real numbers: the restored GPUs are the spec's render devices; the host's nodes give
+/// the numbers served), render nodes 0660 in group 44 (`render`).
+fn amd_devices(minors: &[u32]) -> Value {
+    let mut devices = vec![json!({"path": "/dev/kfd", "type": "c", "major": 235, "minor": 0, "fileMode": 0o666})];
+    devices.extend(minors.iter().map(|m| {
+        json!({"path": format!("/dev/dri/renderD{m}"), "type": "c", "major": 226, "minor": m,
+               "fileMode": 0o660, "uid": 0, "gid": 44})
+    }));
+    Value::Array(devices)
+}
+
+/// Rule (issue 22, CRIU #2723): runc checkpoint and restore of an AMD container through the
+/// wrapper with a real CRIU, on a fake AMD host: the MI300X fixture's KFD topology under the
+/// host root, render node `renderD144` a real char device (zero, 1:5) and `kfd` another
+/// (random, 1:8). `checkpoint` records the render node into the image exactly as `devremapd
+/// record` does; the host then renumbers: the container is given `renderD136` (full, 1:7) and
+/// `kfd` has another major (tty, 5:0). After `restore`, the saved name `/dev/dri/renderD144`
+/// leads to the GPU the plugin restores onto: the restored descriptor and a reopen reach full,
+/// as does `renderD136`, and `/dev/kfd` is the host's new number.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc, busybox-static and CRIU: checkpoints a container"]
+fn runc_checkpoint_restore_of_an_amd_container_onto_a_renumbered_gpu() {
+    need_containers(Runtime::Runc);
+    let criu = need_criu();
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let host = FakeHost::new();
+    host.node("dri/renderD144", fake_rdev(1));
+    host.node("kfd", fake_rdev(3));
+    let copied = Command::new("cp").arg("-r").arg(fixture("amd/mi300x-8/sys")).arg(host.root()).status().unwrap();
+    assert!(copied.success(), "cp of the KFD fixture: {copied}");
+    let rules: Vec<Value> = [1, 2, 3].map(fake_rdev).into_iter().map(|(ma, mi)| allow_char(ma, mi)).collect();
+    let mut spec = oci_config("wrapped", &rules);
+    spec["annotations"] = json!({"devremap.io/enable": "true"});
+    spec["linux"]["devices"] = amd_devices(&[144]);
+    let s = Setup::on_host(Runtime::Runc, host, &spec, AMD_CRIU_SCRIPT);
+    let id = format!("wrapped-amd-{}", std::process::id());
+    let _delete = Deleting(&s, id.clone());
+    let bundle = arg(s.bundle.dir()).to_owned();
+    let image = s.tmp.path().join("image");
+    let criu_flag = ["--criu", arg(&criu)];
+
+    let (status, cat1) = run_on_pipes(&s, &[&criu_flag[..], &["run", "--detach", "--bundle", &bundle, &id]].concat());
+    assert!(status.success(), "run --detach: {status}\n{}\n{}", s.stdout(), s.daemon_log(&id));
+    s.wait_line("ready");
+    assert!(s.stdout().contains("before fd3: 1:5\nbefore kfd: 1:8\n"), "{}", s.stdout());
+    let daemon = s.daemon_pid(&id);
+
+    let out = s.run(&[&criu_flag[..], &["checkpoint", "--image-path", arg(&image), &id]].concat());
+    assert_ok(&out, &format!("checkpoint ({})", criu_log(&image, "dump.log")), &s, &id);
+    let recorded: Value = serde_json::from_slice(&fs::read(image.join("devremap-gpus.json")).unwrap()).unwrap();
+    let item = &recorded[0];
+    assert_eq!(
+        (&item["kind"], &item["minor"], &item["mode"], &item["gid"]),
+        (&json!("amdgpu"), &json!(144), &json!(0o660), &json!(44))
+    );
+    assert_eq!(item["properties"]["drm_render_minor"], 144, "{item}");
+    let by_hand = s.tmp.path().join("by-hand.json");
+    let spec_path = s.bundle.config_path();
+    let host_args = s.host.args();
+    let mut record = vec!["record", "--spec", arg(&spec_path), "--output", arg(&by_hand)];
+    record.extend(host_args.iter().map(String::as_str));
+    let (code, _, stderr) = devremapd(&record);
+    assert_eq!(code, 0, "devremapd record: {stderr}");
+    let by_hand: Value = serde_json::from_slice(&fs::read(&by_hand).unwrap()).unwrap();
+    assert_eq!(recorded, by_hand, "the wrapper's record is devremapd record's");
+    wait_for("the daemon to stop with its checkpointed container", || (!alive(daemon)).then_some(()));
+
+    // The restore host: the GPU is renderD136 now, and kfd has another major.
+    for gone in ["dri/renderD144", "kfd"] {
+        fs::remove_file(s.host.dev().join(gone)).unwrap();
+    }
+    s.host.node("dri/renderD136", fake_rdev(2));
+    s.host.node("kfd", (5, 0));
+    spec["linux"]["devices"] = amd_devices(&[136]);
+    s.bundle.write_config(&spec);
+    let (status, cat2) = run_on_pipes(
+        &s,
+        &[&criu_flag[..], &["restore", "--detach", "--image-path", arg(&image), "--bundle", &bundle, &id]].concat(),
+    );
+    assert!(
+        status.success(),
+        "restore: {status}\n{}\n{}\n{}",
+        criu_log(&image, "restore.log"),
+        s.stdout(),
+        s.daemon_log(&id)
+    );
+    let state: Value = serde_json::from_slice(&fs::read(s.state_dir().join(&id).join("state.json")).unwrap()).unwrap();
+    let pair = &state["amdgpu"]["remap"][0];
+    assert_eq!(
+        (&pair["name"], &pair["new_name"], &pair["by"]),
+        (&json!("dri/renderD144"), &json!("dri/renderD136"), &json!("plugin")),
+        "{}",
+        state["amdgpu"]
+    );
+    let daemon = s.daemon_pid(&id);
+    fs::write(s.bundle.xchg().join("go"), "").unwrap();
+    s.wait_line("done");
+    let stdout = s.stdout();
+    assert!(stdout.contains("after fd3: 1:7\n"), "the restored descriptor: {stdout}");
+    assert!(stdout.contains("after reopen: 1:7 660 44\n"), "a reopen: {stdout}");
+    assert!(stdout.contains("after native: 1:7\n"), "the restored GPU's own name: {stdout}");
+    assert!(stdout.contains("after kfd: 5:0\n"), "kfd's new number: {stdout}");
+    let out = s.run(&["delete", "--force", &id]);
+    assert_ok(&out, "delete", &s, &id);
+    assert!(!s.state_dir().join(&id).exists());
+    assert!(!alive(daemon) && !is_mounted(&s.state_dir().join(&id).join("dev")));
     for mut cat in [cat1, cat2] {
         let _ = cat.kill();
         let _ = cat.wait();

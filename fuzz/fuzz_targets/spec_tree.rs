@@ -188,6 +188,7 @@ fn extra_inputs(view: spec::SpecView, extra: &[u8]) -> Inputs {
         prefer: if flags & 8 != 0 { Prefer::Checkpoint } else { Prefer::Native },
         pairing: if flags & 16 != 0 { Rule::Positional } else { Rule::IdentityFirst },
         relax: Default::default(),
+        kfd: Default::default(),
     }
 }
 

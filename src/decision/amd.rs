@@ -21,7 +21,7 @@ use crate::device::{Access, DevKind, Rdev};
 use crate::family::AMD;
 use crate::family::amd::pairing::{self, By, PairError};
 use crate::family::amd::plugin::{self, Gpu, Refusal};
-use crate::family::amd::properties::{self, Checks};
+use crate::family::amd::properties::{self, Checks, Switches};
 use crate::family::amd::topology::{Facts, kernfs_order};
 use crate::family::amd::{PLUGIN_LAST_MINOR, topology::Topology};
 use crate::inputs::amd_metadata::AmdSaved;
@@ -162,19 +162,29 @@ pub fn explicit(map: &[MapPair]) -> Result<Vec<(u32, u32)>, PairingError> {
         .collect()
 }
 
-/// Pairs the saved AMD GPUs with `restored` and evaluates the AMD side of the checks.
-pub fn decide(saved: &[AmdSaved], restored: Vec<AmdRestored>, explicit: &[(u32, u32)]) -> Result<Decided, PairError> {
+/// Pairs the saved AMD GPUs with `restored` and evaluates the AMD side of the checks, with the
+/// plugin's `KFD_*_CHECK` switches as its environment (`kfd`) sets them: what the plugin
+/// would accept is neither refused by a check nor paired otherwise.
+pub fn decide(
+    saved: &[AmdSaved],
+    restored: Vec<AmdRestored>,
+    explicit: &[(u32, u32)],
+    kfd: &Switches,
+) -> Result<Decided, PairError> {
     let mut warnings = past_the_plugin(&restored);
     if saved.is_empty() {
         let plan = AmdPlan { restored, ..AmdPlan::default() };
         return Ok(Decided { plan, access: vec![], outcomes: None, warnings });
     }
+    warnings.extend(kfd.ignored.iter().map(|a| {
+        format!("{a}: CRIU's amdgpu plugin ignores this value (it takes 0, 1, NO or YES) and keeps the check on; so does devremap")
+    }));
     let (saved_side, saved_unknown) = plugin_side(saved.iter().map(|s| (s.minor, s.gpu.as_ref())));
     let mut order: Vec<&AmdRestored> = restored.iter().collect();
     order.sort_by_cached_key(|g| g.gpu.as_ref().map(|gpu| kernfs_order(&gpu.node.to_string())));
     order.sort_by_key(|g| g.gpu.is_none());
     let (restored_side, restored_unknown) = plugin_side(order.iter().map(|g| (g.minor, g.gpu.as_ref())));
-    let checks = Checks::default();
+    let checks = kfd.checks;
     let choice = match (saved_unknown, restored_unknown) {
         (Some(m), _) => Err(Refusal::Unknown(format!("the checkpoint gives no KFD properties of renderD{m}"))),
         (_, Some(m)) => Err(Refusal::Unknown(format!("the host root's KFD topology has no GPU renderD{m}"))),
@@ -198,7 +208,7 @@ pub fn decide(saved: &[AmdSaved], restored: Vec<AmdRestored>, explicit: &[(u32, 
                 .map(|why| format!("saved renderD{} is not restored renderD{}: {why}", old.minor, new.minor));
         }
         if known && firmware.is_none() {
-            firmware = firmware_lower(&saved_side[p.saved].facts, &restored_side[p.restored].facts)
+            firmware = firmware_lower(&saved_side[p.saved].facts, &restored_side[p.restored].facts, &checks)
                 .map(|why| format!("saved renderD{} was on {why} than restored renderD{}", old.minor, new.minor));
         }
         if wider.is_none() && checks::widens(served_access, new.access) {
@@ -215,7 +225,16 @@ pub fn decide(saved: &[AmdSaved], restored: Vec<AmdRestored>, explicit: &[(u32, 
     }
     let n = plan.remap.len();
     let unknown = |what: &str| format!("not compared: {what} unknown on one side");
-    let compared = |what: &str| if known { format!("{n} pairs compared") } else { unknown(what) };
+    // The switches off that leave out some of a check's comparisons, named in its detail.
+    let off = checks.off();
+    let compared = |what: &str, switches: &[&str]| {
+        let relaxed: Vec<&str> = off.iter().copied().filter(|v| switches.contains(v)).collect();
+        match (known, relaxed.is_empty()) {
+            (false, _) => unknown(what),
+            (true, true) => format!("{n} pairs compared"),
+            (true, false) => format!("{n} pairs compared, {} off as for the plugin", relaxed.join(" and ")),
+        }
+    };
     let count = if saved.len() > restored.len() {
         Err(format!("can't remap {} saved AMD GPUs to {} restored", saved.len(), restored.len()))
     } else {
@@ -223,8 +242,8 @@ pub fn decide(saved: &[AmdSaved], restored: Vec<AmdRestored>, explicit: &[(u32, 
     };
     let outcomes = [
         (CheckName::Count, count),
-        (CheckName::Model, model.map_or_else(|| Ok(compared("the KFD properties")), Err)),
-        (CheckName::Driver, firmware.map_or_else(|| Ok(compared("the firmware versions")), Err)),
+        (CheckName::Model, model.map_or_else(|| Ok(compared("the KFD properties", &MODEL_SWITCHES)), Err)),
+        (CheckName::Driver, firmware.map_or_else(|| Ok(compared("the firmware versions", &DRIVER_SWITCHES)), Err)),
         (CheckName::Mode, wider.map_or_else(|| Ok(format!("{n} render names give no more access")), Err)),
     ];
     plan.restored = restored;
@@ -253,16 +272,23 @@ fn wider_access(old: u32, recorded: Access, new: &AmdRestored) -> String {
     )
 }
 
-/// The first firmware the restored GPU has older than the saved one's (the plugin's
-/// `KFD_FW_VER_CHECK` and `KFD_SDMA_FW_VER_CHECK` rules), as `fw_version 150, newer`.
-fn firmware_lower(saved: &Facts, restored: &Facts) -> Option<String> {
+/// The switches that leave out comparisons of the `model` check (firmware is `driver`'s).
+const MODEL_SWITCHES: [&str; 4] =
+    ["KFD_CACHES_COUNT_CHECK", "KFD_NUM_GWS_CHECK", "KFD_VRAM_SIZE_CHECK", "KFD_CAPABILITY_CHECK"];
+/// The switches of the `driver` check's comparisons.
+const DRIVER_SWITCHES: [&str; 2] = ["KFD_FW_VER_CHECK", "KFD_SDMA_FW_VER_CHECK"];
+
+/// The first firmware the restored GPU has older than the saved one's, among those whose
+/// switch is on (the plugin's `KFD_FW_VER_CHECK` and `KFD_SDMA_FW_VER_CHECK` rules), as
+/// `fw_version 150, newer`.
+fn firmware_lower(saved: &Facts, restored: &Facts, checks: &Checks) -> Option<String> {
     [
-        ("fw_version", saved.fw_version, restored.fw_version),
-        ("sdma_fw_version", saved.sdma_fw_version, restored.sdma_fw_version),
+        (checks.fw_version, "fw_version", saved.fw_version, restored.fw_version),
+        (checks.sdma_fw_version, "sdma_fw_version", saved.sdma_fw_version, restored.sdma_fw_version),
     ]
     .into_iter()
-    .find(|(_, a, b)| b < a)
-    .map(|(name, a, b)| format!("{name} {a}, newer ({b})"))
+    .find(|&(on, _, a, b)| on && b < a)
+    .map(|(_, name, a, b)| format!("{name} {a}, newer ({b})"))
 }
 
 impl Decided {
@@ -309,5 +335,114 @@ impl Decided {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::family::amd::plugin::GpuLink;
+    use crate::family::amd::topology::LINK_PCIE;
+    use crate::inputs::metadata::RecordedAccess;
+
+    /// An MI210-like GPU at `minor`, with `tweak` applied to its facts.
+    fn gpu(minor: u32, tweak: impl Fn(&mut Facts)) -> Gpu {
+        let mut facts = Facts {
+            drm_render_minor: minor,
+            device_id: 0x740f,
+            vendor_id: 0x1002,
+            vram_size: 64 << 30,
+            fw_version: 100,
+            sdma_fw_version: 20,
+            io_links_count: 1,
+            ..Facts::default()
+        };
+        tweak(&mut facts);
+        Gpu {
+            node: 1,
+            gpu_id: minor,
+            facts,
+            links: vec![GpuLink { kind: LINK_PCIE, to: 0, to_gpu: false, peer: true }],
+        }
+    }
+
+    /// Saved renderD144 restored onto renderD136 (`tweak`ed), with the plugin's environment `env`.
+    fn decided(tweak: impl Fn(&mut Facts), env: &[(&str, &str)]) -> Decided {
+        let saved = [AmdSaved { minor: 144, gpu: Some(gpu(144, |_| {})), recorded: RecordedAccess::default() }];
+        let restored = vec![AmdRestored {
+            minor: 136,
+            rdev: Rdev::new(226, 136),
+            access: Access::DEVICE_DEFAULT,
+            gpu: Some(gpu(136, tweak)),
+        }];
+        let kfd = Checks::from_env(|name| env.iter().find(|(n, _)| *n == name).map(|(_, v)| v.as_bytes().to_vec()));
+        decide(&saved, restored, &[], &kfd).unwrap()
+    }
+
+    fn outcome(d: &Decided, check: CheckName) -> Result<String, String> {
+        d.outcomes.iter().flatten().find(|(c, _)| *c == check).unwrap().1.clone()
+    }
+
+    /// Rule (issue 22, the plugin's KFD_FW_VER_CHECK): older firmware on the restore host fails
+    /// `driver`, and the plugin will refuse the pair; with `KFD_FW_VER_CHECK=0` in the plugin's
+    /// environment the plugin accepts it, so `driver` passes, saying what was left out, and the
+    /// pair is the plugin's.
+    #[test]
+    fn older_firmware_passes_where_the_plugin_skips_its_check() {
+        let older = |f: &mut Facts| f.fw_version = 90;
+        let strict = decided(older, &[]);
+        assert_eq!(
+            outcome(&strict, CheckName::Driver),
+            Err("saved renderD144 was on fw_version 100, newer (90) than restored renderD136".into())
+        );
+        assert_eq!(strict.plan.remap[0].by, By::Position);
+        assert!(strict.plan.refusal.is_some());
+        let relaxed = decided(older, &[("KFD_FW_VER_CHECK", "0")]);
+        assert_eq!(
+            outcome(&relaxed, CheckName::Driver),
+            Ok("1 pairs compared, KFD_FW_VER_CHECK off as for the plugin".into())
+        );
+        assert_eq!(outcome(&relaxed, CheckName::Model), Ok("1 pairs compared".into()));
+        assert_eq!((relaxed.plan.remap[0].by, &relaxed.plan.refusal), (By::Plugin, &None));
+        assert!(relaxed.warnings.is_empty(), "{:?}", relaxed.warnings);
+        // Only its own firmware: an older SDMA firmware still fails.
+        let sdma = decided(|f| f.sdma_fw_version = 19, &[("KFD_FW_VER_CHECK", "0")]);
+        assert!(outcome(&sdma, CheckName::Driver).unwrap_err().contains("sdma_fw_version 20, newer (19)"));
+    }
+
+    /// Rule (issue 22, KFD_VRAM_SIZE_CHECK, KFD_CAPABILITY_CHECK): a smaller VRAM or another
+    /// capability fails `model` unless its switch is off in the plugin's environment; a
+    /// property no switch covers fails whatever the switches say.
+    #[test]
+    fn model_follows_the_plugins_switches() {
+        let smaller = |f: &mut Facts| f.vram_size = 32 << 30;
+        assert!(outcome(&decided(smaller, &[]), CheckName::Model).unwrap_err().contains("vram_size"));
+        let relaxed = decided(smaller, &[("KFD_VRAM_SIZE_CHECK", "no")]);
+        assert_eq!(
+            outcome(&relaxed, CheckName::Model),
+            Ok("1 pairs compared, KFD_VRAM_SIZE_CHECK off as for the plugin".into())
+        );
+        assert_eq!(relaxed.plan.remap[0].by, By::Plugin);
+        let capability = |f: &mut Facts| f.capability = 7;
+        assert!(outcome(&decided(capability, &[]), CheckName::Model).is_err());
+        assert!(outcome(&decided(capability, &[("KFD_CAPABILITY_CHECK", "NO")]), CheckName::Model).is_ok());
+        let all_off: Vec<(&str, &str)> = properties::VARIABLES.iter().map(|v| (*v, "0")).collect();
+        let other = decided(|f| f.simd_count = 8, &all_off);
+        assert!(outcome(&other, CheckName::Model).unwrap_err().contains("simd_count 0 vs 8"));
+    }
+
+    /// Rule (CRIU's getenv_bool): a value the plugin ignores leaves the check on here too, with
+    /// a warning naming it; without saved AMD GPUs nothing is said.
+    #[test]
+    fn an_ignored_value_keeps_the_check_and_is_said() {
+        let d = decided(|f| f.fw_version = 90, &[("KFD_FW_VER_CHECK", "off")]);
+        assert!(outcome(&d, CheckName::Driver).is_err());
+        assert_eq!(
+            d.warnings[0],
+            "KFD_FW_VER_CHECK=\"off\": CRIU's amdgpu plugin ignores this value (it takes 0, 1, NO or YES) and keeps \
+             the check on; so does devremap"
+        );
+        let kfd = Checks::from_env(|_| Some(b"off".to_vec()));
+        assert!(decide(&[], vec![], &[], &kfd).unwrap().warnings.is_empty());
     }
 }

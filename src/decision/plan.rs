@@ -22,6 +22,7 @@ use crate::decision::pairing::{self, By, DeviceRef, MapPair, PairingError, Rule}
 use crate::decision::place;
 use crate::decision::tree::{Node, Tree, TreeBuilder, TreeError};
 use crate::device::DevKind;
+use crate::family::amd::properties::Switches;
 use crate::family::nvidia::RestoredGpu;
 use crate::family::nvidia::visible::VisibleError;
 use crate::family::{HostFacts, NVIDIA};
@@ -56,6 +57,8 @@ pub struct Inputs {
     pub pairing: Rule,
     /// The checks whose failure is a warning, not a refusal (`--relax`).
     pub relax: BTreeSet<CheckName>,
+    /// CRIU's amdgpu plugin's `KFD_*_CHECK` switches, as its environment sets them.
+    pub kfd: Switches,
 }
 
 /// One saved GPU and where its checkpoint name leads.
@@ -268,7 +271,7 @@ fn decide(inputs: &Inputs) -> Result<Decided, PlanError> {
     let amd_saved = inputs.metadata.as_ref().map(|m| m.amd.as_slice()).unwrap_or_default();
     let amd_restored = amd::restored(inputs.spec.as_ref(), inputs.dev_dir.as_ref(), &inputs.host.amd);
     let amd_map = amd::explicit(&inputs.device_map).map_err(PlanError::DeviceMap)?;
-    let amd = amd::decide(amd_saved, amd_restored, &amd_map).map_err(PlanError::AmdDeviceMap)?;
+    let amd = amd::decide(amd_saved, amd_restored, &amd_map, &inputs.kfd).map_err(PlanError::AmdDeviceMap)?;
     // Each check is NVIDIA's and AMD's together, each family on its own rules.
     let nvidia = !saved.is_empty() || !restored.is_empty();
     let checks = [

@@ -44,6 +44,17 @@ pub fn item(index: usize, obj: &Map<String, Value>, recorded: RecordedAccess) ->
     if minor < FIRST_RENDER_MINOR {
         return Err(bad(format!("minor {minor} is under {FIRST_RENDER_MINOR}, the first render minor")));
     }
+    // Read even without properties, where they are dropped: a bad one is bad input either way.
+    let field = |name: &str, max: u64| -> Result<u32, MetadataError> {
+        obj.get(name).map_or(Ok(0), |v| number(v, name, max).map(|n| n as u32))
+    };
+    let gpu_id = field("gpu_id", 0xffff)?;
+    let node = field("node", u32::MAX.into())?;
+    let links = match obj.get("links") {
+        None => Vec::new(),
+        Some(Value::Array(items)) => items.iter().map(link).collect::<Result<_, _>>().map_err(bad)?,
+        Some(v) => return Err(bad(format!("links: expected an array, found {}", describe(v)))),
+    };
     let Some(props) = obj.get("properties") else { return Ok(AmdSaved { minor, gpu: None, recorded }) };
     let Value::Object(props) = props else {
         return Err(bad(format!("properties: expected an object, found {}", describe(props))));
@@ -56,16 +67,6 @@ pub fn item(index: usize, obj: &Map<String, Value>, recorded: RecordedAccess) ->
         )));
     }
     let facts = Facts { drm_render_minor: minor, ..facts };
-    let field = |name: &str, max: u64| -> Result<u32, MetadataError> {
-        obj.get(name).map_or(Ok(0), |v| number(v, name, max).map(|n| n as u32))
-    };
-    let gpu_id = field("gpu_id", 0xffff)?;
-    let node = field("node", u32::MAX.into())?;
-    let links = match obj.get("links") {
-        None => Vec::new(),
-        Some(Value::Array(items)) => items.iter().map(link).collect::<Result<_, _>>().map_err(bad)?,
-        Some(v) => return Err(bad(format!("links: expected an array, found {}", describe(v)))),
-    };
     Ok(AmdSaved { minor, gpu: Some(Gpu { node, gpu_id, facts, links }), recorded })
 }
 
@@ -192,6 +193,10 @@ mod tests {
                 "gpu_id: expected an integer 0-65535",
             ),
             (json!({"kind": "amdgpu", "minor": 136, "properties": {}, "links": [{"kind": 3}]}), "links: each is"),
+            // Bug: without properties, gpu_id, node and links went unread, a bad one taken.
+            (json!({"kind": "amdgpu", "minor": 136, "gpu_id": -1}), "gpu_id: expected an integer 0-65535"),
+            (json!({"kind": "amdgpu", "minor": 136, "node": 1.5}), "node: expected an integer"),
+            (json!({"kind": "amdgpu", "minor": 136, "links": {}}), "links: expected an array"),
             (
                 json!({"kind": "amdgpu", "minor": 136, "properties": {}, "links": long}),
                 "links: expected an array, found a string",
