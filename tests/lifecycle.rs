@@ -806,8 +806,9 @@ fn ready_fd_says_ready_after_the_pid_file_and_no_server_holds_it() {
 }
 
 /// Rule (issue 17's benchmark): a start that fails ends `--ready-fd` without the newline (the
-/// starter reads EOF: failed), and a number that is not an inherited pipe is refused before
-/// anything is mounted, rather than written into (it may be one of the daemon's own files).
+/// starter reads EOF: failed), and a number that is not an inherited pipe (or is stdin, stdout
+/// or stderr) is refused before anything is mounted, rather than written into (it may be one
+/// of the daemon's own files).
 #[test]
 #[ignore = "needs root and /dev/fuse"]
 fn ready_fd_ends_without_a_newline_when_the_start_fails_and_must_be_a_pipe() {
@@ -823,7 +824,7 @@ fn ready_fd_ends_without_a_newline_when_the_start_fails_and_must_be_a_pipe() {
     let status = wait_for("devremapd to exit", || mount.child.try_wait().unwrap());
     assert_eq!(status.code(), Some(1));
     assert!(!is_mounted(&mountpoint), "a failed start left a mount");
-    for fd in ["0", "999"] {
+    for fd in ["0", "1", "999"] {
         let (code, stderr) = refused(&mountpoint, &["--ready-fd", fd, "--host-root", EMPTY_ROOT]);
         assert_eq!(code, 1, "--ready-fd {fd}: {stderr}");
         assert!(stderr.starts_with("error: --ready-fd ") && stderr.contains(fd), "--ready-fd {fd}: {stderr}");

@@ -188,10 +188,14 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
 /// Takes the starter's `--ready-fd`: moved to 10 or above and closed on exec, so that no server
 /// inherits it and it never holds 3 or 4 (a server's sockets; the signal thread's socket pair
 /// takes them, for the keeper's life, and a spawn refuses a binary's fd there). Refused unless
-/// it is a pipe: a number that names nothing inherited must never make us write into a file or
-/// socket of our own.
+/// it is a pipe other than stdin, stdout or stderr: a number that names nothing inherited must
+/// never make us write into a file or socket of our own, nor leave a standard fd closed for the
+/// next open to take.
 fn claim_ready_fd(fd: i32) -> Result<File, String> {
     let refused = |why: String| format!("--ready-fd {fd}: {why}");
+    if fd < 3 {
+        return Err(refused("not for stdin, stdout or stderr (give the write end of a pipe of its own)".into()));
+    }
     // SAFETY: F_DUPFD_CLOEXEC only duplicates the number if it is open; the copy is a new fd
     // that nothing else in this process knows, so the File below owns it alone.
     let moved = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10) };
