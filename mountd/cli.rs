@@ -109,6 +109,11 @@ pub struct MountArgs {
     /// Stop when process PID (whoever started us) exits before --container-pid-file appears.
     #[arg(long, value_name = "PID")]
     pub owner_pid: Option<u32>,
+    /// Write a newline to FD, a pipe inherited from whoever started us, once the mount answers
+    /// (after the pid file), and close it: the starter reads readiness there. EOF without the
+    /// newline: the start failed.
+    #[arg(long, value_name = "FD")]
+    pub ready_fd: Option<i32>,
 }
 
 impl MountArgs {

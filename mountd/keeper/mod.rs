@@ -90,7 +90,7 @@ struct Keeper<'a> {
     link: Arc<Link>,
     mountpoint: PathBuf,
     m: String,
-    /// The arguments after `mount`, given to every server after `serve`.
+    /// The arguments after `mount`, given to every server after `serve` (but `--ready-fd`).
     serve_args: Vec<OsString>,
     /// The path the keeper was started from: an upgrade runs what is there now.
     exe_path: PathBuf,
@@ -102,6 +102,8 @@ struct Keeper<'a> {
     leaving: Vec<Proc>,
     mounted: bool,
     pid_written: Option<Written>,
+    /// The starter's `--ready-fd`, until the mount answers.
+    ready: Option<File>,
     /// The binary of the last server that took over: a crash restart runs it again (the file
     /// at `exe_path` may be a newer one that was never tried).
     good: Arc<File>,
@@ -113,7 +115,9 @@ struct Keeper<'a> {
 }
 
 pub fn run(args: &MountArgs) -> Result<(), String> {
-    // First: a SIGHUP or SIGTERM sent as soon as we were started must not end us.
+    // Before the signal thread's socket pair takes 3 and 4, which a server's sockets replace.
+    let ready = args.ready_fd.map(claim_ready_fd).transpose()?;
+    // Then: a SIGHUP or SIGTERM sent as soon as we were started must not end us.
     let (tx, rx) = mpsc::channel();
     signals::start(tx.clone(), act, "")?;
     args.check_files()?;
@@ -160,7 +164,7 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
         link,
         mountpoint,
         m,
-        serve_args: std::env::args_os().skip(2).collect(),
+        serve_args: without_ready_fd(std::env::args_os().skip(2)),
         exe_path,
         server_timeout: Duration::from_secs(args.server_timeout),
         machine,
@@ -168,6 +172,7 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
         leaving: Vec::new(),
         mounted: false,
         pid_written: None,
+        ready,
         good: exe,
         plan: None,
         kernel_ended: None,
@@ -178,6 +183,49 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
         warn!("{} log lines were dropped: stderr was not being read", crate::logging::dropped());
     }
     result
+}
+
+/// Takes the starter's `--ready-fd`: moved to 10 or above and closed on exec, so that no server
+/// inherits it and it never holds 3 or 4 (a server's sockets; the signal thread's socket pair
+/// takes them, for the keeper's life, and a spawn refuses a binary's fd there). Refused unless
+/// it is a pipe other than stdin, stdout or stderr: a number that names nothing inherited must
+/// never make us write into a file or socket of our own, nor leave a standard fd closed for the
+/// next open to take.
+fn claim_ready_fd(fd: i32) -> Result<File, String> {
+    let refused = |why: String| format!("--ready-fd {fd}: {why}");
+    if fd < 3 {
+        return Err(refused("not for stdin, stdout or stderr (give the write end of a pipe of its own)".into()));
+    }
+    // SAFETY: F_DUPFD_CLOEXEC only duplicates the number if it is open; the copy is a new fd
+    // that nothing else in this process knows, so the File below owns it alone.
+    let moved = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10) };
+    if moved < 0 {
+        return Err(refused(io_message(&io::Error::last_os_error())));
+    }
+    // SAFETY: see above.
+    let file = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(moved) };
+    let is_pipe = file.metadata().is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_fifo(&m.file_type()));
+    if !is_pipe {
+        return Err(refused("not a pipe (it is the write end of a pipe its starter reads)".into()));
+    }
+    // SAFETY: the number was inherited for us alone and nothing uses it: its copy replaces it.
+    unsafe { libc::close(fd) };
+    Ok(file)
+}
+
+/// The keeper's arguments without `--ready-fd` (`--ready-fd N` or `--ready-fd=N`): no server
+/// needs it, and a server of an older build (an upgrade back to it) would refuse a flag it
+/// does not know.
+fn without_ready_fd(mut args: impl Iterator<Item = OsString>) -> Vec<OsString> {
+    let mut out = Vec::new();
+    while let Some(arg) = args.next() {
+        if arg == "--ready-fd" {
+            args.next();
+        } else if !arg.as_encoded_bytes().starts_with(b"--ready-fd=") {
+            out.push(arg);
+        }
+    }
+    out
 }
 
 fn spawn_thread(name: &str, f: impl FnOnce() + Send + 'static) -> Result<(), String> {

@@ -38,13 +38,18 @@ impl Keeper<'_> {
         Ok(())
     }
 
-    /// The mount answers: the pid file, once (a server taking over finds it written).
+    /// The mount answers: the pid file, once (a server taking over finds it written), then the
+    /// newline on `--ready-fd`, which is closed (a starter that is gone is not our error).
     pub(super) fn write_pid_file(&mut self) -> Result<(), String> {
-        let Some(pid_file) = self.args.pid_file.as_ref().filter(|_| self.pid_written.is_none()) else { return Ok(()) };
-        let pid = format!("{}\n", std::process::id());
-        let written = write_atomic_told(pid_file, pid.as_bytes(), None, Lasting::UntilReboot, |_| {})
-            .map_err(|e| format!("{}: cannot write the pid file: {}", pid_file.display(), io_message(&e)))?;
-        self.pid_written = Some(written);
+        if let Some(pid_file) = self.args.pid_file.as_ref().filter(|_| self.pid_written.is_none()) {
+            let pid = format!("{}\n", std::process::id());
+            let written = write_atomic_told(pid_file, pid.as_bytes(), None, Lasting::UntilReboot, |_| {})
+                .map_err(|e| format!("{}: cannot write the pid file: {}", pid_file.display(), io_message(&e)))?;
+            self.pid_written = Some(written);
+        }
+        if let Some(mut ready) = self.ready.take() {
+            let _ = std::io::Write::write_all(&mut ready, b"\n");
+        }
         Ok(())
     }
 

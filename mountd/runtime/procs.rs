@@ -3,26 +3,34 @@
 //! and pidfds.
 
 use devremap::runtime::container_daemon::Processes;
-use std::os::fd::OwnedFd;
+use std::os::fd::{OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 
 pub struct Host;
 
 impl Processes for Host {
-    fn detach(&self, cmd: &mut Command) {
+    fn detach(&self, cmd: &mut Command, keep: RawFd) {
         // The daemon must not share our session (a terminal's ^C) nor hold a descriptor of our
         // caller's (containerd waits for EOF on the runtime's output pipes). Descriptors are
         // marked close-on-exec rather than closed, so that the pipe `spawn` reports a failed
-        // exec through stays open; closing is the fallback before Linux 5.11.
-        // SAFETY: the closure runs in the forked child before exec, and calls only setsid and
-        // close_range, which are async-signal-safe, allocate nothing and touch only the child.
+        // exec through stays open; closing is the fallback before Linux 5.11 (around `keep`).
+        // SAFETY: the closure runs in the forked child before exec, and calls only setsid,
+        // close_range and fcntl, which are async-signal-safe, allocate nothing and touch only
+        // the child.
         unsafe {
-            cmd.pre_exec(|| {
+            cmd.pre_exec(move || {
                 let _ = nix::unistd::setsid();
                 let (first, last) = (3u32, u32::MAX);
                 if libc::syscall(libc::SYS_close_range, first, last, libc::CLOSE_RANGE_CLOEXEC) != 0 {
-                    libc::syscall(libc::SYS_close_range, first, last, 0u32);
+                    let keep = keep as u32;
+                    if keep > first {
+                        libc::syscall(libc::SYS_close_range, first, keep - 1, 0u32);
+                    }
+                    libc::syscall(libc::SYS_close_range, keep + 1, last, 0u32);
+                }
+                if libc::fcntl(keep, libc::F_SETFD, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
                 }
                 Ok(())
             });

@@ -49,8 +49,9 @@ pub enum DaemonError {
     /// The config's `state_dir` could not be made, or is not private to root.
     #[error("state_dir {}: {what}", path.display())]
     StateDir { path: PathBuf, what: String },
-    #[error("cannot watch {}: {}", path.display(), errno.desc())]
-    Watch { path: PathBuf, errno: Errno },
+    /// The pipe the daemon says it is ready on.
+    #[error("cannot make a pipe for the daemon: {}", .0.desc())]
+    Pipe(Errno),
     #[error("cannot start {}: {}", path.display(), io_message(source))]
     Spawn { path: PathBuf, source: io::Error },
     #[error("devremapd exited ({status}) before its mount answered: {log}")]
