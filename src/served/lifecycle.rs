@@ -35,7 +35,7 @@ use crate::decision::tree;
 use crate::inputs::load::{LoadError, Loaded};
 use crate::served::devfs::{Change, Devfs};
 use crate::served::takeover::Resumed;
-use log::{info, warn};
+use log::{debug, info, warn};
 use log_lines::describe;
 use std::sync::Arc;
 use std::sync::mpsc::Receiver;
@@ -166,7 +166,8 @@ impl<N: Notifier, S: Session> Lifecycle<N, S> {
                     return Some(End::Ended(result));
                 }
                 Event::Stop(why) => {
-                    info!("{why}: stopping");
+                    // The keeper, which asked for the stop, has logged it for the user.
+                    debug!("{why}: stopping");
                     self.session.notify(Notice::Stopping);
                     return Some(self.stop());
                 }
