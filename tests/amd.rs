@@ -59,9 +59,15 @@ fn spec(dir: &Path, name: &str, minors: &[u32], nvidia: &[u32]) -> String {
 /// `devremapd record` of `spec` on `machine`: the list it wrote. Only an NVIDIA GPU (which
 /// the AMD fixtures do not describe) may draw a warning.
 fn record(dir: &Path, machine: &str, spec: &str) -> (String, Value) {
-    let out = dir.join("gpus.json");
-    let (code, stdout, stderr) =
-        devremapd(&["record", "--spec", spec, "--host-root", &root(machine), "--output", arg(&out)]);
+    record_to(dir, "gpus.json", machine, spec, &[])
+}
+
+/// `devremapd record` of `spec` on `machine` with `extra` arguments, into `dir/name`.
+fn record_to(dir: &Path, name: &str, machine: &str, spec: &str, extra: &[&str]) -> (String, Value) {
+    let out = dir.join(name);
+    let root = root(machine);
+    let args = join(&["record", "--spec", spec, "--host-root", &root, "--output", arg(&out)], extra);
+    let (code, stdout, stderr) = devremapd(&args);
     assert_eq!((code, stdout.as_str()), (0, ""), "record on {machine}: {stderr}");
     assert!(stderr.lines().all(|l| !l.contains("WARN") || l.contains("GPU nvidia")), "record on {machine}: {stderr}");
     let list = serde_json::from_str(&fs::read_to_string(&out).unwrap()).unwrap();
@@ -359,6 +365,84 @@ fn live_mount_leads_the_saved_render_name_to_the_paired_gpu() {
     let state = d.state();
     assert_eq!(state["amdgpu"]["remap"][0]["new_name"], "dri/renderD136", "{}", state["amdgpu"]);
     assert_eq!(state["amdgpu"]["remap"][0]["by"], "plugin");
+    d.stop();
+}
+
+/// Three MI300X hosts: checkpointed on A with the GPU at renderD144, restored on B onto
+/// renderD136 and checkpointed there with the metadata it was restored with (as
+/// `devremap-runtime checkpoint` records a restored container), the list given to C, whose
+/// spec gives renderD128. Returns B's list and C's spec.
+fn migrated_twice(dir: &Path) -> (String, String) {
+    let (on_a, items) = record(dir, "mi300x-8", &spec(dir, "a.json", &[144], &[]));
+    assert!(items[0].get("earlier_minors").is_none(), "recorded without --metadata: {}", items[0]);
+    let b = spec(dir, "b.json", &[136], &[]);
+    let (on_b, items) = record_to(dir, "b-gpus.json", "mi300x-8", &b, &["--metadata", &on_a]);
+    assert_eq!((&items[0]["minor"], &items[0]["earlier_minors"]), (&json!(136), &json!([144])), "{}", items[0]);
+    (on_b, spec(dir, "c.json", &[128], &[]))
+}
+
+/// Rule (issue 22, repeated migrations, as issue 20 for NVIDIA): a process migrated twice may
+/// hold A's render name (renderD144, the name it was given on A) and B's (renderD136): on C both
+/// lead to the GPU the plugin restores onto, with the saved mode and owner; the plan lists the
+/// earlier name. Recorded on B without the earlier metadata, A's name is lost on C. A record on
+/// C carries both names on.
+#[test]
+fn three_host_migration_keeps_every_render_name() {
+    let tmp = TempDir::new().unwrap();
+    let (on_b, c) = migrated_twice(tmp.path());
+    let args = ["--metadata", on_b.as_str(), "--spec", c.as_str(), "--host-root", &root("mi300x-8")];
+    let plan = plan_json(&args);
+    assert_eq!(amd_remap(&plan), vec![("dri/renderD136".into(), "dri/renderD128".into(), "plugin".into(), true)]);
+    assert_eq!(plan["amdgpu"]["remap"][0]["earlier_names"], json!([{"name": "dri/renderD144", "served": true}]));
+    for name in ["dri/renderD128", "dri/renderD136", "dri/renderD144"] {
+        let n = node(&plan, name).unwrap_or_else(|| panic!("{name} is not served: {plan}"));
+        assert_eq!(
+            (&n["major"], &n["minor"], &n["mode"], &n["gid"]),
+            (&json!(226), &json!(128), &json!(0o660), &json!(44))
+        );
+    }
+    assert_eq!(plan["warnings"], json!([]));
+    let (code, text, _) = plan_cmd(&args);
+    assert_eq!(code, 0);
+    assert!(
+        text.contains("dri/renderD144  dri/renderD128 (226:128)  plugin  served (an earlier name of dri/renderD136)"),
+        "{text}"
+    );
+    // Recorded on B without the earlier metadata: only B's name reaches C.
+    let (forgot, _) = record(tmp.path(), "mi300x-8", &spec(tmp.path(), "b2.json", &[136], &[]));
+    let plan = plan_json(&["--metadata", &forgot, "--spec", &c, "--host-root", &root("mi300x-8")]);
+    assert!(node(&plan, "dri/renderD144").is_none() && node(&plan, "dri/renderD136").is_some(), "{plan}");
+    // The chain goes on: C's record carries both.
+    let (_, items) = record_to(tmp.path(), "c-gpus.json", "mi300x-8", &c, &["--metadata", &on_b]);
+    assert_eq!((&items[0]["minor"], &items[0]["earlier_minors"]), (&json!(128), &json!([136, 144])));
+}
+
+/// Rule (issue 22, repeated migrations) on a live mount: after two migrations, A's render name,
+/// B's and C's own all open C's GPU (the fake renderD128, `/dev/full`).
+#[test]
+#[ignore = "needs root and /dev/fuse: mounts a FUSE filesystem"]
+fn live_mount_after_two_migrations_serves_every_render_name() {
+    common::daemon::need_fuse();
+    let tmp = TempDir::new().unwrap();
+    let (on_b, c) = migrated_twice(tmp.path());
+    let dev = tmp.path().join("dev");
+    fs::create_dir_all(dev.join("dri")).unwrap();
+    mknod_char(&dev.join("dri/renderD128"), (1, 7), 0o660);
+    let d = common::daemon::Daemon::start(&[
+        "--metadata",
+        &on_b,
+        "--spec",
+        &c,
+        "--host-dev",
+        arg(&dev),
+        "--host-root",
+        &root("mi300x-8"),
+    ]);
+    for name in ["dri/renderD128", "dri/renderD136", "dri/renderD144"] {
+        // /dev/full: a write through any of the names reaches it.
+        let err = fs::write(d.path(name), b"x").unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{name}: {err}");
+    }
     d.stop();
 }
 

@@ -425,7 +425,6 @@ fn plan_matches_runcs_own_dev_for_spec_devices_over_defaults() {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let device = |path: &str, major: u32, minor: u32| serde_json::json!({"path": path, "type": "c", "major": major, "minor": minor});
     let names = ["null", "zero", "full", "ptmx", "fd", "tty", "x", "a", "b", "c"];
-    let script: String = names.iter().map(|n| format!("stat -c '%n %F %t:%T %a %u:%g' /dev/{n}\n")).collect();
     let mut config = oci_config("defaults", &[]);
     config["linux"]["devices"] = serde_json::json!([
         device("/dev//null", 1, 5),
@@ -441,14 +440,32 @@ fn plan_matches_runcs_own_dev_for_spec_devices_over_defaults() {
         serde_json::json!({"path": "/dev/b", "type": "c", "major": 1, "minor": 3, "fileMode": 0o7777}),
         serde_json::json!({"path": "/dev/c", "type": "c", "major": 1, "minor": 3, "fileMode": 0o4640, "uid": 5, "gid": 6}),
     ]);
-    let bundle = Bundle::new(&script, &config);
-    let mut c = Container::run(Runtime::Runc, &bundle, "devremap-defaults");
-    assert!(c.wait(CONTAINER_PATIENCE).success(), "{}", c.transcript());
-    let seen = c.stdout();
+    let bundle = stat_bundle(&names, &config);
+    let c = runcs_own_dev(&bundle);
     let host = FakeHost::new();
     let plan = common::plan_json(&["--spec", arg(&bundle.config_path()), "--host-root", arg(&host.root())]);
+    plan_is_runcs(&plan, &names, &c);
+}
+
+/// A bundle of `config` whose script `stat`s each of `names` under /dev.
+fn stat_bundle(names: &[&str], config: &Value) -> Bundle {
+    let script: String = names.iter().map(|n| format!("stat -c '%n %F %t:%T %a %u:%g' /dev/{n}\n")).collect();
+    Bundle::new(&script, config)
+}
+
+/// Runs `bundle` under runc with runc's own tmpfs /dev, to its end.
+fn runcs_own_dev(bundle: &Bundle) -> Container<'_> {
+    let mut c = Container::run(Runtime::Runc, bundle, "devremap-defaults");
+    assert!(c.wait(CONTAINER_PATIENCE).success(), "{}", c.transcript());
+    c
+}
+
+/// Every one of `names` is in `plan` as container `c` (see [`runcs_own_dev`]) saw runc make it:
+/// its type, number, mode and owner.
+fn plan_is_runcs(plan: &Value, names: &[&str], c: &Container) {
+    let seen = c.stdout();
     for name in names {
-        let node = common::node(&plan, name).unwrap_or_else(|| panic!("{name} is not in the plan: {plan}"));
+        let node = common::node(plan, name).unwrap_or_else(|| panic!("{name} is not in the plan: {plan}"));
         let want = match node["type"].as_str() {
             Some("symlink") => format!("/dev/{name} symbolic link"),
             _ => format!(
@@ -462,4 +479,39 @@ fn plan_matches_runcs_own_dev_for_spec_devices_over_defaults() {
         let line = seen.lines().find(|l| l.starts_with(&format!("/dev/{name} "))).unwrap_or_default();
         assert!(line.starts_with(&want), "runc made {line:?}, the plan serves {want:?}\n{}", c.transcript());
     }
+}
+
+/// Bug (issue 22): a pass-through node the spec lists (`/dev/kfd`, `/dev/nvidiactl`,
+/// `/dev/nvidia-uvm`) was served with the host node's mode and owner: a spec's `0600` over a
+/// host's `0666` gave the container access runc never gives. runc makes each with the spec's
+/// `fileMode` (0666 where it gives none), `uid` and `gid`, and so does the plan, with the host
+/// node's number (here the same as the spec's, so that runc's node and the plan's compare whole).
+#[test]
+#[ignore = "needs root, /dev/fuse, runc or crun, and busybox-static"]
+fn a_host_pass_through_node_has_the_specs_mode_as_runc_makes_it() {
+    need_containers(Runtime::Runc);
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let names = ["kfd", "nvidiactl", "nvidia-uvm"];
+    let mut config = oci_config("defaults", &[]);
+    config["linux"]["devices"] = serde_json::json!([
+        {"path": "/dev/kfd", "type": "c", "major": 1, "minor": 8, "fileMode": 0o600, "uid": 5, "gid": 6},
+        {"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255, "fileMode": 0o600},
+        {"path": "/dev/nvidia-uvm", "type": "c", "major": 1, "minor": 9},
+    ]);
+    let bundle = stat_bundle(&names, &config);
+    let c = runcs_own_dev(&bundle);
+    let host = FakeHost::new();
+    for (name, rdev, mode) in [("kfd", (1, 8), 0o666), ("nvidiactl", (195, 255), 0o666), ("nvidia-uvm", (1, 9), 0o600)]
+    {
+        common::mknod_char(&host.dev().join(name), rdev, mode);
+    }
+    let plan = common::plan_json(&[
+        "--spec",
+        arg(&bundle.config_path()),
+        "--host-dev",
+        arg(&host.dev()),
+        "--host-root",
+        arg(&host.root()),
+    ]);
+    plan_is_runcs(&plan, &names, &c);
 }

@@ -16,6 +16,7 @@
 
 use crate::decision::checks::{self, CheckName, CheckResult};
 use crate::decision::pairing::{DeviceRef, MapPair, PairingError};
+use crate::decision::plan::EarlierName;
 use crate::decision::tree::{Node, TreeBuilder, TreeError};
 use crate::device::{Access, DevKind, Rdev};
 use crate::family::AMD;
@@ -58,6 +59,10 @@ pub struct AmdRemap {
     pub by: By,
     /// False when the checkpoint name lost a collision with another restored GPU's name.
     pub served: bool,
+    /// The saved GPU's earlier render names (`earlier_minors`), each served as it unless it lost
+    /// a collision.
+    #[serde(default)]
+    pub earlier: Vec<EarlierName>,
 }
 
 impl AmdRemap {
@@ -221,6 +226,7 @@ pub fn decide(
             rdev: new.rdev,
             by: p.by,
             served: true,
+            earlier: old.earlier_minors.iter().map(|&minor| EarlierName { minor, served: true }).collect(),
         });
     }
     let n = plan.remap.len();
@@ -310,28 +316,38 @@ impl Decided {
     }
 
     /// Places every restored render node under its name, then every saved one's checkpoint
-    /// name, leading to its pair unless another restored GPU's name wins (`prefer_native`).
+    /// name and earlier names, each leading to its pair unless another restored GPU's name wins
+    /// (`prefer_native`).
     pub fn place(&mut self, b: &mut TreeBuilder, prefer_native: bool) -> Result<(), TreeError> {
         for g in &self.plan.restored {
             b.insert(&g.name(), Node::device(DevKind::Char, g.rdev, g.access))?;
         }
+        let restored = &self.plan.restored;
         for (entry, access) in self.plan.remap.iter_mut().zip(&self.access) {
-            let name = entry.name();
-            let holder = self.plan.restored.iter().any(|g| g.minor == entry.old_minor && g.minor != entry.new_minor);
-            if holder {
-                let (what, served) = if prefer_native {
-                    ("serving the restored GPU (prefer checkpoint to serve the saved one)", false)
-                } else {
-                    ("serving the saved one, so the restored GPU has no name of its own", true)
-                };
-                self.warnings.push(format!(
-                    "/dev/{name}: checkpoint name of saved renderD{} (now renderD{}) is a restored GPU's name; {what}",
-                    entry.old_minor, entry.new_minor
-                ));
-                entry.served = served;
-            }
-            if entry.served {
-                b.insert(&name, Node::device(DevKind::Char, entry.rdev, *access))?;
+            let node = Node::device(DevKind::Char, entry.rdev, *access);
+            let (old, new) = (entry.old_minor, entry.new_minor);
+            let mut place = |minor: u32, what: &str| -> Result<bool, TreeError> {
+                let name = AMD.gpu_name(minor);
+                let holder = restored.iter().any(|g| g.minor == minor && g.minor != new);
+                let served = !(holder && prefer_native);
+                if holder {
+                    let outcome = if served {
+                        "serving the saved one, so the restored GPU has no name of its own"
+                    } else {
+                        "serving the restored GPU (prefer checkpoint to serve the saved one)"
+                    };
+                    self.warnings.push(format!(
+                        "/dev/{name}: {what} of saved renderD{old} (now renderD{new}) is a restored GPU's name; {outcome}"
+                    ));
+                }
+                if served {
+                    b.insert(&name, node.clone())?;
+                }
+                Ok(served)
+            };
+            entry.served = place(old, "checkpoint name")?;
+            for earlier in &mut entry.earlier {
+                earlier.served = place(earlier.minor, "earlier name")?;
             }
         }
         Ok(())
@@ -368,7 +384,12 @@ mod tests {
 
     /// Saved renderD144 restored onto renderD136 (`tweak`ed), with the plugin's environment `env`.
     fn decided(tweak: impl Fn(&mut Facts), env: &[(&str, &str)]) -> Decided {
-        let saved = [AmdSaved { minor: 144, gpu: Some(gpu(144, |_| {})), recorded: RecordedAccess::default() }];
+        let saved = [AmdSaved {
+            minor: 144,
+            gpu: Some(gpu(144, |_| {})),
+            recorded: RecordedAccess::default(),
+            earlier_minors: vec![],
+        }];
         let restored = vec![AmdRestored {
             minor: 136,
             rdev: Rdev::new(226, 136),

@@ -5,6 +5,7 @@
 use crate::decision::plan::PlanError;
 use crate::decision::tree::{Node, NodeKind, TreeBuilder, TreeError};
 use crate::device::{Access, DevKind, Rdev};
+use crate::inputs::host::HostNode;
 use crate::inputs::spec::SpecView;
 use std::collections::BTreeMap;
 use std::collections::btree_map::Entry;
@@ -40,6 +41,23 @@ pub(super) fn defaults(b: &mut TreeBuilder, has_kcore: bool) {
     if has_kcore {
         b.insert("core", Node::symlink("/proc/kcore")).expect("defaults fit an empty tree");
     }
+}
+
+/// The host's pass-through nodes (NVIDIA's `nvidiactl` & co, AMD's `kfd`), each with the
+/// device directory's number, which can be dynamic. A node the spec lists keeps the mode and
+/// owner the spec gives it, which is what runc makes it with: the host node's may be wider
+/// (`0666` for a spec's `0600`), and the tree gives no access that the spec, the defaults and
+/// the remap do not. A node the spec does not list (hook mode, where the NVIDIA hook copies the
+/// host's node; `--host-dev` alone) has the host node's.
+pub(super) fn passthrough(b: &mut TreeBuilder, nodes: &[HostNode]) -> Result<(), TreeError> {
+    for node in nodes {
+        let access = match b.get(&node.rel_path) {
+            Some(spec @ Node { kind: NodeKind::Device(..), .. }) => spec.access,
+            _ => node.access,
+        };
+        b.insert(&node.rel_path, Node::device(DevKind::Char, node.rdev, access))?;
+    }
+    Ok(())
 }
 
 /// The spec's devices, as runc makes them.

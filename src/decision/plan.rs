@@ -1,7 +1,8 @@
 //! From gathered inputs to the remap table and the `/dev` tree: the whole decision, pure.
 //!
 //! Order of construction, each step able to replace a device placed by an earlier one: runc's
-//! default nodes; the spec's devices; the host's pass-through NVIDIA nodes; every restored GPU
+//! default nodes; the spec's devices; the host's pass-through nodes (the spec's mode and owner
+//! where it lists them); every restored GPU
 //! under its native name; every saved GPU under its checkpoint name, unless that name is
 //! another restored GPU's native name and natives are preferred; the AMD render nodes and names
 //! ([`crate::decision::amd`]); last, the mount points of the
@@ -223,8 +224,8 @@ pub fn build(inputs: &Inputs) -> Result<Plan, PlanError> {
     if let Some(spec) = &inputs.spec {
         place::spec_devices(&mut b, spec, &mut warnings)?;
     }
-    for node in inputs.dev_dir.iter().flat_map(|d| &d.passthrough) {
-        b.insert(&node.rel_path, Node::device(DevKind::Char, node.rdev, node.access)).map_err(PlanError::HostNode)?;
+    if let Some(dir) = &inputs.dev_dir {
+        place::passthrough(&mut b, &dir.passthrough).map_err(PlanError::HostNode)?;
     }
     for gpu in &restored {
         b.insert(&gpu.name(), Node::device(DevKind::Char, gpu.rdev, gpu.access)).map_err(PlanError::SpecDevice)?;
@@ -616,6 +617,45 @@ mod tests {
         let gpus: Vec<&str> = plan.tree.iter().map(|(p, _)| p).filter(|p| p.starts_with("nvidia")).collect();
         assert_eq!(gpus, ["nvidia0", "nvidia1", "nvidia2", "nvidia5", "nvidia6", "nvidia7", "nvidia9", "nvidiactl"]);
         assert_eq!(plan.tree.iter().count(), 11 + gpus.len());
+    }
+
+    /// Bug (issue 22): a pass-through node the spec lists (`/dev/kfd`, `/dev/nvidiactl`) was
+    /// served with the host node's mode and owner, replacing the spec's entry, and so was a GPU
+    /// both the spec and the device directory give: a spec's root-only `0600` on a host's `0666`
+    /// was served `0666`, access runc (which makes the node with the spec's `fileMode`, `uid`,
+    /// `gid`) never gives. Every node the spec lists keeps the spec's mode and owner, the
+    /// directory giving only its number, for both families; a node the spec does not list has
+    /// the host node's, as the NVIDIA hook's copy has.
+    #[test]
+    fn a_host_node_never_widens_the_specs_mode() {
+        let host = Access::DEVICE_DEFAULT;
+        let root_only = Access { mode: 0o600, uid: 0, gid: 0 };
+        let render = Access { mode: 0o660, uid: 0, gid: 44 };
+        let mut inp = inputs(&[], &[2, 3]);
+        let dir = inp.dev_dir.as_mut().unwrap();
+        for (name, rdev) in
+            [("nvidiactl", Rdev::new(195, 255)), ("nvidia-uvm", Rdev::new(507, 0)), ("kfd", Rdev::new(5, 0))]
+        {
+            dir.passthrough.push(HostNode { rel_path: name.into(), rdev, access: host });
+        }
+        dir.amd.push((136, HostNode { rel_path: "dri/renderD136".into(), rdev: Rdev::new(1, 7), access: host }));
+        inp.spec = Some(SpecView {
+            devices: vec![
+                spec_dev("/dev/nvidiactl", Rdev::new(195, 255), root_only),
+                spec_dev("/dev/kfd", Rdev::new(235, 0), root_only),
+                spec_dev("/dev/nvidia2", Rdev::new(195, 2), root_only),
+                spec_dev("/dev/dri/renderD136", Rdev::new(226, 136), render),
+            ],
+            ..SpecView::default()
+        });
+        let plan = build(&inp).unwrap();
+        let served = |name: &str| plan.tree.get(name).map(|n| (n.rdev(), n.access));
+        assert_eq!(served("nvidiactl"), Some((Some(Rdev::new(195, 255)), root_only)));
+        assert_eq!(served("kfd"), Some((Some(Rdev::new(5, 0)), root_only)), "the host's number, the spec's mode");
+        assert_eq!(served("nvidia2"), Some((Some(Rdev::new(1, 5)), root_only)));
+        assert_eq!(served("dri/renderD136"), Some((Some(Rdev::new(1, 7)), render)));
+        assert_eq!(served("nvidia-uvm"), Some((Some(Rdev::new(507, 0)), host)), "not in the spec: the host's");
+        assert_eq!(served("nvidia3"), None, "a spec that names GPUs is given those only");
     }
 
     /// Host facts for GPUs `minors`, each on a bus in the given order, with PCI ids `pci`.

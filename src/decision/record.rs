@@ -17,7 +17,7 @@
 //! the recorded GPUs. Both are 0 where the driver's files give no bus.
 
 use crate::decision::amd::AmdRestored;
-use crate::decision::plan::Plan;
+use crate::decision::plan::{EarlierName, Plan};
 use crate::family::amd::topology::kernfs_order;
 use crate::family::nvidia::RestoredGpu;
 use crate::inputs::amd_metadata::{self, AmdSaved};
@@ -61,38 +61,39 @@ pub fn devices(plan: &Plan, carried: bool) -> Value {
                 }
             }
             if carried {
-                o.insert("earlier_minors".into(), earlier_minors(plan, g.minor).into());
+                let names = plan.remap.iter().map(|e| (e.new.minor, e.served.then_some(e.old.minor), &e.earlier[..]));
+                o.insert("earlier_minors".into(), earlier_minors(names, g.minor).into());
             }
             item
         })
-        .chain(amd_items(plan))
+        .chain(amd_items(plan, carried))
         .collect();
     Value::Array(items)
 }
 
 /// One `"kind": "amdgpu"` item per restored render node, in the order CRIU's amdgpu plugin
 /// lists the GPUs (the topology's node order; those the topology lacks last, by minor), with
-/// the plugin's identity of it and the mode, uid and gid of the node served under its name.
-fn amd_items(plan: &Plan) -> impl Iterator<Item = Value> + '_ {
+/// the plugin's identity of it, the mode, uid and gid of the node served under its name, and,
+/// when `carried`, its earlier render names as NVIDIA's items have theirs.
+fn amd_items(plan: &Plan, carried: bool) -> impl Iterator<Item = Value> + '_ {
     let mut gpus: Vec<&AmdRestored> = plan.amd.restored.iter().collect();
     gpus.sort_by_cached_key(|g| (g.gpu.is_none(), g.gpu.as_ref().map(|k| kernfs_order(&k.node.to_string()))));
-    gpus.into_iter().map(|g| {
+    gpus.into_iter().map(move |g| {
         let access = plan.tree.get(&g.name()).map_or(g.access, |n| n.access);
         let recorded = RecordedAccess { mode: Some(access.mode), uid: Some(access.uid), gid: Some(access.gid) };
-        amd_metadata::to_json(&AmdSaved { minor: g.minor, gpu: g.gpu.clone(), recorded })
+        let names = plan.amd.remap.iter().map(|e| (e.new_minor, e.served.then_some(e.old_minor), &e.earlier[..]));
+        let earlier_minors = earlier_minors(names, g.minor);
+        amd_metadata::to_json(&AmdSaved { minor: g.minor, gpu: g.gpu.clone(), recorded, earlier_minors }, carried)
     })
 }
 
-/// The names other than its own that lead to restored GPU `minor` in the plan's tree.
-fn earlier_minors(plan: &Plan, minor: u32) -> Vec<u32> {
-    let names: BTreeSet<u32> = plan
-        .remap
-        .iter()
-        .filter(|e| e.new.minor == minor)
-        .flat_map(|e| {
-            let own = e.served.then_some(e.old.minor);
-            own.into_iter().chain(e.earlier.iter().filter(|n| n.served).map(|n| n.minor))
-        })
+/// The names other than its own that lead to restored GPU `minor` in the plan's tree, of
+/// either family: of each remap entry `(its restored minor, its checkpoint minor where served,
+/// its earlier names)`, the served names of those paired with `minor`.
+fn earlier_minors<'a>(entries: impl Iterator<Item = (u32, Option<u32>, &'a [EarlierName])>, minor: u32) -> Vec<u32> {
+    let names: BTreeSet<u32> = entries
+        .filter(|&(new, _, _)| new == minor)
+        .flat_map(|(_, own, earlier)| own.into_iter().chain(earlier.iter().filter(|n| n.served).map(|n| n.minor)))
         .filter(|&m| m != minor)
         .collect();
     names.into_iter().collect()
@@ -271,6 +272,48 @@ mod tests {
         );
         let again = devices(&plan, true);
         assert_eq!((&again[0]["earlier_minors"], &again[1]["earlier_minors"]), (&json!([0, 2]), &json!([3])));
+    }
+
+    /// Rule (issue 22, as issue 20 for NVIDIA): an AMD GPU's earlier render names lead to its
+    /// pair as its checkpoint name does; one that is another restored GPU's name loses the
+    /// collision (native preferred), is said, and is not carried into the next record, which
+    /// carries the served checkpoint name and earlier names instead. Without `carried` the key
+    /// is left out.
+    #[test]
+    fn amd_earlier_names_are_served_and_carried_as_nvidias() {
+        let node = |m: u32| {
+            (
+                m,
+                HostNode {
+                    rel_path: format!("dri/renderD{m}"),
+                    rdev: Rdev::new(1, m - 120),
+                    access: Access::DEVICE_DEFAULT,
+                },
+            )
+        };
+        let saved = json!([{"kind": "amdgpu", "minor": 136, "earlier_minors": [152, 144]}]);
+        let inputs = Inputs {
+            metadata: Some(metadata::parse(saved.to_string().as_bytes()).unwrap()),
+            dev_dir: Some(DevDirScan { gpus: vec![], amd: vec![node(128), node(144)], passthrough: vec![] }),
+            ..Inputs::default()
+        };
+        let plan = plan::build(&inputs).unwrap();
+        let earlier: Vec<(u32, bool)> = plan.amd.remap[0].earlier.iter().map(|n| (n.minor, n.served)).collect();
+        assert_eq!((plan.amd.remap[0].new_minor, earlier), (128, vec![(144, false), (152, true)]));
+        let rdev = |name: &str| plan.tree.get(name).and_then(|n| n.rdev());
+        assert_eq!(
+            [rdev("dri/renderD136"), rdev("dri/renderD152"), rdev("dri/renderD144")],
+            [Some(Rdev::new(1, 8)), Some(Rdev::new(1, 8)), Some(Rdev::new(1, 24))]
+        );
+        assert!(
+            plan.warnings.iter().any(|w| w.starts_with("/dev/dri/renderD144: earlier name of saved renderD136 (now renderD128) is a restored GPU's name; serving the restored GPU")),
+            "{:?}",
+            plan.warnings
+        );
+        let again = devices(&plan, true);
+        assert_eq!((&again[0]["minor"], &again[0]["earlier_minors"]), (&json!(128), &json!([136, 152])));
+        assert_eq!((&again[1]["minor"], &again[1]["earlier_minors"]), (&json!(144), &json!([])));
+        assert!(devices(&plan, false)[0].get("earlier_minors").is_none());
     }
 
     /// No GPUs: an empty list, which reads back as "no saved GPUs".

@@ -4,9 +4,9 @@
 use crate::decision::amd::AmdRestored;
 use crate::decision::escape::escape;
 use crate::decision::pairing::By;
-use crate::decision::plan::Plan;
+use crate::decision::plan::{EarlierName, Plan};
 use crate::decision::tree::{Node, NodeKind};
-use crate::family::{AMD, NVIDIA};
+use crate::family::{AMD, Family, NVIDIA};
 use crate::inputs::metadata::Metadata;
 use serde_json::{Map, Value, json};
 use std::borrow::Cow;
@@ -57,7 +57,7 @@ pub fn plan_json(plan: &Plan, metadata: Option<&Metadata>) -> Map<String, Value>
                 "served": e.served,
                 "explicit": e.by == By::Explicit,
                 "by": e.by.as_str(),
-                "earlier_names": e.earlier.iter().map(|n| json!({"name": NVIDIA.gpu_name(n.minor), "served": n.served})).collect::<Vec<_>>(),
+                "earlier_names": earlier_json(NVIDIA, &e.earlier),
             })
         })
         .collect();
@@ -102,8 +102,14 @@ pub fn plan_json(plan: &Plan, metadata: Option<&Metadata>) -> Map<String, Value>
     o
 }
 
+/// A remap entry's earlier names, `{"name": ..., "served": ...}` each.
+fn earlier_json(family: &dyn Family, earlier: &[EarlierName]) -> Vec<Value> {
+    earlier.iter().map(|n| json!({"name": family.gpu_name(n.minor), "served": n.served})).collect()
+}
+
 /// The AMD part: `remap` (each saved render name, where it leads, `by` which rule: `plugin`,
-/// `explicit` or `position`, and whether it is served), `restored` (each render node with its
+/// `explicit` or `position`, whether it is served, and its `earlier_names` as NVIDIA's entries
+/// have them), `restored` (each render node with its
 /// KFD `gpu_id`, `node` and `device_id`, `null` where the topology has none), `unpaired` (the
 /// saved render names nothing is left for) and `refusal` (the plugin's words where it will
 /// refuse the restore, else `null`).
@@ -121,6 +127,7 @@ fn amd_json(plan: &Plan) -> Value {
                 "minor": e.rdev.minor,
                 "by": e.by.as_str(),
                 "served": e.served,
+                "earlier_names": earlier_json(AMD, &e.earlier),
             })
         })
         .collect();
@@ -172,7 +179,6 @@ pub fn plan_text(plan: &Plan) -> String {
         out.push_str("remap: none (no saved GPUs)\n");
     } else if !plan.remap.is_empty() {
         let _ = writeln!(out, "remap ({} saved GPUs):", plan.remap.len());
-        let status = |served: bool| if served { "served" } else { "not served: name collision" };
         let rows: Vec<Vec<String>> = plan
             .remap
             .iter()
@@ -187,9 +193,8 @@ pub fn plan_text(plan: &Plan) -> String {
                     ]
                 };
                 // An earlier restore's names of the GPU, each a row of its own.
-                std::iter::once(row(e.name(), status(e.served).into())).chain(e.earlier.iter().map(move |n| {
-                    row(NVIDIA.gpu_name(n.minor), format!("{} (an earlier name of {})", status(n.served), e.name()))
-                }))
+                std::iter::once(row(e.name(), status(e.served).into()))
+                    .chain(earlier_rows(NVIDIA, &e.earlier, e.name()).map(move |(name, what)| row(name, what)))
             })
             .collect();
         table(&mut out, &["OLD", "OLD UUID", "NEW", "NEW UUID", ""], &rows);
@@ -200,14 +205,12 @@ pub fn plan_text(plan: &Plan) -> String {
             plan.amd
                 .remap
                 .iter()
-                .map(|e| {
-                    let status = if e.served { "served" } else { "not served: name collision" };
-                    vec![
-                        e.name(),
-                        format!("{} ({})", AMD.gpu_name(e.new_minor), e.rdev),
-                        e.by.as_str().into(),
-                        status.into(),
-                    ]
+                .flat_map(|e| {
+                    let row = |name: String, status: String| {
+                        vec![name, format!("{} ({})", AMD.gpu_name(e.new_minor), e.rdev), e.by.as_str().into(), status]
+                    };
+                    std::iter::once(row(e.name(), status(e.served).into()))
+                        .chain(earlier_rows(AMD, &e.earlier, e.name()).map(move |(name, what)| row(name, what)))
                 })
                 .chain(
                     plan.amd.unpaired.iter().map(|&m| {
@@ -242,6 +245,21 @@ pub fn plan_text(plan: &Plan) -> String {
         let _ = writeln!(out, "warning: {}", escape(w));
     }
     out
+}
+
+/// A remap table's status of a name.
+fn status(served: bool) -> &'static str {
+    if served { "served" } else { "not served: name collision" }
+}
+
+/// The table's rows of a remap entry's earlier names (of the checkpoint name `of`): each name
+/// and its status.
+fn earlier_rows<'a>(
+    family: &'static dyn Family,
+    earlier: &'a [EarlierName],
+    of: String,
+) -> impl Iterator<Item = (String, String)> + 'a {
+    earlier.iter().map(move |n| (family.gpu_name(n.minor), format!("{} (an earlier name of {of})", status(n.served))))
 }
 
 fn or_dash(s: Option<&String>) -> String {

@@ -9,6 +9,7 @@
 //! the list: the plugin pairs in the order the checkpoint recorded its GPUs.
 
 use super::metadata::{MetadataError, RecordedAccess, describe};
+use super::metadata_items as items;
 use crate::family::amd::plugin::{Gpu, GpuLink};
 use crate::family::amd::topology::Facts;
 use crate::family::amd::{FIRST_RENDER_MINOR, topology};
@@ -26,6 +27,11 @@ pub struct AmdSaved {
     /// The plugin's identity of it; `None` where the save host's topology was not read.
     pub gpu: Option<Gpu>,
     pub recorded: RecordedAccess,
+    /// The other render names this GPU had in the checkpointed container, sorted: the
+    /// checkpoint names of an earlier restore that led to it (`record --metadata PREV` writes
+    /// them), each served as its checkpoint name too, as NVIDIA's `earlier_minors` are.
+    #[serde(default)]
+    pub earlier_minors: Vec<u32>,
 }
 
 /// Reads item `index`, an object whose `kind` is [`KIND`]; `recorded` is its mode, uid and gid,
@@ -41,9 +47,11 @@ pub fn item(index: usize, obj: &Map<String, Value>, recorded: RecordedAccess) ->
         Some(v) => number(v, "minor", MAX_FUSE_MINOR.into())? as u32,
         None => return Err(bad("minor: expected the render minor, found nothing".into())),
     };
-    if minor < FIRST_RENDER_MINOR {
-        return Err(bad(format!("minor {minor} is under {FIRST_RENDER_MINOR}, the first render minor")));
+    if let Some(why) = render_fault(minor) {
+        return Err(bad(why));
     }
+    let earlier_minors = items::earlier_minors(minor, obj.get("earlier_minors"), "render minors", render_fault)
+        .map_err(|what| bad(format!("earlier_minors: {what}")))?;
     // Read even without properties, where they are dropped: a bad one is bad input either way.
     let field = |name: &str, max: u64| -> Result<u32, MetadataError> {
         obj.get(name).map_or(Ok(0), |v| number(v, name, max).map(|n| n as u32))
@@ -55,7 +63,9 @@ pub fn item(index: usize, obj: &Map<String, Value>, recorded: RecordedAccess) ->
         Some(Value::Array(items)) => items.iter().map(link).collect::<Result<_, _>>().map_err(bad)?,
         Some(v) => return Err(bad(format!("links: expected an array, found {}", describe(v)))),
     };
-    let Some(props) = obj.get("properties") else { return Ok(AmdSaved { minor, gpu: None, recorded }) };
+    let Some(props) = obj.get("properties") else {
+        return Ok(AmdSaved { minor, gpu: None, recorded, earlier_minors });
+    };
     let Value::Object(props) = props else {
         return Err(bad(format!("properties: expected an object, found {}", describe(props))));
     };
@@ -67,7 +77,26 @@ pub fn item(index: usize, obj: &Map<String, Value>, recorded: RecordedAccess) ->
         )));
     }
     let facts = Facts { drm_render_minor: minor, ..facts };
-    Ok(AmdSaved { minor, gpu: Some(Gpu { node, gpu_id, facts, links }), recorded })
+    Ok(AmdSaved { minor, gpu: Some(Gpu { node, gpu_id, facts, links }), recorded, earlier_minors })
+}
+
+/// What is wrong with render minor `minor`, if anything: a render node's minor is at least
+/// [`FIRST_RENDER_MINOR`] and fits FUSE's 20 bits.
+fn render_fault(minor: u32) -> Option<String> {
+    if minor < FIRST_RENDER_MINOR {
+        Some(format!("minor {minor} is under {FIRST_RENDER_MINOR}, the first render minor"))
+    } else {
+        (minor > MAX_FUSE_MINOR).then(|| format!("minor {minor} is over {MAX_FUSE_MINOR}, the largest FUSE carries"))
+    }
+}
+
+/// The AMD items, in the list's order, each render name (minor or earlier minor) once.
+pub(crate) fn amd_list(amd: Vec<AmdSaved>) -> Result<Vec<AmdSaved>, MetadataError> {
+    let names = amd.iter().flat_map(|a| std::iter::once(a.minor).chain(a.earlier_minors.iter().copied()));
+    match items::repeated_name(names) {
+        Some(minor) => Err(MetadataError::DuplicateRender(minor)),
+        None => Ok(amd),
+    }
 }
 
 /// The properties object: each key a [`Facts`] field, each value of that field's type (an
@@ -112,8 +141,9 @@ fn link(value: &Value) -> Result<GpuLink, String> {
     }
 }
 
-/// The item's JSON, as `devremapd record` writes it and [`item`] reads it back.
-pub fn to_json(saved: &AmdSaved) -> Value {
+/// The item's JSON, as `devremapd record` writes it and [`item`] reads it back; `earlier_minors`
+/// only when `carried` (the record looked for earlier names), as for NVIDIA's items.
+pub fn to_json(saved: &AmdSaved, carried: bool) -> Value {
     let mut o = Map::new();
     o.insert("kind".into(), KIND.into());
     o.insert("minor".into(), saved.minor.into());
@@ -127,6 +157,9 @@ pub fn to_json(saved: &AmdSaved) -> Value {
         if let Some(v) = v {
             o.insert(key.into(), v.into());
         }
+    }
+    if carried {
+        o.insert("earlier_minors".into(), saved.earlier_minors.clone().into());
     }
     Value::Object(o)
 }
@@ -159,9 +192,11 @@ mod tests {
             minor: 136,
             gpu: Some(gpu),
             recorded: RecordedAccess { mode: Some(0o660), uid: Some(0), gid: Some(44) },
+            earlier_minors: vec![144, 200],
         };
-        let back = item(0, to_json(&saved).as_object().unwrap(), saved.recorded).unwrap();
+        let back = item(0, to_json(&saved, true).as_object().unwrap(), saved.recorded).unwrap();
         assert_eq!(back, saved);
+        assert!(to_json(&saved, false).get("earlier_minors").is_none(), "not looked for: left out");
         assert_eq!(read(json!({"kind": "amdgpu", "minor": 129})).unwrap().gpu, None);
     }
 
@@ -193,6 +228,31 @@ mod tests {
                 "gpu_id: expected an integer 0-65535",
             ),
             (json!({"kind": "amdgpu", "minor": 136, "properties": {}, "links": [{"kind": 3}]}), "links: each is"),
+            // Earlier names: render minors, each once, none the item's own.
+            (
+                json!({"kind": "amdgpu", "minor": 136, "earlier_minors": [136]}),
+                "earlier_minors: minor 136 is listed twice or is the GPU's own",
+            ),
+            (
+                json!({"kind": "amdgpu", "minor": 136, "earlier_minors": [144, 144]}),
+                "earlier_minors: minor 144 is listed twice",
+            ),
+            (
+                json!({"kind": "amdgpu", "minor": 136, "earlier_minors": [5]}),
+                "earlier_minors: minor 5 is under 128, the first render minor",
+            ),
+            (
+                json!({"kind": "amdgpu", "minor": 136, "earlier_minors": [1048576]}),
+                "earlier_minors: minor 1048576 is over 1048575",
+            ),
+            (
+                json!({"kind": "amdgpu", "minor": 136, "earlier_minors": long.clone()}),
+                "earlier_minors: expected an array of render minors, found a string",
+            ),
+            (
+                json!({"kind": "amdgpu", "minor": 136, "earlier_minors": [-1]}),
+                "earlier_minors: expected render minors, found -1",
+            ),
             // Bug: without properties, gpu_id, node and links went unread, a bad one taken.
             (json!({"kind": "amdgpu", "minor": 136, "gpu_id": -1}), "gpu_id: expected an integer 0-65535"),
             (json!({"kind": "amdgpu", "minor": 136, "node": 1.5}), "node: expected an integer"),

@@ -338,16 +338,12 @@ fn device_list(value: &Value) -> Result<(Vec<DeviceId>, Vec<AmdSaved>), Metadata
         match obj.get("kind") {
             None => gpus.push(items::device_id(index, obj)?),
             Some(Value::String(k)) if k == amd_metadata::KIND => {
-                let item = amd_metadata::item(index, obj, items::recorded_access(index, obj)?)?;
-                if amd.iter().any(|a: &AmdSaved| a.minor == item.minor) {
-                    return Err(MetadataError::DuplicateRender(item.minor));
-                }
-                amd.push(item);
+                amd.push(amd_metadata::item(index, obj, items::recorded_access(index, obj)?)?);
             }
             Some(other) => return Err(MetadataError::Kind { index, found: describe(other) }),
         }
     }
-    Ok((items::nvidia_list(gpus)?, amd))
+    Ok((items::nvidia_list(gpus)?, amd_metadata::amd_list(amd)?))
 }
 
 /// A short description of a JSON value for error messages: numbers as written, the rest by kind.
@@ -426,8 +422,9 @@ mod tests {
         }
     }
 
-    /// Rule (issue 20): `earlier_minors` are GPU minors, sorted on reading; one that is the
-    /// GPU's own, listed twice, over 247, or another GPU's name is refused.
+    /// Rule (issue 20; issue 22 for AMD's render names): `earlier_minors` are GPU minors, sorted
+    /// on reading; one that is the GPU's own, listed twice, over 247, or another GPU's name is
+    /// refused.
     #[test]
     fn earlier_minors_are_names_of_one_gpu_each() {
         let m = parse(br#"[{"minor":2,"earlier_minors":[7,0]},{"minor":3}]"#).unwrap();
@@ -452,6 +449,15 @@ mod tests {
             (r#"[{"minor":2,"earlier_minors":[-1]}]"#, "[0].earlier_minors: expected GPU minors, found -1"),
             (r#"[{"minor":2,"earlier_minors":[3]},{"minor":3}]"#, "nvproxy-device-remap-ids: minor 3 appears twice"),
             (r#"[{"minor":2,"earlier_minors":[0]},{"minor":3,"earlier_minors":[0]}]"#, "minor 0 appears twice"),
+            // AMD's earlier names, each render name one GPU's.
+            (
+                r#"[{"kind":"amdgpu","minor":136,"earlier_minors":[144]},{"kind":"amdgpu","minor":144}]"#,
+                "nvproxy-device-remap-ids: amdgpu render minor 144 appears twice",
+            ),
+            (
+                r#"[{"kind":"amdgpu","minor":136,"earlier_minors":[152]},{"kind":"amdgpu","minor":144,"earlier_minors":[152]}]"#,
+                "amdgpu render minor 152 appears twice",
+            ),
         ] {
             let e = parse(text.as_bytes()).unwrap_err().to_string();
             assert!(e.ends_with(message), "{text}: {e}");

@@ -1,6 +1,6 @@
 //! One item of the checkpoint's device list at a time: NVIDIA's (gVisor's `DeviceRemapID`
-//! fields, the recorded `mode`, `uid` and `gid`, facts and `earlier_minors`), and the access
-//! fields every item kind shares. Pure; the list itself is [`metadata`](super::metadata)'s.
+//! fields, the recorded `mode`, `uid` and `gid`, facts and `earlier_minors`), and what every
+//! item kind shares: the access fields and the earlier names. Pure; the list itself is [`metadata`](super::metadata)'s.
 
 use super::metadata::{DeviceId, MetadataError, RecordedAccess, describe};
 use crate::device::{MAX_DRIVER_VERSION_LEN, MAX_MODEL_LEN, fact_fault};
@@ -15,11 +15,9 @@ pub(crate) fn nvidia_list(mut gpus: Vec<DeviceId>) -> Result<Vec<DeviceId>, Meta
         return Err(MetadataError::DuplicateMinor(w[0].minor));
     }
     // Every name leads to one GPU: an earlier name is no other GPU's minor or earlier name.
-    let mut names = BTreeSet::new();
-    for minor in gpus.iter().flat_map(|d| std::iter::once(&d.minor).chain(&d.earlier_minors)) {
-        if !names.insert(*minor) {
-            return Err(MetadataError::DuplicateMinor(*minor));
-        }
+    let names = gpus.iter().flat_map(|d| std::iter::once(d.minor).chain(d.earlier_minors.iter().copied()));
+    if let Some(minor) = repeated_name(names) {
+        return Err(MetadataError::DuplicateMinor(minor));
     }
     // A UUID's hex digits mean the same in either case.
     let mut uuids = BTreeSet::new();
@@ -99,7 +97,10 @@ pub(crate) fn device_id(index: usize, obj: &Map<String, Value>) -> Result<Device
         }
     };
     let model = fact("model", MAX_MODEL_LEN)?;
-    let earlier_minors = earlier_minors(index, minor, obj.get("earlier_minors"))?;
+    let earlier_minors = earlier_minors(minor, obj.get("earlier_minors"), "GPU minors", |m| {
+        (m > MAX_REGULAR_MINOR).then(|| format!("minor {m} is over {MAX_REGULAR_MINOR}, the largest GPU minor"))
+    })
+    .map_err(|what| MetadataError::Earlier { index, what })?;
     let driver_version = fact("driver_version", MAX_DRIVER_VERSION_LEN)?;
     let recorded = recorded_access(index, obj)?;
     Ok(DeviceId {
@@ -117,27 +118,39 @@ pub(crate) fn device_id(index: usize, obj: &Map<String, Value>) -> Result<Device
     })
 }
 
-/// The `earlier_minors` of item `index` (whose minor is `minor`): GPU minors, each once, none
-/// the item's own; sorted.
-fn earlier_minors(index: usize, minor: u32, value: Option<&Value>) -> Result<Vec<u32>, MetadataError> {
-    let bad = |what: String| MetadataError::Earlier { index, what };
+/// The `earlier_minors` of an item whose minor is `minor`, either family's: `noun` minors,
+/// each once, none the item's own, none that `fault` (the family's range) finds fault with;
+/// sorted. The error is what is wrong, for the caller to name the item.
+pub(crate) fn earlier_minors(
+    minor: u32,
+    value: Option<&Value>,
+    noun: &str,
+    fault: impl Fn(u32) -> Option<String>,
+) -> Result<Vec<u32>, String> {
     let items = match value {
         None => return Ok(Vec::new()),
         Some(Value::Array(items)) => items,
-        Some(v) => return Err(bad(format!("expected an array of GPU minors, found {}", describe(v)))),
+        Some(v) => return Err(format!("expected an array of {noun}, found {}", describe(v))),
     };
     let mut out = BTreeSet::new();
     for item in items {
         let m = item
             .as_u64()
             .and_then(|n| u32::try_from(n).ok())
-            .ok_or_else(|| bad(format!("expected GPU minors, found {}", describe(item))))?;
-        if m > MAX_REGULAR_MINOR {
-            return Err(bad(format!("minor {m} is over {MAX_REGULAR_MINOR}, the largest GPU minor")));
+            .ok_or_else(|| format!("expected {noun}, found {}", describe(item)))?;
+        if let Some(why) = fault(m) {
+            return Err(why);
         }
         if m == minor || !out.insert(m) {
-            return Err(bad(format!("minor {m} is listed twice or is the GPU's own")));
+            return Err(format!("minor {m} is listed twice or is the GPU's own"));
         }
     }
     Ok(out.into_iter().collect())
+}
+
+/// The first name given twice among `names` (each item's minor and earlier minors): every
+/// name must lead to one GPU.
+pub(crate) fn repeated_name(names: impl IntoIterator<Item = u32>) -> Option<u32> {
+    let mut seen = BTreeSet::new();
+    names.into_iter().find(|&m| !seen.insert(m))
 }

@@ -3,7 +3,8 @@
 //! step after the checks of the driver files themselves).
 //!
 //! Pure. Assumption: the device directory's stat'd numbers are the truth for a GPU both it and
-//! the spec name, since the spec may be older than the host's nodes.
+//! the spec name, since the spec may be older than the host's nodes; its mode and owner are
+//! the spec's, which runc gives the node.
 
 use super::{Inputs, PlanError};
 use crate::device::{Access, Rdev};
@@ -13,7 +14,7 @@ use crate::inputs::pci;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// The restored GPUs: the spec's 195:N devices and the device directory's `nvidiaN` nodes
-/// (whose stat'd number wins): of those, only the spec's own when it names GPU devices, and only
+/// (whose stat'd number wins, and the spec's mode and owner where the spec lists the GPU): of those, only the spec's own when it names GPU devices, and only
 /// those the hook's `NVIDIA_VISIBLE_DEVICES` selects when the spec asks through the hook; with
 /// what the driver says of them, sorted by minor.
 pub(super) fn restored_gpus(inputs: &Inputs) -> Result<Vec<RestoredGpu>, PlanError> {
@@ -37,8 +38,10 @@ pub(super) fn restored_gpus(inputs: &Inputs) -> Result<Vec<RestoredGpu>, PlanErr
             Some(s) => s.contains(minor),
             None => !named || by_minor.contains_key(minor),
         };
+        // The spec's mode and owner win where it lists the GPU, as runc makes its node with
+        // them (the host's may be wider); the directory gives the number.
         if given {
-            by_minor.insert(*minor, (node.rdev, node.access));
+            by_minor.entry(*minor).and_modify(|(rdev, _)| *rdev = node.rdev).or_insert((node.rdev, node.access));
         }
     }
     Ok(by_minor
