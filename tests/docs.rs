@@ -185,7 +185,11 @@ case "$1" in /tmp/*) mkdir /run/.host-tmp; mount --bind /tmp /run/.host-tmp ;; e
 mount -t tmpfs docs-tmp /tmp
 case "$1" in /tmp/*)
     mkdir -p "$1"; mount --bind "/run/.host-tmp/${1#/tmp/}" "$1"
-    umount -l /run/.host-tmp; rmdir /run/.host-tmp ;;
+    umount -l /run/.host-tmp; rmdir /run/.host-tmp
+    # The shell's working directory is still the one under the hidden /tmp; entered again by
+    # its path, it is the bound-in checkout's. (Seen: a relative `--output` renamed from a
+    # temporary file that `tempfile` had named by the absolute path failed with EXDEV.)
+    cd "$(pwd -P)" ;;
 esac
 set +e
 exec bash --noprofile --norc"#;
