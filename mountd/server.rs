@@ -174,6 +174,7 @@ fn act(sig: i32) -> Option<Event> {
 }
 
 pub fn run(args: &MountArgs) -> Result<(), Failure> {
+    name_process();
     let (tx, rx) = mpsc::channel();
     let (fuse, control) = inherited()?;
     signals::start(tx.clone(), act, " (signal the keeper, the pid in the pid file)")?;
@@ -237,6 +238,15 @@ pub fn run(args: &MountArgs) -> Result<(), Failure> {
 
 /// The FUSE session on the keeper's relay: answers the INIT the keeper sends (the kernel's, or
 /// its replay). A retired node the kernel forgets becomes an event.
+/// Names the process `devremapd`, as the keeper is: started from a descriptor (the binary the
+/// keeper holds open), a server's name was that number ("6"), which `ps`, `pgrep -x devremapd`
+/// and `killall devremapd` do not find. Set first, on the main thread, so that the threads
+/// started after it, which take its name, are not named "6" either.
+fn name_process() {
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
+    unsafe { libc::prctl(libc::PR_SET_NAME, c"devremapd".as_ptr()) };
+}
+
 fn handshake(
     args: &MountArgs,
     devfs: &Arc<Devfs>,

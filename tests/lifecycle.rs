@@ -7,6 +7,7 @@ mod common;
 
 use common::daemon::{
     Daemon, Spawned, children, has_exited, is_mounted, need_fuse, private_dir, private_mountpoint, wait_for,
+    wait_for_or,
 };
 use common::{arg, need_root};
 use std::fs;
@@ -748,12 +749,37 @@ fn a_reload_that_fails_a_check_keeps_the_old_tree() {
 /// `devremapd mount MOUNTPOINT --pid-file .. --ready-fd N <args>` in `files`, with the write end
 /// of a fresh pipe inherited as fd N; returns the daemon and the pipe's read end.
 fn spawn_with_ready_fd(files: &Path, mountpoint: &Path, args: &[&str]) -> (Spawned, fs::File) {
+    spawn_with_ready_pipe(files, mountpoint, args, Ready::Writable)
+}
+
+/// How the pipe handed as `--ready-fd` is: its write end, one already full (a starter that
+/// never reads), or its read end.
+#[derive(PartialEq)]
+enum Ready {
+    Writable,
+    Full,
+    ReadEnd,
+}
+
+/// As [`spawn_with_ready_fd`], the pipe as `how` says; returns the end the daemon was not given.
+fn spawn_with_ready_pipe(files: &Path, mountpoint: &Path, args: &[&str], how: Ready) -> (Spawned, fs::File) {
     use std::os::fd::{AsRawFd, FromRawFd};
     use std::os::unix::process::CommandExt;
     let mut fds = [0; 2];
     // SAFETY: pipe2 writes two new fds into the array, which the Files below own alone.
-    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
-    let (read, write) = unsafe { (fs::File::from_raw_fd(fds[0]), fs::File::from_raw_fd(fds[1])) };
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) }, 0);
+    let (mut read, mut write) = unsafe { (fs::File::from_raw_fd(fds[0]), fs::File::from_raw_fd(fds[1])) };
+    if how == Ready::Full {
+        while std::io::Write::write(&mut write, &[b'x'; 4096]).is_ok() {}
+    }
+    // Blocking again (the flag is the pipe's, so the daemon's copy is blocking too).
+    for fd in fds {
+        // SAFETY: fcntl on fds this test owns.
+        unsafe { libc::fcntl(fd, libc::F_SETFL, 0) };
+    }
+    if how == Ready::ReadEnd {
+        std::mem::swap(&mut read, &mut write);
+    }
     let n = write.as_raw_fd();
     let mut command = Command::new(common::BIN);
     command
@@ -802,7 +828,40 @@ fn ready_fd_says_ready_after_the_pid_file_and_no_server_holds_it() {
     assert_eq!(server.len(), 1, "one server: {server:?}");
     let cmdline = fs::read(format!("/proc/{}/cmdline", server[0])).unwrap();
     assert!(!String::from_utf8_lossy(&cmdline).contains("ready-fd"), "the server got --ready-fd");
+    // Found from outside: started from a descriptor, a server was named "6", which `pgrep -x
+    // devremapd` missed.
+    let name = fs::read_to_string(format!("/proc/{}/comm", server[0])).unwrap();
+    assert_eq!(name.trim(), "devremapd", "the server's name");
     assert!(mount.stop().success());
+}
+
+/// Bug (found from outside, issue 17's `--ready-fd`): a starter that never reads its ready
+/// pipe (full: 64 KiB in it) stopped the keeper in its write of the newline, right after the
+/// pid file: SIGTERM and SIGHUP were not acted on, and the state file not written, until
+/// someone read the pipe. Now the write never waits: a newline that cannot be written is warned
+/// of, and the daemon serves and stops as always. The read end of a pipe, which can never be
+/// written, is refused before anything is mounted.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn a_ready_pipe_nobody_reads_never_stops_the_keeper() {
+    need_fuse();
+    let files = private_dir();
+    let (_dir, mountpoint) = private_mountpoint();
+    let state = files.path().join("state.json");
+    let args = ["--state-file", arg(&state), "--host-root", EMPTY_ROOT];
+    let (mut mount, _unread) = spawn_with_ready_pipe(files.path(), &mountpoint, &args, Ready::Full);
+    let log = || fs::read_to_string(files.path().join("daemon.log")).unwrap_or_default();
+    wait_for_or("the warning that ready could not be said", log, || {
+        log().contains("--ready-fd: cannot say ready").then_some(())
+    });
+    wait_for_or("the state file", log, || state.exists().then_some(()));
+    assert!(fs::metadata(mountpoint.join("null")).is_ok(), "the mount answers");
+    assert!(mount.stop().success(), "SIGTERM: {}", log());
+    let (mut mount, _write_end) = spawn_with_ready_pipe(files.path(), &mountpoint, &NO_ROOT, Ready::ReadEnd);
+    let status = wait_for("devremapd to exit", || mount.child.try_wait().unwrap());
+    assert_eq!(status.code(), Some(1), "{}", log());
+    assert!(log().contains("the read end of a pipe"), "{}", log());
+    assert!(!is_mounted(&mountpoint), "a refused start left a mount");
 }
 
 /// Rule (issue 17's benchmark): a start that fails ends `--ready-fd` without the newline (the

@@ -188,11 +188,16 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
 /// Takes the starter's `--ready-fd`: moved to 10 or above and closed on exec, so that no server
 /// inherits it and it never holds 3 or 4 (a server's sockets; the signal thread's socket pair
 /// takes them, for the keeper's life, and a spawn refuses a binary's fd there). Refused unless
-/// it is a pipe other than stdin, stdout or stderr: a number that names nothing inherited must
-/// never make us write into a file or socket of our own, nor leave a standard fd closed for the
-/// next open to take.
+/// it is the write end of a pipe other than stdin, stdout or stderr: a number that names nothing
+/// inherited must never make us write into a file or socket of our own, nor leave a standard fd
+/// closed for the next open to take. It is made non-blocking: a starter that never reads (a
+/// full pipe) must not stop the keeper, which takes the signals, in its write.
 fn claim_ready_fd(fd: i32) -> Result<File, String> {
+    use nix::fcntl::{FcntlArg, OFlag, fcntl};
     let refused = |why: String| format!("--ready-fd {fd}: {why}");
+    if fd < 0 {
+        return Err(refused("not a file descriptor".into()));
+    }
     if fd < 3 {
         return Err(refused("not for stdin, stdout or stderr (give the write end of a pipe of its own)".into()));
     }
@@ -208,6 +213,11 @@ fn claim_ready_fd(fd: i32) -> Result<File, String> {
     if !is_pipe {
         return Err(refused("not a pipe (it is the write end of a pipe its starter reads)".into()));
     }
+    let flags = fcntl(&file, FcntlArg::F_GETFL).map(OFlag::from_bits_truncate).map_err(|e| refused(e.desc().into()))?;
+    if flags & OFlag::O_ACCMODE == OFlag::O_RDONLY {
+        return Err(refused("the read end of a pipe (give its write end)".into()));
+    }
+    fcntl(&file, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK)).map_err(|e| refused(e.desc().into()))?;
     // SAFETY: the number was inherited for us alone and nothing uses it: its copy replaces it.
     unsafe { libc::close(fd) };
     Ok(file)

@@ -39,7 +39,9 @@ impl Keeper<'_> {
     }
 
     /// The mount answers: the pid file, once (a server taking over finds it written), then the
-    /// newline on `--ready-fd`, which is closed (a starter that is gone is not our error).
+    /// newline on `--ready-fd`, which is closed. A newline that cannot be written (the starter
+    /// is gone, or never reads and the pipe is full) is warned of, and the mount serves on: the
+    /// starter sees EOF and takes the start as failed, its own decision.
     pub(super) fn write_pid_file(&mut self) -> Result<(), String> {
         if let Some(pid_file) = self.args.pid_file.as_ref().filter(|_| self.pid_written.is_none()) {
             let pid = format!("{}\n", std::process::id());
@@ -47,8 +49,10 @@ impl Keeper<'_> {
                 .map_err(|e| format!("{}: cannot write the pid file: {}", pid_file.display(), io_message(&e)))?;
             self.pid_written = Some(written);
         }
-        if let Some(mut ready) = self.ready.take() {
-            let _ = std::io::Write::write_all(&mut ready, b"\n");
+        if let Some(mut ready) = self.ready.take()
+            && let Err(e) = std::io::Write::write_all(&mut ready, b"\n")
+        {
+            warn!("--ready-fd: cannot say ready ({}): the starter will take the start as failed", io_message(&e));
         }
         Ok(())
     }
