@@ -271,6 +271,46 @@ fn crun_create_start_delete() {
     create_start_delete(Runtime::Crun);
 }
 
+/// Bug (attack s4, F3): a container whose daemon was SIGKILLed between `create` and `start`
+/// was started on a dead `/dev` (ENOTCONN). `start` refuses it, exit status 1, naming the
+/// container and its gone daemon, without running the runtime's start (the container stays
+/// created); `delete` still cleans everything up.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs a container"]
+fn start_refuses_a_container_whose_daemon_was_killed_after_create() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Setup::new(Runtime::Runc, json!({"devremap.io/enable": "true"}));
+    let id = format!("wrapped-dead-{}", std::process::id());
+    let _delete = Deleting(&s, id.clone());
+    let bundle = arg(s.bundle.dir()).to_owned();
+    let dir = s.state_dir().join(&id);
+    let out = s.run(&["create", "--bundle", &bundle, &id]);
+    assert_ok(&out, "create", &s, &id);
+    let daemon = s.daemon_pid(&id);
+    // SAFETY: kill(2) of the daemon this test's create started.
+    assert_eq!(unsafe { libc::kill(daemon as i32, libc::SIGKILL) }, 0);
+    wait_for("the killed daemon to be gone", || (!alive(daemon)).then_some(()));
+
+    let out = s.run(&["start", &id]);
+    assert_eq!(out.status.code(), Some(1), "start of a container on a dead /dev: {}", out.stderr);
+    assert!(
+        out.stderr.starts_with(&format!("devremap-runtime: error: container {id}: its devremap daemon is gone ("))
+            && out.stderr.contains("devremapd.pid names no live devremapd of")
+            && out.stderr.contains("not started"),
+        "{}",
+        out.stderr
+    );
+    let state = s.wrapper(&["state", &id]).output().unwrap();
+    let state: Value = serde_json::from_slice(&state.stdout).unwrap_or_default();
+    assert_eq!(state["status"], "created", "the runtime's start never ran");
+    assert!(!s.stdout().contains("ready"), "the container ran: {}", s.stdout());
+
+    let out = s.run(&["delete", "--force", &id]);
+    assert_ok(&out, "delete", &s, &id);
+    assert!(!dir.exists() && !is_mounted(&dir.join("dev")), "delete left {}", dir.display());
+}
+
 /// Rule (issue 12.3): `run` in the foreground: the container runs on the devremap /dev, and
 /// when it ends the daemon, its directory and the spec's patch are gone; `delete --force` of a
 /// running container stops the daemon.

@@ -24,15 +24,29 @@ pub fn restore(config: &Config, inv: &Invocation) -> Result<u8, Failure> {
     start(config, inv, Some(Restoring { metadata }))
 }
 
+/// The devremap container the command names, with its id: one of this runtime root's.
+fn devremap_container(config: &Config, inv: &Invocation) -> Option<(String, Container)> {
+    let id = inv.command_args().id.filter(|id| argv::valid_id(id))?;
+    let container = Container::new(&config.state_dir, &id);
+    (container.exists() && container.other_root(inv.root.as_deref()).is_none()).then_some((id, container))
+}
+
 /// Records the GPUs of a devremap container into the image directory, then checkpoints.
 pub fn checkpoint(config: &Config, inv: &Invocation) -> Result<u8, Failure> {
-    let id = inv.command_args().id.filter(|id| argv::valid_id(id));
-    if let Some(id) = id
-        && let container = Container::new(&config.state_dir, &id)
-        && container.exists()
-        && container.other_root(inv.root.as_deref()).is_none()
-    {
+    if let Some((id, container)) = devremap_container(config, inv) {
         record(config, inv, &id, &container)?;
+    }
+    Err(exec(config, inv.original()))
+}
+
+/// Starts a devremap container only while its daemon still serves its `/dev`; refuses one whose
+/// daemon is gone (its container would run on a dead mount), leaving it for `delete`.
+pub fn start_created(config: &Config, inv: &Invocation) -> Result<u8, Failure> {
+    if let Some((id, container)) = devremap_container(config, inv) {
+        container.check_daemon().map_err(|e| Failure::Container {
+            id,
+            what: format!("{e}; not started (delete it, then create it again)"),
+        })?;
     }
     Err(exec(config, inv.original()))
 }

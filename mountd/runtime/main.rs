@@ -7,6 +7,7 @@
 //!   pointed at the mount, into a bundle of our own (`<state_dir>/<id>/bundle`) and run the
 //!   runtime on that bundle: the caller's bundle is never written. If that fails, or a
 //!   foreground `run` ends, everything is undone.
+//! - `start`: refuse a devremap container whose daemon is gone (it would run on a dead mount).
 //! - `checkpoint`: record the container's GPUs into `<image-path>/devremap-gpus.json` first.
 //! - `restore`: as `create`, with a copy of the image's `devremap-gpus.json` (or a gVisor
 //!   `checkpoint.img`) as the daemon's metadata.
@@ -79,6 +80,7 @@ fn dispatch(config: &Config, inv: &Invocation) -> Result<u8, Failure> {
         Some("create" | "run") => start::start(config, inv, None),
         Some("restore") => commands::restore(config, inv),
         Some("checkpoint") => commands::checkpoint(config, inv),
+        Some("start") => commands::start_created(config, inv),
         Some("delete") => commands::delete(config, inv),
         _ => Err(exec(config, inv.original())),
     }

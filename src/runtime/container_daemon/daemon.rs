@@ -127,8 +127,25 @@ impl Container {
     }
 
     fn last_log_line(&self) -> String {
-        let text = fs::read_to_string(self.log()).unwrap_or_default();
-        text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("(no log)").to_owned()
+        self.log_tail().unwrap_or_else(|| "(no log)".to_owned())
+    }
+
+    /// The daemon log's last line that is not blank, if any.
+    fn log_tail(&self) -> Option<String> {
+        let text = fs::read_to_string(self.log()).ok()?;
+        text.lines().rev().find(|l| !l.trim().is_empty()).map(str::to_owned)
+    }
+
+    /// Checks that the container's daemon still serves its mount, before its container is
+    /// started on it: a keeper SIGKILLed after `create` leaves a dead FUSE mount, whose `/dev`
+    /// answers ENOTCONN. The check is on the process (its pid file names a live process whose
+    /// command line names this mountpoint), never a `stat` of the mount, which blocks on a
+    /// daemon that is alive but stuck.
+    pub fn check_daemon(&self) -> Result<(), DaemonError> {
+        match self.daemon_pid() {
+            Some(_) => Ok(()),
+            None => Err(DaemonError::Gone { pid_file: self.pid_file(), dev: self.dev(), log: self.log_tail() }),
+        }
     }
 
     /// Stops the daemon (if it still runs) and waits for its exit, detaches whatever is left

@@ -58,6 +58,15 @@ pub enum DaemonError {
     Exited { status: ExitStatus, log: String },
     #[error("devremapd did not answer within {secs} s: {log}")]
     NoAnswer { secs: u64, log: String },
+    /// A container's daemon that stopped after its mount was up (SIGKILLed): its `/dev` would
+    /// answer ENOTCONN.
+    #[error(
+        "its devremap daemon is gone ({} names no live devremapd of {}){}",
+        pid_file.display(),
+        dev.display(),
+        log.as_ref().map(|l| format!("; its log's last line: {l}")).unwrap_or_default()
+    )]
+    Gone { pid_file: PathBuf, dev: PathBuf, log: Option<String> },
 }
 
 fn io_at(path: &Path) -> impl FnOnce(io::Error) -> DaemonError + '_ {
