@@ -129,6 +129,11 @@ fn record(args: &cli::RecordArgs) -> Result<(), Failure> {
     // The record says what the container has, not whether its restore was right: that was the
     // restore's to judge (and maybe relaxed), so the checks do not refuse it here.
     let loaded = load::load_unchecked(&sources).map_err(|e| e.to_string())?;
+    // An AMD GPU whose identity an unreadable topology hid is refused: found only at restore.
+    devremap::decision::record::check(&loaded.plan).map_err(|e| e.to_string())?;
+    if let Some(warning) = devremap::decision::record::unread_warning(&loaded.plan) {
+        log::warn!("{warning}");
+    }
     if args.metadata.is_none() {
         log::info!("recorded without --metadata: no names of an earlier restore are carried (earlier_minors left out)");
     }

@@ -491,3 +491,73 @@ fn the_plugins_check_variables_relax_the_plan_as_they_relax_the_plugin() {
         });
     assert!(said, "{}", plan["warnings"]);
 }
+
+/// A way to break a topology: its name, what it does to the nodes directory, and what the
+/// error says after the nodes directory.
+type Break = (&'static str, fn(&Path), &'static str);
+
+/// Bug (attack F5): `record` on a host root whose KFD topology cannot be read (a duplicate
+/// gpu_id, a properties file that is a symlink to /dev/zero or a FIFO) refused a GPU the spec
+/// gives only with a warning claiming the topology lacked it, recording it without its identity,
+/// exit 0. It is now refused, exit 1, nothing written, the error naming the file; a spec
+/// without AMD GPUs is recorded with the topology's warning, as `plan` gives it. And (attack F6)
+/// `plan`'s pairing warning says the topology could not be read, not that it has no GPU.
+#[test]
+fn record_refuses_a_gpu_an_unreadable_topology_hides() {
+    let tmp = TempDir::new().unwrap();
+    let spec144 = spec(tmp.path(), "amd-144.json", &[144], &[]);
+    let nvidia = spec(tmp.path(), "nvidia.json", &[], &[0]);
+    let (saved, _) = record(tmp.path(), "mi300x-8", &spec144);
+    let nodes = "sys/class/kfd/kfd/topology/nodes";
+    let breaks: [Break; 3] = [
+        ("dup", |n| fs::write(n.join("3/gpu_id"), "53538\n").unwrap(), ": nodes 3 and 2 have one gpu_id, 53538"),
+        (
+            "zero",
+            |n| {
+                fs::remove_file(n.join("2/properties")).unwrap();
+                std::os::unix::fs::symlink("/dev/zero", n.join("2/properties")).unwrap();
+            },
+            "/2/properties: ",
+        ),
+        (
+            "fifo",
+            |n| {
+                fs::remove_file(n.join("2/properties")).unwrap();
+                let path = std::ffi::CString::new(arg(&n.join("2/properties"))).unwrap();
+                assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o644) }, 0);
+            },
+            "/2/properties: ",
+        ),
+    ];
+    // Each way to break it, and what the error says after the nodes directory.
+    for (name, break_it, file) in breaks {
+        let host = tmp.path().join(name);
+        let copied = std::process::Command::new("cp").arg("-r").arg(root("mi300x-8")).arg(&host).status().unwrap();
+        assert!(copied.success());
+        break_it(&host.join(nodes));
+        let named = format!("{}/{nodes}{file}", arg(&host));
+        let out = tmp.path().join(format!("{name}.json"));
+        let args = ["record", "--spec", &spec144, "--host-root", arg(&host), "--output", arg(&out)];
+        let (code, stdout, stderr) = devremapd(&args);
+        assert_eq!((code, stdout.as_str()), (1, ""), "{name}: {stderr}");
+        let line = stderr.lines().last().unwrap();
+        assert!(line.starts_with("error: ") && line.contains(&named), "{name}: {stderr}");
+        assert!(line.contains("GPU dri/renderD144 cannot be recorded with its KFD identity"), "{name}: {line}");
+        assert!(!stderr.contains("has no GPU"), "{name}: {stderr}");
+        assert!(!out.exists(), "{name}: a refused record is not written");
+        // No AMD GPU to lose: recorded, with plan's warning naming the file.
+        let args = ["record", "--spec", &nvidia, "--host-root", arg(&host), "--output", arg(&out)];
+        let (code, _, stderr) = devremapd(&args);
+        assert_eq!(code, 0, "{name}: {stderr}");
+        assert!(stderr.contains(&named) && stderr.contains("the AMD GPUs' KFD facts are unknown"), "{name}: {stderr}");
+        // F6: the plan's pairing warning says why the identity is unknown.
+        let plan = plan_json(&["--metadata", &saved, "--spec", &spec144, "--host-root", arg(&host)]);
+        let w = plan["warnings"].to_string();
+        assert!(w.contains(&named), "{name}: {w}");
+        assert!(
+            w.contains("KFD topology could not be read, as warned: renderD144's identity is unknown"),
+            "{name}: {w}"
+        );
+        assert!(!w.contains("has no GPU"), "{name}: {w}");
+    }
+}

@@ -908,6 +908,60 @@ fn runc_checkpoint_restore_onto_another_device() {
     }
 }
 
+/// A fake AMD host: the MI300X fixture's KFD topology under the host root, render node
+/// `renderD144` a real char device (zero, 1:5) and `kfd` another (random, 1:8).
+fn amd_host() -> FakeHost {
+    let host = FakeHost::new();
+    host.node("dri/renderD144", fake_rdev(1));
+    host.node("kfd", fake_rdev(3));
+    let copied = Command::new("cp").arg("-r").arg(fixture("amd/mi300x-8/sys")).arg(host.root()).status().unwrap();
+    assert!(copied.success(), "cp of the KFD fixture: {copied}");
+    host
+}
+
+/// A devremap container given `/dev/kfd` and `renderD144`, allowed the fake devices 1-3.
+fn amd_spec() -> Value {
+    let rules: Vec<Value> = [1, 2, 3].map(fake_rdev).into_iter().map(|(ma, mi)| allow_char(ma, mi)).collect();
+    let mut spec = oci_config("wrapped", &rules);
+    spec["annotations"] = json!({"devremap.io/enable": "true"});
+    spec["linux"]["devices"] = amd_devices(&[144]);
+    spec
+}
+
+/// Bug (attack F5): `checkpoint` of an AMD container on a host whose KFD topology cannot be
+/// read (a duplicate gpu_id) recorded its render node without its identity, and CRIU ran; a
+/// restore would then pair by position. It now fails with `record`'s error naming the file,
+/// before the runtime's checkpoint: nothing is recorded and the container keeps running.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs a container"]
+fn checkpoint_fails_before_criu_when_the_topology_hides_a_gpu() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let host = amd_host();
+    let gpu_id = host.root().join("sys/class/kfd/kfd/topology/nodes/3/gpu_id");
+    fs::write(&gpu_id, "53538\n").unwrap();
+    let s = Setup::on_host(Runtime::Runc, host, &amd_spec(), AMD_CRIU_SCRIPT);
+    let id = format!("wrapped-amd-unread-{}", std::process::id());
+    let _delete = Deleting(&s, id.clone());
+    let bundle = arg(s.bundle.dir()).to_owned();
+    let image = s.tmp.path().join("image");
+
+    let (status, mut cat) = run_on_pipes(&s, &["run", "--detach", "--bundle", &bundle, &id]);
+    assert!(status.success(), "run --detach: {status}\n{}\n{}", s.stdout(), s.daemon_log(&id));
+    s.wait_line("ready");
+    let daemon = s.daemon_pid(&id);
+    let out = s.run(&["checkpoint", "--image-path", arg(&image), &id]);
+    assert!(!out.status.success(), "checkpoint: {}", out.stderr);
+    let named =
+        format!("{}/sys/class/kfd/kfd/topology/nodes: nodes 3 and 2 have one gpu_id, 53538", s.host.root().display());
+    assert!(out.stderr.contains(&named), "{}", out.stderr);
+    assert!(out.stderr.contains("GPU dri/renderD144 cannot be recorded with its KFD identity"), "{}", out.stderr);
+    assert!(!image.join("devremap-gpus.json").exists(), "a refused record is not written");
+    assert!(alive(daemon), "the container and its daemon keep running");
+    let _ = cat.kill();
+    let _ = cat.wait();
+}
+
 /// The AMD container holds the checkpoint name `/dev/dri/renderD144` open on fd 3, then, after
 /// `/xchg/go`, reports where fd 3, a reopen, the restored GPU's own name and `/dev/kfd` lead.
 const AMD_CRIU_SCRIPT: &str = r#"#!/bin/sh
@@ -949,15 +1003,8 @@ fn runc_checkpoint_restore_of_an_amd_container_onto_a_renumbered_gpu() {
     need_containers(Runtime::Runc);
     let criu = need_criu();
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let host = FakeHost::new();
-    host.node("dri/renderD144", fake_rdev(1));
-    host.node("kfd", fake_rdev(3));
-    let copied = Command::new("cp").arg("-r").arg(fixture("amd/mi300x-8/sys")).arg(host.root()).status().unwrap();
-    assert!(copied.success(), "cp of the KFD fixture: {copied}");
-    let rules: Vec<Value> = [1, 2, 3].map(fake_rdev).into_iter().map(|(ma, mi)| allow_char(ma, mi)).collect();
-    let mut spec = oci_config("wrapped", &rules);
-    spec["annotations"] = json!({"devremap.io/enable": "true"});
-    spec["linux"]["devices"] = amd_devices(&[144]);
+    let host = amd_host();
+    let mut spec = amd_spec();
     let s = Setup::on_host(Runtime::Runc, host, &spec, AMD_CRIU_SCRIPT);
     let id = format!("wrapped-amd-{}", std::process::id());
     let _delete = Deleting(&s, id.clone());

@@ -71,7 +71,13 @@ fn record(config: &Config, inv: &Invocation, id: &str, container: &Container) ->
         ..Default::default()
     };
     let loaded = devremap::inputs::load::load_unchecked(&sources)?;
-    // As `devremapd record` does: the record still pairs by minor, but say what it lacks.
+    // As `devremapd record` does: a GPU an unreadable KFD topology hid fails the checkpoint
+    // before CRIU runs; a topology that hid none is said.
+    devremap::decision::record::check(&loaded.plan)?;
+    if let Some(warning) = devremap::decision::record::unread_warning(&loaded.plan) {
+        report(inv, "warning", &warning);
+    }
+    // The record still pairs by minor, but say what it lacks.
     for gap in devremap::decision::record::gaps(&loaded.plan) {
         report(inv, "warning", &format!("{}: {gap}", config.host_root.display()));
     }

@@ -37,6 +37,9 @@ pub enum Failure {
     Load(#[from] LoadError),
     #[error(transparent)]
     Write(#[from] devremap::atomic::WriteError),
+    /// A checkpoint's record refused (a GPU it would record without its identity).
+    #[error(transparent)]
+    Record(#[from] devremap::decision::record::RecordError),
     /// A start that failed and was undone, with what could not be undone (each its own error).
     #[error("{why}{}", cleanup.iter().map(|e| format!("; and {e}")).collect::<String>())]
     Undone { why: Box<Failure>, cleanup: Vec<DaemonError> },

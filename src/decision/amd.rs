@@ -82,6 +82,10 @@ pub struct AmdPlan {
     pub unpaired: Vec<u32>,
     /// The plugin's words where it will refuse this restore.
     pub refusal: Option<String>,
+    /// Why the host's KFD topology could not be read, naming the file: the restored GPUs'
+    /// identities are then unknown, not absent.
+    #[serde(default)]
+    pub unread: Option<String>,
 }
 
 impl AmdPlan {
@@ -175,10 +179,12 @@ pub fn decide(
     restored: Vec<AmdRestored>,
     explicit: &[(u32, u32)],
     kfd: &Switches,
+    unread: Option<&str>,
 ) -> Result<Decided, PairError> {
     let mut warnings = past_the_plugin(&restored);
+    let unread = unread.map(str::to_owned);
     if saved.is_empty() {
-        let plan = AmdPlan { restored, ..AmdPlan::default() };
+        let plan = AmdPlan { restored, unread, ..AmdPlan::default() };
         return Ok(Decided { plan, access: vec![], outcomes: None, warnings });
     }
     warnings.extend(kfd.ignored.iter().map(|a| {
@@ -192,6 +198,10 @@ pub fn decide(
     let checks = kfd.checks;
     let choice = match (saved_unknown, restored_unknown) {
         (Some(m), _) => Err(Refusal::Unknown(format!("the checkpoint gives no KFD properties of renderD{m}"))),
+        // A topology thrown out (its warning names the file) says nothing of which GPUs it has.
+        (_, Some(m)) if unread.is_some() => Err(Refusal::Unknown(format!(
+            "the host root's KFD topology could not be read, as warned: renderD{m}'s identity is unknown"
+        ))),
         (_, Some(m)) => Err(Refusal::Unknown(format!("the host root's KFD topology has no GPU renderD{m}"))),
         _ => plugin::choose(&saved_side, &restored_side, &checks),
     };
@@ -201,6 +211,7 @@ pub fn decide(
     let mut plan = AmdPlan {
         unpaired: pairing.unpaired.iter().map(|&s| saved[s].minor).collect(),
         refusal: pairing.refusal.clone(),
+        unread,
         ..AmdPlan::default()
     };
     let (mut access, mut model, mut firmware, mut wider) = (vec![], None, None, None);
@@ -397,7 +408,7 @@ mod tests {
             gpu: Some(gpu(136, tweak)),
         }];
         let kfd = Checks::from_env(|name| env.iter().find(|(n, _)| *n == name).map(|(_, v)| v.as_bytes().to_vec()));
-        decide(&saved, restored, &[], &kfd).unwrap()
+        decide(&saved, restored, &[], &kfd, None).unwrap()
     }
 
     fn outcome(d: &Decided, check: CheckName) -> Result<String, String> {
@@ -452,6 +463,33 @@ mod tests {
         assert!(outcome(&other, CheckName::Model).unwrap_err().contains("simd_count 0 vs 8"));
     }
 
+    /// Bug (attack F6): a restored GPU without facts because the host's topology was thrown
+    /// out is paired by position saying the topology could not be read, not that it lacks the
+    /// GPU (it may well have it); a topology read whole that lacks it still says so.
+    #[test]
+    fn an_unread_topology_is_not_said_to_lack_the_gpu() {
+        let saved = [AmdSaved {
+            minor: 144,
+            gpu: Some(gpu(144, |_| {})),
+            recorded: RecordedAccess::default(),
+            earlier_minors: vec![],
+        }];
+        let restored =
+            vec![AmdRestored { minor: 136, rdev: Rdev::new(226, 136), access: Access::DEVICE_DEFAULT, gpu: None }];
+        let why = |unread: Option<&str>| {
+            let d = decide(&saved, restored.clone(), &[], &Checks::from_env(|_| None), unread).unwrap();
+            assert_eq!(d.plan.unread.as_deref(), unread);
+            d.warnings.into_iter().find(|w| w.starts_with("renderD144: devremap cannot know")).unwrap()
+        };
+        let unread = why(Some("/h/sys/class/kfd/kfd/topology/nodes: nodes 3 and 2 have one gpu_id, 53538"));
+        assert!(
+            unread.contains("KFD topology could not be read, as warned: renderD136's identity is unknown"),
+            "{unread}"
+        );
+        assert!(!unread.contains("has no GPU"), "{unread}");
+        assert!(why(None).contains("the host root's KFD topology has no GPU renderD136"));
+    }
+
     /// Rule (CRIU's getenv_bool): a value the plugin ignores leaves the check on here too, with
     /// a warning naming it; without saved AMD GPUs nothing is said.
     #[test]
@@ -464,6 +502,6 @@ mod tests {
              the check on; so does devremap"
         );
         let kfd = Checks::from_env(|_| Some(b"off".to_vec()));
-        assert!(decide(&[], vec![], &[], &kfd).unwrap().warnings.is_empty());
+        assert!(decide(&[], vec![], &[], &kfd, None).unwrap().warnings.is_empty());
     }
 }

@@ -272,7 +272,8 @@ fn decide(inputs: &Inputs) -> Result<Decided, PlanError> {
     let amd_saved = inputs.metadata.as_ref().map(|m| m.amd.as_slice()).unwrap_or_default();
     let amd_restored = amd::restored(inputs.spec.as_ref(), inputs.dev_dir.as_ref(), &inputs.host.amd);
     let amd_map = amd::explicit(&inputs.device_map).map_err(PlanError::DeviceMap)?;
-    let amd = amd::decide(amd_saved, amd_restored, &amd_map, &inputs.kfd).map_err(PlanError::AmdDeviceMap)?;
+    let amd = amd::decide(amd_saved, amd_restored, &amd_map, &inputs.kfd, inputs.host.amd_unread.as_deref())
+        .map_err(PlanError::AmdDeviceMap)?;
     // Each check is NVIDIA's and AMD's together, each family on its own rules.
     let nvidia = !saved.is_empty() || !restored.is_empty();
     let checks = [

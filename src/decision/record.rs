@@ -15,6 +15,9 @@
 //! the PCI location encoded as the driver's gpu ids are, `domain << 16 | bus << 8 | device`
 //! (0x300 for `0000:03:00.0`); `device_instance` is the GPU's position in PCI bus order among
 //! the recorded GPUs. Both are 0 where the driver's files give no bus.
+//!
+//! [`check`] refuses a record that would lose an AMD GPU's identity to a KFD topology that could
+//! not be read; what the host's files merely lack is said ([`gaps`]), not refused.
 
 use crate::decision::amd::AmdRestored;
 use crate::decision::plan::{EarlierName, Plan};
@@ -24,6 +27,30 @@ use crate::inputs::amd_metadata::{self, AmdSaved};
 use crate::inputs::metadata::RecordedAccess;
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
+use thiserror::Error;
+
+/// Why a record is refused.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum RecordError {
+    /// The host's KFD topology could not be read, so a restored AMD GPU's identity is unknown.
+    /// Refused rather than recorded without it: a record is written once, at checkpoint, and one
+    /// without the identity pairs by position on restore, which is found out only then.
+    #[error(
+        "{why}; so GPU {gpu} cannot be recorded with its KFD identity (a restore would pair it by position): \
+         the record is refused"
+    )]
+    UnreadTopology { why: String, gpu: String },
+}
+
+/// Refuses a plan whose restored AMD GPUs the host's KFD topology could not identify because
+/// it could not be read. A topology read whole that lacks a GPU is a gap ([`gaps`]), not this:
+/// that host's driver does not describe the GPU, and no reading will.
+pub fn check(plan: &Plan) -> Result<(), RecordError> {
+    match (&plan.amd.unread, plan.amd.restored.iter().find(|g| g.gpu.is_none())) {
+        (Some(why), Some(g)) => Err(RecordError::UnreadTopology { why: why.clone(), gpu: g.name() }),
+        _ => Ok(()),
+    }
+}
 
 /// The recorded device list: one object per restored GPU, sorted by minor. With `carried`
 /// (the plan was built with the metadata the container was restored with, `record --metadata
@@ -99,6 +126,12 @@ fn earlier_minors<'a>(entries: impl Iterator<Item = (u32, Option<u32>, &'a [Earl
     names.into_iter().collect()
 }
 
+/// The warning `plan` gives for a KFD topology that could not be read, naming the file: a record
+/// that [`check`] lets through (it has no AMD GPU to lose) still says it.
+pub fn unread_warning(plan: &Plan) -> Option<String> {
+    plan.amd.unread.as_deref().map(crate::family::amd::facts_unknown)
+}
+
 /// One line per recorded GPU the host's driver files did not describe whole, naming the GPU
 /// and what it is recorded without. Such a record still pairs by minor, but
 /// `cuda-device-map` refuses a GPU without a uuid. A GPU without a bus location had no driver
@@ -131,7 +164,7 @@ pub fn gaps(plan: &Plan) -> Vec<String> {
             };
             Some(format!("GPU {} recorded without {}: {why}; {cost}", g.name(), missing.join(", ")))
         })
-        .chain(plan.amd.restored.iter().filter(|g| g.gpu.is_none()).map(|g| {
+        .chain(plan.amd.restored.iter().filter(|g| g.gpu.is_none() && plan.amd.unread.is_none()).map(|g| {
             format!(
                 "GPU {} recorded without its KFD identity: the host root's KFD topology has no GPU with \
                  drm_render_minor {}; a restore pairs it by position",
@@ -335,6 +368,40 @@ mod tests {
         assert_eq!(gaps.len(), 2, "{gaps:?}");
         assert!(gaps[0].starts_with("GPU nvidia5 recorded without uuid, bus location (gpu_id 0), PCI vendor and device ids: no driver information file names minor 5;"), "{}", gaps[0]);
         assert!(gaps[1].starts_with("GPU nvidia7 recorded without uuid: the driver's files"), "{}", gaps[1]);
+    }
+
+    /// Bug (attack F5): a restored AMD GPU whose identity is unknown because the host's KFD
+    /// topology could not be read is refused, naming the file (a record without it pairs by
+    /// position at restore, found out only then); without AMD GPUs the record goes on and says
+    /// the topology's warning; a topology read whole that lacks the GPU is a gap, not a refusal.
+    #[test]
+    fn an_unread_topology_refuses_an_amd_gpu_only() {
+        let why = "/h/sys/class/kfd/kfd/topology/nodes/2/properties: is a char device; expected a regular file";
+        let render = |m: u32| {
+            (
+                m,
+                HostNode {
+                    rel_path: format!("dri/renderD{m}"),
+                    rdev: Rdev::new(226, m),
+                    access: Access::DEVICE_DEFAULT,
+                },
+            )
+        };
+        let inputs = |amd: Vec<(u32, HostNode)>, unread: Option<&str>| Inputs {
+            dev_dir: Some(DevDirScan { gpus: vec![], amd, passthrough: vec![] }),
+            host: HostFacts { amd_unread: unread.map(str::to_owned), ..HostFacts::default() },
+            ..Inputs::default()
+        };
+        let plan = plan::build(&inputs(vec![render(144)], Some(why))).unwrap();
+        let err = check(&plan).unwrap_err().to_string();
+        assert!(err.starts_with(why) && err.contains("GPU dri/renderD144 cannot be recorded"), "{err}");
+        assert!(gaps(&plan).is_empty(), "{:?}", gaps(&plan));
+        let none = plan::build(&inputs(vec![], Some(why))).unwrap();
+        assert_eq!(check(&none), Ok(()));
+        assert_eq!(unread_warning(&none), Some(format!("{why}; the AMD GPUs' KFD facts are unknown")));
+        let lacking = plan::build(&inputs(vec![render(144)], None)).unwrap();
+        assert_eq!((check(&lacking), unread_warning(&lacking)), (Ok(()), None));
+        assert!(gaps(&lacking)[0].contains("KFD topology has no GPU with drm_render_minor 144"));
     }
 
     /// A bus location that does not parse gives gpu_id 0, never a panic.

@@ -62,6 +62,9 @@ pub struct HostFacts {
     pub driver_version: Option<String>,
     /// The KFD topology (AMD GPUs and CPUs); empty on a host without KFD.
     pub amd: amd::topology::Topology,
+    /// Why the KFD topology could not be read, naming the file under the host root; `amd` is
+    /// then empty though the host may have AMD GPUs.
+    pub amd_unread: Option<String>,
 }
 
 /// Lists every family's GPU and pass-through nodes of `dir`.

@@ -57,14 +57,16 @@ impl Family for Amd {
     }
 
     /// Reads `<root>/sys/class/kfd/kfd/topology/nodes/*`. A topology that cannot be parsed is
-    /// left out with a warning naming the file: the AMD GPUs' facts are then unknown.
+    /// left out with a warning naming the file: the AMD GPUs' facts are then unknown, and the
+    /// reason is kept (`amd_unread`) for what must say so (`record` refuses such a GPU).
     fn read_host_facts(&self, root: &Path, facts: &mut HostFacts) {
         match read::read_topology(root) {
             Ok(topology) => facts.amd = topology,
-            Err(e) => facts.warnings.push(format!(
-                "{}/{e}; the AMD GPUs' KFD facts are unknown",
-                root.to_string_lossy().trim_end_matches('/')
-            )),
+            Err(e) => {
+                let why = format!("{}/{e}", root.to_string_lossy().trim_end_matches('/'));
+                facts.warnings.push(facts_unknown(&why));
+                facts.amd_unread = Some(why);
+            }
         }
     }
 
@@ -76,6 +78,11 @@ impl Family for Amd {
     fn gpu_minor_of_device(&self, kind: DevKind, rdev: Rdev) -> Option<u32> {
         (kind == DevKind::Char && rdev.major == DRM_MAJOR && rdev.minor >= FIRST_RENDER_MINOR).then_some(rdev.minor)
     }
+}
+
+/// The warning for a KFD topology that could not be read (`why` names the file).
+pub fn facts_unknown(why: &str) -> String {
+    format!("{why}; the AMD GPUs' KFD facts are unknown")
 }
 
 /// The render minor `renderD<N>` names, or why the name is wrong.
