@@ -199,11 +199,15 @@ impl Daemon {
             .spawn()
             .expect("devremapd starts");
         let mut d = Daemon { child, dir, mountpoint, state_file, pid_file, log };
-        wait_for("the state file", || {
+        // The pid file too, not only the state file: the server writes the state file just
+        // before it tells the keeper it answers, and only once the keeper has taken that (and
+        // written the pid file) does it watch the server for a hang. A test that stopped the
+        // server in between waited for ever for a hung server to be replaced (seen in CI).
+        wait_for("the state file and the pid file", || {
             if let Ok(Some(status)) = d.child.try_wait() {
                 panic!("devremapd exited early with {status}: {}", d.log_text());
             }
-            d.state_file.exists().then_some(())
+            (d.state_file.exists() && d.pid_file.exists()).then_some(())
         });
         d
     }
