@@ -837,6 +837,58 @@ echo done
 /// only when it builds `/dev`). Bug (issue 17.10): the daemon read its metadata from the
 /// client's checkpoint directory, which containerd removes: with the image gone, a reload
 /// still loads every input.
+/// Container `id` of `s` run detached through the wrapper with CRIU at `criu`, checkpointed
+/// into `image` and restored from it, each step asserted to succeed.
+struct Criu<'a> {
+    s: &'a Setup,
+    id: &'a str,
+    criu: &'a Path,
+    image: PathBuf,
+}
+
+impl Criu<'_> {
+    fn with_criu(&self, args: &[&str]) -> Vec<String> {
+        ["--criu", arg(self.criu)].into_iter().chain(args.iter().copied()).map(String::from).collect()
+    }
+
+    /// `run --detach`, once the container says `ready`; returns its stdin's writer.
+    fn run(&self) -> std::process::Child {
+        let (s, id) = (self.s, self.id);
+        let args = self.with_criu(&["run", "--detach", "--bundle", arg(s.bundle.dir()), id]);
+        let (status, cat) = run_on_pipes(s, &args.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(status.success(), "run --detach: {status}\n{}\n{}", s.stdout(), s.daemon_log(id));
+        s.wait_line("ready");
+        cat
+    }
+
+    /// `checkpoint`; returns the record the wrapper wrote into the image.
+    fn checkpoint(&self) -> Value {
+        let (s, id) = (self.s, self.id);
+        let args = self.with_criu(&["checkpoint", "--image-path", arg(&self.image), id]);
+        let out = s.run(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        assert_ok(&out, &format!("checkpoint ({})", criu_log(&self.image, "dump.log")), s, id);
+        serde_json::from_slice(&fs::read(self.image.join("devremap-gpus.json")).unwrap()).unwrap()
+    }
+
+    /// `restore --detach`; returns the restored container's stdin's writer.
+    fn restore(&self) -> std::process::Child {
+        let (s, id) = (self.s, self.id);
+        let args = self.with_criu(&[
+            "restore",
+            "--detach",
+            "--image-path",
+            arg(&self.image),
+            "--bundle",
+            arg(s.bundle.dir()),
+            id,
+        ]);
+        let (status, cat) = run_on_pipes(s, &args.iter().map(String::as_str).collect::<Vec<_>>());
+        let log = criu_log(&self.image, "restore.log");
+        assert!(status.success(), "restore: {status}\n{log}\n{}\n{}", s.stdout(), s.daemon_log(id));
+        cat
+    }
+}
+
 #[test]
 #[ignore = "needs root, /dev/fuse, runc, busybox-static and CRIU: checkpoints a container"]
 fn runc_checkpoint_restore_onto_another_device() {
@@ -847,19 +899,12 @@ fn runc_checkpoint_restore_onto_another_device() {
     fs::remove_file(s.host.dev().join("nvidia0")).unwrap();
     let id = format!("wrapped-criu-{}", std::process::id());
     let _delete = Deleting(&s, id.clone());
-    let bundle = arg(s.bundle.dir()).to_owned();
-    let image = s.tmp.path().join("image");
-    let criu_flag = ["--criu", arg(&criu)];
-
-    let (status, cat1) = run_on_pipes(&s, &[&criu_flag[..], &["run", "--detach", "--bundle", &bundle, &id]].concat());
-    assert!(status.success(), "run --detach: {status}\n{}\n{}", s.stdout(), s.daemon_log(&id));
-    s.wait_line("ready");
+    let c = Criu { s: &s, id: &id, criu: &criu, image: s.tmp.path().join("image") };
+    let cat1 = c.run();
     assert!(s.stdout().contains("before fd3: 1:5\n"), "{}", s.stdout());
     let daemon = s.daemon_pid(&id);
 
-    let out = s.run(&[&criu_flag[..], &["checkpoint", "--image-path", arg(&image), &id]].concat());
-    assert_ok(&out, &format!("checkpoint ({})", criu_log(&image, "dump.log")), &s, &id);
-    let recorded: Value = serde_json::from_slice(&fs::read(image.join("devremap-gpus.json")).unwrap()).unwrap();
+    let recorded = c.checkpoint();
     assert_eq!(
         recorded.as_array().map(|a| a.iter().map(|d| d["minor"].clone()).collect::<Vec<_>>()),
         Some(vec![json!(1)])
@@ -870,21 +915,11 @@ fn runc_checkpoint_restore_onto_another_device() {
     // The restore host: GPU 1 is gone, GPU 2 is there.
     fs::remove_file(s.host.dev().join("nvidia1")).unwrap();
     s.host.node("nvidia2", fake_rdev(2));
-    let (status, cat2) = run_on_pipes(
-        &s,
-        &[&criu_flag[..], &["restore", "--detach", "--image-path", arg(&image), "--bundle", &bundle, &id]].concat(),
-    );
-    assert!(
-        status.success(),
-        "restore: {status}\n{}\n{}\n{}",
-        criu_log(&image, "restore.log"),
-        s.stdout(),
-        s.daemon_log(&id)
-    );
+    let cat2 = c.restore();
     let state_file = s.state_dir().join(&id).join("state.json");
     let state: Value = serde_json::from_slice(&fs::read(&state_file).unwrap()).unwrap();
     assert_eq!(state["remap"][0]["new_name"], "nvidia2", "{}", state["remap"]);
-    fs::remove_dir_all(&image).unwrap();
+    fs::remove_dir_all(&c.image).unwrap();
     let daemon = s.daemon_pid(&id);
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(daemon as i32), nix::sys::signal::Signal::SIGHUP).unwrap();
     let reloaded = wait_for("a reload after the image was removed", || {
@@ -1008,19 +1043,12 @@ fn runc_checkpoint_restore_of_an_amd_container_onto_a_renumbered_gpu() {
     let s = Setup::on_host(Runtime::Runc, host, &spec, AMD_CRIU_SCRIPT);
     let id = format!("wrapped-amd-{}", std::process::id());
     let _delete = Deleting(&s, id.clone());
-    let bundle = arg(s.bundle.dir()).to_owned();
-    let image = s.tmp.path().join("image");
-    let criu_flag = ["--criu", arg(&criu)];
-
-    let (status, cat1) = run_on_pipes(&s, &[&criu_flag[..], &["run", "--detach", "--bundle", &bundle, &id]].concat());
-    assert!(status.success(), "run --detach: {status}\n{}\n{}", s.stdout(), s.daemon_log(&id));
-    s.wait_line("ready");
+    let c = Criu { s: &s, id: &id, criu: &criu, image: s.tmp.path().join("image") };
+    let cat1 = c.run();
     assert!(s.stdout().contains("before fd3: 1:5\nbefore kfd: 1:8\n"), "{}", s.stdout());
     let daemon = s.daemon_pid(&id);
 
-    let out = s.run(&[&criu_flag[..], &["checkpoint", "--image-path", arg(&image), &id]].concat());
-    assert_ok(&out, &format!("checkpoint ({})", criu_log(&image, "dump.log")), &s, &id);
-    let recorded: Value = serde_json::from_slice(&fs::read(image.join("devremap-gpus.json")).unwrap()).unwrap();
+    let recorded = c.checkpoint();
     let item = &recorded[0];
     assert_eq!(
         (&item["kind"], &item["minor"], &item["mode"], &item["gid"]),
@@ -1046,17 +1074,7 @@ fn runc_checkpoint_restore_of_an_amd_container_onto_a_renumbered_gpu() {
     s.host.node("kfd", (5, 0));
     spec["linux"]["devices"] = amd_devices(&[136]);
     s.bundle.write_config(&spec);
-    let (status, cat2) = run_on_pipes(
-        &s,
-        &[&criu_flag[..], &["restore", "--detach", "--image-path", arg(&image), "--bundle", &bundle, &id]].concat(),
-    );
-    assert!(
-        status.success(),
-        "restore: {status}\n{}\n{}\n{}",
-        criu_log(&image, "restore.log"),
-        s.stdout(),
-        s.daemon_log(&id)
-    );
+    let cat2 = c.restore();
     let state: Value = serde_json::from_slice(&fs::read(s.state_dir().join(&id).join("state.json")).unwrap()).unwrap();
     let pair = &state["amdgpu"]["remap"][0];
     assert_eq!(
