@@ -302,6 +302,7 @@ fn become_ready(
     resumed: bool,
 ) -> Result<(), String> {
     wait_answering(&args.mountpoint)?;
+    stop_before_answering();
     // The keeper writes the pid file now, before the state file is.
     tell(control, &Control::Answering);
     proceed.recv().map_err(|_| "the keeper did not answer".to_owned())?;
@@ -365,6 +366,20 @@ fn stall_before_resume() {
 
 #[cfg(not(feature = "test-hooks"))]
 fn stall_before_resume() {}
+
+/// The test hook `DEVREMAPD_FAILPOINT=stop-before-answering`: the server stops itself
+/// (`SIGSTOP`) once the mount answers through it, before it tells the keeper so: a first server
+/// that hangs once mounted.
+#[cfg(feature = "test-hooks")]
+fn stop_before_answering() {
+    if std::env::var("DEVREMAPD_FAILPOINT").is_ok_and(|f| f == "stop-before-answering") {
+        log::warn!("failpoint stop-before-answering: stopping");
+        let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP);
+    }
+}
+
+#[cfg(not(feature = "test-hooks"))]
+fn stop_before_answering() {}
 
 impl Session for Server {
     /// Loads the inputs on a worker thread: an input on a stuck filesystem blocks only it.

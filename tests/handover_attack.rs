@@ -290,6 +290,42 @@ fn a_hung_server_is_replaced_after_the_server_timeout() {
     wait_for("the hung server to be gone", || (has_exited(old)).then_some(()));
 }
 
+/// Bug (issue 18, found in CI): a first server that hangs once mounted, before it tells the
+/// keeper that the mount answers through it (here it stops itself, by a test hook), was never
+/// called hung: the start had no hang check and no bound, and `devremapd mount` waited for
+/// ever. Expected: after `--server-timeout` the start fails, exit 1, with a line naming the
+/// server and the timeout; nothing is left mounted and the stopped server is gone.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn a_first_server_that_hangs_once_mounted_fails_the_start() {
+    need_fuse();
+    common::need_test_hooks();
+    let (_dir, mnt) = common::daemon::private_mountpoint();
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let child = Command::new(BIN)
+        .args(["mount", arg(&mnt), "--host-root", &empty_root(), "--server-timeout", "2"])
+        .env_remove("RUST_LOG")
+        .env("DEVREMAPD_FAILPOINT", "stop-before-answering")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log.reopen().unwrap())
+        .spawn()
+        .expect("devremapd starts");
+    let mut d = common::daemon::Spawned::new(child, &mnt);
+    let text = || fs::read_to_string(log.path()).unwrap_or_default();
+    let keeper = d.child.id();
+    let server = wait_for_or("the first server to stop itself", text, || {
+        let stopped = text().contains("failpoint stop-before-answering");
+        children(keeper).first().copied().filter(|_| stopped)
+    });
+    let status = wait_for_or("the start to fail", text, || d.child.try_wait().unwrap());
+    assert_eq!(status.code(), Some(1), "{}", text());
+    assert!(text().contains(&format!("server pid {server} did not say that the mount answers")), "{}", text());
+    assert!(text().contains("within 2 s of mounting: hung"), "{}", text());
+    assert!(!is_mounted(&mnt), "the failed start unmounts");
+    wait_for_or("the stopped server to be gone", text, || has_exited(server).then_some(()));
+}
+
 /// Bug (found from outside): a server restarted after a crash that dies before it has read the
 /// plan the keeper hands it (the OOM killer, an operator's `kill`) hangs the keeper for ever
 /// when the plan is larger than the socket's buffer (8 MiB; here a checkpoint's TPU list of

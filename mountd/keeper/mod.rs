@@ -158,7 +158,8 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
         buffers: Mutex::new(Vec::new()),
         state_files: Mutex::new(Vec::new()),
     });
-    let (machine, first) = Machine::new(Duration::from_secs(args.reload_timeout));
+    let (machine, first) =
+        Machine::new(Duration::from_secs(args.reload_timeout), Duration::from_secs(args.server_timeout));
     let mut keeper = Keeper {
         args,
         link,

@@ -7,7 +7,9 @@
 //! The phases ([`Phase`]) and their legal transitions, each made in one place ([`Machine::handle`]):
 //!
 //! - `Starting` (the first server loads, the keeper mounts, the mount answers through it):
-//!   to `Serving` when it answers; a failure before that is the command's error (`Exit`).
+//!   to `Serving` when it answers; a failure before that is the command's error (`Exit`), and
+//!   so is a first server that hangs once mounted (a request unanswered for `--server-timeout`,
+//!   or no word that the mount answers within it): nothing else would ever end the start.
 //! - `Serving` (a current server takes requests; it is *ready* once it said `READY=1`): to
 //!   `Upgrading` on `SIGUSR2` (ready only), to `Replacing` when it dies or hangs.
 //! - `Replacing` (no current server: a successor is starting from the dead one's binary and
@@ -186,7 +188,8 @@ struct Successor {
 enum State {
     Starting {
         first: Server,
-        mounted: bool,
+        /// Mounted, and the first server must say the mount answers through it by then.
+        mounted: Option<Instant>,
         error: Option<String>,
     },
     Serving {
@@ -214,6 +217,7 @@ pub struct Machine {
     state: State,
     next_epoch: u64,
     reload_timeout: Duration,
+    server_timeout: Duration,
     /// Servers in a row that died before they were ready (the backoff grows with them).
     failures: u32,
     /// The current server said `RELOADING=1` and not yet `READY=1`.
@@ -232,13 +236,15 @@ pub struct Machine {
 
 impl Machine {
     /// A keeper starting its first server, which gives up on a successor that has not taken
-    /// over within `reload_timeout`.
-    pub fn new(reload_timeout: Duration) -> (Machine, Vec<Action>) {
+    /// over within `reload_timeout`, and on a first server that has not answered through the
+    /// mount within `server_timeout` of it.
+    pub fn new(reload_timeout: Duration, server_timeout: Duration) -> (Machine, Vec<Action>) {
         let first = Server { epoch: FIRST_EPOCH, pid: 0, ready: false };
         let mut m = Machine {
-            state: State::Starting { first, mounted: false, error: None },
+            state: State::Starting { first, mounted: None, error: None },
             next_epoch: FIRST_EPOCH + 1,
             reload_timeout,
+            server_timeout,
             failures: 0,
             reloading: false,
             reload_deaths: 0,
@@ -264,17 +270,21 @@ impl Machine {
     }
 
     /// The server requests go to that is checked for a hang: the current one once it took
-    /// over (the first once the mount answers through it), ready or not.
+    /// over (the first once mounted), ready or not.
     pub fn hang_checked(&self) -> Option<u64> {
         match &self.state {
-            State::Serving { current } | State::Upgrading { current, .. } => Some(current.epoch),
+            State::Starting { first: current, mounted: Some(_), .. }
+            | State::Serving { current }
+            | State::Upgrading { current, .. } => Some(current.epoch),
             _ => None,
         }
     }
 
-    /// When [`Event::Tick`] is due: a restart's backoff, or a successor's deadline.
+    /// When [`Event::Tick`] is due: a restart's backoff, a successor's deadline, or the first
+    /// server's to answer through the mount.
     pub fn deadline(&self) -> Option<Instant> {
         match &self.state {
+            State::Starting { mounted, .. } => *mounted,
             State::Replacing { successor: Some(s), .. } | State::Upgrading { successor: s, .. } => Some(s.deadline),
             State::Replacing { successor: None, retry_at } => *retry_at,
             _ => None,

@@ -139,7 +139,7 @@ impl Machine {
         if protocol != PROTOCOL {
             let why = format!("it speaks keeper protocol {protocol}, this keeper speaks protocol {PROTOCOL}");
             return match state {
-                State::Starting { first, mounted: false, .. } if first.epoch == epoch => {
+                State::Starting { first, mounted: None, .. } if first.epoch == epoch => {
                     self.stop(None, Exit::StartFailed(format!("the server cannot serve: {why}")), None)
                 }
                 state if is_successor => {
@@ -152,9 +152,9 @@ impl Machine {
             };
         }
         match state {
-            State::Starting { first, mounted: false, error } if first.epoch == epoch => {
+            State::Starting { first, mounted: None, error } if first.epoch == epoch => {
                 self.out.push(Action::Mount(epoch));
-                State::Starting { first, mounted: true, error }
+                State::Starting { first, mounted: Some(now + self.server_timeout), error }
             }
             state => {
                 // Probed with the kernel's INIT; it takes over once it answers alike.
@@ -349,12 +349,16 @@ impl Machine {
         state
     }
 
-    /// The keeper did not run for a while: a successor gets a new `--reload-timeout` from `now`.
+    /// The keeper did not run for a while: a successor gets a new `--reload-timeout` from `now`
+    /// (a first server, a new `--server-timeout` to say the mount answers).
     /// Its `Loaded` may have waited unread all that time, and its deadline would otherwise pass
     /// before the keeper's control thread has read it (an upgrade refused for a slow load that
     /// was not), as a server gets a new `--server-timeout` for its requests.
     pub(super) fn away(&mut self, state: State, now: Instant) -> State {
         match state {
+            State::Starting { first, mounted: Some(by), error } => {
+                State::Starting { first, mounted: Some(by.max(now + self.server_timeout)), error }
+            }
             State::Replacing { successor: Some(mut s), retry_at } => {
                 s.deadline = s.deadline.max(now + self.reload_timeout);
                 State::Replacing { successor: Some(s), retry_at }
@@ -367,23 +371,30 @@ impl Machine {
         }
     }
 
-    /// The hang check found the current server hung: killed, and replaced as a dead one is.
+    /// The hang check found the current server hung: killed, and replaced as a dead one is; a
+    /// first server still starting fails the start (nothing has served from it).
     pub(super) fn hung(&mut self, state: State, epoch: u64, since: Instant, now: Instant) -> State {
+        let secs = now.saturating_duration_since(since).as_secs();
         let (current, upgrade) = match state {
+            State::Starting { first, mounted: Some(_), .. } if first.epoch == epoch => {
+                let why =
+                    format!("server pid {} left a request unanswered for {secs} s while starting: hung", first.pid);
+                return self.stop(None, Exit::StartFailed(why), None);
+            }
             State::Serving { current } if current.epoch == epoch => (current, None),
             State::Upgrading { current, successor } if current.epoch == epoch => (current, Some(successor)),
             state => return state,
         };
         self.warn(format!(
-            "server pid {} has left a request unanswered for {} s: hung; killing it and starting another to take over",
+            "server pid {} has left a request unanswered for {secs} s: hung; killing it and starting another to take over",
             current.pid,
-            now.saturating_duration_since(since).as_secs()
         ));
         self.out.push(Action::Kill(epoch));
         self.lose(current, upgrade, "it hung", now)
     }
 
-    /// A deadline passed: a restart that was due, or a successor that did not take over in time.
+    /// A deadline passed: a restart that was due, a successor that did not take over in time, or
+    /// a first server that did not answer through the mount in time (the start fails).
     pub(super) fn tick(&mut self, state: State, now: Instant) -> State {
         let secs = self.reload_timeout.as_secs();
         let overdue = match &state {
@@ -393,6 +404,14 @@ impl Machine {
             _ => None,
         };
         match (state, overdue) {
+            (State::Starting { first, mounted: Some(by), .. }, _) if by <= now => {
+                let why = format!(
+                    "server pid {} did not say that the mount answers through it within {} s of mounting: hung",
+                    first.pid,
+                    self.server_timeout.as_secs()
+                );
+                self.stop(None, Exit::StartFailed(why), None)
+            }
             (State::Replacing { successor: None, retry_at: Some(t) }, _) if t <= now => self.restart(now),
             (state, Some(pid)) => {
                 let crash = format!(

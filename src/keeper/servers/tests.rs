@@ -13,7 +13,7 @@ struct Run {
 
 impl Run {
     fn new() -> (Run, Vec<Action>) {
-        let (m, first) = Machine::new(TIMEOUT);
+        let (m, first) = Machine::new(TIMEOUT, TIMEOUT);
         (Run { m, t0: Instant::now() }, first)
     }
 
@@ -77,7 +77,7 @@ fn the_start_mounts_then_writes_the_pid_file_and_fails_with_the_servers_error() 
     assert_eq!(first, [Action::Spawn { epoch: 1, binary: Binary::Good, plan: false }]);
     r.on(Event::Spawned { epoch: 1, pid: 100, handed_plan: false });
     assert_eq!(r.on(Event::Loaded { epoch: 1, protocol: PROTOCOL }), [Action::Mount(1)]);
-    assert_eq!(r.m.hang_checked(), None, "a start has no hang check: its failure is the command's");
+    assert_eq!(r.m.hang_checked(), Some(1), "checked once mounted: the kernel's requests go to it");
     assert_eq!(r.on(Event::Answering(1)), [Action::WritePidFile, Action::Tell(1, Control::Proceed)]);
     assert_eq!(r.m.phase(), Phase::Serving);
 
@@ -90,6 +90,46 @@ fn the_start_mounts_then_writes_the_pid_file_and_fails_with_the_servers_error() 
     let (mut r, _) = Run::new();
     let exit = r.on(Event::SpawnFailed { epoch: 1, why: "ENOMEM".into() });
     assert_eq!(exit, [Action::Exit(Exit::StartFailed("cannot start the server: ENOMEM".into()))]);
+}
+
+/// Bug (issue 18, found in CI): a first server that hung once mounted (stopped, or deadlocked,
+/// between the mount and its word that the mount answers) was never called hung: the start
+/// had no hang check and no bound, so `devremapd mount` and every request waited for ever.
+/// Now a request it leaves unanswered for `--server-timeout`, or no word within it of the
+/// mount, fails the start (exit 1, nothing left behind); a keeper that was away gets the time
+/// back, and before the mount nothing is due (a load is bounded by the server itself).
+#[test]
+fn a_first_server_that_hangs_once_mounted_fails_the_start() {
+    let loaded = || {
+        let (mut r, _) = Run::new();
+        r.on(Event::Spawned { epoch: 1, pid: 100, handed_plan: false });
+        assert_eq!((r.m.deadline(), r.m.hang_checked()), (None, None), "not mounted: nothing is due");
+        r.on(Event::Loaded { epoch: 1, protocol: PROTOCOL });
+        r
+    };
+    let mut r = loaded();
+    assert_eq!(r.m.deadline(), Some(r.t0 + TIMEOUT));
+    assert_eq!(r.at(TIMEOUT / 2, Event::Tick), [], "not due yet");
+    let exit = r.at(TIMEOUT, Event::Tick);
+    assert!(
+        matches!(&exit[..], [Action::Exit(Exit::StartFailed(why))] if why.contains("server pid 100") && why.contains("10 s of mounting")),
+        "{exit:?}"
+    );
+    assert_eq!(r.m.phase(), Phase::Stopping);
+
+    let mut r = loaded();
+    let exit = r.at(TIMEOUT, Event::Hung { epoch: 1, since: r.t0 });
+    assert!(
+        matches!(&exit[..], [Action::Exit(Exit::StartFailed(why))] if why.contains("unanswered for 10 s while starting")),
+        "{exit:?}"
+    );
+
+    let mut r = loaded();
+    r.at(TIMEOUT * 2, Event::Away);
+    assert_eq!(r.m.deadline(), Some(r.t0 + TIMEOUT * 3), "the keeper's absence is not the server's");
+    assert_eq!(r.at(TIMEOUT * 2, Event::Tick), []);
+    r.at(TIMEOUT * 2, Event::Answering(1));
+    assert_eq!((r.m.phase(), r.m.deadline()), (Phase::Serving, None), "answered: the start's bound is gone");
 }
 
 /// Bug (merge of issues 18 and 21, found by docs/daemon.md's transcript): the first server
