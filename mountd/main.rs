@@ -5,7 +5,6 @@ mod cli;
 mod keeper;
 mod logging;
 mod mountpoint;
-mod pidfd;
 mod server;
 mod signals;
 mod watch;

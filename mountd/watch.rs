@@ -23,8 +23,7 @@ use std::time::Duration;
 
 const PID_FILE_POLL: Duration = Duration::from_millis(100);
 
-pub use crate::pidfd::exits_within;
-use crate::pidfd::{exited, pidfd_open};
+use devremap::pidfd::{exited, pidfd_open};
 
 /// Which file a path names: device, inode and modification time.
 type FileIdentity = (u64, u64, i64, i64);

@@ -1,13 +1,14 @@
 //! devremap: a synthetic `/dev` for containers whose GPUs were remapped by a checkpoint/restore.
 //!
 //! The folders follow the data. [`inputs`] reads the command line's files and the restore host
-//! into values; [`family`] holds what each device family (NVIDIA) brings: its names, numbers,
+//! into values; [`family`] holds what each device family (NVIDIA, AMD) brings: its names, numbers,
 //! host scan and driver files; [`decision`] is the pure core, from those values to the remap
 //! table, the `/dev` tree and what is shown of them; [`served`] answers the kernel with a tree
 //! and lives through reloads; [`keeper`] is the protocol of the process that holds `/dev/fuse`
 //! across server crashes and upgrades; [`runtime`] is the OCI runtime wrapper's pure part.
 //! [`device`] is the vocabulary every layer shares, [`atomic`] the one way files are written,
-//! [`report`] the one way a `devremapd` command fails.
+//! [`pidfd`] the one way a process is waited for without a pid race, [`report`] the one way a
+//! `devremapd` command fails.
 //! The library only logs through `log` macros; the binaries set a logger up.
 
 #![forbid(unsafe_code)]
@@ -18,6 +19,7 @@ pub mod device;
 pub mod family;
 pub mod inputs;
 pub mod keeper;
+pub mod pidfd;
 pub mod report;
 pub mod runtime;
 pub mod served;

@@ -79,7 +79,7 @@ impl Keeper<'_> {
         if let Some(p) = self.machine.current().and_then(|epoch| self.procs.remove(&epoch)) {
             p.tell(&Control::Stop);
             // It removes the state file and exits; whatever is left then is killed.
-            crate::watch::exits_within(p.pid(), Duration::from_secs(2));
+            devremap::pidfd::exits_within(p.pid(), Duration::from_secs(2));
             self.kill(p);
         }
         let rest: Vec<Proc> = self.procs.drain().map(|(_, p)| p).chain(self.leaving.drain(..)).collect();

@@ -76,7 +76,7 @@ impl Keeper<'_> {
         drop(shared);
         let Some(old) = self.procs.get(&old) else { return };
         old.tell(&Control::Retire);
-        if !crate::watch::exits_within(old.pid(), RETIRE) {
+        if !devremap::pidfd::exits_within(old.pid(), RETIRE) {
             warn!("server pid {} did not end within {} ms of its retirement; killed it", old.pid(), RETIRE.as_millis());
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(old.pid() as i32), nix::sys::signal::SIGKILL);
         }

@@ -32,10 +32,6 @@
 mod commands;
 mod config_file;
 mod error;
-// Shared with devremapd, which uses all of it; the wrapper needs only `pidfd_open`.
-#[allow(dead_code)]
-#[path = "../pidfd.rs"]
-mod pidfd;
 mod procs;
 mod runner;
 mod start;

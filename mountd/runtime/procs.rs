@@ -38,6 +38,6 @@ impl Processes for Host {
     }
 
     fn exit_watch(&self, pid: u32) -> Option<OwnedFd> {
-        crate::pidfd::pidfd_open(pid).ok()
+        devremap::pidfd::pidfd_open(pid).ok()
     }
 }

@@ -1,20 +1,17 @@
 //! Processes watched through pidfds (Linux 5.3), which cannot confuse a process with a later
 //! one reusing its pid: shared by the daemon (its watchdog, its servers) and the runtime
-//! wrapper (waiting for a daemon to stop).
+//! wrapper (waiting for a daemon to stop). An I/O edge, as [`crate::atomic`] is: the pure
+//! core does not use it.
 
 use std::io;
-use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::time::Duration;
 
 /// A pidfd for `pid`.
 pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the kernel just gave us this fd, and nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    let pid = i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw);
+    let pid = pid.ok_or_else(|| io::Error::from_raw_os_error(libc::ESRCH))?;
+    Ok(rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())?)
 }
 
 /// Waits up to `timeout` (forever with `None`) for the process behind `fd` to exit.
