@@ -26,13 +26,57 @@ use std::time::{Duration, Instant};
 const HOW_TO_FIX: &str = "mount under a directory only root can enter, e.g. `install -d -m 0700 /run/devremap` \
      and a mountpoint in it";
 
+/// Why a mountpoint cannot be served, or is not a devremap mount: each names the path and what
+/// is wrong with it. (`path` is the mountpoint as given, `file` another file on the way.)
+#[derive(Debug, thiserror::Error)]
+pub enum MountpointError {
+    #[error("{path}: {why}")]
+    Io { path: String, why: String },
+    #[error("{0}: not a directory")]
+    NotADirectory(String),
+    #[error("{path}: {dir} can be changed by users other than root, who could swap the path; {HOW_TO_FIX}")]
+    Changeable { path: String, dir: String },
+    #[error("{0}: users other than root can reach it, and through it every device it would serve; {HOW_TO_FIX}")]
+    Reachable(String),
+    #[error("{0}: cannot mount on the root directory")]
+    Root(String),
+    #[error("{file}: cannot open the lock file: {why}")]
+    OpenLock { file: String, why: String },
+    #[error("{path}: another devremapd serves it (it holds {file}); refusing to start a second")]
+    Locked { path: String, file: String },
+    #[error("{file}: cannot lock: {why}")]
+    Lock { file: String, why: String },
+    #[error("{path}: already a mount point ({mounted}); refusing to mount over it")]
+    Mounted { path: String, mounted: String },
+    #[error(
+        "{path}: not empty ({shown}); the mount would hide it (a container runtime may have written there while no \
+         mount was up): empty it, then start again"
+    )]
+    NotEmpty { path: String, shown: String },
+    #[error("{0}: the mount did not answer within 10 s")]
+    NoAnswer(String),
+    /// [`check_devremap_mount`]'s verdict, said of a path its caller names.
+    #[error("{0}")]
+    NotDevremap(String),
+}
+
+impl From<MountpointError> for String {
+    fn from(e: MountpointError) -> String {
+        e.to_string()
+    }
+}
+
+fn io(path: impl std::fmt::Display, e: &std::io::Error) -> MountpointError {
+    MountpointError::Io { path: path.to_string(), why: io_message(e) }
+}
+
 /// The mountpoint's canonical path, which must be a directory, or a dead FUSE mount (on which
 /// `realpath` fails with ENOTCONN; its parent is resolved instead). `realpath` may also succeed
 /// there (it only reads links), and then `stat` of the root fails with ENOTCONN unless the
 /// kernel still has its attributes cached.
-pub fn resolve(path: &Path) -> Result<PathBuf, String> {
+pub fn resolve(path: &Path) -> Result<PathBuf, MountpointError> {
     let m = path.display();
-    let fail = |e: &std::io::Error| format!("{m}: {}", io_message(e));
+    let fail = |e: &std::io::Error| io(&m, e);
     let canonical = match path.canonicalize() {
         Ok(canonical) => canonical,
         Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
@@ -44,7 +88,7 @@ pub fn resolve(path: &Path) -> Result<PathBuf, String> {
     };
     match std::fs::metadata(&canonical) {
         Ok(meta) if meta.is_dir() => Ok(canonical),
-        Ok(_) => Err(format!("{m}: not a directory")),
+        Ok(_) => Err(MountpointError::NotADirectory(m.to_string())),
         Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => Ok(canonical),
         Err(e) => Err(fail(&e)),
     }
@@ -56,28 +100,25 @@ pub fn resolve(path: &Path) -> Result<PathBuf, String> {
 /// owned by root and not searchable by others (nor by its group, unless that is root's group),
 /// and neither it nor any directory above it can be changed by a user other than root (owned by
 /// root; writable by others only with the sticky bit, by its group only when that is root's).
-pub fn check_private(canonical: &Path, m: &str) -> Result<(), String> {
+pub fn check_private(canonical: &Path, m: &str) -> Result<(), MountpointError> {
     // From `/` down to the mountpoint's parent.
     let mut ancestors: Vec<&Path> = canonical.ancestors().skip(1).collect();
     ancestors.reverse();
     for dir in ancestors {
-        let meta = std::fs::symlink_metadata(dir).map_err(|e| format!("{}: {}", dir.display(), io_message(&e)))?;
+        let meta = std::fs::symlink_metadata(dir).map_err(|e| io(dir.display(), &e))?;
         let (mode, root_group) = (meta.mode(), meta.gid() == 0);
         let sticky = mode & 0o1000 != 0;
         let changeable_by_others =
             meta.uid() != 0 || (mode & 0o002 != 0 && !sticky) || (mode & 0o020 != 0 && !sticky && !root_group);
         if changeable_by_others {
-            return Err(format!(
-                "{m}: {} can be changed by users other than root, who could swap the path; {HOW_TO_FIX}",
-                dir.display()
-            ));
+            return Err(MountpointError::Changeable { path: m.into(), dir: dir.display().to_string() });
         }
         let closed = mode & 0o001 == 0 && (root_group || mode & 0o010 == 0);
         if closed {
             return Ok(());
         }
     }
-    Err(format!("{m}: users other than root can reach it, and through it every device it would serve; {HOW_TO_FIX}"))
+    Err(MountpointError::Reachable(m.into()))
 }
 
 /// An exclusive lock on a mountpoint, held for the daemon's life: a file `.<name>.lock` beside
@@ -93,24 +134,24 @@ impl MountLock {
     /// Takes the lock of `mountpoint`, or says that another daemon holds it. The file is opened
     /// without following a symlink; after locking, it must still be the file at the path (a
     /// daemon that exits removes it, so a lock on a removed file is taken again).
-    pub fn take(canonical: &Path, m: &str) -> Result<MountLock, String> {
+    pub fn take(canonical: &Path, m: &str) -> Result<MountLock, MountpointError> {
         let (Some(dir), Some(name)) = (canonical.parent(), canonical.file_name()) else {
-            return Err(format!("{m}: cannot mount on the root directory"));
+            return Err(MountpointError::Root(m.into()));
         };
         let path = dir.join(format!(".{}.lock", name.to_string_lossy()));
-        let p = path.display();
+        let p = path.display().to_string();
         loop {
             let flags = OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
             let fd = nix::fcntl::open(&path, flags, Mode::from_bits_truncate(0o600))
-                .map_err(|e| format!("{p}: cannot open the lock file: {}", io_message(&e.into())))?;
+                .map_err(|e| MountpointError::OpenLock { file: p.clone(), why: io_message(&e.into()) })?;
             let lock = match Flock::lock(File::from(fd), FlockArg::LockExclusiveNonblock) {
                 Ok(lock) => lock,
                 Err((_, Errno::EWOULDBLOCK)) => {
-                    return Err(format!("{m}: another devremapd serves it (it holds {p}); refusing to start a second"));
+                    return Err(MountpointError::Locked { path: m.into(), file: p });
                 }
-                Err((_, e)) => return Err(format!("{p}: cannot lock: {}", io_message(&e.into()))),
+                Err((_, e)) => return Err(MountpointError::Lock { file: p, why: io_message(&e.into()) }),
             };
-            let held = lock.metadata().map_err(|e| format!("{p}: {}", io_message(&e)))?;
+            let held = lock.metadata().map_err(|e| io(&p, &e))?;
             if std::fs::symlink_metadata(&path).is_ok_and(|now| now.dev() == held.dev() && now.ino() == held.ino()) {
                 return Ok(MountLock { path, lock });
             }
@@ -133,29 +174,26 @@ impl Drop for MountLock {
 /// Detaches a dead FUSE mount left at the (canonical) mountpoint (ENOTCONN), refuses to stack
 /// on a live mount, and refuses a directory that is not empty: what is in it would be hidden by the
 /// mount (a runtime may have written `pts`, `shm`, `mqueue` there while no mount was up).
-pub fn prepare_mountpoint(path: &Path, m: &str) -> Result<(), String> {
+pub fn prepare_mountpoint(path: &Path, m: &str) -> Result<(), MountpointError> {
     // statfs always reaches a FUSE daemon (stat may be answered from the kernel's cache), so
     // ENOTCONN here means the daemon behind the mount is gone.
     if let Err(e) = statfs(path) {
         if e != Errno::ENOTCONN {
-            return Err(format!("{m}: {}", io_message(&e.into())));
+            return Err(io(m, &e.into()));
         }
         warn!("{m}: a dead FUSE mount was left here; detaching it");
         detach(path);
     }
     if let Some(fs) = mounted_at(path) {
-        return Err(format!("{m}: already a mount point ({fs}); refusing to mount over it"));
+        return Err(MountpointError::Mounted { path: m.into(), mounted: fs.to_string() });
     }
-    let entries = std::fs::read_dir(path).map_err(|e| format!("{m}: {}", io_message(&e)))?;
+    let entries = std::fs::read_dir(path).map_err(|e| io(m, &e))?;
     let names: Vec<String> =
         entries.take(4).map(|e| e.map_or("?".into(), |e| format!("{:?}", e.file_name()))).collect();
     if !names.is_empty() {
         let more = if names.len() > 3 { ", ..." } else { "" };
         let shown = names.iter().take(3).map(String::as_str).collect::<Vec<_>>().join(", ");
-        return Err(format!(
-            "{m}: not empty ({shown}{more}); the mount would hide it (a container runtime may have written there \
-             while no mount was up): empty it, then start again"
-        ));
+        return Err(MountpointError::NotEmpty { path: m.into(), shown: format!("{shown}{more}") });
     }
     Ok(())
 }
@@ -215,18 +253,20 @@ fn unescape(field: &str) -> String {
 
 /// Checks that `path` is a live devremap mount: a mount point whose topmost mount is of type
 /// `fuse` with source [`FSNAME`], and whose daemon answers. Says what it is instead, if not.
-pub fn check_devremap_mount(path: &Path) -> Result<(), String> {
+pub fn check_devremap_mount(path: &Path) -> Result<(), MountpointError> {
     let why = |e: std::io::Error| {
-        if e.raw_os_error() == Some(libc::ENOTCONN) {
+        MountpointError::NotDevremap(if e.raw_os_error() == Some(libc::ENOTCONN) {
             "a dead FUSE mount: its daemon is gone".to_owned()
         } else {
             io_message(&e)
-        }
+        })
     };
     let canonical = path.canonicalize().map_err(why)?;
     match mounted_at(&canonical) {
-        None => Err("not a mount point".to_owned()),
-        Some(m) if m.fstype != "fuse" || m.source != FSNAME => Err(format!("a {} mount of {}", m.fstype, m.source)),
+        None => Err(MountpointError::NotDevremap("not a mount point".to_owned())),
+        Some(m) if m.fstype != "fuse" || m.source != FSNAME => {
+            Err(MountpointError::NotDevremap(format!("a {} mount of {}", m.fstype, m.source)))
+        }
         Some(_) => statfs(&canonical).map(|_| ()).map_err(|e| why(e.into())),
     }
 }
@@ -237,14 +277,14 @@ pub fn detach(path: &Path) {
 }
 
 /// Waits until the mount answers a request (statfs through it reaches our daemon).
-pub fn wait_answering(path: &Path) -> Result<(), String> {
+pub fn wait_answering(path: &Path) -> Result<(), MountpointError> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         if statfs(path).is_ok_and(|st| st.filesystem_type() == FUSE_SUPER_MAGIC) {
             return Ok(());
         }
         if Instant::now() > deadline {
-            return Err(format!("{}: the mount did not answer within 10 s", path.display()));
+            return Err(MountpointError::NoAnswer(path.display().to_string()));
         }
         std::thread::sleep(Duration::from_millis(1));
     }
