@@ -373,7 +373,9 @@ fn stall_before_resume() {}
 #[cfg(feature = "test-hooks")]
 fn stop_before_answering() {
     if std::env::var("DEVREMAPD_FAILPOINT").is_ok_and(|f| f == "stop-before-answering") {
-        log::warn!("failpoint stop-before-answering: stopping");
+        log::warn!("failpoint stop-before-answering: server pid {} stopping", std::process::id());
+        // The line is on stderr before the writer thread stops with the rest of us.
+        crate::logging::flush(Duration::from_secs(5));
         let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP);
     }
 }

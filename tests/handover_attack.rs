@@ -282,7 +282,8 @@ fn a_hung_server_is_replaced_after_the_server_timeout() {
     let (d, old, _resume) = with_a_hung_server();
     let path = d.path("null");
     let waiter = std::thread::spawn(move || fs::metadata(path).map(|m| m.rdev()));
-    let pid = wait_for_or("a server to replace the hung one", || d.log_text(), || new_server(&d.state_file, old));
+    let context = || format!("{}\n{}", d.log_text(), common::daemon::threads_of(d.child.id()));
+    let pid = wait_for_or("a server to replace the hung one", context, || new_server(&d.state_file, old));
     assert!(!has_exited(pid));
     wait_for_or("the stat waiting on the hung server", || d.log_text(), || waiter.is_finished().then_some(()));
     assert!(waiter.join().unwrap().is_ok(), "the stat failed: {}", d.log_text());
@@ -313,13 +314,12 @@ fn a_first_server_that_hangs_once_mounted_fails_the_start() {
         .expect("devremapd starts");
     let mut d = common::daemon::Spawned::new(child, &mnt);
     let text = || fs::read_to_string(log.path()).unwrap_or_default();
-    let keeper = d.child.id();
-    let server = wait_for_or("the first server to stop itself", text, || {
-        let stopped = text().contains("failpoint stop-before-answering");
-        children(keeper).first().copied().filter(|_| stopped)
-    });
     let status = wait_for_or("the start to fail", text, || d.child.try_wait().unwrap());
     assert_eq!(status.code(), Some(1), "{}", text());
+    let server: u32 = text()
+        .split_once("failpoint stop-before-answering: server pid ")
+        .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("the server stopped itself: {}", text()));
     assert!(text().contains(&format!("server pid {server} did not say that the mount answers")), "{}", text());
     assert!(text().contains("within 2 s of mounting: hung"), "{}", text());
     assert!(!is_mounted(&mnt), "the failed start unmounts");

@@ -97,6 +97,24 @@ pub fn children(pid: u32) -> Vec<u32> {
         .collect()
 }
 
+/// Process `pid` and its children, each thread with its state and where it sleeps in the
+/// kernel (`wchan`): what a test that timed out waiting on a daemon prints, to tell a stopped
+/// server, a keeper thread blocked in a write and one that never woke apart.
+pub fn threads_of(pid: u32) -> String {
+    let mut out = String::new();
+    for p in std::iter::once(pid).chain(children(pid)) {
+        for task in fs::read_dir(format!("/proc/{p}/task")).into_iter().flatten().flatten() {
+            let read = |f: &str| fs::read_to_string(task.path().join(f)).unwrap_or_default();
+            let stat = read("stat");
+            let (name, state) = stat.split_once(" (").and_then(|(_, r)| r.rsplit_once(") ")).unwrap_or(("?", "?"));
+            let state = state.split_whitespace().next().unwrap_or("?");
+            let tid = task.file_name().to_string_lossy().into_owned();
+            out += &format!("pid {p} thread {tid} ({name}): {state} in {}\n", read("wchan"));
+        }
+    }
+    out
+}
+
 /// Lazily unmounts `path` and waits until the mount table no longer shows it.
 pub fn unmount(path: &Path) {
     let c = CString::new(path.as_os_str().as_bytes()).unwrap();
