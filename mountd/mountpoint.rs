@@ -71,9 +71,10 @@ fn io(path: impl std::fmt::Display, e: &std::io::Error) -> MountpointError {
 }
 
 /// The mountpoint's canonical path, which must be a directory, or a dead FUSE mount (on which
-/// `realpath` fails with ENOTCONN; its parent is resolved instead). `realpath` may also succeed
-/// there (it only reads links), and then `stat` of the root fails with ENOTCONN unless the
-/// kernel still has its attributes cached.
+/// `realpath` fails with ENOTCONN; its parent is resolved instead). Neither step waits on a
+/// FUSE daemon mounted there: `realpath` only reads links, and the type comes from what the
+/// kernel already knows (`statx` with `AT_STATX_DONT_SYNC`), so a second daemon started on a
+/// live mount whose server hangs reaches the lock, and is refused there, at once.
 pub fn resolve(path: &Path) -> Result<PathBuf, MountpointError> {
     let m = path.display();
     let fail = |e: &std::io::Error| io(&m, e);
@@ -86,11 +87,12 @@ pub fn resolve(path: &Path) -> Result<PathBuf, MountpointError> {
         }
         Err(e) => return Err(fail(&e)),
     };
-    match std::fs::metadata(&canonical) {
-        Ok(meta) if meta.is_dir() => Ok(canonical),
+    use rustix::fs::{AtFlags, CWD, FileType, StatxFlags, statx};
+    match statx(CWD, &canonical, AtFlags::STATX_DONT_SYNC, StatxFlags::TYPE) {
+        Ok(st) if FileType::from_raw_mode(st.stx_mode.into()) == FileType::Directory => Ok(canonical),
         Ok(_) => Err(MountpointError::NotADirectory(m.to_string())),
-        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => Ok(canonical),
-        Err(e) => Err(fail(&e)),
+        Err(rustix::io::Errno::NOTCONN) => Ok(canonical),
+        Err(e) => Err(fail(&e.into())),
     }
 }
 

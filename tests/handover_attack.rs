@@ -5,7 +5,9 @@
 
 mod common;
 
-use common::daemon::{Daemon, PATIENCE, children, has_exited, is_mounted, kill, need_fuse, wait_for, wait_for_or};
+use common::daemon::{
+    Daemon, PATIENCE, Spawned, children, has_exited, is_mounted, kill, need_fuse, wait_for, wait_for_or,
+};
 use common::{BIN, arg, empty_root, fixture};
 use serde_json::Value;
 use std::fs;
@@ -28,6 +30,21 @@ impl Drop for Reaped {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+    }
+}
+
+impl Reaped {
+    /// `devremapd ARGS` with its stderr piped (and no `RUST_LOG`).
+    fn run(args: &[&str]) -> Reaped {
+        Reaped(common::daemon::spawn_piped(args))
+    }
+
+    /// Waits for the exit (`what` says what is awaited); its status and stderr.
+    fn finish(&mut self, what: &str) -> (Option<i32>, String) {
+        let status = wait_for(what, || self.0.try_wait().unwrap());
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(self.0.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+        (status.code(), stderr)
     }
 }
 
@@ -65,19 +82,9 @@ fn serve_run_by_hand_refuses_instead_of_hanging() {
     let mnt = dir.path().join("mnt");
     fs::create_dir(&mnt).unwrap();
     // Rust's Command passes only fds 0, 1 and 2: 3 and 4 are free in the child, as in a shell.
-    let child = Command::new(BIN)
-        .args(["serve", arg(&mnt), "--host-root", &empty_root()])
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("devremapd starts");
-    let mut child = Reaped(child);
-    let status = wait_for("devremapd serve run by hand to exit", || child.0.try_wait().unwrap());
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(child.0.stderr.as_mut().unwrap(), &mut stderr).unwrap();
-    assert_eq!(status.code(), Some(1), "stderr: {stderr}");
+    let (code, stderr) =
+        Reaped::run(&["serve", arg(&mnt), "--host-root", &empty_root()]).finish("devremapd serve run by hand to exit");
+    assert_eq!(code, Some(1), "stderr: {stderr}");
     assert!(stderr.contains("devremapd mount"), "the refusal names who starts it: {stderr}");
 }
 
@@ -273,22 +280,49 @@ fn a_crash_keeps_the_last_error_of_a_refused_reload() {
 /// same) held every request the keeper had passed it, and since the kernel had handed those
 /// over, the processes waiting on them could not even be killed. Now a request left
 /// unanswered for `--server-timeout` seconds gets the server killed and replaced: the waiting
-/// `stat` completes, through the successor.
+/// `statfs` completes, through the successor.
 #[test]
 #[ignore = "needs root and /dev/fuse"]
 fn a_hung_server_is_replaced_after_the_server_timeout() {
     need_fuse();
     let _alone = CPU_FLOOD.lock().unwrap_or_else(|e| e.into_inner());
     let (d, old, _resume) = with_a_hung_server();
-    let path = d.path("null");
-    let waiter = std::thread::spawn(move || fs::metadata(path).map(|m| m.rdev()));
-    let context = || format!("{}\n{}", d.log_text(), common::daemon::threads_of(d.child.id()));
+    // statfs, not stat: the kernel answers no statfs from a cache, so it always waits on the
+    // server (a stat that never reached it would wait on nothing; the test once timed out in a
+    // full suite run with no request in flight, its cause unknown).
+    let path = d.mountpoint.clone();
+    let waiter = std::thread::spawn(move || nix::sys::statfs::statfs(&path).map(|s| s.blocks()));
+    let context = || {
+        let threads = common::daemon::threads_of(d.child.id());
+        format!("{}\n{threads}the statfs has returned: {}", d.log_text(), waiter.is_finished())
+    };
     let pid = wait_for_or("a server to replace the hung one", context, || new_server(&d.state_file, old));
     assert!(!has_exited(pid));
-    wait_for_or("the stat waiting on the hung server", || d.log_text(), || waiter.is_finished().then_some(()));
-    assert!(waiter.join().unwrap().is_ok(), "the stat failed: {}", d.log_text());
+    wait_for_or("the statfs waiting on the hung server", || d.log_text(), || waiter.is_finished().then_some(()));
+    assert!(waiter.join().unwrap().is_ok(), "the statfs failed: {}", d.log_text());
     assert!(d.log_text().contains("hung; killing it"), "{}", d.log_text());
     wait_for("the hung server to be gone", || (has_exited(old)).then_some(()));
+}
+
+/// `devremapd mount` on `mnt` whose first server stops itself once mounted, before it says
+/// the mount answers (a test hook), with `--server-timeout timeout`; its stderr in `log`.
+fn start_with_a_first_server_that_stops(mnt: &Path, timeout: &str, log: &tempfile::NamedTempFile) -> Spawned {
+    let child = Command::new(BIN)
+        .args(["mount", arg(mnt), "--host-root", &empty_root(), "--server-timeout", timeout])
+        .env_remove("RUST_LOG")
+        .env("DEVREMAPD_FAILPOINT", "stop-before-answering")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log.reopen().unwrap())
+        .spawn()
+        .expect("devremapd starts");
+    Spawned::new(child, mnt)
+}
+
+/// The pid of the server that stopped itself, from the hook's line in `log`, once there.
+fn stopped_server(log: &str) -> Option<u32> {
+    let (_, rest) = log.split_once("failpoint stop-before-answering: server pid ")?;
+    rest.split_whitespace().next()?.parse().ok()
 }
 
 /// Bug (issue 18, found in CI): a first server that hangs once mounted, before it tells the
@@ -303,27 +337,42 @@ fn a_first_server_that_hangs_once_mounted_fails_the_start() {
     common::need_test_hooks();
     let (_dir, mnt) = common::daemon::private_mountpoint();
     let log = tempfile::NamedTempFile::new().unwrap();
-    let child = Command::new(BIN)
-        .args(["mount", arg(&mnt), "--host-root", &empty_root(), "--server-timeout", "2"])
-        .env_remove("RUST_LOG")
-        .env("DEVREMAPD_FAILPOINT", "stop-before-answering")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log.reopen().unwrap())
-        .spawn()
-        .expect("devremapd starts");
-    let mut d = common::daemon::Spawned::new(child, &mnt);
+    let mut d = start_with_a_first_server_that_stops(&mnt, "2", &log);
     let text = || fs::read_to_string(log.path()).unwrap_or_default();
     let status = wait_for_or("the start to fail", text, || d.child.try_wait().unwrap());
     assert_eq!(status.code(), Some(1), "{}", text());
-    let server: u32 = text()
-        .split_once("failpoint stop-before-answering: server pid ")
-        .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
-        .unwrap_or_else(|| panic!("the server stopped itself: {}", text()));
+    let server = stopped_server(&text()).unwrap_or_else(|| panic!("the server stopped itself: {}", text()));
     assert!(text().contains(&format!("server pid {server} did not say that the mount answers")), "{}", text());
     assert!(text().contains("within 2 s of mounting: hung"), "{}", text());
     assert!(!is_mounted(&mnt), "the failed start unmounts");
     wait_for_or("the stopped server to be gone", text, || has_exited(server).then_some(()));
+}
+
+/// Bug (found from outside, attacking issue 18's start rule): a second `devremapd mount` on a
+/// mountpoint whose first daemon's server hangs while starting stat-ed the mountpoint before
+/// it took the lock; the stat went to the hung server, so it waited in the kernel, deaf to
+/// SIGTERM, until the first start failed (`--server-timeout`, up to a day), and then said
+/// "software caused connection abort". Expected: refused at the lock, exit 1, naming the
+/// other daemon, while the first still waits (here with a day's timeout).
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn a_second_daemon_on_a_hung_start_is_refused_at_the_lock() {
+    need_fuse();
+    common::need_test_hooks();
+    let (_dir, mnt) = common::daemon::private_mountpoint();
+    let log = tempfile::NamedTempFile::new().unwrap();
+    // Declared before the first daemon, so dropped after it: a second one blocked on the hung
+    // mount (the bug) is released only once the first is gone, and reaping it before would
+    // wait for ever (a request the kernel sent cannot be taken back by a kill).
+    let mut second;
+    let first = start_with_a_first_server_that_stops(&mnt, "86400", &log);
+    let text = || fs::read_to_string(log.path()).unwrap_or_default();
+    wait_for_or("the first server to stop itself", text, || stopped_server(&text()));
+    second = Reaped::run(&["mount", arg(&mnt), "--host-root", &empty_root()]);
+    let (code, stderr) = second.finish("the second daemon to be refused");
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("another devremapd serves it"), "{stderr}");
+    assert!(is_mounted(&mnt) && !has_exited(first.child.id()), "the first daemon is left alone");
 }
 
 /// Bug (found from outside): a server restarted after a crash that dies before it has read the

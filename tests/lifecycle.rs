@@ -24,19 +24,8 @@ const NO_ROOT: [&str; 2] = ["--host-root", EMPTY_ROOT];
 
 /// `devremapd mount MOUNTPOINT --state-file STATE <args>`, started and left running.
 fn spawn_mount(mountpoint: &Path, state: &Path, args: &[&str]) -> Spawned {
-    let child = Command::new(common::BIN)
-        .arg("mount")
-        .arg(mountpoint)
-        .arg("--state-file")
-        .arg(state)
-        .args(args)
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("devremapd starts");
-    Spawned::new(child, mountpoint)
+    let all = [&["mount", arg(mountpoint), "--state-file", arg(state)], args].concat();
+    Spawned::new(common::daemon::spawn_piped(&all), mountpoint)
 }
 
 /// Runs a `devremapd mount` that must be refused at start: returns its exit status and stderr.

@@ -97,6 +97,19 @@ pub fn children(pid: u32) -> Vec<u32> {
         .collect()
 }
 
+/// Starts `devremapd ARGS` without `RUST_LOG`, with nothing on stdin and stdout and stderr
+/// piped to the test.
+pub fn spawn_piped<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Child {
+    Command::new(super::BIN)
+        .args(args)
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("devremapd starts")
+}
+
 /// Process `pid` and its children, each thread with its state and where it sleeps in the
 /// kernel (`wchan`): what a test that timed out waiting on a daemon prints, to tell a stopped
 /// server, a keeper thread blocked in a write and one that never woke apart.
