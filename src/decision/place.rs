@@ -47,13 +47,20 @@ pub(super) fn defaults(b: &mut TreeBuilder, has_kcore: bool) {
 /// device directory's number, which can be dynamic. A node the spec lists keeps the mode and
 /// owner the spec gives it, which is what runc makes it with: the host node's may be wider
 /// (`0666` for a spec's `0600`), and the tree gives no access that the spec, the defaults and
-/// the remap do not. A node the spec does not list (hook mode, where the NVIDIA hook copies the
-/// host's node; `--host-dev` alone) has the host node's.
-pub(super) fn passthrough(b: &mut TreeBuilder, nodes: &[HostNode]) -> Result<(), TreeError> {
+/// the remap do not. A node the spec does not list is served, with the host node's mode, only
+/// where `unlisted` says its family's GPUs come from the device directory (hook mode, where the
+/// NVIDIA hook copies the host's node; `--host-dev` alone): a spec that names its devices is
+/// given those and no others, as runc gives them.
+pub(super) fn passthrough(
+    b: &mut TreeBuilder,
+    nodes: &[HostNode],
+    unlisted: impl Fn(&HostNode) -> bool,
+) -> Result<(), TreeError> {
     for node in nodes {
         let access = match b.get(&node.rel_path) {
             Some(spec @ Node { kind: NodeKind::Device(..), .. }) => spec.access,
-            _ => node.access,
+            _ if unlisted(node) => node.access,
+            _ => continue,
         };
         b.insert(&node.rel_path, Node::device(DevKind::Char, node.rdev, access))?;
     }

@@ -190,6 +190,18 @@ impl PlanError {
     }
 }
 
+/// Whether pass-through node `node`, which the spec does not list, is served: where its
+/// family's GPUs come from the device directory, as [`restored`] and [`amd::restored`] take
+/// them. NVIDIA's do without a spec, in hook mode, and for a spec that lists no NVIDIA GPU;
+/// AMD's (`kfd`) only without a spec.
+fn unlisted_passthrough(inputs: &Inputs, node: &crate::inputs::host::HostNode) -> bool {
+    let Some(spec) = &inputs.spec else { return true };
+    if crate::family::amd::owns_passthrough(&node.rel_path) {
+        return false;
+    }
+    spec.hook.is_some() || !spec.devices.iter().any(|d| d.gpu_minor().is_some())
+}
+
 /// The error for too few restored GPUs, as the input that gave them: the spec when it names
 /// GPUs (devices or the hook's selection), else the device directory, else (no restore side
 /// given at all) the checkpoint, saying which flags give them.
@@ -225,7 +237,8 @@ pub fn build(inputs: &Inputs) -> Result<Plan, PlanError> {
         place::spec_devices(&mut b, spec, &mut warnings)?;
     }
     if let Some(dir) = &inputs.dev_dir {
-        place::passthrough(&mut b, &dir.passthrough).map_err(PlanError::HostNode)?;
+        place::passthrough(&mut b, &dir.passthrough, |node| unlisted_passthrough(inputs, node))
+            .map_err(PlanError::HostNode)?;
     }
     for gpu in &restored {
         b.insert(&gpu.name(), Node::device(DevKind::Char, gpu.rdev, gpu.access)).map_err(PlanError::SpecDevice)?;
@@ -655,8 +668,39 @@ mod tests {
         assert_eq!(served("kfd"), Some((Some(Rdev::new(5, 0)), root_only)), "the host's number, the spec's mode");
         assert_eq!(served("nvidia2"), Some((Some(Rdev::new(1, 5)), root_only)));
         assert_eq!(served("dri/renderD136"), Some((Some(Rdev::new(1, 7)), render)));
-        assert_eq!(served("nvidia-uvm"), Some((Some(Rdev::new(507, 0)), host)), "not in the spec: the host's");
+        assert_eq!(served("nvidia-uvm"), None, "a spec that names its devices is given those only");
         assert_eq!(served("nvidia3"), None, "a spec that names GPUs is given those only");
+    }
+
+    /// Bug: a spec that named its devices (`docker run --device /dev/nvidia0`) was given every
+    /// pass-through node of the device directory as well (`nvidiactl`, `nvidia-uvm`, `kfd`),
+    /// nodes the spec never listed. A node the spec does not list is served only where its
+    /// family's GPUs come from the directory: without a spec, in hook mode (the NVIDIA hook
+    /// copies the host's nodes), or for NVIDIA's when the spec lists no NVIDIA GPU; never AMD's
+    /// `kfd` with a spec that does not list it.
+    #[test]
+    fn a_spec_that_names_its_devices_gets_no_other_passthrough_node() {
+        let host = Access::DEVICE_DEFAULT;
+        let with = |spec: Option<SpecView>| {
+            let mut inp = inputs(&[], &[0, 1]);
+            let dir = inp.dev_dir.as_mut().unwrap();
+            for (name, rdev) in
+                [("nvidiactl", Rdev::new(195, 255)), ("nvidia-uvm", Rdev::new(507, 0)), ("kfd", Rdev::new(235, 0))]
+            {
+                dir.passthrough.push(HostNode { rel_path: name.into(), rdev, access: host });
+            }
+            inp.spec = spec;
+            let plan = build(&inp).unwrap();
+            ["nvidiactl", "nvidia-uvm", "kfd"].into_iter().filter(|n| plan.tree.get(n).is_some()).collect::<Vec<_>>()
+        };
+        let gpu0 = spec_dev("/dev/nvidia0", Rdev::new(195, 0), host);
+        let ctl = spec_dev("/dev/nvidiactl", Rdev::new(195, 255), host);
+        let named = |devices| Some(SpecView { devices, ..SpecView::default() });
+        assert_eq!(with(named(vec![gpu0.clone()])), Vec::<&str>::new(), "only the spec's devices");
+        assert_eq!(with(named(vec![gpu0, ctl])), ["nvidiactl"], "the one it lists");
+        assert_eq!(with(named(vec![])), ["nvidiactl", "nvidia-uvm"], "no NVIDIA GPU named: the directory's, no kfd");
+        assert_eq!(with(hook(Visible::All)), ["nvidiactl", "nvidia-uvm"], "hook mode: the hook copies them");
+        assert_eq!(with(None), ["nvidiactl", "nvidia-uvm", "kfd"], "--host-dev alone");
     }
 
     /// Host facts for GPUs `minors`, each on a bus in the given order, with PCI ids `pci`.
