@@ -38,7 +38,7 @@ use nix::sys::socket::{SockType, getsockopt, sockopt};
 use serde_json::Value;
 use std::io;
 use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::time::Duration;
@@ -324,13 +324,16 @@ fn become_ready(
     Ok(())
 }
 
-/// The test hooks, in a build with the `test-hooks` feature: `DEVREMAPD_FAILPOINT=lookup-panic:NAME`
-/// makes every lookup of NAME panic.
+/// The test hook `DEVREMAPD_FAILPOINT` names, in a build with the `test-hooks` feature.
+#[cfg(feature = "test-hooks")]
+fn failpoint() -> Option<String> {
+    std::env::var("DEVREMAPD_FAILPOINT").ok()
+}
+
+/// `DEVREMAPD_FAILPOINT=lookup-panic:NAME` makes every lookup of NAME panic.
 #[cfg(feature = "test-hooks")]
 fn hooks(adapter: Adapter) -> Adapter {
-    let failpoint =
-        std::env::var("DEVREMAPD_FAILPOINT").ok().and_then(|f| f.strip_prefix("lookup-panic:").map(str::to_owned));
-    adapter.panic_on_lookup(failpoint)
+    adapter.panic_on_lookup(failpoint().and_then(|f| f.strip_prefix("lookup-panic:").map(str::to_owned)))
 }
 
 #[cfg(not(feature = "test-hooks"))]
@@ -342,8 +345,7 @@ fn hooks(adapter: Adapter) -> Adapter {
 /// `DEVREMAPD_FAILPOINT=protocol:N`, N (a build of another protocol, without a second build).
 #[cfg(feature = "test-hooks")]
 fn protocol() -> u32 {
-    let hook = std::env::var("DEVREMAPD_FAILPOINT").ok();
-    hook.and_then(|f| f.strip_prefix("protocol:")?.parse().ok()).unwrap_or(control::PROTOCOL)
+    failpoint().and_then(|f| f.strip_prefix("protocol:")?.parse().ok()).unwrap_or(control::PROTOCOL)
 }
 
 #[cfg(not(feature = "test-hooks"))]
@@ -356,7 +358,7 @@ fn protocol() -> u32 {
 /// successor that no longer reads what the keeper hands it.
 #[cfg(feature = "test-hooks")]
 fn stall_before_resume() {
-    if std::env::var("DEVREMAPD_FAILPOINT").is_ok_and(|f| f == "stall-before-resume") {
+    if failpoint().as_deref() == Some("stall-before-resume") {
         log::warn!("failpoint stall-before-resume: no longer reading the control socket");
         loop {
             std::thread::park();
@@ -372,16 +374,41 @@ fn stall_before_resume() {}
 /// that hangs once mounted.
 #[cfg(feature = "test-hooks")]
 fn stop_before_answering() {
-    if std::env::var("DEVREMAPD_FAILPOINT").is_ok_and(|f| f == "stop-before-answering") {
-        log::warn!("failpoint stop-before-answering: server pid {} stopping", std::process::id());
-        // The line is on stderr before the writer thread stops with the rest of us.
-        crate::logging::flush(Duration::from_secs(5));
-        let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP);
+    if failpoint().as_deref() == Some("stop-before-answering") {
+        raise_flushed(
+            &format!("stop-before-answering: server pid {} stopping", std::process::id()),
+            nix::sys::signal::Signal::SIGSTOP,
+        );
     }
 }
 
 #[cfg(not(feature = "test-hooks"))]
 fn stop_before_answering() {}
+
+/// The test hook `DEVREMAPD_FAILPOINT=die-writing-state:MARKER`: the first server to replace
+/// an existing state file (a reload's, not the start's) makes MARKER and is killed
+/// (`SIGKILL`) once its temporary file exists, before the rename; the servers after it go on.
+#[cfg(feature = "test-hooks")]
+fn die_writing_state(state_file: &Path) {
+    let Some(marker) = failpoint().and_then(|f| f.strip_prefix("die-writing-state:").map(PathBuf::from)) else {
+        return;
+    };
+    if state_file.exists() && std::fs::File::options().write(true).create_new(true).open(&marker).is_ok() {
+        raise_flushed("die-writing-state: killed before the rename", nix::sys::signal::Signal::SIGKILL);
+    }
+}
+
+#[cfg(not(feature = "test-hooks"))]
+fn die_writing_state(_: &Path) {}
+
+/// Logs a failpoint's line and raises `signal`, once the line is on stderr: the log's writer
+/// thread stops (or dies) with the rest of us.
+#[cfg(feature = "test-hooks")]
+fn raise_flushed(line: &str, signal: nix::sys::signal::Signal) {
+    log::warn!("failpoint {line}");
+    crate::logging::flush(Duration::from_secs(5));
+    let _ = nix::sys::signal::raise(signal);
+}
 
 impl Session for Server {
     /// Loads the inputs on a worker thread: an input on a stuck filesystem blocks only it.
@@ -428,6 +455,7 @@ impl Session for Server {
         let told = |w: &Written| {
             let (dev, ino) = w.identity();
             tell(control, &Control::StateFile(dev, ino));
+            die_writing_state(path);
         };
         let written = write_atomic_told(path, text.as_bytes(), None, Lasting::UntilReboot, told)
             .map_err(|source| PublishError::StateFile { path: path.clone(), source })?;

@@ -9,7 +9,8 @@
 //! the mode and owner of the file it replaces, and renamed over it (a rename replaces a
 //! symlink, it never follows it). A file that must outlive a power cut is synced before the
 //! rename; one under `/run` that a reboot makes meaningless is not ([`Lasting`]). Every failure, a full or read-only filesystem included, removes the temporary
-//! file; only a process killed outright can leave one (`.<name>.<random>.tmp`).
+//! file; only a process killed outright can leave one (`.<name>.<random>.tmp`), which a
+//! caller told of it can remove ([`write_atomic_told`], [`remove_left_temporaries`]).
 
 use crate::device::Access;
 use std::io::{self, Write};
@@ -93,9 +94,11 @@ pub fn write_atomic_as(path: &Path, bytes: &[u8], access: Option<Access>) -> io:
 }
 
 /// As [`write_atomic_as`], for a file that lasts `lasting`, telling `told` the new file's
-/// identity just before it is renamed to `path`: another process that removes the file only while it is this one (the keeper, at
-/// stop, the state file its server wrote) then knows it before it can be at the path, even if
-/// the writer dies right after the rename.
+/// identity as soon as its temporary file exists, before anything is written to it: another
+/// process that removes the file only while it is this one (the keeper, at stop, the state file
+/// its server wrote) then knows it before it can be at the path, even if the writer dies right
+/// after the rename, and knows a temporary file the writer left by dying before the rename
+/// ([`remove_left_temporaries`]).
 pub fn write_atomic_told(
     path: &Path,
     bytes: &[u8],
@@ -115,6 +118,9 @@ pub fn write_atomic_told(
         .make_in(dir, |path| std::fs::File::options().write(true).create_new(true).mode(0o600).open(path))?;
     // From here on, dropping `tmp` (any `?` below) removes the temporary file.
     let file = tmp.as_file_mut();
+    let meta = file.metadata()?;
+    let written = Written { path: path.to_owned(), dev: meta.dev(), ino: meta.ino() };
+    told(&written);
     let access = access.or_else(|| old.as_ref().map(|m| Access { mode: m.mode(), uid: m.uid(), gid: m.gid() }));
     file.set_permissions(std::fs::Permissions::from_mode(access.map_or(NEW_FILE_MODE, |a| a.mode & 0o7777)))?;
     // Only root can give a file away; as another user the new file is that user's.
@@ -127,11 +133,32 @@ pub fn write_atomic_told(
     if lasting == Lasting::Durable {
         file.sync_data()?;
     }
-    let meta = file.metadata()?;
-    let written = Written { path: path.to_owned(), dev: meta.dev(), ino: meta.ino() };
-    told(&written);
     tmp.persist(path).map_err(|e| e.error)?;
     Ok(written)
+}
+
+/// Removes the temporary files of `path` (`.<name>.<random>.tmp` beside it) that are one of
+/// `ours`, files a writer that was killed before its rename left; any other file is left alone,
+/// whoever made it.
+pub fn remove_left_temporaries(path: &Path, ours: &[(u64, u64)]) {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else { return };
+    let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
+    let prefix = format!(".{}.", name.to_string_lossy());
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let file_name = entry.file_name();
+        let file_name = file_name.to_string_lossy();
+        if !(file_name.starts_with(&prefix) && file_name.ends_with(".tmp")) {
+            continue;
+        }
+        let temporary = entry.path();
+        if let Ok(m) = std::fs::symlink_metadata(&temporary)
+            && m.file_type().is_file()
+            && ours.contains(&(m.dev(), m.ino()))
+        {
+            let _ = std::fs::remove_file(&temporary);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -161,5 +188,39 @@ mod tests {
         write_atomic(&path, b"old").unwrap();
         write_atomic_as(&path, b"back", Some(Access { mode: 0o640, uid: 0, gid: 0 })).unwrap();
         assert_eq!(std::fs::metadata(&path).unwrap().mode() & 0o7777, 0o640, "the given mode, not the old one");
+    }
+
+    /// Rule: a writer killed between its temporary file and the rename leaves the file that
+    /// `told` named before a byte was written (attack finding: a server killed there left
+    /// `.state.json.<random>.tmp` for good), and [`remove_left_temporaries`] removes exactly
+    /// such files: not another file under a temporary name, not the file itself.
+    #[test]
+    fn a_temporary_file_left_by_a_killed_writer_is_known_and_removed() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let path = dir.path().join("state.json");
+        let mut seen = None;
+        write_atomic_told(&path, b"{}", None, Lasting::UntilReboot, |w| {
+            let temporaries: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().map(|e| e.path()).collect();
+            assert_eq!(temporaries.len(), 1, "told once the temporary file exists");
+            let m = std::fs::metadata(&temporaries[0]).unwrap();
+            assert_eq!(((m.dev(), m.ino()), m.len()), (w.identity(), 0), "told before anything is written");
+            seen = Some(w.identity());
+        })
+        .unwrap();
+        let m = std::fs::metadata(&path).unwrap();
+        assert_eq!(seen, Some((m.dev(), m.ino())), "the temporary file told of became the file");
+        let left = dir.path().join(".state.json.aB3dE9.tmp");
+        let theirs = dir.path().join(".state.json.zZ9yY8.tmp");
+        let other = dir.path().join(".other.json.aB3dE9.tmp");
+        for f in [&left, &theirs, &other] {
+            std::fs::write(f, "").unwrap();
+        }
+        let identity = |p: &Path| std::fs::metadata(p).map(|m| (m.dev(), m.ino())).unwrap();
+        let ours = [identity(&left), identity(&other), identity(&path)];
+        remove_left_temporaries(&path, &ours);
+        assert!(!left.exists(), "ours, under the file's temporary name: removed");
+        assert!(theirs.exists(), "not one of ours: kept");
+        assert!(other.exists(), "another file's temporary name: kept");
+        assert!(path.exists(), "the file itself: kept");
     }
 }

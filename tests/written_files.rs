@@ -5,7 +5,7 @@
 mod common;
 
 use common::daemon::{Spawned, is_mounted, need_fuse, private_dir, private_mountpoint, unmount, wait_for};
-use common::{arg, empty_root, need_root};
+use common::{arg, empty_root, need_root, need_test_hooks};
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -193,10 +193,15 @@ impl Drop for Tmpfs {
 
 /// `devremapd mount` with its pid and state files in `files`, its log in `log`.
 fn spawn_mount(mnt: &Path, files: &Path, log: &Path) -> Spawned {
+    spawn_mount_with(mnt, files, log, &[])
+}
+
+fn spawn_mount_with(mnt: &Path, files: &Path, log: &Path, env: &[(&str, &str)]) -> Spawned {
     let child = Command::new(common::BIN)
         .args(["mount", arg(mnt), "--host-root", &empty_root()])
         .args(["--state-file", arg(&files.join("state.json")), "--pid-file", arg(&files.join("d.pid"))])
         .env_remove("RUST_LOG")
+        .envs(env.iter().copied())
         .stderr(fs::File::create(log).unwrap())
         .spawn()
         .unwrap();
@@ -258,6 +263,42 @@ fn a_failed_write_leaves_no_temporary_file() {
     assert!(text.contains("cannot write the state file: read-only file system\n"), "{text}");
     assert_eq!(listing(&files), ["d.pid", "state.json"]);
     tmpfs.remount("rw");
+    assert!(mount.stop().success());
+    assert!(listing(&files).is_empty(), "the daemon left files: {:?}", listing(&files));
+}
+
+/// Bug (found attacking the written files): a server killed between its temporary state file
+/// and the rename left `.state.json.<random>.tmp` for good; the keeper started a new server,
+/// and its stop removed the state file but not that. A server now tells the keeper of the
+/// temporary file before it writes a byte, and the keeper removes such a file once it sees the
+/// server's end (and at stop), never a file a live server is writing.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn a_server_killed_while_writing_the_state_file_leaves_no_temporary_file() {
+    need_fuse();
+    need_test_hooks();
+    let (dir, mnt) = private_mountpoint();
+    let files = dir.path().join("files");
+    fs::create_dir(&files).unwrap();
+    let (log, marker) = (dir.path().join("daemon.log"), dir.path().join("killed"));
+    let hook = format!("die-writing-state:{}", marker.display());
+    let mut mount = spawn_mount_with(&mnt, &files, &log, &[("DEVREMAPD_FAILPOINT", &hook)]);
+    let state = files.join("state.json");
+    let server = || -> Option<u64> {
+        let text = fs::read_to_string(&state).ok()?;
+        serde_json::from_str::<serde_json::Value>(&text).ok()?["server_pid"].as_u64()
+    };
+    let first = wait_for("the state file", || {
+        assert!(mount.child.try_wait().unwrap().is_none(), "{}", fs::read_to_string(&log).unwrap());
+        server()
+    });
+    // SAFETY: kill with our child's pid.
+    unsafe { libc::kill(mount.child.id() as libc::pid_t, libc::SIGHUP) };
+    // The reload's server is killed with its temporary file there; the next one serves.
+    wait_for("a server after the one killed while writing", || (marker.exists() && server()? != first).then_some(()));
+    let text = fs::read_to_string(&log).unwrap();
+    assert!(text.contains("failpoint die-writing-state: killed before the rename"), "{text}");
+    wait_for("the killed server's temporary file to go", || (listing(&files) == ["d.pid", "state.json"]).then_some(()));
     assert!(mount.stop().success());
     assert!(listing(&files).is_empty(), "the daemon left files: {:?}", listing(&files));
 }

@@ -74,7 +74,8 @@ impl Keeper<'_> {
 
     /// Tells the server that the daemon stops (it removes the state file) and waits a little
     /// for it; kills whatever is left. A state file no server removed (none was serving, or it
-    /// was stopped and killed) is removed here if it is still a file one of them wrote.
+    /// was stopped and killed) is removed here if it is still a file one of them wrote, and so
+    /// is a temporary state file one of them left.
     fn end_servers(&mut self) {
         if let Some(p) = self.machine.current().and_then(|epoch| self.procs.remove(&epoch)) {
             p.tell(&Control::Stop);
@@ -89,10 +90,11 @@ impl Keeper<'_> {
         // Never read: a file at the path is removed only if it is one our servers wrote (a
         // file another user put there may be of any size, and is theirs).
         if let Some(path) = &self.args.state_file {
-            for identity in self.link.state_files.lock().drain(..) {
+            for (_, identity) in self.link.state_files.lock().clone() {
                 Written::known(path, identity).remove_if_ours();
             }
         }
+        self.sweep_temporaries(|_| true);
     }
 
     /// `/dev/fuse` ended without a stop. A clean outside `umount` ends it with ENODEV (`Ok`):
