@@ -292,6 +292,26 @@ pub fn wait_answering(path: &Path) -> Result<(), MountpointError> {
     }
 }
 
+/// The FUSE connection a mount at `path` serves: its device number as the kernel writes it
+/// (`(major << 20) | minor`, the name of its directory under `/sys/fs/fuse/connections`). Read
+/// without asking the daemon (`AT_STATX_DONT_SYNC`: the superblock's number, cached attributes).
+pub fn connection_of(path: &Path) -> Option<u64> {
+    use rustix::fs::{AtFlags, CWD, StatxFlags, statx};
+    let st = statx(CWD, path, AtFlags::STATX_DONT_SYNC, StatxFlags::empty()).ok()?;
+    Some((u64::from(st.stx_dev_major) << 20) | u64::from(st.stx_dev_minor))
+}
+
+/// Whether FUSE connection `connection` still exists: its directory under the fusectl
+/// filesystem goes when its superblock does, with its last mount (our `umount2` and a
+/// container's bind mount alike), before `umount2` returns to us. `None` where fusectl is not
+/// mounted at `/sys/fs/fuse/connections`.
+pub fn connection_remains(connection: u64) -> Option<bool> {
+    const FUSECTL_SUPER_MAGIC: i64 = 0x6573_5543;
+    let dir = Path::new("/sys/fs/fuse/connections");
+    let fusectl = statfs(dir).ok()?.filesystem_type().0 as i64 == FUSECTL_SUPER_MAGIC;
+    fusectl.then(|| dir.join(connection.to_string()).exists())
+}
+
 /// Whether a FUSE mount whose daemon is gone sits at `path` (statfs answers ENOTCONN).
 pub fn is_dead_mount(path: &Path) -> bool {
     statfs(path).err() == Some(Errno::ENOTCONN)

@@ -101,6 +101,8 @@ struct Keeper<'a> {
     /// Servers replaced by an upgrade, until they have exited.
     leaving: Vec<Proc>,
     mounted: bool,
+    /// The mount's FUSE connection ([`crate::mountpoint::connection_of`]), read once mounted.
+    connection: Option<u64>,
     pid_written: Option<Written>,
     /// The starter's `--ready-fd`, until the mount answers.
     ready: Option<File>,
@@ -172,6 +174,7 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
         procs: HashMap::new(),
         leaving: Vec::new(),
         mounted: false,
+        connection: None,
         pid_written: None,
         ready,
         good: exe,

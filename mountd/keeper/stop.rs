@@ -3,7 +3,7 @@
 
 use super::procs::Proc;
 use super::{Ev, Keeper};
-use crate::mountpoint::{detach, is_dead_mount};
+use crate::mountpoint::{connection_remains, detach, is_dead_mount};
 use devremap::atomic::Written;
 use devremap::io_message;
 use devremap::keeper::control::Control;
@@ -40,13 +40,12 @@ impl Keeper<'_> {
                 // container's bind mount of it does: then exiting ends it, and the container
                 // sees ENOTCONN.
                 Ok(()) => {
-                    let deadline = Instant::now() + Duration::from_millis(500);
-                    let ended = loop {
-                        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                            Ok(Ev::KernelEnded(_)) | Err(RecvTimeoutError::Disconnected) => break true,
-                            Ok(_) => {}
-                            Err(RecvTimeoutError::Timeout) => break false,
-                        }
+                    // Whether the connection outlived our mount is a fact the kernel shows at
+                    // once; the wait for the connection's end is only where it does not (no
+                    // fusectl): a busy machine may take longer, and then the warning is false.
+                    let ended = match self.connection.and_then(connection_remains) {
+                        Some(remains) => !remains,
+                        None => connection_ends_within(rx, Duration::from_millis(500)),
                     };
                     if ended {
                         info!("unmounted {}", self.m);
@@ -132,5 +131,17 @@ pub(super) fn notify(notice: Notice) {
     };
     if let Err(e) = sd_notify::notify(&states) {
         warn!("cannot notify systemd: {}", io_message(&e));
+    }
+}
+
+/// Whether the kernel ends the connection (the relay reads its end) within `patience`.
+fn connection_ends_within(rx: &Receiver<Ev>, patience: Duration) -> bool {
+    let deadline = Instant::now() + patience;
+    loop {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(Ev::KernelEnded(_)) | Err(RecvTimeoutError::Disconnected) => return true,
+            Ok(_) => {}
+            Err(RecvTimeoutError::Timeout) => return false,
+        }
     }
 }

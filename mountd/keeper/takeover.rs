@@ -29,6 +29,7 @@ impl Keeper<'_> {
             return Err(format!("{}: cannot mount: {}", self.m, io_message(&e.into())));
         }
         self.mounted = true;
+        self.connection = crate::mountpoint::connection_of(&self.mountpoint);
         let link = self.link.clone();
         spawn_thread("requests", move || relay_requests(&link))?;
         let events = self.link.events.clone();
