@@ -9,8 +9,9 @@
 //! the mode and owner of the file it replaces, and renamed over it (a rename replaces a
 //! symlink, it never follows it). A file that must outlive a power cut is synced before the
 //! rename; one under `/run` that a reboot makes meaningless is not ([`Lasting`]). Every failure, a full or read-only filesystem included, removes the temporary
-//! file; only a process killed outright can leave one (`.<name>.<random>.tmp`), which a
-//! caller told of it can remove ([`write_atomic_told`], [`remove_left_temporaries`]).
+//! file; only a process killed outright can leave one (`.<name>.<pid>.<random>.tmp`, named by
+//! the writer's pid so that whoever reaps a killed writer can remove what it left,
+//! [`remove_left_temporaries`]).
 
 use crate::device::Access;
 use std::io::{self, Write};
@@ -94,11 +95,9 @@ pub fn write_atomic_as(path: &Path, bytes: &[u8], access: Option<Access>) -> io:
 }
 
 /// As [`write_atomic_as`], for a file that lasts `lasting`, telling `told` the new file's
-/// identity as soon as its temporary file exists, before anything is written to it: another
-/// process that removes the file only while it is this one (the keeper, at stop, the state file
-/// its server wrote) then knows it before it can be at the path, even if the writer dies right
-/// after the rename, and knows a temporary file the writer left by dying before the rename
-/// ([`remove_left_temporaries`]).
+/// identity just before it is renamed to `path`: another process that removes the file only
+/// while it is this one (the keeper, at stop, the state file its server wrote) then knows it
+/// before it can be at the path, even if the writer dies right after the rename.
 pub fn write_atomic_told(
     path: &Path,
     bytes: &[u8],
@@ -113,14 +112,11 @@ pub fn write_atomic_told(
     // O_CREAT|O_EXCL (`create_new`) never follows a symlink, not even a dangling one. Opened
     // here rather than by `tempfile_in`, whose errors carry the path in their text.
     let mut tmp = tempfile::Builder::new()
-        .prefix(&format!(".{}.", name.to_string_lossy()))
+        .prefix(&temporary_prefix(name, std::process::id()))
         .suffix(".tmp")
         .make_in(dir, |path| std::fs::File::options().write(true).create_new(true).mode(0o600).open(path))?;
     // From here on, dropping `tmp` (any `?` below) removes the temporary file.
     let file = tmp.as_file_mut();
-    let meta = file.metadata()?;
-    let written = Written { path: path.to_owned(), dev: meta.dev(), ino: meta.ino() };
-    told(&written);
     let access = access.or_else(|| old.as_ref().map(|m| Access { mode: m.mode(), uid: m.uid(), gid: m.gid() }));
     file.set_permissions(std::fs::Permissions::from_mode(access.map_or(NEW_FILE_MODE, |a| a.mode & 0o7777)))?;
     // Only root can give a file away; as another user the new file is that user's.
@@ -133,18 +129,29 @@ pub fn write_atomic_told(
     if lasting == Lasting::Durable {
         file.sync_data()?;
     }
+    let meta = file.metadata()?;
+    let written = Written { path: path.to_owned(), dev: meta.dev(), ino: meta.ino() };
+    told(&written);
     tmp.persist(path).map_err(|e| e.error)?;
     Ok(written)
 }
 
-/// Removes the temporary files of `path` (`.<name>.<random>.tmp` beside it) that are one of
-/// `ours`, files a writer that was killed before its rename left; any other file is left alone,
-/// whoever made it.
-pub fn remove_left_temporaries(path: &Path, ours: &[(u64, u64)]) {
+/// The start of the temporary names process `pid` gives its replacements of file `name`.
+fn temporary_prefix(name: &std::ffi::OsStr, pid: u32) -> String {
+    format!(".{}.{pid}.", name.to_string_lossy())
+}
+
+/// Removes what writer `pid`, killed between its temporary file and the rename, left of a
+/// replacement of `path`: regular files beside it named `.<name>.<pid>.<random>.tmp` and owned
+/// by us (the writer ran as we do). For a writer's parent, between its exit and its reaping,
+/// while no other process can have its pid; a file another user made under such a name, a
+/// symlink or a directory is left alone.
+pub fn remove_left_temporaries(path: &Path, pid: u32) {
     let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else { return };
     let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
-    let prefix = format!(".{}.", name.to_string_lossy());
+    let prefix = temporary_prefix(name, pid);
     let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let me = nix::unistd::geteuid().as_raw();
     for entry in entries.flatten() {
         let file_name = entry.file_name();
         let file_name = file_name.to_string_lossy();
@@ -152,10 +159,7 @@ pub fn remove_left_temporaries(path: &Path, ours: &[(u64, u64)]) {
             continue;
         }
         let temporary = entry.path();
-        if let Ok(m) = std::fs::symlink_metadata(&temporary)
-            && m.file_type().is_file()
-            && ours.contains(&(m.dev(), m.ino()))
-        {
+        if std::fs::symlink_metadata(&temporary).is_ok_and(|m| m.file_type().is_file() && m.uid() == me) {
             let _ = std::fs::remove_file(&temporary);
         }
     }
@@ -190,37 +194,43 @@ mod tests {
         assert_eq!(std::fs::metadata(&path).unwrap().mode() & 0o7777, 0o640, "the given mode, not the old one");
     }
 
-    /// Rule: a writer killed between its temporary file and the rename leaves the file that
-    /// `told` named before a byte was written (attack finding: a server killed there left
-    /// `.state.json.<random>.tmp` for good), and [`remove_left_temporaries`] removes exactly
-    /// such files: not another file under a temporary name, not the file itself.
+    /// Rule: what a writer killed before its rename left is named by its pid (attack finding: a
+    /// server killed there left `.state.json.<random>.tmp` for good), and
+    /// [`remove_left_temporaries`] removes exactly those of that pid: not another pid's (a live
+    /// writer's), not another file's, not a symlink, not a file another user made under such a
+    /// name (an earlier fix matched by inode, which the filesystem reuses: it removed both).
     #[test]
-    fn a_temporary_file_left_by_a_killed_writer_is_known_and_removed() {
+    fn what_a_killed_writer_left_is_removed_and_nothing_else() {
         let dir = tempfile::TempDir::new().unwrap();
         let path = dir.path().join("state.json");
-        let mut seen = None;
-        write_atomic_told(&path, b"{}", None, Lasting::UntilReboot, |w| {
-            let temporaries: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().map(|e| e.path()).collect();
-            assert_eq!(temporaries.len(), 1, "told once the temporary file exists");
-            let m = std::fs::metadata(&temporaries[0]).unwrap();
-            assert_eq!(((m.dev(), m.ino()), m.len()), (w.identity(), 0), "told before anything is written");
-            seen = Some(w.identity());
+        let me = std::process::id();
+        write_atomic_told(&path, b"{}", None, Lasting::UntilReboot, |_| {
+            let names: Vec<String> = std::fs::read_dir(dir.path())
+                .unwrap()
+                .flatten()
+                .map(|e| e.file_name().into_string().unwrap())
+                .collect();
+            assert!(names.len() == 1 && names[0].starts_with(&format!(".state.json.{me}.")), "{names:?}");
         })
         .unwrap();
-        let m = std::fs::metadata(&path).unwrap();
-        assert_eq!(seen, Some((m.dev(), m.ino())), "the temporary file told of became the file");
-        let left = dir.path().join(".state.json.aB3dE9.tmp");
-        let theirs = dir.path().join(".state.json.zZ9yY8.tmp");
-        let other = dir.path().join(".other.json.aB3dE9.tmp");
-        for f in [&left, &theirs, &other] {
+        let at = |name: &str| dir.path().join(name);
+        let (left, live, other) =
+            (at(".state.json.4242.aB3dE9.tmp"), at(".state.json.4243.aB3dE9.tmp"), at(".other.json.4242.x.tmp"));
+        for f in [&left, &live, &other] {
             std::fs::write(f, "").unwrap();
         }
-        let identity = |p: &Path| std::fs::metadata(p).map(|m| (m.dev(), m.ino())).unwrap();
-        let ours = [identity(&left), identity(&other), identity(&path)];
-        remove_left_temporaries(&path, &ours);
-        assert!(!left.exists(), "ours, under the file's temporary name: removed");
-        assert!(theirs.exists(), "not one of ours: kept");
-        assert!(other.exists(), "another file's temporary name: kept");
-        assert!(path.exists(), "the file itself: kept");
+        let link = at(".state.json.4242.link.tmp");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        let theirs = at(".state.json.4242.theirs.tmp");
+        std::fs::write(&theirs, "").unwrap();
+        let root = nix::unistd::geteuid().is_root();
+        if root {
+            std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+        }
+        remove_left_temporaries(&path, 4242);
+        assert!(!left.exists(), "the killed writer's: removed");
+        assert!(live.exists() && other.exists() && path.exists(), "another pid's, another file's, the file: kept");
+        assert!(link.symlink_metadata().is_ok(), "a symlink: kept");
+        assert_eq!(theirs.exists(), root, "another user's: kept (made only as root)");
     }
 }

@@ -324,11 +324,10 @@ impl Keeper<'_> {
     /// retired one may be ending only once a stuck filesystem answers, so it is reaped off the
     /// main thread, as a killed one is.
     fn gone(&mut self, epoch: u64) -> Option<Event> {
-        self.sweep_temporaries(|e| e == epoch);
         if self.machine.knows(epoch)
             && let Some(mut p) = self.procs.remove(&epoch)
         {
-            let status = status_text(p.child.wait());
+            let status = status_text(procs::reap(&mut p.child, self.args.state_file.as_deref()));
             self.link.shared.lock().sockets.remove(&epoch);
             p.disconnect();
             return Some(Event::Gone { epoch, status });
@@ -338,16 +337,6 @@ impl Keeper<'_> {
             self.forget(p);
         }
         None
-    }
-
-    /// Removes the temporary state files that servers of the epochs `ended` were writing when
-    /// they died (between the temporary file and the rename): files those servers told of,
-    /// under the state file's temporary names, never a live server's.
-    fn sweep_temporaries(&self, ended: impl Fn(u64) -> bool) {
-        let Some(path) = &self.args.state_file else { return };
-        let theirs: Vec<(u64, u64)> =
-            self.link.state_files.lock().iter().filter(|(epoch, _)| ended(*epoch)).map(|&(_, id)| id).collect();
-        devremap::atomic::remove_left_temporaries(path, &theirs);
     }
 
     /// Feeds the machine an event and does what it says; `Err` ends the keeper's life.

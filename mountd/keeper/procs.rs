@@ -9,12 +9,14 @@ use devremap::keeper::control::{self, Control};
 use log::warn;
 use nix::errno::Errno;
 use nix::sys::socket::{MsgFlags, Shutdown, send, shutdown};
+use nix::sys::wait::{Id, WaitPidFlag, waitid};
+use nix::unistd::Pid;
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8};
@@ -110,8 +112,24 @@ impl Keeper<'_> {
     pub(super) fn forget(&mut self, mut proc: Proc) {
         proc.disconnect();
         self.link.shared.lock().sockets.remove(&proc.epoch);
-        let _ = std::thread::Builder::new().name("reaper".into()).spawn(move || drop(proc.child.wait()));
+        let state_file = self.args.state_file.clone();
+        let _ = std::thread::Builder::new()
+            .name("reaper".into())
+            .spawn(move || drop(reap(&mut proc.child, state_file.as_deref())));
     }
+}
+
+/// Waits for server `child`'s exit and reaps it, removing first what it left of a state file
+/// replacement it was killed in (its temporary file): after its exit, so that it writes no
+/// more, and before its reaping, while no other process can have its pid, by which the
+/// temporary file is named ([`devremap::atomic::remove_left_temporaries`]).
+pub(super) fn reap(child: &mut Child, state_file: Option<&Path>) -> io::Result<ExitStatus> {
+    if let Some(path) = state_file {
+        let pid = Pid::from_raw(child.id() as libc::pid_t);
+        while let Err(Errno::EINTR) = waitid(Id::Pid(pid), WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT) {}
+        devremap::atomic::remove_left_temporaries(path, child.id());
+    }
+    child.wait()
 }
 
 /// Sets the server's descriptors up between fork and exec: the binary's fd kept open, the

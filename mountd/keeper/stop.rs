@@ -89,11 +89,10 @@ impl Keeper<'_> {
         // Never read: a file at the path is removed only if it is one our servers wrote (a
         // file another user put there may be of any size, and is theirs).
         if let Some(path) = &self.args.state_file {
-            for (_, identity) in self.link.state_files.lock().clone() {
+            for identity in self.link.state_files.lock().drain(..) {
                 Written::known(path, identity).remove_if_ours();
             }
         }
-        self.sweep_temporaries(|_| true);
     }
 
     /// `/dev/fuse` ended without a stop. A clean outside `umount` ends it with ENODEV (`Ok`):

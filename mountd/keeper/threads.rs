@@ -50,17 +50,11 @@ pub(super) struct Link {
     /// grew the keeper by that much each time (glibc served later ones from an arena, zeroing
     /// every page).
     pub(super) buffers: Mutex<Vec<Vec<u8>>>,
-    /// The server epoch and `(device, inode)` of the last [`STATE_FILES_KEPT`] state files
-    /// servers said they were writing, newest last: kept by the control thread itself, so that a
-    /// stop knows them even with events still queued for the main thread.
-    pub(super) state_files: Mutex<Vec<(u64, (u64, u64))>>,
+    /// The `(device, inode)` of the last two state files a server said it was renaming into
+    /// place, newest last: kept by the control thread itself, so that a stop knows them even
+    /// with events still queued for the main thread.
+    pub(super) state_files: Mutex<Vec<(u64, u64)>>,
 }
-
-/// Two servers' last two each: during a handover both write, and the file a server was
-/// writing when it died (a temporary file, [`Keeper::sweep_temporaries`]) is its last.
-///
-/// [`Keeper::sweep_temporaries`]: super::Keeper::sweep_temporaries
-const STATE_FILES_KEPT: usize = 4;
 
 pub(super) struct Shared {
     pub(super) relay: Relay,
@@ -203,8 +197,8 @@ pub(super) fn read_control(link: &Link, epoch: u64, control: &OwnedFd, _done: Re
                 }
                 Ok(Control::StateFile(dev, ino)) => {
                     let mut known = link.state_files.lock();
-                    known.push((epoch, (dev, ino)));
-                    let excess = known.len().saturating_sub(STATE_FILES_KEPT);
+                    known.push((dev, ino));
+                    let excess = known.len().saturating_sub(2);
                     known.drain(..excess);
                 }
                 Ok(Control::Part(part)) => {
