@@ -58,9 +58,11 @@ pub(super) fn passthrough(
 ) -> Result<(), TreeError> {
     for node in nodes {
         let access = match b.get(&node.rel_path) {
-            Some(spec @ Node { kind: NodeKind::Device(..), .. }) => spec.access,
-            _ if unlisted(node) => node.access,
-            _ => continue,
+            Some(Node { kind: NodeKind::Device(DevKind::Char, _), access }) => *access,
+            // The spec's block device or FIFO under the name is what runc makes: kept.
+            Some(_) => continue,
+            None if unlisted(node) => node.access,
+            None => continue,
         };
         b.insert(&node.rel_path, Node::device(DevKind::Char, node.rdev, access))?;
     }

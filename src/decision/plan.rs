@@ -703,6 +703,31 @@ mod tests {
         assert_eq!(with(None), ["nvidiactl", "nvidia-uvm", "kfd"], "--host-dev alone");
     }
 
+    /// Bug (found attacking the pass-through rule): a spec listing `/dev/nvidiactl` as a block
+    /// device or a FIFO had it served as a char device with the directory's number; runc makes
+    /// what the spec says, so the spec's node is kept. A char device takes the number only.
+    #[test]
+    fn a_spec_node_of_another_type_under_a_passthrough_name_is_kept() {
+        let mut inp = inputs(&[], &[0]);
+        let host = Access::DEVICE_DEFAULT;
+        inp.dev_dir.as_mut().unwrap().passthrough.push(HostNode {
+            rel_path: "nvidiactl".into(),
+            rdev: Rdev::new(195, 255),
+            access: host,
+        });
+        let mut block = spec_dev("/dev/nvidiactl", Rdev::new(8, 0), host);
+        block.kind = DevKind::Block;
+        inp.spec = Some(SpecView {
+            devices: vec![spec_dev("/dev/nvidia0", Rdev::new(195, 0), host), block],
+            ..SpecView::default()
+        });
+        let plan = build(&inp).unwrap();
+        assert_eq!(
+            plan.tree.get("nvidiactl").map(|n| &n.kind),
+            Some(&NodeKind::Device(DevKind::Block, Rdev::new(8, 0)))
+        );
+    }
+
     /// Host facts for GPUs `minors`, each on a bus in the given order, with PCI ids `pci`.
     fn described(buses_by_minor: &[(u32, &str)], pci: (u32, u32)) -> HostFacts {
         let gpu_info = buses_by_minor
