@@ -12,7 +12,7 @@
 mod common;
 
 use common::bundle::{Bundle, Container, Runtime, allow_char, need_containers, oci_config};
-use common::daemon::{Daemon, children, has_exited, is_mounted, kill, need_fuse, wait_for, wait_for_or};
+use common::daemon::{Daemon, children, freeze, has_exited, is_mounted, kill, need_fuse, wait_for, wait_for_or};
 use common::readers::{Expect, Load, Reader, quantile, stall_per_period};
 use common::{BIN, FakeHost, arg, fake_rdev, fixture, mknod_char, saved_devices};
 use serde_json::Value;
@@ -772,7 +772,7 @@ fn an_upgrade_takes_over_from_a_frozen_server() {
     let inputs = Inputs::new();
     let d = inputs.start();
     let old = d.server_pid();
-    kill(old, libc::SIGSTOP);
+    freeze(old);
     let probe = d.path("nvidia4");
     let (tid_tx, tid_rx) = std::sync::mpsc::channel();
     let stat = std::thread::spawn(move || {

@@ -6,7 +6,7 @@
 mod common;
 
 use common::daemon::{
-    Daemon, PATIENCE, Spawned, children, has_exited, is_mounted, kill, need_fuse, wait_for, wait_for_or,
+    Daemon, PATIENCE, Spawned, children, freeze, has_exited, is_mounted, kill, need_fuse, wait_for, wait_for_or,
 };
 use common::{BIN, arg, empty_root, fixture};
 use serde_json::Value;
@@ -67,7 +67,7 @@ impl Drop for Resume {
 fn with_a_hung_server() -> (Daemon, u32, Resume) {
     let d = Daemon::start(&["--host-root", &empty_root(), "--ttl", "0", "--server-timeout", "3"]);
     let old = d.server_pid();
-    kill(old, libc::SIGSTOP);
+    freeze(old);
     (d, old, Resume(old))
 }
 
@@ -148,7 +148,7 @@ fn a_crash_during_a_stuck_upgrade_is_restarted_at_once() {
         "3600",
     ]);
     let stuck_server = stuck.server_pid();
-    kill(stuck_server, libc::SIGSTOP);
+    freeze(stuck_server);
     let _resume = Resume(stuck_server);
     d.signal(libc::SIGUSR2);
     wait_for("the upgrade's server to start", || d.log_text().contains("upgrade: started").then_some(()));
@@ -237,7 +237,7 @@ fn a_reload_under_way_when_the_server_dies_is_not_lost() {
     assert_eq!(minor_of_a(&d), Some(3));
     write_spec(&spec, 5);
     let stuck_server = stuck.server_pid();
-    kill(stuck_server, libc::SIGSTOP);
+    freeze(stuck_server);
     let resume = Resume(stuck_server);
     let old = d.server_pid();
     d.signal(libc::SIGHUP);
@@ -435,7 +435,7 @@ fn an_upgrade_away_from_a_server_stuck_in_the_kernel_does_not_freeze_the_keeper(
     repoint(&spec, &real);
     let d = Daemon::start(&["--spec", arg(&spec), "--host-root", &empty_root(), "--ttl", "0"]);
     let stuck_server = stuck.server_pid();
-    kill(stuck_server, libc::SIGSTOP);
+    freeze(stuck_server);
     let _resume = Resume(stuck_server);
     repoint(&spec, &stuck.path("null"));
     let old = d.server_pid();

@@ -110,6 +110,28 @@ pub fn spawn_piped<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Child {
         .expect("devremapd starts")
 }
 
+/// Stops process `pid` (`SIGSTOP`) and waits until every thread of it has stopped. The
+/// signal stops each thread only when it next runs, so a request sent right after `kill` may
+/// still be answered: a test that then waited for a hang waited for ever (the flake of
+/// `a_hung_server_is_replaced_after_the_server_timeout` and `an_upgrade_takes_over_from_a_frozen_server`
+/// on a busy machine: every server thread stopped, no request in flight).
+pub fn freeze(pid: u32) {
+    kill(pid, libc::SIGSTOP);
+    wait_for_or("the process to stop", || threads_of(pid), || all_stopped(pid).then_some(()));
+}
+
+/// Whether every thread of process `pid` is stopped (state `T` in `/proc/<pid>/task/*/stat`).
+fn all_stopped(pid: u32) -> bool {
+    let states: Vec<String> = fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|task| fs::read_to_string(task.path().join("stat")).unwrap_or_default())
+        .map(|stat| stat.rsplit_once(") ").and_then(|(_, r)| r.split_whitespace().next()).unwrap_or("?").to_owned())
+        .collect();
+    !states.is_empty() && states.iter().all(|s| s == "T")
+}
+
 /// Process `pid` and its children, each thread with its state and where it sleeps in the
 /// kernel (`wchan`): what a test that timed out waiting on a daemon prints, to tell a stopped
 /// server, a keeper thread blocked in a write and one that never woke apart.
