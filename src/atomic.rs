@@ -105,7 +105,7 @@ pub fn write_atomic_told(
     lasting: Lasting,
     told: impl FnOnce(&Written),
 ) -> io::Result<Written> {
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let dir = dir_of(path);
     let name = path.file_name().ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
     // The file being replaced, never a symlink's target: a planted symlink is replaced too.
     let old = std::fs::symlink_metadata(path).ok().filter(|m| m.file_type().is_file());
@@ -136,6 +136,11 @@ pub fn write_atomic_told(
     Ok(written)
 }
 
+/// The directory `path`'s file is in (`.` for a bare name).
+fn dir_of(path: &Path) -> &Path {
+    path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."))
+}
+
 /// The start of the temporary names process `pid` gives its replacements of file `name`.
 fn temporary_prefix(name: &std::ffi::OsStr, pid: u32) -> String {
     format!(".{}.{pid}.", name.to_string_lossy())
@@ -147,10 +152,9 @@ fn temporary_prefix(name: &std::ffi::OsStr, pid: u32) -> String {
 /// while no other process can have its pid; a file another user made under such a name, a
 /// symlink or a directory is left alone.
 pub fn remove_left_temporaries(path: &Path, pid: u32) {
-    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else { return };
-    let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
+    let Some(name) = path.file_name() else { return };
     let prefix = temporary_prefix(name, pid);
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let Ok(entries) = std::fs::read_dir(dir_of(path)) else { return };
     let me = nix::unistd::geteuid().as_raw();
     for entry in entries.flatten() {
         let file_name = entry.file_name();
@@ -158,9 +162,9 @@ pub fn remove_left_temporaries(path: &Path, pid: u32) {
         if !(file_name.starts_with(&prefix) && file_name.ends_with(".tmp")) {
             continue;
         }
-        let temporary = entry.path();
-        if std::fs::symlink_metadata(&temporary).is_ok_and(|m| m.file_type().is_file() && m.uid() == me) {
-            let _ = std::fs::remove_file(&temporary);
+        // DirEntry::metadata never follows a symlink.
+        if entry.metadata().is_ok_and(|m| m.file_type().is_file() && m.uid() == me) {
+            let _ = std::fs::remove_file(entry.path());
         }
     }
 }

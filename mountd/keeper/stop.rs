@@ -73,8 +73,8 @@ impl Keeper<'_> {
 
     /// Tells the server that the daemon stops (it removes the state file) and waits a little
     /// for it; kills whatever is left. A state file no server removed (none was serving, or it
-    /// was stopped and killed) is removed here if it is still a file one of them wrote, and so
-    /// is a temporary state file one of them left.
+    /// was stopped and killed) is removed here if it is still a file one of them wrote (the
+    /// temporary file a killed one left goes as it is reaped, [`super::procs::reap`]).
     fn end_servers(&mut self) {
         if let Some(p) = self.machine.current().and_then(|epoch| self.procs.remove(&epoch)) {
             p.tell(&Control::Stop);

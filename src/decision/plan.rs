@@ -199,15 +199,14 @@ fn unlisted_passthrough(inputs: &Inputs, node: &crate::inputs::host::HostNode) -
     if crate::family::amd::owns_passthrough(&node.rel_path) {
         return false;
     }
-    spec.hook.is_some() || !spec.devices.iter().any(|d| d.gpu_minor().is_some())
+    spec.hook.is_some() || !spec.lists_gpus()
 }
 
 /// The error for too few restored GPUs, as the input that gave them: the spec when it names
 /// GPUs (devices or the hook's selection), else the device directory, else (no restore side
 /// given at all) the checkpoint, saying which flags give them.
 fn too_few(inputs: &Inputs, error: PairingError) -> PlanError {
-    let spec_names_gpus =
-        inputs.spec.as_ref().is_some_and(|s| s.hook.is_some() || s.devices.iter().any(|d| d.gpu_minor().is_some()));
+    let spec_names_gpus = inputs.spec.as_ref().is_some_and(SpecView::names_gpus);
     match (&inputs.spec, &inputs.dev_dir) {
         (Some(_), _) if spec_names_gpus => PlanError::SpecGpus(error),
         (_, Some(_)) => PlanError::HostDevGpus(error),

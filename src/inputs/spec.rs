@@ -57,6 +57,18 @@ pub struct SpecView {
     pub terminal: bool,
 }
 
+impl SpecView {
+    /// Whether `linux.devices` lists an NVIDIA GPU (`195:N`).
+    pub fn lists_gpus(&self) -> bool {
+        self.devices.iter().any(|d| d.gpu_minor().is_some())
+    }
+
+    /// Whether the spec asks for NVIDIA GPUs: by listing them, or through the hook.
+    pub fn names_gpus(&self) -> bool {
+        self.hook.is_some() || self.lists_gpus()
+    }
+}
+
 /// Why a spec was refused; the caller prefixes the file.
 #[derive(Debug, Error, PartialEq)]
 pub enum SpecError {

@@ -39,7 +39,7 @@ impl Request {
     /// Whether the container gets a devremap `/dev`: as the annotation says, else when the spec
     /// has NVIDIA GPUs.
     pub fn wanted(&self, spec: &SpecView) -> bool {
-        self.enable.unwrap_or_else(|| spec.hook.is_some() || spec.devices.iter().any(|d| d.gpu_minor().is_some()))
+        self.enable.unwrap_or_else(|| spec.names_gpus())
     }
 
     /// The daemon's flags for what was asked.
