@@ -203,11 +203,47 @@ fn another_model_is_refused_unless_relaxed() {
     let (list, _) = record(tmp.path(), "mi210-2", &spec(tmp.path(), "saved.json", &[128, 129], &[]));
     let restored = spec(tmp.path(), "restored.json", &[128, 129], &[]);
     let base = ["--metadata", list.as_str(), "--spec", restored.as_str(), "--host-root", &root("radeon-7900xtx-2")];
-    let line = plan_error(&base, "model: amdgpu: saved renderD128 is not restored renderD128: simd_count");
+    let line = plan_error(
+        &base,
+        "model: amdgpu: saved renderD128 is not restored renderD128: another product: 0x740f (Instinct MI210, gfx90a) \
+         vs 0x744c (Radeon RX 7900 XT/7900 XTX, gfx1100); simd_count",
+    );
     assert!(line.contains(&list), "{line}");
     let plan = plan_json(&join(&base, &["--relax", "model,driver"]));
     assert!(amd_remap(&plan).iter().all(|e| e.2 == "position"));
     assert!(plan["warnings"].to_string().contains("check model relaxed"), "{}", plan["warnings"]);
+}
+
+/// Rule (issue 33, AMD count): CRIU's amdgpu plugin refuses a restore onto more GPUs than were
+/// saved ("Number of devices mismatch (checkpointed:2 local:3)"), so the dry run refuses it too,
+/// naming the plugin's words; onto as many it plans.
+#[test]
+fn two_saved_amd_gpus_onto_three_are_refused_as_criu_does() {
+    let tmp = TempDir::new().unwrap();
+    let (list, _) = record(tmp.path(), "mi300x-8", &spec(tmp.path(), "saved.json", &[128, 136], &[]));
+    let three = spec(tmp.path(), "three.json", &[144, 152, 160], &[]);
+    let line = plan_error(
+        &["--metadata", &list, "--spec", &three, "--host-root", &root("mi300x-8")],
+        "count: amdgpu: can't remap 2 saved AMD GPUs to 3 restored: CRIU's amdgpu plugin needs as many on each side \
+         (Number of devices mismatch (checkpointed:2 local:3))",
+    );
+    assert!(line.contains(&list), "{line}");
+    let two = spec(tmp.path(), "two.json", &[144, 152], &[]);
+    plan_json(&["--metadata", &list, "--spec", &two, "--host-root", &root("mi300x-8")]);
+}
+
+/// Rule (issue 33, AMD model): an MI300X checkpoint planned onto an MI210 host names the two
+/// products (device ids, `pci.ids` names, ISAs) before the first property that differs.
+#[test]
+fn an_mi300x_onto_an_mi210_names_both_products() {
+    let tmp = TempDir::new().unwrap();
+    let (list, _) = record(tmp.path(), "mi300x-8", &spec(tmp.path(), "saved.json", &[128], &[]));
+    let restored = spec(tmp.path(), "restored.json", &[128], &[]);
+    plan_error(
+        &["--metadata", &list, "--spec", &restored, "--host-root", &root("mi210-2")],
+        "model: amdgpu: saved renderD128 is not restored renderD128: another product: 0x74a1 (Instinct MI300X, \
+         gfx942) vs 0x740f (Instinct MI210, gfx90a); simd_count 1216 vs 416",
+    );
 }
 
 /// Rule (issue 22): a container with NVIDIA and AMD GPUs records both kinds in one list, and

@@ -23,6 +23,7 @@ use crate::family::AMD;
 use crate::family::amd::pairing::{self, By, PairError};
 use crate::family::amd::plugin::{self, Gpu, Refusal};
 use crate::family::amd::properties::{self, Checks, Switches};
+use crate::family::amd::products;
 use crate::family::amd::topology::{Facts, kernfs_order};
 use crate::family::amd::{PLUGIN_LAST_MINOR, topology::Topology};
 use crate::inputs::amd_metadata::AmdSaved;
@@ -220,8 +221,12 @@ pub fn decide(
         let served_access = old.recorded.over(new.access);
         if known && model.is_none() {
             let no_fw = Checks { fw_version: false, sdma_fw_version: false, ..checks };
-            model = properties::mismatch(&saved_side[p.saved].facts, &restored_side[p.restored].facts, &no_fw)
-                .map(|why| format!("saved renderD{} is not restored renderD{}: {why}", old.minor, new.minor));
+            let (a, b) = (&saved_side[p.saved].facts, &restored_side[p.restored].facts);
+            // The products first (what a user knows a GPU by), then the property that differs.
+            let product = products::another_product(a, b).map(|p| format!("{p}; ")).unwrap_or_default();
+            model = properties::mismatch(a, b, &no_fw).map(|why| {
+                format!("saved renderD{} is not restored renderD{}: {product}{why}", old.minor, new.minor)
+            });
         }
         if known && firmware.is_none() {
             firmware = firmware_lower(&saved_side[p.saved].facts, &restored_side[p.restored].facts, &checks)
@@ -252,8 +257,17 @@ pub fn decide(
             (true, false) => format!("{n} pairs compared, {} off as for the plugin", relaxed.join(" and ")),
         }
     };
-    let count = if saved.len() > restored.len() {
-        Err(format!("can't remap {} saved AMD GPUs to {} restored", saved.len(), restored.len()))
+    // CRIU's amdgpu plugin restores onto exactly as many GPUs as were saved
+    // (`set_restore_gpu_maps`), not onto more, as NVIDIA's rule (gVisor's) allows.
+    let count = if saved.len() != restored.len() {
+        Err(format!(
+            "can't remap {} saved AMD GPUs to {} restored: CRIU's amdgpu plugin needs as many on each side \
+             (Number of devices mismatch (checkpointed:{} local:{}))",
+            saved.len(),
+            restored.len(),
+            saved.len(),
+            restored.len()
+        ))
     } else {
         Ok(format!("{} saved AMD GPUs, {} restored", saved.len(), restored.len()))
     };
@@ -461,6 +475,65 @@ mod tests {
         let all_off: Vec<(&str, &str)> = properties::VARIABLES.iter().map(|v| (*v, "0")).collect();
         let other = decided(|f| f.simd_count = 8, &all_off);
         assert!(outcome(&other, CheckName::Model).unwrap_err().contains("simd_count 0 vs 8"));
+    }
+
+    /// Rule (issue 33, AMD count): CRIU's amdgpu plugin refuses any difference in the number of
+    /// GPUs ("Number of devices mismatch"), so `count` fails for 1 saved GPU onto 2 as for 2
+    /// onto 1, in the plugin's words; NVIDIA's rule (gVisor's: at least as many) is not AMD's.
+    #[test]
+    fn the_amd_count_must_be_equal_as_for_the_plugin() {
+        let saved = |minors: &[u32]| -> Vec<AmdSaved> {
+            let item = |m: u32| AmdSaved {
+                minor: m,
+                gpu: Some(gpu(m, |_| {})),
+                recorded: RecordedAccess::default(),
+                earlier_minors: vec![],
+            };
+            minors.iter().copied().map(item).collect()
+        };
+        let restored = |minors: &[u32]| -> Vec<AmdRestored> {
+            let node = |m: u32| AmdRestored {
+                minor: m,
+                rdev: Rdev::new(226, m),
+                access: Access::DEVICE_DEFAULT,
+                gpu: Some(gpu(m, |_| {})),
+            };
+            minors.iter().copied().map(node).collect()
+        };
+        let count = |s: &[u32], r: &[u32]| {
+            let d = decide(&saved(s), restored(r), &[], &Switches::default(), None).unwrap();
+            outcome(&d, CheckName::Count)
+        };
+        assert_eq!(
+            count(&[128], &[128, 129]),
+            Err("can't remap 1 saved AMD GPUs to 2 restored: CRIU's amdgpu plugin needs as many on each side \
+                 (Number of devices mismatch (checkpointed:1 local:2))"
+                .into())
+        );
+        assert!(count(&[128, 129], &[128]).unwrap_err().contains("(checkpointed:2 local:1)"));
+        assert_eq!(count(&[128, 129], &[130, 131]), Ok("2 saved AMD GPUs, 2 restored".into()));
+    }
+
+    /// Rule (issue 33, AMD model): another product is named first, by device id, name and ISA,
+    /// then the first property that differs; the same product shows only the property.
+    #[test]
+    fn another_model_names_the_products_first() {
+        let mi300x = |f: &mut Facts| {
+            f.device_id = 0x74a1;
+            f.gfx_target_version = 90402;
+            f.simd_count = 1216;
+        };
+        assert_eq!(
+            outcome(&decided(mi300x, &[]), CheckName::Model),
+            Err("saved renderD144 is not restored renderD136: another product: 0x740f (Instinct MI210) vs \
+                 0x74a1 (Instinct MI300X, gfx942); simd_count 0 vs 1216"
+                .into())
+        );
+        let same_product = decided(|f| f.simd_count = 8, &[]);
+        assert_eq!(
+            outcome(&same_product, CheckName::Model),
+            Err("saved renderD144 is not restored renderD136: simd_count 0 vs 8".into())
+        );
     }
 
     /// Bug (attack F6): a restored GPU without facts because the host's topology was thrown

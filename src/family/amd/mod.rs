@@ -17,6 +17,7 @@
 
 pub mod pairing;
 pub mod plugin;
+pub mod products;
 pub mod properties;
 pub mod read;
 pub mod topology;
