@@ -7,7 +7,7 @@ use crate::mountpoint::{connection_remains, detach, is_dead_mount};
 use devremap::atomic::Written;
 use devremap::io_message;
 use devremap::keeper::control::Control;
-use devremap::served::lifecycle::Notice;
+use devremap::keeper::control::Notice;
 use log::{info, warn};
 use nix::mount::MntFlags;
 use sd_notify::NotifyState;

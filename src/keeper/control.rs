@@ -17,7 +17,6 @@
 //! server refuses to start on it.
 
 use crate::keeper::kernel_nodes::{Held, HeldNode};
-use crate::served::lifecycle::Notice;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use std::borrow::Cow;
@@ -32,6 +31,16 @@ pub const PROTOCOL: u32 = 2;
 
 /// `devremapd --version`: the package's version and [`PROTOCOL`] (checked equal by a test).
 pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (keeper protocol 2)");
+
+/// What a server tells its keeper to tell the service manager (`READY=1`, `RELOADING=1`,
+/// `STOPPING=1`): part of the keeper's protocol, so the keeper and the relay below the
+/// filesystem take it from here, and the filesystem's machine above them says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Notice {
+    Ready,
+    Reloading,
+    Stopping,
+}
 
 /// The largest control record: well under a socket's default buffer.
 pub const MAX_RECORD: usize = 64 * 1024;

@@ -26,7 +26,7 @@
 //! replies wait on the keeper ([`hang`]).
 
 use crate::keeper::control::Control;
-use crate::served::lifecycle::Notice;
+use crate::keeper::control::Notice;
 use std::time::{Duration, Instant};
 
 /// The first wait before a server is started again after one died before it was ready.

@@ -4,7 +4,7 @@ use super::{
     Action, Binary, Exit, FIRST_BACKOFF, FIRST_EPOCH, MAX_BACKOFF, MAX_RELOAD_DEATHS, Machine, Server, State, Successor,
 };
 use crate::keeper::control::{Control, PROTOCOL};
-use crate::served::lifecycle::Notice;
+use crate::keeper::control::Notice;
 use std::time::Instant;
 
 impl Machine {

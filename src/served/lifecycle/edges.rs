@@ -3,6 +3,7 @@
 //! are given.
 
 use crate::inputs::load::{LoadError, Loaded};
+use crate::keeper::control::Notice;
 use std::io;
 use std::path::PathBuf;
 
@@ -31,14 +32,6 @@ pub enum End {
     Stop,
     /// The session ended under us, with its result.
     Ended(io::Result<()>),
-}
-
-/// What the service manager is told.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum Notice {
-    Ready,
-    Reloading,
-    Stopping,
 }
 
 /// The kernel's side of the mount: drop cached entries and listings.
