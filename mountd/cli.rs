@@ -119,7 +119,12 @@ pub struct MountArgs {
 impl MountArgs {
     /// Refuses one path given for two of the daemon's files: the state file's JSON would
     /// replace the pid (or the container's pid), and whoever reads one file gets the other.
+    /// Refuses a pid or state file path where something other than a regular file is (issue
+    /// 29.4: `--state-file /dev/stdout` would have replaced the node), before anything is done.
     pub fn check_files(&self) -> Result<(), String> {
+        for path in [&self.pid_file, &self.state_file].into_iter().flatten() {
+            devremap::atomic::check_destination_named(path).map_err(|e| e.to_string())?;
+        }
         let flags = [
             ("--pid-file", &self.pid_file),
             ("--state-file", &self.state_file),

@@ -80,6 +80,10 @@ fn main() -> ExitCode {
 fn oci_patch(args: &cli::OciPatchArgs) -> Result<(), Failure> {
     let path = &args.config;
     let p = path.display();
+    if args.in_place {
+        // Before reading: a FIFO would block the read, and is never replaced.
+        devremap::atomic::check_destination_named(path).map_err(|e| e.to_string())?;
+    }
     let text = std::fs::read_to_string(path).map_err(|e| format!("{p}: {}", devremap::io_message(&e)))?;
     let dev =
         std::path::absolute(&args.dev).map_err(|e| format!("{}: {}", args.dev.display(), devremap::io_message(&e)))?;
@@ -118,6 +122,9 @@ fn plan(args: &cli::PlanArgs) -> Result<(), Failure> {
 }
 
 fn record(args: &cli::RecordArgs) -> Result<(), Failure> {
+    if let Some(path) = &args.output {
+        devremap::atomic::check_destination_named(path).map_err(|e| e.to_string())?;
+    }
     let sources = load::Sources {
         metadata: args.metadata.clone(),
         spec: Some(args.spec.clone()),

@@ -143,10 +143,16 @@ impl MountLock {
         let path = dir.join(format!(".{}.lock", name.to_string_lossy()));
         let p = path.display().to_string();
         loop {
-            let flags = OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+            let flags = OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
             let fd = nix::fcntl::open(&path, flags, Mode::from_bits_truncate(0o600))
                 .map_err(|e| MountpointError::OpenLock { file: p.clone(), why: io_message(&e.into()) })?;
-            let lock = match Flock::lock(File::from(fd), FlockArg::LockExclusiveNonblock) {
+            let file = File::from(fd);
+            // A FIFO or node there (O_NOFOLLOW already refused a symlink) is never locked, and
+            // so never removed at exit.
+            let mode = file.metadata().map_err(|e| io(&p, &e))?.mode();
+            devremap::atomic::check_mode(mode)
+                .map_err(|e| MountpointError::OpenLock { file: p.clone(), why: io_message(&e) })?;
+            let lock = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
                 Ok(lock) => lock,
                 Err((_, Errno::EWOULDBLOCK)) => {
                     return Err(MountpointError::Locked { path: m.into(), file: p });

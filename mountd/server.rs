@@ -154,7 +154,8 @@ fn read_payload(control: &OwnedFd, first: Option<Vec<u8>>) -> Result<Vec<u8>, St
 
 /// What to serve: the inputs, loaded now, or (after a crash) the plan the dead server served,
 /// as the keeper says first. A plan that does not read back is logged, and the inputs loaded.
-fn what_to_serve(control: &OwnedFd, sources: &Sources) -> Result<Loaded, String> {
+/// Says whether the inputs were loaded now.
+fn what_to_serve(control: &OwnedFd, sources: &Sources) -> Result<(Loaded, bool), String> {
     let plan = match receive(control)? {
         Control::Load => None,
         Control::Part(part) => Some(read_payload(control, Some(part))?),
@@ -162,11 +163,11 @@ fn what_to_serve(control: &OwnedFd, sources: &Sources) -> Result<Loaded, String>
     };
     if let Some(plan) = plan {
         match Loaded::from_bytes(&plan) {
-            Ok(loaded) => return Ok(loaded),
+            Ok(loaded) => return Ok((loaded, false)),
             Err(e) => log::warn!("{e}; loading the inputs instead"),
         }
     }
-    load::load(sources).map_err(|e| e.to_string())
+    load::load(sources).map(|loaded| (loaded, true)).map_err(|e| e.to_string())
 }
 
 /// What a signal does to the server: SIGHUP reloads (the keeper passes its SIGHUP on).
@@ -187,7 +188,7 @@ pub fn run(args: &MountArgs) -> Result<(), Failure> {
         tell(&control, &Control::Failed(e));
         Failure::Reported
     };
-    let loaded = what_to_serve(&control, &sources).map_err(fail)?;
+    let (loaded, loaded_now) = what_to_serve(&control, &sources).map_err(fail)?;
     tell(&control, &Control::Loaded(protocol()));
 
     let devfs = Arc::new(Devfs::new(loaded.plan.tree.clone()));
@@ -219,7 +220,11 @@ pub fn run(args: &MountArgs) -> Result<(), Failure> {
     let mut life = Lifecycle::new(devfs, loaded, Duration::from_secs(args.reload_timeout), notifier, server);
     if let Some(resumed) = &resumed {
         let previous = resume.previous_plan.as_deref().and_then(|p| Loaded::from_bytes(p.as_bytes()).ok());
-        life.resumed(resumed, &resume.from, resume.last_error.clone(), previous.as_ref());
+        // A server that loaded the inputs itself (an upgrade's) succeeded where the last error
+        // (a refused reload, or upgrade) failed: as a successful reload, it clears it (issue
+        // 29.7). One serving the dead server's plan keeps it: the inputs were not read.
+        let last_error = resume.last_error.clone().filter(|_| !loaded_now);
+        life.resumed(resumed, &resume.from, last_error, previous.as_ref());
     }
     become_ready(&mut life, args, &control, &proceed, resumed.is_some()).map_err(fail)?;
     let keeper = nix::unistd::getppid();

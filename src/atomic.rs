@@ -12,9 +12,20 @@
 //! file; only a process killed outright can leave one (`.<name>.<pid>.<random>.tmp`, named by
 //! the writer's pid so that whoever reaps a killed writer can remove what it left,
 //! [`remove_left_temporaries`]).
+//!
+//! Only a regular file is ever replaced (issue 29.4): a device node, FIFO, socket, symlink or
+//! directory at the path (`--output /dev/null`, `--state-file /dev/stdout`) is refused
+//! ([`NotRegular`]) and left as it is. The path is looked at without following a symlink, in
+//! the directory the temporary file was opened in, once before anything is written and again
+//! right before the rename. Between that last look and the rename only a user who can write in
+//! the directory can put something there, and then what the rename replaces is theirs: a
+//! host's node (which only root can make) is never replaced. A regular file someone else owns is
+//! replaced, keeping its mode and owner: the path is the operator's choice.
 
 use crate::device::Access;
+use nix::fcntl::{AtFlags, OFlag};
 use std::io::{self, Write};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -41,10 +52,13 @@ impl Written {
         Written { path: path.to_owned(), dev, ino }
     }
 
-    /// Removes the file if the path still names the inode written here: a file that another
-    /// process (another daemon given the same path) wrote since is left alone.
+    /// Removes the file if the path still names the inode written here, still a regular file:
+    /// a file that another process (another daemon given the same path) wrote since is left
+    /// alone, and so is a node, FIFO or directory put there since, even one that got the freed
+    /// inode's number, which filesystems hand out again at once (issue 29.4).
     pub fn remove_if_ours(&self) {
-        if std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.dev() == self.dev && m.ino() == self.ino) {
+        let ours = |m: &std::fs::Metadata| m.file_type().is_file() && m.dev() == self.dev && m.ino() == self.ino;
+        if std::fs::symlink_metadata(&self.path).is_ok_and(|m| ours(&m)) {
             let _ = std::fs::remove_file(&self.path);
         }
     }
@@ -75,12 +89,60 @@ pub fn replace_runtime_file(path: &Path, bytes: &[u8]) -> Result<(), WriteError>
         .map_err(|source| WriteError { path: path.to_owned(), source })
 }
 
-/// A file [`replace_file`] could not write.
+/// A file [`replace_file`] could not write: `<path>: cannot write: <why>`, or, when something
+/// other than a regular file is there, `<path>: is a FIFO, not a regular file; refused: ...`.
 #[derive(Debug, thiserror::Error)]
-#[error("{}: cannot write: {}", path.display(), crate::io_message(source))]
+#[error("{}: {}{}", path.display(), if is_refusal(source) { "" } else { "cannot write: " }, crate::io_message(source))]
 pub struct WriteError {
     pub path: PathBuf,
     pub source: io::Error,
+}
+
+/// Something other than a regular file where devremap writes a file: never replaced, never
+/// removed.
+#[derive(Debug, thiserror::Error)]
+#[error("is {what}, not a regular file; refused: devremap replaces its output files")]
+pub struct NotRegular {
+    /// What is there, as [`crate::inputs::files::describe`] says it ("a char device").
+    pub what: &'static str,
+}
+
+/// Whether `e` is a [`NotRegular`] refusal.
+pub fn is_refusal(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|inner| inner.is::<NotRegular>())
+}
+
+/// Refuses `path` as a destination if something other than a regular file is there (not
+/// followed if a symlink): for a command to refuse a path it will write before it does
+/// anything else. Nothing there, or a path that cannot be looked at, passes: the write says why.
+pub fn check_destination(path: &Path) -> io::Result<()> {
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) => check_mode(meta.mode()),
+        Err(_) => Ok(()),
+    }
+}
+
+/// [`check_destination`] with the path in the error: `<path>: is a FIFO, not a regular file; ...`.
+pub fn check_destination_named(path: &Path) -> Result<(), WriteError> {
+    check_destination(path).map_err(|source| WriteError { path: path.to_owned(), source })
+}
+
+/// Refuses a file of `mode` ([`NotRegular`]) unless it is a regular file.
+pub fn check_mode(mode: u32) -> io::Result<()> {
+    if mode & libc::S_IFMT == libc::S_IFREG {
+        return Ok(());
+    }
+    Err(io::Error::new(io::ErrorKind::AlreadyExists, NotRegular { what: crate::inputs::files::describe(mode) }))
+}
+
+/// What is at `name` in directory `dir`, not followed: `None` when nothing is; a refusal when
+/// it is not a regular file.
+fn regular_at(dir: &OwnedFd, name: &std::ffi::OsStr) -> io::Result<Option<nix::sys::stat::FileStat>> {
+    match nix::sys::stat::fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(stat) => check_mode(stat.st_mode).map(|()| Some(stat)),
+        Err(nix::errno::Errno::ENOENT) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// [`write_atomic`] for a caller that keeps nothing but the failure, which names the file.
@@ -107,8 +169,12 @@ pub fn write_atomic_told(
 ) -> io::Result<Written> {
     let dir = dir_of(path);
     let name = path.file_name().ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
-    // The file being replaced, never a symlink's target: a planted symlink is replaced too.
-    let old = std::fs::symlink_metadata(path).ok().filter(|m| m.file_type().is_file());
+    // Looked at and renamed into through one descriptor: a directory renamed or replaced by a
+    // symlink meanwhile fails the rename instead of moving the check elsewhere.
+    let dir_fd =
+        nix::fcntl::open(dir, OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, nix::sys::stat::Mode::empty())?;
+    // The file being replaced, never a symlink's target; anything but a regular file is refused.
+    let old = regular_at(&dir_fd, name)?;
     // O_CREAT|O_EXCL (`create_new`) never follows a symlink, not even a dangling one. Opened
     // here rather than by `tempfile_in`, whose errors carry the path in their text.
     let mut tmp = tempfile::Builder::new()
@@ -117,7 +183,7 @@ pub fn write_atomic_told(
         .make_in(dir, |path| std::fs::File::options().write(true).create_new(true).mode(0o600).open(path))?;
     // From here on, dropping `tmp` (any `?` below) removes the temporary file.
     let file = tmp.as_file_mut();
-    let access = access.or_else(|| old.as_ref().map(|m| Access { mode: m.mode(), uid: m.uid(), gid: m.gid() }));
+    let access = access.or_else(|| old.as_ref().map(|m| Access { mode: m.st_mode, uid: m.st_uid, gid: m.st_gid }));
     file.set_permissions(std::fs::Permissions::from_mode(access.map_or(NEW_FILE_MODE, |a| a.mode & 0o7777)))?;
     // Only root can give a file away; as another user the new file is that user's.
     if let Some(a) = access
@@ -132,8 +198,32 @@ pub fn write_atomic_told(
     let meta = file.metadata()?;
     let written = Written { path: path.to_owned(), dev: meta.dev(), ino: meta.ino() };
     told(&written);
-    tmp.persist(path).map_err(|e| e.error)?;
+    // Looked at again: what was put there while we wrote is refused as well.
+    regular_at(&dir_fd, name)?;
+    let tmp_name = tmp.path().file_name().ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?.to_owned();
+    nix::fcntl::renameat(&dir_fd, tmp_name.as_os_str(), &dir_fd, name)?;
+    // Renamed: nothing left to remove.
+    let _ = tmp.into_temp_path().keep();
     Ok(written)
+}
+
+/// Creates or truncates the log file `path` for appending (a daemon's stdout and stderr): as
+/// the files replaced here, never through a symlink, and never a node, FIFO or directory
+/// that is there (refused, left as it is).
+pub fn create_log(path: &Path) -> Result<std::fs::File, WriteError> {
+    let at = |source| WriteError { path: path.to_owned(), source };
+    check_destination(path).map_err(at)?;
+    // O_NONBLOCK: a FIFO put there since is not waited on (ENXIO without a reader).
+    let file = std::fs::File::options()
+        .append(true)
+        .create(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .mode(NEW_FILE_MODE)
+        .open(path)
+        .map_err(at)?;
+    check_mode(file.metadata().map_err(at)?.mode()).map_err(at)?;
+    file.set_len(0).map_err(at)?;
+    Ok(file)
 }
 
 /// The directory `path`'s file is in (`.` for a bare name).
@@ -173,17 +263,36 @@ pub fn remove_left_temporaries(path: &Path, pid: u32) {
 mod tests {
     use super::*;
 
-    /// Rule: a write replaces a symlink planted at the path instead of writing through it, a
-    /// replaced file keeps its mode, and no temporary file is left.
+    /// Rule (issue 29.4): a symlink, FIFO or directory at the path is refused, named as what it
+    /// is, and left as it was (never written through, never replaced), with no temporary file
+    /// left; a regular file is replaced and keeps its mode.
     #[test]
-    fn never_follows_symlinks_and_keeps_the_mode() {
+    fn refuses_what_is_not_a_regular_file_and_keeps_the_mode() {
         let dir = tempfile::TempDir::new().unwrap();
         let target = dir.path().join("target");
         std::fs::write(&target, "precious").unwrap();
         let path = dir.path().join("out.json");
         std::os::unix::fs::symlink(&target, &path).unwrap();
-        write_atomic(&path, b"new").unwrap();
+        let refused = replace_file(&path, b"new").unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            format!(
+                "{}: is a symlink, not a regular file; refused: devremap replaces its output files",
+                path.display()
+            )
+        );
+        assert!(std::fs::symlink_metadata(&path).unwrap().file_type().is_symlink(), "the symlink is kept");
+        assert!(check_destination(&path).is_err_and(|e| is_refusal(&e)));
+        std::fs::remove_file(&path).unwrap();
+        nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        assert!(write_atomic(&path, b"new").unwrap_err().to_string().starts_with("is a FIFO, not a regular file"));
+        std::fs::remove_file(&path).unwrap();
+        std::fs::create_dir(&path).unwrap();
+        assert!(write_atomic(&path, b"new").unwrap_err().to_string().starts_with("is a directory"));
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2, "no temporary file left");
+        std::fs::remove_dir(&path).unwrap();
         assert_eq!(std::fs::read_to_string(&target).unwrap(), "precious");
+        write_atomic(&path, b"new").unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "new");
         let meta = std::fs::symlink_metadata(&path).unwrap();
         assert!(meta.is_file() && meta.mode() & 0o7777 == NEW_FILE_MODE);

@@ -426,6 +426,8 @@ fn twenty_upgrades_under_load_fail_no_request_and_run_the_new_binary() {
 /// without execute permission, bytes that are no program) leaves the old server serving: the
 /// same `server_pid`, no handover counted, the same generation, the pid file unchanged, and
 /// `last_error` set. An upgrade to a good binary after it works.
+/// Bug (issue 29.7): the refusal stayed in `last_error` after a later upgrade succeeded; a
+/// successful reload clears it, and so does a successful upgrade now.
 #[test]
 #[ignore = "needs root and /dev/fuse"]
 fn a_failed_upgrade_keeps_the_old_server() {
@@ -455,10 +457,16 @@ fn a_failed_upgrade_keeps_the_old_server() {
         assert!(!has_exited(old), "{what}: the old server ended\n{}", d.log_text());
         assert_eq!(rdev_of(&d.path("nvidia4")), fake_rdev(0), "{what}");
         assert!(fs::read_dir(&d.mountpoint).unwrap().count() > 10, "{what}");
+        kill(d.child.id(), libc::SIGHUP);
+        let reloaded = wait_on(&d, &format!("{what}: a reload"), || read_state(&d).filter(|s| s["reloads"] == 1));
+        assert!(reloaded["last_error"].is_null(), "{what}: a reload kept the refusal: {}", reloaded["last_error"]);
+        kill(d.child.id(), libc::SIGUSR2);
+        wait_on(&d, &format!("{what}: refused again"), || read_state(&d).filter(|s| !s["last_error"].is_null()));
         binary.replace_with_copy();
         kill(d.child.id(), libc::SIGUSR2);
         let state = wait_new_server(&d, old, 1);
         check_new_server(&d, &state, old);
+        assert!(state["last_error"].is_null(), "{what}: the upgrade kept the refusal: {}", state["last_error"]);
         assert_eq!(running(state_pid(&state, "server_pid")), binary.identity(), "{what}");
         assert_eq!(rdev_of(&d.path("nvidia4")), fake_rdev(0), "{what}");
         stop(d);

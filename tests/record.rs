@@ -126,8 +126,8 @@ fn record_in_hook_mode_follows_nvidia_visible_devices() {
     }
 }
 
-/// Rule: the output is written without following a symlink planted at its path, and a bad
-/// spec is one error line naming it, with nothing written.
+/// Rule: the output is never written through a symlink planted at its path (refused and kept
+/// since issue 29.4), and a bad spec is one error line naming it, with nothing written.
 #[test]
 fn record_output_is_safe_and_bad_input_writes_nothing() {
     let host = described(&[1]);
@@ -137,9 +137,10 @@ fn record_output_is_safe_and_bad_input_writes_nothing() {
     std::os::unix::fs::symlink(&victim, &out).unwrap();
     let root = host.root_args();
     let (code, _, stderr) = devremapd("record", &with(&root, &["--spec", &spec, "--output", arg(&out)]));
-    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("is a symlink, not a regular file; refused"), "{stderr}");
     assert_eq!(fs::read_to_string(&victim).unwrap(), "keep me");
-    assert!(fs::symlink_metadata(&out).unwrap().is_file());
+    assert!(fs::symlink_metadata(&out).unwrap().file_type().is_symlink(), "the symlink is kept");
 
     let bad = write_file(host.tmp.path(), "bad.json", "{\"ociVersion\": ");
     let fresh = host.tmp.path().join("fresh.json");

@@ -34,10 +34,9 @@ fn assert_untouched(secret: &Path) {
 }
 
 /// Plants, as uid 65534, a symlink to `target` at every temporary name the old code would have
-/// used for `name`, and at `name` itself.
+/// used for `name` (a symlink at `name` itself is refused: [`Planted`]).
 fn plant(dir: &Path, name: &str, target: &Path) {
-    let names = PIDS.map(|pid| format!(".{name}.{pid}.tmp")).chain([name.to_owned()]);
-    for link in names {
+    for link in PIDS.map(|pid| format!(".{name}.{pid}.tmp")) {
         let link = dir.join(link);
         std::os::unix::fs::symlink(target, &link).unwrap();
         std::os::unix::fs::lchown(&link, Some(65534), Some(65534)).unwrap();
@@ -65,8 +64,9 @@ fn users_dir(tmp: &TempDir) -> PathBuf {
 /// `.NAME.PID.tmp`, opened with O_CREAT|O_TRUNC following symlinks, so a user who could write
 /// in the directory made root overwrite any file (a 0600 root file became JSON, 0644). With
 /// symlinks planted at every such name (the commands run as pid 1 of a new pid namespace, so
-/// the names are the ones they would use) and at the destinations themselves, the root-only
-/// target is unchanged; the destinations become regular files holding what was written.
+/// the names are the ones they would use), the root-only target is unchanged; the destinations
+/// are regular files holding what was written. (A symlink at a destination itself is refused,
+/// issue 29.4: [`what_is_not_a_regular_file_is_refused_as_an_output`].)
 #[test]
 #[ignore = "needs root and /dev/fuse"]
 fn planted_symlinks_never_redirect_a_write() {
@@ -311,4 +311,165 @@ fn a_server_killed_while_writing_the_state_file_leaves_no_temporary_file() {
     wait_for_or("the killed server's temporary file to go", left, || (listing(&files) == expected).then_some(()));
     assert!(mount.stop().success());
     assert_eq!(listing(&files), planted, "the daemon left files, or removed what it did not make");
+}
+
+/// What a test puts where devremap writes a file (issue 29.4): a char device (a copy of
+/// `/dev/null`'s 1:3), a FIFO, a symlink to a root-only file, a directory holding a file.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Planted {
+    CharDevice,
+    Fifo,
+    Symlink,
+    Directory,
+}
+
+impl Planted {
+    const ALL: [Planted; 4] = [Planted::CharDevice, Planted::Fifo, Planted::Symlink, Planted::Directory];
+
+    /// Puts it at `path`; a symlink points at `secret`.
+    fn plant(self, path: &Path, secret: &Path) {
+        match self {
+            Planted::CharDevice => common::mknod_char(path, (1, 3), 0o666),
+            Planted::Fifo => nix::unistd::mkfifo(path, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap(),
+            Planted::Symlink => std::os::unix::fs::symlink(secret, path).unwrap(),
+            Planted::Directory => {
+                fs::create_dir(path).unwrap();
+                fs::write(path.join("inside"), "kept\n").unwrap();
+            }
+        }
+    }
+
+    fn what(self) -> &'static str {
+        match self {
+            Planted::CharDevice => "a char device",
+            Planted::Fifo => "a FIFO",
+            Planted::Symlink => "a symlink",
+            Planted::Directory => "a directory",
+        }
+    }
+
+    /// Why a write refuses it.
+    fn refused(self) -> String {
+        format!("is {}, not a regular file; refused: devremap replaces its output files", self.what())
+    }
+
+    /// The refusal naming `path`, as a command's error line says it.
+    fn refusal(self, path: &Path) -> String {
+        format!("{}: {}", path.display(), self.refused())
+    }
+}
+
+/// What is at `path`, not followed: its identity, type and mode, device number, a symlink's
+/// target and a directory's names; equal before and after means untouched.
+fn snapshot(path: &Path) -> (u64, u64, u32, u64, Option<PathBuf>, Vec<String>) {
+    let meta = fs::symlink_metadata(path).unwrap_or_else(|e| panic!("{}: gone: {e}", path.display()));
+    let target = meta.file_type().is_symlink().then(|| fs::read_link(path).unwrap());
+    let names = if meta.is_dir() { listing(path) } else { Vec::new() };
+    (meta.dev(), meta.ino(), meta.mode(), meta.rdev(), target, names)
+}
+
+/// Runs devremapd with `args`: (exit status, stderr).
+fn run_devremapd(args: &[&str]) -> (Option<i32>, String) {
+    let out = Command::new(common::BIN).args(args).env_remove("RUST_LOG").output().unwrap();
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// Bug (issue 29.4): `record --output P`, `oci-patch P --in-place`, `mount --pid-file P` and
+/// `mount --state-file P` turned a char device, FIFO or symlink at P into a regular 0644 file
+/// (`--output /dev/null` would replace the host's node; a FIFO blocked `oci-patch`). Each is
+/// now refused before anything is done: exit 1, one error line naming the path and what is
+/// there, no mount, and what was planted is still there, unchanged, as is the symlink's target.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn what_is_not_a_regular_file_is_refused_as_an_output() {
+    need_fuse();
+    let (dir, mnt) = private_mountpoint();
+    let secret = secret(dir.path());
+    let spec = dir.path().join("spec.json");
+    fs::copy(example_config(), &spec).unwrap();
+    let root = empty_root();
+    for planted in Planted::ALL {
+        let path = dir.path().join("out");
+        planted.plant(&path, &secret);
+        let before = snapshot(&path);
+        let p = arg(&path);
+        let m = arg(&mnt);
+        let commands: [(&str, Vec<&str>); 4] = [
+            ("record --output", vec!["record", "--spec", arg(&spec), "--host-root", &root, "--output", p]),
+            (
+                "oci-patch --in-place",
+                vec!["oci-patch", p, "--dev", "/run/devremap/c", "--allow-unmounted", "--in-place"],
+            ),
+            ("mount --pid-file", vec!["mount", m, "--host-root", &root, "--pid-file", p]),
+            ("mount --state-file", vec!["mount", m, "--host-root", &root, "--state-file", p]),
+        ];
+        for (command, args) in commands {
+            let (code, stderr) = run_devremapd(&args);
+            let case = format!("{command} onto {}", planted.what());
+            assert_eq!(code, Some(1), "{case}: {stderr}");
+            assert_eq!(stderr, format!("error: {}\n", planted.refusal(&path)), "{case}");
+            assert_eq!(snapshot(&path), before, "{case}: what was there changed");
+            assert!(!is_mounted(&mnt), "{case}: mounted");
+            assert_untouched(&secret);
+        }
+        assert_eq!(listing(dir.path()), ["mnt", "out", "secret", "spec.json"], "{}: files left", planted.what());
+        if planted == Planted::Directory {
+            fs::remove_dir_all(&path).unwrap();
+        } else {
+            fs::remove_file(&path).unwrap();
+        }
+    }
+}
+
+/// Bug (issue 29.4): a running daemon's state file replaced by a node, FIFO, symlink or
+/// directory was turned back into a regular file at the next reload or upgrade, and a stop
+/// then removed it. Each is refused at every write (a reload's, an upgrade's new server's),
+/// logged naming the path and what is there, and left as it is by the stop, as is a FIFO put
+/// in the pid file's place: the daemon removes only the files it wrote.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn a_running_daemon_never_replaces_nor_removes_what_was_put_at_its_files() {
+    need_fuse();
+    let (dir, mnt) = private_mountpoint();
+    let secret = secret(dir.path());
+    let files = dir.path().join("files");
+    fs::create_dir(&files).unwrap();
+    let log = dir.path().join("daemon.log");
+    let mut mount = spawn_mount(&mnt, &files, &log);
+    let (state, pid_file) = (files.join("state.json"), files.join("d.pid"));
+    wait_for("the state file", || {
+        assert!(mount.child.try_wait().unwrap().is_none(), "{}", fs::read_to_string(&log).unwrap());
+        state.exists().then_some(())
+    });
+    let signal = |sig| {
+        // SAFETY: kill with our child's pid.
+        unsafe { libc::kill(mount.child.id() as libc::pid_t, sig) };
+    };
+    for (planted, how) in Planted::ALL.iter().flat_map(|p| [(*p, libc::SIGHUP), (*p, libc::SIGUSR2)]) {
+        let _ = fs::remove_file(&state);
+        let _ = fs::remove_dir_all(&state);
+        planted.plant(&state, &secret);
+        let before = snapshot(&state);
+        let line = format!("{}: cannot write the state file: {}", state.display(), planted.refused());
+        let logged = || fs::read_to_string(&log).unwrap().matches(&line).count();
+        let earlier = logged();
+        signal(how);
+        let case = format!("{} at the state file, signal {how}", planted.what());
+        wait_for_or(
+            &format!("{case}: the refusal to be logged"),
+            || fs::read_to_string(&log).unwrap(),
+            || (logged() > earlier).then_some(()),
+        );
+        assert_eq!(snapshot(&state), before, "{case}: what was there changed");
+        assert_untouched(&secret);
+    }
+    fs::remove_file(&pid_file).unwrap();
+    Planted::Fifo.plant(&pid_file, &secret);
+    let fifo = snapshot(&pid_file);
+    let planted = snapshot(&state);
+    assert!(mount.stop().success(), "{}", fs::read_to_string(&log).unwrap());
+    assert_eq!(snapshot(&pid_file), fifo, "the stop removed the FIFO at the pid file");
+    assert_eq!(snapshot(&state), planted, "the stop removed what was at the state file");
+    assert_untouched(&secret);
+    assert_eq!(listing(&files), ["d.pid", "state.json"], "files left");
 }

@@ -284,7 +284,8 @@ impl<N: Notifier, S: Session> Lifecycle<N, S> {
 
     /// This server took over from another (a crash or an upgrade, [`Devfs::resume`]): tells
     /// the kernel what it may have cached that no longer holds, and logs the takeover.
-    /// The last reload error the server before had recorded stays until a reload succeeds.
+    /// `last_error` is the server before's last error, which stays until a reload succeeds,
+    /// or `None` when this server loaded the inputs itself (a successful upgrade).
     /// `previous` is the plan the server before served, when known (an upgrade): the log line
     /// then says what changed, as a reload's does.
     pub fn resumed(&mut self, resumed: &Resumed, from: &str, last_error: Option<String>, previous: Option<&Loaded>) {

@@ -51,7 +51,7 @@ impl Container {
     /// inherited descriptors but its `--ready-fd`), and waits until its mount answers (it has
     /// written its pid file and says so on the pipe).
     pub fn start_daemon(&self, a: &DaemonArgs, procs: &dyn Processes) -> Result<Child, DaemonError> {
-        let log = fs::File::create(self.log()).map_err(io_at(&self.log()))?;
+        let log = crate::atomic::create_log(&self.log())?;
         let log2 = log.try_clone().map_err(io_at(&self.log()))?;
         let mut cmd = Command::new(a.devremapd);
         cmd.arg("mount")
