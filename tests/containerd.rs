@@ -102,14 +102,16 @@ impl Release {
 }
 
 impl Containerd {
-    /// Starts the installed containerd without its CRI plugin, on a config of the test's own.
+    /// Starts the installed containerd without its CRI plugin, on a config of the test's own
+    /// (the opt plugin's directory too, else /opt/containerd).
     fn start(dir: &Path, env: &[(&str, &Path)]) -> Containerd {
         let config = write_file(
             dir,
             "containerd.toml",
             format!(
                 "version = 2\nroot = \"{0}/root\"\nstate = \"{0}/state\"\ndisabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n\
-                 [grpc]\n  address = \"{0}/containerd.sock\"\n[ttrpc]\n  address = \"{0}/containerd.ttrpc.sock\"\n",
+                 [grpc]\n  address = \"{0}/containerd.sock\"\n[ttrpc]\n  address = \"{0}/containerd.ttrpc.sock\"\n\
+                 [plugins.\"io.containerd.internal.v1.opt\"]\n  path = \"{0}/containerd-opt\"\n",
                 dir.display()
             ),
         );
@@ -366,26 +368,36 @@ const OPERATORS: &str = r#"version = 2
           SystemdCgroup = true
 "#;
 
-/// `config` with `key = value` set in `table`: the line replaced where the table has it, else
-/// added under the table's header, else the table added. What an operator of this machine
-/// would set (it refuses the OOM score a sandbox asks for, as a nested node does).
+/// `config` with `key = value` set in `table`: the key's line replaced where the table has it,
+/// else the line added under the table's header, else the table added. What an operator of
+/// this machine would set before the setup (see [`Node::set_up`]).
 fn with_setting(config: &str, table: &str, key: &str, value: &str) -> String {
-    let line = format!("{key} = {value}");
-    if config.lines().any(|l| l.trim_start().starts_with(&format!("{key} ="))) {
-        return config
-            .lines()
-            .map(|l| match l.find(&format!("{key} =")) {
-                Some(at) if l[..at].trim().is_empty() => format!("{}{line}\n", &l[..at]),
-                _ => format!("{l}\n"),
-            })
-            .collect();
-    }
     let header = format!("[{table}]");
-    if let Some(at) = config.find(&format!("{header}\n")) {
-        let at = at + header.len() + 1;
-        return format!("{}  {line}\n{}", &config[..at], &config[at..]);
+    let line = format!("{key} = {value}");
+    let mut out = String::new();
+    let (mut inside, mut done) = (false, false);
+    for l in config.lines() {
+        let trimmed = l.trim_start();
+        if trimmed.starts_with('[') {
+            if inside && !done {
+                out.push_str(&format!("  {line}\n"));
+                done = true;
+            }
+            inside = trimmed.trim_end() == header;
+        } else if inside && !done && trimmed.starts_with(&format!("{key} =")) {
+            out.push_str(&format!("{}{line}\n", &l[..l.len() - trimmed.len()]));
+            done = true;
+            continue;
+        }
+        out.push_str(l);
+        out.push('\n');
     }
-    format!("{config}\n{header}\n  {line}\n")
+    if inside && !done {
+        out.push_str(&format!("  {line}\n"));
+    } else if !done {
+        out.push_str(&format!("\n{header}\n  {line}\n"));
+    }
+    out
 }
 
 /// The (table, line) pairs of a `containerd config dump`.
@@ -418,7 +430,11 @@ impl Node {
         let version = release.version();
         let config = dir.join("etc/containerd/config.toml");
         fs::create_dir_all(config.parent().unwrap()).unwrap();
+        // This machine refuses the OOM score a sandbox asks for, as a nested node does; the
+        // opt plugin's directory (/opt/containerd, /var/lib/containerd/opt) is the test's own.
         let base = with_setting(base, "plugins.\"io.containerd.grpc.v1.cri\"", "restrict_oom_score_adj", "true");
+        let opt = format!("\"{}\"", dir.join("containerd-opt").display());
+        let base = with_setting(&base, "plugins.\"io.containerd.internal.v1.opt\"", "path", &opt);
         fs::write(&config, &base).unwrap();
         let before = release.containerd(&config, &["config", "dump"]);
 
