@@ -1,7 +1,11 @@
 //! containerd running containers through `devremap-runtime`: `ctr run --runc-binary`, and
-//! containerd's CRI plugin with the shipped `devremap` runtime handler (dist/containerd/),
-//! driven by a CRI client the way a kubelet drives it. Debian's containerd is started by the
-//! test on its own socket, root and state directories and stopped after.
+//! containerd's CRI plugin with the `devremap` runtime handler exactly as an operator installs
+//! it: `dist/kubernetes/node-setup.sh` run on real containerd configs (the package's own, `containerd
+//! config default`, an operator's), then containerd started on the result and driven by a CRI
+//! client the way a kubelet drives it. The CRI tests run on containerd 1.6.20 (Debian 12's
+//! package) and 1.7.24 (Debian 13's), as `.ci/containerd-packages` unpacks them; `ctr run` on
+//! the installed containerd. Each containerd is started by the test on its own socket, root and
+//! state directories and stopped after.
 //!
 //! The image is built offline from the static busybox: one uncompressed layer (`bin/busybox`
 //! and its applets), an OCI config and manifest, imported with `ctr images import`. The host
@@ -10,10 +14,12 @@
 
 mod common;
 
-use common::clients::{WRAPPER, WrappedHost, busybox_rootfs, need_client, shipped, succeeded, wait_client};
+use common::bundle::{Runtime, need_containers};
+use common::clients::{WRAPPER, WrappedHost, busybox_rootfs, need_client, succeeded, wait_client};
 use common::daemon::{is_mounted, wait_for};
 use common::{arg, write_file};
 use serde_json::{Value, json};
+use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -42,54 +48,109 @@ struct Containerd {
     dir: PathBuf,
     id: String,
     namespace: &'static str,
+    /// The `PATH` of containerd, its shims and `ctr`: a release's binaries first.
+    path: String,
 }
 
-/// The CRI plugin's settings for a test: the busybox image as the pod sandbox (nothing is
-/// pulled), the sandbox's OOM score no lower than ours (this machine refuses the -998 a sandbox
-/// asks for, as a nested node does), the native snapshotter, the default `runc` handler (the
-/// CRI plugin refuses to load without it), CNI directories of the test's own (pods use the
-/// host's network), and the shipped `devremap` runtime handler.
-fn cri_config(dir: &Path, wrapper_config: &Path) -> String {
-    format!(
-        "[plugins.\"io.containerd.grpc.v1.cri\"]\n  sandbox_image = \"{IMAGE}\"\n  restrict_oom_score_adj = true\n\
-         [plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  snapshotter = \"native\"\n\
-         [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\n  runtime_type = \"io.containerd.runc.v2\"\n\
-         [plugins.\"io.containerd.grpc.v1.cri\".cni]\n  bin_dir = \"{0}/cni/bin\"\n  conf_dir = \"{0}/cni/conf\"\n{1}",
-        dir.display(),
-        // One file here: the drop-in's own `version` would be a second key of that name.
-        shipped("containerd/config.toml", wrapper_config).replace("version = 2\n", "")
-    )
+/// A containerd release as its Debian package ships it, unpacked by `.ci/containerd-packages`
+/// (into `target/clients/`, or `DEVREMAP_CONTAINERD_PACKAGES`): its binaries, and the
+/// `/etc/containerd/config.toml` the package installs.
+struct Release {
+    root: PathBuf,
+}
+
+impl Release {
+    /// Debian 12's containerd and Debian 13's; fails the calling (`#[ignore]`d) test unless both
+    /// are unpacked.
+    fn all() -> Vec<Release> {
+        need_containers(Runtime::Runc);
+        let dir = std::env::var_os("DEVREMAP_CONTAINERD_PACKAGES")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/clients"));
+        ["debian12", "debian13"]
+            .iter()
+            .map(|name| {
+                let root = dir.join(format!("containerd-{name}"));
+                assert!(
+                    root.join("usr/bin/containerd").is_file(),
+                    "{} is missing: run `bash .ci/containerd-packages` (as .ci/run does); this test runs it",
+                    root.display()
+                );
+                Release { root }
+            })
+            .collect()
+    }
+
+    fn path(&self) -> String {
+        format!("{}:{}", self.root.join("usr/bin").display(), std::env::var("PATH").unwrap_or_default())
+    }
+
+    /// What `containerd --version` prints, for the failures' messages and the log.
+    fn version(&self) -> String {
+        let out = Command::new(self.root.join("usr/bin/containerd")).arg("--version").output().unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    /// `containerd --config <config> <args>` of this release; its stdout.
+    fn containerd(&self, config: &Path, args: &[&str]) -> String {
+        let mut c = Command::new(self.root.join("usr/bin/containerd"));
+        c.arg("--config").arg(config).args(args);
+        succeeded(&format!("{}: containerd {args:?}", self.version()), c.stdin(Stdio::null()).output().unwrap(), || {
+            String::new()
+        })
+    }
 }
 
 impl Containerd {
-    /// Starts containerd; `cri` is the CRI plugin's config, or `None` to run it without CRI.
-    fn start(dir: &Path, env: &[(&str, &Path)], cri: Option<String>) -> Containerd {
-        let (disabled, namespace) = match &cri {
-            Some(_) => ("", "k8s.io"),
-            None => ("\"io.containerd.grpc.v1.cri\"", "devremap-test"),
-        };
+    /// Starts the installed containerd without its CRI plugin, on a config of the test's own
+    /// (the opt plugin's directory too, else /opt/containerd).
+    fn start(dir: &Path, env: &[(&str, &Path)]) -> Containerd {
         let config = write_file(
             dir,
             "containerd.toml",
             format!(
-                "version = 2\nroot = \"{0}/root\"\nstate = \"{0}/state\"\ndisabled_plugins = [{disabled}]\n\
-                 [grpc]\n  address = \"{0}/containerd.sock\"\n[ttrpc]\n  address = \"{0}/containerd.ttrpc.sock\"\n{1}",
-                dir.display(),
-                cri.unwrap_or_default()
+                "version = 2\nroot = \"{0}/root\"\nstate = \"{0}/state\"\ndisabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n\
+                 [grpc]\n  address = \"{0}/containerd.sock\"\n[ttrpc]\n  address = \"{0}/containerd.ttrpc.sock\"\n\
+                 [plugins.\"io.containerd.internal.v1.opt\"]\n  path = \"{0}/containerd-opt\"\n",
+                dir.display()
             ),
         );
+        let path = std::env::var("PATH").unwrap_or_default();
+        Containerd::spawn(dir, env, path, &config, "devremap-test")
+    }
+
+    /// Starts `release`'s containerd on a node's `config` (its CRI plugin's namespace), with the
+    /// root, state and socket of the test's own given on the command line, which the config's
+    /// own give way to.
+    fn start_node(dir: &Path, env: &[(&str, &Path)], release: &Release, config: &Path) -> Containerd {
+        Containerd::spawn(dir, env, release.path(), config, "k8s.io")
+    }
+
+    fn spawn(dir: &Path, env: &[(&str, &Path)], path: String, config: &Path, namespace: &'static str) -> Containerd {
         let log = fs::File::create(dir.join("containerd.log")).unwrap();
         let child = Command::new("containerd")
             .arg("--config")
-            .arg(&config)
+            .arg(config)
+            .arg("--root")
+            .arg(dir.join("root"))
+            .arg("--state")
+            .arg(dir.join("state"))
+            .arg("--address")
+            .arg(dir.join("containerd.sock"))
             .envs(env.iter().copied())
+            .env("PATH", &path)
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
             .expect("containerd starts");
-        let c =
-            Containerd { child, dir: dir.to_owned(), id: format!("devremap-ctr-{}", std::process::id()), namespace };
+        let c = Containerd {
+            child,
+            dir: dir.to_owned(),
+            id: format!("devremap-ctr-{}", std::process::id()),
+            namespace,
+            path,
+        };
         let log = || fs::read_to_string(dir.join("containerd.log")).unwrap_or_default();
         wait_client("containerd to answer", log, || c.ctr(&["version"]).status.success().then_some(()));
         c
@@ -102,6 +163,7 @@ impl Containerd {
             .arg(self.dir.join("containerd.sock"))
             .args(["--namespace", self.namespace])
             .args(args)
+            .env("PATH", &self.path)
             .stdin(Stdio::null())
             .output()
             .expect("ctr runs")
@@ -127,14 +189,19 @@ impl Drop for Containerd {
         for container in listed("container") {
             let _ = self.ctr(&["container", "delete", &container]);
         }
-        let _ = self.ctr(&["images", "remove", IMAGE]);
+        for image in listed("images") {
+            let _ = self.ctr(&["images", "remove", &image]);
+        }
         // SAFETY: kill our child containerd.
         unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
         let _ = self.child.wait();
         // The shim's runc root for our namespace, empty once its containers are gone.
         let _ = fs::remove_dir(format!("/run/containerd/runc/{}", self.namespace));
-        // The CRI plugin's sandbox mounts (shm), left by a test that failed mid-way.
-        let _ = Command::new("umount").arg("-R").arg("-l").arg(self.dir.join("state")).status();
+        // The CRI plugin's sandbox mounts (shm) and the snapshotter's, left by a test that
+        // failed mid-way.
+        for d in ["state", "root"] {
+            let _ = Command::new("umount").arg("-R").arg("-l").arg(self.dir.join(d)).stderr(Stdio::null()).status();
+        }
     }
 }
 
@@ -201,7 +268,7 @@ fn containerd_runs_a_container_through_the_wrapper() {
     let w = WrappedHost::new(tmp.path());
     let state_dir = w.state_dir.clone();
     // The shim runs the wrapper with containerd's environment.
-    let c = Containerd::start(tmp.path(), &[("DEVREMAP_RUNTIME_CONFIG", &w.config)], None);
+    let c = Containerd::start(tmp.path(), &[("DEVREMAP_RUNTIME_CONFIG", &w.config)]);
     c.ctr_ok(&["images", "import", arg(&busybox_image(tmp.path()))]);
     let log = tmp.path().join("container.log");
     let script = "while read -r s mp fs rest; do [ \"$mp\" = /dev ] && echo \"dev.fs: $fs\"; done < /proc/mounts; \
@@ -281,105 +348,339 @@ impl Cri {
     }
 }
 
+/// The node setup's script, as the image runs it.
+const NODE_SETUP: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/dist/kubernetes/node-setup.sh");
+
+/// An operator's node: the NVIDIA toolkit's runtime as the default, the systemd cgroup driver
+/// (kubeadm's), a private registry's pause image.
+const OPERATORS: &str = r#"version = 2
+
+[plugins]
+  [plugins."io.containerd.grpc.v1.cri"]
+    sandbox_image = "registry.example/pause:3.9"
+    [plugins."io.containerd.grpc.v1.cri".containerd]
+      default_runtime_name = "nvidia"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]
+        privileged_without_host_devices = false
+        runtime_type = "io.containerd.runc.v2"
+        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]
+          BinaryName = "/usr/bin/nvidia-container-runtime"
+          SystemdCgroup = true
+"#;
+
+/// `config` with `key = value` set in `table`: the key's line replaced where the table has it,
+/// else the line added under the table's header, else the table added. What an operator of
+/// this machine would set before the setup (see [`Node::set_up`]).
+fn with_setting(config: &str, table: &str, key: &str, value: &str) -> String {
+    let header = format!("[{table}]");
+    let line = format!("{key} = {value}");
+    let mut out = String::new();
+    let (mut inside, mut done) = (false, false);
+    for l in config.lines() {
+        let trimmed = l.trim_start();
+        if trimmed.starts_with('[') {
+            if inside && !done {
+                out.push_str(&format!("  {line}\n"));
+                done = true;
+            }
+            inside = trimmed.trim_end() == header;
+        } else if inside && !done && trimmed.starts_with(&format!("{key} =")) {
+            out.push_str(&format!("{}{line}\n", &l[..l.len() - trimmed.len()]));
+            done = true;
+            continue;
+        }
+        out.push_str(l);
+        out.push('\n');
+    }
+    if inside && !done {
+        out.push_str(&format!("  {line}\n"));
+    } else if !done {
+        out.push_str(&format!("\n{header}\n  {line}\n"));
+    }
+    out
+}
+
+/// The (table, line) pairs of a `containerd config dump`.
+fn settings(dump: &str) -> BTreeSet<(String, String)> {
+    let mut table = String::new();
+    let mut out = BTreeSet::new();
+    for line in dump.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        if line.starts_with('[') {
+            table = line.to_owned();
+        } else {
+            out.insert((table.clone(), line.to_owned()));
+        }
+    }
+    out
+}
+
+/// A node of `release` set up as an operator sets it up: its containerd config `base`,
+/// `node-setup.sh` (the shipped one, with the shipped entry and this build's binaries as the
+/// image holds them) run on it, containerd started on the result.
+struct Node {
+    containerd: Containerd,
+    /// `containerd config dump` before the setup and after.
+    before: String,
+    after: String,
+    bin_dir: PathBuf,
+}
+
+impl Node {
+    fn set_up(dir: &Path, release: &Release, base: &str, w: &WrappedHost) -> Node {
+        let version = release.version();
+        let config = dir.join("etc/containerd/config.toml");
+        fs::create_dir_all(config.parent().unwrap()).unwrap();
+        // This machine refuses the OOM score a sandbox asks for, as a nested node does; the
+        // opt plugin's directory (/opt/containerd, /var/lib/containerd/opt) is the test's own.
+        let base = with_setting(base, "plugins.\"io.containerd.grpc.v1.cri\"", "restrict_oom_score_adj", "true");
+        let opt = format!("\"{}\"", dir.join("containerd-opt").display());
+        let base = with_setting(&base, "plugins.\"io.containerd.internal.v1.opt\"", "path", &opt);
+        fs::write(&config, &base).unwrap();
+        let before = release.containerd(&config, &["config", "dump"]);
+
+        // The image's /opt/devremap: this build's binaries, and dist/'s runtime.json and
+        // containerd entry themselves.
+        let source = dir.join("opt");
+        fs::create_dir_all(source.join("bin")).unwrap();
+        std::os::unix::fs::symlink(common::BIN, source.join("bin/devremapd")).unwrap();
+        std::os::unix::fs::symlink(WRAPPER, source.join("bin/devremap-runtime")).unwrap();
+        let dist = Path::new(env!("CARGO_MANIFEST_DIR")).join("dist");
+        std::os::unix::fs::symlink(dist.join("runtime.json"), source.join("runtime.json")).unwrap();
+        std::os::unix::fs::symlink(dist.join("containerd"), source.join("containerd")).unwrap();
+        let bin_dir = dir.join("bin");
+        let out = Command::new(NODE_SETUP)
+            .env("DEVREMAP_HOST", "")
+            .env("DEVREMAP_SOURCE", &source)
+            .env("DEVREMAP_BIN_DIR", &bin_dir)
+            .env("DEVREMAP_RUNTIME_CONFIG", &w.config)
+            .env("DEVREMAP_CONTAINERD_CONFIG", &config)
+            .env("DEVREMAP_RESTART_CONTAINERD", "0")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        succeeded(&format!("{version}: node-setup.sh"), out, || base.clone());
+        let after = release.containerd(&config, &["config", "dump"]);
+
+        let containerd = Containerd::start_node(dir, &[("DEVREMAP_RUNTIME_CONFIG", &w.config)], release, &config);
+        let plugins = containerd.ctr_ok(&["plugins", "ls"]);
+        assert!(
+            plugins.lines().any(|l| {
+                let fields: Vec<&str> = l.split_whitespace().collect();
+                fields.get(1) == Some(&"cri") && fields.last() == Some(&"ok")
+            }),
+            "{version}: the CRI plugin did not load:\n{plugins}\n--- containerd log ---\n{}",
+            fs::read_to_string(dir.join("containerd.log")).unwrap_or_default()
+        );
+        Node { containerd, before, after, bin_dir }
+    }
+
+    /// Fails unless every setting of the node's config is still there, and the handler is
+    /// there with the wrapper where the setup put it.
+    fn kept_everything(&self, release: &Release) {
+        let (before, after) = (settings(&self.before), settings(&self.after));
+        let handler = "[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.devremap";
+        // A runtime's options at their zero values are the shim's defaults, as no options are:
+        // the runc the setup adds back (the CRI plugin's default) has none.
+        let zero = |t: &str, l: &str| {
+            t.ends_with(".options]") && [" = \"\"", " = 0", " = false"].iter().any(|z| l.ends_with(z))
+        };
+        let lost: Vec<_> = before.difference(&after).filter(|(t, l)| !zero(t, l)).collect();
+        assert!(lost.is_empty(), "{}: the setup lost the node's settings {lost:#?}", release.version());
+        let added: Vec<_> = after.difference(&before).filter(|(t, _)| !t.starts_with(handler)).collect();
+        assert!(added.is_empty(), "{}: the setup changed {added:#?}", release.version());
+        let binary = format!("BinaryName = \"{}/devremap-runtime\"", self.bin_dir.display());
+        assert!(
+            after.contains(&(format!("{handler}.options]"), binary.clone())),
+            "{}: no {binary} in the handler:\n{}",
+            release.version(),
+            self.after
+        );
+    }
+}
+
 /// Rule (issue 17.5): a pod with one GPU container, through containerd's CRI plugin and the
-/// shipped `devremap` runtime handler, as a kubelet makes it: RunPodSandbox with the handler
-/// and the pod annotation `devremap.io/enable` (passed on by `pod_annotations` to the sandbox
-/// and the container), CreateContainer with `/dev/nvidia1` among its devices, ExecSync. The
-/// pod costs one devremap daemon, not two (the sandbox gets none); the container's `/dev` is
-/// the devremap mount; stopping and removing the pod leaves no daemon, mount or state dir.
-#[test]
-#[ignore = "needs root, /dev/fuse, runc, busybox-static and containerd: runs containerd's CRI plugin"]
-fn a_cri_pod_through_the_runtime_handler() {
-    need_containerd();
-    let tmp = TempDir::new().unwrap();
-    let w = WrappedHost::new(tmp.path());
-    let c = Containerd::start(
-        tmp.path(),
-        &[("DEVREMAP_RUNTIME_CONFIG", &w.config)],
-        Some(cri_config(tmp.path(), &w.config)),
-    );
-    c.ctr_ok(&["images", "import", arg(&busybox_image(tmp.path()))]);
-    let mut cri = Cri::connect(&tmp.path().join("containerd.sock"), tmp.path().join("containerd.log"));
-    let logs = tmp.path().join("pod-logs");
+/// `devremap` runtime handler, as a kubelet makes it: RunPodSandbox with the handler and the
+/// pod annotation `devremap.io/enable` (passed on by `pod_annotations` to the sandbox and the
+/// container), CreateContainer with `/dev/nvidia1` among its devices, ExecSync. The pod costs
+/// one devremap daemon, not two (the sandbox gets none); the container's `/dev` is the
+/// devremap mount; stopping and removing the pod leaves no daemon, mount or state dir. A pod
+/// without the handler runs on the node's default runtime, without devremap.
+fn run_pods(node: &Node, w: &WrappedHost, dir: &Path) {
+    let c = &node.containerd;
+    c.ctr_ok(&["images", "import", arg(&busybox_image(dir))]);
+    // The node's own pause image is the busybox one: nothing is pulled.
+    let sandbox_image = settings(&node.after)
+        .into_iter()
+        .find_map(|(t, l)| {
+            (t == "[plugins.\"io.containerd.grpc.v1.cri\"]")
+                .then(|| l.strip_prefix("sandbox_image = ").map(|v| v.trim_matches('"').to_owned()))
+                .flatten()
+        })
+        .expect("the dump names a sandbox_image");
+    c.ctr_ok(&["images", "tag", IMAGE, &sandbox_image]);
+    let mut cri = Cri::connect(&dir.join("containerd.sock"), dir.join("containerd.log"));
+    let logs = dir.join("pod-logs");
     fs::create_dir_all(&logs).unwrap();
-    let uid = format!("pod-{}", std::process::id());
-    let pod = PodSandboxConfig {
-        metadata: Some(PodSandboxMetadata {
-            name: "gpu-pod".into(),
-            uid: uid.clone(),
-            namespace: "default".into(),
-            attempt: 0,
-        }),
-        log_directory: arg(&logs).into(),
-        annotations: [("devremap.io/enable".to_owned(), "true".to_owned())].into(),
-        linux: Some(LinuxPodSandboxConfig {
-            security_context: Some(LinuxSandboxSecurityContext {
-                namespace_options: Some(NamespaceOption { network: NamespaceMode::Node as i32, ..Default::default() }),
+
+    for handler in ["", "devremap"] {
+        let uid = format!("pod-{}-{handler}", std::process::id());
+        let pod = PodSandboxConfig {
+            metadata: Some(PodSandboxMetadata {
+                name: format!("gpu-pod{handler}"),
+                uid: uid.clone(),
+                namespace: "default".into(),
+                attempt: 0,
+            }),
+            log_directory: arg(&logs).into(),
+            annotations: [("devremap.io/enable".to_owned(), "true".to_owned())].into(),
+            linux: Some(LinuxPodSandboxConfig {
+                security_context: Some(LinuxSandboxSecurityContext {
+                    namespace_options: Some(NamespaceOption {
+                        network: NamespaceMode::Node as i32,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
                 ..Default::default()
             }),
             ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let sandbox = cri
-        .call("RunPodSandbox", |mut c| {
-            let pod = pod.clone();
-            async move {
-                c.run_pod_sandbox(RunPodSandboxRequest { config: Some(pod), runtime_handler: "devremap".into() }).await
-            }
-        })
-        .pod_sandbox_id;
-    assert!(w.containers().is_empty(), "the sandbox got a daemon: {:?}", w.containers());
+        };
+        let sandbox = cri
+            .call("RunPodSandbox", |mut c| {
+                let pod = pod.clone();
+                async move {
+                    c.run_pod_sandbox(RunPodSandboxRequest { config: Some(pod), runtime_handler: handler.into() }).await
+                }
+            })
+            .pod_sandbox_id;
+        assert!(w.containers().is_empty(), "the sandbox got a daemon: {:?}", w.containers());
 
-    let gpu = w.host.dev().join("nvidia1");
-    let container = ContainerConfig {
-        metadata: Some(ContainerMetadata { name: "cuda".into(), attempt: 0 }),
-        image: Some(ImageSpec { image: IMAGE.into(), ..Default::default() }),
-        command: vec!["/bin/sleep".into(), "86400".into()],
-        log_path: "cuda.log".into(),
-        devices: vec![Device {
-            container_path: "/dev/nvidia1".into(),
-            host_path: arg(&gpu).into(),
-            permissions: "rw".into(),
-        }],
-        ..Default::default()
-    };
-    let id = cri
-        .call("CreateContainer", |mut c| {
-            let (sandbox, container, pod) = (sandbox.clone(), container.clone(), pod.clone());
-            async move {
-                c.create_container(CreateContainerRequest {
-                    pod_sandbox_id: sandbox,
-                    config: Some(container),
-                    sandbox_config: Some(pod),
-                })
-                .await
-            }
-        })
-        .container_id;
-    cri.call("StartContainer", |mut c| {
-        let id = id.clone();
-        async move { c.start_container(StartContainerRequest { container_id: id }).await }
-    });
-    assert_eq!(w.containers(), std::slice::from_ref(&id), "one daemon for the pod: its GPU container's");
-    let mut exec = |cmd: &[&str]| {
-        let r = cri.call("ExecSync", |mut c| {
-            let (id, cmd) = (id.clone(), cmd.iter().map(|s| (*s).to_owned()).collect());
-            async move { c.exec_sync(ExecSyncRequest { container_id: id, cmd, timeout: 60 }).await }
+        let gpu = w.host.dev().join("nvidia1");
+        let container = ContainerConfig {
+            metadata: Some(ContainerMetadata { name: "cuda".into(), attempt: 0 }),
+            image: Some(ImageSpec { image: IMAGE.into(), ..Default::default() }),
+            command: vec!["/bin/sleep".into(), "86400".into()],
+            log_path: "cuda.log".into(),
+            devices: vec![Device {
+                container_path: "/dev/nvidia1".into(),
+                host_path: arg(&gpu).into(),
+                permissions: "rw".into(),
+            }],
+            ..Default::default()
+        };
+        let id = cri
+            .call("CreateContainer", |mut c| {
+                let (sandbox, container, pod) = (sandbox.clone(), container.clone(), pod.clone());
+                async move {
+                    c.create_container(CreateContainerRequest {
+                        pod_sandbox_id: sandbox,
+                        config: Some(container),
+                        sandbox_config: Some(pod),
+                    })
+                    .await
+                }
+            })
+            .container_id;
+        cri.call("StartContainer", |mut c| {
+            let id = id.clone();
+            async move { c.start_container(StartContainerRequest { container_id: id }).await }
         });
-        assert_eq!(r.exit_code, 0, "{cmd:?}: {}", String::from_utf8_lossy(&r.stderr));
-        String::from_utf8_lossy(&r.stdout).into_owned()
-    };
-    assert_eq!(exec(&["stat", "-c", "%t:%T", "/dev/nvidia1"]), "1:5\n");
-    assert_eq!(exec(&["sh", "-c", "grep -c ' /dev fuse ' /proc/mounts"]), "1\n", "the container's /dev is devremap's");
+        let mut exec = |cmd: &[&str]| {
+            let r = cri.call("ExecSync", |mut c| {
+                let (id, cmd) = (id.clone(), cmd.iter().map(|s| (*s).to_owned()).collect());
+                async move { c.exec_sync(ExecSyncRequest { container_id: id, cmd, timeout: 60 }).await }
+            });
+            assert_eq!(r.exit_code, 0, "{cmd:?}: {}", String::from_utf8_lossy(&r.stderr));
+            String::from_utf8_lossy(&r.stdout).into_owned()
+        };
+        assert_eq!(exec(&["stat", "-c", "%t:%T", "/dev/nvidia1"]), "1:5\n");
+        let fuse = exec(&["sh", "-c", "grep -c ' /dev fuse ' /proc/mounts || true"]);
+        if handler == "devremap" {
+            assert_eq!(w.containers(), std::slice::from_ref(&id), "one daemon for the pod: its GPU container's");
+            assert_eq!(fuse, "1\n", "the container's /dev is devremap's");
+        } else {
+            assert!(w.containers().is_empty(), "the default runtime gave the pod a daemon");
+            assert_eq!(fuse, "0\n", "the default runtime served a devremap /dev");
+        }
 
-    cri.call("StopPodSandbox", |mut c| {
-        let sandbox = sandbox.clone();
-        async move { c.stop_pod_sandbox(StopPodSandboxRequest { pod_sandbox_id: sandbox }).await }
-    });
-    cri.call("RemovePodSandbox", |mut c| {
-        let sandbox = sandbox.clone();
-        async move { c.remove_pod_sandbox(RemovePodSandboxRequest { pod_sandbox_id: sandbox }).await }
-    });
-    w.wait_clean("RemovePodSandbox");
+        cri.call("StopPodSandbox", |mut c| {
+            let sandbox = sandbox.clone();
+            async move { c.stop_pod_sandbox(StopPodSandboxRequest { pod_sandbox_id: sandbox }).await }
+        });
+        cri.call("RemovePodSandbox", |mut c| {
+            let sandbox = sandbox.clone();
+            async move { c.remove_pod_sandbox(RemovePodSandboxRequest { pod_sandbox_id: sandbox }).await }
+        });
+        w.wait_clean("RemovePodSandbox");
+    }
+}
+
+/// The config.toml a release's package installs.
+fn packaged_config(release: &Release) -> String {
+    fs::read_to_string(release.root.join("etc/containerd/config.toml")).unwrap()
+}
+
+/// On each release: a node set up from the config `base` gives, which must keep every setting,
+/// then `then` on it.
+fn on_each_release(base: impl Fn(&Release) -> String, then: impl Fn(&Release, &Node, &WrappedHost, &Path)) {
+    for release in Release::all() {
+        let tmp = TempDir::new().unwrap();
+        let w = WrappedHost::new(tmp.path());
+        let node = Node::set_up(tmp.path(), &release, &base(&release), &w);
+        node.kept_everything(&release);
+        then(&release, &node, &w, tmp.path());
+    }
+}
+
+/// Rule (issues 17.5 and 30.1): on a node with the config.toml its containerd package ships
+/// (Debian 12's 1.6 and Debian 13's 1.7), the shipped node setup adds the handler and keeps
+/// every setting (the CNI `bin_dir` among them); the CRI plugin loads; a pod runs on the default
+/// runtime and a GPU pod through the `devremap` handler. The old drop-in lost the CNI
+/// `bin_dir`, and the CRI plugin failed to load.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc, busybox-static and containerd 1.6 and 1.7 (.ci/containerd-packages)"]
+fn a_cri_pod_through_the_runtime_handler() {
+    on_each_release(packaged_config, |_, node, w, dir| run_pods(node, w, dir));
+}
+
+/// Rule (issue 30.1): on a node whose config.toml is `containerd config default`'s (each
+/// release's own), the setup keeps every setting, the CRI plugin loads, and pods run on the
+/// default runtime and through the handler.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc, busybox-static and containerd 1.6 and 1.7 (.ci/containerd-packages)"]
+fn node_setup_keeps_containerd_config_default() {
+    on_each_release(
+        |release| release.containerd(Path::new("/dev/null"), &["config", "default"]),
+        |_, node, w, dir| run_pods(node, w, dir),
+    );
+}
+
+/// Rule (issue 30.1): an operator's node (the `nvidia` runtime as the default, the systemd
+/// cgroup driver, a private pause image) keeps all of it after the setup, the CRI plugin loads,
+/// and the handler uses the systemd cgroup driver too, as the kubelet's must match. No pod runs
+/// here: the systemd cgroup driver needs systemd as PID 1, and the NVIDIA runtime is not here.
+#[test]
+#[ignore = "needs root, runc and containerd 1.6 and 1.7 (.ci/containerd-packages)"]
+fn node_setup_keeps_an_operators_runtimes() {
+    on_each_release(
+        |_| OPERATORS.to_owned(),
+        |release, node, _, _| {
+            let after = settings(&node.after);
+            for (table, line) in [
+                ("[plugins.\"io.containerd.grpc.v1.cri\"]", "sandbox_image = \"registry.example/pause:3.9\""),
+                ("[plugins.\"io.containerd.grpc.v1.cri\".containerd]", "default_runtime_name = \"nvidia\""),
+                ("[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.nvidia.options]", "SystemdCgroup = true"),
+                (
+                    "[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.devremap.options]",
+                    "SystemdCgroup = true",
+                ),
+            ] {
+                assert!(
+                    after.contains(&(table.to_owned(), line.to_owned())),
+                    "{}: no {table} {line}",
+                    release.version()
+                );
+            }
+        },
+    );
 }

@@ -7,7 +7,7 @@ mod common;
 
 use common::{BIN, arg, bundle::find_in_path};
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use tempfile::TempDir;
 
@@ -59,18 +59,23 @@ fn the_manifests_match_the_kubernetes_schemas() {
     }
 }
 
-/// A host for node-setup.sh, and the image's /opt/devremap: the binaries, the config and one
-/// containerd entry.
+/// A host for node-setup.sh, and the image's /opt/devremap as the Dockerfile makes it: the
+/// binaries, the config and the shipped containerd entry. `nsenter` on node-setup's `PATH`
+/// records each containerd restart it asks for instead of restarting the host's.
 struct Setup {
     _tmp: TempDir,
-    host: std::path::PathBuf,
-    source: std::path::PathBuf,
+    host: PathBuf,
+    source: PathBuf,
+    fake_bin: PathBuf,
 }
+
+/// The containerd entry the image ships.
+const ENTRY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/dist/containerd/devremap.toml");
 
 impl Setup {
     fn new(containerd_config: &str) -> Setup {
         let tmp = TempDir::new().unwrap();
-        let (host, source) = (tmp.path().join("host"), tmp.path().join("opt"));
+        let (host, source, fake_bin) = (tmp.path().join("host"), tmp.path().join("opt"), tmp.path().join("fake-bin"));
         fs::create_dir_all(host.join("etc/containerd")).unwrap();
         fs::write(host.join("etc/containerd/config.toml"), containerd_config).unwrap();
         fs::create_dir_all(source.join("bin")).unwrap();
@@ -78,39 +83,76 @@ impl Setup {
         fs::copy(BIN, source.join("bin/devremapd")).unwrap();
         fs::copy(env!("CARGO_BIN_EXE_devremap-runtime"), source.join("bin/devremap-runtime")).unwrap();
         fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/dist/runtime.json"), source.join("runtime.json")).unwrap();
-        fs::write(source.join("containerd/devremap.toml"), "BinaryName = \"/usr/bin/devremap-runtime\"\n").unwrap();
-        Setup { _tmp: tmp, host, source }
+        fs::copy(ENTRY, source.join("containerd/devremap.toml")).unwrap();
+        fs::create_dir_all(&fake_bin).unwrap();
+        let record = tmp.path().join("restarts");
+        let nsenter = fake_bin.join("nsenter");
+        fs::write(&nsenter, format!("#!/bin/sh\necho \"$*\" >> {}\n", record.display())).unwrap();
+        fs::set_permissions(&nsenter, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        Setup { _tmp: tmp, host, source, fake_bin }
+    }
+
+    /// A file on the fake host.
+    fn write(&self, path: &str, text: &str) {
+        let path = self.host.join(path);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(path, text).unwrap();
+    }
+
+    fn config(&self) -> String {
+        fs::read_to_string(self.host.join("etc/containerd/config.toml")).unwrap()
     }
 
     fn run(&self) -> Output {
+        let path = format!("{}:{}", self.fake_bin.display(), std::env::var("PATH").unwrap_or_default());
         Command::new(Path::new(DIST).join("node-setup.sh"))
             .env("DEVREMAP_HOST", &self.host)
             .env("DEVREMAP_SOURCE", &self.source)
-            .env("DEVREMAP_RESTART_CONTAINERD", "0")
+            .env("PATH", path)
+            .env_remove("DEVREMAP_RESTART_CONTAINERD")
             .stdin(Stdio::null())
             .output()
             .unwrap()
     }
+
+    /// Runs node-setup, which must succeed; returns its stdout.
+    fn run_ok(&self) -> String {
+        let out = self.run();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Runs node-setup, which must refuse with exit status 1, install nothing and leave the
+    /// containerd config as it was; returns its stderr.
+    fn refused(&self) -> String {
+        let before = self.config();
+        let out = self.run();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(!self.host.join("usr/local/bin").exists(), "a refusal installed the binaries");
+        assert_eq!(self.config(), before, "a refusal changed config.toml");
+        assert_eq!(self.restarts(), 0);
+        stderr
+    }
+
+    /// How many containerd restarts node-setup asked for.
+    fn restarts(&self) -> usize {
+        fs::read_to_string(self._tmp.path().join("restarts")).unwrap_or_default().lines().count()
+    }
 }
 
 /// Rule (issue 21): the node setup installs both binaries into the host's /usr/local/bin, the
-/// config only where there is none (an operator's edit stays, run after run), and the
-/// containerd entry into conf.d; the installed wrapper runs with the installed config.
+/// config only where there is none (an operator's edit stays, run after run); the installed
+/// wrapper runs with the installed config.
 #[test]
 fn node_setup_installs_and_keeps_the_operators_config() {
-    let setup = Setup::new("version = 2\nimports = [\"/etc/containerd/conf.d/*.toml\"]\n");
-    let out = setup.run();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let setup = Setup::new("version = 2\n");
+    setup.run_ok();
     let host = &setup.host;
     for bin in ["devremapd", "devremap-runtime"] {
         let meta = fs::metadata(host.join("usr/local/bin").join(bin)).unwrap();
         assert_eq!(std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777, 0o755, "{bin}");
     }
-    assert_eq!(
-        fs::read_to_string(host.join("etc/containerd/conf.d/devremap.toml")).unwrap(),
-        "BinaryName = \"/usr/local/bin/devremap-runtime\"\n",
-        "the entry names the wrapper where this installs it"
-    );
     let config = host.join("etc/devremap/runtime.json");
     let shipped = fs::read_to_string(setup.source.join("runtime.json")).unwrap();
     assert_eq!(fs::read_to_string(&config).unwrap(), shipped);
@@ -122,23 +164,139 @@ fn node_setup_installs_and_keeps_the_operators_config() {
 
     let edited = "{\"runtime\": \"crun\"}\n";
     fs::write(&config, edited).unwrap();
-    let out = setup.run();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    setup.run_ok();
     assert_eq!(fs::read_to_string(&config).unwrap(), edited, "a second run overwrote the operator's config");
     // Each binary was replaced by a rename: no temporary file is left.
     let left: Vec<_> = fs::read_dir(host.join("usr/local/bin")).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(left.len(), 2, "{left:?}");
 }
 
-/// Rule (issue 21): a containerd whose config does not import conf.d would never see the
-/// entry: the setup refuses, installs nothing, and says which line to add.
+/// Rule (issue 30.1): the runtime handler goes into config.toml itself, after the operator's
+/// lines, kept as they were (a backup of the file beside it), naming the wrapper where the setup
+/// put it; nothing is written into conf.d. tests/containerd.rs runs containerd on the result.
 #[test]
-fn node_setup_refuses_a_containerd_that_reads_no_conf_d() {
+fn node_setup_adds_the_runtime_handler_to_config_toml() {
+    let operator =
+        "version = 2\n\n[plugins.\"io.containerd.grpc.v1.cri\"]\n  sandbox_image = \"registry.example/pause:3.9\"\n";
+    let setup = Setup::new(operator);
+    let out = setup.run_ok();
+    let config = setup.config();
+    assert!(config.starts_with(operator), "{config}");
+    assert!(config.contains("BinaryName = \"/usr/local/bin/devremap-runtime\""), "{config}");
+    assert!(config.contains("[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.devremap]"), "{config}");
+    assert_eq!(fs::read_to_string(setup.host.join("etc/containerd/config.toml.before-devremap")).unwrap(), operator);
+    assert!(!setup.host.join("etc/containerd/conf.d").exists());
+    assert!(out.contains("node-setup: devremap installed"), "{out}");
+}
+
+/// Rule (issue 30.2): containerd is restarted only when its config changed: a second run
+/// changes nothing and restarts nothing; an upgrade's new entry replaces the block it added
+/// before (once), and restarts.
+#[test]
+fn node_setup_restarts_containerd_only_on_a_change() {
     let setup = Setup::new("version = 2\n");
-    let out = setup.run();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("config.toml does not import /etc/containerd/conf.d/*.toml"), "{stderr}");
-    assert!(stderr.contains("imports = [\"/etc/containerd/conf.d/*.toml\"]"), "{stderr}");
-    assert!(!setup.host.join("usr/local/bin").exists());
+    setup.run_ok();
+    assert_eq!(setup.restarts(), 1);
+    let first = setup.config();
+    let out = setup.run_ok();
+    assert_eq!(setup.restarts(), 1, "a run that changed nothing restarted containerd: {out}");
+    assert_eq!(setup.config(), first);
+    assert!(out.contains("containerd not restarted"), "{out}");
+
+    let entry = setup.source.join("containerd/devremap.toml");
+    let newer = fs::read_to_string(&entry).unwrap().replace("[\"devremap.io/*\"]", "[\"devremap.io/*\", \"x\"]");
+    fs::write(&entry, newer).unwrap();
+    setup.run_ok();
+    assert_eq!(setup.restarts(), 2);
+    let config = setup.config();
+    assert_eq!(config.matches("runtimes.devremap]").count(), 1, "{config}");
+    assert!(config.contains("\"devremap.io/*\", \"x\""), "{config}");
+}
+
+/// Rule (issue 30.2): an existing conf.d/config.toml (a generic name, maybe the operator's) is
+/// neither overwritten nor needed: node-setup writes nothing into conf.d.
+#[test]
+fn node_setup_never_touches_a_conf_d_file() {
+    let setup = Setup::new("version = 2\nimports = [\"/etc/containerd/conf.d/*.toml\"]\n");
+    let operators = "# the operator's\nversion = 2\n[debug]\n  level = \"info\"\n";
+    setup.write("etc/containerd/conf.d/config.toml", operators);
+    setup.run_ok();
+    assert_eq!(fs::read_to_string(setup.host.join("etc/containerd/conf.d/config.toml")).unwrap(), operators);
+    let entries: Vec<_> =
+        fs::read_dir(setup.host.join("etc/containerd/conf.d")).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(entries.len(), 1, "{entries:?}");
+}
+
+/// Rule (issue 30.2): a file config.toml imports that holds CRI settings would replace the
+/// handler added to config.toml: the setup refuses, names the file and says what to add there;
+/// the imports are read as containerd reads them: a single file, a glob, an indented line.
+#[test]
+fn node_setup_refuses_an_import_that_holds_cri_settings() {
+    let cri = "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  default_runtime_name = \"nvidia\"\n";
+    for imports in [
+        "imports = [\"/etc/containerd/conf.d/nvidia.toml\"]",
+        "imports = [\"/etc/containerd/conf.d/*.toml\"]",
+        "  imports = [\n    \"/etc/containerd/conf.d/*.toml\", # the drop-ins\n  ]",
+        "imports = [\"conf.d/nvidia.toml\"]",
+    ] {
+        let setup = Setup::new(&format!("version = 2\n{imports}\n"));
+        setup.write("etc/containerd/conf.d/nvidia.toml", cri);
+        let stderr = setup.refused();
+        assert!(
+            stderr.contains("imports /etc/containerd/conf.d/nvidia.toml, which holds CRI settings"),
+            "{imports}: {stderr}"
+        );
+        assert!(stderr.contains("/devremap.toml to /etc/containerd/conf.d/nvidia.toml by hand"), "{imports}: {stderr}");
+    }
+}
+
+/// Rule (issue 30.2): an import that containerd does not read is no reason to refuse, nor one
+/// to think the handler is read from conf.d: a commented-out path, an empty list, a file that
+/// holds no CRI settings. The handler goes into config.toml.
+#[test]
+fn node_setup_reads_imports_as_containerd_does() {
+    for imports in [
+        "imports = []  # was /etc/containerd/conf.d/*.toml",
+        "# imports = [\"/etc/containerd/conf.d/*.toml\"]",
+        "imports = [\"/etc/containerd/conf.d/debug.toml\"]",
+    ] {
+        let setup = Setup::new(&format!("version = 2\n{imports}\n"));
+        setup.write("etc/containerd/conf.d/nvidia.toml", "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\"]\n");
+        setup.write("etc/containerd/conf.d/debug.toml", "version = 2\n[debug]\n  level = \"debug\"\n");
+        setup.run_ok();
+        assert!(setup.config().contains("runtimes.devremap]"), "{imports}: {}", setup.config());
+    }
+}
+
+/// Rule (issue 30.1): what the setup cannot add without guessing is refused, with the reason:
+/// a config of another version (containerd 2's version 3, 1.x's version 1), a config.toml that
+/// is a symlink (its target is not the setup's to rewrite), runtimes written as inline tables
+/// or dotted keys, and a runtime `devremap` of the operator's own.
+#[test]
+fn node_setup_refuses_what_it_cannot_add_to() {
+    let cases = [
+        ("version = 3\n", "is not a version 2 config"),
+        ("[plugins.cri]\n", "is not a version 2 config"),
+        (
+            "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  runtimes.nvidia.runtime_type = \"io.containerd.runc.v2\"\n",
+            "names runtimes outside",
+        ),
+        (
+            "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.devremap]\n  runtime_type = \"io.containerd.runc.v2\"\n",
+            "defines the runtime devremap outside devremap's own lines",
+        ),
+    ];
+    for (config, why) in cases {
+        let setup = Setup::new(config);
+        let stderr = setup.refused();
+        assert!(stderr.contains(why), "{config}: {stderr}");
+    }
+    let setup = Setup::new("");
+    let target = setup.host.join("etc/containerd/real.toml");
+    fs::write(&target, "version = 2\n").unwrap();
+    fs::remove_file(setup.host.join("etc/containerd/config.toml")).unwrap();
+    std::os::unix::fs::symlink("real.toml", setup.host.join("etc/containerd/config.toml")).unwrap();
+    let stderr = setup.refused();
+    assert!(stderr.contains("is not a regular file"), "{stderr}");
+    assert_eq!(fs::read_to_string(&target).unwrap(), "version = 2\n");
 }

@@ -213,3 +213,97 @@ fn the_package_installs_runs_and_upgrades() {
         assert!(!root.join(&path[1..]).exists(), "{path} is left after the purge");
     }
 }
+
+/// The commands systemd runs to start an instance of `unit`, in order: each `ExecStartPre=`
+/// (with whether a failure is ignored, the `-` prefix) and then `ExecStart=`, continuation
+/// lines joined and `%i` made `instance`.
+fn start_commands(unit: &str, instance: &str) -> Vec<(bool, String)> {
+    unit.replace("\\\n", " ")
+        .lines()
+        .filter_map(|l| l.strip_prefix("ExecStartPre=").or_else(|| l.strip_prefix("ExecStart=")))
+        .map(|cmd| match cmd.strip_prefix('-') {
+            Some(cmd) => (true, cmd.replace("%i", instance)),
+            None => (false, cmd.replace("%i", instance)),
+        })
+        .collect()
+}
+
+/// Rule (issue 30.3): the unit comes back after its daemon is SIGKILLed (an OOM kill): on
+/// `Restart=`, systemd runs the start commands again over the dead FUSE mount, and they serve.
+/// `ExecStartPre=mkdir -p /run/devremap/%i` failed on it (`Transport endpoint is not
+/// connected`) on every attempt. Runs the shipped unit's start commands as systemd does (no
+/// systemd is PID 1 here), in a mount namespace of the test's own where `/run`, `/var/lib` are
+/// empty and `/usr/bin` has this build's `devremapd` over the host's; the instance's inputs
+/// are an empty checkpoint and a spec listing no device.
+#[test]
+#[ignore = "needs root and /dev/fuse: mounts the unit's FUSE /dev"]
+fn the_unit_restarts_after_its_daemon_is_killed() {
+    common::daemon::need_fuse();
+    let unit = fs::read_to_string(Path::new(ROOT).join("dist/systemd/devremap@.service")).unwrap();
+    let commands = start_commands(&unit, "ctr1");
+    assert!(commands.len() >= 2 && commands.last().unwrap().1.starts_with("/usr/bin/devremapd mount "), "{commands:?}");
+    let tmp = TempDir::new().unwrap();
+    let bin = tmp.path().join("bin");
+    fs::create_dir_all(&bin).unwrap();
+    fs::copy(common::BIN, bin.join("devremapd")).unwrap();
+    let (pre, start) = commands.split_at(commands.len() - 1);
+    let pre: String = pre
+        .iter()
+        .map(|(ignored, cmd)| if *ignored { format!("{cmd} || true\n") } else { format!("{cmd}\n") })
+        .collect();
+    // Each start runs the ExecStartPre commands (a failure fails the start) and ExecStart in
+    // the background, and waits (60 s at most) for the mount to serve `null`.
+    let script = format!(
+        r#"set -eu
+mount -t tmpfs tmpfs /run
+mount -t tmpfs tmpfs /var/lib
+mount -t overlay overlay -o "lowerdir={bin}:/usr/bin" /usr/bin
+mkdir -p /var/lib/devremap/ctr1
+echo '[]' > /var/lib/devremap/ctr1/checkpoint
+echo '{{"ociVersion": "1.0.2", "linux": {{"devices": []}}}}' > /var/lib/devremap/ctr1/config.json
+echo native > /var/lib/devremap/ctr1/prefer
+# On any exit, the daemons this started and their servers, and nothing else.
+started=""
+trap 'for p in $started; do kill -KILL $(cat /proc/$p/task/*/children 2>/dev/null) $p 2>/dev/null || true; done' EXIT
+start() {{
+{pre}    {start} 2> /run/daemon.log &
+    started="$started $!"
+    # Its pid in the pid file (the killed daemon's stays there) says it serves.
+    for _ in $(seq 600); do
+        [ "$(cat /run/devremap/ctr1.pid 2>/dev/null)" = $! ] && [ -c /run/devremap/ctr1/null ] && return 0
+        sleep 0.1
+    done
+    echo "the unit's daemon did not serve:"; cat /run/daemon.log; exit 1
+}}
+start
+keeper=${{started# }}
+server=$(cat /proc/$keeper/task/*/children)
+kill -KILL $keeper $server
+wait $keeper || true
+# Reaped: its pid is no longer ours to kill.
+started=""
+if ls /run/devremap/ctr1 2>/dev/null; then echo "the mount still answers"; exit 1; fi
+echo "dead mount: $(stat /run/devremap/ctr1 2>&1 | tail -n 1)"
+start
+echo "serves again: $(stat -c %t:%T /run/devremap/ctr1/null)"
+keeper=${{started# }}
+kill -TERM $keeper
+status=0
+wait $keeper || status=$?
+started=""
+echo "stopped: $status"
+"#,
+        bin = arg(&bin),
+        start = start[0].1
+    );
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}\n{stdout}\n{stderr}", out.status);
+    assert!(stdout.contains("Transport endpoint is not connected"), "{stdout}");
+    assert!(stdout.contains("serves again: 1:3\nstopped: 0\n"), "{stdout}\n{stderr}");
+}

@@ -867,6 +867,7 @@ impl Criu<'_> {
         let args = self.with_criu(&["checkpoint", "--image-path", arg(&self.image), id]);
         let out = s.run(&args.iter().map(String::as_str).collect::<Vec<_>>());
         assert_ok(&out, &format!("checkpoint ({})", criu_log(&self.image, "dump.log")), s, id);
+        assert!(!out.stderr.contains("recorded without uuid"), "the client is shown a host's fact: {}", out.stderr);
         serde_json::from_slice(&fs::read(self.image.join("devremap-gpus.json")).unwrap()).unwrap()
     }
 
@@ -889,6 +890,9 @@ impl Criu<'_> {
     }
 }
 
+/// Bug (issue 30.4): on this host, whose driver files give no uuid, every checkpoint printed
+/// `warning: ... GPU nvidia1 recorded without uuid` to the client (Podman shows it on each
+/// `container checkpoint`); it goes to the runtime's `--log` alone ([`Criu::checkpoint`]).
 #[test]
 #[ignore = "needs root, /dev/fuse, runc, busybox-static and CRIU: checkpoints a container"]
 fn runc_checkpoint_restore_onto_another_device() {

@@ -25,6 +25,18 @@ pub fn report(inv: &Invocation, level: &str, message: &str) {
     if level == "error" || inv.log.is_none() {
         eprintln!("devremap-runtime: {level}: {message}");
     }
+    log_line(inv, level, message);
+}
+
+/// One line at `level` in the runtime's `--log` file alone, and nothing without one: a fact
+/// about the host that a client would otherwise show on each call (Podman passes no `--log` to
+/// `checkpoint`), and that `devremapd record` says where it is asked.
+pub fn note(inv: &Invocation, level: &str, message: &str) {
+    log_line(inv, level, &devremap::decision::escape::escape(message));
+}
+
+/// `message` (escaped) as a line of runc's `--log` format, when there is a log.
+fn log_line(inv: &Invocation, level: &str, message: &str) {
     let Some(log) = &inv.log else { return };
     let line = if inv.log_format.as_deref() == Some("json") {
         serde_json::json!({"level": level, "msg": format!("devremap-runtime: {message}")}).to_string()
