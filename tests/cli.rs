@@ -338,3 +338,35 @@ fn runtime_refuses_a_repeated_key_and_an_empty_config_variable() {
          /etc/devremap/runtime.json\n"
     );
 }
+
+/// Rule (issue 29.6): a symlink to the config in a sticky directory (`/tmp`), owned by another
+/// user, is refused naming it: its owner could point it at another file whenever they like.
+#[test]
+#[ignore = "needs root: chowns a symlink to another user"]
+fn runtime_refuses_a_config_symlink_of_another_user() {
+    common::need_root();
+    let tmp = TempDir::new().unwrap();
+    let (marker, runtime) = marking_runtime(&tmp);
+    let target = tmp.path().join("runtime.json");
+    fs::write(&target, format!(r#"{{"runtime": "{}"}}"#, arg(&runtime))).unwrap();
+    let sticky = tmp.path().join("sticky");
+    fs::create_dir(&sticky).unwrap();
+    fs::set_permissions(&sticky, std::os::unix::fs::PermissionsExt::from_mode(0o1777)).unwrap();
+    let link = sticky.join("runtime.json");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    std::os::unix::fs::lchown(&link, Some(65534), Some(65534)).unwrap();
+    let (code, stderr) = runtime_state_with(link.as_os_str());
+    assert_eq!(code, Some(1), "{stderr}");
+    let l = arg(&link);
+    assert_eq!(
+        stderr,
+        format!(
+            "devremap-runtime: error: {l}: the symlink {l} on the way to it is owned by uid 65534, not 0 or root; \
+             refused: the config chooses what runs as root\n"
+        )
+    );
+    assert!(!marker.exists(), "the runtime ran");
+    std::os::unix::fs::lchown(&link, Some(0), Some(0)).unwrap();
+    let (code, stderr) = runtime_state_with(link.as_os_str());
+    assert_eq!(code, Some(0), "{stderr}");
+}

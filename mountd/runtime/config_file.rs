@@ -34,7 +34,7 @@ pub fn load(inv: &Invocation) -> Result<Config, Failure> {
     let meta = file.metadata().map_err(|e| at(&io_message(&e)))?;
     let me = nix::unistd::geteuid().as_raw();
     config::check_access(meta.uid(), meta.mode(), me).map_err(|e| at(&e))?;
-    let (dirs, real) = directories(&path, &file).map_err(|e| at(&e))?;
+    let (dirs, real) = directories(&path, &file, me).map_err(|e| at(&e))?;
     for dir in dirs {
         // A directory the path does not name is explained by where the path leads.
         let at = |what: &dyn std::fmt::Display| match dir == dir_of(&path) {
@@ -63,17 +63,19 @@ fn dir_of(p: &Path) -> PathBuf {
 /// The directories whose writers could put another file in the config's place: that of
 /// `path`, of each symlink `path` leads through (a link's writer can point it elsewhere), and
 /// of the file actually `opened` (issue 29.6: a config symlinked into a user's directory was
-/// checked only where the link lies); and that file's path.
-fn directories(path: &Path, opened: &std::fs::File) -> Result<(Vec<PathBuf>, PathBuf), String> {
+/// checked only where the link lies); and that file's path. Each link must be root's or
+/// `me`'s: in a sticky directory its owner could point it elsewhere.
+fn directories(path: &Path, opened: &std::fs::File, me: u32) -> Result<(Vec<PathBuf>, PathBuf), String> {
     let mut dirs = vec![];
     let mut link = path.to_owned();
     // As many links as the kernel follows; the open succeeded, so the chain ends before.
     for _ in 0..40 {
         let dir = dir_of(&link);
         dirs.push(dir.clone());
-        if !std::fs::symlink_metadata(&link).is_ok_and(|m| m.file_type().is_symlink()) {
+        let Some(meta) = std::fs::symlink_metadata(&link).ok().filter(|m| m.file_type().is_symlink()) else {
             break;
-        }
+        };
+        config::check_link_owner(&link.display().to_string(), meta.uid(), me).map_err(|e| e.to_string())?;
         let target = std::fs::read_link(&link).map_err(|e| format!("{}: {}", link.display(), io_message(&e)))?;
         link = dir.join(target);
     }

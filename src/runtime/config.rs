@@ -108,6 +108,10 @@ pub enum ConfigError {
         "its directory {dir} is writable by group or others; refused: the config chooses what runs as root (chmod go-w {dir})"
     )]
     DirWritable { dir: String },
+    #[error(
+        "the symlink {link} on the way to it is owned by uid {owner}, not {me} or root; refused: the config chooses what runs as root"
+    )]
+    LinkOwner { link: String, owner: u32, me: u32 },
 }
 
 /// Checks a config file's owner and mode (`st_uid`, `st_mode`) for a wrapper running as
@@ -119,6 +123,15 @@ pub fn check_access(owner: u32, mode: u32, me: u32) -> Result<(), ConfigError> {
     }
     if mode & 0o022 != 0 {
         return Err(ConfigError::Writable);
+    }
+    Ok(())
+}
+
+/// Checks a symlink on the way to the config (`st_uid` of `link`, not followed) for a wrapper
+/// running as `me`: in a sticky directory (`/tmp`) the link's owner may still replace it.
+pub fn check_link_owner(link: &str, owner: u32, me: u32) -> Result<(), ConfigError> {
+    if owner != me && owner != 0 {
+        return Err(ConfigError::LinkOwner { link: link.to_owned(), owner, me });
     }
     Ok(())
 }
@@ -262,6 +275,9 @@ mod tests {
         let e = parse(br#"{"runtime": "/usr/bin/runc", "host_dev": "/dev", "runtime": "/tmp/evil"}"#).unwrap_err();
         assert_eq!(e, ConfigError::Duplicate("runtime".into()));
         assert_eq!(e.to_string(), "key \"runtime\" is given twice; refused: give each key once");
+        // The same key spelt with an escape is the same key.
+        let e = parse(br#"{"runtime": "/usr/bin/runc", "run\u0074ime": "/tmp/evil"}"#).unwrap_err();
+        assert_eq!(e, ConfigError::Duplicate("runtime".into()));
         let e = parse(br#"{"annotations": [], "annotations": ["devremap.io/relax"]}"#).unwrap_err();
         assert_eq!(e, ConfigError::Duplicate("annotations".into()));
     }
@@ -300,6 +316,20 @@ mod tests {
         assert_eq!(check_access(0, 0o100664, 0), Err(ConfigError::Writable));
         assert_eq!(check_access(0, 0o100646, 0), Err(ConfigError::Writable));
         assert!(ConfigError::Writable.to_string().contains("chmod go-w"));
+    }
+
+    /// Rule (issue 29.6): a symlink on the way to the config must be root's or the wrapper
+    /// user's: in a sticky directory its owner could point it elsewhere.
+    #[test]
+    fn a_symlink_of_another_user_is_refused() {
+        assert_eq!(check_link_owner("/tmp/rt.json", 0, 0), Ok(()));
+        assert_eq!(check_link_owner("/tmp/rt.json", 1000, 1000), Ok(()));
+        assert_eq!(check_link_owner("/tmp/rt.json", 0, 1000), Ok(()));
+        let e = check_link_owner("/tmp/rt.json", 1000, 0).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "the symlink /tmp/rt.json on the way to it is owned by uid 1000, not 0 or root; refused: the config chooses what runs as root"
+        );
     }
 
     /// Rule (issue 21): a config in a directory another user can write is refused, naming the
