@@ -159,7 +159,20 @@ fn record(args: &cli::RecordArgs) -> Result<(), Failure> {
 }
 
 fn cuda_device_map(args: &cli::InputArgs) -> Result<(), Failure> {
-    let loaded = load::load(&args.sources()).map_err(|e| e.to_string())?;
+    let mut sources = args.sources();
+    // The spec's annotations pair the GPUs as they do for the wrapper's daemon (issue 29.2);
+    // every one is taken, since a map grants nothing: the wrapper refuses the container itself
+    // where its config does not let launchers set one.
+    if let Some(spec) = &args.spec {
+        let value = load::read_spec_json(spec).map_err(|e| e.to_string())?;
+        let request = devremap::runtime::annotations::parse(&value, &devremap::runtime::annotations::every_key())
+            .and_then(|r| r.add_to(&mut sources).map(|()| r))
+            .map_err(|e| format!("{}: {e}", spec.display()))?;
+        for warning in request.warnings() {
+            log::warn!("{}: {warning}", spec.display());
+        }
+    }
+    let loaded = load::load(&sources).map_err(|e| e.to_string())?;
     let map = devremap::decision::cuda_map::device_map(&loaded.plan).map_err(|e| {
         // A restored GPU's UUID comes from the host's driver files, a saved one's from the checkpoint.
         match (&e, &args.metadata) {

@@ -253,3 +253,120 @@ fn runtime_refuses_a_config_in_a_directory_others_can_write() {
     assert_eq!(code, Some(0), "sticky: {stderr}");
     assert!(marker.exists(), "sticky: the runtime did not run");
 }
+
+/// `devremap-runtime state c1` with `DEVREMAP_RUNTIME_CONFIG` set to `config`: (exit status,
+/// stderr).
+fn runtime_state_with(config: &std::ffi::OsStr) -> (Option<i32>, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_devremap-runtime"))
+        .args(["state", "c1"])
+        .env("DEVREMAP_RUNTIME_CONFIG", config)
+        .output()
+        .unwrap();
+    (out.status.code(), String::from_utf8(out.stderr).unwrap())
+}
+
+/// Bug (issue 29.6): a config that is a symlink (`/etc/devremap/runtime.json ->
+/// /home/u/runtime.json`) was checked only in the link's directory, so whoever could write the
+/// target's directory chose what runs as root. Now the directory of the file opened is checked
+/// too, and that of every link on the way (a link's writer can point it elsewhere): each is
+/// refused naming the directory and where the config leads; a link between safe directories
+/// is accepted.
+#[test]
+fn runtime_checks_where_a_symlinked_config_leads() {
+    let tmp = TempDir::new().unwrap();
+    let (marker, runtime) = marking_runtime(&tmp);
+    let mode =
+        |p: &std::path::Path, m: u32| fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(m)).unwrap();
+    let (etc, home, links) = (tmp.path().join("etc"), tmp.path().join("home"), tmp.path().join("links"));
+    for d in [&etc, &home, &links] {
+        fs::create_dir(d).unwrap();
+        mode(d, 0o755);
+    }
+    let target = home.join("runtime.json");
+    fs::write(&target, format!(r#"{{"runtime": "{}"}}"#, arg(&runtime))).unwrap();
+    mode(&target, 0o644);
+    let config = etc.join("runtime.json");
+    // etc/runtime.json -> ../links/runtime.json -> home/runtime.json (relative, then absolute).
+    std::os::unix::fs::symlink("../links/runtime.json", &config).unwrap();
+    std::os::unix::fs::symlink(&target, links.join("runtime.json")).unwrap();
+    let (c, t) = (arg(&config), arg(&target));
+    for (dir, shown) in [(&home, arg(&home).to_owned()), (&links, format!("{}/../links", arg(&etc)))] {
+        mode(dir, 0o777);
+        let (code, stderr) = runtime_state_with(config.as_os_str());
+        assert_eq!(code, Some(1), "{shown}: {stderr}");
+        assert_eq!(
+            stderr,
+            format!(
+                "devremap-runtime: error: {c} (leading to {t}): its directory {shown} is writable by group or others; \
+                 refused: the config chooses what runs as root (chmod go-w {shown})\n"
+            ),
+        );
+        assert!(!marker.exists(), "{shown}: the runtime ran");
+        mode(dir, 0o755);
+    }
+    let (code, stderr) = runtime_state_with(config.as_os_str());
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(marker.exists(), "the runtime did not run");
+}
+
+/// Bug (issue 29.7): a key given twice in the wrapper's config was last-wins (a second
+/// `"runtime"` ran that program), and an empty `DEVREMAP_RUNTIME_CONFIG` said
+/// `error: : no such file or directory`. Both are refused, naming the key or the variable,
+/// before the runtime runs.
+#[test]
+fn runtime_refuses_a_repeated_key_and_an_empty_config_variable() {
+    let tmp = TempDir::new().unwrap();
+    let (marker, runtime) = marking_runtime(&tmp);
+    let config = tmp.path().join("runtime.json");
+    fs::write(&config, format!(r#"{{"runtime": "/bin/false", "runtime": "{}"}}"#, arg(&runtime))).unwrap();
+    fs::set_permissions(&config, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    let (code, stderr) = runtime_state_with(config.as_os_str());
+    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(
+        stderr,
+        format!(
+            "devremap-runtime: error: {}: key \"runtime\" is given twice; refused: give each key once\n",
+            arg(&config)
+        )
+    );
+    assert!(!marker.exists(), "the second runtime ran");
+    let (code, stderr) = runtime_state_with("".as_ref());
+    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(
+        stderr,
+        "devremap-runtime: error: DEVREMAP_RUNTIME_CONFIG: set but empty; name the config file, or unset it to read \
+         /etc/devremap/runtime.json\n"
+    );
+}
+
+/// Rule (issue 29.6): a symlink to the config in a sticky directory (`/tmp`), owned by another
+/// user, is refused naming it: its owner could point it at another file whenever they like.
+#[test]
+#[ignore = "needs root: chowns a symlink to another user"]
+fn runtime_refuses_a_config_symlink_of_another_user() {
+    common::need_root();
+    let tmp = TempDir::new().unwrap();
+    let (marker, runtime) = marking_runtime(&tmp);
+    let target = tmp.path().join("runtime.json");
+    fs::write(&target, format!(r#"{{"runtime": "{}"}}"#, arg(&runtime))).unwrap();
+    let sticky = tmp.path().join("sticky");
+    fs::create_dir(&sticky).unwrap();
+    fs::set_permissions(&sticky, std::os::unix::fs::PermissionsExt::from_mode(0o1777)).unwrap();
+    let link = sticky.join("runtime.json");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    std::os::unix::fs::lchown(&link, Some(65534), Some(65534)).unwrap();
+    let (code, stderr) = runtime_state_with(link.as_os_str());
+    assert_eq!(code, Some(1), "{stderr}");
+    let l = arg(&link);
+    assert_eq!(
+        stderr,
+        format!(
+            "devremap-runtime: error: {l}: the symlink {l} on the way to it is owned by uid 65534, not 0 or root; \
+             refused: the config chooses what runs as root\n"
+        )
+    );
+    assert!(!marker.exists(), "the runtime ran");
+    std::os::unix::fs::lchown(&link, Some(0), Some(0)).unwrap();
+    let (code, stderr) = runtime_state_with(link.as_os_str());
+    assert_eq!(code, Some(0), "{stderr}");
+}

@@ -118,10 +118,24 @@ impl Setup {
     }
 
     /// Sets one key of the wrapper's config file.
-    fn set_config(&self, key: &str, value: &str) {
+    fn set_config(&self, key: &str, value: impl Into<Value>) {
         let mut config: Value = serde_json::from_slice(&fs::read(&self.config).unwrap()).unwrap();
-        config[key] = json!(value);
+        config[key] = value.into();
         fs::write(&self.config, config.to_string()).unwrap();
+    }
+
+    /// Makes the real runtime a script that writes what container `id`'s `/dev` serves for
+    /// `names` (`name major:minor mode`, hex numbers, octal mode) to the returned file, then
+    /// fails: the wrapper undoes everything, and no container runs.
+    fn probing_runtime(&self, id: &str, names: &[&str]) -> PathBuf {
+        let out = self.tmp.path().join("probed");
+        let dev = self.state_dir().join(id).join("dev");
+        let paths: Vec<String> = names.iter().map(|n| arg(&dev.join(n)).to_owned()).collect();
+        let script = format!("#!/bin/sh\nstat -c '%n %t:%T %a' {} > {}\nexit 1\n", paths.join(" "), arg(&out));
+        let runtime = write_file(self.tmp.path(), "probe.sh", script);
+        fs::set_permissions(&runtime, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        self.set_config("runtime", arg(&runtime));
+        out
     }
 
     /// Makes the real runtime a script that hangs in `create` and knows no containers.
@@ -490,9 +504,143 @@ fn a_restore_failing_a_check_is_refused_before_the_runtime_runs() {
     let mut spec = s.bundle.config();
     spec["annotations"] = json!({"devremap.io/relax": "driver"});
     s.bundle.write_config(&spec);
+    s.set_config("annotations", json!(["devremap.io/enable", "devremap.io/relax"]));
     let out = s.run(&restore);
     assert!(ran.exists(), "relaxed, the restore reaches the runtime: {}", out.stderr);
     assert!(!s.state_dir().join(&id).exists(), "the runtime failed: everything is undone");
+}
+
+/// Bug (issue 29.1): the image's `ENV` (in `process.env`, merged with `-e`) relaxed the checks:
+/// `DEVREMAP_RELAX=mode` plus a record claiming 0666 restored a 0600 GPU as `crw-rw-rw-` under
+/// its checkpoint name. Now the variable is not obeyed, only named in a warning, and the
+/// `mode` check refuses the restore before the runtime runs. The launcher's annotation
+/// `devremap.io/relax` is refused too, naming the config's `annotations`, unless the operator's
+/// config lists it; the operator's own `relax` relaxes every restore.
+#[test]
+#[ignore = "needs root and /dev/fuse: starts the daemon"]
+fn the_image_env_never_relaxes_a_check() {
+    need_fuse();
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut spec = oci_config("wrapped", &[]);
+    spec["process"]["env"].as_array_mut().unwrap().push(json!("DEVREMAP_RELAX=mode"));
+    let host = FakeHost::with_gpus(&[0, 1]);
+    for n in ["nvidia0", "nvidia1"] {
+        fs::set_permissions(host.dev().join(n), std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    }
+    let s = Setup::on_host(Runtime::Runc, host, &spec, SCRIPT);
+    let image = s.tmp.path().join("image");
+    fs::create_dir(&image).unwrap();
+    let record =
+        json!([{"minor": 0, "mode": 0o666, "uid": 0, "gid": 0}, {"minor": 1, "mode": 0o666, "uid": 0, "gid": 0}]);
+    write_file(&image, "devremap-gpus.json", record.to_string());
+    let id = format!("wrapped-envrelax-{}", std::process::id());
+    let probed = s.probing_runtime(&id, &["nvidia0", "nvidia1"]);
+    let _delete = Deleting(&s, id.clone());
+    let bundle = arg(s.bundle.dir()).to_owned();
+    let restore = ["restore", "--image-path", arg(&image), "--bundle", &bundle, &id];
+
+    let out = s.run(&restore);
+    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
+    let warning = format!(
+        "devremap-runtime: warning: {}: process.env DEVREMAP_RELAX is not obeyed: the image's ENV may set it",
+        arg(&s.bundle.config_path())
+    );
+    assert!(!probed.exists(), "the runtime ran on: {}", fs::read_to_string(&probed).unwrap_or_default());
+    assert!(out.stderr.contains(&warning), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("mode: saved nvidia0 was recorded 0666 0:0, more access than the 0600"),
+        "{}",
+        out.stderr
+    );
+    assert!(!s.state_dir().join(&id).exists());
+
+    // The launcher's annotation, which the default config does not let launchers set.
+    let mut spec = s.bundle.config();
+    spec["annotations"] = json!({"devremap.io/relax": "mode"});
+    s.bundle.write_config(&spec);
+    let out = s.run(&restore);
+    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
+    assert!(
+        out.stderr.contains(&format!(
+            "devremap-runtime: error: {}: annotation devremap.io/relax: refused: the operator's runtime config does not \
+             let launchers set it (its \"annotations\" list must name devremap.io/relax)",
+            arg(&s.bundle.config_path())
+        )),
+        "{}",
+        out.stderr
+    );
+    assert!(!probed.exists() && !s.state_dir().join(&id).exists());
+
+    // The operator decides: letting launchers relax, or relaxing every restore itself.
+    let relaxed = |how: &str| {
+        let _ = fs::remove_file(&probed);
+        let out = s.run(&restore);
+        assert_eq!(out.status.code(), Some(1), "{how}: the probing runtime fails: {}", out.stderr);
+        let served =
+            fs::read_to_string(&probed).unwrap_or_else(|_| panic!("{how}: the runtime never ran: {}", out.stderr));
+        assert!(served.contains("/nvidia0 1:3 666\n"), "{how}: {served}");
+        assert!(!s.state_dir().join(&id).exists());
+    };
+    s.set_config("annotations", json!(["devremap.io/enable", "devremap.io/relax"]));
+    relaxed("the config's annotations list devremap.io/relax");
+    s.set_config("annotations", json!([]));
+    s.set_config("relax", "mode");
+    let mut spec = s.bundle.config();
+    spec["annotations"] = Value::Null;
+    s.bundle.write_config(&spec);
+    relaxed("the config's relax");
+}
+
+/// Bug (issue 29.2): `devremapd cuda-device-map --metadata M --spec S` ignored the spec's
+/// `devremap.io/device-map`, which the wrapper's daemon obeys: the daemon served
+/// `nvidia0 -> nvidia3, nvidia1 -> nvidia2` while the map said 0 -> 2, 1 -> 3, so CUDA would
+/// restore each GPU's memory onto the other's name. Both now read the annotation through one
+/// parser: the GPU behind each checkpoint name in the wrapper's `/dev` is the one the map gives
+/// its saved UUID.
+#[test]
+#[ignore = "needs root and /dev/fuse: starts the daemon"]
+fn cuda_device_map_and_the_wrappers_daemon_pair_alike() {
+    need_fuse();
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut spec = oci_config("wrapped", &[]);
+    spec["annotations"] = json!({"devremap.io/device-map": "0=3,1=2"});
+    let s = Setup::on_host(Runtime::Runc, FakeHost::with_described_gpus(&[2, 3]), &spec, SCRIPT);
+    let image = s.tmp.path().join("image");
+    fs::create_dir(&image).unwrap();
+    let saved = |m: u32| format!("GPU-5a7ed000-1111-4222-8333-{m:012}");
+    let record = json!([{"minor": 0, "uuid": saved(0)}, {"minor": 1, "uuid": saved(1)}]);
+    let metadata = write_file(&image, "devremap-gpus.json", record.to_string());
+    let id = format!("wrapped-cudamap-{}", std::process::id());
+    let probed = s.probing_runtime(&id, &["nvidia0", "nvidia1"]);
+    let _delete = Deleting(&s, id.clone());
+    let bundle = arg(s.bundle.dir()).to_owned();
+
+    let out = s.run(&["restore", "--image-path", arg(&image), "--bundle", &bundle, &id]);
+    let served = fs::read_to_string(&probed).unwrap_or_else(|_| panic!("the runtime never ran: {}", out.stderr));
+    // Host GPU N has the fake rdev of nvidiaN: nvidia3 is 1:8, nvidia2 is 1:7.
+    let dev = s.state_dir().join(&id).join("dev");
+    assert_eq!(
+        served,
+        format!("{} 1:8 666\n{} 1:7 666\n", arg(&dev.join("nvidia0")), arg(&dev.join("nvidia1"))),
+        "the daemon serves the annotation's pairs"
+    );
+
+    let (host_dev, host_root) = (s.host.dev(), s.host.root());
+    let spec_path = s.bundle.config_path();
+    let (code, stdout, stderr) = devremapd(&[
+        "cuda-device-map",
+        "--metadata",
+        arg(&metadata),
+        "--spec",
+        arg(&spec_path),
+        "--host-dev",
+        arg(&host_dev),
+        "--host-root",
+        arg(&host_root),
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let uuid = |m: u32| common::GpuFacts::nvidia(m).uuid;
+    assert_eq!(stdout, format!("{}={},{}={}\n", saved(0), uuid(3), saved(1), uuid(2)), "{stderr}");
 }
 
 /// Rule (issue 12.3): a wrapper killed before the container started leaves no daemon behind

@@ -40,7 +40,7 @@ pub fn start(config: &Config, inv: &Invocation, restoring: Option<Restoring>) ->
         Some(container) => Some(claim(config, inv, container)?),
         None => None,
     };
-    let Some((container, wanted)) = decide(inv, &id, container, restoring)? else {
+    let Some((container, wanted)) = decide(config, inv, &id, container, restoring)? else {
         return Err(exec(config, inv.original()));
     };
     // Claiming the id and tearing down a leftover happen under the state dir's lock; the
@@ -74,6 +74,7 @@ pub fn start(config: &Config, inv: &Invocation, restoring: Option<Restoring>) ->
 /// Whether the spec gets devremap, and the container and patched spec if so; `None` for the
 /// runtime alone (a spec we cannot read or parse is the runtime's to refuse, in its own words).
 fn decide(
+    config: &Config,
     inv: &Invocation,
     id: &str,
     container: Option<Container>,
@@ -87,7 +88,7 @@ fn decide(
         return Ok(None);
     }
     let s = spec_path.display();
-    let request = annotations::parse(&value).map_err(|e| Failure::at(&s, e))?;
+    let request = annotations::parse(&value, &config.annotations).map_err(|e| Failure::at(&s, e))?;
     // Only whether the spec wants GPUs matters here, not what its bind mounts are onto.
     let view = match devremap::inputs::spec::parse(&original, &|_| false) {
         Ok(v) => v,
@@ -100,6 +101,9 @@ fn decide(
         return Ok(None);
     }
     let Some(container) = container else { return Err(Failure::BadId(id.to_owned())) };
+    for warning in request.warnings() {
+        report(inv, "warning", &format!("{s}: {warning}"));
+    }
     // The spec is patched before anything is set up: one that binds its own /dev is refused
     // when devremap was asked for, and runs without it otherwise (issue 17.6).
     let dev = container.dev();
@@ -134,7 +138,7 @@ fn set_up(
         host_dev: config.host_dev.as_deref(),
         host_root: &config.host_root,
         metadata: metadata.as_deref(),
-        extra: wanted.request.daemon_args(),
+        extra: [config.daemon_args(), wanted.request.daemon_args()].concat(),
         container_pid_file: pid_file,
     };
     Ok(container.start_daemon(&args, &Host)?)

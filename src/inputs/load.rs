@@ -123,6 +123,17 @@ pub fn read_metadata(path: &Path) -> Result<Metadata, LoadError> {
 
 /// Reads what of an OCI runtime spec shapes `/dev`.
 pub fn read_spec(path: &Path) -> Result<spec::SpecView, LoadError> {
+    read_spec_and_bytes(path).map(|(view, _)| view)
+}
+
+/// Reads an OCI runtime spec as [`read_spec`] does, and also as JSON, for what the view does
+/// not keep (its `devremap.io/` annotations).
+pub fn read_spec_json(path: &Path) -> Result<serde_json::Value, LoadError> {
+    let (_, buf) = read_spec_and_bytes(path)?;
+    serde_json::from_slice(&buf).map_err(|e| LoadError::Spec(path.to_owned(), SpecError::Parse(e.to_string())))
+}
+
+fn read_spec_and_bytes(path: &Path) -> Result<(spec::SpecView, Vec<u8>), LoadError> {
     let mut file = open_regular(path)?;
     let buf = files::read_at_most(&mut file, MAX_METADATA_LEN)
         .map_err(|e| LoadError::Io(path.to_owned(), e))?
@@ -131,7 +142,8 @@ pub fn read_spec(path: &Path) -> Result<spec::SpecView, LoadError> {
     // relative source is relative to the bundle, the spec's directory.
     let bundle = path.parent().unwrap_or(Path::new("."));
     let file_source = |source: &str| std::fs::metadata(bundle.join(source)).is_ok_and(|meta| !meta.is_dir());
-    spec::parse(&buf, &file_source).map_err(|e| LoadError::Spec(path.to_owned(), e))
+    let view = spec::parse(&buf, &file_source).map_err(|e| LoadError::Spec(path.to_owned(), e))?;
+    Ok((view, buf))
 }
 
 /// Reads a `--prefer-file`: one word, `native` or `checkpoint`.

@@ -7,7 +7,7 @@
 //! runtime's `--version` by its last line with that word (`runc version 1.1.5`) and a
 //! `commit:` line, which stay the real runtime's.
 
-use super::annotations::{DEVICE_MAP, ENABLE, PREFER};
+use super::annotations::{DEVICE_MAP, ENABLE, PREFER, RELAX};
 use super::argv::Invocation;
 use super::config::{DEFAULT_PATH, ENV};
 use std::ffi::OsStr;
@@ -64,8 +64,11 @@ pub fn text(ask: Ask, config_env: Option<&OsStr>) -> String {
              Annotations (in the spec):\n  \
                {ENABLE}      \"true\" or \"false\"; unset: true when the spec has NVIDIA GPUs\n  \
                {DEVICE_MAP}  pairs saved GPUs with restored ones (devremapd's --device-map)\n  \
-               {PREFER}      \"native\" or \"checkpoint\": which name wins a collision\n\
-             (or DEVREMAP_ENABLE, DEVREMAP_DEVICE_MAP, DEVREMAP_PREFER in the container's env)\n\
+               {PREFER}      \"native\" or \"checkpoint\": which name wins a collision\n  \
+               {RELAX}       checks a restore may fail with a warning, where the config's\n                \
+                             \"annotations\" lets launchers set it\n\
+             (DEVREMAP_ENABLE in the container's env stands for {ENABLE}; the env, which the\n\
+             image's ENV fills too, decides nothing else)\n\
              Config: {config}; --devremap-config PATH (a global flag) names another\n\
              Docs: /usr/share/doc/devremap/restore.md\n\
              \n\
@@ -115,7 +118,7 @@ mod tests {
     #[test]
     fn the_help_names_the_config_and_the_annotations() {
         let t = text(Ask::Help, None);
-        for needle in [DEFAULT_PATH, ENV, ENABLE, DEVICE_MAP, PREFER, env!("CARGO_PKG_VERSION")] {
+        for needle in [DEFAULT_PATH, ENV, ENABLE, DEVICE_MAP, PREFER, RELAX, env!("CARGO_PKG_VERSION")] {
             assert!(t.contains(needle), "{needle} missing from {t}");
         }
     }

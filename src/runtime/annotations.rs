@@ -7,11 +7,20 @@
 //! value, `devremap.io/relax` a `--relax` value (the checks a restore may fail with a warning);
 //! all are checked here, so a bad one is refused before anything is set up. Any other
 //! `devremap.io/` key is refused too: a misspelt annotation must not be ignored in silence.
-//! Each annotation has a `process.env` variable standing for it ([`ENV_VARS`]), for clients
-//! that drop annotations; a pod's sandbox ([`is_sandbox`]) never gets devremap.
+//!
+//! Who may decide what (docs/security.md): annotations are the launcher's, and the operator's
+//! runtime config says which of them launchers may set (its `annotations`, default
+//! [`LAUNCHER_DEFAULT`]: not `devremap.io/relax`); one it does not allow is refused, naming the
+//! config key that would allow it. `process.env` merges the image's `ENV` with the launcher's
+//! `-e`, and the runtime cannot tell them apart, so it may only ask for a devremap `/dev`
+//! (`DEVREMAP_ENABLE`, standing for `devremap.io/enable`, for clients that drop annotations):
+//! the variables that once stood for the other annotations are not obeyed, only named in a
+//! warning ([`Request::warnings`]). A pod's sandbox ([`is_sandbox`]) never gets devremap.
 
 use crate::decision::checks::parse_relax;
 use crate::decision::pairing::parse_device_map;
+use crate::decision::plan::Prefer;
+use crate::inputs::load::Sources;
 use crate::inputs::spec::SpecView;
 use serde_json::Value;
 use thiserror::Error;
@@ -21,6 +30,11 @@ pub const DEVICE_MAP: &str = "devremap.io/device-map";
 pub const PREFER: &str = "devremap.io/prefer";
 pub const RELAX: &str = "devremap.io/relax";
 const PREFIX: &str = "devremap.io/";
+/// Every annotation devremap reads.
+pub const KNOWN: &[&str] = &[ENABLE, DEVICE_MAP, PREFER, RELAX];
+/// The annotations launchers may set unless the operator's runtime config says otherwise:
+/// none relaxes a check.
+pub const LAUNCHER_DEFAULT: &[&str] = &[ENABLE, DEVICE_MAP, PREFER];
 
 /// What the annotations ask for.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -33,6 +47,8 @@ pub struct Request {
     pub prefer: Option<String>,
     /// The `--relax` value, checked.
     pub relax: Option<String>,
+    /// The `process.env` variables present that are not obeyed (see [`Request::warnings`]).
+    pub ignored_env: Vec<&'static str>,
 }
 
 impl Request {
@@ -76,18 +92,29 @@ pub enum AnnotationError {
     Relax { from: String, why: String },
     #[error("unknown annotation {0} (known: {ENABLE}, {DEVICE_MAP}, {PREFER}, {RELAX})")]
     Unknown(String),
+    /// The operator's runtime config does not let launchers set this annotation.
+    #[error(
+        "annotation {0}: refused: the operator's runtime config does not let launchers set it (its \"annotations\" list must name {0})"
+    )]
+    NotAllowed(String),
+    /// A reader of the spec was given a flag that contradicts the spec's annotation.
+    #[error(
+        "{flag} contradicts the spec's annotation {key}, which the container's daemon obeys; give the same value or none"
+    )]
+    Contradicts { flag: &'static str, key: &'static str },
 }
 
-/// The `process.env` variables that stand for the annotations, for the clients that cannot
+/// The one `process.env` variable obeyed, standing for [`ENABLE`], for the clients that cannot
 /// pass annotations: Docker before API 1.43 (Debian 12's 20.10) drops them without an error,
-/// while `docker run -e DEVREMAP_ENABLE=true` reaches the spec (issue 17.4). An annotation
-/// wins over its variable.
-pub const ENV_VARS: &[(&str, &str)] = &[
-    ("DEVREMAP_ENABLE", ENABLE),
-    ("DEVREMAP_DEVICE_MAP", DEVICE_MAP),
-    ("DEVREMAP_PREFER", PREFER),
-    ("DEVREMAP_RELAX", RELAX),
-];
+/// while `docker run -e DEVREMAP_ENABLE=true` reaches the spec (issue 17.4). Asking for a
+/// devremap `/dev` (or opting out) gives no more than runc would, so the image's `ENV`, which
+/// the runtime cannot tell from `-e`, may do it. The annotation wins over the variable.
+pub const ENABLE_VAR: &str = "DEVREMAP_ENABLE";
+
+/// The variables that stood for the other annotations until issue 29.1, now never obeyed:
+/// the image's `ENV` could relax a check or pair the GPUs through them.
+pub const NOT_OBEYED: &[(&str, &str)] =
+    &[("DEVREMAP_DEVICE_MAP", DEVICE_MAP), ("DEVREMAP_PREFER", PREFER), ("DEVREMAP_RELAX", RELAX)];
 
 /// The annotations by which CRI runtimes mark a pod's sandbox (its pause container).
 const SANDBOX_MARKS: &[&str] = &["io.kubernetes.cri.container-type", "io.kubernetes.cri-o.ContainerType"];
@@ -132,31 +159,101 @@ impl Request {
     }
 }
 
-/// Reads the `devremap.io/*` annotations of a spec (as JSON), then the variables of
-/// [`ENV_VARS`] in its `process.env` for what the annotations leave unsaid.
-pub fn parse(spec: &Value) -> Result<Request, AnnotationError> {
+impl Request {
+    /// Adds what was asked to `sources`, as the wrapper gives it to the container's daemon,
+    /// for another reader of the same spec (`cuda-device-map`): the pairing is one decision.
+    /// A `--device-map` given as well must be the annotation's; relaxed checks add up.
+    pub fn add_to(&self, sources: &mut Sources) -> Result<(), AnnotationError> {
+        if let Some(map) = &self.device_map {
+            // Checked when read.
+            let pairs = parse_device_map(map)
+                .map_err(|e| AnnotationError::DeviceMap { from: DEVICE_MAP.into(), why: e.to_string() })?;
+            if !sources.device_map.is_empty() && sources.device_map != pairs {
+                return Err(AnnotationError::Contradicts { flag: "--device-map", key: DEVICE_MAP });
+            }
+            sources.device_map = pairs;
+        }
+        match self.prefer.as_deref() {
+            Some("checkpoint") => sources.prefer = Prefer::Checkpoint,
+            Some(_) => sources.prefer = Prefer::Native,
+            None => {}
+        }
+        if let Some(relax) = &self.relax {
+            sources.relax.extend(
+                parse_relax(relax).map_err(|e| AnnotationError::Relax { from: RELAX.into(), why: e.to_string() })?,
+            );
+        }
+        Ok(())
+    }
+
+    /// One line for each `process.env` variable present but not obeyed, naming it and what
+    /// to use instead; the caller logs them.
+    pub fn warnings(&self) -> Vec<String> {
+        self.ignored_env
+            .iter()
+            .map(|&name| {
+                let instead = match NOT_OBEYED.iter().find(|(var, _)| *var == name) {
+                    Some((_, RELAX)) => format!(
+                        "the annotation {RELAX} where the runtime config's \"annotations\" allows it, or the runtime config's \"relax\""
+                    ),
+                    Some((_, key)) => format!("the annotation {key}"),
+                    None => format!("the annotation {ENABLE}, which the runtime config's \"annotations\" must allow"),
+                };
+                format!(
+                    "process.env {name} is not obeyed: the image's ENV may set it, and only the operator or the launcher decides this; use {instead}"
+                )
+            })
+            .collect()
+    }
+}
+
+/// Reads the `devremap.io/*` annotations of a spec (as JSON), refusing one that `allowed`
+/// (the runtime config's `annotations`) does not list, then `DEVREMAP_ENABLE` in its
+/// `process.env` if the annotation is unsaid and allowed; the other `DEVREMAP_*` variables
+/// are only noted in `ignored_env`.
+pub fn parse(spec: &Value, allowed: &[String]) -> Result<Request, AnnotationError> {
     let mut request = Request::default();
     let map = match spec.get("annotations") {
         None | Some(Value::Null) => None,
         Some(Value::Object(map)) => Some(map),
         Some(_) => return Err(AnnotationError::NotAMap),
     };
+    let is_allowed = |key: &str| allowed.iter().any(|a| a == key);
     for (key, value) in map.into_iter().flatten().filter(|(k, _)| k.starts_with(PREFIX)) {
         let text = value.as_str().ok_or_else(|| AnnotationError::NotAString {
             key: key.clone(),
             found: crate::inputs::metadata::describe(value),
         })?;
+        if KNOWN.contains(&key.as_str()) && !is_allowed(key) {
+            return Err(AnnotationError::NotAllowed(key.clone()));
+        }
         request.set(key, text, format!("annotation {key}"))?;
     }
     // The spec parsed as an OCI spec before this is asked, so `env` holds strings; anything
     // else is no variable of ours.
     let env = spec.pointer("/process/env").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str);
     for (name, text) in env.filter_map(|e| e.split_once('=')) {
-        if let Some((_, key)) = ENV_VARS.iter().find(|(var, _)| *var == name) {
-            request.set(key, text, format!("process.env {name}"))?;
+        if name == ENABLE_VAR && is_allowed(ENABLE) {
+            request.set(ENABLE, text, format!("process.env {name}"))?;
+        } else if let Some((var, _)) = NOT_OBEYED.iter().find(|(var, _)| *var == name) {
+            request.ignored_env.push(var);
+        } else if name == ENABLE_VAR {
+            request.ignored_env.push(ENABLE_VAR);
         }
     }
     Ok(request)
+}
+
+/// Every annotation devremap reads, as a runtime config's `annotations` list: for readers
+/// that grant nothing (`devremapd cuda-device-map` only prints a pairing), which take a spec's
+/// annotations as the wrapper obeys them when it runs the container at all.
+pub fn every_key() -> Vec<String> {
+    KNOWN.iter().map(|k| (*k).to_owned()).collect()
+}
+
+/// [`LAUNCHER_DEFAULT`], as a runtime config's `annotations` list.
+pub fn launcher_default() -> Vec<String> {
+    LAUNCHER_DEFAULT.iter().map(|k| (*k).to_owned()).collect()
 }
 
 #[cfg(test)]
@@ -168,6 +265,11 @@ mod tests {
 
     fn with(annotations: Value) -> Value {
         json!({"ociVersion": "1.0.2", "annotations": annotations})
+    }
+
+    /// Parsed as a runtime config allowing every annotation would.
+    fn parse(spec: &Value) -> Result<Request, AnnotationError> {
+        super::parse(spec, &every_key())
     }
 
     fn gpu_spec() -> SpecView {
@@ -220,18 +322,98 @@ mod tests {
     /// opts in through the spec's `process.env`; the annotation wins over its variable, and a
     /// bad variable is refused naming it.
     #[test]
-    fn env_variables_stand_for_annotations() {
+    fn the_enable_variable_stands_for_its_annotation() {
         let env = |vars: &[&str]| json!({"process": {"env": vars}});
-        let r = parse(&env(&["PATH=/bin", "DEVREMAP_ENABLE=true", "DEVREMAP_PREFER=checkpoint"])).unwrap();
-        assert_eq!((r.enable, r.prefer.as_deref()), (Some(true), Some("checkpoint")));
+        let r = parse(&env(&["PATH=/bin", "DEVREMAP_ENABLE=true"])).unwrap();
+        assert_eq!(r.enable, Some(true));
         assert!(r.wanted(&SpecView::default()));
-        let mut both = env(&["DEVREMAP_ENABLE=true", "DEVREMAP_DEVICE_MAP=0=1"]);
+        assert_eq!(parse(&env(&["DEVREMAP_ENABLE=false"])).unwrap().enable, Some(false));
+        let mut both = env(&["DEVREMAP_ENABLE=true"]);
         both["annotations"] = json!({ENABLE: "false"});
-        let r = parse(&both).unwrap();
-        assert_eq!((r.enable, r.device_map.as_deref()), (Some(false), Some("0=1")));
+        assert_eq!(parse(&both).unwrap().enable, Some(false));
         let e = parse(&env(&["DEVREMAP_ENABLE=1"])).unwrap_err().to_string();
         assert_eq!(e, "process.env DEVREMAP_ENABLE: expected \"true\" or \"false\", found \"1\"");
         assert!(parse(&env(&["DEVREMAP_ENABLEX=1", "NOEQUALS"])).unwrap() == Request::default());
+    }
+
+    /// Bug (issue 29.1): the image's `ENV` (merged into `process.env` with `-e`) relaxed the
+    /// checks and paired the GPUs through `DEVREMAP_RELAX`, `DEVREMAP_DEVICE_MAP` and
+    /// `DEVREMAP_PREFER`. They are no longer obeyed, whatever their value, and each is named
+    /// in one warning saying what to use instead.
+    #[test]
+    fn the_image_env_never_relaxes_pairs_or_names() {
+        let spec = json!({"process": {"env": ["DEVREMAP_RELAX=mode", "DEVREMAP_DEVICE_MAP=0=1",
+                                                "DEVREMAP_PREFER=checkpoint", "DEVREMAP_ENABLE=true"]}});
+        let r = parse(&spec).unwrap();
+        assert_eq!((&r.relax, &r.device_map, &r.prefer, r.enable), (&None, &None, &None, Some(true)));
+        assert!(r.daemon_args().is_empty());
+        assert_eq!(r.ignored_env, ["DEVREMAP_RELAX", "DEVREMAP_DEVICE_MAP", "DEVREMAP_PREFER"]);
+        let w = r.warnings();
+        assert_eq!(w.len(), 3);
+        assert_eq!(
+            w[0],
+            "process.env DEVREMAP_RELAX is not obeyed: the image's ENV may set it, and only the operator or the \
+             launcher decides this; use the annotation devremap.io/relax where the runtime config's \"annotations\" \
+             allows it, or the runtime config's \"relax\""
+        );
+        assert!(w[1].ends_with("use the annotation devremap.io/device-map"), "{}", w[1]);
+        // A value that would be refused as an annotation is not even read.
+        let r = parse(&json!({"process": {"env": ["DEVREMAP_RELAX=count", "DEVREMAP_DEVICE_MAP=x"]}})).unwrap();
+        assert_eq!(r.ignored_env.len(), 2);
+    }
+
+    /// Rule (issue 29.1): launchers set only the annotations the operator's runtime config
+    /// lists; by default not `devremap.io/relax`. One not listed is refused naming it and the
+    /// config's `annotations`, never ignored; `DEVREMAP_ENABLE` where `devremap.io/enable` is
+    /// not listed is not obeyed, only warned about.
+    #[test]
+    fn the_operator_says_which_annotations_launchers_set() {
+        let default = launcher_default();
+        let r = super::parse(&with(json!({ENABLE: "true", DEVICE_MAP: "0=1", PREFER: "checkpoint"})), &default);
+        assert_eq!(r.unwrap().daemon_args(), ["--device-map", "0=1", "--prefer", "checkpoint"]);
+        let e = super::parse(&with(json!({RELAX: "mode"})), &default).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "annotation devremap.io/relax: refused: the operator's runtime config does not let launchers set it \
+             (its \"annotations\" list must name devremap.io/relax)"
+        );
+        let mut relaxing = default.clone();
+        relaxing.push(RELAX.to_owned());
+        assert_eq!(super::parse(&with(json!({RELAX: "mode"})), &relaxing).unwrap().relax.as_deref(), Some("mode"));
+        let none: Vec<String> = vec![];
+        assert_eq!(
+            super::parse(&with(json!({ENABLE: "true"})), &none),
+            Err(AnnotationError::NotAllowed(ENABLE.into()))
+        );
+        let r = super::parse(&json!({"process": {"env": ["DEVREMAP_ENABLE=true"]}}), &none).unwrap();
+        assert_eq!((r.enable, r.ignored_env.as_slice()), (None, &["DEVREMAP_ENABLE"][..]));
+        assert!(r.warnings()[0].contains("runtime config's \"annotations\" must allow"), "{:?}", r.warnings());
+        // Someone else's annotations are not ours to refuse.
+        assert!(super::parse(&with(json!({"io.kubernetes.x": "y"})), &none).is_ok());
+    }
+
+    /// Rule (issue 29.2): another reader of the spec (`cuda-device-map`) gets the pairing the
+    /// wrapper gives the daemon: the annotation's device map, prefer and relax; a
+    /// `--device-map` that contradicts the annotation is refused, the same one is not.
+    #[test]
+    fn the_annotations_become_a_readers_sources() {
+        let r = parse(&with(json!({DEVICE_MAP: "0=3,1=2", PREFER: "checkpoint", RELAX: "model"}))).unwrap();
+        let mut sources = Sources::default();
+        r.add_to(&mut sources).unwrap();
+        assert_eq!(sources.device_map, parse_device_map("0=3,1=2").unwrap());
+        assert_eq!(sources.prefer, Prefer::Checkpoint);
+        assert_eq!(sources.relax, parse_relax("model").unwrap());
+        r.add_to(&mut sources).unwrap();
+        let mut other = Sources { device_map: parse_device_map("0=2").unwrap(), ..Sources::default() };
+        let e = r.add_to(&mut other).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "--device-map contradicts the spec's annotation devremap.io/device-map, which the container's daemon \
+             obeys; give the same value or none"
+        );
+        let mut untouched = Sources::default();
+        parse(&json!({})).unwrap().add_to(&mut untouched).unwrap();
+        assert_eq!(untouched, Sources::default());
     }
 
     /// Rule (issue 17.5): a CRI pod's sandbox (containerd's and CRI-O's marks) never gets a

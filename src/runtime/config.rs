@@ -1,15 +1,24 @@
 //! The wrapper's config file: a JSON object with `runtime` (the real runtime, a path or a name
 //! looked up on `PATH`; default `runc`), `host_dev` and `host_root` (the daemon's `--host-dev`
-//! and `--host-root`), `state_dir` (default `/run/devremap`) and `devremapd` (the daemon's
-//! binary; default the `devremapd` next to the wrapper).
+//! and `--host-root`), `state_dir` (default `/run/devremap`), `devremapd` (the daemon's
+//! binary; default the `devremapd` next to the wrapper), `annotations` (the `devremap.io/`
+//! annotations launchers may set; default `devremap.io/enable`, `devremap.io/device-map` and
+//! `devremap.io/prefer`: add `devremap.io/relax` to let them relax a check) and `relax` (the
+//! checks every restore may fail with a warning, a `--relax` value: the operator's own choice).
 //!
 //! Pure: [`parse`] takes the file's bytes, [`check_access`] its owner and mode. Every key is
-//! optional; an unknown key, a value that is not a string, or a relative path is refused, so a
-//! typo never silently falls back to a default; so is a file that another user could write, or
-//! one in a directory another user could write (they could rename another file over it).
-//! Only the file's own directory is checked, not the ones above it: `/etc` and `/` are root's
-//! on any host this runs on, and a config named elsewhere is the caller's choice.
+//! optional; an unknown key, a key given twice, a value of the wrong type, or a relative path
+//! is refused, so a typo never silently falls back to a default and no second `runtime` hides
+//! behind the first; so is a file that another user could write, or one in a directory another
+//! user could write (they could rename another file over it), which for a symlinked config is
+//! each link's directory and the directory of the file it leads to (the caller finds them).
+//! Only those directories are checked, not the ones above them: `/etc` and `/` are root's on
+//! any host this runs on, and a config named elsewhere is the caller's choice.
 
+use crate::decision::checks::parse_relax;
+use crate::runtime::annotations::{self, KNOWN};
+use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
+use serde_json::Value;
 use std::path::PathBuf;
 use thiserror::Error;
 
@@ -31,6 +40,10 @@ pub struct Config {
     pub state_dir: PathBuf,
     /// The `devremapd` binary; `None` means the one next to the wrapper.
     pub devremapd: Option<PathBuf>,
+    /// The `devremap.io/` annotations launchers may set (see `annotations`).
+    pub annotations: Vec<String>,
+    /// The operator's `--relax` value for every container's daemon, checked.
+    pub relax: Option<String>,
 }
 
 impl Default for Config {
@@ -41,9 +54,21 @@ impl Default for Config {
             host_root: PathBuf::from("/"),
             state_dir: PathBuf::from("/run/devremap"),
             devremapd: None,
+            annotations: annotations::launcher_default(),
+            relax: None,
         }
     }
 }
+
+impl Config {
+    /// The daemon flags the operator's config adds for every container.
+    pub fn daemon_args(&self) -> Vec<String> {
+        self.relax.iter().flat_map(|r| ["--relax".to_owned(), r.clone()]).collect()
+    }
+}
+
+/// The keys a config may hold.
+const KEYS: &[&str] = &["runtime", "host_dev", "host_root", "state_dir", "devremapd", "annotations", "relax"];
 
 /// Why a config file was refused; the caller prefixes the file.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -52,8 +77,17 @@ pub enum ConfigError {
     Json(String),
     #[error("expected a JSON object")]
     NotAnObject,
-    #[error("unknown key {0:?} (known: runtime, host_dev, host_root, state_dir, devremapd)")]
+    #[error("unknown key {0:?} (known: {known})", known = KEYS.join(", "))]
     UnknownKey(String),
+    /// serde_json keeps the last of a repeated key: the file would not be read as it reads.
+    #[error("key {0:?} is given twice; refused: give each key once")]
+    Duplicate(String),
+    #[error("annotations: expected an array of annotation keys, found {0}")]
+    NotAList(String),
+    #[error("annotations: unknown annotation {0:?} (known: {known})", known = KNOWN.join(", "))]
+    UnknownAnnotation(String),
+    #[error("relax: {0}")]
+    Relax(String),
     #[error("{key}: expected a string, found {found}")]
     NotAString { key: String, found: String },
     #[error("{key}: {value:?} is not an absolute path")]
@@ -74,6 +108,10 @@ pub enum ConfigError {
         "its directory {dir} is writable by group or others; refused: the config chooses what runs as root (chmod go-w {dir})"
     )]
     DirWritable { dir: String },
+    #[error(
+        "the symlink {link} on the way to it is owned by uid {owner}, not {me} or root; refused: the config chooses what runs as root"
+    )]
+    LinkOwner { link: String, owner: u32, me: u32 },
 }
 
 /// Checks a config file's owner and mode (`st_uid`, `st_mode`) for a wrapper running as
@@ -85,6 +123,15 @@ pub fn check_access(owner: u32, mode: u32, me: u32) -> Result<(), ConfigError> {
     }
     if mode & 0o022 != 0 {
         return Err(ConfigError::Writable);
+    }
+    Ok(())
+}
+
+/// Checks a symlink on the way to the config (`st_uid` of `link`, not followed) for a wrapper
+/// running as `me`: in a sticky directory (`/tmp`) the link's owner may still replace it.
+pub fn check_link_owner(link: &str, owner: u32, me: u32) -> Result<(), ConfigError> {
+    if owner != me && owner != 0 {
+        return Err(ConfigError::LinkOwner { link: link.to_owned(), owner, me });
     }
     Ok(())
 }
@@ -103,35 +150,90 @@ pub fn check_dir_access(dir: &str, owner: u32, mode: u32, me: u32) -> Result<(),
     Ok(())
 }
 
+/// A JSON object's members in the file's order, repeated keys kept (serde_json's map keeps
+/// only the last of them).
+struct Members(Vec<(String, Value)>);
+
+impl<'de> Deserialize<'de> for Members {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Members, D::Error> {
+        struct Collect;
+        impl<'de> Visitor<'de> for Collect {
+            type Value = Members;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Members, A::Error> {
+                let mut members = Vec::new();
+                while let Some(member) = map.next_entry::<String, Value>()? {
+                    members.push(member);
+                }
+                Ok(Members(members))
+            }
+        }
+        deserializer.deserialize_map(Collect)
+    }
+}
+
+fn text<'a>(key: &str, value: &'a Value) -> Result<&'a str, ConfigError> {
+    value
+        .as_str()
+        .ok_or_else(|| ConfigError::NotAString { key: key.to_owned(), found: crate::inputs::metadata::describe(value) })
+}
+
+/// The `annotations` list: `devremap.io/` keys devremap reads.
+fn allowed_annotations(value: &Value) -> Result<Vec<String>, ConfigError> {
+    let describe = crate::inputs::metadata::describe;
+    let list = value.as_array().ok_or_else(|| ConfigError::NotAList(describe(value)))?;
+    list.iter()
+        .map(|key| match key.as_str() {
+            Some(k) if KNOWN.contains(&k) => Ok(k.to_owned()),
+            Some(k) => Err(ConfigError::UnknownAnnotation(k.to_owned())),
+            None => Err(ConfigError::NotAList(format!("{} in it", describe(key)))),
+        })
+        .collect()
+}
+
 /// Parses a config file's bytes.
 pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
     if bytes.len() as u64 > MAX_LEN {
         return Err(ConfigError::TooLarge);
     }
-    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| ConfigError::Json(e.to_string()))?;
-    let obj = value.as_object().ok_or(ConfigError::NotAnObject)?;
+    let value: Value = serde_json::from_slice(bytes).map_err(|e| ConfigError::Json(e.to_string()))?;
+    if !value.is_object() {
+        return Err(ConfigError::NotAnObject);
+    }
+    // Valid JSON and an object: read again, keeping every member.
+    let Members(members) = serde_json::from_slice(bytes).map_err(|e| ConfigError::Json(e.to_string()))?;
+    if let Some((i, _)) = members.iter().enumerate().find(|(i, (k, _))| members[..*i].iter().any(|(o, _)| o == k)) {
+        return Err(ConfigError::Duplicate(members[i].0.clone()));
+    }
     let mut config = Config::default();
-    for (key, value) in obj {
-        if !["runtime", "host_dev", "host_root", "state_dir", "devremapd"].contains(&key.as_str()) {
-            return Err(ConfigError::UnknownKey(key.clone()));
-        }
-        let text = value.as_str().ok_or_else(|| ConfigError::NotAString {
-            key: key.clone(),
-            found: crate::inputs::metadata::describe(value),
-        })?;
-        // A bare name is looked up on PATH, as a shell would; anything with a slash must be
-        // absolute, since the wrapper runs in whatever directory its caller chose.
-        let bare_name_ok = key == "runtime" && !text.is_empty() && !text.contains('/');
-        if !text.starts_with('/') && !bare_name_ok {
-            return Err(ConfigError::Relative { key: key.clone(), value: text.to_owned() });
-        }
-        let path = PathBuf::from(text);
+    for (key, value) in &members {
         match key.as_str() {
-            "runtime" => config.runtime = path,
-            "host_dev" => config.host_dev = Some(path),
-            "host_root" => config.host_root = path,
-            "state_dir" => config.state_dir = path,
-            _ => config.devremapd = Some(path),
+            "annotations" => config.annotations = allowed_annotations(value)?,
+            "relax" => {
+                let checks = text(key, value)?;
+                parse_relax(checks).map_err(|e| ConfigError::Relax(e.to_string()))?;
+                config.relax = Some(checks.to_owned());
+            }
+            k if KEYS.contains(&k) => {
+                let text = text(key, value)?;
+                // A bare name is looked up on PATH, as a shell would; anything with a slash must
+                // be absolute, since the wrapper runs in whatever directory its caller chose.
+                let bare_name_ok = key == "runtime" && !text.is_empty() && !text.contains('/');
+                if !text.starts_with('/') && !bare_name_ok {
+                    return Err(ConfigError::Relative { key: key.clone(), value: text.to_owned() });
+                }
+                let path = PathBuf::from(text);
+                match k {
+                    "runtime" => config.runtime = path,
+                    "host_dev" => config.host_dev = Some(path),
+                    "host_root" => config.host_root = path,
+                    "state_dir" => config.state_dir = path,
+                    _ => config.devremapd = Some(path),
+                }
+            }
+            _ => return Err(ConfigError::UnknownKey(key.clone())),
         }
     }
     Ok(config)
@@ -155,6 +257,29 @@ mod tests {
         assert_eq!((c.host_root.to_str(), c.state_dir.to_str()), (Some("/host"), Some("/run/x")));
         assert_eq!(c.devremapd, Some(PathBuf::from("/opt/devremapd")));
         assert_eq!(parse(br#"{"runtime": "crun"}"#).unwrap().runtime, PathBuf::from("crun"));
+        assert_eq!(
+            Config::default().annotations,
+            ["devremap.io/enable", "devremap.io/device-map", "devremap.io/prefer"]
+        );
+        let c =
+            parse(br#"{"annotations": ["devremap.io/enable", "devremap.io/relax"], "relax": "model,driver"}"#).unwrap();
+        assert_eq!(c.annotations, ["devremap.io/enable", "devremap.io/relax"]);
+        assert_eq!(c.daemon_args(), ["--relax", "model,driver"]);
+        assert!(Config::default().daemon_args().is_empty());
+    }
+
+    /// Bug (issue 29.7): a key given twice was last-wins (a second `"runtime"` ran that
+    /// program); it is refused, naming the key.
+    #[test]
+    fn a_key_given_twice_is_refused() {
+        let e = parse(br#"{"runtime": "/usr/bin/runc", "host_dev": "/dev", "runtime": "/tmp/evil"}"#).unwrap_err();
+        assert_eq!(e, ConfigError::Duplicate("runtime".into()));
+        assert_eq!(e.to_string(), "key \"runtime\" is given twice; refused: give each key once");
+        // The same key spelt with an escape is the same key.
+        let e = parse(br#"{"runtime": "/usr/bin/runc", "run\u0074ime": "/tmp/evil"}"#).unwrap_err();
+        assert_eq!(e, ConfigError::Duplicate("runtime".into()));
+        let e = parse(br#"{"annotations": [], "annotations": ["devremap.io/relax"]}"#).unwrap_err();
+        assert_eq!(e, ConfigError::Duplicate("annotations".into()));
     }
 
     /// Rule (issue 12.3): a bad config is a clear error naming the key at fault.
@@ -169,6 +294,11 @@ mod tests {
             (br#"{"runtime": "bin/runc"}"#, "not an absolute path"),
             (br#"{"runtime": ""}"#, "not an absolute path"),
             (br#"{"host_root": null}"#, "expected a string, found null"),
+            (br#"{"annotations": "devremap.io/relax"}"#, "annotations: expected an array of annotation keys"),
+            (br#"{"annotations": [1]}"#, "annotations: expected an array of annotation keys, found 1 in it"),
+            (br#"{"annotations": ["devremap.io/relaxed"]}"#, "annotations: unknown annotation \"devremap.io/relaxed\""),
+            (br#"{"relax": "count"}"#, "relax: count cannot be relaxed"),
+            (br#"{"relax": ["mode"]}"#, "relax: expected a string"),
         ];
         for (input, expected) in cases {
             let e = parse(input).unwrap_err().to_string();
@@ -186,6 +316,20 @@ mod tests {
         assert_eq!(check_access(0, 0o100664, 0), Err(ConfigError::Writable));
         assert_eq!(check_access(0, 0o100646, 0), Err(ConfigError::Writable));
         assert!(ConfigError::Writable.to_string().contains("chmod go-w"));
+    }
+
+    /// Rule (issue 29.6): a symlink on the way to the config must be root's or the wrapper
+    /// user's: in a sticky directory its owner could point it elsewhere.
+    #[test]
+    fn a_symlink_of_another_user_is_refused() {
+        assert_eq!(check_link_owner("/tmp/rt.json", 0, 0), Ok(()));
+        assert_eq!(check_link_owner("/tmp/rt.json", 1000, 1000), Ok(()));
+        assert_eq!(check_link_owner("/tmp/rt.json", 0, 1000), Ok(()));
+        let e = check_link_owner("/tmp/rt.json", 1000, 0).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "the symlink /tmp/rt.json on the way to it is owned by uid 1000, not 0 or root; refused: the config chooses what runs as root"
+        );
     }
 
     /// Rule (issue 21): a config in a directory another user can write is refused, naming the
