@@ -300,3 +300,55 @@ fn node_setup_refuses_what_it_cannot_add_to() {
     assert!(stderr.contains("is not a regular file"), "{stderr}");
     assert_eq!(fs::read_to_string(&target).unwrap(), "version = 2\n");
 }
+
+/// Rule (issue 30.2, held when attacked from outside): a config.toml written in another style
+/// (CRLF line endings, tab indentation, no newline at its end, comments that hold a table
+/// header and the word `runtimes`) gets one block after the operator's lines, kept as they
+/// were, and one restart; a second and a third run change nothing and restart nothing.
+#[test]
+fn node_setup_adds_once_to_configs_of_any_style() {
+    let cri = "plugins.\"io.containerd.grpc.v1.cri\"";
+    let styles = [
+        ("CRLF", format!("version = 2\r\n[{cri}]\r\n  sandbox_image = \"registry.example/pause:3.9\"\r\n")),
+        ("tabs", format!("version = 2\n[{cri}]\n\tsandbox_image = \"registry.example/pause:3.9\"\n")),
+        ("no final newline", format!("version = 2\n[{cri}]\n  sandbox_image = \"registry.example/pause:3.9\"")),
+        (
+            "comments",
+            format!(
+                "# [{cri}.containerd.runtimes.devremap]\nversion = 2 # [not.a.table]\n[{cri}]\n  \
+                 sandbox_image = \"registry.example/pause:3.9\" # runtimes [x]\n"
+            ),
+        ),
+    ];
+    for (style, operator) in styles {
+        let setup = Setup::new(&operator);
+        setup.run_ok();
+        let config = setup.config();
+        assert!(config.starts_with(operator.trim_end_matches('\n')), "{style}: {config}");
+        let handlers = config.lines().filter(|l| l.starts_with("[") && l.ends_with("runtimes.devremap]")).count();
+        assert_eq!(handlers, 1, "{style}: {config}");
+        assert_eq!(setup.restarts(), 1, "{style}");
+        for run in [2, 3] {
+            let out = setup.run_ok();
+            assert_eq!(setup.config(), config, "{style}: run {run} changed config.toml");
+            assert_eq!(setup.restarts(), 1, "{style}: run {run} restarted containerd: {out}");
+        }
+    }
+}
+
+/// Rule (issue 30.1, held when attacked from outside): a node without config.toml (containerd
+/// on its defaults) gets one holding only `version = 2` and the block, with the CRI plugin's
+/// default runc, which a runtimes table would otherwise replace; no backup of a file that was
+/// not there.
+#[test]
+fn node_setup_writes_a_config_where_there_is_none() {
+    let setup = Setup::new("");
+    fs::remove_file(setup.host.join("etc/containerd/config.toml")).unwrap();
+    setup.run_ok();
+    let config = setup.config();
+    assert!(config.starts_with("version = 2\n"), "{config}");
+    assert!(config.contains("[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]"), "{config}");
+    assert!(config.contains("BinaryName = \"/usr/local/bin/devremap-runtime\""), "{config}");
+    assert!(!setup.host.join("etc/containerd/config.toml.before-devremap").exists());
+    assert_eq!(setup.restarts(), 1);
+}

@@ -473,3 +473,63 @@ fn a_running_daemon_never_replaces_nor_removes_what_was_put_at_its_files() {
     assert_untouched(&secret);
     assert_eq!(listing(&files), ["d.pid", "state.json"], "files left");
 }
+
+/// Rule (issue 29.4, held when attacked from outside): `record --output` refuses the kinds
+/// [`what_is_not_a_regular_file_is_refused_as_an_output`] does not plant (a block device, a
+/// socket, a dangling symlink, a symlink to `/dev/null` as `--output /dev/null` would be, a
+/// symlink to a directory), each named, exit 1, left as it was, no temporary file; a hard link
+/// to a root-only file is a regular file, so its name is replaced by the rename and the file it
+/// shared an inode with keeps its content, mode and its other name.
+#[test]
+#[ignore = "needs root (mknod)"]
+fn record_refuses_every_other_kind_and_never_writes_through_a_hard_link() {
+    need_root();
+    let dir = TempDir::new().unwrap();
+    let secret = secret(dir.path());
+    let spec = dir.path().join("spec.json");
+    fs::copy(example_config(), &spec).unwrap();
+    fs::create_dir(dir.path().join("sub")).unwrap();
+    let path = dir.path().join("out");
+    let record = |path: &Path| {
+        run_devremapd(&["record", "--spec", arg(&spec), "--host-root", &empty_root(), "--output", arg(path)])
+    };
+    type Plant = fn(&Path, &Path);
+    let kinds: [(&str, Plant); 5] = [
+        ("a block device", |p, _| {
+            nix::sys::stat::mknod(
+                p,
+                nix::sys::stat::SFlag::S_IFBLK,
+                nix::sys::stat::Mode::from_bits_truncate(0o600),
+                nix::sys::stat::makedev(7, 250),
+            )
+            .unwrap()
+        }),
+        ("a socket", |p, _| drop(std::os::unix::net::UnixListener::bind(p).unwrap())),
+        ("a symlink", |p, d| std::os::unix::fs::symlink(d.join("nowhere"), p).unwrap()),
+        ("a symlink", |p, _| std::os::unix::fs::symlink("/dev/null", p).unwrap()),
+        ("a symlink", |p, d| std::os::unix::fs::symlink(d.join("sub"), p).unwrap()),
+    ];
+    for (what, plant) in kinds {
+        plant(&path, dir.path());
+        let before = snapshot(&path);
+        let (code, stderr) = record(&path);
+        assert_eq!(code, Some(1), "{what}: {stderr}");
+        let refusal =
+            format!("{}: is {what}, not a regular file; refused: devremap replaces its output files", path.display());
+        assert_eq!(stderr, format!("error: {refusal}\n"), "{what}");
+        assert_eq!(snapshot(&path), before, "{what}: what was there changed");
+        assert_eq!(listing(dir.path()), ["out", "secret", "spec.json", "sub"], "{what}: files left");
+        assert!(listing(&dir.path().join("sub")).is_empty(), "{what}: written through");
+        fs::remove_file(&path).unwrap();
+    }
+    assert_untouched(&secret);
+
+    fs::hard_link(&secret, &path).unwrap();
+    let (code, stderr) = record(&path);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_untouched(&secret);
+    let (out, kept) = (fs::symlink_metadata(&path).unwrap(), fs::metadata(&secret).unwrap());
+    assert_ne!(out.ino(), kept.ino(), "the record was written into the hard link's inode");
+    assert_eq!((out.nlink(), kept.nlink()), (1, 1));
+    assert!(fs::read_to_string(&path).unwrap().contains("\"minor\""), "no record written");
+}
