@@ -143,6 +143,10 @@ impl MountLock {
         let path = dir.join(format!(".{}.lock", name.to_string_lossy()));
         let p = path.display().to_string();
         loop {
+            // What is there said as for every file devremap writes ("is a symlink, not a regular
+            // file"), rather than O_NOFOLLOW's ELOOP, which still refuses one swapped in after.
+            devremap::atomic::check_destination(&path)
+                .map_err(|e| MountpointError::OpenLock { file: p.clone(), why: io_message(&e) })?;
             let flags = OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
             let fd = nix::fcntl::open(&path, flags, Mode::from_bits_truncate(0o600))
                 .map_err(|e| MountpointError::OpenLock { file: p.clone(), why: io_message(&e.into()) })?;

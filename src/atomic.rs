@@ -116,6 +116,7 @@ pub fn is_refusal(e: &io::Error) -> bool {
 /// followed if a symlink): for a command to refuse a path it will write before it does
 /// anything else. Nothing there, or a path that cannot be looked at, passes: the write says why.
 pub fn check_destination(path: &Path) -> io::Result<()> {
+    names_a_file(path)?;
     match std::fs::symlink_metadata(path) {
         Ok(meta) => check_mode(meta.mode()),
         Err(_) => Ok(()),
@@ -133,6 +134,18 @@ pub fn check_mode(mode: u32) -> io::Result<()> {
         return Ok(());
     }
     Err(io::Error::new(io::ErrorKind::AlreadyExists, NotRegular { what: crate::inputs::files::describe(mode) }))
+}
+
+/// Refuses a path that ends with `/`: it names a directory (`--output dir/out/`), though
+/// `Path::file_name` would drop the slash and a file `dir/out` would be written.
+fn names_a_file(path: &Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    match path.as_os_str().as_bytes().last() {
+        Some(b'/') => {
+            Err(io::Error::new(io::ErrorKind::InvalidInput, NotRegular { what: "a directory's name (it ends with /)" }))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// What is at `name` in directory `dir`, not followed: `None` when nothing is; a refusal when
@@ -167,6 +180,7 @@ pub fn write_atomic_told(
     lasting: Lasting,
     told: impl FnOnce(&Written),
 ) -> io::Result<Written> {
+    names_a_file(path)?;
     let dir = dir_of(path);
     let name = path.file_name().ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
     // Looked at and renamed into through one descriptor: a directory renamed or replaced by a
@@ -262,6 +276,24 @@ pub fn remove_left_temporaries(path: &Path, pid: u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Bug (attack A2 on issue 29.4): `record --output dir/out/` wrote a regular file `dir/out`
+    /// (`Path::file_name` drops the slash): a path ending in `/` names a directory, refused.
+    #[test]
+    fn a_path_ending_in_a_slash_is_refused() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let path = PathBuf::from(format!("{}/out/", dir.path().display()));
+        let refused = replace_file(&path, b"new").unwrap_err().to_string();
+        assert_eq!(
+            refused,
+            format!(
+                "{}: is a directory's name (it ends with /), not a regular file; refused: devremap replaces its output files",
+                path.display()
+            )
+        );
+        assert!(check_destination(&path).is_err_and(|e| is_refusal(&e)));
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing written");
+    }
 
     /// Rule (issue 29.4): a symlink, FIFO or directory at the path is refused, named as what it
     /// is, and left as it was (never written through, never replaced), with no temporary file
