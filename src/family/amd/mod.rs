@@ -37,11 +37,6 @@ const DRI_DIR: &str = "dri";
 const RENDER_PREFIX: &str = "renderD";
 const KFD: &str = "kfd";
 
-/// Whether the device directory's pass-through node `rel_path` is AMD's (`kfd`).
-pub fn owns_passthrough(rel_path: &str) -> bool {
-    rel_path == KFD
-}
-
 /// The AMD family ([`super::AMD`]).
 pub struct Amd;
 
