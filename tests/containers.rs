@@ -666,12 +666,14 @@ fn a_non_root_user_writes_dev_shm(runtime: Runtime) {
     assert!(d.stop().success());
 }
 
+/// Bug (issue 29.5): under runc, a non-root user could not write `/dev/shm` on a devremap `/dev`.
 #[test]
 #[ignore = "needs root, /dev/fuse, runc or crun, and busybox-static"]
 fn a_non_root_user_writes_dev_shm_under_runc() {
     a_non_root_user_writes_dev_shm(Runtime::Runc);
 }
 
+/// Rule (issue 29.5): under crun, which never chmods the tmpfs, `/dev/shm` is as crun's own.
 #[test]
 #[ignore = "needs root, /dev/fuse, runc or crun, and busybox-static"]
 fn a_non_root_user_writes_dev_shm_under_crun() {

@@ -296,6 +296,7 @@ fn decide(inputs: &Inputs) -> Result<Decided, PlanError> {
     .map(|c| amd.merge(c, nvidia))
     .collect::<Vec<_>>();
     let mut warnings = inputs.host.warnings.clone();
+    warnings.extend(inputs.dev_dir.iter().flat_map(|d| d.warnings.iter().cloned()));
     warnings.extend(
         checks.iter().filter(|c| !c.ok && c.relaxed).map(|c| format!("check {} relaxed: {}", c.check, c.detail)),
     );
@@ -424,7 +425,7 @@ mod tests {
                 tpus: vec![],
                 warnings: vec![],
             }),
-            dev_dir: Some(DevDirScan { gpus, amd: vec![], passthrough: vec![] }),
+            dev_dir: Some(DevDirScan { gpus, amd: vec![], passthrough: vec![], warnings: vec![] }),
             ..Inputs::default()
         }
     }

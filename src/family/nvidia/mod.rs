@@ -54,7 +54,7 @@ impl Family for Nvidia {
                 scan.passthrough.push(dir.char_node(&name)?);
             }
         }
-        if let Some(mut caps) = dir.subdir(CAPS_DIR)? {
+        if let Some(mut caps) = dir.subdir(CAPS_DIR, &mut scan.warnings)? {
             for name in caps.names("nvidia")?.into_iter().filter(|n| n.starts_with("nvidia-cap")) {
                 scan.passthrough.push(caps.char_node(&name)?);
             }
