@@ -2,7 +2,8 @@
 //! docs/containers.md (`devremapd mount`, `devremapd oci-patch --in-place`, `<runtime> run`,
 //! SIGHUP), and a busybox script inside the container that prints what it sees.
 //!
-//! The fake host: GPUs `nvidia0`..`nvidia3` are real char devices 1:3, 1:5, 1:7, 1:8 (null,
+//! The container asks the NVIDIA hook (a no-op script here) for every GPU, as `docker run
+//! --gpus all` does, so its `/dev` holds the host's GPUs. The fake host: GPUs `nvidia0`..`nvidia3` are real char devices 1:3, 1:5, 1:7, 1:8 (null,
 //! zero, full, random), so a read inside the container tells which host GPU a name reached.
 //! The checkpoint saved GPUs {4, 5}, paired with host {0, 1}: `/dev/nvidia4` opens null and
 //! `/dev/nvidia5` zero. The reload removes host GPU 0, so the pairing becomes {4, 5} -> {1, 2}:
@@ -220,9 +221,13 @@ fn container_on_devremap(runtime: Runtime) {
     let meta = host.tmp.path().join("meta.json");
     fs::write(&meta, saved_devices(&[4, 5]).to_string()).unwrap();
 
-    // The bundle: runc's default spec, its device cgroup allowing the fake GPUs only.
+    // The bundle: runc's default spec, its device cgroup allowing the fake GPUs only, asking
+    // the NVIDIA hook for every GPU (`docker run --gpus all`): a spec is given the GPUs it asks
+    // for (issue 29.3).
     let rules: Vec<Value> = (0..4).map(fake_rdev).map(|(ma, mi)| allow_char(ma, mi)).collect();
-    let bundle = Bundle::new(SCRIPT, &oci_config(&format!("devremap-{}", runtime.name()), &rules));
+    let mut config = oci_config(&format!("devremap-{}", runtime.name()), &rules);
+    common::bundle::nvidia_hook(&mut config, host.tmp.path(), Some("all"));
+    let bundle = Bundle::new(SCRIPT, &config);
 
     // 1. Mount, with the spec so that the runtime's mount points exist.
     let d = Daemon::start(&[
@@ -514,4 +519,163 @@ fn a_host_pass_through_node_has_the_specs_mode_as_runc_makes_it() {
         arg(&host.root()),
     ]);
     plan_is_runcs(&plan, &names, &c);
+}
+
+/// The GPU families' names the issue 29.3 comparison looks at, in the container and the tree.
+const FAMILY_NAMES: &[&str] = &[
+    "nvidia0",
+    "nvidia1",
+    "nvidiactl",
+    "nvidia-uvm",
+    "nvidia-modeset",
+    "nvidia-caps",
+    "nvidia-caps/nvidia-cap1",
+    "kfd",
+    "dri",
+    "dri/renderD128",
+];
+
+/// One line per node of [`FAMILY_NAMES`] under `root` (a mounted tree), as busybox's
+/// `stat -c '%n %F %t:%T %a'` prints it for `/dev/<name>`.
+fn family_lines_of(root: &std::path::Path) -> BTreeSet<String> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let mut lines = BTreeSet::new();
+    for name in FAMILY_NAMES {
+        let Ok(meta) = fs::symlink_metadata(root.join(name)) else { continue };
+        let kind = if meta.file_type().is_char_device() { "character special file" } else { "directory" };
+        let rdev = if meta.file_type().is_char_device() {
+            hex((libc::major(meta.rdev()), libc::minor(meta.rdev())))
+        } else {
+            "0:0".into()
+        };
+        lines.insert(format!("/dev/{name} {kind} {rdev} {:o}", meta.mode() & 0o7777));
+    }
+    lines
+}
+
+/// Bug (issue 29.3): with a device directory, a spec was served GPU nodes runc never makes from
+/// it: asking the NVIDIA hook for nothing (`NVIDIA_VISIBLE_DEVICES` `void`, empty, `,`, unset)
+/// gave every `nvidiaN`, `nvidiactl`, `nvidia-uvm` and `nvidia-caps/*`; listing only
+/// `nvidiactl`, `nvidia-uvm`, `kfd` or a render node gave every NVIDIA node too; a GPU-less spec
+/// whose env says `DEVREMAP_ENABLE=true` (an image can) got the whole directory. For each, the
+/// tree mounted from the spec and a fake device directory holds, of the GPU families' names,
+/// exactly the nodes runc makes from the same spec (the hook, a no-op here, adds nothing for
+/// these values, as the toolkit's adds nothing).
+#[test]
+#[ignore = "needs root, /dev/fuse, runc or crun, and busybox-static"]
+fn a_spec_gets_no_gpu_node_that_runc_would_not_make() {
+    need_containers(Runtime::Runc);
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let host = FakeHost::with_gpus(&[0, 1]);
+    let (ctl, uvm, kfd, render) = ((195, 255), (1, 9), (1, 8), (226, 128));
+    for (rel, rdev) in [
+        ("nvidiactl", ctl),
+        ("nvidia-uvm", uvm),
+        ("nvidia-modeset", (195, 254)),
+        ("nvidia-caps/nvidia-cap1", (1, 8)),
+        ("kfd", kfd),
+        ("dri/renderD128", render),
+    ] {
+        host.node(rel, rdev);
+    }
+    let device = |path: &str, (major, minor): (u32, u32)| serde_json::json!({"path": path, "type": "c", "major": major, "minor": minor});
+    let script: String = FAMILY_NAMES
+        .iter()
+        .map(|n| format!("[ -e /dev/{n} ] && stat -c '%n %F %t:%T %a' /dev/{n}\n"))
+        .chain(["true\n".to_owned()])
+        .collect();
+    let hook = |visible: Option<&str>| {
+        let mut config = oci_config("gpus", &[]);
+        common::bundle::nvidia_hook(&mut config, host.tmp.path(), visible);
+        config
+    };
+    let listing = |dev: Value| {
+        let mut config = oci_config("gpus", &[]);
+        config["linux"]["devices"] = serde_json::json!([dev]);
+        config
+    };
+    let mut enabled = oci_config("gpus", &[]);
+    enabled["process"]["env"].as_array_mut().unwrap().push(serde_json::json!("DEVREMAP_ENABLE=true"));
+    let cases = [
+        ("the hook asked for void", hook(Some("void"))),
+        ("the hook asked for nothing (empty)", hook(Some(""))),
+        ("the hook asked for ','", hook(Some(","))),
+        ("the hook without NVIDIA_VISIBLE_DEVICES", hook(None)),
+        ("only nvidiactl listed", listing(device("/dev/nvidiactl", ctl))),
+        ("only nvidia-uvm listed", listing(device("/dev/nvidia-uvm", uvm))),
+        ("only kfd listed", listing(device("/dev/kfd", kfd))),
+        ("only a render node listed", listing(device("/dev/dri/renderD128", render))),
+        ("a GPU-less spec with DEVREMAP_ENABLE=true", enabled),
+    ];
+    let mut wrong = Vec::new();
+    for (case, config) in cases {
+        let bundle = Bundle::new(&script, &config);
+        let c = runcs_own_dev(&bundle);
+        let runc: BTreeSet<String> = c.stdout().lines().map(str::to_owned).collect();
+        let d = Daemon::start(&[
+            "--spec",
+            arg(&bundle.config_path()),
+            "--host-dev",
+            arg(&host.dev()),
+            "--host-root",
+            arg(&host.root()),
+        ]);
+        let tree = family_lines_of(&d.mountpoint);
+        assert!(d.stop().success(), "{case}: the daemon failed");
+        if tree != runc {
+            wrong.push(format!("{case}: the tree holds {tree:?}, runc makes {runc:?}"));
+        }
+    }
+    assert!(wrong.is_empty(), "{} of 9 cases differ:\n{}", wrong.len(), wrong.join("\n"));
+}
+
+/// Bug (issue 29.5): runc mounts a tmpfs on a directory that exists and chmods it to that
+/// directory's mode, so on the tree's `0755` mount point `/dev/shm` was `0755` and a non-root
+/// user in a runc container could not write shared memory, where plain runc gives `1777`. As
+/// uid 1000 without capabilities, the container writes a file in `/dev/shm` on a devremap
+/// `/dev`, and `/dev/shm` has the mode it has on runc's own `/dev`; with runc and crun.
+fn a_non_root_user_writes_dev_shm(runtime: Runtime) {
+    need_containers(runtime);
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let script = "stat -c 'shm.mode: %a' /dev/shm\n\
+                  if echo hi > /dev/shm/f 2>/dev/null; then echo 'shm.write: ok'; else echo 'shm.write: refused'; fi\n";
+    let mut config = oci_config("shm", &[]);
+    config["process"]["user"] = serde_json::json!({"uid": 1000, "gid": 1000});
+    let none = serde_json::json!([]);
+    config["process"]["capabilities"] =
+        serde_json::json!({"bounding": none, "effective": none, "permitted": none, "ambient": none});
+    let own = Bundle::new(script, &config);
+    let mut c = Container::run(runtime, &own, &format!("devremap-shm-own-{}", runtime.name()));
+    assert!(c.wait(CONTAINER_PATIENCE).success(), "{}", c.transcript());
+    let plain = c.stdout();
+    assert!(plain.contains("shm.write: ok\n"), "{} itself: {plain}", runtime.name());
+    drop(c);
+
+    let bundle = Bundle::new(script, &config);
+    let host = FakeHost::new();
+    let d = Daemon::start(&["--spec", arg(&bundle.config_path()), "--host-root", arg(&host.root())]);
+    let out = Command::new(BIN)
+        .args(["oci-patch", arg(&bundle.config_path()), "--dev", arg(&d.mountpoint), "--in-place"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut c = Container::run(runtime, &bundle, &format!("devremap-shm-{}", runtime.name()));
+    assert!(c.wait(CONTAINER_PATIENCE).success(), "{}", c.transcript());
+    assert_eq!(c.stdout(), plain, "on devremap (left) and on {}'s own /dev (right)", runtime.name());
+    drop(c);
+    assert!(d.stop().success());
+}
+
+/// Bug (issue 29.5): under runc, a non-root user could not write `/dev/shm` on a devremap `/dev`.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc or crun, and busybox-static"]
+fn a_non_root_user_writes_dev_shm_under_runc() {
+    a_non_root_user_writes_dev_shm(Runtime::Runc);
+}
+
+/// Rule (issue 29.5): under crun, which never chmods the tmpfs, `/dev/shm` is as crun's own.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc or crun, and busybox-static"]
+fn a_non_root_user_writes_dev_shm_under_crun() {
+    a_non_root_user_writes_dev_shm(Runtime::Crun);
 }

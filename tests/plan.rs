@@ -621,17 +621,18 @@ fn device_map_malformed_is_an_error() {
 // OCI spec
 // ---------------------------------------------------------------------------------------------
 
-/// Rule (semantics §6): every spec mount under `/dev` becomes a directory (0755 root:root), every
+/// Rule (semantics §6): every spec mount under `/dev` becomes a directory (0755 root:root; a
+/// tmpfs's has the tmpfs's mode, which runc gives the tmpfs it mounts there, issue 29.5), every
 /// `linux.devices` entry is served at its path with its type, numbers, `fileMode`, uid and gid,
 /// and its parents are created as directories. Mounts elsewhere and `/dev` itself add nothing.
 #[test]
 fn spec_mounts_become_dirs_and_devices_keep_their_attributes() {
     let host = FakeHost::new();
     let plan = plan_json(&with(&host.root_args(), &["--spec", &fixture("spec-basic.json")]));
-    for dir in ["pts", "shm", "mqueue", "dri"] {
+    for (dir, mode) in [("pts", 0o755), ("shm", 0o1777), ("mqueue", 0o755), ("dri", 0o755)] {
         assert_eq!(
             node(&plan, dir),
-            Some(&json!({"path": dir, "type": "dir", "mode": 493, "uid": 0, "gid": 0})),
+            Some(&json!({"path": dir, "type": "dir", "mode": mode, "uid": 0, "gid": 0})),
             "{dir}"
         );
     }

@@ -73,6 +73,14 @@ impl Setup {
         Setup { host, bundle, tmp, config }
     }
 
+    /// Makes the bundle's spec ask the NVIDIA hook for every GPU (`docker run --gpus all`): a
+    /// spec is given only the GPUs it asks for (issue 29.3).
+    fn ask_for_gpus(&self) {
+        let mut config = self.bundle.config();
+        common::bundle::nvidia_hook(&mut config, self.tmp.path(), Some("all"));
+        self.bundle.write_config(&config);
+    }
+
     fn state_dir(&self) -> PathBuf {
         self.tmp.path().join("state")
     }
@@ -236,6 +244,7 @@ fn create_start_delete(runtime: Runtime) {
     need_containers(runtime);
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let s = Setup::new(runtime, json!({"devremap.io/enable": "true"}));
+    s.ask_for_gpus();
     let id = format!("wrapped-{}-{}", runtime.name(), std::process::id());
     let _delete = Deleting(&s, id.clone());
     let bundle = arg(s.bundle.dir()).to_owned();
@@ -473,6 +482,7 @@ fn a_restore_failing_a_check_is_refused_before_the_runtime_runs() {
     need_fuse();
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let s = Setup::new(Runtime::Runc, Value::Null);
+    s.ask_for_gpus();
     let version = s.host.root().join("proc/driver/nvidia/version");
     fs::create_dir_all(version.parent().unwrap()).unwrap();
     fs::write(&version, "NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.86.15  Release Build\n").unwrap();
@@ -1048,6 +1058,7 @@ fn runc_checkpoint_restore_onto_another_device() {
     let criu = need_criu();
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let s = Setup::with_script(Runtime::Runc, json!({"devremap.io/enable": "true"}), CRIU_SCRIPT);
+    s.ask_for_gpus();
     fs::remove_file(s.host.dev().join("nvidia0")).unwrap();
     let id = format!("wrapped-criu-{}", std::process::id());
     let _delete = Deleting(&s, id.clone());

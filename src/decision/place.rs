@@ -115,8 +115,15 @@ pub(super) fn spec_devices(b: &mut TreeBuilder, spec: &SpecView, warnings: &mut 
 /// The spec's mount points under `/dev`, the warnings for what they hide, and the console.
 /// Mount points come last: a file mount goes onto whatever non-directory is there (a GPU node a
 /// restore bind-mounts over, say), any other mount onto a directory; only a missing one is made.
+/// A directory whose first mount is a tmpfs has that tmpfs's mode: runc mounts a tmpfs on a
+/// directory that exists and then chmods it to the directory's mode (rootfs_linux.go,
+/// mountToRootfs), so a `0755` directory would leave `/dev/shm` unwritable to a non-root user
+/// where runc's own `/dev`, which has no such directory, leaves the tmpfs's `1777` (issue 29.5).
+/// A later mount on the same path finds the first one there, as it does in runc's own `/dev`.
 pub(super) fn mounts(b: &mut TreeBuilder, spec: &SpecView, warnings: &mut Vec<String>) -> Result<(), PlanError> {
+    let mut mounted = std::collections::BTreeSet::new();
     for m in &spec.dev_mounts {
+        let first = mounted.insert(m.rel_path.as_str());
         match b.get(&m.rel_path) {
             Some(_) if !m.onto_file => b.mkdir_all(&m.rel_path),
             Some(n) if n.kind == NodeKind::Dir => {
@@ -127,6 +134,9 @@ pub(super) fn mounts(b: &mut TreeBuilder, spec: &SpecView, warnings: &mut Vec<St
             None => b.mkdir_all(&m.rel_path),
         }
         .map_err(PlanError::SpecMount)?;
+        if let (true, Some(mode)) = (first, m.tmpfs_mode) {
+            b.chmod_dir(&m.rel_path, mode);
+        }
     }
     // The runtime mounts onto the tree, so what a mount point holds is hidden in the
     // container, while runc's own /dev would make a spec device inside the mount: say so.

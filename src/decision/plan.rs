@@ -190,27 +190,24 @@ impl PlanError {
     }
 }
 
-/// Whether pass-through node `node`, which the spec does not list, is served: where its
-/// family's GPUs come from the device directory, as [`restored`] and [`amd::restored`] take
-/// them. NVIDIA's do without a spec, in hook mode, and for a spec that lists no NVIDIA GPU;
-/// AMD's (`kfd`) only without a spec.
+/// Whether pass-through node `node`, which the spec does not list, is served. Without a spec
+/// (the operator's own `--host-dev`) the whole directory is. With one, the container gets what
+/// runc makes from it and what the NVIDIA hook adds (issue 29.3): the hook gives the driver's
+/// control nodes (`nvidiactl`, `nvidia-uvm`, ...) whenever it asks for GPU support, `none`
+/// included, but `nvidia-caps/*` only for MIG devices, which devremap does not serve; nothing
+/// else adds an unlisted node, AMD's `kfd` included.
 fn unlisted_passthrough(inputs: &Inputs, node: &crate::inputs::host::HostNode) -> bool {
     let Some(spec) = &inputs.spec else { return true };
-    if crate::family::amd::owns_passthrough(&node.rel_path) {
-        return false;
-    }
-    spec.hook.is_some() || !spec.lists_gpus()
+    spec.hook.is_some() && crate::family::nvidia::hook_control_node(&node.rel_path)
 }
 
-/// The error for too few restored GPUs, as the input that gave them: the spec when it names
-/// GPUs (devices or the hook's selection), else the device directory, else (no restore side
-/// given at all) the checkpoint, saying which flags give them.
+/// The error for too few restored GPUs, as the input that gave them: the spec when there is one
+/// (its devices and the hook's selection are all it is given), else the device directory, else
+/// (no restore side given at all) the checkpoint, saying which flags give them.
 fn too_few(inputs: &Inputs, error: PairingError) -> PlanError {
-    let spec_names_gpus = inputs.spec.as_ref().is_some_and(SpecView::names_gpus);
     match (&inputs.spec, &inputs.dev_dir) {
-        (Some(_), _) if spec_names_gpus => PlanError::SpecGpus(error),
-        (_, Some(_)) => PlanError::HostDevGpus(error),
-        (Some(_), None) => PlanError::SpecGpus(error),
+        (Some(_), _) => PlanError::SpecGpus(error),
+        (None, Some(_)) => PlanError::HostDevGpus(error),
         (None, None) => PlanError::NoRestoreSide(error),
     }
 }
@@ -299,6 +296,7 @@ fn decide(inputs: &Inputs) -> Result<Decided, PlanError> {
     .map(|c| amd.merge(c, nvidia))
     .collect::<Vec<_>>();
     let mut warnings = inputs.host.warnings.clone();
+    warnings.extend(inputs.dev_dir.iter().flat_map(|d| d.warnings.iter().cloned()));
     warnings.extend(
         checks.iter().filter(|c| !c.ok && c.relaxed).map(|c| format!("check {} relaxed: {}", c.check, c.detail)),
     );
@@ -427,7 +425,7 @@ mod tests {
                 tpus: vec![],
                 warnings: vec![],
             }),
-            dev_dir: Some(DevDirScan { gpus, amd: vec![], passthrough: vec![] }),
+            dev_dir: Some(DevDirScan { gpus, amd: vec![], passthrough: vec![], warnings: vec![] }),
             ..Inputs::default()
         }
     }
@@ -466,7 +464,7 @@ mod tests {
     /// Bug (issue 17.9): with a host device directory, a container given only `/dev/nvidia0`
     /// also listed `nvidia1` and every other host GPU. A spec that names GPU devices is given
     /// those alone (the directory's node for the same minor still gives its number); one that
-    /// names none still gets the directory's GPUs.
+    /// names none gets none (issue 29.3: runc makes none).
     #[test]
     fn a_spec_naming_gpus_gets_only_those() {
         let mut inp = inputs(&[], &[0, 1, 2]);
@@ -479,7 +477,7 @@ mod tests {
         assert_eq!(rdev_at(&plan, "nvidia0"), Some(Rdev::new(1, 3)));
         assert_eq!((rdev_at(&plan, "nvidia1"), rdev_at(&plan, "nvidia2")), (None, None));
         inp.spec = Some(SpecView::default());
-        assert_eq!(build(&inp).unwrap().restored.len(), 3, "a spec naming no GPU gets the directory's");
+        assert_eq!(build(&inp).unwrap().restored.len(), 0, "a spec naming no GPU gets none");
     }
 
     /// Both kinds of names: native names are the host GPUs, checkpoint names their pairs.
@@ -581,8 +579,12 @@ mod tests {
     #[test]
     fn mount_points_onto_nodes_files_and_console() {
         let mut inp = inputs(&[], &[0]);
-        let mount =
-            |p: &str, file: bool| DevMount { rel_path: p.into(), bind_source: Some("/x".into()), onto_file: file };
+        let mount = |p: &str, file: bool| DevMount {
+            rel_path: p.into(),
+            bind_source: Some("/x".into()),
+            onto_file: file,
+            tmpfs_mode: None,
+        };
         inp.spec = Some(SpecView {
             dev_mounts: vec![mount("nvidia0", true), mount("termination-log", true), mount("data/sub", false)],
             terminal: true,
@@ -673,10 +675,9 @@ mod tests {
 
     /// Bug: a spec that named its devices (`docker run --device /dev/nvidia0`) was given every
     /// pass-through node of the device directory as well (`nvidiactl`, `nvidia-uvm`, `kfd`),
-    /// nodes the spec never listed. A node the spec does not list is served only where its
-    /// family's GPUs come from the directory: without a spec, in hook mode (the NVIDIA hook
-    /// copies the host's nodes), or for NVIDIA's when the spec lists no NVIDIA GPU; never AMD's
-    /// `kfd` with a spec that does not list it.
+    /// nodes the spec never listed. A node the spec does not list is served only without a
+    /// spec, or in hook mode for the NVIDIA hook's control nodes (issue 29.3: not for a spec
+    /// that lists no NVIDIA GPU); never AMD's `kfd` with a spec that does not list it.
     #[test]
     fn a_spec_that_names_its_devices_gets_no_other_passthrough_node() {
         let host = Access::DEVICE_DEFAULT;
@@ -697,9 +698,134 @@ mod tests {
         let named = |devices| Some(SpecView { devices, ..SpecView::default() });
         assert_eq!(with(named(vec![gpu0.clone()])), Vec::<&str>::new(), "only the spec's devices");
         assert_eq!(with(named(vec![gpu0, ctl])), ["nvidiactl"], "the one it lists");
-        assert_eq!(with(named(vec![])), ["nvidiactl", "nvidia-uvm"], "no NVIDIA GPU named: the directory's, no kfd");
+        assert_eq!(with(named(vec![])), Vec::<&str>::new(), "no device named: none of them");
         assert_eq!(with(hook(Visible::All)), ["nvidiactl", "nvidia-uvm"], "hook mode: the hook copies them");
         assert_eq!(with(None), ["nvidiactl", "nvidia-uvm", "kfd"], "--host-dev alone");
+    }
+
+    /// The NVIDIA and AMD nodes of `plan`'s tree, by path.
+    fn gpu_family_nodes(plan: &Plan) -> Vec<&str> {
+        let ours = |p: &&str| p.starts_with("nvidia") || p.starts_with("dri") || *p == "kfd";
+        plan.tree.iter().map(|(p, _)| p).filter(ours).collect()
+    }
+
+    /// A host device directory with NVIDIA GPUs 0 and 1, the control nodes, a MIG capability,
+    /// `kfd` and an AMD render node, all at the host's `0666`.
+    fn full_dev_dir() -> Inputs {
+        let mut inp = inputs(&[], &[0, 1]);
+        inp.metadata = None;
+        inp.host = described(&[(0, "0000:3c:00.0"), (1, "0000:3d:00.0")], (0x10de, 0x2330));
+        let dir = inp.dev_dir.as_mut().unwrap();
+        let host = Access::DEVICE_DEFAULT;
+        for (name, rdev) in [
+            ("nvidiactl", Rdev::new(195, 255)),
+            ("nvidia-modeset", Rdev::new(195, 254)),
+            ("nvidia-uvm", Rdev::new(507, 0)),
+            ("nvidia-caps/nvidia-cap1", Rdev::new(508, 1)),
+            ("kfd", Rdev::new(235, 0)),
+        ] {
+            dir.passthrough.push(HostNode { rel_path: name.into(), rdev, access: host });
+        }
+        dir.amd.push((128, HostNode { rel_path: "dri/renderD128".into(), rdev: Rdev::new(226, 128), access: host }));
+        inp
+    }
+
+    /// Bug (issue 29.3): with a device directory, a spec was given nodes runc never makes from
+    /// it: one asking the hook for nothing (`void`, empty, `,`, the variable unset: no hook
+    /// request) or listing no device got every `nvidiaN`, `nvidiactl`, `nvidia-uvm` and
+    /// `nvidia-caps/*`; one listing only `nvidiactl`, `kfd` or a render node got every NVIDIA
+    /// node at the host's `0666`. A spec gets what it lists and, in hook mode, what the toolkit
+    /// gives: the selected GPUs and the control nodes (`none`: those alone), never
+    /// `nvidia-caps/*` (MIG only). Only without a spec is the whole directory served.
+    #[test]
+    fn a_spec_gets_only_what_it_lists_and_the_hook_selects() {
+        let with = |spec: Option<SpecView>| {
+            let mut inp = full_dev_dir();
+            inp.spec = spec;
+            let plan = build(&inp).unwrap();
+            gpu_family_nodes(&plan).into_iter().map(str::to_owned).collect::<Vec<_>>()
+        };
+        let host = Access::DEVICE_DEFAULT;
+        let listing = |devices: Vec<SpecDevice>| Some(SpecView { devices, ..SpecView::default() });
+        let none: Vec<String> = vec![];
+        assert_eq!(with(Some(SpecView::default())), none, "no device listed, no hook request");
+        assert_eq!(with(listing(vec![spec_dev("/dev/nvidiactl", Rdev::new(195, 255), host)])), ["nvidiactl"]);
+        assert_eq!(with(listing(vec![spec_dev("/dev/nvidia-uvm", Rdev::new(507, 0), host)])), ["nvidia-uvm"]);
+        assert_eq!(with(listing(vec![spec_dev("/dev/kfd", Rdev::new(235, 0), host)])), ["kfd"]);
+        let render = spec_dev("/dev/dri/renderD128", Rdev::new(226, 128), host);
+        assert_eq!(with(listing(vec![render])), ["dri", "dri/renderD128"]);
+        assert_eq!(with(hook(Visible::None)), ["nvidia-modeset", "nvidia-uvm", "nvidiactl"]);
+        assert_eq!(
+            with(hook(Visible::Devices(vec![Selector::Index(1)]))),
+            ["nvidia-modeset", "nvidia-uvm", "nvidia1", "nvidiactl"]
+        );
+        assert_eq!(with(hook(Visible::All)), ["nvidia-modeset", "nvidia-uvm", "nvidia0", "nvidia1", "nvidiactl"]);
+        assert_eq!(
+            with(None),
+            [
+                "dri",
+                "dri/renderD128",
+                "kfd",
+                "nvidia-caps",
+                "nvidia-caps/nvidia-cap1",
+                "nvidia-modeset",
+                "nvidia-uvm",
+                "nvidia0",
+                "nvidia1",
+                "nvidiactl"
+            ],
+            "the operator's own --host-dev without a spec: the whole directory"
+        );
+    }
+
+    /// Rule (issue 29.3): the remap still works for a restored container whose spec lists its
+    /// GPUs or asks the hook for them: saved GPUs 0 and 1 onto host GPUs 0 and 1 either way;
+    /// a spec that asks for no GPU is too few, the spec's fault.
+    #[test]
+    fn a_restore_gets_its_gpus_from_the_spec_or_the_hook() {
+        let mut inp = full_dev_dir();
+        inp.metadata = inputs(&[4, 5], &[]).metadata;
+        let host = Access::DEVICE_DEFAULT;
+        let listed = [0, 1].map(|m| spec_dev(&format!("/dev/nvidia{m}"), Rdev::new(195, m), host)).to_vec();
+        for spec in [Some(SpecView { devices: listed, ..SpecView::default() }), hook(Visible::All)] {
+            inp.spec = spec;
+            let plan = build(&inp).unwrap();
+            assert_eq!(
+                (rdev_at(&plan, "nvidia4"), rdev_at(&plan, "nvidia5")),
+                (Some(Rdev::new(1, 3)), Some(Rdev::new(1, 4)))
+            );
+        }
+        inp.spec = Some(SpecView::default());
+        assert_eq!(build(&inp).unwrap_err(), PlanError::SpecGpus(PairingError::Count { saved: 2, restored: 0 }));
+    }
+
+    /// Bug (issue 29.5): runc mounts a tmpfs on a directory that exists and then chmods it to
+    /// that directory's mode, so the tree's `0755` mount point left `/dev/shm` unwritable to a
+    /// non-root user, where runc's own `/dev` leaves the tmpfs's `1777`. A tmpfs's mount point
+    /// has the tmpfs's mode (its `mode=`, else `1777`), the first mount on a path deciding; any
+    /// other mount's stays `0755`.
+    #[test]
+    fn a_tmpfs_mount_point_has_the_tmpfs_mode() {
+        let mount =
+            |p: &str, tmpfs_mode: Option<u32>| DevMount { rel_path: p.into(), tmpfs_mode, ..DevMount::default() };
+        let spec = SpecView {
+            dev_mounts: vec![
+                mount("shm", Some(0o1777)),
+                mount("shm", Some(0o700)),
+                mount("a/b", Some(0o750)),
+                mount("pts", None),
+                mount("mqueue", None),
+                mount("mqueue", Some(0o700)),
+            ],
+            ..SpecView::default()
+        };
+        let plan = build(&Inputs { spec: Some(spec), ..Inputs::default() }).unwrap();
+        let mode = |p: &str| plan.tree.get(p).map(|n| (n.kind.clone(), n.access.mode));
+        assert_eq!(mode("shm"), Some((NodeKind::Dir, 0o1777)));
+        assert_eq!(mode("a/b"), Some((NodeKind::Dir, 0o750)));
+        assert_eq!(mode("a"), Some((NodeKind::Dir, 0o755)));
+        assert_eq!(mode("pts"), Some((NodeKind::Dir, 0o755)));
+        assert_eq!(mode("mqueue"), Some((NodeKind::Dir, 0o755)), "the first mount there is no tmpfs");
     }
 
     /// Bug (found attacking the pass-through rule): a spec listing `/dev/nvidiactl` as a block
@@ -881,22 +1007,29 @@ mod tests {
         inp.spec = Some(SpecView { devices: vec![spec_gpu], ..SpecView::default() });
         assert_eq!(build(&inp).unwrap_err().input(), Input::Spec);
         let mut inp = inputs(&[0, 1], &[5]);
-        inp.spec = Some(SpecView::default());
         assert_eq!(build(&inp).unwrap_err(), PlanError::HostDevGpus(PairingError::Count { saved: 2, restored: 1 }));
+        // Issue 29.3: a spec gets only the GPUs it names, so too few is the spec's.
+        inp.spec = Some(SpecView::default());
+        assert_eq!(build(&inp).unwrap_err(), PlanError::SpecGpus(PairingError::Count { saved: 2, restored: 0 }));
         let mut inp = inputs(&[0, 1], &[]);
         inp.dev_dir = None;
         assert_eq!(build(&inp).unwrap_err().input(), Input::Checkpoint);
 
+        // The hook's control node past the tree's node limit (a spec's devices fill it).
         let mut inp = inputs(&[], &[]);
+        inp.metadata = None;
         inp.dev_dir.as_mut().unwrap().passthrough.push(HostNode {
-            rel_path: "nvidia-caps/nvidia-cap1".into(),
-            rdev: Rdev::new(508, 1),
+            rel_path: "nvidiactl".into(),
+            rdev: Rdev::new(195, 255),
             access: Access::DEVICE_DEFAULT,
         });
-        let caps_file = spec_dev("/dev/nvidia-caps", Rdev::new(1, 3), Access::DEVICE_DEFAULT);
-        inp.spec = Some(SpecView { devices: vec![caps_file], ..SpecView::default() });
+        let defaults = build(&Inputs::default()).unwrap().tree.len();
+        let devices = (0..crate::inputs::limits::MAX_NODES - defaults)
+            .map(|i| spec_dev(&format!("/dev/d{i}"), Rdev::new(1, 3), Access::DEVICE_DEFAULT))
+            .collect();
+        inp.spec = Some(SpecView { devices, hook: Some(Visible::None), ..SpecView::default() });
         let err = build(&inp).unwrap_err();
-        assert!(matches!(err, PlanError::HostNode(TreeError::ParentNotDir { .. })), "{err}");
+        assert!(matches!(err, PlanError::HostNode(TreeError::Limit { .. })), "{err}");
         assert_eq!(err.input(), Input::HostDev);
 
         let mut inp = inputs(&[], &[2]);

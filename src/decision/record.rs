@@ -218,7 +218,7 @@ mod tests {
             })
             .collect();
         Inputs {
-            dev_dir: Some(DevDirScan { gpus, amd: vec![], passthrough: vec![] }),
+            dev_dir: Some(DevDirScan { gpus, amd: vec![], passthrough: vec![], warnings: vec![] }),
             host: HostFacts { gpu_info, driver_version: Some("535.129.03".into()), ..HostFacts::default() },
             ..Inputs::default()
         }
@@ -327,7 +327,12 @@ mod tests {
         let saved = json!([{"kind": "amdgpu", "minor": 136, "earlier_minors": [152, 144]}]);
         let inputs = Inputs {
             metadata: Some(metadata::parse(saved.to_string().as_bytes()).unwrap()),
-            dev_dir: Some(DevDirScan { gpus: vec![], amd: vec![node(128), node(144)], passthrough: vec![] }),
+            dev_dir: Some(DevDirScan {
+                gpus: vec![],
+                amd: vec![node(128), node(144)],
+                passthrough: vec![],
+                warnings: vec![],
+            }),
             ..Inputs::default()
         };
         let plan = plan::build(&inputs).unwrap();
@@ -388,7 +393,7 @@ mod tests {
             )
         };
         let inputs = |amd: Vec<(u32, HostNode)>, unread: Option<&str>| Inputs {
-            dev_dir: Some(DevDirScan { gpus: vec![], amd, passthrough: vec![] }),
+            dev_dir: Some(DevDirScan { gpus: vec![], amd, passthrough: vec![], warnings: vec![] }),
             host: HostFacts { amd_unread: unread.map(str::to_owned), ..HostFacts::default() },
             ..Inputs::default()
         };

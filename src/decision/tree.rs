@@ -240,6 +240,13 @@ impl TreeBuilder {
         Ok(())
     }
 
+    /// Gives directory `path` the permission bits `mode`; a path that is no directory is left.
+    pub fn chmod_dir(&mut self, path: &str, mode: u32) {
+        if let Some(node) = self.nodes.get_mut(path).filter(|n| n.kind == NodeKind::Dir) {
+            node.access.mode = mode;
+        }
+    }
+
     /// Places a non-directory node at `path`, replacing a non-directory one.
     pub fn insert(&mut self, path: &str, node: Node) -> Result<(), TreeError> {
         limits::check_dev_path(path).map_err(|e| TreeError::limit(path, e))?;

@@ -41,6 +41,8 @@ pub struct DevDirScan {
     /// `(N, node)` for every AMD `dri/renderDN`, sorted by N.
     pub amd: Vec<(u32, HostNode)>,
     pub passthrough: Vec<HostNode>,
+    /// What the scan skipped and says so: a directory a family reads that is a symlink.
+    pub warnings: Vec<String>,
 }
 
 /// Why the host's devices could not be read. Each names the file at fault.
@@ -124,13 +126,25 @@ impl DevDir {
     }
 
     /// The directory `name` under this one, opened through this one's descriptor without
-    /// following a symlink; `None` when there is none, or it is not a directory (a symlink is
-    /// never followed).
-    pub fn subdir(&self, name: &str) -> Result<Option<DevDir>, HostError> {
+    /// following a symlink; `None` when there is none, or it is not a directory. A symlink is
+    /// never followed, and skipping it is said in `warnings`, naming it: the nodes it leads to
+    /// are not served.
+    pub fn subdir(&self, name: &str, warnings: &mut Vec<String>) -> Result<Option<DevDir>, HostError> {
         let no_follow = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
         match Dir::openat(&self.fd, name, no_follow, Mode::empty()) {
             Ok(fd) => Ok(Some(DevDir { fd, top: self.top.clone(), rel: self.rel_path(name) })),
-            Err(Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP) => Ok(None),
+            Err(Errno::ENOENT) => Ok(None),
+            Err(Errno::ENOTDIR | Errno::ELOOP) => {
+                let st = fstatat(&self.fd, name, AtFlags::AT_SYMLINK_NOFOLLOW)
+                    .map_err(|e| HostError::Stat(self.path(name), e.into()))?;
+                if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
+                    warnings.push(format!(
+                        "{}: is a symlink, which is not followed; the nodes under it are not served",
+                        self.path(name).display()
+                    ));
+                }
+                Ok(None)
+            }
             Err(e) => Err(HostError::ReadDir(self.path(name), e.into())),
         }
     }

@@ -42,6 +42,9 @@ pub struct DevMount {
     pub bind_source: Option<String>,
     /// The source is not a directory, so the mount point must be a non-directory.
     pub onto_file: bool,
+    /// For a tmpfs, the mode of its root as mounted: the last `mode=` option, else tmpfs's own
+    /// `1777`. runc chmods a tmpfs mounted on a directory that exists to that directory's mode.
+    pub tmpfs_mode: Option<u32>,
 }
 
 /// What of a spec matters to `/dev`.
@@ -143,10 +146,20 @@ pub fn parse(bytes: &[u8], file_source: &dyn Fn(&str) -> bool) -> Result<SpecVie
             let bind_source =
                 is_bind.then(|| mount.source().as_ref().map(|s| s.to_string_lossy().into_owned())).flatten();
             let onto_file = bind_source.as_deref().is_some_and(file_source);
-            view.dev_mounts.push(DevMount { rel_path, bind_source, onto_file });
+            let tmpfs_mode = (!is_bind && mount.typ().as_deref() == Some("tmpfs"))
+                .then(|| tmpfs_root_mode(mount.options().iter().flatten().map(String::as_str)));
+            view.dev_mounts.push(DevMount { rel_path, bind_source, onto_file, tmpfs_mode });
         }
     }
     Ok(view)
+}
+
+/// The mode of a tmpfs's root as the kernel mounts it: the last `mode=` option (octal, its
+/// permission bits), else `1777`. A value the kernel cannot read fails the mount, so whatever
+/// is served for it is never seen; `1777` is.
+fn tmpfs_root_mode<'a>(options: impl Iterator<Item = &'a str>) -> u32 {
+    let mode = options.filter_map(|o| o.strip_prefix("mode=")).last();
+    mode.and_then(|m| u32::from_str_radix(m, 8).ok()).map_or(0o1777, |m| m & 0o7777)
 }
 
 /// A node's access as runc leaves it: runc makes each node as root and then chowns it to the
@@ -209,7 +222,10 @@ fn dev_relative(path: &str) -> Result<Option<String>, &'static str> {
 }
 
 /// gVisor's `GPUFunctionalityRequestedViaHook`: an NVIDIA hook is installed and
-/// `NVIDIA_VISIBLE_DEVICES` asks for something; what it asks for, read as the toolkit reads it.
+/// `NVIDIA_VISIBLE_DEVICES` asks for something; what it asks for, read as the toolkit reads it
+/// (`internal/config/image`, `DevicesFromEnvvars`): the variable's last value (the toolkit makes
+/// a map of the environment); unset, empty, only commas or `void`: nothing; unset in a legacy
+/// CUDA image (`CUDA_VERSION` set, `NVIDIA_REQUIRE_CUDA` unset or empty): every GPU.
 fn hook_request(spec: &Spec) -> Result<Option<Visible>, VisibleError> {
     let Some(hooks) = spec.hooks() else { return Ok(None) };
     let ends = |hooks: &Option<Vec<oci_spec::runtime::Hook>>, suffix: &str| {
@@ -222,11 +238,16 @@ fn hook_request(spec: &Spec) -> Result<Option<Visible>, VisibleError> {
         return Ok(None);
     }
     let env = spec.process().as_ref().and_then(|p| p.env().clone()).unwrap_or_default();
-    let values: Vec<&str> = env.iter().filter_map(|e| e.strip_prefix("NVIDIA_VISIBLE_DEVICES=")).collect();
+    let values = |name: &str| -> Vec<&str> {
+        env.iter().filter_map(|e| e.strip_prefix(name).and_then(|rest| rest.strip_prefix('='))).collect()
+    };
+    let last = |name: &str| values(name).last().copied().unwrap_or_default();
+    let visible = values("NVIDIA_VISIBLE_DEVICES");
     // The CDI toolkit appends `NVIDIA_VISIBLE_DEVICES=void` after the user's own value.
-    let effective = match values.as_slice() {
+    let effective = match visible.as_slice() {
         [.., user, "void"] if cdi => Some(*user),
         [.., last] => Some(*last),
+        [] if !last("CUDA_VERSION").is_empty() && last("NVIDIA_REQUIRE_CUDA").is_empty() => Some("all"),
         [] => None,
     };
     effective.map_or(Ok(None), visible::parse)
@@ -323,6 +344,47 @@ mod tests {
             mig,
             "process.env: NVIDIA_VISIBLE_DEVICES: \"0:1\" is a MIG device; MIG devices are not supported yet"
         );
+    }
+
+    /// Rule (issue 29.3, the toolkit's `DevicesFromEnvvars`): a legacy CUDA image
+    /// (`CUDA_VERSION` set, `NVIDIA_REQUIRE_CUDA` unset or empty) without the variable asks the
+    /// hook for every GPU; with the variable set, even empty, or in a newer image, the variable
+    /// decides; the last of repeated entries counts, as the toolkit's map of the environment.
+    #[test]
+    fn a_legacy_cuda_image_without_the_variable_asks_for_every_gpu() {
+        let with = |env: &[&str]| {
+            let mut s = spec(json!([]), json!([]));
+            s["hooks"] = json!({"prestart": [{"path": "/usr/bin/nvidia-container-runtime-hook"}]});
+            s["process"]["env"] = json!(env);
+            parse(s.to_string().as_bytes(), &no_files).map(|v| v.hook)
+        };
+        assert_eq!(with(&["CUDA_VERSION=12.4.1"]), Ok(Some(Visible::All)));
+        assert_eq!(with(&["CUDA_VERSION=12.4.1", "NVIDIA_REQUIRE_CUDA="]), Ok(Some(Visible::All)));
+        assert_eq!(with(&["CUDA_VERSION=12.4.1", "NVIDIA_REQUIRE_CUDA=cuda>=12.4"]), Ok(None));
+        assert_eq!(with(&["CUDA_VERSION=12.4.1", "NVIDIA_VISIBLE_DEVICES="]), Ok(None));
+        assert_eq!(with(&["CUDA_VERSION=12.4.1", "NVIDIA_VISIBLE_DEVICES=void"]), Ok(None));
+        assert_eq!(with(&["CUDA_VERSION=11", "CUDA_VERSION="]), Ok(None), "the last CUDA_VERSION is empty");
+        assert_eq!(with(&["CUDA_VERSIONX=1"]), Ok(None));
+        assert_eq!(with(&["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_VISIBLE_DEVICES=,"]), Ok(None));
+    }
+
+    /// Rule (issue 29.5): a tmpfs mount's root mode is its last `mode=` option's permission
+    /// bits, else tmpfs's `1777`; other mounts, bind mounts of type tmpfs included, have none.
+    #[test]
+    fn a_tmpfs_mount_has_its_root_mode() {
+        let s = spec(
+            json!([]),
+            json!([{"destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": ["nosuid", "mode=1777", "size=64k"]},
+                   {"destination": "/dev/a", "type": "tmpfs", "source": "t"},
+                   {"destination": "/dev/b", "type": "tmpfs", "source": "t", "options": ["mode=700", "mode=0750"]},
+                   {"destination": "/dev/c", "type": "tmpfs", "source": "t", "options": ["mode=x"]},
+                   {"destination": "/dev/d", "type": "tmpfs", "source": "t", "options": ["mode=107777"]},
+                   {"destination": "/dev/e", "type": "tmpfs", "source": "/x", "options": ["rbind"]},
+                   {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue"}]),
+        );
+        let v = parse(s.to_string().as_bytes(), &no_files).unwrap();
+        let modes: Vec<Option<u32>> = v.dev_mounts.iter().map(|m| m.tmpfs_mode).collect();
+        assert_eq!(modes, [Some(0o1777), Some(0o1777), Some(0o750), Some(0o1777), Some(0o7777), None, None]);
     }
 
     /// Bug (found from outside): runc 1.1.5 (measured) chowns every node it makes: `uid` and

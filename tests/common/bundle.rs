@@ -232,6 +232,22 @@ pub fn oci_config(hostname: &str, devices: &[Value]) -> Value {
     })
 }
 
+/// Makes `config` ask the NVIDIA hook for GPUs as `docker run --gpus` does: a prestart hook
+/// named `nvidia-container-runtime-hook` and, where `visible` is given,
+/// `NVIDIA_VISIBLE_DEVICES=<visible>`. The test host has no toolkit, so the hook is a script in
+/// `dir` that does nothing (the toolkit's own hook adds nothing for `void`); the runtime runs it
+/// as it would run the toolkit's.
+pub fn nvidia_hook(config: &mut Value, dir: &Path, visible: Option<&str>) {
+    let hook = dir.join("nvidia-container-runtime-hook");
+    fs::write(&hook, "#!/bin/sh\ncat > /dev/null\n").unwrap();
+    fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    config["hooks"] =
+        json!({"prestart": [{"path": hook.to_str().unwrap(), "args": ["nvidia-container-runtime-hook", "prestart"]}]});
+    if let Some(visible) = visible {
+        config["process"]["env"].as_array_mut().unwrap().push(json!(format!("NVIDIA_VISIBLE_DEVICES={visible}")));
+    }
+}
+
 /// A device cgroup rule allowing char device `major:minor` (`rwm`).
 pub fn allow_char(major: u32, minor: u32) -> Value {
     json!({"allow": true, "type": "c", "major": major, "minor": minor, "access": "rwm"})

@@ -14,9 +14,9 @@ use crate::inputs::pci;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// The restored GPUs: the spec's 195:N devices and the device directory's `nvidiaN` nodes
-/// (whose stat'd number wins, and the spec's mode and owner where the spec lists the GPU): of those, only the spec's own when it names GPU devices, and only
-/// those the hook's `NVIDIA_VISIBLE_DEVICES` selects when the spec asks through the hook; with
-/// what the driver says of them, sorted by minor.
+/// (whose stat'd number wins, and the spec's mode and owner where the spec lists the GPU): of
+/// the directory's, every one without a spec, else only those the spec lists and those the
+/// hook's `NVIDIA_VISIBLE_DEVICES` selects; with what the driver says of them, sorted by minor.
 pub(super) fn restored_gpus(inputs: &Inputs) -> Result<Vec<RestoredGpu>, PlanError> {
     let mut by_minor: BTreeMap<u32, (Rdev, Access)> = BTreeMap::new();
     for dev in inputs.spec.iter().flat_map(|s| &s.devices) {
@@ -30,13 +30,15 @@ pub(super) fn restored_gpus(inputs: &Inputs) -> Result<Vec<RestoredGpu>, PlanErr
     {
         return Err(PlanError::HostDevMissing(*missing));
     }
-    // A spec that names GPUs (devices, or the hook's selection) is given those and no others
-    // (issue 17.9); one that names none gets the device directory's, as `--host-dev` alone does.
-    let named = !by_minor.is_empty();
+    // A spec is given the GPUs it lists and those the hook selects, and no others, as runc and
+    // the NVIDIA hook give them (issues 17.9, 29.3): one that asks for none gets none. Only
+    // without a spec (`--host-dev` alone, the operator's own flags) is every GPU of the
+    // directory restored.
+    let whole_dir = inputs.spec.is_none();
     for (minor, node) in inputs.dev_dir.iter().flat_map(|d| &d.gpus) {
         let given = match &selected {
             Some(s) => s.contains(minor),
-            None => !named || by_minor.contains_key(minor),
+            None => whole_dir || by_minor.contains_key(minor),
         };
         // The spec's mode and owner win where it lists the GPU, as runc makes its node with
         // them (the host's may be wider); the directory gives the number.

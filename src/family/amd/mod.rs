@@ -38,19 +38,15 @@ const DRI_DIR: &str = "dri";
 const RENDER_PREFIX: &str = "renderD";
 const KFD: &str = "kfd";
 
-/// Whether the device directory's pass-through node `rel_path` is AMD's (`kfd`).
-pub fn owns_passthrough(rel_path: &str) -> bool {
-    rel_path == KFD
-}
-
 /// The AMD family ([`super::AMD`]).
 pub struct Amd;
 
 impl Family for Amd {
     /// `dri/renderD<N>` char devices (N under 128 or a leading zero is an error), the `dri`
-    /// directory opened without following a symlink, and `kfd` as a pass-through node.
+    /// directory opened without following a symlink (one is skipped with a warning), and `kfd`
+    /// as a pass-through node.
     fn scan_dev_dir(&self, dir: &mut DevDir, scan: &mut DevDirScan) -> Result<(), HostError> {
-        if let Some(mut dri) = dir.subdir(DRI_DIR)? {
+        if let Some(mut dri) = dir.subdir(DRI_DIR, &mut scan.warnings)? {
             for name in dri.names(RENDER_PREFIX)? {
                 let minor = render_minor_of_name(&name).map_err(|m| HostError::BadName(dri.path(&name), m))?;
                 scan.amd.push((minor, dri.char_node(&name)?));
@@ -66,7 +62,7 @@ impl Family for Amd {
     /// left out with a warning naming the file: the AMD GPUs' facts are then unknown, and the
     /// reason is kept (`amd_unread`) for what must say so (`record` refuses such a GPU).
     fn read_host_facts(&self, root: &Path, facts: &mut HostFacts) {
-        match read::read_topology(root) {
+        match read::read_topology(root, &mut facts.warnings) {
             Ok(topology) => facts.amd = topology,
             Err(e) => {
                 let why = format!("{}/{e}", root.to_string_lossy().trim_end_matches('/'));
@@ -109,6 +105,35 @@ pub fn render_minor_of_name(name: &str) -> Result<u32, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Bug (issue 29.7): a `dri` (or `nvidia-caps`) directory that is a symlink was skipped
+    /// without a word, its render nodes missing from the tree; the scan says so, one line
+    /// naming the path, and still follows no symlink.
+    #[test]
+    fn a_symlinked_node_directory_is_skipped_with_a_warning() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (dev, elsewhere) = (tmp.path().join("dev"), tmp.path().join("elsewhere"));
+        std::fs::create_dir_all(&elsewhere).unwrap();
+        std::fs::create_dir(&dev).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, dev.join("dri")).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, dev.join("nvidia-caps")).unwrap();
+        let scan = crate::family::scan_dev_dir(&dev).unwrap();
+        assert!(scan.amd.is_empty() && scan.passthrough.is_empty());
+        let said = |name: &str| {
+            format!(
+                "{}: is a symlink, which is not followed; the nodes under it are not served",
+                dev.join(name).display()
+            )
+        };
+        assert_eq!(scan.warnings, [said("nvidia-caps"), said("dri")]);
+        std::fs::remove_file(dev.join("dri")).unwrap();
+        std::fs::write(dev.join("dri"), "").unwrap();
+        assert_eq!(
+            crate::family::scan_dev_dir(&dev).unwrap().warnings,
+            [said("nvidia-caps")],
+            "a file is no directory"
+        );
+    }
 
     /// Rule: only `renderD` + ASCII digits from 128 is a render node name.
     #[test]

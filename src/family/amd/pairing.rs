@@ -158,7 +158,8 @@ mod tests {
     use std::path::Path;
 
     fn host(machine: &str) -> crate::family::amd::topology::Topology {
-        read_topology(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/amd").join(machine)).unwrap()
+        read_topology(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/amd").join(machine), &mut vec![])
+            .unwrap()
     }
 
     fn all(machine: &str) -> Vec<Gpu> {

@@ -3,7 +3,8 @@
 //! Lists `<host-root>/sys/class/kfd/kfd/topology/nodes/`, and in each node directory (a name
 //! of ASCII digits; the plugin skips other names too) `mem_banks/` and `io_links/`, without
 //! following symlinks to directories; reads each file through [`files`](crate::inputs::files), which
-//! takes only regular files and reads at most one byte past the limit. A host without the
+//! takes only regular files and reads at most one byte past the limit. A numbered entry that is
+//! a symlink is skipped with a warning naming it (the plugin reads only directories). A host without the
 //! directory has no KFD (no AMD GPU driver loaded): an empty topology, not an error. Every
 //! other failure is a [`TopologyError`] naming the file.
 
@@ -12,10 +13,16 @@ use crate::inputs::files;
 use std::io;
 use std::path::Path;
 
-/// Reads and parses the topology under `root`.
-pub fn read_topology(root: &Path) -> Result<Topology, TopologyError> {
+/// Reads and parses the topology under `root`; what it skips is said in `warnings`.
+pub fn read_topology(root: &Path, warnings: &mut Vec<String>) -> Result<Topology, TopologyError> {
     let dir = root.join(NODES_DIR);
-    let ids = match numbered_dirs(&dir, NODES_DIR, MAX_NODES) {
+    let mut skipped = |rel: String| {
+        warnings.push(format!(
+            "{}/{rel}: is a symlink, which is not followed; skipped",
+            root.to_string_lossy().trim_end_matches('/')
+        ))
+    };
+    let ids = match numbered_dirs(&dir, NODES_DIR, MAX_NODES, &mut skipped) {
         Err(TopologyError::Missing { .. }) => return Ok(Topology { nodes: vec![] }),
         other => other?,
     };
@@ -23,8 +30,8 @@ pub fn read_topology(root: &Path) -> Result<Topology, TopologyError> {
     for id in ids {
         let rel = format!("{NODES_DIR}/{id}");
         let node = dir.join(id.to_string());
-        let list = |sub: &str| -> Result<Vec<(u32, Text)>, TopologyError> {
-            numbered_dirs(&node.join(sub), &format!("{rel}/{sub}"), MAX_ENTRIES)
+        let mut list = |sub: &str| -> Result<Vec<(u32, Text)>, TopologyError> {
+            numbered_dirs(&node.join(sub), &format!("{rel}/{sub}"), MAX_ENTRIES, &mut skipped)
                 .or_else(|e| if matches!(e, TopologyError::Missing { .. }) { Ok(vec![]) } else { Err(e) })?
                 .into_iter()
                 .map(|n| Ok((n, read_text(&node.join(format!("{sub}/{n}/properties"))))))
@@ -43,8 +50,14 @@ pub fn read_topology(root: &Path) -> Result<Topology, TopologyError> {
 }
 
 /// The numbers that name subdirectories of `dir` (other names are skipped, as the plugin
-/// does), at most `limit`, sorted. `rel` names `dir` in errors.
-fn numbered_dirs(dir: &Path, rel: &str, limit: usize) -> Result<Vec<u32>, TopologyError> {
+/// does; a symlink under such a name is given to `symlink` by its path, `rel/<name>`), at most
+/// `limit`, sorted. `rel` names `dir` in errors.
+fn numbered_dirs(
+    dir: &Path,
+    rel: &str,
+    limit: usize,
+    symlink: &mut dyn FnMut(String),
+) -> Result<Vec<u32>, TopologyError> {
     let io = |e: io::Error| match e.kind() {
         io::ErrorKind::NotFound => TopologyError::Missing { file: rel.to_owned() },
         _ => TopologyError::Unreadable { file: rel.to_owned(), why: crate::io_message(&e) },
@@ -64,7 +77,11 @@ fn numbered_dirs(dir: &Path, rel: &str, limit: usize) -> Result<Vec<u32>, Topolo
             continue;
         }
         let Ok(n) = name.parse::<u32>() else { continue };
-        if !entry.file_type().map_err(io)?.is_dir() {
+        let file_type = entry.file_type().map_err(io)?;
+        if file_type.is_symlink() {
+            symlink(format!("{rel}/{name}"));
+        }
+        if !file_type.is_dir() {
             continue;
         }
         if out.len() == limit {
@@ -110,7 +127,7 @@ mod tests {
             ("mi210-2", 1, vec![128, 129], "gfx90a", false),
             ("radeon-7900xtx-2", 1, vec![128, 129], "gfx1100", false),
         ] {
-            let topo = read_topology(&fixture(machine)).unwrap_or_else(|e| panic!("{machine}: {e}"));
+            let topo = read_topology(&fixture(machine), &mut vec![]).unwrap_or_else(|e| panic!("{machine}: {e}"));
             assert_eq!(topo.nodes.iter().filter(|n| !n.is_gpu()).count(), cpus, "{machine}");
             let mut got: Vec<u32> = topo.gpus().map(|n| n.facts.as_ref().unwrap().drm_render_minor).collect();
             got.sort_unstable();
@@ -135,12 +152,45 @@ mod tests {
     #[test]
     fn no_kfd_is_no_gpus() {
         let dir = tempfile::tempdir().unwrap();
-        assert_eq!(read_topology(dir.path()).unwrap().nodes, vec![]);
+        assert_eq!(read_topology(dir.path(), &mut vec![]).unwrap().nodes, vec![]);
         let nodes = dir.path().join(NODES_DIR);
         std::fs::create_dir_all(nodes.parent().unwrap()).unwrap();
         std::fs::write(&nodes, "").unwrap();
-        let err = read_topology(dir.path()).unwrap_err().to_string();
+        let err = read_topology(dir.path(), &mut vec![]).unwrap_err().to_string();
         assert_eq!(err, format!("{NODES_DIR}: is a regular file; expected a directory"));
+    }
+
+    /// Topology node 1 under `root`, a GPU with one memory bank, but no `properties` file yet.
+    fn gpu_node_without_properties(root: &Path) -> PathBuf {
+        let node = root.join(NODES_DIR).join("1");
+        std::fs::create_dir_all(node.join("mem_banks/0")).unwrap();
+        std::fs::write(node.join("gpu_id"), "7\n").unwrap();
+        std::fs::write(node.join("name"), "navi31\n").unwrap();
+        std::fs::write(node.join("mem_banks/0/properties"), "heap_type 1\nsize_in_bytes 4096\n").unwrap();
+        node
+    }
+
+    /// Bug (issue 29.7): a numbered topology entry that is a symlink (`nodes/N`,
+    /// `mem_banks/N`) was skipped without a word; it is still skipped, never followed, and a
+    /// warning names it under the host root.
+    #[test]
+    fn a_symlinked_topology_entry_is_skipped_with_a_warning() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = gpu_node_without_properties(dir.path());
+        std::fs::write(node.join("properties"), "drm_render_minor 128\n").unwrap();
+        std::os::unix::fs::symlink(&node, dir.path().join(NODES_DIR).join("2")).unwrap();
+        std::os::unix::fs::symlink(node.join("mem_banks/0"), node.join("mem_banks/1")).unwrap();
+        let mut warnings = vec![];
+        let topo = read_topology(dir.path(), &mut warnings).unwrap();
+        assert_eq!(topo.nodes.len(), 1);
+        let root = dir.path().to_string_lossy().into_owned();
+        assert_eq!(
+            warnings,
+            [
+                format!("{root}/{NODES_DIR}/2: is a symlink, which is not followed; skipped"),
+                format!("{root}/{NODES_DIR}/1/mem_banks/1: is a symlink, which is not followed; skipped"),
+            ]
+        );
     }
 
     /// Rule: a huge, missing, or non-regular file is an error naming it; a file over a page is
@@ -148,26 +198,22 @@ mod tests {
     #[test]
     fn bad_files_on_disk_name_themselves() {
         let dir = tempfile::tempdir().unwrap();
-        let node = dir.path().join(NODES_DIR).join("1");
-        std::fs::create_dir_all(node.join("mem_banks/0")).unwrap();
-        std::fs::write(node.join("gpu_id"), "7\n").unwrap();
-        std::fs::write(node.join("name"), "navi31\n").unwrap();
-        std::fs::write(node.join("mem_banks/0/properties"), "heap_type 1\nsize_in_bytes 4096\n").unwrap();
+        let node = gpu_node_without_properties(dir.path());
         std::fs::write(node.join("properties"), "simd_count 1\n".repeat(10_000)).unwrap();
-        let err = read_topology(dir.path()).unwrap_err().to_string();
+        let err = read_topology(dir.path(), &mut vec![]).unwrap_err().to_string();
         assert_eq!(err, format!("{NODES_DIR}/1/properties: over 4096 bytes, more than a sysfs file holds"));
         std::fs::remove_file(node.join("properties")).unwrap();
-        let err = read_topology(dir.path()).unwrap_err().to_string();
+        let err = read_topology(dir.path(), &mut vec![]).unwrap_err().to_string();
         assert_eq!(err, format!("{NODES_DIR}/1/properties: missing"));
         std::fs::create_dir(node.join("properties")).unwrap();
-        let err = read_topology(dir.path()).unwrap_err().to_string();
+        let err = read_topology(dir.path(), &mut vec![]).unwrap_err().to_string();
         assert_eq!(err, format!("{NODES_DIR}/1/properties: is a directory; expected a regular file"));
         std::fs::remove_dir(node.join("properties")).unwrap();
         std::fs::write(node.join("properties"), b"drm_render_minor 128\n\xff\n").unwrap();
-        let err = read_topology(dir.path()).unwrap_err().to_string();
+        let err = read_topology(dir.path(), &mut vec![]).unwrap_err().to_string();
         assert_eq!(err, format!("{NODES_DIR}/1/properties: not UTF-8 text"));
         std::fs::write(node.join("properties"), "drm_render_minor 128\n").unwrap();
-        let topo = read_topology(dir.path()).unwrap();
+        let topo = read_topology(dir.path(), &mut vec![]).unwrap();
         assert_eq!(topo.gpus().count(), 1);
     }
 }

@@ -30,6 +30,14 @@ pub const MAX_REGULAR_MINOR: u32 = 247;
 const PASSTHROUGH: &[&str] = &["nvidiactl", "nvidia-modeset", "nvidia-uvm", "nvidia-uvm-tools"];
 const CAPS_DIR: &str = "nvidia-caps";
 
+/// Whether the NVIDIA hook gives pass-through node `rel_path` to a container that asks for GPU
+/// support: the driver's control nodes. Not `nvidia-caps/*`, which the toolkit gives only for
+/// MIG devices (libnvidia-container's MIG capability mounts; the CDI spec's MIG devices), and
+/// devremap serves no MIG device.
+pub fn hook_control_node(rel_path: &str) -> bool {
+    PASSTHROUGH.contains(&rel_path)
+}
+
 static GPU_NAME: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^nvidia([0-9]+)$").expect("a valid regex"));
 
 /// The NVIDIA family ([`super::NVIDIA`]).
@@ -46,7 +54,7 @@ impl Family for Nvidia {
                 scan.passthrough.push(dir.char_node(&name)?);
             }
         }
-        if let Some(mut caps) = dir.subdir(CAPS_DIR)? {
+        if let Some(mut caps) = dir.subdir(CAPS_DIR, &mut scan.warnings)? {
             for name in caps.names("nvidia")?.into_iter().filter(|n| n.starts_with("nvidia-cap")) {
                 scan.passthrough.push(caps.char_node(&name)?);
             }
