@@ -236,9 +236,10 @@ outer_cleanup() {
         wait_until 15 "devremapd to stop" gone "$(cat "$tmp/pid")" || kill -KILL "$(cat "$tmp/pid")" 2>/dev/null || true
     fi
     if [ -n "${DEVREMAP_GPU_LOGS:-}" ]; then
+        # Each log's last 5000 lines (CRIU's, at -v4, can be long), named apart.
         mkdir -p "$DEVREMAP_GPU_LOGS"
         for f in daemon.log app.log criu-check.log img/dump.log img/restore.log; do
-            [ -f "$tmp/$f" ] && cp "$tmp/$f" "$DEVREMAP_GPU_LOGS/$(basename "$f")" || true
+            [ -f "$tmp/$f" ] && tail -n 5000 "$tmp/$f" > "$DEVREMAP_GPU_LOGS/$(echo "$f" | sed 's|^img/|criu-|')" || true
         done
     fi
     rm -rf "$tmp"
