@@ -69,8 +69,17 @@ cuda() {
 }
 
 # cuda_restore: the CUDA restore, with devremapd's pairs where it gave them, and the unlock.
+# A restore that refuses the pairs is tried once more without them, so that one run on a
+# GPU says both what the driver said of the pairs and whether the rest holds; the run then
+# ends in FAIL all the same (map_refused).
 cuda_restore() {
-    if [ -n "$map" ]; then cuda restore --map "$map"; else cuda restore; fi
+    if [ -z "$map" ]; then
+        cuda restore
+    elif ! timeout 120 python3 "$here/restore.py" cuda restore "$(app_pid)" --map "$map"; then
+        echo "the CUDA restore refused cuda-device-map's pairs (above): once more without them"
+        map_refused=1
+        cuda restore
+    fi
     cuda unlock
 }
 
@@ -205,9 +214,11 @@ in_namespace() {
     echo "app pid $(app_pid) on $(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["device"])' "$tmp/before.json")"
     fds "running"
     [ "$(alias_fd_rdev before)" = "$(native_rdev)" ] || fail "the app's /dev/nvidia$alias is not host nvidia$first"
+    map_refused=
     cuda_part
     criu_part
     rpy ask "$tmp/app" exit --timeout 30 > /dev/null || true
+    [ -z "$map_refused" ] || fail "the CUDA restore refused cuda-device-map's pairs ($map); the rest passed without them"
 }
 
 inner_cleanup() {
