@@ -15,50 +15,23 @@ set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 DEVREMAPD=${DEVREMAPD:-$here/../../target/release/devremapd}
 HOST_DEV=${HOST_DEV:-/dev}
+. "$here/lib.sh"
 
-skip() { echo "SKIP: $*"; exit 0; }
-[ "$(id -u)" = 0 ] || skip "needs root (mounts FUSE)"
-[ -e /dev/fuse ] || skip "/dev/fuse is missing"
-command -v nvidia-smi >/dev/null 2>&1 || skip "nvidia-smi not found: not an NVIDIA GPU host"
-ls "$HOST_DEV"/nvidia[0-9]* >/dev/null 2>&1 || skip "no $HOST_DEV/nvidiaN: no NVIDIA GPU here"
-[ -x "$DEVREMAPD" ] || { echo "FAIL: $DEVREMAPD not found (cargo build --release)"; exit 1; }
+gpu_need_root_and_fuse
+gpu_need_nvidia
+gpu_need_devremapd
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-cat > "$tmp/config.json" <<'JSON'
-{"ociVersion": "1.0.2", "root": {"path": "rootfs"},
- "mounts": [{"destination": "/dev/pts", "type": "devpts", "source": "devpts"},
-            {"destination": "/dev/shm", "type": "tmpfs", "source": "shm"}]}
-JSON
-
-echo "--- devremapd record: the host's GPUs"
-"$DEVREMAPD" record --spec "$tmp/config.json" --host-dev "$HOST_DEV" --output "$tmp/host.json"
-cat "$tmp/host.json"
-# The checkpoint: the same GPUs, saved under minor + 100.
-awk '/"minor":/ { sub(/[0-9]+/, $2 + 100) } { print }' "$tmp/host.json" > "$tmp/saved.json"
-first=$(awk -F'[:,]' '/"minor":/ { gsub(/ /, "", $2); print $2; exit }' "$tmp/host.json")
-alias=$((first + 100))
-
-echo "--- devremapd plan"
-"$DEVREMAPD" plan --metadata "$tmp/saved.json" --spec "$tmp/config.json" --host-dev "$HOST_DEV"
+gpu_checkpoint "$tmp"
 echo "--- devremapd cuda-device-map"
 "$DEVREMAPD" cuda-device-map --metadata "$tmp/saved.json" --spec "$tmp/config.json" --host-dev "$HOST_DEV" || true
 
-mkdir "$tmp/mnt"
-export DEVREMAPD HOST_DEV tmp first alias
+export DEVREMAPD HOST_DEV tmp first alias here
 unshare -m --propagation private sh -eu <<'INNER'
-"$DEVREMAPD" mount "$tmp/mnt" --metadata "$tmp/saved.json" --spec "$tmp/config.json" \
-    --host-dev "$HOST_DEV" --pid-file "$tmp/pid" 2> "$tmp/daemon.log" &
-i=0
-until [ -s "$tmp/pid" ]; do
-    i=$((i + 1)); [ "$i" -lt 1000 ] || { cat "$tmp/daemon.log"; exit 1; }
-    sleep 0.01
-done
-stop() { kill "$(cat "$tmp/pid")" 2>/dev/null || true; }
-trap stop EXIT
-mount --bind "$tmp/mnt" /dev
-mount -t devpts -o newinstance,ptmxmode=0666 devpts /dev/pts
-mount -t tmpfs -o mode=1777 shm /dev/shm
+. "$here/lib.sh"
+trap 'gpu_stop_devremapd "$tmp"' EXIT
+gpu_mount_dev "$tmp"
 echo "--- /dev in the namespace"
 grep ' /dev ' /proc/self/mounts
 ls -l /dev/nvidia*
@@ -91,9 +64,7 @@ ok(cuda.cuMemcpyDtoH_v2(out, ptr, 16), "cuMemcpyDtoH")
 print(f"cuda: {n.value} devices, device 0 {name.value.decode()}, memset/copy gave {list(out)[:4]}")
 PY
 fi
-echo "--- the checkpoint name /dev/nvidia$alias opens host GPU nvidia$first"
-stat -c '%n %t:%T %A' "/dev/nvidia$alias" "/dev/nvidia$first"
-[ "$(stat -c %t:%T "/dev/nvidia$alias")" = "$(stat -c %t:%T "/dev/nvidia$first")" ]
+gpu_check_alias
 python3 -c "import os, sys; fd = os.open('/dev/nvidia$alias', os.O_RDWR); print('opened /dev/nvidia$alias: fd', fd); os.close(fd)"
 INNER
 echo "PASS"
