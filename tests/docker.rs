@@ -1,11 +1,13 @@
-//! Docker (Debian's `docker.io`, dockerd 20.10) running containers through `devremap-runtime`
+//! Docker (Debian's `docker.io`: dockerd 20.10 on Debian 12, 26.1 on Debian 13, where
+//! .ci/newest-clients runs this file) running containers through `devremap-runtime`
 //! the way its users do: `docker run -d` (no `-i`), exec, stop, start, restart, rm, and
 //! `docker checkpoint create` + `docker start --checkpoint` onto a host whose GPUs changed.
 //!
 //! The test starts its own dockerd (its own socket, data root, exec root and managed
 //! containerd; `--iptables=false --bridge=none`, the vfs storage driver) with the shipped
-//! `dist/docker/daemon.json`, and stops it after. Docker 20.10 drops annotations, so the
-//! container opts in with `-e DEVREMAP_ENABLE=true`. The image is the static busybox,
+//! `dist/docker/daemon.json`, and stops it after. The container opts in as docs/restore.md
+//! says: `--annotation devremap.io/enable=true` on Docker 24 and later, `-e DEVREMAP_ENABLE=true`
+//! on 20.10, which drops annotations. The image is the static busybox,
 //! imported offline. The host is a fake one (GPU `nvidia1` is char 1:5, zero).
 
 mod common;
@@ -74,6 +76,18 @@ impl Dockerd {
         succeeded(&format!("docker {args:?}"), self.docker(args), || tail(&self.log(), 30))
     }
 
+    /// The docker run flags that ask for devremap on this dockerd: the annotation where Docker
+    /// passes annotations to the runtime (24 and later), else the variable.
+    fn opt_in(&self) -> [&'static str; 2] {
+        let version = self.ok(&["version", "--format", "{{.Server.Version}}"]);
+        let major: u32 = version
+            .split('.')
+            .next()
+            .and_then(|m| m.trim().parse().ok())
+            .unwrap_or_else(|| panic!("dockerd's version {version:?} does not start with a number"));
+        if major >= 24 { ["--annotation", "devremap.io/enable=true"] } else { ["-e", "DEVREMAP_ENABLE=true"] }
+    }
+
     /// `docker logs` of a container.
     fn logs(&self, name: &str) -> String {
         let out = self.docker(&["logs", name]);
@@ -101,7 +115,8 @@ fn tail(text: &str, n: usize) -> String {
 }
 
 /// Rule (issue 17): Docker's default flows through the wrapper. A `docker run -d` container
-/// (stdin the host's `/dev/null`) gets the devremap `/dev` through `DEVREMAP_ENABLE`; exec
+/// (stdin the host's `/dev/null`) gets the devremap `/dev` through the annotation, or on
+/// Docker 20.10 `DEVREMAP_ENABLE` (issue 30: each as docs/restore.md says); exec
 /// sees it; stop, start and restart each leave one daemon while it runs and none after; the
 /// container is checkpointed holding `/dev/nvidia1` open (issue 17.2: this failed on fd 0),
 /// the host's GPU 1 is replaced by GPU 2, and `docker start --checkpoint` restores it: the
@@ -123,8 +138,8 @@ fn docker_run_restart_checkpoint_restore() {
             || (w.containers().len() == 1).then_some(()),
         )
     };
-    let run = ["run", "-d", "--runtime", "devremap", "-e", "DEVREMAP_ENABLE=true", "--name", &name, IMAGE];
-    d.ok(&[&run[..], &["sh", "-c", HOLDER]].concat());
+    let run = ["run", "-d", "--runtime", "devremap", "--name", &name];
+    d.ok(&[&run[..], &d.opt_in(), &[IMAGE, "sh", "-c", HOLDER]].concat());
     wait_client("the container's report", || d.logs(&name), || d.logs(&name).contains("ready").then_some(()));
     assert!(d.logs(&name).contains("dev.fs: fuse\n") && d.logs(&name).contains("fd3: 1:5\n"), "{}", d.logs(&name));
     assert_eq!(d.ok(&["exec", &name, "stat", "-c", "%t:%T", "/dev/nvidia1"]), "1:5\n");
