@@ -346,18 +346,21 @@ mod tests {
         );
     }
 
+    /// What a spec with the legacy NVIDIA hook and `env` asks of it.
+    fn legacy_hook_request(env: &[&str]) -> Result<Option<Visible>, SpecError> {
+        let mut s = spec(json!([]), json!([]));
+        s["hooks"] = json!({"prestart": [{"path": "/usr/bin/nvidia-container-runtime-hook"}]});
+        s["process"]["env"] = json!(env);
+        parse(s.to_string().as_bytes(), &no_files).map(|v| v.hook)
+    }
+
     /// Rule (issue 29.3, the toolkit's `DevicesFromEnvvars`): a legacy CUDA image
     /// (`CUDA_VERSION` set, `NVIDIA_REQUIRE_CUDA` unset or empty) without the variable asks the
     /// hook for every GPU; with the variable set, even empty, or in a newer image, the variable
     /// decides; the last of repeated entries counts, as the toolkit's map of the environment.
     #[test]
     fn a_legacy_cuda_image_without_the_variable_asks_for_every_gpu() {
-        let with = |env: &[&str]| {
-            let mut s = spec(json!([]), json!([]));
-            s["hooks"] = json!({"prestart": [{"path": "/usr/bin/nvidia-container-runtime-hook"}]});
-            s["process"]["env"] = json!(env);
-            parse(s.to_string().as_bytes(), &no_files).map(|v| v.hook)
-        };
+        let with = legacy_hook_request;
         assert_eq!(with(&["CUDA_VERSION=12.4.1"]), Ok(Some(Visible::All)));
         assert_eq!(with(&["CUDA_VERSION=12.4.1", "NVIDIA_REQUIRE_CUDA="]), Ok(Some(Visible::All)));
         assert_eq!(with(&["CUDA_VERSION=12.4.1", "NVIDIA_REQUIRE_CUDA=cuda>=12.4"]), Ok(None));
@@ -375,12 +378,7 @@ mod tests {
     /// legacy hook, only after the CDI hook's own.
     #[test]
     fn the_legacy_default_follows_the_last_entries() {
-        let with = |env: &[&str]| {
-            let mut s = spec(json!([]), json!([]));
-            s["hooks"] = json!({"prestart": [{"path": "/usr/bin/nvidia-container-runtime-hook"}]});
-            s["process"]["env"] = json!(env);
-            parse(s.to_string().as_bytes(), &no_files).map(|v| v.hook)
-        };
+        let with = legacy_hook_request;
         let all = Ok(Some(Visible::All));
         assert_eq!(with(&["CUDA_VERSION=11.0", "NVIDIA_REQUIRE_CUDA=cuda>=11", "NVIDIA_REQUIRE_CUDA="]), all);
         assert_eq!(with(&["CUDA_VERSION=11.0", "NVIDIA_VISIBLE_DEVICES=none"]), Ok(Some(Visible::None)));
