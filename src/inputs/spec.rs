@@ -346,18 +346,21 @@ mod tests {
         );
     }
 
+    /// What a spec with the legacy NVIDIA hook and `env` asks of it.
+    fn legacy_hook_request(env: &[&str]) -> Result<Option<Visible>, SpecError> {
+        let mut s = spec(json!([]), json!([]));
+        s["hooks"] = json!({"prestart": [{"path": "/usr/bin/nvidia-container-runtime-hook"}]});
+        s["process"]["env"] = json!(env);
+        parse(s.to_string().as_bytes(), &no_files).map(|v| v.hook)
+    }
+
     /// Rule (issue 29.3, the toolkit's `DevicesFromEnvvars`): a legacy CUDA image
     /// (`CUDA_VERSION` set, `NVIDIA_REQUIRE_CUDA` unset or empty) without the variable asks the
     /// hook for every GPU; with the variable set, even empty, or in a newer image, the variable
     /// decides; the last of repeated entries counts, as the toolkit's map of the environment.
     #[test]
     fn a_legacy_cuda_image_without_the_variable_asks_for_every_gpu() {
-        let with = |env: &[&str]| {
-            let mut s = spec(json!([]), json!([]));
-            s["hooks"] = json!({"prestart": [{"path": "/usr/bin/nvidia-container-runtime-hook"}]});
-            s["process"]["env"] = json!(env);
-            parse(s.to_string().as_bytes(), &no_files).map(|v| v.hook)
-        };
+        let with = legacy_hook_request;
         assert_eq!(with(&["CUDA_VERSION=12.4.1"]), Ok(Some(Visible::All)));
         assert_eq!(with(&["CUDA_VERSION=12.4.1", "NVIDIA_REQUIRE_CUDA="]), Ok(Some(Visible::All)));
         assert_eq!(with(&["CUDA_VERSION=12.4.1", "NVIDIA_REQUIRE_CUDA=cuda>=12.4"]), Ok(None));
@@ -366,6 +369,37 @@ mod tests {
         assert_eq!(with(&["CUDA_VERSION=11", "CUDA_VERSION="]), Ok(None), "the last CUDA_VERSION is empty");
         assert_eq!(with(&["CUDA_VERSIONX=1"]), Ok(None));
         assert_eq!(with(&["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_VISIBLE_DEVICES=,"]), Ok(None));
+    }
+
+    /// Rule (toolkit's map of the environment, held when attacked from outside): the last
+    /// `NVIDIA_REQUIRE_CUDA` counts, so one emptied after it was set leaves a legacy image
+    /// asking for every GPU, as the toolkit reads it; a legacy image whose variable is `void`,
+    /// `none` or a list asks for that, not for every GPU; a `void` is not skipped for the
+    /// legacy hook, only after the CDI hook's own.
+    #[test]
+    fn the_legacy_default_follows_the_last_entries() {
+        let with = legacy_hook_request;
+        let all = Ok(Some(Visible::All));
+        assert_eq!(with(&["CUDA_VERSION=11.0", "NVIDIA_REQUIRE_CUDA=cuda>=11", "NVIDIA_REQUIRE_CUDA="]), all);
+        assert_eq!(with(&["CUDA_VERSION=11.0", "NVIDIA_VISIBLE_DEVICES=none"]), Ok(Some(Visible::None)));
+        assert_eq!(with(&["CUDA_VERSION=11.0", "NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_VISIBLE_DEVICES=void"]), Ok(None));
+        assert_eq!(
+            with(&["CUDA_VERSION=11.0", "NVIDIA_VISIBLE_DEVICES=0,,1"]),
+            Ok(Some(Visible::Devices(vec![Selector::Index(0), Selector::Index(1)])))
+        );
+    }
+
+    /// Rule (issue 29.5, held when attacked from outside, measured with runc 1.1.5): the
+    /// kernel reads `mode=` as an unsigned octal number and takes a leading `+`, so `mode=+700`
+    /// is `0700` in the tree as runc's own `/dev` has it; `mode=0o700` fails the mount.
+    #[test]
+    fn a_tmpfs_mode_with_a_plus_sign_is_read_as_the_kernel_reads_it() {
+        let s = spec(
+            json!([]),
+            json!([{"destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": ["mode=+700"]}]),
+        );
+        let v = parse(s.to_string().as_bytes(), &no_files).unwrap();
+        assert_eq!(v.dev_mounts[0].tmpfs_mode, Some(0o700));
     }
 
     /// Rule (issue 29.5): a tmpfs mount's root mode is its last `mode=` option's permission

@@ -362,6 +362,31 @@ mod tests {
         assert_eq!(r.ignored_env.len(), 2);
     }
 
+    /// Rule (issue 29.1, held when attacked from outside): no spelling of the variables in
+    /// `process.env` relaxes, pairs or names: another case, a repeat, no `=`, a NUL or a 1 MiB
+    /// value; and an annotation whose prefix is in another case is no annotation of ours, so
+    /// it is not obeyed either (the default config does not allow `devremap.io/relax`).
+    #[test]
+    fn no_spelling_of_the_env_or_annotation_keys_relaxes() {
+        let long = format!("DEVREMAP_RELAX={}", "mode,".repeat(200_000));
+        let env: Vec<&str> = vec![
+            "devremap_relax=mode",
+            "Devremap_Relax=mode",
+            "DEVREMAP_RELAX",
+            "DEVREMAP_RELAX=mode\0",
+            &long,
+            "DEVREMAP_DEVICE_MAP=0=1",
+            "DEVREMAP_DEVICE_MAP=1=0",
+            " DEVREMAP_PREFER=checkpoint",
+        ];
+        let spec = json!({"process": {"env": env},
+                          "annotations": {"Devremap.io/relax": "mode", "DEVREMAP.IO/device-map": "0=1"}});
+        let r = super::parse(&spec, &launcher_default()).unwrap();
+        assert_eq!((&r.relax, &r.device_map, &r.prefer, r.enable), (&None, &None, &None, None));
+        assert!(r.daemon_args().is_empty());
+        assert!(r.ignored_env.iter().all(|v| NOT_OBEYED.iter().any(|(n, _)| n == v)), "{:?}", r.ignored_env);
+    }
+
     /// Rule (issue 29.1): launchers set only the annotations the operator's runtime config
     /// lists; by default not `devremap.io/relax`. One not listed is refused naming it and the
     /// config's `annotations`, never ignored; `DEVREMAP_ENABLE` where `devremap.io/enable` is

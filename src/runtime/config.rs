@@ -307,6 +307,31 @@ mod tests {
         assert_eq!(parse(&vec![b' '; MAX_LEN as usize + 1]), Err(ConfigError::TooLarge));
     }
 
+    /// Rule (issue 29.7, held when attacked from outside): `relax` and `annotations` take
+    /// only what they name exactly: an empty or trailing check, another case, a key with a NUL
+    /// or in another case, and `null` are refused, never read as "none" or as the default.
+    #[test]
+    fn odd_spellings_of_relax_and_annotations_are_refused() {
+        let cases: &[(&[u8], &str)] = &[
+            (br#"{"relax": ""}"#, "relax: unknown check \"\""),
+            (br#"{"relax": "mode,"}"#, "relax: unknown check \"\""),
+            (br#"{"relax": "MODE"}"#, "relax: unknown check \"MODE\""),
+            (br#"{"relax": null}"#, "relax: expected a string, found null"),
+            (br#"{"annotations": null}"#, "annotations: expected an array of annotation keys, found null"),
+            (br#"{"annotations": ["Devremap.io/relax"]}"#, "unknown annotation \"Devremap.io/relax\""),
+            (br#"{"annotations": ["devremap.io/relax\u0000"]}"#, "unknown annotation \"devremap.io/relax\\0\""),
+            (br#"{"annotations": ["io.kubernetes.cri/x"]}"#, "unknown annotation \"io.kubernetes.cri/x\""),
+            (br#"{"Runtime": "/bin/true"}"#, "unknown key \"Runtime\""),
+        ];
+        for (input, expected) in cases {
+            let e = parse(input).unwrap_err().to_string();
+            assert!(e.contains(expected), "{}: {e:?} lacks {expected:?}", String::from_utf8_lossy(input));
+        }
+        // An empty list allows no annotation at all; a check repeated is the same check.
+        assert!(parse(br#"{"annotations": []}"#).unwrap().annotations.is_empty());
+        assert_eq!(parse(br#"{"relax": "mode,mode"}"#).unwrap().daemon_args(), ["--relax", "mode,mode"]);
+    }
+
     /// Rule (issue 21): a config another user can write is refused, with the fix.
     #[test]
     fn a_config_others_can_write_is_refused() {
