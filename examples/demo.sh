@@ -8,9 +8,11 @@
 #
 # It builds a fake two-GPU host from ordinary char devices (nvidia0 is /dev/null's device 1:3,
 # nvidia1 is /dev/zero's 1:5), serves a devremap /dev for a checkpoint that saved GPU 0, starts
-# a runc container on it, and shows the container's /dev/nvidia0 reaching host GPU 0. Then host
-# GPU 0 goes away, as when another job takes it, so saved GPU 0 is re-paired with host GPU 1;
-# a SIGHUP reloads the daemon and the running container's /dev/nvidia0 reaches host GPU 1.
+# a runc container on it that asks for the host's GPUs as `docker run --gpus all` does (the
+# NVIDIA hook, here a no-op script, and NVIDIA_VISIBLE_DEVICES=all), and shows the container's
+# /dev/nvidia0 reaching host GPU 0. Then host GPU 0 goes away, as when another job takes it, so
+# saved GPU 0 is re-paired with host GPU 1; a SIGHUP reloads the daemon and the running
+# container's /dev/nvidia0 reaches host GPU 1.
 # On a terminal it waits for Enter before moving the GPU. Everything lives in one temporary
 # directory, and the container, the daemon, the mount and the directory are removed at the end,
 # also on Ctrl-C or SIGTERM.
@@ -116,7 +118,11 @@ say "fake host: nvidia0 is char 1:3 (reads nothing, like /dev/null), nvidia1 is 
 printf '[{"minor": 0}]\n' >"$work/checkpoint.json"
 
 # 3. A bundle: a busybox rootfs and the spec `runc spec` writes, with no terminal and a
-#    script that shows /dev/nvidia0, waits for it to change, and shows it again.
+#    script that shows /dev/nvidia0, waits for it to change, and shows it again. The spec asks
+#    for every GPU as `docker run --gpus all` does with the NVIDIA Container Toolkit: its
+#    prestart hook and NVIDIA_VISIBLE_DEVICES=all. devremap gives a container only the GPUs runc
+#    and that hook would give it (a spec that asks for none gets none); this host has no
+#    toolkit, so the hook is a script that does nothing.
 mkdir -p "$bundle/rootfs/bin" "$bundle/rootfs/proc" "$bundle/rootfs/sys" "$bundle/rootfs/dev"
 cp "$busybox" "$bundle/rootfs/bin/busybox"
 for applet in sh stat head wc sleep; do ln -s busybox "$bundle/rootfs/bin/$applet"; done
@@ -127,8 +133,17 @@ first=$(stat -c %t:%T /dev/nvidia0)
 while [ "$(stat -c %t:%T /dev/nvidia0)" = "$first" ]; do sleep 0.1; done
 show
 EOF
+hook=$work/nvidia-container-runtime-hook
+printf '#!/bin/sh\ncat >/dev/null\n' >"$hook"
+chmod 0755 "$hook"
 (cd "$bundle" && runc spec)
-sed -i -e 's/"terminal": true/"terminal": false/' -e 's|^\(\s*\)"sh"$|\1"sh", "/show-gpu.sh"|' "$bundle/config.json"
+hook_in_sed=$(printf '%s' "$hook" | sed 's/[&|\\]/\\&/g')
+sed -i -e 's/"terminal": true/"terminal": false/' -e 's|^\(\s*\)"sh"$|\1"sh", "/show-gpu.sh"|' \
+    -e 's|^\(\s*\)"TERM=xterm"$|\1"TERM=xterm", "NVIDIA_VISIBLE_DEVICES=all"|' \
+    -e 's|^\(\s*\)"ociVersion": .*,$|&\n\1"hooks": {"prestart": [{"path": "'"$hook_in_sed"'", "args": ["nvidia-container-runtime-hook", "prestart"]}]},|' \
+    "$bundle/config.json"
+grep -q '"NVIDIA_VISIBLE_DEVICES=all"' "$bundle/config.json" && grep -q '"prestart"' "$bundle/config.json" ||
+    die "runc spec wrote a config.json this script cannot edit: $bundle/config.json"
 
 # 4. The devremap /dev, then the spec pointed at it.
 mkdir "$mnt"

@@ -14,7 +14,7 @@
 
 mod common;
 
-use common::bundle::{Runtime, need_containers};
+use common::bundle::{Runtime, need_containers, nvidia_hook, oci_config};
 use common::clients::{WRAPPER, WrappedHost, busybox_rootfs, need_client, succeeded, wait_client};
 use common::daemon::{is_mounted, wait_for};
 use common::{arg, write_file};
@@ -258,55 +258,61 @@ fn busybox_image(dir: &Path) -> PathBuf {
 }
 
 /// Rule (issue 12.3): containerd runs a container through the wrapper (`ctr run
-/// --runc-binary`): its `/dev` is the devremap mount with the host's GPUs, and deleting the
-/// task stops the daemon and removes its directory.
+/// --runc-binary`): its `/dev` is the devremap mount, and deleting the task stops the daemon and
+/// removes its directory. Rule (issue 29.3): the container gets the GPUs its spec asks for, as
+/// runc and the NVIDIA toolkit would give them: one that asks for devremap alone (`--annotation
+/// devremap.io/enable=true`) gets no `nvidia1`; one whose spec (`ctr run --config`) asks the
+/// NVIDIA hook for every GPU, as `docker run --gpus all` does, gets the host's.
 #[test]
 #[ignore = "needs root, /dev/fuse, runc, busybox-static and containerd: runs containerd"]
 fn containerd_runs_a_container_through_the_wrapper() {
     need_containerd();
     let tmp = TempDir::new().unwrap();
     let w = WrappedHost::new(tmp.path());
-    let state_dir = w.state_dir.clone();
     // The shim runs the wrapper with containerd's environment.
     let c = Containerd::start(tmp.path(), &[("DEVREMAP_RUNTIME_CONFIG", &w.config)]);
     c.ctr_ok(&["images", "import", arg(&busybox_image(tmp.path()))]);
-    let log = tmp.path().join("container.log");
     let script = "while read -r s mp fs rest; do [ \"$mp\" = /dev ] && echo \"dev.fs: $fs\"; done < /proc/mounts; \
-                  echo \"nvidia1: $(stat -c %t:%T /dev/nvidia1)\"; echo ready; exec sleep 600";
-    c.ctr_ok(&[
-        "run",
-        "--detach",
-        "--snapshotter",
-        "native",
-        "--runc-binary",
-        WRAPPER,
-        "--annotation",
-        "devremap.io/enable=true",
-        "--log-uri",
-        &format!("file://{}", log.display()),
-        IMAGE,
-        &c.id,
-        "/bin/sh",
-        "-c",
-        script,
-    ]);
-    let output = || fs::read_to_string(&log).unwrap_or_default();
-    wait_for("the container's report", || output().contains("ready").then_some(()));
-    assert!(output().contains("dev.fs: fuse\n") && output().contains("nvidia1: 1:5\n"), "{}", output());
-    let dir = state_dir.join(&c.id);
-    assert!(is_mounted(&dir.join("dev")));
-    let daemon: u32 = fs::read_to_string(dir.join("devremapd.pid")).unwrap().trim().parse().unwrap();
+                  if [ -e /dev/nvidia1 ]; then echo \"nvidia1: $(stat -c %t:%T /dev/nvidia1)\"; \
+                  else echo 'nvidia1: none'; fi; echo ready; exec sleep 600";
+    // Runs container `id` with `args` before its own, then checks what it reports, and deletes it.
+    let run = |id: &str, args: &[&str], nvidia1: &str| {
+        let log = tmp.path().join(format!("{id}.log"));
+        let log_uri = format!("file://{}", log.display());
+        let own = ["run", "--detach", "--runc-binary", WRAPPER, "--log-uri", &log_uri];
+        c.ctr_ok(&[&own[..], args].concat());
+        let output = || fs::read_to_string(&log).unwrap_or_default();
+        wait_for("the container's report", || output().contains("ready").then_some(()));
+        assert!(output().contains("dev.fs: fuse\n"), "{}", output());
+        assert!(output().contains(&format!("nvidia1: {nvidia1}\n")), "{}", output());
+        let dir = w.state_dir.join(id);
+        assert!(is_mounted(&dir.join("dev")));
+        let daemon: u32 = fs::read_to_string(dir.join("devremapd.pid")).unwrap().trim().parse().unwrap();
 
-    c.ctr_ok(&["task", "kill", "--signal", "SIGKILL", &c.id]);
-    wait_for("the task to stop", || {
-        c.ctr_ok(&["task", "ls"]).lines().any(|l| l.starts_with(&c.id) && l.contains("STOPPED")).then_some(())
-    });
-    c.ctr_ok(&["task", "delete", &c.id]);
-    wait_for("the daemon to stop", || {
-        (!fs::read(format!("/proc/{daemon}/cmdline")).is_ok_and(|c| !c.is_empty())).then_some(())
-    });
-    assert!(!dir.exists(), "the task's delete left {}", dir.display());
-    c.ctr_ok(&["container", "delete", &c.id]);
+        c.ctr_ok(&["task", "kill", "--signal", "SIGKILL", id]);
+        wait_for("the task to stop", || {
+            c.ctr_ok(&["task", "ls"]).lines().any(|l| l.starts_with(id) && l.contains("STOPPED")).then_some(())
+        });
+        c.ctr_ok(&["task", "delete", id]);
+        wait_for("the daemon to stop", || {
+            (!fs::read(format!("/proc/{daemon}/cmdline")).is_ok_and(|c| !c.is_empty())).then_some(())
+        });
+        assert!(!dir.exists(), "the task's delete left {}", dir.display());
+        c.ctr_ok(&["container", "delete", id]);
+    };
+    let id = c.id.as_str();
+    let image = ["--snapshotter", "native", "--annotation", "devremap.io/enable=true", IMAGE, id];
+    run(id, &[&image[..], &["/bin/sh", "-c", script]].concat(), "none");
+
+    let mut spec = oci_config("gpus", &[]);
+    let gpus = tmp.path().join("gpus");
+    fs::create_dir(&gpus).unwrap();
+    spec["root"] = json!({"path": arg(&busybox_rootfs(&gpus)), "readonly": true});
+    spec["process"]["args"] = json!(["/bin/sh", "-c", script]);
+    nvidia_hook(&mut spec, &gpus, Some("all"));
+    let config = write_file(&gpus, "config.json", spec.to_string());
+    let id = format!("{id}-gpus");
+    run(&id, &["--config", arg(&config), &id], "1:5");
 }
 
 /// A CRI client on containerd's socket, as a kubelet is one: each call run to its end.

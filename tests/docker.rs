@@ -5,16 +5,20 @@
 //!
 //! The test starts its own dockerd (its own socket, data root, exec root and managed
 //! containerd; `--iptables=false --bridge=none`, the vfs storage driver) with the shipped
-//! `dist/docker/daemon.json`, and stops it after. The container opts in as docs/restore.md
-//! says: `--annotation devremap.io/enable=true` on Docker 24 and later, `-e DEVREMAP_ENABLE=true`
-//! on 20.10, which drops annotations. The image is the static busybox,
-//! imported offline. The host is a fake one (GPU `nvidia1` is char 1:5, zero).
+//! `dist/docker/daemon.json`, and stops it after. The container asks for its GPUs as users do,
+//! `--gpus all`: a test directory on dockerd's `PATH` holds a no-op `nvidia-container-runtime-hook`
+//! standing for the NVIDIA toolkit's, so dockerd adds that hook and `NVIDIA_VISIBLE_DEVICES=all`
+//! to the spec. It also opts in as docs/restore.md says: `--annotation devremap.io/enable=true`
+//! on Docker 24 and later, `-e DEVREMAP_ENABLE=true` on 20.10, which drops annotations. The image
+//! is the static busybox, imported offline. The host is a fake one (GPU `nvidia1` is char 1:5,
+//! zero).
 
 mod common;
 
 use common::arg;
 use common::clients::{
-    HOLDER, WrappedHost, busybox_rootfs_tar, need_client, path_with_criu, shipped, succeeded, wait_client,
+    HOLDER, WrappedHost, busybox_rootfs_tar, need_client, path_with_criu, path_with_nvidia_hook, shipped, succeeded,
+    wait_client,
 };
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -46,8 +50,9 @@ impl Dockerd {
             .arg(&config)
             .args(["--iptables=false", "--ip6tables=false", "--bridge=none", "--ip-masq=false"])
             .args(["--storage-driver", "vfs"])
-            // runc checkpoints with the `criu` it finds on the PATH dockerd hands down.
-            .env("PATH", path_with_criu(dir))
+            // runc checkpoints with the `criu` it finds on the PATH dockerd hands down; dockerd
+            // gives `--gpus` with the NVIDIA hook it finds on its own.
+            .env("PATH", path_with_nvidia_hook(dir, &path_with_criu(dir)))
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -114,9 +119,10 @@ fn tail(text: &str, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
-/// Rule (issue 17): Docker's default flows through the wrapper. A `docker run -d` container
-/// (stdin the host's `/dev/null`) gets the devremap `/dev` through the annotation, or on
-/// Docker 20.10 `DEVREMAP_ENABLE` (issue 30: each as docs/restore.md says); exec
+/// Rule (issue 17): Docker's default flows through the wrapper. A `docker run -d --gpus all`
+/// container (stdin the host's `/dev/null`) gets the devremap `/dev` with the host's GPUs
+/// (issue 29.3: the GPUs the NVIDIA hook selects, as runc and the toolkit would give it), opted
+/// in by the annotation, or on Docker 20.10 `DEVREMAP_ENABLE` (issue 30); exec
 /// sees it; stop, start and restart each leave one daemon while it runs and none after; the
 /// container is checkpointed holding `/dev/nvidia1` open (issue 17.2: this failed on fd 0),
 /// the host's GPU 1 is replaced by GPU 2, and `docker start --checkpoint` restores it: the
@@ -138,7 +144,7 @@ fn docker_run_restart_checkpoint_restore() {
             || (w.containers().len() == 1).then_some(()),
         )
     };
-    let run = ["run", "-d", "--runtime", "devremap", "--name", &name];
+    let run = ["run", "-d", "--runtime", "devremap", "--gpus", "all", "--name", &name];
     d.ok(&[&run[..], &d.opt_in(), &[IMAGE, "sh", "-c", HOLDER]].concat());
     wait_client("the container's report", || d.logs(&name), || d.logs(&name).contains("ready").then_some(()));
     assert!(d.logs(&name).contains("dev.fs: fuse\n") && d.logs(&name).contains("fd3: 1:5\n"), "{}", d.logs(&name));

@@ -5,15 +5,19 @@
 //! Each test's Podman has its own root, runroot and tmpdir (the vfs storage driver, cgroupfs,
 //! a file events log, `--network none`) and the shipped `dist/podman/containers.conf`, which
 //! makes devremap the default runtime. conmon strips the environment, so the wrapper's config
-//! is named by a script at the runtime's path. The image is the static busybox, imported
+//! is named by a script at the runtime's path. The container asks for its GPUs through the NVIDIA
+//! hook, as NVIDIA's `oci-nvidia-hook.json` in a hooks directory and `-e NVIDIA_VISIBLE_DEVICES=all`
+//! do (the hook a no-op standing for the toolkit's). The image is the static busybox, imported
 //! offline; the host is a fake one (GPU `nvidia1` is char 1:5, zero).
 
 mod common;
 
 use common::arg;
+use common::bundle::nvidia_hook_script;
 use common::clients::{
     HOLDER, WRAPPER, WrappedHost, busybox_rootfs_tar, need_client, path_with_criu, shipped, succeeded, wait_client,
 };
+use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use tempfile::TempDir;
@@ -43,6 +47,22 @@ impl Podman {
         );
         std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
         common::write_file(dir, "containers.conf", conf.replace(WRAPPER, arg(&script)));
+        // The NVIDIA toolkit's hook config (its `oci-nvidia-hook.json`): a prestart hook for
+        // every container, which gives GPUs where `NVIDIA_VISIBLE_DEVICES` asks.
+        let toolkit = dir.join("nvidia-toolkit");
+        std::fs::create_dir_all(&toolkit).unwrap();
+        let hook = json!({
+            "version": "1.0.0",
+            "hook": {
+                "path": nvidia_hook_script(&toolkit),
+                "args": ["nvidia-container-runtime-hook", "prestart"],
+                "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
+            },
+            "when": {"always": true, "commands": [".*"]},
+            "stages": ["prestart"]
+        });
+        std::fs::create_dir_all(dir.join("hooks.d")).unwrap();
+        common::write_file(&dir.join("hooks.d"), "oci-nvidia-hook.json", hook.to_string());
         Podman { dir: dir.to_owned(), path: path_with_criu(dir) }
     }
 
@@ -56,6 +76,8 @@ impl Podman {
             .arg(self.dir.join("runroot"))
             .arg("--tmpdir")
             .arg(self.dir.join("tmp"))
+            .arg("--hooks-dir")
+            .arg(self.dir.join("hooks.d"))
             .args(["--storage-driver", "vfs", "--cgroup-manager", "cgroupfs", "--events-backend", "file"])
             .args(args)
             .stdin(Stdio::null())
@@ -83,7 +105,8 @@ impl Drop for Podman {
 }
 
 /// Rule (issue 17): Podman's default flows through the wrapper. `podman run -d` gets the
-/// devremap `/dev`; stop, start and restart work (issue 17.1: start, restart and a local
+/// devremap `/dev` with the GPUs the NVIDIA hook selects (issue 29.3: only those, as runc and
+/// the toolkit would give it); stop, start and restart work (issue 17.1: start, restart and a local
 /// restore failed on the pid file Podman keeps), each with one daemon while the container runs
 /// and none after; a local checkpoint + restore keeps the container's descriptor; an export,
 /// the container removed, the host's GPU 1 replaced by GPU 2, and an import: the restored
@@ -105,7 +128,8 @@ fn podman_run_restart_checkpoint_restore() {
         )
     };
     let fd3 = || p.ok(&["exec", &name, "stat", "-L", "-c", "%t:%T", "/proc/1/fd/3"]);
-    p.ok(&["run", "-d", "--network", "none", "-e", "DEVREMAP_ENABLE=true", "--name", &name, IMAGE, "sh", "-c", HOLDER]);
+    let gpus = ["-e", "NVIDIA_VISIBLE_DEVICES=all", "-e", "DEVREMAP_ENABLE=true"];
+    p.ok(&[&["run", "-d", "--network", "none"][..], &gpus, &["--name", &name, IMAGE, "sh", "-c", HOLDER]].concat());
     wait_client("the container's report", || p.logs(&name), || p.logs(&name).contains("ready").then_some(()));
     assert!(p.logs(&name).contains("dev.fs: fuse\n") && p.logs(&name).contains("fd3: 1:5\n"), "{}", p.logs(&name));
     one_daemon("run");

@@ -233,19 +233,26 @@ pub fn oci_config(hostname: &str, devices: &[Value]) -> Value {
 }
 
 /// Makes `config` ask the NVIDIA hook for GPUs as `docker run --gpus` does: a prestart hook
-/// named `nvidia-container-runtime-hook` and, where `visible` is given,
-/// `NVIDIA_VISIBLE_DEVICES=<visible>`. The test host has no toolkit, so the hook is a script in
-/// `dir` that does nothing (the toolkit's own hook adds nothing for `void`); the runtime runs it
-/// as it would run the toolkit's.
+/// named `nvidia-container-runtime-hook` (the [`nvidia_hook_script`] in `dir`) and, where
+/// `visible` is given, `NVIDIA_VISIBLE_DEVICES=<visible>`.
 pub fn nvidia_hook(config: &mut Value, dir: &Path, visible: Option<&str>) {
-    let hook = dir.join("nvidia-container-runtime-hook");
-    fs::write(&hook, "#!/bin/sh\ncat > /dev/null\n").unwrap();
-    fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let hook = nvidia_hook_script(dir);
     config["hooks"] =
         json!({"prestart": [{"path": hook.to_str().unwrap(), "args": ["nvidia-container-runtime-hook", "prestart"]}]});
     if let Some(visible) = visible {
         config["process"]["env"].as_array_mut().unwrap().push(json!(format!("NVIDIA_VISIBLE_DEVICES={visible}")));
     }
+}
+
+/// Writes `dir/nvidia-container-runtime-hook`, standing for the NVIDIA toolkit's hook, and
+/// returns its path. The test hosts have no toolkit, so the hook does nothing but read the
+/// container's state (the toolkit's own hook adds nothing for `void`); the runtime runs it as it
+/// would run the toolkit's, and a client that adds the hook finds it where it looks.
+pub fn nvidia_hook_script(dir: &Path) -> PathBuf {
+    let hook = dir.join("nvidia-container-runtime-hook");
+    fs::write(&hook, "#!/bin/sh\ncat > /dev/null\n").unwrap();
+    fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    hook
 }
 
 /// A device cgroup rule allowing char device `major:minor` (`rwm`).

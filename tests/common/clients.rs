@@ -6,7 +6,7 @@
 //! Each client runs with its own sockets, roots and state directories under a temporary
 //! directory, started by the test and stopped when dropped.
 
-use super::bundle::{APPLETS, BUSYBOX, Runtime, need_containers};
+use super::bundle::{APPLETS, BUSYBOX, Runtime, need_containers, nvidia_hook_script};
 use super::{FakeHost, arg, write_file};
 use serde_json::json;
 use std::fs;
@@ -71,6 +71,17 @@ pub fn path_with_criu(dir: &Path) -> String {
         std::os::unix::fs::symlink(need_criu(), &criu).unwrap();
     }
     format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default())
+}
+
+/// `path` with a directory (under `dir`) in front that holds the test's NVIDIA hook
+/// ([`nvidia_hook_script`]): dockerd registers its `nvidia` device driver, which `docker run
+/// --gpus` needs, only when `nvidia-container-runtime-hook` is on its `PATH` as it starts, and
+/// then adds that hook to a GPU container's spec (moby's `daemon/nvidia_linux.go`, 20.10 to 26).
+pub fn path_with_nvidia_hook(dir: &Path, path: &str) -> String {
+    let bin = dir.join("nvidia-toolkit");
+    fs::create_dir_all(&bin).unwrap();
+    nvidia_hook_script(&bin);
+    format!("{}:{path}", bin.display())
 }
 
 /// The stdout of a client's command that must succeed; its failure shows `context()` (the
