@@ -22,8 +22,8 @@ use crate::device::{Access, DevKind, Rdev};
 use crate::family::AMD;
 use crate::family::amd::pairing::{self, By, PairError};
 use crate::family::amd::plugin::{self, Gpu, Refusal};
-use crate::family::amd::properties::{self, Checks, Switches};
 use crate::family::amd::products;
+use crate::family::amd::properties::{self, Checks, Switches};
 use crate::family::amd::topology::{Facts, kernfs_order};
 use crate::family::amd::{PLUGIN_LAST_MINOR, topology::Topology};
 use crate::inputs::amd_metadata::AmdSaved;
@@ -224,9 +224,8 @@ pub fn decide(
             let (a, b) = (&saved_side[p.saved].facts, &restored_side[p.restored].facts);
             // The products first (what a user knows a GPU by), then the property that differs.
             let product = products::another_product(a, b).map(|p| format!("{p}; ")).unwrap_or_default();
-            model = properties::mismatch(a, b, &no_fw).map(|why| {
-                format!("saved renderD{} is not restored renderD{}: {product}{why}", old.minor, new.minor)
-            });
+            model = properties::mismatch(a, b, &no_fw)
+                .map(|why| format!("saved renderD{} is not restored renderD{}: {product}{why}", old.minor, new.minor));
         }
         if known && firmware.is_none() {
             firmware = firmware_lower(&saved_side[p.saved].facts, &restored_side[p.restored].facts, &checks)

@@ -27,8 +27,8 @@ mod log_lines;
 mod tests;
 mod wait;
 
-pub use edges::{End, Event, Notifier, PublishError, Session, Status};
 use crate::keeper::control::Notice;
+pub use edges::{End, Event, Notifier, PublishError, Session, Status};
 pub use log_lines::warnings;
 pub use wait::{Waited, wait};
 

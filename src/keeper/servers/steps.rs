@@ -3,8 +3,8 @@
 use super::{
     Action, Binary, Exit, FIRST_BACKOFF, FIRST_EPOCH, MAX_BACKOFF, MAX_RELOAD_DEATHS, Machine, Server, State, Successor,
 };
-use crate::keeper::control::{Control, PROTOCOL};
 use crate::keeper::control::Notice;
+use crate::keeper::control::{Control, PROTOCOL};
 use std::time::Instant;
 
 impl Machine {
