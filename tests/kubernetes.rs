@@ -270,21 +270,22 @@ fn node_setup_reads_imports_as_containerd_does() {
 
 /// Rule (issue 30.1): what the setup cannot add without guessing is refused, with the reason:
 /// a config of another version (containerd 2's version 3, 1.x's version 1), a config.toml that
-/// is a symlink (its target is not the setup's to rewrite), runtimes written as inline tables
-/// or dotted keys, and a runtime `devremap` of the operator's own.
+/// is a symlink (its target is not the setup's to rewrite), a config that is not TOML, and a
+/// runtime `devremap` of the operator's own, however written (attack 1, B1).
 #[test]
 fn node_setup_refuses_what_it_cannot_add_to() {
     let cases = [
-        ("version = 3\n", "is not a version 2 config"),
-        ("[plugins.cri]\n", "is not a version 2 config"),
-        (
-            "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  runtimes.nvidia.runtime_type = \"io.containerd.runc.v2\"\n",
-            "names runtimes outside",
-        ),
+        ("version = 3\n", "not a version 2 config"),
+        ("[plugins.cri]\n", "not a version 2 config"),
         (
             "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.devremap]\n  runtime_type = \"io.containerd.runc.v2\"\n",
-            "defines the runtime devremap outside devremap's own lines",
+            "defines the runtime devremap itself",
         ),
+        (
+            "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes]\n  devremap = { runtime_type = \"io.containerd.runc.v2\" }\n",
+            "defines the runtime devremap itself",
+        ),
+        ("version = 2\n[debug\n", "not valid TOML (line 2, column 7)"),
     ];
     for (config, why) in cases {
         let setup = Setup::new(config);
@@ -297,6 +298,6 @@ fn node_setup_refuses_what_it_cannot_add_to() {
     fs::remove_file(setup.host.join("etc/containerd/config.toml")).unwrap();
     std::os::unix::fs::symlink("real.toml", setup.host.join("etc/containerd/config.toml")).unwrap();
     let stderr = setup.refused();
-    assert!(stderr.contains("is not a regular file"), "{stderr}");
+    assert!(stderr.contains("is a symlink, not a regular file"), "{stderr}");
     assert_eq!(fs::read_to_string(&target).unwrap(), "version = 2\n");
 }
