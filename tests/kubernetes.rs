@@ -301,3 +301,70 @@ fn node_setup_refuses_what_it_cannot_add_to() {
     assert!(stderr.contains("is a symlink, not a regular file"), "{stderr}");
     assert_eq!(fs::read_to_string(&target).unwrap(), "version = 2\n");
 }
+
+/// Bug (attack 1, B2): an import path with a space is one path, as containerd reads it: the
+/// import holding CRI settings is refused (the shell version split the path, skipped the check,
+/// and the import dropped the handler).
+#[test]
+fn node_setup_reads_an_import_path_with_a_space() {
+    let setup = Setup::new("version = 2\nimports = [\"/etc/containerd/conf d/*.toml\"]\n");
+    setup.write(
+        "etc/containerd/conf d/cri.toml",
+        "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\"]\n  sandbox_image = \"x/pause:1\"\n",
+    );
+    let stderr = setup.refused();
+    assert!(stderr.contains("imports /etc/containerd/conf d/cri.toml, which holds CRI settings"), "{stderr}");
+}
+
+/// Bug (attack 1, B4): runtime.json is installed by a rename, and an empty one (what a setup
+/// killed while writing it left) is replaced: the shell version kept it for good, and the
+/// wrapper failed every devremap container. An operator's file stays.
+#[test]
+fn node_setup_replaces_an_empty_runtime_config() {
+    let setup = Setup::new("version = 2\n");
+    setup.write("etc/devremap/runtime.json", "");
+    setup.run_ok();
+    let config = setup.host.join("etc/devremap/runtime.json");
+    assert_eq!(fs::read_to_string(&config).unwrap(), fs::read_to_string(setup.source.join("runtime.json")).unwrap());
+    let left: Vec<_> = fs::read_dir(config.parent().unwrap()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(left.len(), 1, "a temporary file left: {left:?}");
+}
+
+/// Bug (attack 1, B6, B7): config.toml keeps its owner and mode; the backup is made once, by
+/// the change that first adds the handler, never over a file already there, and something
+/// other than a regular file at its path is refused (the shell version moved the backup into
+/// such a directory); no temporary file is left beside config.toml, on success or refusal.
+#[test]
+fn node_setup_keeps_the_owner_and_never_replaces_a_backup() {
+    let setup = Setup::new("version = 2\n");
+    let dir = setup.host.join("etc/containerd");
+    let config = dir.join("config.toml");
+    fs::create_dir(dir.join("config.toml.before-devremap")).unwrap();
+    let stderr = setup.refused();
+    assert!(stderr.contains("config.toml.before-devremap: is a directory, not a regular file; refused"), "{stderr}");
+    fs::remove_dir(dir.join("config.toml.before-devremap")).unwrap();
+
+    fs::set_permissions(&config, std::os::unix::fs::PermissionsExt::from_mode(0o640)).unwrap();
+    let root = nix::unistd::geteuid().is_root();
+    if root {
+        std::os::unix::fs::chown(&config, Some(65534), Some(65534)).unwrap();
+    }
+    setup.run_ok();
+    let meta = fs::metadata(&config).unwrap();
+    assert_eq!(std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o7777, 0o640);
+    let backup = fs::metadata(dir.join("config.toml.before-devremap")).unwrap();
+    assert_eq!(std::os::unix::fs::PermissionsExt::mode(&backup.permissions()) & 0o7777, 0o640);
+    if root {
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!((meta.uid(), backup.uid()), (65534, 65534), "the owner not kept");
+    }
+    assert_eq!(fs::read_to_string(dir.join("config.toml.before-devremap")).unwrap(), "version = 2\n");
+
+    // The handler removed by hand, and added again: the first backup is kept.
+    fs::write(&config, "version = 2\n# mine\n").unwrap();
+    setup.run_ok();
+    assert_eq!(fs::read_to_string(dir.join("config.toml.before-devremap")).unwrap(), "version = 2\n");
+    let mut left: Vec<_> = fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    left.sort();
+    assert_eq!(left, ["config.toml", "config.toml.before-devremap"], "a temporary file left");
+}
