@@ -340,7 +340,8 @@ fn go_match(pattern: &str, name: &str) -> bool {
 fn parse(path: &str, text: &str) -> Result<DocumentMut, ConfigError> {
     text.parse::<DocumentMut>().map_err(|e| {
         let at = e.span().map_or_else(String::new, |s| {
-            let before = &text[..s.start.min(text.len())];
+            // A span starts on a character; `get` keeps a bad one from panicking.
+            let before = text.get(..s.start).unwrap_or(text);
             let line = before.matches('\n').count() + 1;
             let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
             format!("line {line}, column {column}")
