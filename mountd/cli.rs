@@ -1,4 +1,5 @@
-//! The command line: `devremapd plan` and `devremapd mount`, sharing the input flags.
+//! The command line: `devremapd plan` and `devremapd mount`, sharing the input flags, and the
+//! other commands.
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use devremap::decision::checks::{CheckName, parse_relax};
@@ -36,6 +37,28 @@ pub enum Command {
     Record(RecordArgs),
     /// Print the pairing as cuda-checkpoint's --device-map value: oldUUID=newUUID,...
     CudaDeviceMap(InputArgs),
+    /// Add the CRI runtime handler devremap to containerd's config.toml, keeping everything
+    /// else (node-setup.sh runs it); prints `changed` or `unchanged`.
+    ContainerdConfig(ContainerdConfigArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ContainerdConfigArgs {
+    /// containerd's config, as the host sees it (under --host-root).
+    #[arg(long, value_name = "PATH", default_value = "/etc/containerd/config.toml")]
+    pub config: PathBuf,
+    /// The handler's tables: dist/containerd/devremap.toml (/usr/share/devremap/containerd/).
+    #[arg(long, value_name = "PATH")]
+    pub entry: PathBuf,
+    /// The devremap-runtime the handler runs (its BinaryName; default: the entry's).
+    #[arg(long, value_name = "PATH")]
+    pub runtime: Option<String>,
+    /// Where the host's root is: CONFIG and the files it imports are read under it.
+    #[arg(long, value_name = "DIR", default_value = "/")]
+    pub host_root: PathBuf,
+    /// Print the config as it would be written; write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 #[derive(Debug, Args)]

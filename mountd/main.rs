@@ -2,6 +2,7 @@
 //! flags, and maps every error to one line `error: ...` and exit status 1.
 
 mod cli;
+mod containerd_config;
 mod keeper;
 mod logging;
 mod mountpoint;
@@ -61,6 +62,7 @@ fn main() -> ExitCode {
         Command::OciPatch(args) => oci_patch(&args),
         Command::Record(args) => record(&args),
         Command::CudaDeviceMap(args) => cuda_device_map(&args),
+        Command::ContainerdConfig(args) => containerd_config::run(&args),
     };
     // The log lines first, then the error line after them; but a stderr that nobody reads
     // must not keep us from exiting.

@@ -8,7 +8,7 @@
 //! across server crashes and upgrades; [`runtime`] is the OCI runtime wrapper's pure part.
 //! [`device`] is the vocabulary every layer shares, [`atomic`] the one way files are written,
 //! [`pidfd`] the one way a process is waited for without a pid race, [`report`] the one way a
-//! `devremapd` command fails.
+//! `devremapd` command fails; [`install`] edits the configs an install on a node adds devremap to.
 //! The library only logs through `log` macros; the binaries set a logger up.
 
 #![forbid(unsafe_code)]
@@ -18,6 +18,7 @@ pub mod decision;
 pub mod device;
 pub mod family;
 pub mod inputs;
+pub mod install;
 pub mod keeper;
 pub mod pidfd;
 pub mod report;

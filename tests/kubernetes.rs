@@ -270,21 +270,22 @@ fn node_setup_reads_imports_as_containerd_does() {
 
 /// Rule (issue 30.1): what the setup cannot add without guessing is refused, with the reason:
 /// a config of another version (containerd 2's version 3, 1.x's version 1), a config.toml that
-/// is a symlink (its target is not the setup's to rewrite), runtimes written as inline tables
-/// or dotted keys, and a runtime `devremap` of the operator's own.
+/// is a symlink (its target is not the setup's to rewrite), a config that is not TOML, and a
+/// runtime `devremap` of the operator's own, however written (attack 1, B1).
 #[test]
 fn node_setup_refuses_what_it_cannot_add_to() {
     let cases = [
-        ("version = 3\n", "is not a version 2 config"),
-        ("[plugins.cri]\n", "is not a version 2 config"),
-        (
-            "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  runtimes.nvidia.runtime_type = \"io.containerd.runc.v2\"\n",
-            "names runtimes outside",
-        ),
+        ("version = 3\n", "not a version 2 config"),
+        ("[plugins.cri]\n", "not a version 2 config"),
         (
             "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.devremap]\n  runtime_type = \"io.containerd.runc.v2\"\n",
-            "defines the runtime devremap outside devremap's own lines",
+            "defines the runtime devremap itself",
         ),
+        (
+            "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes]\n  devremap = { runtime_type = \"io.containerd.runc.v2\" }\n",
+            "defines the runtime devremap itself",
+        ),
+        ("version = 2\n[debug\n", "not valid TOML (line 2, column 7)"),
     ];
     for (config, why) in cases {
         let setup = Setup::new(config);
@@ -297,7 +298,7 @@ fn node_setup_refuses_what_it_cannot_add_to() {
     fs::remove_file(setup.host.join("etc/containerd/config.toml")).unwrap();
     std::os::unix::fs::symlink("real.toml", setup.host.join("etc/containerd/config.toml")).unwrap();
     let stderr = setup.refused();
-    assert!(stderr.contains("is not a regular file"), "{stderr}");
+    assert!(stderr.contains("is a symlink, not a regular file"), "{stderr}");
     assert_eq!(fs::read_to_string(&target).unwrap(), "version = 2\n");
 }
 
@@ -351,4 +352,71 @@ fn node_setup_writes_a_config_where_there_is_none() {
     assert!(config.contains("BinaryName = \"/usr/local/bin/devremap-runtime\""), "{config}");
     assert!(!setup.host.join("etc/containerd/config.toml.before-devremap").exists());
     assert_eq!(setup.restarts(), 1);
+}
+
+/// Bug (attack 1, B2): an import path with a space is one path, as containerd reads it: the
+/// import holding CRI settings is refused (the shell version split the path, skipped the check,
+/// and the import dropped the handler).
+#[test]
+fn node_setup_reads_an_import_path_with_a_space() {
+    let setup = Setup::new("version = 2\nimports = [\"/etc/containerd/conf d/*.toml\"]\n");
+    setup.write(
+        "etc/containerd/conf d/cri.toml",
+        "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\"]\n  sandbox_image = \"x/pause:1\"\n",
+    );
+    let stderr = setup.refused();
+    assert!(stderr.contains("imports /etc/containerd/conf d/cri.toml, which holds CRI settings"), "{stderr}");
+}
+
+/// Bug (attack 1, B4): runtime.json is installed by a rename, and an empty one (what a setup
+/// killed while writing it left) is replaced: the shell version kept it for good, and the
+/// wrapper failed every devremap container. An operator's file stays.
+#[test]
+fn node_setup_replaces_an_empty_runtime_config() {
+    let setup = Setup::new("version = 2\n");
+    setup.write("etc/devremap/runtime.json", "");
+    setup.run_ok();
+    let config = setup.host.join("etc/devremap/runtime.json");
+    assert_eq!(fs::read_to_string(&config).unwrap(), fs::read_to_string(setup.source.join("runtime.json")).unwrap());
+    let left: Vec<_> = fs::read_dir(config.parent().unwrap()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(left.len(), 1, "a temporary file left: {left:?}");
+}
+
+/// Bug (attack 1, B6, B7): config.toml keeps its owner and mode; the backup is made once, by
+/// the change that first adds the handler, never over a file already there, and something
+/// other than a regular file at its path is refused (the shell version moved the backup into
+/// such a directory); no temporary file is left beside config.toml, on success or refusal.
+#[test]
+fn node_setup_keeps_the_owner_and_never_replaces_a_backup() {
+    let setup = Setup::new("version = 2\n");
+    let dir = setup.host.join("etc/containerd");
+    let config = dir.join("config.toml");
+    fs::create_dir(dir.join("config.toml.before-devremap")).unwrap();
+    let stderr = setup.refused();
+    assert!(stderr.contains("config.toml.before-devremap: is a directory, not a regular file; refused"), "{stderr}");
+    fs::remove_dir(dir.join("config.toml.before-devremap")).unwrap();
+
+    fs::set_permissions(&config, std::os::unix::fs::PermissionsExt::from_mode(0o640)).unwrap();
+    let root = nix::unistd::geteuid().is_root();
+    if root {
+        std::os::unix::fs::chown(&config, Some(65534), Some(65534)).unwrap();
+    }
+    setup.run_ok();
+    let meta = fs::metadata(&config).unwrap();
+    assert_eq!(std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o7777, 0o640);
+    let backup = fs::metadata(dir.join("config.toml.before-devremap")).unwrap();
+    assert_eq!(std::os::unix::fs::PermissionsExt::mode(&backup.permissions()) & 0o7777, 0o640);
+    if root {
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!((meta.uid(), backup.uid()), (65534, 65534), "the owner not kept");
+    }
+    assert_eq!(fs::read_to_string(dir.join("config.toml.before-devremap")).unwrap(), "version = 2\n");
+
+    // The handler removed by hand, and added again: the first backup is kept.
+    fs::write(&config, "version = 2\n# mine\n").unwrap();
+    setup.run_ok();
+    assert_eq!(fs::read_to_string(dir.join("config.toml.before-devremap")).unwrap(), "version = 2\n");
+    let mut left: Vec<_> = fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    left.sort();
+    assert_eq!(left, ["config.toml", "config.toml.before-devremap"], "a temporary file left");
 }
