@@ -233,7 +233,10 @@ fn hook_request(spec: &Spec) -> Result<Option<Visible>, VisibleError> {
     };
     let cdi = ends(hooks.create_container(), "/nvidia-cdi-hook");
     #[allow(deprecated)]
-    let legacy = ends(hooks.prestart(), "/nvidia-container-runtime-hook");
+    // Podman 5 hands its hooks directory's `prestart` hooks (the toolkit's `oci-nvidia-hook.json`)
+    // to the runtime as `createRuntime`, the stage the runtime spec put in prestart's place.
+    let legacy = ends(hooks.prestart(), "/nvidia-container-runtime-hook")
+        || ends(hooks.create_runtime(), "/nvidia-container-runtime-hook");
     if !cdi && !legacy {
         return Ok(None);
     }
@@ -338,6 +341,10 @@ mod tests {
         assert_eq!(with(cdi.clone(), &[&env("0,1"), &env("void")]), with(legacy.clone(), &[&env("0,1")]));
         assert_eq!(with(cdi, &[&env("void")]), Ok(None));
         assert_eq!(with(json!({"prestart": [{"path": "/bin/other-hook"}]}), &[&env("MIG-x")]), Ok(None));
+        // Bug (issue 30, Podman 5.4 tried from outside): Podman 5 moves the hooks directory's
+        // prestart hook to createRuntime; the toolkit's hook there is the same request.
+        let podman5 = json!({"createRuntime": [{"path": "/usr/bin/nvidia-container-runtime-hook"}]});
+        assert_eq!(with(podman5, &[&env("all")]), Ok(Some(Visible::All)));
         // Bug (issue 10.1): a MIG device is refused, but only where the hook would read it.
         let mig = with(legacy, &[&env("0:1")]).unwrap_err().to_string();
         assert_eq!(
