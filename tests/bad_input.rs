@@ -163,7 +163,8 @@ fn unescape(s: &str) -> Vec<u8> {
 // ---------------------------------------------------------------------------------------------
 
 /// Good inputs: host GPUs 0 and 1 (fake, described), saved GPUs 4 and 5 in a state file, and
-/// the basic spec in a bundle directory.
+/// the basic spec in a bundle directory, asking the NVIDIA hook for every GPU (a spec gets only
+/// the GPUs it asks for, issue 29.3).
 struct Env {
     host: FakeHost,
     meta: PathBuf,
@@ -179,8 +180,7 @@ impl Env {
         let meta = write_state(host.tmp.path(), "checkpoint.img", &[4, 5]);
         let bundle = host.tmp.path().join("bundle");
         fs::create_dir(&bundle).unwrap();
-        let spec = bundle.join("config.json");
-        fs::copy(fixture("spec-basic.json"), &spec).unwrap();
+        let spec = spec_asking_for_all_gpus("spec-basic.json", &bundle.join("config.json"));
         Env { host, meta, spec }
     }
 

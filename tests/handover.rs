@@ -5,7 +5,8 @@
 //! uncached requests (`--ttl 0`), and not one of their operations may fail.
 //!
 //! The fake host: GPUs `nvidia0`..`nvidia3` are real char devices (null, zero, full, random;
-//! see `common`), the checkpoint saved GPUs {4, 5}, and the basic spec adds the subdirectory
+//! see `common`), the checkpoint saved GPUs {4, 5}, and the basic spec, asking the NVIDIA hook
+//! for every GPU (a spec gets only the GPUs it asks for, issue 29.3), adds the subdirectory
 //! `dri/` and the runtime's mount points. The state file names the keeper (`pid`, as the pid
 //! file does), the server (`server_pid`) and counts the servers replaced (`handovers`).
 
@@ -14,7 +15,7 @@ mod common;
 use common::bundle::{Bundle, Container, Runtime, allow_char, need_containers, oci_config};
 use common::daemon::{Daemon, children, freeze, has_exited, is_mounted, kill, need_fuse, wait_for, wait_for_or};
 use common::readers::{Expect, Load, Reader, quantile, stall_per_period};
-use common::{BIN, FakeHost, arg, fake_rdev, fixture, mknod_char, saved_devices};
+use common::{BIN, FakeHost, arg, fake_rdev, mknod_char, saved_devices, spec_asking_for_all_gpus};
 use serde_json::Value;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
@@ -34,7 +35,8 @@ const SERVED_BY_EACH: u64 = 20;
 /// How long a container may take to start, or to show that it runs on.
 const CONTAINER_PATIENCE: Duration = Duration::from_secs(60);
 
-/// The inputs: host GPUs 0..=3, metadata saving GPUs 4 and 5, the basic spec. `--host-dev` is
+/// The inputs: host GPUs 0..=3, metadata saving GPUs 4 and 5, the basic spec asking the hook
+/// for all GPUs. `--host-dev` is
 /// a symlink, `gpus`, to one of two device directories that never change: `dev` (GPUs 0..=3)
 /// or `dev-without-gpu0` (1..=3). Host GPU 0 comes and goes by flipping the symlink, one
 /// rename: a server scans the directory it opened, whole, so a load that runs while the test
@@ -57,8 +59,7 @@ impl Inputs {
         std::os::unix::fs::symlink("dev", host.tmp.path().join("gpus")).unwrap();
         let meta = host.tmp.path().join("meta.json");
         fs::write(&meta, saved_devices(&[4, 5]).to_string()).unwrap();
-        let spec = host.tmp.path().join("config.json");
-        fs::copy(fixture("spec-basic.json"), &spec).unwrap();
+        let spec = spec_asking_for_all_gpus("spec-basic.json", &host.tmp.path().join("config.json"));
         Inputs { host, meta, spec }
     }
 
@@ -929,6 +930,7 @@ fn a_runc_container_runs_on_through_a_crash_and_an_upgrade() {
     let mut spec = bundle.config();
     spec["linux"]["devices"] =
         serde_json::json!([{"path": "/dev/dri/card0", "type": "c", "major": 226, "minor": 0, "fileMode": 432}]);
+    common::bundle::nvidia_hook(&mut spec, bundle.dir(), Some("all"));
     bundle.write_config(&spec);
     let d = Daemon::start(&strs(&args));
     let out = Command::new(BIN)

@@ -15,6 +15,9 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use tempfile::TempDir;
 
+/// The most nodes a tree holds (`inputs::limits::MAX_NODES`).
+const MAX_NODES: usize = 1 << 14;
+
 /// The text of a driver fixture with the value of each `(key, value)` line replaced, the
 /// driver's spacing kept.
 fn edited(name: &str, edits: &[(&str, &str)]) -> String {
@@ -449,23 +452,38 @@ fn too_few_spec_gpus_blame_the_spec() {
     assert_eq!(line, format!("error: {}: can't remap 2 saved devices to 1 restored devices", spec.display()));
 }
 
-/// Bug (issue 10.7): a host pass-through node that a spec node is in the way of is the host
-/// directory's error, naming it, not the spec's.
+/// Bug (issue 10.7): a host pass-through node the tree cannot take is the host directory's
+/// error, naming it, not the spec's. Since issue 29.3 a spec is never given `nvidia-caps/*`
+/// and keeps its own entry under a control node's name, so no spec node is in a host node's
+/// way any more (this test's old case, a spec file `/dev/nvidia-caps` over the host's
+/// `nvidia-caps/nvidia-cap1`, no longer clashes); what is left is the tree's node limit: a
+/// spec asking the hook for no GPU (`none`: the control nodes alone) whose devices fill the
+/// tree, which plans without the device directory, and the host's `nvidiactl`, which the tree
+/// cannot take.
 #[test]
 #[ignore = "needs root (makes device nodes)"]
 fn passthrough_clash_blames_the_host_directory() {
     need_root();
     let host = FakeHost::new();
-    host.node("nvidia-caps/nvidia-cap1", (1, 3));
+    host.node("nvidiactl", (1, 3));
     let tmp = TempDir::new().unwrap();
-    let spec = json!({"ociVersion": "1.0.2", "root": {"path": "rootfs"},
-                      "linux": {"devices": [{"path": "/dev/nvidia-caps", "type": "c", "major": 1, "minor": 5}]}});
-    let spec = write_file(tmp.path(), "caps.json", spec.to_string());
+    let spec_of = |n: usize| {
+        let devices: Vec<Value> =
+            (0..n).map(|i| json!({"path": format!("/dev/d{i}"), "type": "c", "major": 1, "minor": 3})).collect();
+        let mut spec = json!({"ociVersion": "1.0.2", "root": {"path": "rootfs"}, "process": {"cwd": "/", "args": ["sh"], "user": {"uid": 0, "gid": 0}, "env": []},
+                              "linux": {"devices": devices}});
+        bundle::nvidia_hook(&mut spec, tmp.path(), Some("none"));
+        write_file(tmp.path(), "config.json", spec.to_string())
+    };
+    // The tree's nodes: the plan's, and its root, which the plan does not list.
+    let nodes = |spec: &Path| node_paths(&plan_json(&with(&host.root_args(), &["--spec", arg(spec)]))).len() + 1;
+    let spec = spec_of(MAX_NODES - nodes(&spec_of(0)));
+    assert_eq!(nodes(&spec), MAX_NODES, "the spec fills the tree");
     let line = plan_error(&with(&host.args(), &["--spec", arg(&spec)]), "");
     assert_eq!(
         line,
         format!(
-            "error: {}: host node nvidia-caps/nvidia-cap1: its parent nvidia-caps is not a directory",
+            "error: {}: host node nvidiactl: the tree would hold more than {MAX_NODES} nodes",
             host.dev().display()
         )
     );

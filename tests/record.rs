@@ -83,14 +83,15 @@ fn record_round_trip_is_the_identity() {
 }
 
 /// Rule (issue 12.1): in hook mode the GPUs recorded are the device directory's, with the
-/// host nodes' own mode and owner.
+/// host nodes' own mode and owner. The spec asks the hook for all GPUs (`spec-hook.json`): one
+/// that asks for none is given none (issue 29.3).
 #[test]
 #[ignore = "needs root: makes device nodes with mknod"]
 fn record_takes_the_device_directory() {
     need_root();
     let host = FakeHost::with_described_gpus(&[0, 3]);
     fs::set_permissions(host.dev().join("nvidia3"), std::os::unix::fs::PermissionsExt::from_mode(0o660)).unwrap();
-    let spec = gpu_spec(host.tmp.path(), &[]);
+    let spec = fixture("spec-hook.json");
     let args = host.args();
     let (code, stdout, stderr) = devremapd("record", &with(&args, &["--spec", &spec]));
     assert_eq!(code, 0, "{stderr}");

@@ -538,6 +538,7 @@ fn the_image_env_never_relaxes_a_check() {
         fs::set_permissions(host.dev().join(n), std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     }
     let s = Setup::on_host(Runtime::Runc, host, &spec, SCRIPT);
+    s.ask_for_gpus();
     let image = s.tmp.path().join("image");
     fs::create_dir(&image).unwrap();
     let record =
@@ -615,6 +616,7 @@ fn cuda_device_map_and_the_wrappers_daemon_pair_alike() {
     let mut spec = oci_config("wrapped", &[]);
     spec["annotations"] = json!({"devremap.io/device-map": "0=3,1=2"});
     let s = Setup::on_host(Runtime::Runc, FakeHost::with_described_gpus(&[2, 3]), &spec, SCRIPT);
+    s.ask_for_gpus();
     let image = s.tmp.path().join("image");
     fs::create_dir(&image).unwrap();
     let saved = |m: u32| format!("GPU-5a7ed000-1111-4222-8333-{m:012}");

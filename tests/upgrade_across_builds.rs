@@ -13,7 +13,7 @@
 mod common;
 
 use common::daemon::{Daemon, has_exited, need_fuse, wait_for_or};
-use common::{BIN, FakeHost, arg, fake_rdev, fixture, saved_devices};
+use common::{BIN, FakeHost, arg, fake_rdev, saved_devices, spec_asking_for_all_gpus};
 use serde_json::Value;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
@@ -85,7 +85,9 @@ impl Installed {
     }
 }
 
-/// A fake host with GPUs 0..=3 and a checkpoint that saved 4 and 5 (served as host 0 and 1).
+/// A fake host with GPUs 0..=3 and a checkpoint that saved 4 and 5 (served as host 0 and 1),
+/// the basic spec asking the NVIDIA hook for every GPU (a spec gets only the GPUs it asks for,
+/// issue 29.3).
 struct Inputs {
     host: FakeHost,
 }
@@ -94,7 +96,7 @@ impl Inputs {
     fn new() -> Inputs {
         let host = FakeHost::with_gpus(&[0, 1, 2, 3]);
         fs::write(host.tmp.path().join("meta.json"), saved_devices(&[4, 5]).to_string()).unwrap();
-        fs::copy(fixture("spec-basic.json"), host.tmp.path().join("config.json")).unwrap();
+        spec_asking_for_all_gpus("spec-basic.json", &host.tmp.path().join("config.json"));
         Inputs { host }
     }
 

@@ -60,6 +60,17 @@ pub fn fixture(name: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name).to_str().expect("a UTF-8 path").to_owned()
 }
 
+/// Writes the committed spec `tests/fixtures/<name>` to `dest`, asking the NVIDIA hook for every
+/// GPU as `docker run --gpus all` does ([`bundle::nvidia_hook`], its no-op hook script beside
+/// `dest`): with a device directory a spec is given only the GPUs it lists or the hook selects
+/// (issue 29.3), and the fake GPUs, not being 195:N, can only be selected. Returns `dest`.
+pub fn spec_asking_for_all_gpus(name: &str, dest: &Path) -> PathBuf {
+    let mut spec: Value = serde_json::from_str(&fs::read_to_string(fixture(name)).unwrap()).unwrap();
+    bundle::nvidia_hook(&mut spec, dest.parent().expect("a file in a directory"), Some("all"));
+    fs::write(dest, serde_json::to_string_pretty(&spec).unwrap()).unwrap();
+    dest.to_owned()
+}
+
 /// A `--host-root` with no driver files and no `/proc/kcore`, for tests that need none (a
 /// missing host root is an error).
 pub fn empty_root() -> String {

@@ -42,12 +42,25 @@ wait_until() {
 }
 
 # gpu_checkpoint DIR: the checkpoint of this host's GPUs in DIR: config.json (a spec with the
-# runtime's /dev/pts and /dev/shm), host.json (`devremapd record`), saved.json (the same GPUs
-# under minor + 100). Sets `first` (the first host GPU's minor) and `alias` (its checkpoint
-# minor, first + 100).
+# runtime's /dev/pts and /dev/shm, asking the NVIDIA hook for every GPU), host.json
+# (`devremapd record`), saved.json (the same GPUs under minor + 100). Sets `first` (the first
+# host GPU's minor) and `alias` (its checkpoint minor, first + 100).
+#
+# A spec is given only the GPUs it lists or the hook selects (issue 29.3), so this one asks as
+# `docker run --gpus all` writes it: a prestart hook named nvidia-container-runtime-hook and
+# NVIDIA_VISIBLE_DEVICES=all. That selects HOST_DEV's nvidiaN whatever their numbers (a real
+# GPU's 195:N, --fake's 1:5) and gives the driver's control nodes (nvidiactl, nvidia-uvm, ...)
+# that CUDA opens. No runtime runs here, so the hook is never run: DIR/nvidia-container-
+# runtime-hook, a script that does nothing, stands in for the toolkit's on either host.
 gpu_checkpoint() {
-    cat > "$1/config.json" <<'JSON'
+    printf '#!/bin/sh\ncat > /dev/null\n' > "$1/nvidia-container-runtime-hook"
+    chmod 755 "$1/nvidia-container-runtime-hook"
+    cat > "$1/config.json" <<JSON
 {"ociVersion": "1.0.2", "root": {"path": "rootfs"},
+ "process": {"user": {"uid": 0, "gid": 0}, "args": ["sh"], "cwd": "/",
+             "env": ["PATH=/usr/bin:/bin", "NVIDIA_VISIBLE_DEVICES=all"]},
+ "hooks": {"prestart": [{"path": "$1/nvidia-container-runtime-hook",
+                         "args": ["nvidia-container-runtime-hook", "prestart"]}]},
  "mounts": [{"destination": "/dev/pts", "type": "devpts", "source": "devpts"},
             {"destination": "/dev/shm", "type": "tmpfs", "source": "shm"}]}
 JSON
