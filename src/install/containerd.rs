@@ -14,7 +14,8 @@
 //!   the handler gets `SystemdCgroup = true` when the default runtime has it.
 //!
 //! The TOML is edited with `toml_edit`, which reads every form TOML allows (quoted and dotted
-//! keys, inline tables, CRLF) and writes back what it read byte for byte: the handler is added
+//! keys, inline tables, CRLF) and writes back what it read byte for byte but line ends, which it
+//! writes as "\n" (a CRLF file gets its "\r\n" back here): the handler is added
 //! in the style of the table it goes into (a header table, dotted keys, an inline table). A
 //! `devremap` runtime is devremap's own when its `BinaryName` is the wrapper this install puts
 //! in place: it is then replaced with the entry's current content; any other is the operator's
@@ -179,6 +180,11 @@ pub fn add_handler(path: &str, text: Option<&str>, entry: &Entry) -> Result<Edit
     let mut out = doc.to_string();
     if text.ends_with('\n') && !out.ends_with('\n') {
         out.push('\n');
+    }
+    // toml_edit writes its lines with "\n": a file whose lines end in "\r\n" keeps them, so
+    // the operator's lines stay as they were.
+    if text.contains("\r\n") {
+        out = out.replace("\r\n", "\n").replace('\n', "\r\n");
     }
     Ok(Edited { text: out, had_ours })
 }

@@ -48,6 +48,18 @@ fn adds_after_the_operators_lines_keeping_them() {
     assert!(!out.contains("runtimes.runc"), "runc added beside the operator's runtimes: {out}");
 }
 
+/// Bug (found by the CI run of the merged attack test node_setup_adds_once_to_configs_of_any_style):
+/// toml_edit writes "\n", so a CRLF config lost its line ends; the operator's lines come back
+/// as they were, "\r\n" and all, and the handler's lines end alike.
+#[test]
+fn a_crlf_config_keeps_its_line_ends() {
+    let operator = "version = 2\r\n[plugins.\"io.containerd.grpc.v1.cri\"]\r\n  sandbox_image = \"x/pause:3.9\"\r\n";
+    let out = edited(operator);
+    assert!(out.starts_with(operator), "{out:?}");
+    assert!(!out.replace("\r\n", "").contains('\n'), "a bare \\n: {out:?}");
+    assert_eq!(edited(&out), out, "a second edit changes nothing");
+}
+
 /// Rule (issue 30.1): a config with no runtimes gets containerd's default `runc` back with the
 /// handler (a runtimes table replaces the defaults); a missing config is a version 2 one.
 #[test]
