@@ -221,34 +221,36 @@ fn dev_relative(path: &str) -> Result<Option<String>, &'static str> {
     Ok(Some(rel))
 }
 
-/// gVisor's `GPUFunctionalityRequestedViaHook`: an NVIDIA hook is installed and
-/// `NVIDIA_VISIBLE_DEVICES` asks for something; what it asks for, read as the toolkit reads it
-/// (`internal/config/image`, `DevicesFromEnvvars`): the variable's last value (the toolkit makes
-/// a map of the environment); unset, empty, only commas or `void`: nothing; unset in a legacy
-/// CUDA image (`CUDA_VERSION` set, `NVIDIA_REQUIRE_CUDA` unset or empty): every GPU.
+/// What the spec asks of the toolkit's legacy hook (a `prestart` hook ending in
+/// `/nvidia-container-runtime-hook`, which makes the GPUs' nodes itself):
+/// `NVIDIA_VISIBLE_DEVICES` read as the toolkit reads it (`internal/config/image`,
+/// `DevicesFromEnvvars`): the variable's last value (the toolkit makes a map of the
+/// environment); unset, empty, only commas or `void`: nothing; unset in a legacy CUDA image
+/// (`CUDA_VERSION` set, `NVIDIA_REQUIRE_CUDA` unset or empty): every GPU.
+///
+/// The toolkit's CDI mode asks nothing this way: its hooks (`createContainer` hooks ending in
+/// `/nvidia-cdi-hook`: `create-symlinks`, `update-ldcache`, ...) make no device node, the CDI
+/// spec lists the GPUs it gives in `linux.devices`, and it appends `NVIDIA_VISIBLE_DEVICES=void`
+/// after whatever the image's `ENV` said, so that no legacy hook reads it. Reading the value
+/// before that `void` served every GPU to an image with `ENV NVIDIA_VISIBLE_DEVICES=all`.
 fn hook_request(spec: &Spec) -> Result<Option<Visible>, VisibleError> {
     let Some(hooks) = spec.hooks() else { return Ok(None) };
-    let ends = |hooks: &Option<Vec<oci_spec::runtime::Hook>>, suffix: &str| {
-        hooks.iter().flatten().any(|h| h.path().to_string_lossy().ends_with(suffix))
-    };
-    let cdi = ends(hooks.create_container(), "/nvidia-cdi-hook");
     #[allow(deprecated)]
-    let legacy = ends(hooks.prestart(), "/nvidia-container-runtime-hook");
-    if !cdi && !legacy {
+    let legacy = hooks
+        .prestart()
+        .iter()
+        .flatten()
+        .any(|h| h.path().to_string_lossy().ends_with("/nvidia-container-runtime-hook"));
+    if !legacy {
         return Ok(None);
     }
     let env = spec.process().as_ref().and_then(|p| p.env().clone()).unwrap_or_default();
-    let values = |name: &str| -> Vec<&str> {
-        env.iter().filter_map(|e| e.strip_prefix(name).and_then(|rest| rest.strip_prefix('='))).collect()
-    };
-    let last = |name: &str| values(name).last().copied().unwrap_or_default();
-    let visible = values("NVIDIA_VISIBLE_DEVICES");
-    // The CDI toolkit appends `NVIDIA_VISIBLE_DEVICES=void` after the user's own value.
-    let effective = match visible.as_slice() {
-        [.., user, "void"] if cdi => Some(*user),
-        [.., last] => Some(*last),
-        [] if !last("CUDA_VERSION").is_empty() && last("NVIDIA_REQUIRE_CUDA").is_empty() => Some("all"),
-        [] => None,
+    let last =
+        |name: &str| env.iter().filter_map(|e| e.strip_prefix(name).and_then(|rest| rest.strip_prefix('='))).last();
+    let set = |name: &str| last(name).is_some_and(|v| !v.is_empty());
+    let effective = match last("NVIDIA_VISIBLE_DEVICES") {
+        None if set("CUDA_VERSION") && !set("NVIDIA_REQUIRE_CUDA") => Some("all"),
+        value => value,
     };
     effective.map_or(Ok(None), visible::parse)
 }
@@ -310,9 +312,8 @@ mod tests {
         assert_eq!(minors, vec![Some(3), None, None]);
     }
 
-    /// Hook detection: hook path suffixes, NVIDIA_VISIBLE_DEVICES asking for something (not
-    /// void or empty), and the CDI toolkit's trailing `void` ignored; what it asks for is read
-    /// as the toolkit reads it.
+    /// Hook detection: the legacy hook's path suffix, NVIDIA_VISIBLE_DEVICES asking for
+    /// something (not void or empty); what it asks for is read as the toolkit reads it.
     #[test]
     fn hook_request_rules() {
         let with = |hooks: serde_json::Value, env: &[&str]| {
@@ -322,7 +323,6 @@ mod tests {
             parse(s.to_string().as_bytes(), &no_files).map(|v| v.hook)
         };
         let legacy = json!({"prestart": [{"path": "/usr/bin/nvidia-container-runtime-hook"}]});
-        let cdi = json!({"createContainer": [{"path": "/usr/bin/nvidia-cdi-hook"}]});
         let env = |v: &str| format!("NVIDIA_VISIBLE_DEVICES={v}");
         assert_eq!(with(legacy.clone(), &[&env("all")]), Ok(Some(Visible::All)));
         assert_eq!(with(legacy.clone(), &[&env("none")]), Ok(Some(Visible::None)));
@@ -335,8 +335,6 @@ mod tests {
             assert_eq!(with(legacy.clone(), &nothing), Ok(None), "{nothing:?}");
         }
         assert_eq!(with(legacy.clone(), &[&env("all"), &env("void")]), Ok(None));
-        assert_eq!(with(cdi.clone(), &[&env("0,1"), &env("void")]), with(legacy.clone(), &[&env("0,1")]));
-        assert_eq!(with(cdi, &[&env("void")]), Ok(None));
         assert_eq!(with(json!({"prestart": [{"path": "/bin/other-hook"}]}), &[&env("MIG-x")]), Ok(None));
         // Bug (issue 10.1): a MIG device is refused, but only where the hook would read it.
         let mig = with(legacy, &[&env("0:1")]).unwrap_err().to_string();
@@ -344,6 +342,36 @@ mod tests {
             mig,
             "process.env: NVIDIA_VISIBLE_DEVICES: \"0:1\" is a MIG device; MIG devices are not supported yet"
         );
+    }
+
+    /// Bug (issue 29, attack 2 B1): the toolkit's CDI spec lists the GPUs it gives in
+    /// `linux.devices` and appends `NVIDIA_VISIBLE_DEVICES=void` after the image's `ENV`; its
+    /// `nvidia-cdi-hook` makes no node. devremap read the value before the `void` (`all` in the
+    /// nvidia/cuda images) and served every GPU of the device directory. With the CDI hook alone
+    /// nothing is asked through a hook, whatever the env; with the legacy hook too, the last
+    /// value (`void`) decides, as that hook reads it.
+    #[test]
+    fn the_cdi_hook_asks_for_no_gpu_whatever_the_env() {
+        let with = |hooks: serde_json::Value, env: &[&str]| {
+            let mut s = spec(json!([{"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0}]), json!([]));
+            s["hooks"] = hooks;
+            s["process"]["env"] = json!(env);
+            parse(s.to_string().as_bytes(), &no_files).unwrap()
+        };
+        let cdi = json!({"createContainer": [{"path": "/usr/bin/nvidia-cdi-hook", "args": ["nvidia-cdi-hook", "create-symlinks"]}]});
+        let both = json!({"createContainer": [{"path": "/usr/bin/nvidia-cdi-hook"}],
+                          "prestart": [{"path": "/usr/bin/nvidia-container-runtime-hook"}]});
+        for env in [
+            &["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_VISIBLE_DEVICES=void"][..],
+            &["NVIDIA_VISIBLE_DEVICES=0,1", "NVIDIA_VISIBLE_DEVICES=void"],
+            &["NVIDIA_VISIBLE_DEVICES=all"],
+            &["CUDA_VERSION=12.4.1"],
+        ] {
+            let view = with(cdi.clone(), env);
+            assert_eq!(view.hook, None, "{env:?}");
+            assert!(view.lists_gpus() && view.names_gpus(), "{env:?}: the spec's own GPU stays");
+        }
+        assert_eq!(with(both, &["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_VISIBLE_DEVICES=void"]).hook, None);
     }
 
     /// What a spec with the legacy NVIDIA hook and `env` asks of it.
