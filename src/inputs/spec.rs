@@ -42,8 +42,8 @@ pub struct DevMount {
     pub bind_source: Option<String>,
     /// The source is not a directory, so the mount point must be a non-directory.
     pub onto_file: bool,
-    /// For a tmpfs, the mode of its root as mounted: the last `mode=` option, else tmpfs's own
-    /// `1777`. runc chmods a tmpfs mounted on a directory that exists to that directory's mode.
+    /// For a tmpfs, the mode of its root as mounted: the last `mode=` as the kernel reads the
+    /// options, else tmpfs's own `1777`. runc chmods a tmpfs mounted on a directory that exists to that directory's mode.
     pub tmpfs_mode: Option<u32>,
 }
 
@@ -154,12 +154,27 @@ pub fn parse(bytes: &[u8], file_source: &dyn Fn(&str) -> bool) -> Result<SpecVie
     Ok(view)
 }
 
-/// The mode of a tmpfs's root as the kernel mounts it: the last `mode=` option (octal, its
-/// permission bits), else `1777`. A value the kernel cannot read fails the mount, so whatever
-/// is served for it is never seen; `1777` is.
+/// The mode of a tmpfs's root as the kernel mounts it. runc hands the options it does not
+/// take as mount flags to the kernel joined with `,`, and the kernel (`shmem_parse_options`)
+/// splits them again and applies each `mode=` in order, so the last one stands, read as
+/// `kstrtouint(value, 8)` reads it ([`kernel_octal`]); its permission bits count. Without one,
+/// tmpfs's `1777`. A value the kernel cannot read fails the mount, so whatever is served for it
+/// is never seen; `1777` is. (The kernel glues a piece that starts with a digit onto the one
+/// before it, for `mpol=`'s node lists; after a `mode=` that makes a value it cannot read.)
 fn tmpfs_root_mode<'a>(options: impl Iterator<Item = &'a str>) -> u32 {
-    let mode = options.filter_map(|o| o.strip_prefix("mode=")).last();
-    mode.and_then(|m| u32::from_str_radix(m, 8).ok()).map_or(0o1777, |m| m & 0o7777)
+    let mut modes = options.flat_map(|o| o.split(',')).filter_map(|o| o.strip_prefix("mode="));
+    modes.try_fold(0o1777, |_, value| kernel_octal(value)).map_or(0o1777, |m| m & 0o7777)
+}
+
+/// An unsigned octal number as the kernel's `kstrtouint(s, 8)` reads it: one optional leading
+/// `+`, octal digits, one optional trailing newline, within 32 bits.
+fn kernel_octal(value: &str) -> Option<u32> {
+    let value = value.strip_prefix('+').unwrap_or(value);
+    let digits = value.strip_suffix('\n').unwrap_or(value);
+    if digits.is_empty() || !digits.bytes().all(|b| matches!(b, b'0'..=b'7')) {
+        return None;
+    }
+    u32::from_str_radix(digits, 8).ok()
 }
 
 /// A node's access as runc leaves it: runc makes each node as root and then chowns it to the
@@ -428,6 +443,36 @@ mod tests {
         );
         let v = parse(s.to_string().as_bytes(), &no_files).unwrap();
         assert_eq!(v.dev_mounts[0].tmpfs_mode, Some(0o700));
+    }
+
+    /// Bug (issue 29, attack 2 B3, runc 1.1.5 measured): runc joins a tmpfs's data options with
+    /// `,` and the kernel splits them again, the last `mode=` standing, its value read as
+    /// `kstrtouint` reads it (a trailing newline taken); devremap took the last option starting
+    /// with `mode=` whole, so runc chmodded `/dev/shm` to another mode than the tmpfs's own.
+    /// A value the kernel refuses fails the mount (each case below measured with mount(2) on
+    /// Linux 6.18: EINVAL); the tree then has tmpfs's `1777`.
+    #[test]
+    fn a_tmpfs_mode_is_read_from_the_options_as_the_kernel_reads_them() {
+        let mode = |options: &[&str]| tmpfs_root_mode(options.iter().copied());
+        assert_eq!(mode(&["size=1m,mode=700"]), 0o700);
+        assert_eq!(mode(&["mode=700\n"]), 0o700);
+        assert_eq!(mode(&["mode=700", "nr_inodes=0,mode=1777"]), 0o1777);
+        assert_eq!(mode(&["nosuid", "mode=0750,size=64k", "noexec"]), 0o750);
+        assert_eq!(mode(&["mode=37777777777"]), 0o7777, "32 bits, its permission bits");
+        for refused in [
+            &["mode="][..],
+            &["mode=+"],
+            &["mode=++700"],
+            &["mode=-700"],
+            &["mode=700\n\n"],
+            &["mode= 700"],
+            &["mode=0x1c0"],
+            &["mode=40000000000"],
+            &["mode=700,mode=8"],
+            &["mode=x", "mode=700"],
+        ] {
+            assert_eq!(mode(refused), 0o1777, "{refused:?}: the kernel fails the mount");
+        }
     }
 
     /// Rule (issue 29.5): a tmpfs mount's root mode is its last `mode=` option's permission
