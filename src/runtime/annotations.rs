@@ -133,13 +133,7 @@ impl Request {
     /// (by the annotation, over its variable) is kept.
     fn set(&mut self, key: &str, text: &str, from: String) -> Result<(), AnnotationError> {
         match key {
-            ENABLE if self.enable.is_none() => {
-                self.enable = Some(match text {
-                    "true" => true,
-                    "false" => false,
-                    other => return Err(AnnotationError::Enable { from, value: other.to_owned() }),
-                })
-            }
+            ENABLE if self.enable.is_none() => self.enable = Some(parse_enable(text, from)?),
             DEVICE_MAP if self.device_map.is_none() => {
                 parse_device_map(text).map_err(|e| AnnotationError::DeviceMap { from, why: e.to_string() })?;
                 self.device_map = Some(text.to_owned());
@@ -207,10 +201,21 @@ impl Request {
     }
 }
 
+/// `devremap.io/enable`'s value, or its variable's; `from` names where it was read.
+fn parse_enable(text: &str, from: String) -> Result<bool, AnnotationError> {
+    match text {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        other => Err(AnnotationError::Enable { from, value: other.to_owned() }),
+    }
+}
+
 /// Reads the `devremap.io/*` annotations of a spec (as JSON), refusing one that `allowed`
 /// (the runtime config's `annotations`) does not list, then `DEVREMAP_ENABLE` in its
-/// `process.env` if the annotation is unsaid and allowed; the other `DEVREMAP_*` variables
-/// are only noted in `ignored_env`.
+/// `process.env` where the annotation is allowed: every value checked, the last one counting
+/// (as runc gives the process the environment, and as the toolkit's map of it reads it), and
+/// only if the annotation is unsaid; the other `DEVREMAP_*` variables are only noted in
+/// `ignored_env`, each once.
 pub fn parse(spec: &Value, allowed: &[String]) -> Result<Request, AnnotationError> {
     let mut request = Request::default();
     let map = match spec.get("annotations") {
@@ -232,15 +237,17 @@ pub fn parse(spec: &Value, allowed: &[String]) -> Result<Request, AnnotationErro
     // The spec parsed as an OCI spec before this is asked, so `env` holds strings; anything
     // else is no variable of ours.
     let env = spec.pointer("/process/env").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str);
+    let mut enable_var = None;
     for (name, text) in env.filter_map(|e| e.split_once('=')) {
         if name == ENABLE_VAR && is_allowed(ENABLE) {
-            request.set(ENABLE, text, format!("process.env {name}"))?;
-        } else if let Some((var, _)) = NOT_OBEYED.iter().find(|(var, _)| *var == name) {
+            enable_var = Some(parse_enable(text, format!("process.env {name}"))?);
+        } else if let Some(var) = NOT_OBEYED.iter().map(|(var, _)| *var).chain([ENABLE_VAR]).find(|var| *var == name)
+            && !request.ignored_env.contains(&var)
+        {
             request.ignored_env.push(var);
-        } else if name == ENABLE_VAR {
-            request.ignored_env.push(ENABLE_VAR);
         }
     }
+    request.enable = request.enable.or(enable_var);
     Ok(request)
 }
 
@@ -334,6 +341,28 @@ mod tests {
         let e = parse(&env(&["DEVREMAP_ENABLE=1"])).unwrap_err().to_string();
         assert_eq!(e, "process.env DEVREMAP_ENABLE: expected \"true\" or \"false\", found \"1\"");
         assert!(parse(&env(&["DEVREMAP_ENABLEX=1", "NOEQUALS"])).unwrap() == Request::default());
+    }
+
+    /// Bug (issue 29, attack 2 B7): `DEVREMAP_ENABLE` given twice (an image's `true`, a
+    /// launcher's trailing `false` in a hand-made spec) took the first value, while runc gives
+    /// the process the last and the toolkit reads the last; the second value was never checked.
+    /// The last counts, every one is checked, and a repeated variable that is not obeyed is
+    /// named in one warning.
+    #[test]
+    fn a_repeated_variable_counts_as_its_last_value() {
+        let env = |vars: &[&str]| json!({"process": {"env": vars}});
+        assert_eq!(parse(&env(&["DEVREMAP_ENABLE=true", "DEVREMAP_ENABLE=false"])).unwrap().enable, Some(false));
+        assert_eq!(parse(&env(&["DEVREMAP_ENABLE=false", "DEVREMAP_ENABLE=true"])).unwrap().enable, Some(true));
+        for bad in
+            [["DEVREMAP_ENABLE=true", "DEVREMAP_ENABLE=bogus"], ["DEVREMAP_ENABLE=bogus", "DEVREMAP_ENABLE=true"]]
+        {
+            let e = parse(&env(&bad)).unwrap_err().to_string();
+            assert_eq!(e, "process.env DEVREMAP_ENABLE: expected \"true\" or \"false\", found \"bogus\"");
+        }
+        let r = parse(&env(&["DEVREMAP_RELAX=mode", "DEVREMAP_PREFER=native", "DEVREMAP_RELAX=mode"])).unwrap();
+        assert_eq!(r.warnings().len(), 2, "{:?}", r.warnings());
+        let none = super::parse(&env(&["DEVREMAP_ENABLE=true", "DEVREMAP_ENABLE=true"]), &[]).unwrap();
+        assert_eq!(none.ignored_env, ["DEVREMAP_ENABLE"]);
     }
 
     /// Bug (issue 29.1): the image's `ENV` (merged into `process.env` with `-e`) relaxed the
