@@ -789,6 +789,31 @@ fn a_cdi_spec_gets_only_the_gpus_it_lists_whatever_the_images_env() {
     }
 }
 
+/// Bug (issue 29, attack 2 B6): `plan --spec` ignored the spec's `devremap.io/device-map`, which
+/// `cuda-device-map` and the wrapper's daemon obey: the preview paired 0 -> 2, 1 -> 3 where the
+/// daemon serves 0 -> 3, 1 -> 2. It reads the annotations as `cuda-device-map` does: a
+/// `--device-map` giving other pairs is refused, the same pairs in another order are not.
+#[test]
+fn plan_obeys_the_specs_device_map_annotation() {
+    let host = FakeHost::new();
+    let tmp = TempDir::new().unwrap();
+    let gpu = |m: u32| json!({"path": format!("/dev/nvidia{m}"), "type": "c", "major": 195, "minor": m});
+    let mut spec: Value = serde_json::from_str(&fs::read_to_string(fixture("spec-gpus.json")).unwrap()).unwrap();
+    spec["linux"]["devices"] = json!([gpu(2), gpu(3)]);
+    spec["annotations"] = json!({"devremap.io/device-map": "0=3,1=2"});
+    let path = write_file(tmp.path(), "map.json", spec.to_string());
+    let mut owned = host.root_args();
+    owned.extend(["--spec".into(), arg(&path).to_owned(), "--metadata".into(), fixture("checkpoint")]);
+    let served = vec![("nvidia0".to_owned(), (195, 3)), ("nvidia1".to_owned(), (195, 2))];
+    assert_eq!(remap_targets(&plan_json(&with(&owned, &[]))), served);
+    assert_eq!(remap_targets(&plan_json(&with(&owned, &["--device-map", "1=2,0=3"]))), served);
+    assert_eq!(remap_targets(&plan_json(&with(&owned, &["--device-map", "0=3", "--device-map", "1=2"]))), served);
+    plan_error(
+        &with(&owned, &["--device-map", "0=2"]),
+        "--device-map contradicts the spec's annotation devremap.io/device-map",
+    );
+}
+
 /// Rule (semantics §2): the host's pass-through NVIDIA nodes (`nvidiactl`, `nvidia-uvm`,
 /// `nvidia-uvm-tools`, `nvidia-modeset`, `nvidia-caps/nvidia-capN`) are served with the numbers
 /// they have on the host, never remapped; other host nodes are not served.

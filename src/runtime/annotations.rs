@@ -18,7 +18,7 @@
 //! warning ([`Request::warnings`]). A pod's sandbox ([`is_sandbox`]) never gets devremap.
 
 use crate::decision::checks::parse_relax;
-use crate::decision::pairing::parse_device_map;
+use crate::decision::pairing::{MapPair, parse_device_map};
 use crate::decision::plan::Prefer;
 use crate::inputs::load::Sources;
 use crate::inputs::spec::SpecView;
@@ -156,13 +156,14 @@ impl Request {
 impl Request {
     /// Adds what was asked to `sources`, as the wrapper gives it to the container's daemon,
     /// for another reader of the same spec (`cuda-device-map`): the pairing is one decision.
-    /// A `--device-map` given as well must be the annotation's; relaxed checks add up.
+    /// A `--device-map` given as well must give the annotation's pairs ([`same_pairs`]);
+    /// relaxed checks add up.
     pub fn add_to(&self, sources: &mut Sources) -> Result<(), AnnotationError> {
         if let Some(map) = &self.device_map {
             // Checked when read.
             let pairs = parse_device_map(map)
                 .map_err(|e| AnnotationError::DeviceMap { from: DEVICE_MAP.into(), why: e.to_string() })?;
-            if !sources.device_map.is_empty() && sources.device_map != pairs {
+            if !sources.device_map.is_empty() && !same_pairs(&sources.device_map, &pairs) {
                 return Err(AnnotationError::Contradicts { flag: "--device-map", key: DEVICE_MAP });
             }
             sources.device_map = pairs;
@@ -199,6 +200,22 @@ impl Request {
             })
             .collect()
     }
+}
+
+/// Whether two device maps give the same pairs: in any order (`--device-map` repeated gives
+/// them as a list), a UUID in any case (the pairing compares UUIDs so). A UUID and the minor of
+/// the same GPU are not told alike: that needs the inputs, and the one error is "give the same
+/// value".
+fn same_pairs(a: &[MapPair], b: &[MapPair]) -> bool {
+    let sorted = |map: &[MapPair]| {
+        let mut pairs: Vec<(String, String)> = map
+            .iter()
+            .map(|p| (p.old.to_string().to_ascii_lowercase(), p.new.to_string().to_ascii_lowercase()))
+            .collect();
+        pairs.sort();
+        pairs
+    };
+    sorted(a) == sorted(b)
 }
 
 /// `devremap.io/enable`'s value, or its variable's; `from` names where it was read.
@@ -465,6 +482,26 @@ mod tests {
             "--device-map contradicts the spec's annotation devremap.io/device-map, which the container's daemon \
              obeys; give the same value or none"
         );
+        let mut untouched = Sources::default();
+        parse(&json!({})).unwrap().add_to(&mut untouched).unwrap();
+        assert_eq!(untouched, Sources::default());
+    }
+
+    /// Bug (issue 29, attack 2 B6): a `--device-map` was compared with the annotation as a
+    /// list, so the same pairs in another order, or a UUID in another case, were refused as a
+    /// contradiction while `--device-map 0=3 --device-map 1=2` was taken; pairs are compared
+    /// as a set of parsed pairs.
+    #[test]
+    fn the_same_pairs_in_another_order_do_not_contradict() {
+        let uuid = "GPU-5b2c0000-1111-4222-8333-000000000000";
+        let r = parse(&with(json!({DEVICE_MAP: format!("{uuid}=3,1=2")}))).unwrap();
+        let flag = |map: &str| Sources { device_map: parse_device_map(map).unwrap(), ..Sources::default() };
+        for same in [format!("1=2,{uuid}=3"), format!("1=2,{}=3", uuid.to_uppercase())] {
+            r.add_to(&mut flag(&same)).unwrap_or_else(|e| panic!("{same}: {e}"));
+        }
+        for other in ["1=2", "1=2,0=3", "1=3,GPU-5b2c0000-1111-4222-8333-000000000000=2"] {
+            assert!(r.add_to(&mut flag(other)).is_err(), "{other}");
+        }
         let mut untouched = Sources::default();
         parse(&json!({})).unwrap().add_to(&mut untouched).unwrap();
         assert_eq!(untouched, Sources::default());
