@@ -113,7 +113,7 @@ fn oci_patch(args: &cli::OciPatchArgs) -> Result<(), Failure> {
 fn plan(args: &cli::PlanArgs) -> Result<(), Failure> {
     // A refusal, a failed check's too, is the one error line and nothing on stdout; with
     // `--relax` the JSON's `checks` say what every check found.
-    let loaded = load::load(&args.inputs.sources()).map_err(|e| e.to_string())?;
+    let loaded = load::load(&sources_with_annotations(&args.inputs)?).map_err(|e| e.to_string())?;
     if args.json {
         let json = render::plan_json(&loaded.plan, loaded.metadata.as_ref());
         println!("{}", serde_json::Value::Object(json));
@@ -160,11 +160,12 @@ fn record(args: &cli::RecordArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-fn cuda_device_map(args: &cli::InputArgs) -> Result<(), Failure> {
+/// The inputs of a reader of a container's spec (`plan`, `cuda-device-map`), with the spec's
+/// annotations obeyed as the wrapper has its daemon obey them (issue 29.2): the pairing is
+/// one decision. Every one is taken, since these readers grant nothing: the wrapper refuses
+/// the container itself where its config does not let launchers set one.
+fn sources_with_annotations(args: &cli::InputArgs) -> Result<load::Sources, Failure> {
     let mut sources = args.sources();
-    // The spec's annotations pair the GPUs as they do for the wrapper's daemon (issue 29.2);
-    // every one is taken, since a map grants nothing: the wrapper refuses the container itself
-    // where its config does not let launchers set one.
     if let Some(spec) = &args.spec {
         let value = load::read_spec_json(spec).map_err(|e| e.to_string())?;
         let request = devremap::runtime::annotations::parse(&value, &devremap::runtime::annotations::every_key())
@@ -174,6 +175,11 @@ fn cuda_device_map(args: &cli::InputArgs) -> Result<(), Failure> {
             log::warn!("{}: {warning}", spec.display());
         }
     }
+    Ok(sources)
+}
+
+fn cuda_device_map(args: &cli::InputArgs) -> Result<(), Failure> {
+    let sources = sources_with_annotations(args)?;
     let loaded = load::load(&sources).map_err(|e| e.to_string())?;
     let map = devremap::decision::cuda_map::device_map(&loaded.plan).map_err(|e| {
         // A restored GPU's UUID comes from the host's driver files, a saved one's from the checkpoint.

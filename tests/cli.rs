@@ -290,7 +290,7 @@ fn runtime_checks_where_a_symlinked_config_leads() {
     std::os::unix::fs::symlink("../links/runtime.json", &config).unwrap();
     std::os::unix::fs::symlink(&target, links.join("runtime.json")).unwrap();
     let (c, t) = (arg(&config), arg(&target));
-    for (dir, shown) in [(&home, arg(&home).to_owned()), (&links, format!("{}/../links", arg(&etc)))] {
+    for (dir, shown) in [(&home, arg(&home).to_owned()), (&links, arg(&links).to_owned())] {
         mode(dir, 0o777);
         let (code, stderr) = runtime_state_with(config.as_os_str());
         assert_eq!(code, Some(1), "{shown}: {stderr}");
@@ -369,4 +369,51 @@ fn runtime_refuses_a_config_symlink_of_another_user() {
     std::os::unix::fs::lchown(&link, Some(0), Some(0)).unwrap();
     let (code, stderr) = runtime_state_with(link.as_os_str());
     assert_eq!(code, Some(0), "{stderr}");
+}
+
+/// Bug (issue 29, attack 2 B5): only links at the end of the config's path had their owner
+/// checked, so a user's link naming a directory on the way (`sticky/dir/runtime.json`,
+/// `sticky/dir/../c/runtime.json`, or reached through a root link to it) passed: its owner
+/// could point it at any directory holding a file of that name. Every link met resolving the
+/// path, component by component, must be root's or the wrapper's user's.
+#[test]
+#[ignore = "needs root: chowns a symlink to another user"]
+fn runtime_refuses_a_directory_symlink_of_another_user_on_the_way() {
+    common::need_root();
+    let tmp = TempDir::new().unwrap();
+    let (marker, runtime) = marking_runtime(&tmp);
+    let mode =
+        |p: &std::path::Path, m: u32| fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(m)).unwrap();
+    mode(tmp.path(), 0o755);
+    let (c, c2, sticky) = (tmp.path().join("c"), tmp.path().join("c2"), tmp.path().join("sticky"));
+    for (d, m) in [(&c, 0o755), (&c2, 0o755), (&sticky, 0o1777)] {
+        fs::create_dir(d).unwrap();
+        mode(d, m);
+    }
+    fs::write(c.join("runtime.json"), format!(r#"{{"runtime": "{}"}}"#, arg(&runtime))).unwrap();
+    mode(&c.join("runtime.json"), 0o644);
+    let link = sticky.join("cfgdir");
+    std::os::unix::fs::symlink(&c, &link).unwrap();
+    std::os::unix::fs::lchown(&link, Some(65534), Some(65534)).unwrap();
+    std::os::unix::fs::symlink(link.join("runtime.json"), c2.join("via.json")).unwrap();
+    let paths = [link.join("runtime.json"), link.join("../c/runtime.json"), c2.join("via.json")];
+    for path in &paths {
+        let (code, stderr) = runtime_state_with(path.as_os_str());
+        assert_eq!(code, Some(1), "{}: {stderr}", path.display());
+        let l = arg(&link);
+        assert!(
+            stderr.ends_with(&format!(
+                ": the symlink {l} on the way to it is owned by uid 65534, not 0 or root; refused: the config chooses \
+                 what runs as root\n"
+            )),
+            "{}: {stderr}",
+            path.display()
+        );
+        assert!(!marker.exists(), "{}: the runtime ran", path.display());
+    }
+    std::os::unix::fs::lchown(&link, Some(0), Some(0)).unwrap();
+    for path in &paths {
+        let (code, stderr) = runtime_state_with(path.as_os_str());
+        assert_eq!(code, Some(0), "{}: {stderr}", path.display());
+    }
 }

@@ -596,6 +596,19 @@ fn a_spec_gets_no_gpu_node_that_runc_would_not_make() {
     };
     let mut enabled = oci_config("gpus", &[]);
     enabled["process"]["env"].as_array_mut().unwrap().push(serde_json::json!("DEVREMAP_ENABLE=true"));
+    // The toolkit's CDI spec for GPU 0 in an image whose ENV says all (attack 2 B1): the CDI
+    // hook (a no-op here, as the toolkit's makes no node) and the toolkit's trailing `void`.
+    let mut cdi = listing(device("/dev/nvidia0", fake_rdev(0)));
+    common::bundle::nvidia_hook(&mut cdi, host.tmp.path(), None);
+    let cdi_hook = host.tmp.path().join("nvidia-cdi-hook");
+    fs::copy(host.tmp.path().join("nvidia-container-runtime-hook"), &cdi_hook).unwrap();
+    cdi["hooks"] = serde_json::json!({"createContainer": [{"path": arg(&cdi_hook), "args": ["nvidia-cdi-hook", "create-symlinks"]}]});
+    for value in ["all", "void"] {
+        cdi["process"]["env"]
+            .as_array_mut()
+            .unwrap()
+            .push(serde_json::json!(format!("NVIDIA_VISIBLE_DEVICES={value}")));
+    }
     let cases = [
         ("the hook asked for void", hook(Some("void"))),
         ("the hook asked for nothing (empty)", hook(Some(""))),
@@ -606,6 +619,7 @@ fn a_spec_gets_no_gpu_node_that_runc_would_not_make() {
         ("only kfd listed", listing(device("/dev/kfd", kfd))),
         ("only a render node listed", listing(device("/dev/dri/renderD128", render))),
         ("a GPU-less spec with DEVREMAP_ENABLE=true", enabled),
+        ("a CDI spec for GPU 0 with the image's NVIDIA_VISIBLE_DEVICES=all", cdi),
     ];
     let mut wrong = Vec::new();
     for (case, config) in cases {
@@ -626,20 +640,26 @@ fn a_spec_gets_no_gpu_node_that_runc_would_not_make() {
             wrong.push(format!("{case}: the tree holds {tree:?}, runc makes {runc:?}"));
         }
     }
-    assert!(wrong.is_empty(), "{} of 9 cases differ:\n{}", wrong.len(), wrong.join("\n"));
+    assert!(wrong.is_empty(), "{} of 10 cases differ:\n{}", wrong.len(), wrong.join("\n"));
 }
 
 /// Bug (issue 29.5): runc mounts a tmpfs on a directory that exists and chmods it to that
 /// directory's mode, so on the tree's `0755` mount point `/dev/shm` was `0755` and a non-root
 /// user in a runc container could not write shared memory, where plain runc gives `1777`. As
 /// uid 1000 without capabilities, the container writes a file in `/dev/shm` on a devremap
-/// `/dev`, and `/dev/shm` has the mode it has on runc's own `/dev`; with runc and crun.
-fn a_non_root_user_writes_dev_shm(runtime: Runtime) {
+/// `/dev`, and `/dev/shm` has the mode it has on runc's own `/dev`; with runc and crun, and
+/// with the tmpfs's `options` where given.
+fn a_non_root_user_writes_dev_shm(runtime: Runtime, options: Option<Value>) {
     need_containers(runtime);
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let script = "stat -c 'shm.mode: %a' /dev/shm\n\
                   if echo hi > /dev/shm/f 2>/dev/null; then echo 'shm.write: ok'; else echo 'shm.write: refused'; fi\n";
     let mut config = oci_config("shm", &[]);
+    if let Some(options) = options {
+        let mounts = config["mounts"].as_array_mut().unwrap();
+        let shm = mounts.iter_mut().find(|m| m["destination"] == "/dev/shm").unwrap();
+        shm["options"] = options;
+    }
     config["process"]["user"] = serde_json::json!({"uid": 1000, "gid": 1000});
     let none = serde_json::json!([]);
     config["process"]["capabilities"] =
@@ -670,12 +690,25 @@ fn a_non_root_user_writes_dev_shm(runtime: Runtime) {
 #[test]
 #[ignore = "needs root, /dev/fuse, runc or crun, and busybox-static"]
 fn a_non_root_user_writes_dev_shm_under_runc() {
-    a_non_root_user_writes_dev_shm(Runtime::Runc);
+    a_non_root_user_writes_dev_shm(Runtime::Runc, None);
 }
 
 /// Rule (issue 29.5): under crun, which never chmods the tmpfs, `/dev/shm` is as crun's own.
 #[test]
 #[ignore = "needs root, /dev/fuse, runc or crun, and busybox-static"]
 fn a_non_root_user_writes_dev_shm_under_crun() {
-    a_non_root_user_writes_dev_shm(Runtime::Crun);
+    a_non_root_user_writes_dev_shm(Runtime::Crun, None);
+}
+
+/// Bug (issue 29, attack 2 B3): runc joins a tmpfs's data options with `,` and the kernel reads
+/// the last `mode=` among them; devremap read the last option starting with `mode=`, so with
+/// `["mode=700", "nr_inodes=0,mode=1777"]` runc chmodded `/dev/shm` to `0700` on a devremap
+/// `/dev` where its own is `1777`, and a non-root user could not write it.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc or crun, and busybox-static"]
+fn a_non_root_user_writes_dev_shm_whose_mode_is_in_a_joined_option() {
+    a_non_root_user_writes_dev_shm(
+        Runtime::Runc,
+        Some(serde_json::json!(["nosuid", "mode=700", "nr_inodes=0,mode=1777"])),
+    );
 }

@@ -718,7 +718,7 @@ fn hook_spec_takes_gpus_from_the_host_dev_dir() {
 
 /// Rule (semantics §2): without `--host-dev`, the host's `/dev` is scanned for `nvidiaN` only
 /// when the spec asks for GPUs through the NVIDIA hook: not when `NVIDIA_VISIBLE_DEVICES` is
-/// `void` or empty; with the CDI hook a trailing `void` appended by the toolkit is ignored.
+/// `void` or empty; never for the CDI hook, which makes no node (issue 29, attack 2 B1).
 /// (On a host without GPUs the scanned and the unscanned cases look alike; the expected list
 /// is read from the real `/dev`.)
 #[test]
@@ -748,7 +748,7 @@ fn hook_spec_without_host_dev_scans_dev_only_when_gpus_are_asked_for() {
         (spec(legacy, &["NVIDIA_VISIBLE_DEVICES="]), false),
         (spec(legacy, &["PATH=/bin"]), false),
         (spec(("prestart", "/usr/bin/some-other-hook"), &["NVIDIA_VISIBLE_DEVICES=all"]), false),
-        (spec(cdi, &["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_VISIBLE_DEVICES=void"]), true),
+        (spec(cdi, &["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_VISIBLE_DEVICES=void"]), false),
         (spec(cdi, &["NVIDIA_VISIBLE_DEVICES=void"]), false),
     ];
     for (i, (spec, scanned)) in cases.iter().enumerate() {
@@ -759,6 +759,59 @@ fn hook_spec_without_host_dev_scans_dev_only_when_gpus_are_asked_for() {
         let expected = if *scanned { real_gpus.clone() } else { Vec::new() };
         assert_eq!(restored, expected, "spec {i}: {}", spec["hooks"]);
     }
+}
+
+/// Bug (issue 29, attack 2 B1): the toolkit's CDI spec (nvidia-cdi-hook createContainer hooks,
+/// GPU 0 and the control nodes in `linux.devices`, the image's `NVIDIA_VISIBLE_DEVICES=all`
+/// followed by the toolkit's `void`) got every GPU of the device directory, and its `nvidia-modeset`,
+/// where runc makes only the listed nodes: the CDI hook makes none. The tree holds GPU 0 and
+/// what the spec lists, nothing else of the directory.
+#[test]
+#[ignore = "needs root (makes device nodes)"]
+fn a_cdi_spec_gets_only_the_gpus_it_lists_whatever_the_images_env() {
+    need_root();
+    let host = FakeHost::with_gpus(&[0, 1, 2, 3]);
+    host.node("nvidia-modeset", (1, 9));
+    let tmp = TempDir::new().unwrap();
+    let mut spec: Value =
+        serde_json::from_str(&fs::read_to_string(fixture("specs/cdi-nvidia-cdi-hook.json")).unwrap()).unwrap();
+    spec["process"]["env"] = json!(["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_VISIBLE_DEVICES=void"]);
+    let path = write_file(tmp.path(), "cdi.json", spec.to_string());
+    let plan = plan_json(&with(&host.args(), &["--spec", arg(&path)]));
+    let restored: Vec<&str> =
+        plan["restored"].as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
+    assert_eq!(restored, ["nvidia0"]);
+    for absent in ["nvidia1", "nvidia2", "nvidia3", "nvidia-modeset"] {
+        assert!(node(&plan, absent).is_none(), "{absent} served:\n{plan:#}");
+    }
+    for listed in ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"] {
+        assert!(node(&plan, listed).is_some(), "{listed} missing");
+    }
+}
+
+/// Bug (issue 29, attack 2 B6): `plan --spec` ignored the spec's `devremap.io/device-map`, which
+/// `cuda-device-map` and the wrapper's daemon obey: the preview paired 0 -> 2, 1 -> 3 where the
+/// daemon serves 0 -> 3, 1 -> 2. It reads the annotations as `cuda-device-map` does: a
+/// `--device-map` giving other pairs is refused, the same pairs in another order are not.
+#[test]
+fn plan_obeys_the_specs_device_map_annotation() {
+    let host = FakeHost::new();
+    let tmp = TempDir::new().unwrap();
+    let gpu = |m: u32| json!({"path": format!("/dev/nvidia{m}"), "type": "c", "major": 195, "minor": m});
+    let mut spec: Value = serde_json::from_str(&fs::read_to_string(fixture("spec-gpus.json")).unwrap()).unwrap();
+    spec["linux"]["devices"] = json!([gpu(2), gpu(3)]);
+    spec["annotations"] = json!({"devremap.io/device-map": "0=3,1=2"});
+    let path = write_file(tmp.path(), "map.json", spec.to_string());
+    let mut owned = host.root_args();
+    owned.extend(["--spec".into(), arg(&path).to_owned(), "--metadata".into(), fixture("checkpoint")]);
+    let served = vec![("nvidia0".to_owned(), (195, 3)), ("nvidia1".to_owned(), (195, 2))];
+    assert_eq!(remap_targets(&plan_json(&with(&owned, &[]))), served);
+    assert_eq!(remap_targets(&plan_json(&with(&owned, &["--device-map", "1=2,0=3"]))), served);
+    assert_eq!(remap_targets(&plan_json(&with(&owned, &["--device-map", "0=3", "--device-map", "1=2"]))), served);
+    plan_error(
+        &with(&owned, &["--device-map", "0=2"]),
+        "--device-map contradicts the spec's annotation devremap.io/device-map",
+    );
 }
 
 /// Rule (semantics §2): the host's pass-through NVIDIA nodes (`nvidiactl`, `nvidia-uvm`,

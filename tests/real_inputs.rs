@@ -279,12 +279,13 @@ fn excluded_and_minorless_gpus_in_hook_mode() {
     );
 }
 
-/// Rule (semantics §2): the CDI toolkit's spec (nvidia-cdi-hook createContainer hooks, the GPUs
-/// as CDI device nodes, a trailing `NVIDIA_VISIBLE_DEVICES=void`) asks through the hook with the
-/// user's value before the `void`: index 0, so GPU 0, on top of the spec's own devices.
+/// Rule (issue 29.3, attack 2 B1): the CDI toolkit's spec (nvidia-cdi-hook createContainer
+/// hooks, the GPUs as CDI device nodes, a trailing `NVIDIA_VISIBLE_DEVICES=void`) asks nothing
+/// through the hook: its GPUs are the spec's own devices (GPU 0 here), whatever the value
+/// before the `void` says (gVisor's rule read that value, and so did devremap's before).
 #[test]
 #[ignore = "needs root (makes device nodes)"]
-fn cdi_spec_selects_by_the_value_before_the_trailing_void() {
+fn a_cdi_spec_gets_the_gpus_its_devices_list() {
     need_root();
     let host = dgx_host();
     let spec = fixture("specs/cdi-nvidia-cdi-hook.json");

@@ -61,25 +61,59 @@ fn dir_of(p: &Path) -> PathBuf {
 }
 
 /// The directories whose writers could put another file in the config's place: that of
-/// `path`, of each symlink `path` leads through (a link's writer can point it elsewhere), and
-/// of the file actually `opened` (issue 29.6: a config symlinked into a user's directory was
-/// checked only where the link lies); and that file's path. Each link must be root's or
-/// `me`'s: in a sticky directory its owner could point it elsewhere.
+/// `path`, of each symlink met on the way (a link's writer can point it elsewhere), and of the
+/// file actually `opened` (issue 29.6: a config symlinked into a user's directory was checked
+/// only where the link lies); and that file's path. Each link must be root's or `me`'s: in a
+/// sticky directory its owner could point it elsewhere. The path is resolved as the kernel
+/// resolves it, component by component, so a link naming a directory on the way (`link/x`,
+/// `link/../x`) is met as well as one at the end (attack 2 B5), and no more than 40 links.
 fn directories(path: &Path, opened: &std::fs::File, me: u32) -> Result<(Vec<PathBuf>, PathBuf), String> {
-    let mut dirs = vec![];
-    let mut link = path.to_owned();
-    // As many links as the kernel follows; the open succeeded, so the chain ends before.
-    for _ in 0..40 {
-        let dir = dir_of(&link);
-        dirs.push(dir.clone());
-        let Some(meta) = std::fs::symlink_metadata(&link).ok().filter(|m| m.file_type().is_symlink()) else {
-            break;
-        };
-        config::check_link_owner(&link.display().to_string(), meta.uid(), me).map_err(|e| e.to_string())?;
-        let target = std::fs::read_link(&link).map_err(|e| format!("{}: {}", link.display(), io_message(&e)))?;
-        link = dir.join(target);
+    use std::os::unix::ffi::OsStrExt;
+    let mut dirs = vec![dir_of(path)];
+    let mut resolved = match path.is_absolute() {
+        true => PathBuf::from("/"),
+        false => std::env::current_dir().map_err(|e| format!("the working directory: {}", io_message(&e)))?,
+    };
+    // What is left to resolve, its next component last.
+    let components = |p: &Path| -> Vec<PathBuf> {
+        p.as_os_str()
+            .as_bytes()
+            .split(|b| *b == b'/')
+            .rev()
+            .map(|c| PathBuf::from(std::ffi::OsStr::from_bytes(c)))
+            .collect()
+    };
+    let mut rest = components(path);
+    let mut links = 0;
+    while let Some(name) = rest.pop() {
+        match name.as_os_str().as_bytes() {
+            b"" | b"." => continue,
+            b".." => {
+                // `resolved` holds no link, so its parent is the directory `..` names.
+                resolved.pop();
+                continue;
+            }
+            _ => {}
+        }
+        let next = resolved.join(&name);
+        let meta = std::fs::symlink_metadata(&next).map_err(|e| format!("{}: {}", next.display(), io_message(&e)))?;
+        if !meta.file_type().is_symlink() {
+            resolved = next;
+            continue;
+        }
+        links += 1;
+        if links > 40 {
+            return Err(format!("{}: more than 40 symlinks on the way", next.display()));
+        }
+        config::check_link_owner(&next.display().to_string(), meta.uid(), me).map_err(|e| e.to_string())?;
+        dirs.push(resolved.clone());
+        let target = std::fs::read_link(&next).map_err(|e| format!("{}: {}", next.display(), io_message(&e)))?;
+        if target.is_absolute() {
+            resolved = PathBuf::from("/");
+        }
+        rest.extend(components(&target));
     }
-    // The file opened, wherever the links and any symlinked directory led.
+    // The file opened (the walk above raced with whoever may change the links; the open did not).
     let fd = std::os::fd::AsRawFd::as_raw_fd(opened);
     let real = std::fs::read_link(format!("/proc/self/fd/{fd}"))
         .map_err(|e| format!("/proc/self/fd/{fd}: {}", io_message(&e)))?;

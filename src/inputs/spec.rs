@@ -42,8 +42,8 @@ pub struct DevMount {
     pub bind_source: Option<String>,
     /// The source is not a directory, so the mount point must be a non-directory.
     pub onto_file: bool,
-    /// For a tmpfs, the mode of its root as mounted: the last `mode=` option, else tmpfs's own
-    /// `1777`. runc chmods a tmpfs mounted on a directory that exists to that directory's mode.
+    /// For a tmpfs, the mode of its root as mounted: the last `mode=` as the kernel reads the
+    /// options, else tmpfs's own `1777`. runc chmods a tmpfs mounted on a directory that exists to that directory's mode.
     pub tmpfs_mode: Option<u32>,
 }
 
@@ -154,12 +154,27 @@ pub fn parse(bytes: &[u8], file_source: &dyn Fn(&str) -> bool) -> Result<SpecVie
     Ok(view)
 }
 
-/// The mode of a tmpfs's root as the kernel mounts it: the last `mode=` option (octal, its
-/// permission bits), else `1777`. A value the kernel cannot read fails the mount, so whatever
-/// is served for it is never seen; `1777` is.
+/// The mode of a tmpfs's root as the kernel mounts it. runc hands the options it does not
+/// take as mount flags to the kernel joined with `,`, and the kernel (`shmem_parse_options`)
+/// splits them again and applies each `mode=` in order, so the last one stands, read as
+/// `kstrtouint(value, 8)` reads it ([`kernel_octal`]); its permission bits count. Without one,
+/// tmpfs's `1777`. A value the kernel cannot read fails the mount, so whatever is served for it
+/// is never seen; `1777` is. (The kernel glues a piece that starts with a digit onto the one
+/// before it, for `mpol=`'s node lists; after a `mode=` that makes a value it cannot read.)
 fn tmpfs_root_mode<'a>(options: impl Iterator<Item = &'a str>) -> u32 {
-    let mode = options.filter_map(|o| o.strip_prefix("mode=")).last();
-    mode.and_then(|m| u32::from_str_radix(m, 8).ok()).map_or(0o1777, |m| m & 0o7777)
+    let mut modes = options.flat_map(|o| o.split(',')).filter_map(|o| o.strip_prefix("mode="));
+    modes.try_fold(0o1777, |_, value| kernel_octal(value)).map_or(0o1777, |m| m & 0o7777)
+}
+
+/// An unsigned octal number as the kernel's `kstrtouint(s, 8)` reads it: one optional leading
+/// `+`, octal digits, one optional trailing newline, within 32 bits.
+fn kernel_octal(value: &str) -> Option<u32> {
+    let value = value.strip_prefix('+').unwrap_or(value);
+    let digits = value.strip_suffix('\n').unwrap_or(value);
+    if digits.is_empty() || !digits.bytes().all(|b| matches!(b, b'0'..=b'7')) {
+        return None;
+    }
+    u32::from_str_radix(digits, 8).ok()
 }
 
 /// A node's access as runc leaves it: runc makes each node as root and then chowns it to the
@@ -221,37 +236,39 @@ fn dev_relative(path: &str) -> Result<Option<String>, &'static str> {
     Ok(Some(rel))
 }
 
-/// gVisor's `GPUFunctionalityRequestedViaHook`: an NVIDIA hook is installed and
-/// `NVIDIA_VISIBLE_DEVICES` asks for something; what it asks for, read as the toolkit reads it
-/// (`internal/config/image`, `DevicesFromEnvvars`): the variable's last value (the toolkit makes
-/// a map of the environment); unset, empty, only commas or `void`: nothing; unset in a legacy
-/// CUDA image (`CUDA_VERSION` set, `NVIDIA_REQUIRE_CUDA` unset or empty): every GPU.
+/// What the spec asks of the toolkit's legacy hook (a `prestart` hook ending in
+/// `/nvidia-container-runtime-hook`, or a `createRuntime` one on Podman 5; it makes the GPUs'
+/// nodes itself):
+/// `NVIDIA_VISIBLE_DEVICES` read as the toolkit reads it (`internal/config/image`,
+/// `DevicesFromEnvvars`): the variable's last value (the toolkit makes a map of the
+/// environment); unset, empty, only commas or `void`: nothing; unset in a legacy CUDA image
+/// (`CUDA_VERSION` set, `NVIDIA_REQUIRE_CUDA` unset or empty): every GPU.
+///
+/// The toolkit's CDI mode asks nothing this way: its hooks (`createContainer` hooks ending in
+/// `/nvidia-cdi-hook`: `create-symlinks`, `update-ldcache`, ...) make no device node, the CDI
+/// spec lists the GPUs it gives in `linux.devices`, and it appends `NVIDIA_VISIBLE_DEVICES=void`
+/// after whatever the image's `ENV` said, so that no legacy hook reads it. Reading the value
+/// before that `void` served every GPU to an image with `ENV NVIDIA_VISIBLE_DEVICES=all`.
 fn hook_request(spec: &Spec) -> Result<Option<Visible>, VisibleError> {
     let Some(hooks) = spec.hooks() else { return Ok(None) };
-    let ends = |hooks: &Option<Vec<oci_spec::runtime::Hook>>, suffix: &str| {
-        hooks.iter().flatten().any(|h| h.path().to_string_lossy().ends_with(suffix))
-    };
-    let cdi = ends(hooks.create_container(), "/nvidia-cdi-hook");
-    #[allow(deprecated)]
     // Podman 5 hands its hooks directory's `prestart` hooks (the toolkit's `oci-nvidia-hook.json`)
     // to the runtime as `createRuntime`, the stage the runtime spec put in prestart's place.
-    let legacy = ends(hooks.prestart(), "/nvidia-container-runtime-hook")
-        || ends(hooks.create_runtime(), "/nvidia-container-runtime-hook");
-    if !cdi && !legacy {
+    #[allow(deprecated)]
+    let legacy = [hooks.prestart(), hooks.create_runtime()]
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|h| h.path().to_string_lossy().ends_with("/nvidia-container-runtime-hook"));
+    if !legacy {
         return Ok(None);
     }
     let env = spec.process().as_ref().and_then(|p| p.env().clone()).unwrap_or_default();
-    let values = |name: &str| -> Vec<&str> {
-        env.iter().filter_map(|e| e.strip_prefix(name).and_then(|rest| rest.strip_prefix('='))).collect()
-    };
-    let last = |name: &str| values(name).last().copied().unwrap_or_default();
-    let visible = values("NVIDIA_VISIBLE_DEVICES");
-    // The CDI toolkit appends `NVIDIA_VISIBLE_DEVICES=void` after the user's own value.
-    let effective = match visible.as_slice() {
-        [.., user, "void"] if cdi => Some(*user),
-        [.., last] => Some(*last),
-        [] if !last("CUDA_VERSION").is_empty() && last("NVIDIA_REQUIRE_CUDA").is_empty() => Some("all"),
-        [] => None,
+    let last =
+        |name: &str| env.iter().filter_map(|e| e.strip_prefix(name).and_then(|rest| rest.strip_prefix('='))).last();
+    let set = |name: &str| last(name).is_some_and(|v| !v.is_empty());
+    let effective = match last("NVIDIA_VISIBLE_DEVICES") {
+        None if set("CUDA_VERSION") && !set("NVIDIA_REQUIRE_CUDA") => Some("all"),
+        value => value,
     };
     effective.map_or(Ok(None), visible::parse)
 }
@@ -313,9 +330,8 @@ mod tests {
         assert_eq!(minors, vec![Some(3), None, None]);
     }
 
-    /// Hook detection: hook path suffixes, NVIDIA_VISIBLE_DEVICES asking for something (not
-    /// void or empty), and the CDI toolkit's trailing `void` ignored; what it asks for is read
-    /// as the toolkit reads it.
+    /// Hook detection: the legacy hook's path suffix, NVIDIA_VISIBLE_DEVICES asking for
+    /// something (not void or empty); what it asks for is read as the toolkit reads it.
     #[test]
     fn hook_request_rules() {
         let with = |hooks: serde_json::Value, env: &[&str]| {
@@ -325,7 +341,6 @@ mod tests {
             parse(s.to_string().as_bytes(), &no_files).map(|v| v.hook)
         };
         let legacy = json!({"prestart": [{"path": "/usr/bin/nvidia-container-runtime-hook"}]});
-        let cdi = json!({"createContainer": [{"path": "/usr/bin/nvidia-cdi-hook"}]});
         let env = |v: &str| format!("NVIDIA_VISIBLE_DEVICES={v}");
         assert_eq!(with(legacy.clone(), &[&env("all")]), Ok(Some(Visible::All)));
         assert_eq!(with(legacy.clone(), &[&env("none")]), Ok(Some(Visible::None)));
@@ -338,8 +353,6 @@ mod tests {
             assert_eq!(with(legacy.clone(), &nothing), Ok(None), "{nothing:?}");
         }
         assert_eq!(with(legacy.clone(), &[&env("all"), &env("void")]), Ok(None));
-        assert_eq!(with(cdi.clone(), &[&env("0,1"), &env("void")]), with(legacy.clone(), &[&env("0,1")]));
-        assert_eq!(with(cdi, &[&env("void")]), Ok(None));
         assert_eq!(with(json!({"prestart": [{"path": "/bin/other-hook"}]}), &[&env("MIG-x")]), Ok(None));
         // Bug (issue 30, Podman 5.4 tried from outside): Podman 5 moves the hooks directory's
         // prestart hook to createRuntime; the toolkit's hook there is the same request.
@@ -351,6 +364,36 @@ mod tests {
             mig,
             "process.env: NVIDIA_VISIBLE_DEVICES: \"0:1\" is a MIG device; MIG devices are not supported yet"
         );
+    }
+
+    /// Bug (issue 29, attack 2 B1): the toolkit's CDI spec lists the GPUs it gives in
+    /// `linux.devices` and appends `NVIDIA_VISIBLE_DEVICES=void` after the image's `ENV`; its
+    /// `nvidia-cdi-hook` makes no node. devremap read the value before the `void` (`all` in the
+    /// nvidia/cuda images) and served every GPU of the device directory. With the CDI hook alone
+    /// nothing is asked through a hook, whatever the env; with the legacy hook too, the last
+    /// value (`void`) decides, as that hook reads it.
+    #[test]
+    fn the_cdi_hook_asks_for_no_gpu_whatever_the_env() {
+        let with = |hooks: serde_json::Value, env: &[&str]| {
+            let mut s = spec(json!([{"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0}]), json!([]));
+            s["hooks"] = hooks;
+            s["process"]["env"] = json!(env);
+            parse(s.to_string().as_bytes(), &no_files).unwrap()
+        };
+        let cdi = json!({"createContainer": [{"path": "/usr/bin/nvidia-cdi-hook", "args": ["nvidia-cdi-hook", "create-symlinks"]}]});
+        let both = json!({"createContainer": [{"path": "/usr/bin/nvidia-cdi-hook"}],
+                          "prestart": [{"path": "/usr/bin/nvidia-container-runtime-hook"}]});
+        for env in [
+            &["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_VISIBLE_DEVICES=void"][..],
+            &["NVIDIA_VISIBLE_DEVICES=0,1", "NVIDIA_VISIBLE_DEVICES=void"],
+            &["NVIDIA_VISIBLE_DEVICES=all"],
+            &["CUDA_VERSION=12.4.1"],
+        ] {
+            let view = with(cdi.clone(), env);
+            assert_eq!(view.hook, None, "{env:?}");
+            assert!(view.lists_gpus() && view.names_gpus(), "{env:?}: the spec's own GPU stays");
+        }
+        assert_eq!(with(both, &["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_VISIBLE_DEVICES=void"]).hook, None);
     }
 
     /// What a spec with the legacy NVIDIA hook and `env` asks of it.
@@ -407,6 +450,36 @@ mod tests {
         );
         let v = parse(s.to_string().as_bytes(), &no_files).unwrap();
         assert_eq!(v.dev_mounts[0].tmpfs_mode, Some(0o700));
+    }
+
+    /// Bug (issue 29, attack 2 B3, runc 1.1.5 measured): runc joins a tmpfs's data options with
+    /// `,` and the kernel splits them again, the last `mode=` standing, its value read as
+    /// `kstrtouint` reads it (a trailing newline taken); devremap took the last option starting
+    /// with `mode=` whole, so runc chmodded `/dev/shm` to another mode than the tmpfs's own.
+    /// A value the kernel refuses fails the mount (each case below measured with mount(2) on
+    /// Linux 6.18: EINVAL); the tree then has tmpfs's `1777`.
+    #[test]
+    fn a_tmpfs_mode_is_read_from_the_options_as_the_kernel_reads_them() {
+        let mode = |options: &[&str]| tmpfs_root_mode(options.iter().copied());
+        assert_eq!(mode(&["size=1m,mode=700"]), 0o700);
+        assert_eq!(mode(&["mode=700\n"]), 0o700);
+        assert_eq!(mode(&["mode=700", "nr_inodes=0,mode=1777"]), 0o1777);
+        assert_eq!(mode(&["nosuid", "mode=0750,size=64k", "noexec"]), 0o750);
+        assert_eq!(mode(&["mode=37777777777"]), 0o7777, "32 bits, its permission bits");
+        for refused in [
+            &["mode="][..],
+            &["mode=+"],
+            &["mode=++700"],
+            &["mode=-700"],
+            &["mode=700\n\n"],
+            &["mode= 700"],
+            &["mode=0x1c0"],
+            &["mode=40000000000"],
+            &["mode=700,mode=8"],
+            &["mode=x", "mode=700"],
+        ] {
+            assert_eq!(mode(refused), 0o1777, "{refused:?}: the kernel fails the mount");
+        }
     }
 
     /// Rule (issue 29.5): a tmpfs mount's root mode is its last `mode=` option's permission

@@ -18,7 +18,7 @@
 //! warning ([`Request::warnings`]). A pod's sandbox ([`is_sandbox`]) never gets devremap.
 
 use crate::decision::checks::parse_relax;
-use crate::decision::pairing::parse_device_map;
+use crate::decision::pairing::{MapPair, parse_device_map};
 use crate::decision::plan::Prefer;
 use crate::inputs::load::Sources;
 use crate::inputs::spec::SpecView;
@@ -133,13 +133,7 @@ impl Request {
     /// (by the annotation, over its variable) is kept.
     fn set(&mut self, key: &str, text: &str, from: String) -> Result<(), AnnotationError> {
         match key {
-            ENABLE if self.enable.is_none() => {
-                self.enable = Some(match text {
-                    "true" => true,
-                    "false" => false,
-                    other => return Err(AnnotationError::Enable { from, value: other.to_owned() }),
-                })
-            }
+            ENABLE if self.enable.is_none() => self.enable = Some(parse_enable(text, from)?),
             DEVICE_MAP if self.device_map.is_none() => {
                 parse_device_map(text).map_err(|e| AnnotationError::DeviceMap { from, why: e.to_string() })?;
                 self.device_map = Some(text.to_owned());
@@ -162,13 +156,14 @@ impl Request {
 impl Request {
     /// Adds what was asked to `sources`, as the wrapper gives it to the container's daemon,
     /// for another reader of the same spec (`cuda-device-map`): the pairing is one decision.
-    /// A `--device-map` given as well must be the annotation's; relaxed checks add up.
+    /// A `--device-map` given as well must give the annotation's pairs ([`same_pairs`]);
+    /// relaxed checks add up.
     pub fn add_to(&self, sources: &mut Sources) -> Result<(), AnnotationError> {
         if let Some(map) = &self.device_map {
             // Checked when read.
             let pairs = parse_device_map(map)
                 .map_err(|e| AnnotationError::DeviceMap { from: DEVICE_MAP.into(), why: e.to_string() })?;
-            if !sources.device_map.is_empty() && sources.device_map != pairs {
+            if !sources.device_map.is_empty() && !same_pairs(&sources.device_map, &pairs) {
                 return Err(AnnotationError::Contradicts { flag: "--device-map", key: DEVICE_MAP });
             }
             sources.device_map = pairs;
@@ -207,10 +202,37 @@ impl Request {
     }
 }
 
+/// Whether two device maps give the same pairs: in any order (`--device-map` repeated gives
+/// them as a list), a UUID in any case (the pairing compares UUIDs so). A UUID and the minor of
+/// the same GPU are not told alike: that needs the inputs, and the one error is "give the same
+/// value".
+fn same_pairs(a: &[MapPair], b: &[MapPair]) -> bool {
+    let sorted = |map: &[MapPair]| {
+        let mut pairs: Vec<(String, String)> = map
+            .iter()
+            .map(|p| (p.old.to_string().to_ascii_lowercase(), p.new.to_string().to_ascii_lowercase()))
+            .collect();
+        pairs.sort();
+        pairs
+    };
+    sorted(a) == sorted(b)
+}
+
+/// `devremap.io/enable`'s value, or its variable's; `from` names where it was read.
+fn parse_enable(text: &str, from: String) -> Result<bool, AnnotationError> {
+    match text {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        other => Err(AnnotationError::Enable { from, value: other.to_owned() }),
+    }
+}
+
 /// Reads the `devremap.io/*` annotations of a spec (as JSON), refusing one that `allowed`
 /// (the runtime config's `annotations`) does not list, then `DEVREMAP_ENABLE` in its
-/// `process.env` if the annotation is unsaid and allowed; the other `DEVREMAP_*` variables
-/// are only noted in `ignored_env`.
+/// `process.env` where the annotation is allowed: every value checked, the last one counting
+/// (as runc gives the process the environment, and as the toolkit's map of it reads it), and
+/// only if the annotation is unsaid; the other `DEVREMAP_*` variables are only noted in
+/// `ignored_env`, each once.
 pub fn parse(spec: &Value, allowed: &[String]) -> Result<Request, AnnotationError> {
     let mut request = Request::default();
     let map = match spec.get("annotations") {
@@ -232,15 +254,17 @@ pub fn parse(spec: &Value, allowed: &[String]) -> Result<Request, AnnotationErro
     // The spec parsed as an OCI spec before this is asked, so `env` holds strings; anything
     // else is no variable of ours.
     let env = spec.pointer("/process/env").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str);
+    let mut enable_var = None;
     for (name, text) in env.filter_map(|e| e.split_once('=')) {
         if name == ENABLE_VAR && is_allowed(ENABLE) {
-            request.set(ENABLE, text, format!("process.env {name}"))?;
-        } else if let Some((var, _)) = NOT_OBEYED.iter().find(|(var, _)| *var == name) {
+            enable_var = Some(parse_enable(text, format!("process.env {name}"))?);
+        } else if let Some(var) = NOT_OBEYED.iter().map(|(var, _)| *var).chain([ENABLE_VAR]).find(|var| *var == name)
+            && !request.ignored_env.contains(&var)
+        {
             request.ignored_env.push(var);
-        } else if name == ENABLE_VAR {
-            request.ignored_env.push(ENABLE_VAR);
         }
     }
+    request.enable = request.enable.or(enable_var);
     Ok(request)
 }
 
@@ -334,6 +358,28 @@ mod tests {
         let e = parse(&env(&["DEVREMAP_ENABLE=1"])).unwrap_err().to_string();
         assert_eq!(e, "process.env DEVREMAP_ENABLE: expected \"true\" or \"false\", found \"1\"");
         assert!(parse(&env(&["DEVREMAP_ENABLEX=1", "NOEQUALS"])).unwrap() == Request::default());
+    }
+
+    /// Bug (issue 29, attack 2 B7): `DEVREMAP_ENABLE` given twice (an image's `true`, a
+    /// launcher's trailing `false` in a hand-made spec) took the first value, while runc gives
+    /// the process the last and the toolkit reads the last; the second value was never checked.
+    /// The last counts, every one is checked, and a repeated variable that is not obeyed is
+    /// named in one warning.
+    #[test]
+    fn a_repeated_variable_counts_as_its_last_value() {
+        let env = |vars: &[&str]| json!({"process": {"env": vars}});
+        assert_eq!(parse(&env(&["DEVREMAP_ENABLE=true", "DEVREMAP_ENABLE=false"])).unwrap().enable, Some(false));
+        assert_eq!(parse(&env(&["DEVREMAP_ENABLE=false", "DEVREMAP_ENABLE=true"])).unwrap().enable, Some(true));
+        for bad in
+            [["DEVREMAP_ENABLE=true", "DEVREMAP_ENABLE=bogus"], ["DEVREMAP_ENABLE=bogus", "DEVREMAP_ENABLE=true"]]
+        {
+            let e = parse(&env(&bad)).unwrap_err().to_string();
+            assert_eq!(e, "process.env DEVREMAP_ENABLE: expected \"true\" or \"false\", found \"bogus\"");
+        }
+        let r = parse(&env(&["DEVREMAP_RELAX=mode", "DEVREMAP_PREFER=native", "DEVREMAP_RELAX=mode"])).unwrap();
+        assert_eq!(r.warnings().len(), 2, "{:?}", r.warnings());
+        let none = super::parse(&env(&["DEVREMAP_ENABLE=true", "DEVREMAP_ENABLE=true"]), &[]).unwrap();
+        assert_eq!(none.ignored_env, ["DEVREMAP_ENABLE"]);
     }
 
     /// Bug (issue 29.1): the image's `ENV` (merged into `process.env` with `-e`) relaxed the
@@ -436,6 +482,26 @@ mod tests {
             "--device-map contradicts the spec's annotation devremap.io/device-map, which the container's daemon \
              obeys; give the same value or none"
         );
+        let mut untouched = Sources::default();
+        parse(&json!({})).unwrap().add_to(&mut untouched).unwrap();
+        assert_eq!(untouched, Sources::default());
+    }
+
+    /// Bug (issue 29, attack 2 B6): a `--device-map` was compared with the annotation as a
+    /// list, so the same pairs in another order, or a UUID in another case, were refused as a
+    /// contradiction while `--device-map 0=3 --device-map 1=2` was taken; pairs are compared
+    /// as a set of parsed pairs.
+    #[test]
+    fn the_same_pairs_in_another_order_do_not_contradict() {
+        let uuid = "GPU-5b2c0000-1111-4222-8333-000000000000";
+        let r = parse(&with(json!({DEVICE_MAP: format!("{uuid}=3,1=2")}))).unwrap();
+        let flag = |map: &str| Sources { device_map: parse_device_map(map).unwrap(), ..Sources::default() };
+        for same in [format!("1=2,{uuid}=3"), format!("1=2,{}=3", uuid.to_uppercase())] {
+            r.add_to(&mut flag(&same)).unwrap_or_else(|e| panic!("{same}: {e}"));
+        }
+        for other in ["1=2", "1=2,0=3", "1=3,GPU-5b2c0000-1111-4222-8333-000000000000=2"] {
+            assert!(r.add_to(&mut flag(other)).is_err(), "{other}");
+        }
         let mut untouched = Sources::default();
         parse(&json!({})).unwrap().add_to(&mut untouched).unwrap();
         assert_eq!(untouched, Sources::default());
