@@ -2,12 +2,23 @@
 //! other commands.
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use devremap::decision::checks::{CheckName, parse_relax};
-use devremap::decision::pairing::{MapPair, Rule, parse_device_map};
+use devremap::atomic::WriteError;
+use devremap::decision::checks::{CheckName, ChecksError, parse_relax};
+use devremap::decision::pairing::{MapPair, PairingError, Rule, parse_device_map};
 use devremap::decision::plan::Prefer;
 use devremap::inputs::load::Sources;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+
+/// Why `devremapd mount`'s file flags are refused, naming the path and the flags.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// Something other than a regular file where a pid or state file would be written.
+    #[error(transparent)]
+    Destination(#[from] WriteError),
+    #[error("{}: given as both {first} and {second}; each needs a file of its own", path.display())]
+    SameFile { path: PathBuf, first: &'static str, second: &'static str },
+}
 
 #[derive(Debug, Parser)]
 #[command(
@@ -144,9 +155,9 @@ impl MountArgs {
     /// replace the pid (or the container's pid), and whoever reads one file gets the other.
     /// Refuses a pid or state file path where something other than a regular file is (issue
     /// 29.4: `--state-file /dev/stdout` would have replaced the node), before anything is done.
-    pub fn check_files(&self) -> Result<(), String> {
+    pub fn check_files(&self) -> Result<(), CliError> {
         for path in [&self.pid_file, &self.state_file].into_iter().flatten() {
-            devremap::atomic::check_destination_named(path).map_err(|e| e.to_string())?;
+            devremap::atomic::check_destination_named(path)?;
         }
         let flags = [
             ("--pid-file", &self.pid_file),
@@ -155,9 +166,9 @@ impl MountArgs {
         ];
         let given: Vec<(&str, &PathBuf, PathBuf)> =
             flags.iter().filter_map(|(flag, path)| path.as_ref().map(|p| (*flag, p, place(p)))).collect();
-        for (i, (a, path, place_a)) in given.iter().enumerate() {
-            if let Some((b, ..)) = given[i + 1..].iter().find(|(_, _, place_b)| place_b == place_a) {
-                return Err(format!("{}: given as both {a} and {b}; each needs a file of its own", path.display()));
+        for (i, (first, path, place_a)) in given.iter().enumerate() {
+            if let Some((second, ..)) = given[i + 1..].iter().find(|(_, _, place_b)| place_b == place_a) {
+                return Err(CliError::SameFile { path: path.to_path_buf(), first: *first, second: *second });
             }
         }
         Ok(())
@@ -201,16 +212,18 @@ pub enum PairingArg {
 #[derive(Debug, Clone)]
 pub struct RelaxList(BTreeSet<CheckName>);
 
-fn relax_list(s: &str) -> Result<RelaxList, String> {
-    parse_relax(s).map(RelaxList).map_err(|e| e.to_string())
+/// clap's value parser of `--relax`: clap prints the error's text after the flag.
+fn relax_list(s: &str) -> Result<RelaxList, ChecksError> {
+    parse_relax(s).map(RelaxList)
 }
 
 /// Parsed pairs of one `--device-map` occurrence.
 #[derive(Debug, Clone)]
 pub struct MapList(Vec<MapPair>);
 
-fn map_list(s: &str) -> Result<MapList, String> {
-    parse_device_map(s).map(MapList).map_err(|e| e.to_string())
+/// clap's value parser of `--device-map`.
+fn map_list(s: &str) -> Result<MapList, PairingError> {
+    parse_device_map(s).map(MapList)
 }
 
 /// The inputs of a plan, shared by `plan` and `mount`.

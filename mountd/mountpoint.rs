@@ -60,12 +60,6 @@ pub enum MountpointError {
     NotDevremap(String),
 }
 
-impl From<MountpointError> for String {
-    fn from(e: MountpointError) -> String {
-        e.to_string()
-    }
-}
-
 fn io(path: impl std::fmt::Display, e: &std::io::Error) -> MountpointError {
     MountpointError::Io { path: path.to_string(), why: io_message(e) }
 }

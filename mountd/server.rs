@@ -20,14 +20,15 @@
 //! server, or the keeper died. SIGTERM and SIGINT are ignored here: the keeper stops the mount.
 
 use crate::cli::MountArgs;
-use crate::mountpoint::wait_answering;
-use crate::{logging, signals};
+use crate::logging;
+use crate::mountpoint::{MountpointError, wait_answering};
+use crate::signals::{self, SignalsError};
 use devremap::atomic::{Lasting, Written, write_atomic_told};
 use devremap::decision::render;
-use devremap::inputs::load::{self, Loaded, Sources};
+use devremap::inputs::load::{self, LoadError, Loaded, Sources};
 use devremap::io_message;
 use devremap::keeper::control::Notice;
-use devremap::keeper::control::{self, Control, Resume};
+use devremap::keeper::control::{self, Control, HandoverError, Resume};
 use devremap::keeper::fuse_wire;
 use devremap::report::Failure;
 use devremap::served::adapter::Adapter;
@@ -35,6 +36,7 @@ use devremap::served::devfs::Devfs;
 use devremap::served::lifecycle::{End, Event, Lifecycle, Notifier, PublishError, Session, Status, warnings};
 use fuser::{Config, SessionACL};
 use log::info;
+use nix::errno::Errno;
 use nix::sys::socket::{SockType, getsockopt, sockopt};
 use serde_json::Value;
 use std::io;
@@ -43,6 +45,46 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::time::Duration;
+
+/// Why a server cannot start serving: sent to the keeper, which reports it as the error of the
+/// command the user ran (run by hand: printed).
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("devremapd serve is started by `devremapd mount`, with its sockets as fds 3 and 4 (fd {0} is not one)")]
+    NotStartedByKeeper(i32),
+    #[error(transparent)]
+    Signals(#[from] SignalsError),
+    #[error("the keeper closed the control socket")]
+    KeeperClosed,
+    #[error("cannot read the control socket: {0}")]
+    ReadControl(#[source] Errno),
+    /// A message from the keeper that does not decode, or a resume payload that does not parse.
+    #[error("from the keeper: {0}")]
+    FromKeeper(#[source] HandoverError),
+    /// A message the keeper sends, where it must not (`context`: where).
+    #[error("from the keeper: {message:?} {context}")]
+    Unexpected { message: Box<Control>, context: &'static str },
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    #[error("the FUSE handshake through the keeper failed: {}", io_message(.0))]
+    Handshake(#[source] io::Error),
+    #[error("cannot start the {name} thread: {source}")]
+    Thread { name: &'static str, source: io::Error },
+    /// The mount did not answer through this server.
+    #[error(transparent)]
+    Mountpoint(#[from] MountpointError),
+    #[error("the keeper did not answer")]
+    KeeperSilent,
+    /// The first state file cannot be written.
+    #[error(transparent)]
+    Publish(#[from] PublishError),
+}
+
+impl From<ServerError> for Failure {
+    fn from(e: ServerError) -> Failure {
+        Failure::Message(e.to_string())
+    }
+}
 
 /// The fds the keeper passes: the FUSE relay and the control socket.
 const FUSE_FD: i32 = 3;
@@ -97,15 +139,12 @@ struct Server {
 /// The keeper's sockets, after checking that they are `SOCK_SEQPACKET` sockets: `devremapd
 /// serve` run by hand would otherwise take whatever fds 3 and 4 happen to be. Called before
 /// this process opens anything (the signal thread's own socket pair would land there).
-fn inherited() -> Result<(OwnedFd, OwnedFd), String> {
-    let refuse = |fd: i32| {
-        format!("devremapd serve is started by `devremapd mount`, with its sockets as fds 3 and 4 (fd {fd} is not one)")
-    };
+fn inherited() -> Result<(OwnedFd, OwnedFd), ServerError> {
     let mut fds = Vec::new();
     for fd in [FUSE_FD, CONTROL_FD] {
         let link = std::fs::read_link(format!("/proc/self/fd/{fd}")).unwrap_or_default();
         if !link.to_string_lossy().starts_with("socket:") {
-            return Err(refuse(fd));
+            return Err(ServerError::NotStartedByKeeper(fd));
         }
         // SAFETY: fd is open (its /proc link names a socket) and is the socket the keeper
         // passed for us alone; nothing else in this process owns it.
@@ -113,7 +152,7 @@ fn inherited() -> Result<(OwnedFd, OwnedFd), String> {
         if getsockopt(&owned, sockopt::SockType).ok() != Some(SockType::SeqPacket) {
             // Not the keeper's: leave it open, as it was.
             let _ = owned.into_raw_fd();
-            return Err(refuse(fd));
+            return Err(ServerError::NotStartedByKeeper(fd));
         }
         fds.push(owned);
     }
@@ -128,26 +167,26 @@ fn tell(control: &OwnedFd, message: &Control) {
 
 /// Reads one control message; EOF (the keeper is gone) or a message that does not decode is an
 /// error.
-fn receive(control: &OwnedFd) -> Result<Control, String> {
+fn receive(control: &OwnedFd) -> Result<Control, ServerError> {
     let mut buf = vec![0u8; devremap::keeper::control::MAX_RECORD + 1];
     loop {
         match nix::unistd::read(control, &mut buf) {
-            Ok(0) => return Err("the keeper closed the control socket".into()),
-            Ok(n) => return Control::decode(&buf[..n]).map_err(|e| format!("from the keeper: {e}")),
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(e) => return Err(format!("cannot read the control socket: {e}")),
+            Ok(0) => return Err(ServerError::KeeperClosed),
+            Ok(n) => return Control::decode(&buf[..n]).map_err(ServerError::FromKeeper),
+            Err(Errno::EINTR) => continue,
+            Err(e) => return Err(ServerError::ReadControl(e)),
         }
     }
 }
 
 /// A payload from the keeper, put back together from its parts (`first` may be the first).
-fn read_payload(control: &OwnedFd, first: Option<Vec<u8>>) -> Result<Vec<u8>, String> {
+fn read_payload(control: &OwnedFd, first: Option<Vec<u8>>) -> Result<Vec<u8>, ServerError> {
     let mut payload = first.unwrap_or_default();
     loop {
         match receive(control)? {
             Control::Part(part) => payload.extend(part),
             Control::End => return Ok(payload),
-            other => return Err(format!("from the keeper: {other:?} within a payload")),
+            other => return Err(ServerError::Unexpected { message: Box::new(other), context: "within a payload" }),
         }
     }
 }
@@ -155,11 +194,13 @@ fn read_payload(control: &OwnedFd, first: Option<Vec<u8>>) -> Result<Vec<u8>, St
 /// What to serve: the inputs, loaded now, or (after a crash) the plan the dead server served,
 /// as the keeper says first. A plan that does not read back is logged, and the inputs loaded.
 /// Says whether the inputs were loaded now.
-fn what_to_serve(control: &OwnedFd, sources: &Sources) -> Result<(Loaded, bool), String> {
+fn what_to_serve(control: &OwnedFd, sources: &Sources) -> Result<(Loaded, bool), ServerError> {
     let plan = match receive(control)? {
         Control::Load => None,
         Control::Part(part) => Some(read_payload(control, Some(part))?),
-        other => return Err(format!("from the keeper: {other:?} instead of what to serve")),
+        other => {
+            return Err(ServerError::Unexpected { message: Box::new(other), context: "instead of what to serve" });
+        }
     };
     if let Some(plan) = plan {
         match Loaded::from_bytes(&plan) {
@@ -167,7 +208,7 @@ fn what_to_serve(control: &OwnedFd, sources: &Sources) -> Result<(Loaded, bool),
             Err(e) => log::warn!("{e}; loading the inputs instead"),
         }
     }
-    load::load(sources).map(|loaded| (loaded, true)).map_err(|e| e.to_string())
+    Ok((load::load(sources)?, true))
 }
 
 /// What a signal does to the server: SIGHUP reloads (the keeper passes its SIGHUP on).
@@ -179,13 +220,13 @@ pub fn run(args: &MountArgs) -> Result<(), Failure> {
     name_process();
     let (tx, rx) = mpsc::channel();
     let (fuse, control) = inherited()?;
-    signals::start(tx.clone(), act, " (signal the keeper, the pid in the pid file)")?;
+    signals::start(tx.clone(), act, " (signal the keeper, the pid in the pid file)").map_err(ServerError::from)?;
     let control = Arc::new(control);
     let sources = args.inputs.sources();
     // Until ready, every error goes to the keeper, which reports it as the error of the
     // command the user ran (and `main` prints nothing more).
-    let fail = |e: String| {
-        tell(&control, &Control::Failed(e));
+    let fail = |e: ServerError| {
+        tell(&control, &Control::Failed(e.to_string()));
         Failure::Reported
     };
     let (loaded, loaded_now) = what_to_serve(&control, &sources).map_err(fail)?;
@@ -195,7 +236,7 @@ pub fn run(args: &MountArgs) -> Result<(), Failure> {
     let session = handshake(args, &devfs, fuse, &tx).map_err(fail)?;
     stall_before_resume();
     let resume = read_payload(&control, None)
-        .and_then(|payload| Resume::parse(&payload).map_err(|e| format!("from the keeper: {e}")))
+        .and_then(|payload| Resume::parse(&payload).map_err(ServerError::FromKeeper))
         .map_err(fail)?;
     let resumed = (!resume.is_first()).then(|| devfs.resume(&resume.held, resume.generation));
     let (answers, proceed) = read_control(&control, &tx).map_err(fail)?;
@@ -206,7 +247,7 @@ pub fn run(args: &MountArgs) -> Result<(), Failure> {
         .spawn(move || {
             let _ = session_tx.send(Event::Ended(session.run()));
         })
-        .map_err(|e| fail(format!("cannot start the session thread: {e}")))?;
+        .map_err(|source| fail(ServerError::Thread { name: "session", source }))?;
     let server = Server {
         sources,
         mountpoint: args.mountpoint.clone(),
@@ -258,7 +299,7 @@ fn handshake(
     devfs: &Arc<Devfs>,
     fuse: OwnedFd,
     events: &Sender<Event>,
-) -> Result<fuser::Session<Adapter>, String> {
+) -> Result<fuser::Session<Adapter>, ServerError> {
     let retired_tx = events.clone();
     let on_retired = Box::new(move || {
         let _ = retired_tx.send(Event::Retired);
@@ -267,14 +308,13 @@ fn handshake(
     let mut config = Config::default();
     config.acl = SessionACL::All;
     config.n_threads = Some(args.threads.into());
-    fuser::Session::from_fd(adapter, fuse, SessionACL::All, config)
-        .map_err(|e| format!("the FUSE handshake through the keeper failed: {}", io_message(&e)))
+    fuser::Session::from_fd(adapter, fuse, SessionACL::All, config).map_err(ServerError::Handshake)
 }
 
 /// From now on one thread reads the control socket: the keeper's answers go to who waits for
 /// them (the invalidations' errnos, and its go-ahead to declare readiness), its requests become
 /// events.
-fn read_control(control: &Arc<OwnedFd>, events: &Sender<Event>) -> Result<(Receiver<i32>, Receiver<()>), String> {
+fn read_control(control: &Arc<OwnedFd>, events: &Sender<Event>) -> Result<(Receiver<i32>, Receiver<()>), ServerError> {
     let (answers_tx, answers) = mpsc::channel();
     let (proceed_tx, proceed) = mpsc::channel();
     let (control_tx, control_rx) = (events.clone(), control.clone());
@@ -294,7 +334,7 @@ fn read_control(control: &Arc<OwnedFd>, events: &Sender<Event>) -> Result<(Recei
                 }
             }
         })
-        .map_err(|e| format!("cannot start the control thread: {e}"))?;
+        .map_err(|source| ServerError::Thread { name: "control", source })?;
     Ok((answers, proceed))
 }
 
@@ -306,17 +346,17 @@ fn become_ready(
     control: &OwnedFd,
     proceed: &Receiver<()>,
     resumed: bool,
-) -> Result<(), String> {
+) -> Result<(), ServerError> {
     wait_answering(&args.mountpoint)?;
     stop_before_answering();
     // The keeper writes the pid file now, before the state file is.
     tell(control, &Control::Answering);
-    proceed.recv().map_err(|_| "the keeper did not answer".to_owned())?;
+    proceed.recv().map_err(|_| ServerError::KeeperSilent)?;
     if resumed {
         life.ready_after_takeover();
         return Ok(());
     }
-    life.ready().map_err(|e| e.to_string())?;
+    life.ready()?;
     let current = life.current();
     info!(
         "serving {}: generation 1, nodes: {}, remapped GPUs: {} (keeper pid {}, server pid {}){}",

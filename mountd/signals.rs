@@ -8,12 +8,27 @@
 //! them fails with its error, which the writer handles.
 
 use log::info;
+use nix::errno::Errno;
 use nix::sys::signal::{SigSet, SigmaskHow, Signal, pthread_sigmask};
 use signal_hook::consts::{SIGPIPE, SIGXFSZ};
 use signal_hook::iterator::Signals;
+use std::io;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::Sender;
+
+/// Why the signals cannot be taken: the process would then be ended by one it should act on.
+#[derive(Debug, thiserror::Error)]
+pub enum SignalsError {
+    #[error("cannot ignore {}: {}", signal_name(*signal), devremap::io_message(source))]
+    Ignore { signal: i32, source: io::Error },
+    #[error("cannot handle signals: {0}")]
+    Handle(#[source] io::Error),
+    #[error("cannot start the signal thread: {0}")]
+    Thread(#[source] io::Error),
+    #[error("cannot unblock SIGHUP, SIGTERM, SIGINT and SIGUSR2: {0}")]
+    Unblock(#[source] Errno),
+}
 
 /// Every signal whose default action ends the process and which the kernel does not send as the
 /// fault of an instruction nor as the consequence of our own write.
@@ -46,15 +61,15 @@ pub fn start<E: Send + 'static>(
     events: Sender<E>,
     act: fn(i32) -> Option<E>,
     why_ignored: &'static str,
-) -> Result<(), String> {
+) -> Result<(), SignalsError> {
     // A handler that only sets a flag nobody reads, installed without `unsafe`: as with
     // SIG_IGN, the signal no longer ends the process.
     let swallowed = Arc::new(AtomicBool::new(false));
     for sig in [SIGPIPE, SIGXFSZ] {
         signal_hook::flag::register(sig, swallowed.clone())
-            .map_err(|e| format!("cannot ignore {}: {}", signal_name(sig), devremap::io_message(&e)))?;
+            .map_err(|source| SignalsError::Ignore { signal: sig, source })?;
     }
-    let mut signals = Signals::new(handled_signals()).map_err(|e| format!("cannot handle signals: {e}"))?;
+    let mut signals = Signals::new(handled_signals()).map_err(SignalsError::Handle)?;
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
@@ -68,8 +83,7 @@ pub fn start<E: Send + 'static>(
                 }
             }
         })
-        .map_err(|e| format!("cannot start the signal thread: {e}"))?;
+        .map_err(SignalsError::Thread)?;
     let acted_on: SigSet = [Signal::SIGHUP, Signal::SIGTERM, Signal::SIGINT, Signal::SIGUSR2].into_iter().collect();
-    pthread_sigmask(SigmaskHow::SIG_UNBLOCK, Some(&acted_on), None)
-        .map_err(|e| format!("cannot unblock SIGHUP, SIGTERM, SIGINT and SIGUSR2: {e}"))
+    pthread_sigmask(SigmaskHow::SIG_UNBLOCK, Some(&acted_on), None).map_err(SignalsError::Unblock)
 }

@@ -27,6 +27,7 @@
 //! once, as it always did. Assumption: one daemon per mountpoint, enforced by the [`MountLock`]
 //! held for the keeper's whole life.
 
+mod error;
 mod procs;
 mod stop;
 mod takeover;
@@ -37,10 +38,11 @@ use crate::mountpoint::{MountLock, check_private, prepare_mountpoint, resolve};
 use crate::signals;
 use devremap::atomic::Written;
 use devremap::io_message;
-use devremap::keeper::control::Control;
+use devremap::keeper::control::{Control, HandoverError};
 use devremap::keeper::relay::Relay;
 use devremap::keeper::servers::{Action, Binary, Event, Exit, Hang, Machine, away, hang};
 use devremap::served::lifecycle::{Waited, wait};
+pub use error::KeeperError;
 use log::{info, warn};
 use parking_lot::{Condvar, Mutex};
 use procs::{Proc, started_as, status_text};
@@ -69,7 +71,7 @@ enum Ev {
     /// The plan a server serves (`Loaded::to_bytes`), after each generation.
     Served(u64, Vec<u8>),
     /// A server sent more than the keeper keeps (the error).
-    Overrun(u64, String),
+    Overrun(u64, HandoverError),
     Probed(u64, bool),
     /// `/dev/fuse` ended: unmounted (`Ok`) or aborted (ECONNABORTED).
     KernelEnded(io::Result<()>),
@@ -116,7 +118,7 @@ struct Keeper<'a> {
     kernel_ended: Option<io::Result<()>>,
 }
 
-pub fn run(args: &MountArgs) -> Result<(), String> {
+pub fn run(args: &MountArgs) -> Result<(), KeeperError> {
     // Before the signal thread's socket pair takes 3 and 4, which a server's sockets replace.
     let ready = args.ready_fd.map(claim_ready_fd).transpose()?;
     // Then: a SIGHUP or SIGTERM sent as soon as we were started must not end us.
@@ -124,9 +126,7 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
     signals::start(tx.clone(), act, "")?;
     args.check_files()?;
     if !nix::unistd::geteuid().is_root() {
-        return Err("devremapd mount needs root: only root can mount a FUSE filesystem whose device nodes open \
-                    devices (the `dev` mount option)"
-            .into());
+        return Err(KeeperError::NotRoot);
     }
     let m = args.mountpoint.display().to_string();
     // Every directory above it is root's alone (check_private), so the canonical path stays
@@ -142,16 +142,9 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
              that mounts there fails (\"read-only file system\"); give the container's config.json with --spec"
         );
     }
-    let exe =
-        Arc::new(File::open("/proc/self/exe").map_err(|e| format!("cannot open our own binary: {}", io_message(&e)))?);
-    let exe_path = started_as(&exe)
-        .map_or_else(std::env::current_exe, Ok)
-        .map_err(|e| format!("cannot find our own binary: {}", io_message(&e)))?;
-    let dev = File::options()
-        .read(true)
-        .write(true)
-        .open("/dev/fuse")
-        .map_err(|e| format!("/dev/fuse: {}", io_message(&e)))?;
+    let exe = Arc::new(File::open("/proc/self/exe").map_err(KeeperError::OpenOwnBinary)?);
+    let exe_path = started_as(&exe).map_or_else(std::env::current_exe, Ok).map_err(KeeperError::FindOwnBinary)?;
+    let dev = File::options().read(true).write(true).open("/dev/fuse").map_err(KeeperError::DevFuse)?;
     let link = Arc::new(Link {
         shared: Mutex::new(Shared { relay: Relay::default(), sockets: HashMap::new() }),
         answered: Condvar::new(),
@@ -196,32 +189,32 @@ pub fn run(args: &MountArgs) -> Result<(), String> {
 /// inherited must never make us write into a file or socket of our own, nor leave a standard fd
 /// closed for the next open to take. It is made non-blocking: a starter that never reads (a
 /// full pipe) must not stop the keeper, which takes the signals, in its write.
-fn claim_ready_fd(fd: i32) -> Result<File, String> {
+fn claim_ready_fd(fd: i32) -> Result<File, KeeperError> {
     use nix::fcntl::{FcntlArg, OFlag, fcntl};
-    let refused = |why: String| format!("--ready-fd {fd}: {why}");
+    let unusable = |e: nix::errno::Errno| KeeperError::ReadyFdUnusable { fd, source: e.into() };
     if fd < 0 {
-        return Err(refused("not a file descriptor".into()));
+        return Err(KeeperError::ReadyFdNegative(fd));
     }
     if fd < 3 {
-        return Err(refused("not for stdin, stdout or stderr (give the write end of a pipe of its own)".into()));
+        return Err(KeeperError::ReadyFdStandard(fd));
     }
     // SAFETY: F_DUPFD_CLOEXEC only duplicates the number if it is open; the copy is a new fd
     // that nothing else in this process knows, so the File below owns it alone.
     let moved = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10) };
     if moved < 0 {
-        return Err(refused(io_message(&io::Error::last_os_error())));
+        return Err(KeeperError::ReadyFdUnusable { fd, source: io::Error::last_os_error() });
     }
     // SAFETY: see above.
     let file = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(moved) };
     let is_pipe = file.metadata().is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_fifo(&m.file_type()));
     if !is_pipe {
-        return Err(refused("not a pipe (it is the write end of a pipe its starter reads)".into()));
+        return Err(KeeperError::ReadyFdNotPipe(fd));
     }
-    let flags = fcntl(&file, FcntlArg::F_GETFL).map(OFlag::from_bits_truncate).map_err(|e| refused(e.desc().into()))?;
+    let flags = fcntl(&file, FcntlArg::F_GETFL).map(OFlag::from_bits_truncate).map_err(unusable)?;
     if flags & OFlag::O_ACCMODE == OFlag::O_RDONLY {
-        return Err(refused("the read end of a pipe (give its write end)".into()));
+        return Err(KeeperError::ReadyFdReadEnd(fd));
     }
-    fcntl(&file, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK)).map_err(|e| refused(e.desc().into()))?;
+    fcntl(&file, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK)).map_err(unusable)?;
     // SAFETY: the number was inherited for us alone and nothing uses it: its copy replaces it.
     unsafe { libc::close(fd) };
     Ok(file)
@@ -242,12 +235,16 @@ fn without_ready_fd(mut args: impl Iterator<Item = OsString>) -> Vec<OsString> {
     out
 }
 
-fn spawn_thread(name: &str, f: impl FnOnce() + Send + 'static) -> Result<(), String> {
-    std::thread::Builder::new().name(name.into()).spawn(f).map(drop).map_err(|e| format!("cannot start a thread: {e}"))
+fn spawn_thread(name: &'static str, f: impl FnOnce() + Send + 'static) -> Result<(), KeeperError> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(f)
+        .map(drop)
+        .map_err(|source| KeeperError::Thread { name, source })
 }
 
 /// The end of the keeper's life, with the command's result.
-type End = Result<(), String>;
+type End = Result<(), KeeperError>;
 
 impl Keeper<'_> {
     /// The keeper's life, from the first server's start to the end of the mount.
@@ -383,7 +380,7 @@ impl Keeper<'_> {
                 let result = self.kernel_ended.take().unwrap_or(Ok(()));
                 return Err(self.ended(result));
             }
-            Action::Exit(Exit::StartFailed(why)) => return Err(Err(self.start_failed(why))),
+            Action::Exit(Exit::StartFailed(why)) => return Err(Err(self.start_failed(KeeperError::StartFailed(why)))),
         }
         Ok(None)
     }

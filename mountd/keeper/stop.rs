@@ -2,7 +2,7 @@
 //! failed; and what it tells systemd.
 
 use super::procs::Proc;
-use super::{Ev, Keeper};
+use super::{End, Ev, Keeper, KeeperError};
 use crate::mountpoint::{connection_remains, detach, is_dead_mount};
 use devremap::atomic::Written;
 use devremap::io_message;
@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 impl Keeper<'_> {
     /// A start that failed: nothing is left behind (no server, no mount); returns `why`.
-    pub(super) fn start_failed(&mut self, why: String) -> String {
+    pub(super) fn start_failed(&mut self, why: KeeperError) -> KeeperError {
         let all: Vec<Proc> = self.procs.drain().map(|(_, p)| p).collect();
         for p in all {
             self.kill(p);
@@ -33,7 +33,7 @@ impl Keeper<'_> {
 
     /// SIGTERM, SIGINT, or the watched container gone (logged, and told to systemd, by the
     /// machine's actions): unmount, stop the server.
-    pub(super) fn stop(&mut self, rx: &Receiver<Ev>) -> Result<(), String> {
+    pub(super) fn stop(&mut self, rx: &Receiver<Ev>) -> End {
         if self.mounted {
             match nix::mount::umount2(&self.mountpoint, MntFlags::empty()) {
                 // Unmounted here; the connection ends once no other mount holds it. A
@@ -100,15 +100,15 @@ impl Keeper<'_> {
     /// ends it with ECONNABORTED (the server asks for `FUSE_ABORT_ERROR`) and may leave a dead
     /// mount answering ENOTCONN (when it was busy): detach that and fail, so that a supervisor
     /// (systemd's `Restart=on-failure`) starts a new daemon.
-    pub(super) fn ended(&mut self, result: io::Result<()>) -> Result<(), String> {
+    pub(super) fn ended(&mut self, result: io::Result<()>) -> End {
         self.end_servers();
         let aborted = result.as_ref().err().and_then(io::Error::raw_os_error) == Some(libc::ECONNABORTED);
         if is_dead_mount(&self.mountpoint) {
             detach(&self.mountpoint);
-            return Err(format!("{}: the FUSE connection was aborted; detached the dead mount", self.m));
+            return Err(KeeperError::AbortedDetached(self.m.clone()));
         }
         match result {
-            _ if aborted => return Err(format!("{}: the FUSE connection was aborted", self.m)),
+            _ if aborted => return Err(KeeperError::Aborted(self.m.clone())),
             Ok(()) => info!("{}: unmounted from outside", self.m),
             Err(e) => warn!("{}: the FUSE connection ended: {}", self.m, io_message(&e)),
         }

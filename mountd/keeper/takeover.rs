@@ -3,7 +3,7 @@
 //! server's drain and retirement at an upgrade, the node table and the requests in flight).
 
 use super::threads::{mount, relay_requests};
-use super::{Keeper, spawn_thread};
+use super::{Keeper, KeeperError, spawn_thread};
 use devremap::atomic::{Lasting, write_atomic_told};
 use devremap::io_message;
 use devremap::keeper::control::Control;
@@ -19,14 +19,14 @@ const RETIRE: Duration = Duration::from_secs(1);
 impl Keeper<'_> {
     /// The first server loaded its inputs: hand it the (empty) resume, mount, and relay. The
     /// server declares the daemon ready once the mount answers through it.
-    pub(super) fn mount_now(&mut self, epoch: u64) -> Result<(), String> {
+    pub(super) fn mount_now(&mut self, epoch: u64) -> Result<(), KeeperError> {
         let Some(first) = self.procs.get(&epoch) else { return Ok(()) };
         let resume = self.link.shared.lock().relay.start(epoch);
         for record in resume.records() {
             let _ = nix::unistd::write(&*first.control, &record);
         }
         if let Err(e) = mount(&self.link.dev, &self.mountpoint) {
-            return Err(format!("{}: cannot mount: {}", self.m, io_message(&e.into())));
+            return Err(KeeperError::Mount { m: self.m.clone(), source: e.into() });
         }
         self.mounted = true;
         self.connection = crate::mountpoint::connection_of(&self.mountpoint);
@@ -43,11 +43,11 @@ impl Keeper<'_> {
     /// newline on `--ready-fd`, which is closed. A newline that cannot be written (the starter
     /// is gone, or never reads and the pipe is full) is warned of, and the mount serves on: the
     /// starter sees EOF and takes the start as failed, its own decision.
-    pub(super) fn write_pid_file(&mut self) -> Result<(), String> {
+    pub(super) fn write_pid_file(&mut self) -> Result<(), KeeperError> {
         if let Some(pid_file) = self.args.pid_file.as_ref().filter(|_| self.pid_written.is_none()) {
             let pid = format!("{}\n", std::process::id());
             let written = write_atomic_told(pid_file, pid.as_bytes(), None, Lasting::UntilReboot, |_| {})
-                .map_err(|e| format!("{}: cannot write the pid file: {}", pid_file.display(), io_message(&e)))?;
+                .map_err(|source| KeeperError::PidFile { path: pid_file.clone(), source })?;
             self.pid_written = Some(written);
         }
         if let Some(mut ready) = self.ready.take()

@@ -47,7 +47,7 @@ pub const MAX_RECORD: usize = 64 * 1024;
 /// Room for a [`Control::Part`]'s JSON before its bytes.
 const PART_HEADER: usize = 64;
 
-#[derive(Debug, Error, PartialEq, Eq)]
+#[derive(Debug, Clone, Error, PartialEq, Eq)]
 pub enum HandoverError {
     #[error("an empty control message")]
     Empty,
@@ -57,6 +57,10 @@ pub enum HandoverError {
     Truncated(&'static str),
     #[error("a resume payload that is not valid: {0}")]
     Payload(String),
+    /// A payload over [`Parts`]'s limit (of bytes), said of the server that sent it: `server
+    /// pid 12 sent a plan of more than 128 MiB, ...`.
+    #[error("sent a plan of more than {} MiB, the most a keeper keeps", .limit >> 20)]
+    TooLarge { limit: usize },
 }
 
 /// One control message.
@@ -183,14 +187,14 @@ impl Parts {
 
     /// Adds a part. `Err` once, the first time the payload goes over the limit, with the error
     /// to log.
-    pub fn push(&mut self, part: &[u8]) -> Result<(), String> {
+    pub fn push(&mut self, part: &[u8]) -> Result<(), HandoverError> {
         if self.over {
             return Ok(());
         }
         if self.bytes.len() + part.len() > self.limit {
             self.over = true;
             self.bytes = Vec::new();
-            return Err(format!("sent a plan of more than {} MiB, the most a keeper keeps", self.limit >> 20));
+            return Err(HandoverError::TooLarge { limit: self.limit });
         }
         self.bytes.extend_from_slice(part);
         Ok(())
@@ -353,15 +357,15 @@ mod tests {
         assert_eq!(parts.push(b"67890"), Ok(()));
         assert_eq!(parts.end(), Some(b"1234567890".to_vec()), "exactly the bound is kept");
         assert_eq!(parts.push(b"123456"), Ok(()));
-        let refused = parts.push(b"78901").unwrap_err();
-        assert!(refused.contains("more than 0 MiB"), "{refused}");
+        assert_eq!(parts.push(b"78901"), Err(HandoverError::TooLarge { limit: 10 }));
         assert_eq!(parts.push(&[0; 4]), Ok(()), "refused once per payload");
         assert_eq!(parts.bytes.len(), 0, "nothing is kept of a payload over the bound");
         assert_eq!(parts.end(), None);
         assert_eq!(parts.push(b"ab"), Ok(()));
         assert_eq!(parts.end(), Some(b"ab".to_vec()), "the next payload is read afresh");
         assert_eq!(Parts::new(MAX_PLAN).push(&[0; 1]).map(drop), Ok(()));
-        assert!(Parts::new(MAX_PLAN).push(&vec![0; MAX_PLAN + 1]).unwrap_err().contains("more than 128 MiB"));
+        let refused = Parts::new(MAX_PLAN).push(&vec![0; MAX_PLAN + 1]).unwrap_err();
+        assert_eq!(refused.to_string(), "sent a plan of more than 128 MiB, the most a keeper keeps");
     }
 
     /// Rule: a payload larger than a record goes in parts, and comes back whole.

@@ -25,8 +25,7 @@
 //! it hangs (ready or not: a successor is sent requests as soon as it takes over), unless its
 //! replies wait on the keeper ([`hang`]).
 
-use crate::keeper::control::Control;
-use crate::keeper::control::Notice;
+use crate::keeper::control::{Control, HandoverError, Notice};
 use std::time::{Duration, Instant};
 
 /// The first wait before a server is started again after one died before it was ready.
@@ -152,7 +151,7 @@ pub enum Event {
     /// [`crate::keeper::control::MAX_PLAN`]).
     Overrun {
         epoch: u64,
-        why: String,
+        why: HandoverError,
     },
     /// Server `epoch` has left a request unanswered since `since` ([`hang`] said so).
     Hung {

@@ -3,8 +3,7 @@
 use super::{
     Action, Binary, Exit, FIRST_BACKOFF, FIRST_EPOCH, MAX_BACKOFF, MAX_RELOAD_DEATHS, Machine, Server, State, Successor,
 };
-use crate::keeper::control::Notice;
-use crate::keeper::control::{Control, PROTOCOL};
+use crate::keeper::control::{Control, HandoverError, Notice, PROTOCOL};
 use std::time::Instant;
 
 impl Machine {
@@ -334,7 +333,7 @@ impl Machine {
     /// Server `epoch` sent more than the keeper keeps: a successor is treated as failed (killed;
     /// the next is due, or the old server serves on); the current server serves on, and the
     /// driver forgets its plan (a server restarted after its crash loads the inputs).
-    pub(super) fn overrun(&mut self, state: State, epoch: u64, why: &str, now: Instant) -> State {
+    pub(super) fn overrun(&mut self, state: State, epoch: u64, why: &HandoverError, now: Instant) -> State {
         if let Some(s) = state.successor(epoch) {
             let crash = format!("server pid {} could not take over: it {why}; killed it", s.server.pid);
             let refusal = format!("upgrade refused: the new server {why}");

@@ -332,7 +332,7 @@ fn an_upgrade_is_accepted_or_refused() {
 /// the backoff. The current server serves on (the driver forgets its plan), with a warning.
 #[test]
 fn a_server_that_sends_too_much_is_failed_as_a_successor_and_serves_on_as_current() {
-    let why = "sent a plan of more than 128 MiB, the most a keeper keeps".to_owned();
+    let why = HandoverError::TooLarge { limit: crate::keeper::control::MAX_PLAN };
     let mut r = Run::serving();
     r.on(Event::Sigusr2);
     r.on(Event::Spawned { epoch: 2, pid: 200, handed_plan: false });
