@@ -24,86 +24,21 @@
 //! took over answers every request at once, so one left unanswered for `--server-timeout` means
 //! it hangs (ready or not: a successor is sent requests as soon as it takes over), unless its
 //! replies wait on the keeper ([`hang`]).
+//!
+//! Three modules, whose dependencies go one way: `machine` holds the machine's data (its
+//! states, the counters, the actions, the constants); `steps` one step per event, from a state
+//! to the next, pushing actions; this module the events and the dispatch ([`Machine::handle`]:
+//! an event to its step), with the driver's checks that make events ([`hang`], [`away`]).
 
-use crate::keeper::control::{Control, HandoverError, Notice};
+mod machine;
+mod steps;
+#[cfg(test)]
+mod tests;
+
+use crate::keeper::control::{HandoverError, Notice};
+use machine::State;
+pub use machine::{Action, Binary, Exit, FIRST_EPOCH, MAX_BACKOFF, MAX_RELOAD_DEATHS, Machine, Phase};
 use std::time::{Duration, Instant};
-
-/// The first wait before a server is started again after one died before it was ready.
-const FIRST_BACKOFF: Duration = Duration::from_millis(200);
-/// The longest wait between two failed restarts.
-pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
-/// Servers in a row that may die in the middle of a reload before a successor stops reloading
-/// on its own (the inputs may be what kills them).
-pub const MAX_RELOAD_DEATHS: u32 = 2;
-/// The first server's epoch.
-pub const FIRST_EPOCH: u64 = 1;
-
-/// Where the keeper is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
-    Starting,
-    Serving,
-    Replacing,
-    Upgrading,
-    Stopping,
-}
-
-/// The binary a server is started from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Binary {
-    /// The one the last server that took over ran (the first: the keeper's own).
-    Good,
-    /// The file now at the path the keeper was started by (an upgrade).
-    Path,
-}
-
-/// Why the keeper's life ends.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Exit {
-    /// Stopped (the reason was logged): unmount, stop the servers, exit 0.
-    Stop,
-    /// `/dev/fuse` ended: stop the servers; the connection's end decides the exit status.
-    Ended,
-    /// The start failed with this error: leave nothing behind, exit 1.
-    StartFailed(String),
-}
-
-/// What the keeper does.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Action {
-    /// Start server `epoch`; `plan`: hand it the plan the current server served, if any, rather
-    /// than have it load the inputs. Answered by [`Event::Spawned`] or [`Event::SpawnFailed`].
-    Spawn {
-        epoch: u64,
-        binary: Binary,
-        plan: bool,
-    },
-    /// The first server loaded: mount, and start relaying requests.
-    Mount(u64),
-    /// Write the pid file, unless it is written already.
-    WritePidFile,
-    Tell(u64, Control),
-    /// Send `SIGHUP` to server `epoch` (a reload).
-    Reload(u64),
-    /// Replay the kernel's INIT to successor `epoch`.
-    Probe(u64),
-    /// Successor `epoch` takes over: at an upgrade the old server `retire` drains, retires and
-    /// leaves first; then the relay hands it the node table (and, at an upgrade, the old plan)
-    /// and the requests in flight. `from` starts the successor's log line.
-    TakeOver {
-        epoch: u64,
-        retire: Option<u64>,
-        from: String,
-    },
-    /// The relay counts a death for what was in flight at server `epoch`, which no longer answers.
-    Lost(u64),
-    Kill(u64),
-    /// Tell the service manager.
-    Notify(Notice),
-    Info(String),
-    Warn(String),
-    Exit(Exit),
-}
 
 /// What happens to the keeper.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -165,137 +100,7 @@ pub enum Event {
     Tick,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Server {
-    epoch: u64,
-    pid: u32,
-    /// It said `READY=1`.
-    ready: bool,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Successor {
-    server: Server,
-    /// When it is given up on, if it has not taken over.
-    deadline: Instant,
-    /// Why it failed, when it said so before exiting.
-    failed: Option<String>,
-    handed_plan: bool,
-}
-
-#[derive(Debug)]
-enum State {
-    Starting {
-        first: Server,
-        /// Mounted, and the first server must say the mount answers through it by then.
-        mounted: Option<Instant>,
-        error: Option<String>,
-    },
-    Serving {
-        current: Server,
-    },
-    Replacing {
-        successor: Option<Successor>,
-        retry_at: Option<Instant>,
-    },
-    Upgrading {
-        current: Server,
-        successor: Successor,
-    },
-    /// `current`: the server that was current, which the driver tells to stop (it removes the
-    /// state file), rather than only killing it.
-    Stopping {
-        current: Option<Server>,
-    },
-}
-
-/// The keeper's state: the phase with its servers, the counters and what is deferred to a
-/// ready server.
-#[derive(Debug)]
-pub struct Machine {
-    state: State,
-    next_epoch: u64,
-    reload_timeout: Duration,
-    server_timeout: Duration,
-    /// Servers in a row that died before they were ready (the backoff grows with them).
-    failures: u32,
-    /// The current server said `RELOADING=1` and not yet `READY=1`.
-    reloading: bool,
-    /// Servers in a row that died in the middle of a reload.
-    reload_deaths: u32,
-    reload_when_ready: bool,
-    upgrade_when_ready: bool,
-    /// The last server lost, and how (`it died`, `it hung`), named by the one that takes over.
-    dead: Option<(u32, &'static str)>,
-    /// Why the first server could not declare the daemon ready after the mount answered (its
-    /// state file cannot be written): its exit then fails the start, as a load error does.
-    start_error: Option<String>,
-    out: Vec<Action>,
-}
-
 impl Machine {
-    /// A keeper starting its first server, which gives up on a successor that has not taken
-    /// over within `reload_timeout`, and on a first server that has not answered through the
-    /// mount within `server_timeout` of it.
-    pub fn new(reload_timeout: Duration, server_timeout: Duration) -> (Machine, Vec<Action>) {
-        let first = Server { epoch: FIRST_EPOCH, pid: 0, ready: false };
-        let mut m = Machine {
-            state: State::Starting { first, mounted: None, error: None },
-            next_epoch: FIRST_EPOCH + 1,
-            reload_timeout,
-            server_timeout,
-            failures: 0,
-            reloading: false,
-            reload_deaths: 0,
-            reload_when_ready: false,
-            upgrade_when_ready: false,
-            dead: None,
-            start_error: None,
-            out: Vec::new(),
-        };
-        m.out.push(Action::Spawn { epoch: FIRST_EPOCH, binary: Binary::Good, plan: false });
-        let actions = std::mem::take(&mut m.out);
-        (m, actions)
-    }
-
-    pub fn phase(&self) -> Phase {
-        match self.state {
-            State::Starting { .. } => Phase::Starting,
-            State::Serving { .. } => Phase::Serving,
-            State::Replacing { .. } => Phase::Replacing,
-            State::Upgrading { .. } => Phase::Upgrading,
-            State::Stopping { .. } => Phase::Stopping,
-        }
-    }
-
-    /// The server requests go to that is checked for a hang: the current one once it took
-    /// over (the first once mounted), ready or not.
-    pub fn hang_checked(&self) -> Option<u64> {
-        match &self.state {
-            State::Starting { first: current, mounted: Some(_), .. }
-            | State::Serving { current }
-            | State::Upgrading { current, .. } => Some(current.epoch),
-            _ => None,
-        }
-    }
-
-    /// When [`Event::Tick`] is due: a restart's backoff, a successor's deadline, or the first
-    /// server's to answer through the mount.
-    pub fn deadline(&self) -> Option<Instant> {
-        match &self.state {
-            State::Starting { mounted, .. } => *mounted,
-            State::Replacing { successor: Some(s), .. } | State::Upgrading { successor: s, .. } => Some(s.deadline),
-            State::Replacing { successor: None, retry_at } => *retry_at,
-            _ => None,
-        }
-    }
-
-    /// The server of `epoch` is the current one or a successor (its exit is this machine's
-    /// event; any other's is the driver's to reap).
-    pub fn knows(&self, epoch: u64) -> bool {
-        self.current() == Some(epoch) || self.state.successor(epoch).is_some()
-    }
-
     /// Feeds one event; returns what to do, in order.
     pub fn handle(&mut self, event: Event, now: Instant) -> Vec<Action> {
         let state = std::mem::replace(&mut self.state, State::Stopping { current: None });
@@ -305,11 +110,7 @@ impl Machine {
             (state, Event::KernelEnded) => self.stop(state.current().copied(), Exit::Ended, None),
             (state, Event::Spawned { epoch, pid, handed_plan }) => steps::spawned(state, epoch, pid, handed_plan),
             (state, Event::SpawnFailed { epoch, why }) => self.spawn_failed(state, epoch, why, now),
-            (state, Event::Sighup) => {
-                self.reload_deaths = 0;
-                self.reload(&state);
-                state
-            }
+            (state, Event::Sighup) => self.sighup(state),
             (state, Event::Sigusr2) => self.upgrade(state, now),
             (state, Event::Loaded { epoch, protocol }) => self.loaded(state, epoch, protocol, now),
             (state, Event::Failed { epoch, why }) => self.failed_said(state, epoch, why),
@@ -323,33 +124,6 @@ impl Machine {
             (state, Event::Tick) => self.tick(state, now),
         };
         std::mem::take(&mut self.out)
-    }
-
-    /// The current server's epoch (the first server's, while it starts).
-    pub fn current(&self) -> Option<u64> {
-        self.state.current().map(|s| s.epoch)
-    }
-}
-
-impl State {
-    fn current(&self) -> Option<&Server> {
-        match self {
-            State::Starting { first: current, .. } | State::Serving { current } | State::Upgrading { current, .. } => {
-                Some(current)
-            }
-            State::Stopping { current } => current.as_ref(),
-            State::Replacing { .. } => None,
-        }
-    }
-
-    /// The successor, if it is server `epoch`.
-    fn successor(&self, epoch: u64) -> Option<&Successor> {
-        match self {
-            State::Replacing { successor: Some(s), .. } | State::Upgrading { successor: s, .. } => {
-                Some(s).filter(|s| s.server.epoch == epoch)
-            }
-            _ => None,
-        }
     }
 }
 
@@ -381,7 +155,3 @@ pub enum Hang {
 pub fn away(deadline: Option<Instant>, now: Instant, heartbeat: Duration) -> Option<Duration> {
     deadline.map(|d| now.saturating_duration_since(d)).filter(|late| *late > heartbeat)
 }
-
-mod steps;
-#[cfg(test)]
-mod tests;

@@ -1,6 +1,7 @@
-//! The machine's steps: one function per event, from a phase to the next, pushing actions.
+//! The machine's steps: one function per event, from a phase to the next, pushing actions. They
+//! build on the machine's data ([`super::machine`]); the dispatch (`super`) calls them.
 
-use super::{
+use super::machine::{
     Action, Binary, Exit, FIRST_BACKOFF, FIRST_EPOCH, MAX_BACKOFF, MAX_RELOAD_DEATHS, Machine, Server, State, Successor,
 };
 use crate::keeper::control::{Control, HandoverError, Notice, PROTOCOL};
@@ -27,10 +28,18 @@ impl Machine {
         State::Stopping { current }
     }
 
+    /// `SIGHUP`: a reload asked for, which ends the run of deaths in reloads (the operator asks
+    /// again, knowing the inputs).
+    pub(super) fn sighup(&mut self, state: State) -> State {
+        self.reload_deaths = 0;
+        self.reload(&state);
+        state
+    }
+
     /// A reload, asked for (`SIGHUP`) or due: a ready server reloads now; during an upgrade the
     /// new server reloads once more when it serves (it may have loaded the inputs before they
     /// changed); with no ready server, once one serves.
-    pub(super) fn reload(&mut self, state: &State) {
+    fn reload(&mut self, state: &State) {
         match state {
             State::Serving { current } if current.ready => self.out.push(Action::Reload(current.epoch)),
             State::Upgrading { current, .. } => {

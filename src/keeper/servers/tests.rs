@@ -1,7 +1,8 @@
 //! The keeper's rules, each driven through [`Machine::handle`] as the keeper feeds it.
 
+use super::machine::FIRST_BACKOFF;
 use super::*;
-use crate::keeper::control::PROTOCOL;
+use crate::keeper::control::{Control, PROTOCOL};
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 
