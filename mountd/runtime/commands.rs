@@ -7,56 +7,71 @@ use crate::runner::{exec, note, report, run_runtime, runtime_knows};
 use crate::start::{Restoring, start};
 use crate::{RECORD_FILE, absolute};
 use devremap::io_message;
-use devremap::runtime::argv::{self, Invocation};
+use devremap::runtime::argv::{ContainerId, Invocation, NewContainer};
 use devremap::runtime::config::Config;
 use devremap::runtime::container_daemon::{Container, Found};
 use std::path::{Path, PathBuf};
 
 /// The image directory of a checkpoint or restore: `--image-path`, else runc's default
 /// `./checkpoint`.
-fn image_dir(inv: &Invocation) -> Result<PathBuf, Failure> {
-    absolute(inv.command_args().image_path.as_deref().unwrap_or("checkpoint"))
+fn image_dir(image_path: Option<&str>) -> Result<PathBuf, Failure> {
+    absolute(image_path.unwrap_or("checkpoint"))
 }
 
-pub fn restore(config: &Config, inv: &Invocation) -> Result<u8, Failure> {
-    let image = image_dir(inv)?;
+pub fn restore(
+    config: &Config,
+    inv: &Invocation,
+    container: &NewContainer,
+    image_path: Option<&str>,
+) -> Result<u8, Failure> {
+    let image = image_dir(image_path)?;
     let metadata = [RECORD_FILE, "checkpoint.img"].iter().map(|f| image.join(f)).find(|p| p.is_file());
-    start(config, inv, Some(Restoring { metadata }))
+    start(config, inv, container, Some(Restoring { metadata }))
 }
 
-/// The devremap container the command names, with its id: one of this runtime root's.
-fn devremap_container(config: &Config, inv: &Invocation) -> Option<(String, Container)> {
-    let id = inv.command_args().id.filter(|id| argv::valid_id(id))?;
-    let container = Container::new(&config.state_dir, &id);
-    (container.exists() && container.other_root(inv.root.as_deref()).is_none()).then_some((id, container))
+/// The devremap container `id` names, when it is one of this runtime root's.
+fn devremap_container(config: &Config, inv: &Invocation, id: &ContainerId) -> Option<Container> {
+    let container = Container::new(&config.state_dir, id.as_str());
+    (container.exists() && container.other_root(inv.global.root.as_deref()).is_none()).then_some(container)
 }
 
 /// Records the GPUs of a devremap container into the image directory, then checkpoints.
-pub fn checkpoint(config: &Config, inv: &Invocation) -> Result<u8, Failure> {
-    if let Some((id, container)) = devremap_container(config, inv) {
-        record(config, inv, &id, &container)?;
+pub fn checkpoint(
+    config: &Config,
+    inv: &Invocation,
+    id: &ContainerId,
+    image_path: Option<&str>,
+) -> Result<u8, Failure> {
+    if let Some(container) = devremap_container(config, inv, id) {
+        record(config, inv, id, &container, image_path)?;
     }
-    Err(exec(config, inv.original()))
+    Err(exec(config, inv.line.original()))
 }
 
 /// Starts a devremap container only while its daemon still serves its `/dev`; refuses one whose
 /// daemon is gone (its container would run on a dead mount), leaving it for `delete`.
-pub fn start_created(config: &Config, inv: &Invocation) -> Result<u8, Failure> {
-    if let Some((id, container)) = devremap_container(config, inv) {
+pub fn start_created(config: &Config, inv: &Invocation, id: &ContainerId) -> Result<u8, Failure> {
+    if let Some(container) = devremap_container(config, inv, id) {
         container.check_daemon().map_err(|e| Failure::Container {
-            id,
+            id: id.as_str().to_owned(),
             what: format!("{e}; not started (delete it, then create it again)"),
         })?;
     }
-    Err(exec(config, inv.original()))
+    Err(exec(config, inv.line.original()))
 }
 
 /// Writes `<image>/devremap-gpus.json` for container `id`.
-fn record(config: &Config, inv: &Invocation, id: &str, container: &Container) -> Result<(), Failure> {
-    let lost = |what: &str| Failure::Container { id: id.to_owned(), what: what.into() };
-    let state = runtime_knows(config, inv, id).ok_or_else(|| lost("the runtime does not know it"))?;
+fn record(
+    config: &Config,
+    inv: &Invocation,
+    id: &ContainerId,
+    container: &Container,
+    image_path: Option<&str>,
+) -> Result<(), Failure> {
+    let lost = |what: &str| Failure::Container { id: id.as_str().to_owned(), what: what.into() };
+    let state = runtime_knows(config, &inv.line, id.as_str()).ok_or_else(|| lost("the runtime does not know it"))?;
     let bundle = state["bundle"].as_str().ok_or_else(|| lost("the runtime's state names no bundle"))?;
-    let image = image_dir(inv)?;
+    let image = image_dir(image_path)?;
     std::fs::DirBuilder::new()
         .recursive(true)
         .create(&image)
@@ -75,12 +90,12 @@ fn record(config: &Config, inv: &Invocation, id: &str, container: &Container) ->
     // before CRIU runs; a topology that hid none is said.
     devremap::decision::record::check(&loaded.plan)?;
     if let Some(warning) = devremap::decision::record::unread_warning(&loaded.plan) {
-        report(inv, "warning", &warning);
+        report(&inv.global, "warning", &warning);
     }
     // The record still pairs by minor, but say what it lacks: in the runtime's log, not on
     // every checkpoint's stderr (issue 30.4); `devremapd record` warns of it.
     for gap in devremap::decision::record::gaps(&loaded.plan) {
-        note(inv, "info", &format!("{}: {gap}", config.host_root.display()));
+        note(&inv.global, "info", &format!("{}: {gap}", config.host_root.display()));
     }
     let text = format!("{:#}\n", devremap::decision::record::devices(&loaded.plan, sources.metadata.is_some()));
     devremap::atomic::replace_file(&image.join(RECORD_FILE), text.as_bytes())?;
@@ -90,15 +105,15 @@ fn record(config: &Config, inv: &Invocation, id: &str, container: &Container) ->
 /// Deletes through the runtime, then, once the runtime no longer knows the container, stops
 /// its daemon and removes its directory (also when the runtime's delete failed because the
 /// container never got made).
-pub fn delete(config: &Config, inv: &Invocation) -> Result<u8, Failure> {
-    let code = run_runtime(config, &inv.original())?;
-    if let Some(id) = inv.command_args().id.filter(|id| argv::valid_id(id)) {
-        let container = Container::new(&config.state_dir, &id);
+pub fn delete(config: &Config, inv: &Invocation, id: Option<&ContainerId>) -> Result<u8, Failure> {
+    let code = run_runtime(config, &inv.line.original())?;
+    if let Some(id) = id {
+        let container = Container::new(&config.state_dir, id.as_str());
         if container.exists() {
             // Not a container another wrapper is setting up or running, nor another root's.
             let _claiming = container.lock_state_dir()?;
-            if let Found::Idle = container.found(inv.root.as_deref())?
-                && runtime_knows(config, inv, &id).is_none()
+            if let Found::Idle = container.found(inv.global.root.as_deref())?
+                && runtime_knows(config, &inv.line, id.as_str()).is_none()
             {
                 container.teardown(None, &Host)?;
             }

@@ -4,14 +4,14 @@
 
 use crate::error::Failure;
 use devremap::io_message;
-use devremap::runtime::argv::Invocation;
+use devremap::runtime::argv::Global;
 use devremap::runtime::config::{self, Config};
 use devremap::runtime::osarg;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-pub fn load(inv: &Invocation) -> Result<Config, Failure> {
-    let (path, required) = match (&inv.config, std::env::var_os(config::ENV)) {
+pub fn load(global: &Global) -> Result<Config, Failure> {
+    let (path, required) = match (&global.config, std::env::var_os(config::ENV)) {
         (Some(p), _) => (PathBuf::from(osarg::decode(p)), true),
         (None, Some(p)) if p.is_empty() => {
             return Err(Failure::at(

@@ -26,8 +26,8 @@ pub enum Failure {
     At { at: String, what: String },
     #[error("{}: a path the wrapper cannot pass on", .0.display())]
     NotPassable(PathBuf),
-    #[error("container id {0:?}: only letters, digits and _+-. are allowed")]
-    BadId(String),
+    #[error(transparent)]
+    BadId(#[from] devremap::runtime::argv::BadId),
     /// A container id that is not ours to set up, or a checkpoint of one the runtime lost.
     #[error("container {id}: {what}")]
     Container { id: String, what: String },

@@ -37,7 +37,7 @@ mod runner;
 mod start;
 
 use devremap::io_message;
-use devremap::runtime::argv::{self, Invocation};
+use devremap::runtime::argv::{self, Command, Invocation};
 use devremap::runtime::config::{self, Config};
 use devremap::runtime::osarg;
 use error::Failure;
@@ -51,34 +51,35 @@ const RECORD_FILE: &str = "devremap-gpus.json";
 fn main() -> ExitCode {
     // Arguments that are not UTF-8 are carried through, each byte standing in (issue 17.8).
     let argv: Option<Vec<String>> = std::env::args_os().skip(1).map(|a| osarg::encode(&a)).collect();
-    let inv = argv::parse(argv.as_deref().unwrap_or_default());
+    // The command line, decoded once: everything below acts on what it says.
+    let inv = argv::decode(argv.as_deref().unwrap_or_default());
     // `--help`, `--version`: our lines first, then the real runtime's (run below, unchanged).
-    if let Some(ask) = devremap::runtime::about::asked(&inv) {
+    if let Some(ask) = devremap::runtime::about::asked(&inv.line) {
         let text = devremap::runtime::about::text(ask, std::env::var_os(config::ENV).as_deref());
         let _ = std::io::Write::write_all(&mut std::io::stdout(), text.as_bytes());
     }
-    let result = config_file::load(&inv).and_then(|config| dispatch(&config, &inv));
+    let result = config_file::load(&inv.global).and_then(|config| match argv {
+        Some(_) => dispatch(&config, &inv),
+        // Not ours to understand: the runtime judges it.
+        None => Err(exec_unchanged(&config)),
+    });
     match result {
         Ok(code) => ExitCode::from(code),
         Err(failure) => {
-            report(&inv, "error", &failure.to_string());
+            report(&inv.global, "error", &failure.to_string());
             ExitCode::FAILURE
         }
     }
 }
 
 fn dispatch(config: &Config, inv: &Invocation) -> Result<u8, Failure> {
-    if std::env::args_os().skip(1).any(|a| osarg::encode(&a).is_none()) {
-        // Not ours to understand: the runtime judges it.
-        return Err(exec_unchanged(config));
-    }
-    match inv.command.as_deref() {
-        Some("create" | "run") => start::start(config, inv, None),
-        Some("restore") => commands::restore(config, inv),
-        Some("checkpoint") => commands::checkpoint(config, inv),
-        Some("start") => commands::start_created(config, inv),
-        Some("delete") => commands::delete(config, inv),
-        _ => Err(exec(config, inv.original())),
+    match &inv.command {
+        Command::Create(new) | Command::Run(new) => start::start(config, inv, new, None),
+        Command::Restore { container, image_path } => commands::restore(config, inv, container, image_path.as_deref()),
+        Command::Checkpoint { id, image_path } => commands::checkpoint(config, inv, id, image_path.as_deref()),
+        Command::Start(id) => commands::start_created(config, inv, id),
+        Command::Delete(id) => commands::delete(config, inv, id.as_ref()),
+        Command::Other => Err(exec(config, inv.line.original())),
     }
 }
 

@@ -2,7 +2,7 @@
 //! on; and the wrapper's lines in the runtime's `--log`.
 
 use crate::error::Failure;
-use devremap::runtime::argv::Invocation;
+use devremap::runtime::argv::{Global, Line};
 use devremap::runtime::config::Config;
 use devremap::runtime::osarg;
 use nix::errno::Errno;
@@ -19,26 +19,26 @@ use std::process::Command;
 /// runc does, where containerd and Docker look for the reason a runtime failed; on stderr when
 /// there is none, and always for an error. A warning kept off stderr then is never taken by a
 /// caller for the error of a runtime that failed after it.
-pub fn report(inv: &Invocation, level: &str, message: &str) {
+pub fn report(global: &Global, level: &str, message: &str) {
     // A path in the message may hold control characters: never a forged line (issue 9.6).
     let message = &*devremap::decision::escape::escape(message);
-    if level == "error" || inv.log.is_none() {
+    if level == "error" || global.log.is_none() {
         eprintln!("devremap-runtime: {level}: {message}");
     }
-    log_line(inv, level, message);
+    log_line(global, level, message);
 }
 
 /// One line at `level` in the runtime's `--log` file alone, and nothing without one: a fact
 /// about the host that a client would otherwise show on each call (Podman passes no `--log` to
 /// `checkpoint`), and that `devremapd record` says where it is asked.
-pub fn note(inv: &Invocation, level: &str, message: &str) {
-    log_line(inv, level, &devremap::decision::escape::escape(message));
+pub fn note(global: &Global, level: &str, message: &str) {
+    log_line(global, level, &devremap::decision::escape::escape(message));
 }
 
 /// `message` (escaped) as a line of runc's `--log` format, when there is a log.
-fn log_line(inv: &Invocation, level: &str, message: &str) {
-    let Some(log) = &inv.log else { return };
-    let line = if inv.log_format.as_deref() == Some("json") {
+fn log_line(global: &Global, level: &str, message: &str) {
+    let Some(log) = &global.log else { return };
+    let line = if global.log_format.as_deref() == Some("json") {
         serde_json::json!({"level": level, "msg": format!("devremap-runtime: {message}")}).to_string()
     } else {
         format!("level={level} msg={:?}", format!("devremap-runtime: {message}"))
@@ -114,9 +114,9 @@ pub fn run_runtime(config: &Config, args: &[String]) -> Result<u8, Failure> {
 }
 
 /// Whether the runtime knows container `id` (`<runtime> state <id>` succeeds): its state.
-pub fn runtime_knows(config: &Config, inv: &Invocation, id: &str) -> Option<Value> {
+pub fn runtime_knows(config: &Config, line: &Line, id: &str) -> Option<Value> {
     let out =
-        runtime_command(config, &inv.sibling("state", &[id])).stderr(std::process::Stdio::null()).output().ok()?;
+        runtime_command(config, &line.sibling("state", &[id])).stderr(std::process::Stdio::null()).output().ok()?;
     if !out.status.success() {
         return None;
     }

@@ -7,7 +7,7 @@ use crate::procs::Host;
 use crate::runner::{exec, report, run_runtime, runtime_knows};
 use crate::{RECORD_FILE, absolute, arg_of};
 use devremap::runtime::annotations::{self, Request};
-use devremap::runtime::argv::{self, Invocation};
+use devremap::runtime::argv::{BadId, Invocation, NewContainer};
 use devremap::runtime::config::Config;
 use devremap::runtime::container_daemon::{Container, DaemonArgs, DaemonError, Found, Lock};
 use devremap::runtime::oci_patch::{self, PatchError};
@@ -31,17 +31,20 @@ struct Wanted {
 
 /// `create`, `run` and `restore` of a container that asks for devremap; the runtime alone for
 /// one that does not.
-pub fn start(config: &Config, inv: &Invocation, restoring: Option<Restoring>) -> Result<u8, Failure> {
-    let c = inv.command_args();
-    let Some(id) = c.id.clone() else { return Err(exec(config, inv.original())) };
-    let container = argv::valid_id(&id).then(|| Container::new(&config.state_dir, &id));
+pub fn start(
+    config: &Config,
+    inv: &Invocation,
+    new: &NewContainer,
+    restoring: Option<Restoring>,
+) -> Result<u8, Failure> {
+    let container = new.id.as_ref().map(|id| Container::new(&config.state_dir, id.as_str()));
     // A killed wrapper's leftover for this id is torn down before anything is set up.
-    let claimed = match container.as_ref().filter(|c| c.exists()) {
+    let claimed = match container.as_ref().ok().filter(|c| c.exists()) {
         Some(container) => Some(claim(config, inv, container)?),
         None => None,
     };
-    let Some((container, wanted)) = decide(config, inv, &id, container, restoring)? else {
-        return Err(exec(config, inv.original()));
+    let Some((container, wanted)) = decide(config, inv, new, container, restoring)? else {
+        return Err(exec(config, inv.line.original()));
     };
     // Claiming the id and tearing down a leftover happen under the state dir's lock; the
     // container's own lock, held until this wrapper ends, tells others it is not a leftover.
@@ -49,22 +52,21 @@ pub fn start(config: &Config, inv: &Invocation, restoring: Option<Restoring>) ->
         Some(lock) => lock,
         None => claim(config, inv, &container)?,
     };
-    let pid_file = match &c.pid_file {
+    let pid_file = match &new.pid_file {
         Some(p) => absolute(p)?,
         None => container.default_container_pid_file(),
     };
     let pid_file_arg = arg_of(&pid_file)?;
     let devremapd = devremapd_path(config)?;
-    let _mine = container.prepare(inv.root.as_deref()).map_err(|e| undo(&container, None, e.into()))?;
+    let _mine = container.prepare(inv.global.root.as_deref()).map_err(|e| undo(&container, None, e.into()))?;
     drop(claiming);
     let daemon = set_up(config, &container, wanted, &devremapd, &pid_file).map_err(|e| undo(&container, None, e))?;
-    let args = arg_of(&container.bundle()).map(|b| inv.with_bundle(&b, &pid_file_arg));
+    let args = arg_of(&container.bundle()).map(|b| new.line_for_bundle(&b, &pid_file_arg));
     let code = match args.and_then(|args| run_runtime(config, &args)) {
         Ok(code) => code,
         Err(e) => return Err(undo(&container, Some(daemon), e)),
     };
-    let foreground = inv.command.as_deref() != Some("create") && !c.detach;
-    if code != 0 || (foreground && !c.keep) {
+    if code != 0 || new.gone_on_return {
         // Failed, or a foreground container ended and the runtime deleted it.
         container.teardown(Some(daemon), &Host)?;
     }
@@ -76,11 +78,11 @@ pub fn start(config: &Config, inv: &Invocation, restoring: Option<Restoring>) ->
 fn decide(
     config: &Config,
     inv: &Invocation,
-    id: &str,
-    container: Option<Container>,
+    new: &NewContainer,
+    container: Result<Container, &BadId>,
     restoring: Option<Restoring>,
 ) -> Result<Option<(Container, Wanted)>, Failure> {
-    let bundle = absolute(inv.command_args().bundle.as_deref().unwrap_or("."))?;
+    let bundle = absolute(new.bundle.as_deref().unwrap_or("."))?;
     let spec_path = bundle.join("config.json");
     let Some(original) = read_spec(&spec_path) else { return Ok(None) };
     let Ok(value) = serde_json::from_slice::<Value>(&original) else { return Ok(None) };
@@ -100,9 +102,9 @@ fn decide(
     if !(request.wanted(&view) || (recorded && request.enable != Some(false))) {
         return Ok(None);
     }
-    let Some(container) = container else { return Err(Failure::BadId(id.to_owned())) };
+    let container = container.map_err(|bad| Failure::BadId(bad.clone()))?;
     for warning in request.warnings() {
-        report(inv, "warning", &format!("{s}: {warning}"));
+        report(&inv.global, "warning", &format!("{s}: {warning}"));
     }
     // The spec is patched before anything is set up: one that binds its own /dev is refused
     // when devremap was asked for, and runs without it otherwise (issue 17.6).
@@ -147,7 +149,7 @@ fn set_up(
 /// The runtime alone, saying why: devremap was not asked for by name and the spec cannot have
 /// it. Always `None` (run the runtime unchanged).
 fn without_devremap<T>(inv: &Invocation, why: &str) -> Option<T> {
-    report(inv, "warning", &format!("{why}; running without devremap"));
+    report(&inv.global, "warning", &format!("{why}; running without devremap"));
     None
 }
 
@@ -170,12 +172,12 @@ fn claim(config: &Config, inv: &Invocation, container: &Container) -> Result<Loc
     }
     let id = container.dir.file_name().unwrap_or_default().to_string_lossy().into_owned();
     let refused = |what: String| Err(Failure::Container { id: id.clone(), what });
-    match container.found(inv.root.as_deref())? {
+    match container.found(inv.global.root.as_deref())? {
         Found::Busy => refused("another devremap-runtime is setting it up or running it".into()),
         Found::OtherRoot(theirs) => refused(format!(
             "the id is in use by a devremap container of runtime root {theirs:?} (ids are unique per root only)"
         )),
-        Found::Idle if runtime_knows(config, inv, &id).is_some() => Err(exec(config, inv.original())),
+        Found::Idle if runtime_knows(config, &inv.line, &id).is_some() => Err(exec(config, inv.line.original())),
         // Left by a wrapper killed mid-way: its container never ran or is gone.
         Found::Idle => Ok(container.teardown(None, &Host).map(|()| lock)?),
     }

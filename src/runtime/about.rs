@@ -8,7 +8,7 @@
 //! `commit:` line, which stay the real runtime's.
 
 use super::annotations::{DEVICE_MAP, ENABLE, PREFER, RELAX};
-use super::argv::Invocation;
+use super::argv::Line;
 use super::config::{DEFAULT_PATH, ENV};
 use std::ffi::OsStr;
 
@@ -24,14 +24,14 @@ pub enum Ask {
 /// Whether the command line asks for the top-level help or version: a global flag with no
 /// command, or `help` with nothing after it. A command's own `--help` (`create --help`) is the
 /// runtime's alone.
-pub fn asked(inv: &Invocation) -> Option<Ask> {
-    match inv.command.as_deref() {
-        Some("help") if inv.args.is_empty() => return Some(Ask::Help),
+pub fn asked(line: &Line) -> Option<Ask> {
+    match line.command.as_deref() {
+        Some("help") if line.args.is_empty() => return Some(Ask::Help),
         Some(_) => return None,
         None => {}
     }
     // The last such flag wins, as with runc's: `--version --help` is help.
-    inv.global.iter().rev().find_map(|a| match a.trim_start_matches('-') {
+    line.global.iter().rev().find_map(|a| match a.trim_start_matches('-') {
         "help" | "h" if a.starts_with('-') => Some(Ask::Help),
         "version" | "v" if a.starts_with('-') => Some(Ask::Version),
         _ => None,
@@ -81,10 +81,10 @@ pub fn text(ask: Ask, config_env: Option<&OsStr>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::argv::parse;
+    use crate::runtime::argv::decode;
 
     fn ask(line: &[&str]) -> Option<Ask> {
-        asked(&parse(&line.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>()))
+        asked(&decode(&line.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>()).line)
     }
 
     #[test]

@@ -1,5 +1,7 @@
-//! runc's command line, as the wrapper must understand it to pass it on unchanged:
-//! `runc [global flags] COMMAND [flags] ID`.
+//! runc's command line, decoded once into what the wrapper acts on: `runc [global flags]
+//! COMMAND [flags] ID` becomes the global options, a typed [`Command`] and the [`Line`] as
+//! given, to pass on unchanged or, for the wrapper's own bundle, with its `--bundle` and
+//! `--pid-file`.
 //!
 //! Pure. Assumptions, from runc (urfave/cli over Go's `flag` package), which crun follows:
 //! a flag is `-name` or `--name`, its value either `=value` or the next argument, and a boolean
@@ -9,8 +11,8 @@
 //! a newer runtime's new boolean flags pass through. A command's flags may also follow its
 //! container id: runc's urfave/cli moves them to the front before parsing (`runc create ID
 //! --bundle B` is `runc create --bundle B ID`), so they are read up to a `--` wherever they
-//! stand. The wrapper never rewrites the command line; it only inserts `--pid-file` where a
-//! create, run or restore lacks one.
+//! stand. The wrapper never rewrites the command line otherwise; for its own bundle it replaces
+//! the bundle flags and inserts `--pid-file` where a create, run or restore lacks one.
 
 /// The global flags of runc and crun that take a value, and the wrapper's own.
 const GLOBAL_VALUE_FLAGS: &[&str] =
@@ -41,11 +43,18 @@ const COMMAND_VALUE_FLAGS: &[&str] = &[
     "criu",
 ];
 
-/// One invocation of the runtime.
+/// One invocation of the runtime, decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Invocation {
-    /// The global flags, as given.
-    pub global: Vec<String>,
+    pub global: Global,
+    pub command: Command,
+    /// The line as given, to pass on.
+    pub line: Line,
+}
+
+/// The global options the wrapper reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Global {
     /// `--root`, where the runtime keeps its containers' state.
     pub root: Option<String>,
     /// `--log`, the file the runtime (and a caller like containerd) keeps errors in.
@@ -54,26 +63,84 @@ pub struct Invocation {
     pub log_format: Option<String>,
     /// `--devremap-config`, the wrapper's config file (not passed on).
     pub config: Option<String>,
-    /// The command (`create`, `run`, ...), if any.
-    pub command: Option<String>,
-    /// Everything after the command, as given.
-    pub args: Vec<String>,
 }
 
-/// What a command's flags say that the wrapper needs.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct CommandArgs {
-    /// The first positional argument: the container id.
-    pub id: Option<String>,
+/// What the wrapper does something with; [`Command::Other`] is the runtime's alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    Create(NewContainer),
+    Run(NewContainer),
+    Restore {
+        container: NewContainer,
+        /// `--image-path`.
+        image_path: Option<String>,
+    },
+    /// `start` of a container with a valid id.
+    Start(ContainerId),
+    /// `checkpoint` of a container with a valid id.
+    Checkpoint {
+        id: ContainerId,
+        /// `--image-path`.
+        image_path: Option<String>,
+    },
+    /// `delete`, run through the wrapper whatever its id; the id when it is a valid one.
+    Delete(Option<ContainerId>),
+    /// Anything else, and a create, run or restore naming no container, a start or checkpoint
+    /// naming no valid one.
+    Other,
+}
+
+/// A `create`, `run` or `restore` naming a container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewContainer {
+    /// The container id; one that is not runc's kind is refused only when the wrapper would
+    /// make a directory of it (the runtime alone judges it otherwise).
+    pub id: Result<ContainerId, BadId>,
+    /// `--bundle`/`-b`.
     pub bundle: Option<String>,
+    /// `--pid-file`.
     pub pid_file: Option<String>,
-    pub image_path: Option<String>,
-    /// `--force`/`-f` (delete).
-    pub force: bool,
-    /// `--detach`/`-d` (run, restore).
-    pub detach: bool,
-    /// `--keep` (run): the container is not deleted when it exits.
-    pub keep: bool,
+    /// Whether the runtime deletes the container before it returns: a `run` or `restore` in the
+    /// foreground (no `--detach`) without `--keep`.
+    pub gone_on_return: bool,
+    /// The command line without its bundle flags, split where the wrapper's flags go.
+    ours: (Vec<String>, Vec<String>),
+}
+
+/// A container id that is safe as one path component: runc's own rule (`^[\w+\-.]+$`), and not
+/// `.` or `..`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerId(String);
+
+/// A container id that is not runc's kind.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("container id {0:?}: only letters, digits and _+-. are allowed")]
+pub struct BadId(pub String);
+
+impl ContainerId {
+    pub fn new(id: &str) -> Result<ContainerId, BadId> {
+        let valid = !id.is_empty()
+            && id != "."
+            && id != ".."
+            && id.len() <= 1024
+            && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"_+-.".contains(&b));
+        if valid { Ok(ContainerId(id.to_owned())) } else { Err(BadId(id.to_owned())) }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The command line as given, less the wrapper's own flag.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Line {
+    /// The global flags.
+    pub global: Vec<String>,
+    /// The command (`create`, `run`, ...), if any.
+    pub command: Option<String>,
+    /// Everything after the command.
+    pub args: Vec<String>,
 }
 
 /// `-name`, `--name`, `--name=value` -> `(name, Some(value))`; `None` when not a flag.
@@ -112,15 +179,15 @@ fn walk_flags<'a>(args: &'a [String], value_flags: &[&str], mut f: impl FnMut(&s
     args.len()
 }
 
-/// Splits a command line (without the program name).
-pub fn parse(argv: &[String]) -> Invocation {
-    let (mut root, mut log, mut log_format, mut config) = (None, None, None, None);
+/// Decodes a command line (without the program name).
+pub fn decode(argv: &[String]) -> Invocation {
+    let mut g = Global::default();
     let end = walk_flags(argv, GLOBAL_VALUE_FLAGS, |name, value| {
         let slot = match name {
-            "root" => &mut root,
-            "log" => &mut log,
-            "log-format" => &mut log_format,
-            CONFIG_FLAG => &mut config,
+            "root" => &mut g.root,
+            "log" => &mut g.log,
+            "log-format" => &mut g.log_format,
+            CONFIG_FLAG => &mut g.config,
             _ => return,
         };
         *slot = value.map(str::to_owned);
@@ -128,107 +195,161 @@ pub fn parse(argv: &[String]) -> Invocation {
     // A `--` before the command leaves `end` past it; the command is what follows. Our own
     // flag (and its value, when apart) is no business of the runtime's.
     let mut global = Vec::new();
-    let mut args = argv[..end].iter().filter(|a| *a != "--");
-    while let Some(a) = args.next() {
+    let mut flags = argv[..end].iter().filter(|a| *a != "--");
+    while let Some(a) = flags.next() {
         match flag(a) {
             Some((CONFIG_FLAG, inline)) => {
                 if inline.is_none() {
-                    args.next();
+                    flags.next();
                 }
             }
             _ => global.push(a.clone()),
         }
     }
-    Invocation {
+    let line = Line {
         global,
-        root,
-        log,
-        log_format,
-        config,
         command: argv.get(end).cloned(),
         args: argv.get(end + 1..).map(<[String]>::to_vec).unwrap_or_default(),
+    };
+    Invocation { global: g, command: command(&line), line }
+}
+
+/// What a command's arguments say, from one walk.
+#[derive(Default)]
+struct Args {
+    /// The first positional argument.
+    id: Option<String>,
+    bundle: Option<String>,
+    pid_file: Option<String>,
+    image_path: Option<String>,
+    detach: bool,
+    keep: bool,
+    /// The arguments less every bundle flag (and its value).
+    kept: Vec<String>,
+    /// Where in `kept` the wrapper's flags go: after the command's leading flags, before the
+    /// `--` that ends them or the id.
+    at: usize,
+}
+
+/// `args`'s flags (up to a `--`, before and after the id), its id, and the arguments for the
+/// wrapper's bundle.
+fn walk_command(args: &[String]) -> Args {
+    let mut a = Args::default();
+    let mut at = None;
+    // Flags are read up to a `--`. A `--` given as a flag's value (`--console-socket -- ID`)
+    // is taken for one that ends them after the next argument, and the wrapper's flags go
+    // before it: so the wrapper has always read such a line, and issue 33 changed no line the
+    // runtime gets (runc itself takes that `--` as the value).
+    let mut reading = true;
+    let before_dashes = |kept: &[String]| match kept.last() {
+        Some(last) if last == "--" => kept.len() - 1,
+        _ => kept.len(),
+    };
+    let mut i = 0;
+    while i < args.len() {
+        let arg = &args[i];
+        if arg == "--" {
+            // After a `--` every argument is positional.
+            at.get_or_insert(a.kept.len());
+            if reading && a.id.is_none() {
+                a.id = args.get(i + 1).cloned();
+            }
+            a.kept.extend_from_slice(&args[i..]);
+            break;
+        }
+        let Some((name, inline)) = flag(arg) else {
+            if at.is_none() {
+                at = Some(before_dashes(&a.kept));
+            }
+            if reading && a.id.is_none() {
+                a.id = Some(arg.clone());
+            }
+            reading &= !(i > 0 && args[i - 1] == "--");
+            a.kept.push(arg.clone());
+            i += 1;
+            continue;
+        };
+        let takes_next = inline.is_none() && COMMAND_VALUE_FLAGS.contains(&name);
+        let end = if takes_next { (i + 2).min(args.len()) } else { i + 1 };
+        let value = if takes_next { args.get(i + 1).map(String::as_str) } else { inline };
+        let is_bundle = matches!(name, "bundle" | "b");
+        if reading {
+            // A boolean given as `--detach=false` is false.
+            let on = value.is_none_or(|v| v != "false");
+            match name {
+                _ if is_bundle => a.bundle = value.map(str::to_owned),
+                "pid-file" => a.pid_file = value.map(str::to_owned),
+                "image-path" => a.image_path = value.map(str::to_owned),
+                "detach" | "d" => a.detach = on,
+                "keep" => a.keep = on,
+                _ => {}
+            }
+        }
+        if !is_bundle {
+            a.kept.extend_from_slice(&args[i..end]);
+        }
+        i = end;
+    }
+    a.at = at.unwrap_or_else(|| before_dashes(&a.kept));
+    a
+}
+
+/// The command `line` names, with its arguments.
+fn command(line: &Line) -> Command {
+    let name = line.command.as_deref().unwrap_or_default();
+    let a = walk_command(&line.args);
+    let valid = a.id.as_deref().and_then(|id| ContainerId::new(id).ok());
+    match (name, valid) {
+        ("create", _) => new_container(line, name, a).map_or(Command::Other, Command::Create),
+        ("run", _) => new_container(line, name, a).map_or(Command::Other, Command::Run),
+        ("restore", _) => {
+            let image_path = a.image_path.clone();
+            new_container(line, name, a).map_or(Command::Other, |container| Command::Restore { container, image_path })
+        }
+        ("start", Some(id)) => Command::Start(id),
+        ("checkpoint", Some(id)) => Command::Checkpoint { id, image_path: a.image_path },
+        ("delete", id) => Command::Delete(id),
+        _ => Command::Other,
     }
 }
 
-impl Invocation {
-    /// The command's flags and container id.
-    pub fn command_args(&self) -> CommandArgs {
-        let mut c = CommandArgs::default();
-        let mut rest = &self.args[..];
-        while !rest.is_empty() {
-            let end = walk_flags(rest, COMMAND_VALUE_FLAGS, |name, value| {
-                let value = value.map(str::to_owned);
-                // A boolean given as `--force=false` is false.
-                let on = value.as_deref().is_none_or(|v| v != "false");
-                match name {
-                    "bundle" | "b" => c.bundle = value,
-                    "pid-file" => c.pid_file = value,
-                    "image-path" => c.image_path = value,
-                    "force" | "f" => c.force = on,
-                    "detach" | "d" => c.detach = on,
-                    "keep" => c.keep = on,
-                    _ => {}
-                }
-            });
-            // After a `--` every argument is positional; before it, flags may follow the id.
-            let ended = end > 0 && rest[end - 1] == "--";
-            if c.id.is_none() {
-                c.id = rest.get(end).cloned();
-            }
-            if ended {
-                break;
-            }
-            rest = rest.get(end + 1..).unwrap_or_default();
-        }
-        c
-    }
+/// The container a `create`, `run` or `restore` (`name`) names; `None` when it names none.
+fn new_container(line: &Line, name: &str, mut a: Args) -> Option<NewContainer> {
+    let id = a.id?;
+    let after = a.kept.split_off(a.at);
+    let before = [&line.global[..], std::slice::from_ref(&name.to_owned()), &a.kept].concat();
+    Some(NewContainer {
+        id: ContainerId::new(&id),
+        bundle: a.bundle,
+        pid_file: a.pid_file,
+        gone_on_return: name != "create" && !a.detach && !a.keep,
+        ours: (before, after),
+    })
+}
 
-    /// The whole command line, with `--pid-file PATH` added after the command's own flags
-    /// (before the container id) when it has none.
-    pub fn with_pid_file(&self, path: &str) -> Vec<String> {
-        self.line(self.inserting(self.args.clone(), path, &[]))
-    }
-
+impl NewContainer {
     /// The whole command line for the wrapper's own bundle: every `--bundle`/`-b` given is
-    /// replaced by `--bundle BUNDLE`, and `--pid-file PATH` is added when there is none.
-    pub fn with_bundle(&self, bundle: &str, pid_file: &str) -> Vec<String> {
-        let mut args = Vec::with_capacity(self.args.len() + 4);
-        let mut i = 0;
-        while i < self.args.len() {
-            let a = &self.args[i];
-            if a == "--" {
-                args.extend_from_slice(&self.args[i..]);
-                break;
-            }
-            let n = match flag(a) {
-                Some((name, None)) if COMMAND_VALUE_FLAGS.contains(&name) => 2,
-                _ => 1,
-            };
-            let end = (i + n).min(self.args.len());
-            if !matches!(flag(a), Some(("bundle" | "b", _))) {
-                args.extend_from_slice(&self.args[i..end]);
-            }
-            i = end;
+    /// replaced by `--bundle BUNDLE`, and `--pid-file PID_FILE` is added when there is none,
+    /// after the command's flags (before a `--` that ends them, or the id).
+    pub fn line_for_bundle(&self, bundle: &str, pid_file: &str) -> Vec<String> {
+        let (before, after) = &self.ours;
+        let mut v = before.clone();
+        v.extend(["--bundle".to_owned(), bundle.to_owned()]);
+        if self.pid_file.is_none() {
+            v.extend(["--pid-file".to_owned(), pid_file.to_owned()]);
         }
-        self.line(self.inserting(args, pid_file, &["--bundle".to_owned(), bundle.to_owned()]))
+        v.extend_from_slice(after);
+        v
     }
+}
 
-    /// `args` with `extra` and, when they hold no `--pid-file`, `--pid-file PID_FILE` put after
-    /// the command's flags, before a `--` that ends them or the id.
-    fn inserting(&self, mut args: Vec<String>, pid_file: &str, extra: &[String]) -> Vec<String> {
-        let mut added = extra.to_vec();
-        if self.command_args().pid_file.is_none() {
-            added.extend(["--pid-file".to_owned(), pid_file.to_owned()]);
-        }
-        let end = walk_flags(&args, COMMAND_VALUE_FLAGS, |_, _| {});
-        let at = if end > 0 && args.get(end - 1).is_some_and(|a| a == "--") { end - 1 } else { end };
-        args.splice(at..at, added);
-        args
-    }
-
+impl Line {
     /// The command line as given.
     pub fn original(&self) -> Vec<String> {
-        self.line(self.args.clone())
+        let mut v = self.global.clone();
+        v.extend(self.command.clone());
+        v.extend_from_slice(&self.args);
+        v
     }
 
     /// `runtime [global flags] <command>` followed by `rest`, for another command on the same
@@ -239,23 +360,6 @@ impl Invocation {
         v.extend(rest.iter().map(|s| (*s).to_owned()));
         v
     }
-
-    fn line(&self, args: Vec<String>) -> Vec<String> {
-        let mut v = self.global.clone();
-        v.extend(self.command.clone());
-        v.extend(args);
-        v
-    }
-}
-
-/// A container id that is safe as one path component: runc's own rule (`^[\w+\-.]+$`), and not
-/// `.` or `..`.
-pub fn valid_id(id: &str) -> bool {
-    !id.is_empty()
-        && id != "."
-        && id != ".."
-        && id.len() <= 1024
-        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"_+-.".contains(&b))
 }
 
 #[cfg(test)]
@@ -266,6 +370,23 @@ mod tests {
         s.split_whitespace().map(str::to_owned).collect()
     }
 
+    fn id(s: &str) -> ContainerId {
+        ContainerId::new(s).unwrap()
+    }
+
+    /// The create, run or restore `line` names.
+    fn new_container(line: &str) -> NewContainer {
+        match decode(&v(line)).command {
+            Command::Create(c) | Command::Run(c) | Command::Restore { container: c, .. } => c,
+            other => panic!("{line}: {other:?}"),
+        }
+    }
+
+    /// What the runtime gets for `line` on the wrapper's bundle `/ours` with pid file `/p`.
+    fn ours(line: &str) -> Vec<String> {
+        new_container(line).line_for_bundle("/ours", "/p")
+    }
+
     /// Rule (issue 17.3): `--devremap-config` (either spelling) names the wrapper's config and
     /// never reaches the runtime, which would refuse an unknown flag.
     #[test]
@@ -273,10 +394,11 @@ mod tests {
         for line in
             ["--devremap-config /etc/x.json --root /r create c1", "--root /r --devremap-config=/etc/x.json create c1"]
         {
-            let inv = parse(&v(line));
-            assert_eq!(inv.config.as_deref(), Some("/etc/x.json"), "{line}");
-            assert_eq!(inv.original(), v("--root /r create c1"), "{line}");
-            assert_eq!(inv.root.as_deref(), Some("/r"));
+            let inv = decode(&v(line));
+            assert_eq!(inv.global.config.as_deref(), Some("/etc/x.json"), "{line}");
+            assert_eq!(inv.line.original(), v("--root /r create c1"), "{line}");
+            assert_eq!(ours(line), v("--root /r create --bundle /ours --pid-file /p c1"), "{line}");
+            assert_eq!(inv.global.root.as_deref(), Some("/r"));
         }
     }
 
@@ -284,13 +406,57 @@ mod tests {
     /// given (before or after the id), and a pid file where none was given.
     #[test]
     fn bundle_replaced() {
-        let inv = parse(&v("--root /r create -b /theirs --console-socket /s c1 --bundle=/again"));
         assert_eq!(
-            inv.with_bundle("/ours", "/p"),
+            ours("--root /r create -b /theirs --console-socket /s c1 --bundle=/again"),
             v("--root /r create --console-socket /s --bundle /ours --pid-file /p c1")
         );
-        let inv = parse(&v("run --pid-file /given -- c1"));
-        assert_eq!(inv.with_bundle("/ours", "/p"), v("run --pid-file /given --bundle /ours -- c1"));
+        assert_eq!(ours("run --pid-file /given -- c1"), v("run --pid-file /given --bundle /ours -- c1"));
+    }
+
+    /// Rule (issue 33): the line the runtime gets for the wrapper's bundle, byte for byte as
+    /// before the command line was decoded once, for create, run and restore: with and without
+    /// `--bundle`/`-b` and `--pid-file`, in the `--flag=value` and `--flag value` forms, with
+    /// flags after the id, `--`, and flags the wrapper does not know.
+    #[test]
+    fn the_line_for_our_bundle() {
+        let cases = [
+            ("create c1", "create --bundle /ours --pid-file /p c1"),
+            ("create --bundle /b c1", "create --bundle /ours --pid-file /p c1"),
+            ("create -b /b c1", "create --bundle /ours --pid-file /p c1"),
+            ("create --bundle=/b -b=/c c1", "create --bundle /ours --pid-file /p c1"),
+            ("create -bundle /b c1", "create --bundle /ours --pid-file /p c1"),
+            ("create --pid-file /q c1", "create --pid-file /q --bundle /ours c1"),
+            ("create --pid-file=/q -b /b c1", "create --pid-file=/q --bundle /ours c1"),
+            ("create c1 --pid-file /q --bundle /b", "create --bundle /ours c1 --pid-file /q"),
+            ("create c1 -b=/b --no-new-keyring", "create --bundle /ours --pid-file /p c1 --no-new-keyring"),
+            (
+                "--root /r --log /l --systemd-cgroup create --console-socket /s c1",
+                "--root /r --log /l --systemd-cgroup create --console-socket /s --bundle /ours --pid-file /p c1",
+            ),
+            ("run -d --unknown --keep c1", "run -d --unknown --keep --bundle /ours --pid-file /p c1"),
+            ("run -b /b -- c1", "run --bundle /ours --pid-file /p -- c1"),
+            ("run -- c1 --bundle /b", "run --bundle /ours --pid-file /p -- c1 --bundle /b"),
+            ("run c1 -- --bundle /b", "run --bundle /ours --pid-file /p c1 -- --bundle /b"),
+            (
+                "run --preserve-fds 2 --new-flag=x c1",
+                "run --preserve-fds 2 --new-flag=x --bundle /ours --pid-file /p c1",
+            ),
+            (
+                "restore --detach --image-path /img --bundle /b --manage-cgroups-mode soft c1",
+                "restore --detach --image-path /img --manage-cgroups-mode soft --bundle /ours --pid-file /p c1",
+            ),
+            (
+                "restore --image-path=/img -b /b c1 --pid-file /q",
+                "restore --image-path=/img --bundle /ours c1 --pid-file /q",
+            ),
+            ("restore c1 --work-path /w", "restore --bundle /ours --pid-file /p c1 --work-path /w"),
+            // A flag missing its value at the end.
+            ("create c1 --bundle", "create --bundle /ours --pid-file /p c1"),
+            ("create c1 --console-socket", "create --bundle /ours --pid-file /p c1 --console-socket"),
+        ];
+        for (line, want) in cases {
+            assert_eq!(ours(line), v(want), "{line}");
+        }
     }
 
     /// containerd's runc shim: global flags before the command, then create's flags and the id.
@@ -298,61 +464,91 @@ mod tests {
     fn containerd_create() {
         let argv = v("--root /run/containerd/runc/k8s.io --log /b/log.json --log-format json --systemd-cgroup \
                       create --bundle /b --pid-file /b/init.pid --console-socket /tmp/c.sock abc123");
-        let inv = parse(&argv);
-        assert_eq!(inv.root.as_deref(), Some("/run/containerd/runc/k8s.io"));
-        assert_eq!((inv.log.as_deref(), inv.log_format.as_deref()), (Some("/b/log.json"), Some("json")));
-        assert_eq!(inv.command.as_deref(), Some("create"));
-        let c = inv.command_args();
-        assert_eq!(c.id.as_deref(), Some("abc123"));
+        let inv = decode(&argv);
+        assert_eq!(inv.global.root.as_deref(), Some("/run/containerd/runc/k8s.io"));
+        assert_eq!((inv.global.log.as_deref(), inv.global.log_format.as_deref()), (Some("/b/log.json"), Some("json")));
+        let Command::Create(c) = &inv.command else { panic!("{:?}", inv.command) };
+        assert_eq!(c.id, Ok(id("abc123")));
         assert_eq!((c.bundle.as_deref(), c.pid_file.as_deref()), (Some("/b"), Some("/b/init.pid")));
-        assert_eq!(inv.original(), argv);
-        assert_eq!(inv.with_pid_file("/x"), argv, "a pid file given is kept");
+        assert!(!c.gone_on_return);
+        assert_eq!(inv.line.original(), argv);
+        assert_eq!(
+            c.line_for_bundle("/ours", "/x"),
+            v("--root /run/containerd/runc/k8s.io --log /b/log.json --log-format json --systemd-cgroup \
+               create --pid-file /b/init.pid --console-socket /tmp/c.sock --bundle /ours abc123"),
+            "a pid file given is kept"
+        );
     }
 
     /// Go's flag forms: one or two dashes, `=value`, short `-b`, booleans that take no value,
     /// and `--` ending the flags.
     #[test]
     fn flag_forms() {
-        let inv = parse(&v("-root=/r --debug run -b=/bun -d --no-pivot --keep -- my-id"));
-        assert_eq!((inv.root.as_deref(), inv.command.as_deref()), (Some("/r"), Some("run")));
-        assert_eq!(inv.global, v("-root=/r --debug"));
-        let c = inv.command_args();
-        assert_eq!((c.id.as_deref(), c.bundle.as_deref()), (Some("my-id"), Some("/bun")));
-        assert!(c.detach && c.keep && !c.force);
+        let inv = decode(&v("-root=/r --debug run -b=/bun -d --no-pivot --keep -- my-id"));
+        assert_eq!(inv.global.root.as_deref(), Some("/r"));
+        assert_eq!(inv.line.global, v("-root=/r --debug"));
+        let Command::Run(c) = &inv.command else { panic!("{:?}", inv.command) };
+        assert_eq!((&c.id, c.bundle.as_deref()), (&Ok(id("my-id")), Some("/bun")));
         assert_eq!(
-            inv.with_pid_file("/p"),
-            v("-root=/r --debug run -b=/bun -d --no-pivot --keep --pid-file /p -- my-id")
+            c.line_for_bundle("/ours", "/p"),
+            v("-root=/r --debug run -d --no-pivot --keep --bundle /ours --pid-file /p -- my-id")
         );
-        let del = parse(&v("delete --force=false c1")).command_args();
-        assert!(!del.force && del.id.as_deref() == Some("c1"));
-        assert!(parse(&v("delete -f c1")).command_args().force);
     }
 
-    /// checkpoint and restore: `--image-path` and the other value flags are skipped right.
+    /// Rule: a run or restore in the foreground without `--keep` is gone when the runtime
+    /// returns (the wrapper then tears its daemon down); a create, a detached one or a kept one
+    /// is not. A boolean given `=false` is false.
     #[test]
-    fn checkpoint_and_restore() {
-        let c = parse(&v("--root /s checkpoint --image-path /img --work-path /w --leave-running c1")).command_args();
-        assert_eq!((c.image_path.as_deref(), c.id.as_deref()), (Some("/img"), Some("c1")));
-        let inv = parse(&v("restore --detach --image-path /img --bundle /b --manage-cgroups-mode soft c1"));
-        let c = inv.command_args();
-        assert_eq!(
-            (c.image_path.as_deref(), c.bundle.as_deref(), c.id.as_deref()),
-            (Some("/img"), Some("/b"), Some("c1"))
-        );
-        assert_eq!(inv.sibling("state", &["c1"]), v("state c1"));
+    fn gone_on_return() {
+        for (line, gone) in [
+            ("create c1", false),
+            ("run c1", true),
+            ("run -d c1", false),
+            ("run --detach=false c1", true),
+            ("run c1 --keep", false),
+            ("run --keep=false c1", true),
+            ("restore c1", true),
+            ("restore --detach c1", false),
+        ] {
+            assert_eq!(new_container(line).gone_on_return, gone, "{line}");
+        }
+    }
+
+    /// checkpoint, restore, start and delete: the id and `--image-path`, with the other value
+    /// flags skipped right.
+    #[test]
+    fn the_other_commands() {
+        let inv = decode(&v("--root /s checkpoint --image-path /img --work-path /w --leave-running c1"));
+        assert_eq!(inv.command, Command::Checkpoint { id: id("c1"), image_path: Some("/img".into()) });
+        assert_eq!(inv.line.sibling("state", &["c1"]), v("--root /s state c1"));
+        let inv = decode(&v("restore --detach --image-path /img --bundle /b --manage-cgroups-mode soft c1"));
+        let Command::Restore { container: c, image_path } = &inv.command else { panic!("{:?}", inv.command) };
+        assert_eq!((image_path.as_deref(), c.bundle.as_deref(), &c.id), (Some("/img"), Some("/b"), &Ok(id("c1"))));
+        assert_eq!(decode(&v("start c1")).command, Command::Start(id("c1")));
+        assert_eq!(decode(&v("delete -f c1")).command, Command::Delete(Some(id("c1"))));
+        assert_eq!(decode(&v("delete c4 --force")).command, Command::Delete(Some(id("c4"))));
+        assert_eq!(decode(&v("delete --force")).command, Command::Delete(None));
+        assert_eq!(decode(&v("delete ../x")).command, Command::Delete(None));
+        // A start or checkpoint of no valid id is the runtime's alone.
+        assert_eq!(decode(&v("start ../x")).command, Command::Other);
+        assert_eq!(decode(&v("checkpoint")).command, Command::Other);
+        assert_eq!(decode(&v("state c1")).command, Command::Other);
+        // A create's id the wrapper cannot use as a directory is kept, to refuse by name.
+        assert_eq!(new_container("create a/b").id, Err(BadId("a/b".into())));
     }
 
     /// Odd command lines never panic: nothing, flags only, a flag missing its value, no id.
     #[test]
     fn odd_command_lines() {
-        assert_eq!(parse(&[]).command, None);
-        assert_eq!(parse(&v("--version")).command, None);
-        assert_eq!(parse(&v("--root")).root, None);
-        let inv = parse(&v("create --bundle"));
-        assert_eq!(inv.command_args(), CommandArgs::default());
-        assert_eq!(inv.with_pid_file("/p"), v("create --bundle --pid-file /p"));
-        assert_eq!(parse(&v("state")).command_args().id, None);
-        assert_eq!(parse(&v("-- state x")).command.as_deref(), Some("state"));
+        assert_eq!(decode(&[]).line.command, None);
+        assert_eq!(decode(&[]).command, Command::Other);
+        assert_eq!(decode(&v("--version")).line.command, None);
+        assert_eq!(decode(&v("--root")).global.root, None);
+        assert_eq!(decode(&v("create --bundle")).command, Command::Other);
+        assert_eq!(decode(&v("run")).command, Command::Other);
+        assert_eq!(decode(&v("restore --image-path /i")).command, Command::Other);
+        assert_eq!(decode(&v("-- state x")).line.command.as_deref(), Some("state"));
+        assert_eq!(decode(&v("-- start x")).command, Command::Start(id("x")));
     }
 
     /// Bug (found from outside): runc takes a command's flags after the container id too
@@ -362,30 +558,29 @@ mod tests {
     /// that never came.
     #[test]
     fn flags_after_the_id() {
-        let inv = parse(&v("--root /r create c1 --bundle /b -pid-file=/p --no-pivot"));
-        let c = inv.command_args();
-        assert_eq!((c.id.as_deref(), c.bundle.as_deref(), c.pid_file.as_deref()), (Some("c1"), Some("/b"), Some("/p")));
-        assert_eq!(inv.with_pid_file("/x"), inv.original(), "a pid file given after the id is kept");
-        let c = parse(&v("run c2 -d -b /b --keep")).command_args();
-        assert_eq!((c.id.as_deref(), c.bundle.as_deref(), c.detach, c.keep), (Some("c2"), Some("/b"), true, true));
-        let c = parse(&v("restore c3 --image-path /img --bundle /b")).command_args();
-        assert_eq!((c.id.as_deref(), c.image_path.as_deref()), (Some("c3"), Some("/img")));
-        assert!(parse(&v("delete c4 --force")).command_args().force);
+        let c = new_container("--root /r create c1 --bundle /b -pid-file=/p --no-pivot");
+        assert_eq!((&c.id, c.bundle.as_deref(), c.pid_file.as_deref()), (&Ok(id("c1")), Some("/b"), Some("/p")));
+        assert_eq!(c.line_for_bundle("/ours", "/x"), v("--root /r create --bundle /ours c1 -pid-file=/p --no-pivot"));
+        let c = new_container("run c2 -d -b /b --keep");
+        assert_eq!((&c.id, c.bundle.as_deref(), c.gone_on_return), (&Ok(id("c2")), Some("/b"), false));
+        let inv = decode(&v("restore c3 --image-path /img --bundle /b"));
+        let Command::Restore { container: c, image_path } = &inv.command else { panic!("{:?}", inv.command) };
+        assert_eq!((&c.id, image_path.as_deref()), (&Ok(id("c3")), Some("/img")));
         // After `--`, a word that looks like a flag is an argument.
-        let c = parse(&v("create c5 -- --bundle /b")).command_args();
-        assert_eq!((c.id.as_deref(), c.bundle), (Some("c5"), None));
-        let c = parse(&v("create -- c6 --bundle /b")).command_args();
-        assert_eq!((c.id.as_deref(), c.bundle), (Some("c6"), None));
+        let c = new_container("create c5 -- --bundle /b");
+        assert_eq!((&c.id, c.bundle.as_deref()), (&Ok(id("c5")), None));
+        let c = new_container("create -- c6 --bundle /b");
+        assert_eq!((&c.id, c.bundle.as_deref()), (&Ok(id("c6")), None));
     }
 
     /// Rule: an id is used as a path component only when it is runc's kind of id.
     #[test]
     fn ids() {
         for good in ["abc", "a.b-c_d+e", "0123456789abcdef"] {
-            assert!(valid_id(good), "{good}");
+            assert_eq!(ContainerId::new(good).map(|i| i.as_str().to_owned()), Ok(good.to_owned()));
         }
         for bad in ["", ".", "..", "a/b", "../x", "a b", "é"] {
-            assert!(!valid_id(bad), "{bad}");
+            assert_eq!(ContainerId::new(bad), Err(BadId(bad.into())));
         }
     }
 }
