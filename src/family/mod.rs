@@ -6,9 +6,13 @@
 //! `nvidia-caps/...`), what its driver's files under the host root say of each GPU, and how
 //! its GPUs are named and recognised in a spec. [`scan_dev_dir`] and [`read_host_facts`] ask
 //! every family in the table, through one open descriptor of the device directory and one host
-//! root. [`NVIDIA`] and [`AMD`] are the families; the stages whose data is a family's own (the
-//! metadata's items, pairing, the checks, the remap table) use it directly, NVIDIA's in
-//! `decision::plan`, AMD's in `decision::amd`.
+//! root. [`NVIDIA`] and [`AMD`] are the families.
+//!
+//! A family is one folder: besides the trait, its step of the plan (its restored GPUs, pairing,
+//! side of the checks and names in the tree, behind [`crate::decision::seam::Step`]) and its
+//! part of a plan as shown and recorded ([`crate::decision::seam::Shown`]). This module is the
+//! wiring: [`decide`] runs every family's step, and [`Parts`] holds every family's part of a
+//! plan, in the table's order; `decision::plan` runs them and names no family.
 //!
 //! Assumption: the families' names do not overlap (no name in a device directory is two
 //! families' node), so the order of the table changes nothing but the order of the scan.
@@ -16,6 +20,7 @@
 pub mod amd;
 pub mod nvidia;
 
+use crate::decision::seam::{Inputs, PlanError, Shown, Step};
 use crate::device::{DevKind, Rdev};
 use crate::inputs::host::{DevDir, DevDirScan, HostError};
 use crate::inputs::limits;
@@ -35,6 +40,9 @@ pub trait Family: Sync {
     fn gpu_name(&self, minor: u32) -> String;
     /// The GPU minor a spec's device entry grants, if it is one of this family's GPUs.
     fn gpu_minor_of_device(&self, kind: DevKind, rdev: Rdev) -> Option<u32>;
+    /// Whether the family's runtime hook, where a spec asks for it, gives the container this
+    /// pass-through node (`rel_path` under `/dev`) though the spec does not list it.
+    fn hook_gives(&self, rel_path: &str) -> bool;
 }
 
 /// The NVIDIA family.
@@ -44,6 +52,49 @@ pub static AMD: &dyn Family = &amd::Amd;
 
 /// Every family, in the order they are asked.
 pub static FAMILIES: &[&dyn Family] = &[NVIDIA, AMD];
+
+/// Every family's part of a plan, in the table's order. Serialized (the state file's plan, a
+/// plan handed to the next server) as the plan's own keys: NVIDIA's `remap` and `restored`,
+/// AMD's `amd`.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Parts {
+    #[serde(flatten)]
+    pub nvidia: nvidia::plan::NvidiaPlan,
+    /// The AMD render nodes and where the checkpoint's lead.
+    #[serde(default)]
+    pub amd: amd::plan::AmdPlan,
+}
+
+impl Parts {
+    /// Every family's part, to be shown.
+    pub fn shown(&self) -> [&dyn Shown; 2] {
+        [&self.nvidia, &self.amd]
+    }
+}
+
+/// Every family's step, decided: the families' parts before any node is placed.
+pub struct Decided {
+    nvidia: nvidia::plan::Decided,
+    amd: amd::plan::Decided,
+}
+
+impl Decided {
+    /// Every family's step, in the table's order.
+    pub fn steps(&mut self) -> [&mut dyn Step; 2] {
+        [&mut self.nvidia, &mut self.amd]
+    }
+
+    /// The families' parts of the plan, once placed.
+    pub fn parts(self) -> Parts {
+        Parts { nvidia: self.nvidia.plan, amd: self.amd.plan }
+    }
+}
+
+/// Runs every family's step on `inputs`, in the table's order: the first family's error is the
+/// plan's.
+pub fn decide(inputs: &Inputs) -> Result<Decided, PlanError> {
+    Ok(Decided { nvidia: nvidia::plan::decide(inputs)?, amd: amd::plan::step(inputs)? })
+}
 
 /// Facts about the host beyond its GPU nodes: what the families' driver files say.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

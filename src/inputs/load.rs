@@ -256,7 +256,7 @@ mod tests {
             ..Sources::default()
         };
         let loaded = load(&sources).unwrap();
-        assert!(loaded.metadata.is_some() && !loaded.plan.remap.is_empty());
+        assert!(loaded.metadata.is_some() && !loaded.plan.parts.nvidia.remap.is_empty());
         let bytes = loaded.to_bytes();
         assert_eq!(Loaded::from_bytes(&bytes).unwrap(), loaded);
         let text = String::from_utf8(bytes).unwrap();

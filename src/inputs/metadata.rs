@@ -10,7 +10,7 @@
 
 use crate::device::Access;
 use crate::family::nvidia::MAX_REGULAR_MINOR;
-use crate::inputs::amd_metadata::{self, AmdSaved};
+use crate::family::amd::metadata::{self as amd_metadata, AmdSaved};
 use crate::inputs::metadata_items as items;
 use serde_json::{Map, Value};
 use thiserror::Error;

@@ -15,11 +15,14 @@
 //! again at every load. `card<N>` (the display node) is never opened by the plugin or a ROCm
 //! process for compute: it is served only where the spec lists it, as a spec device.
 
+pub mod metadata;
 pub mod pairing;
+pub mod plan;
 pub mod plugin;
 pub mod products;
 pub mod properties;
 pub mod read;
+mod show;
 pub mod topology;
 
 use super::{Family, HostFacts};
@@ -79,6 +82,11 @@ impl Family for Amd {
     /// A render node: char 226:N, N >= 128.
     fn gpu_minor_of_device(&self, kind: DevKind, rdev: Rdev) -> Option<u32> {
         (kind == DevKind::Char && rdev.major == DRM_MAJOR && rdev.minor >= FIRST_RENDER_MINOR).then_some(rdev.minor)
+    }
+
+    /// No hook of AMD's adds a node: `kfd` is given only where the spec lists it.
+    fn hook_gives(&self, _rel_path: &str) -> bool {
+        false
     }
 }
 

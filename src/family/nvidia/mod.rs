@@ -9,6 +9,12 @@
 //! `GPU-????????-????-????-????-????????????` when it cannot read one) is unknown, never an
 //! identity.
 
+pub mod checks;
+pub mod cuda_map;
+pub mod pairing;
+pub mod plan;
+mod restored;
+mod show;
 pub mod visible;
 
 use super::{Family, HostFacts};
@@ -97,6 +103,12 @@ impl Family for Nvidia {
     /// A regular NVIDIA device: char 195:N, N <= 247.
     fn gpu_minor_of_device(&self, kind: DevKind, rdev: Rdev) -> Option<u32> {
         (kind == DevKind::Char && rdev.major == NV_MAJOR && rdev.minor <= MAX_REGULAR_MINOR).then_some(rdev.minor)
+    }
+
+    /// The NVIDIA hook (`NVIDIA_VISIBLE_DEVICES`) gives the driver's control nodes whenever it
+    /// asks for GPU support, `none` included ([`hook_control_node`]).
+    fn hook_gives(&self, rel_path: &str) -> bool {
+        hook_control_node(rel_path)
     }
 }
 

@@ -8,11 +8,11 @@
 //! and a value is never echoed beyond [`describe`]'s short form. The items keep their order in
 //! the list: the plugin pairs in the order the checkpoint recorded its GPUs.
 
-use super::metadata::{MetadataError, RecordedAccess, describe};
-use super::metadata_items as items;
-use crate::family::amd::plugin::{Gpu, GpuLink};
-use crate::family::amd::topology::Facts;
-use crate::family::amd::{FIRST_RENDER_MINOR, topology};
+use super::plugin::{Gpu, GpuLink};
+use super::topology::{self, Facts};
+use super::FIRST_RENDER_MINOR;
+use crate::inputs::metadata::{MetadataError, RecordedAccess, describe};
+use crate::inputs::metadata_items as items;
 use crate::inputs::limits::MAX_FUSE_MINOR;
 use serde_json::{Map, Value};
 
