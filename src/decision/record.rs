@@ -238,7 +238,7 @@ mod tests {
     fn no_gpus_is_an_empty_list() {
         let list = devices(&plan::build(&Inputs::default()).unwrap(), false);
         assert_eq!(list, json!([]));
-        assert!(metadata::parse(list.to_string().as_bytes()).unwrap().gpus.is_empty());
+        assert!(metadata::parse(list.to_string().as_bytes()).unwrap().saved.gpus.is_empty());
     }
 
     /// Rule (issue 12.1): a GPU the driver's files describe whole is no gap; one they do not

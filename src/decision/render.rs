@@ -60,7 +60,7 @@ pub fn plan_json(plan: &Plan, metadata: Option<&Metadata>) -> Map<String, Value>
         "metadata".into(),
         metadata.map_or(
             Value::Null,
-            |m| json!({"format": m.format.as_str(), "gpu_key_present": m.gpu_key_present, "saved_gpus": m.gpus.len()}),
+            |m| json!({"format": m.format.as_str(), "gpu_key_present": m.gpu_key_present, "saved_gpus": m.saved.gpus.len()}),
         ),
     );
     families.iter().for_each(|f| f.json(JsonAt::Last, &mut o));

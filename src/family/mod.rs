@@ -21,6 +21,8 @@ pub mod amd;
 pub mod nvidia;
 
 use crate::decision::seam::{Inputs, PlanError, Shown, Step};
+use crate::inputs::metadata_items::{GPU_KEY, MetadataError, describe, recorded_access};
+use serde_json::Value;
 use crate::device::{DevKind, Rdev};
 use crate::inputs::host::{DevDir, DevDirScan, HostError};
 use crate::inputs::limits;
@@ -52,6 +54,39 @@ pub static AMD: &dyn Family = &amd::Amd;
 
 /// Every family, in the order they are asked.
 pub static FAMILIES: &[&dyn Family] = &[NVIDIA, AMD];
+
+/// Every family's saved GPUs, as the checkpoint's device list gives them. Serialized with the
+/// metadata as its own keys: NVIDIA's `gpus`, AMD's `amd`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Saved {
+    /// NVIDIA's items (those without a `kind`), sorted by minor.
+    pub gpus: Vec<nvidia::metadata::DeviceId>,
+    /// AMD's items (`"kind": "amdgpu"`), in the list's order.
+    #[serde(default)]
+    pub amd: Vec<amd::metadata::AmdSaved>,
+}
+
+/// Reads the checkpoint's device list: each item by the family whose `kind` it has (NVIDIA's
+/// items have none), then each family's list as a whole (a name given twice is refused).
+pub fn read_items(items: &[Value]) -> Result<Saved, MetadataError> {
+    let (mut gpus, mut amd) = (Vec::new(), Vec::new());
+    for (index, item) in items.iter().enumerate() {
+        let Value::Object(obj) = item else {
+            return Err(MetadataError::Shape {
+                key: GPU_KEY,
+                what: format!("item {index}: expected an object, found {}", describe(item)),
+            });
+        };
+        match obj.get("kind") {
+            None => gpus.push(nvidia::metadata::item(index, obj)?),
+            Some(Value::String(k)) if k == amd::metadata::KIND => {
+                amd.push(amd::metadata::item(index, obj, recorded_access(index, obj)?)?);
+            }
+            Some(other) => return Err(MetadataError::Kind { index, found: describe(other) }),
+        }
+    }
+    Ok(Saved { gpus: nvidia::metadata::list(gpus)?, amd: amd::metadata::list(amd)? })
+}
 
 /// Every family's part of a plan, in the table's order. Serialized (the state file's plan, a
 /// plan handed to the next server) as the plan's own keys: NVIDIA's `remap` and `restored`,

@@ -8,7 +8,9 @@ use crate::device::DevKind;
 use crate::family::nvidia::RestoredGpu;
 use crate::family::{HostFacts, NVIDIA};
 use crate::inputs::host::DevDirScan;
-use crate::inputs::metadata::{DeviceId, Metadata};
+use crate::family::Saved;
+use crate::family::nvidia::metadata::DeviceId;
+use crate::inputs::metadata::Metadata;
 use crate::inputs::spec::SpecView;
 use crate::decision::tree::NodeKind;
 use crate::device::{Access, Rdev};
@@ -49,8 +51,7 @@ fn inputs(old: &[u32], new: &[u32]) -> Inputs {
     Inputs {
         metadata: Some(Metadata {
             format: Format::Array,
-            gpus: old.iter().copied().map(saved).collect(),
-            amd: vec![],
+            saved: Saved { gpus: old.iter().copied().map(saved).collect(), amd: vec![] },
             gpu_key_present: true,
             tpus: vec![],
             warnings: vec![],
@@ -156,7 +157,7 @@ fn identity_restore() {
 #[test]
 fn checkpoint_names_keep_recorded_access() {
     let mut inp = inputs(&[0, 1], &[4, 5]);
-    let gpus = &mut inp.metadata.as_mut().unwrap().gpus;
+    let gpus = &mut inp.metadata.as_mut().unwrap().saved.gpus;
     gpus[0].recorded = RecordedAccess { mode: Some(0o600), uid: Some(7), gid: Some(8) };
     gpus[1].recorded = RecordedAccess { mode: Some(0o640), uid: None, gid: None };
     let plan = build(&inp).unwrap();
@@ -724,7 +725,7 @@ fn driver_files_that_contradict_each_other_are_refused() {
 fn a_checkpoint_name_never_widens_access() {
     let mut inp = inputs(&[0], &[2]);
     inp.dev_dir.as_mut().unwrap().gpus[0].1.access = Access { mode: 0o600, uid: 0, gid: 0 };
-    let recorded = |inp: &mut Inputs, r: RecordedAccess| inp.metadata.as_mut().unwrap().gpus[0].recorded = r;
+    let recorded = |inp: &mut Inputs, r: RecordedAccess| inp.metadata.as_mut().unwrap().saved.gpus[0].recorded = r;
     recorded(&mut inp, RecordedAccess { mode: Some(0o666), ..RecordedAccess::default() });
     let err = gate(&build(&inp).unwrap()).unwrap_err();
     assert_eq!(err.input(), Input::Checkpoint);
@@ -758,7 +759,7 @@ fn remap_entries_say_which_rule_paired_them() {
     let mut inp = inputs(&[0, 1], &[1, 2]);
     inp.host = described(&[(1, "0000:3c:00.0"), (2, "0000:3d:00.0")], (4318, 8896));
     // Saved GPU 1 is host GPU 1: the same UUID.
-    inp.metadata.as_mut().unwrap().gpus[1].uuid = inp.host.gpu_info[0].uuid.clone().unwrap();
+    inp.metadata.as_mut().unwrap().saved.gpus[1].uuid = inp.host.gpu_info[0].uuid.clone().unwrap();
     let by = |plan: &Plan| plan.parts.nvidia.remap.iter().map(|e| (e.old.minor, e.new.minor, e.by)).collect::<Vec<_>>();
     assert_eq!(by(&build(&inp).unwrap()), [(0, 2, By::Position), (1, 1, By::Uuid)]);
     inp.pairing = Rule::Positional;

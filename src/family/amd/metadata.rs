@@ -11,8 +11,7 @@
 use super::plugin::{Gpu, GpuLink};
 use super::topology::{self, Facts};
 use super::FIRST_RENDER_MINOR;
-use crate::inputs::metadata::{MetadataError, RecordedAccess, describe};
-use crate::inputs::metadata_items as items;
+use crate::inputs::metadata_items::{self as items, MetadataError, RecordedAccess, describe};
 use crate::inputs::limits::MAX_FUSE_MINOR;
 use serde_json::{Map, Value};
 
@@ -91,7 +90,7 @@ fn render_fault(minor: u32) -> Option<String> {
 }
 
 /// The AMD items, in the list's order, each render name (minor or earlier minor) once.
-pub(crate) fn amd_list(amd: Vec<AmdSaved>) -> Result<Vec<AmdSaved>, MetadataError> {
+pub fn list(amd: Vec<AmdSaved>) -> Result<Vec<AmdSaved>, MetadataError> {
     let names = amd.iter().flat_map(|a| std::iter::once(a.minor).chain(a.earlier_minors.iter().copied()));
     match items::repeated_name(names) {
         Some(minor) => Err(MetadataError::DuplicateRender(minor)),

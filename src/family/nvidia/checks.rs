@@ -8,7 +8,7 @@ use super::RestoredGpu;
 use super::pairing::{self, Pair};
 use crate::decision::checks::{CheckName, CheckResult, access_text, widens};
 use crate::decision::pairing::pci_text;
-use crate::inputs::metadata::DeviceId;
+use super::metadata::DeviceId;
 use std::collections::BTreeSet;
 
 /// `count`: at least as many restored GPUs as saved ones.

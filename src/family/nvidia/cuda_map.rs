@@ -65,7 +65,7 @@ mod tests {
     use crate::decision::tree::TreeBuilder;
     use crate::device::{Access, Rdev};
     use crate::family::nvidia::RestoredGpu;
-    use crate::inputs::metadata::DeviceId;
+    use crate::family::nvidia::metadata::DeviceId;
 
     fn uuid(side: u32, minor: u32) -> String {
         format!("GPU-{side:08x}-0000-0000-0000-{minor:012x}")

@@ -11,6 +11,7 @@
 
 pub mod checks;
 pub mod cuda_map;
+pub mod metadata;
 pub mod pairing;
 pub mod plan;
 mod restored;

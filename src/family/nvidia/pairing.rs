@@ -13,7 +13,7 @@
 
 use super::{RestoredGpu, is_gpu_uuid};
 use crate::decision::pairing::{By, DeviceRef, MapPair, PairingError, Rule, pci_text};
-use crate::inputs::metadata::DeviceId;
+use super::metadata::DeviceId;
 use std::collections::BTreeSet;
 
 /// A saved GPU and the restored GPU it now means.

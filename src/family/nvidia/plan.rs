@@ -17,7 +17,7 @@ use crate::decision::seam::{EarlierName, Input, Inputs, PlanError, Prefer, Step}
 use crate::decision::tree::{Node, TreeBuilder};
 use crate::device::DevKind;
 use crate::family::Family;
-use crate::inputs::metadata::DeviceId;
+use super::metadata::DeviceId;
 
 /// One saved GPU and where its checkpoint name leads.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -77,7 +77,7 @@ fn too_few(inputs: &Inputs, error: PairingError) -> PlanError {
 pub fn decide(inputs: &Inputs) -> Result<Decided, PlanError> {
     restored::check_driver_files(&inputs.host.gpu_info)?;
     let restored = restored::restored_gpus(inputs)?;
-    let saved = inputs.metadata.as_ref().map(|m| m.gpus.as_slice()).unwrap_or_default();
+    let saved = inputs.metadata.as_ref().map(|m| m.saved.gpus.as_slice()).unwrap_or_default();
     pairing::check_subdevice(saved).map_err(PlanError::Checkpoint)?;
     // Without as many restored GPUs there is no pairing, so no plan to show: refused here.
     pairing::check_count(saved, &restored).map_err(|e| too_few(inputs, e))?;
