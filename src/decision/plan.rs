@@ -2,7 +2,7 @@
 //!
 //! Order of construction, each step able to replace a device placed by an earlier one: runc's
 //! default nodes; the spec's devices; the host's pass-through nodes (the spec's mode and owner
-//! where it lists them); then every family in `family::FAMILIES`'s order places its restored
+//! where it lists them); then every family in `family::table::FAMILIES`'s order places its restored
 //! GPUs under their native names and its saved GPUs under their checkpoint names, unless such a
 //! name is another restored GPU's native name and natives are preferred (each family's step is
 //! in its folder, behind [`crate::decision::seam::Step`]); last, the mount points of the spec's mounts under
@@ -21,7 +21,8 @@ use crate::decision::checks::{self, CheckName, CheckResult};
 use crate::decision::pairing::PairingError;
 use crate::decision::place;
 use crate::decision::tree::{Tree, TreeBuilder};
-use crate::family::{self, FAMILIES, Parts};
+use crate::family::plans::{self, Parts};
+use crate::family::table::FAMILIES;
 use crate::inputs::host::HostNode;
 use serde_json::Value;
 
@@ -64,7 +65,7 @@ pub fn build(inputs: &Inputs) -> Result<Plan, PlanError> {
     if inputs.metadata.is_none() && !inputs.device_map.is_empty() {
         return Err(PlanError::DeviceMap(PairingError::NoCheckpoint));
     }
-    let mut decided = family::decide(inputs)?;
+    let mut decided = plans::decide(inputs)?;
     let checks: Vec<CheckResult> = CheckName::ALL
         .into_iter()
         .map(|check| {

@@ -68,7 +68,7 @@ mod tests {
     use super::*;
     use crate::decision::plan::{self, Inputs};
     use crate::device::{Access, Rdev};
-    use crate::family::HostFacts;
+    use crate::family::facts::HostFacts;
     use crate::family::nvidia::GpuInfo;
     use crate::inputs::host::{DevDirScan, HostNode};
     use crate::inputs::metadata;

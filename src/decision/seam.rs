@@ -2,7 +2,7 @@
 //! takes ([`Inputs`]), what it may fail with ([`PlanError`]), and the two traits a family
 //! implements, [`Step`] (its part decided, placed in the tree) and [`Shown`] (its part of a
 //! plan as `plan` prints it and `record` writes it). `decision::plan` runs every family in
-//! `family::FAMILIES`'s order through them and names none.
+//! `family::table::FAMILIES`'s order through them and names none.
 //!
 //! Pure. Assumption: the families' names and their `--device-map` entries do not overlap, so
 //! one family's step never places or pairs another's GPU; the order of the families decides
@@ -11,7 +11,7 @@
 use crate::decision::checks::{self, CheckName, CheckResult};
 use crate::decision::pairing::{MapPair, PairingError, Rule};
 use crate::decision::tree::{Tree, TreeBuilder, TreeError};
-use crate::family::HostFacts;
+use crate::family::facts::HostFacts;
 use crate::family::amd::pairing::PairError;
 use crate::family::amd::properties::Switches;
 use crate::family::nvidia::visible::VisibleError;

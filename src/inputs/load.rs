@@ -9,7 +9,7 @@
 use crate::decision::checks::CheckName;
 use crate::decision::pairing::{MapPair, Rule};
 use crate::decision::plan::{self, Input, Inputs, Plan, PlanError, Prefer};
-use crate::family;
+use crate::family::table;
 use crate::family::amd::properties::Checks;
 use crate::inputs::files::{self, FileError, read_up_to};
 use crate::inputs::host::HostError;
@@ -172,7 +172,7 @@ fn dev_dir_of(sources: &Sources, spec: Option<&spec::SpecView>) -> Option<PathBu
 pub fn gather(sources: &Sources) -> Result<Inputs, LoadError> {
     let metadata = sources.metadata.as_deref().map(read_metadata).transpose()?;
     let spec = sources.spec.as_deref().map(read_spec).transpose()?;
-    let dev_dir = dev_dir_of(sources, spec.as_ref()).as_deref().map(family::scan_dev_dir).transpose()?;
+    let dev_dir = dev_dir_of(sources, spec.as_ref()).as_deref().map(table::scan_dev_dir).transpose()?;
     // A host root that is not there would read as a host without driver files, in silence.
     let root = &sources.host_root;
     let meta = std::fs::metadata(root).map_err(|e| LoadError::Io(root.clone(), e))?;
@@ -183,7 +183,7 @@ pub fn gather(sources: &Sources) -> Result<Inputs, LoadError> {
         metadata,
         spec,
         dev_dir,
-        host: family::read_host_facts(root),
+        host: table::read_host_facts(root),
         device_map: sources.device_map.clone(),
         prefer: match &sources.prefer_file {
             Some(path) => read_prefer(path)?,

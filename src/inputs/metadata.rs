@@ -8,7 +8,7 @@
 //! [`needed_len`] tells a reader how many bytes that is, so a 50 GiB image costs 16 bytes
 //! plus its header.
 
-use crate::family::{self, Saved};
+use crate::family::table::{self, Saved};
 use serde_json::{Map, Value};
 
 pub(crate) use crate::inputs::metadata_items::describe;
@@ -100,7 +100,7 @@ pub fn parse(bytes: &[u8]) -> Result<Metadata, MetadataError> {
             from_map(Format::Map, &map)
         }
         Some(b'[') => {
-            let saved = family::read_items(list_items(GPU_KEY, &parse_json(bytes)?)?)?;
+            let saved = table::read_items(list_items(GPU_KEY, &parse_json(bytes)?)?)?;
             Ok(Metadata {
                 format: Format::Array,
                 saved,
@@ -150,7 +150,7 @@ fn parse_json_object(bytes: &[u8]) -> Result<Map<String, Value>, MetadataError> 
 
 fn from_map(format: Format, map: &Map<String, Value>) -> Result<Metadata, MetadataError> {
     let saved = match map.get(GPU_KEY) {
-        Some(v) => family::read_items(list_items(GPU_KEY, &embedded(GPU_KEY, v)?)?)?,
+        Some(v) => table::read_items(list_items(GPU_KEY, &embedded(GPU_KEY, v)?)?)?,
         None => Saved::default(),
     };
     let tpus = match map.get(TPU_KEY) {

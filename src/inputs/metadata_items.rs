@@ -1,7 +1,7 @@
 //! What every family's items of the checkpoint's device list share: the list's key and
 //! limit, its errors ([`MetadataError`]), the recorded `mode`, `uid` and `gid`
 //! ([`recorded_access`]), the earlier names ([`earlier_minors`], [`repeated_name`]) and
-//! [`describe`] for messages. Each family reads its own items (`family::read_items` hands each
+//! [`describe`] for messages. Each family reads its own items (`family::table::read_items` hands each
 //! item to the family whose `kind` it has); the list itself is [`metadata`](super::metadata)'s.
 //!
 //! Pure. Assumption: a family's item is a JSON object, and its index in the list names it in

@@ -9,7 +9,7 @@
 //! reported, not refused.
 
 use crate::device::{Access, DevKind, Rdev};
-use crate::family::NVIDIA;
+use crate::family::table::NVIDIA;
 use crate::family::nvidia::visible::{self, Visible, VisibleError};
 use oci_spec::runtime::{LinuxDeviceType, Spec};
 use thiserror::Error;

@@ -25,7 +25,8 @@ pub mod read;
 mod show;
 pub mod topology;
 
-use super::{Family, HostFacts};
+use super::Family;
+use super::facts::HostFacts;
 use crate::device::{DevKind, Rdev};
 use crate::inputs::host::{DevDir, DevDirScan, HostError};
 use crate::inputs::limits::MAX_FUSE_MINOR;
@@ -125,7 +126,7 @@ mod tests {
         std::fs::create_dir(&dev).unwrap();
         std::os::unix::fs::symlink(&elsewhere, dev.join("dri")).unwrap();
         std::os::unix::fs::symlink(&elsewhere, dev.join("nvidia-caps")).unwrap();
-        let scan = crate::family::scan_dev_dir(&dev).unwrap();
+        let scan = crate::family::table::scan_dev_dir(&dev).unwrap();
         assert!(scan.amd.is_empty() && scan.passthrough.is_empty());
         let said = |name: &str| {
             format!(
@@ -137,7 +138,7 @@ mod tests {
         std::fs::remove_file(dev.join("dri")).unwrap();
         std::fs::write(dev.join("dri"), "").unwrap();
         assert_eq!(
-            crate::family::scan_dev_dir(&dev).unwrap().warnings,
+            crate::family::table::scan_dev_dir(&dev).unwrap().warnings,
             [said("nvidia-caps")],
             "a file is no directory"
         );

@@ -60,7 +60,7 @@ fn shown(uuid: Option<&String>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::family::Parts;
+    use crate::family::plans::Parts;
     use crate::family::nvidia::plan::{NvidiaPlan, RemapEntry};
     use crate::decision::tree::TreeBuilder;
     use crate::device::{Access, Rdev};
