@@ -3,7 +3,8 @@
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use devremap::decision::checks::{CheckName, parse_relax};
-use devremap::decision::pairing::{MapPair, Rule, parse_device_map};
+use devremap::decision::pairing::{MapPair, Rule};
+use devremap::family::table::parse_device_map;
 use devremap::decision::plan::Prefer;
 use devremap::inputs::load::Sources;
 use std::collections::BTreeSet;

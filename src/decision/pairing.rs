@@ -1,11 +1,11 @@
-//! What every family's pairing shares: `--device-map`'s entries ([`parse_device_map`]), which
+//! What every family's pairing shares: `--device-map`'s entries ([`MapPair`], which
+//! `family::table::parse_device_map` reads, each side in the form of its family), which
 //! rules pair what it leaves ([`Rule`]), which rule paired a GPU ([`By`]), and why devices cannot
 //! be paired ([`PairingError`]). NVIDIA's pairing is `family::nvidia::pairing`, AMD's
 //! `family::amd::pairing`.
 //!
 //! Pure. A UUID is an identity only when well formed (`GPU-` and 8-4-4-4-12 hex digits).
 
-use crate::family::nvidia::is_gpu_uuid;
 use std::fmt;
 use thiserror::Error;
 
@@ -86,37 +86,6 @@ pub enum PairingError {
     Claimed { side: &'static str, reference: DeviceRef },
     #[error("no checkpoint was given (--metadata), so there are no saved devices to pair")]
     NoCheckpoint,
-}
-
-/// Parses one `--device-map` value: `OLD=NEW[,OLD=NEW...]`, each a minor or a `GPU-` UUID.
-pub fn parse_device_map(value: &str) -> Result<Vec<MapPair>, PairingError> {
-    value
-        .split(',')
-        .map(|entry| {
-            let bad = |what| PairingError::BadMapEntry { entry: entry.to_owned(), what };
-            let (old, new) = entry.split_once('=').ok_or_else(|| bad("expected OLD=NEW"))?;
-            let parse = |s: &str| -> Result<DeviceRef, PairingError> {
-                let s = s.trim();
-                if s.starts_with("GPU-????????") {
-                    Err(bad("the driver prints this placeholder for a UUID it cannot read; name the GPU by its minor"))
-                } else if s.starts_with("GPU-") && s.len() > 4 {
-                    if !is_gpu_uuid(s) {
-                        return Err(bad("a GPU- UUID is GPU- and 8-4-4-4-12 hex digits"));
-                    }
-                    Ok(DeviceRef::Uuid(s.to_owned()))
-                } else if s.starts_with("renderD") {
-                    crate::family::amd::render_minor_of_name(s)
-                        .map(DeviceRef::Render)
-                        .map_err(|_| bad("a render node is renderD and its minor, 128 or more"))
-                } else if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
-                    s.parse().map(DeviceRef::Minor).map_err(|_| bad("minor out of range"))
-                } else {
-                    Err(bad("each side must be a minor number or a GPU- UUID"))
-                }
-            };
-            Ok(MapPair { old: parse(old)?, new: parse(new)? })
-        })
-        .collect()
 }
 
 pub(crate) fn pci_text((vendor, device): (u32, u32)) -> String {

@@ -10,16 +10,13 @@ use crate::decision::checks::CheckName;
 use crate::decision::pairing::{MapPair, Rule};
 use crate::decision::plan::{self, Input, Inputs, Plan, PlanError, Prefer};
 use crate::family::table;
-use crate::family::amd::properties::Checks;
 use crate::inputs::files::{self, FileError, read_up_to};
 use crate::inputs::host::HostError;
 use crate::inputs::metadata::{self, MAX_METADATA_LEN, Metadata, MetadataError};
 use crate::inputs::spec::{self, SpecError};
 use std::collections::BTreeSet;
-use std::ffi::OsString;
 use std::fs::File;
 use std::io;
-use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use thiserror::Error;
@@ -191,9 +188,7 @@ pub fn gather(sources: &Sources) -> Result<Inputs, LoadError> {
         },
         pairing: sources.pairing,
         relax: sources.relax.clone(),
-        // CRIU inherits the environment of whoever runs the restore, as this process does
-        // (devremap-runtime and its daemon are started by the same caller as runc and CRIU).
-        kfd: Checks::from_env(|name| std::env::var_os(name).map(OsString::into_vec)),
+        kfd: table::switches_from_env(),
     })
 }
 

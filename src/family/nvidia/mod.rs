@@ -12,6 +12,7 @@
 pub mod checks;
 pub mod info;
 pub mod cuda_map;
+pub mod hook;
 pub mod metadata;
 pub mod pairing;
 pub mod plan;

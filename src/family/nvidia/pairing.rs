@@ -139,7 +139,7 @@ pub fn pair(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decision::pairing::parse_device_map;
+    use crate::family::table::parse_device_map;
     use crate::device::{Access, Rdev};
     use proptest::prelude::*;
 
