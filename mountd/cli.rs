@@ -4,7 +4,8 @@
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use devremap::atomic::WriteError;
 use devremap::decision::checks::{CheckName, ChecksError, parse_relax};
-use devremap::decision::pairing::{MapPair, PairingError, Rule, parse_device_map};
+use devremap::decision::pairing::{MapPair, PairingError, Rule};
+use devremap::family::table::parse_device_map;
 use devremap::decision::plan::Prefer;
 use devremap::inputs::load::Sources;
 use std::collections::BTreeSet;

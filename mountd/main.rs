@@ -181,10 +181,10 @@ fn sources_with_annotations(args: &cli::InputArgs) -> Result<load::Sources, Fail
 fn cuda_device_map(args: &cli::InputArgs) -> Result<(), Failure> {
     let sources = sources_with_annotations(args)?;
     let loaded = load::load(&sources).map_err(|e| e.to_string())?;
-    let map = devremap::decision::cuda_map::device_map(&loaded.plan).map_err(|e| {
+    let map = devremap::family::nvidia::cuda_map::device_map(&loaded.plan).map_err(|e| {
         // A restored GPU's UUID comes from the host's driver files, a saved one's from the checkpoint.
         match (&e, &args.metadata) {
-            (devremap::decision::cuda_map::CudaMapError::RestoredUuid { .. }, _) => {
+            (devremap::family::nvidia::cuda_map::CudaMapError::RestoredUuid { .. }, _) => {
                 format!("{}: {e}", args.host_root.display())
             }
             (_, Some(metadata)) => format!("{}: {e}", metadata.display()),

@@ -24,7 +24,7 @@ use crate::logging;
 use crate::mountpoint::{MountpointError, wait_answering};
 use crate::signals::{self, SignalsError};
 use devremap::atomic::{Lasting, Written, write_atomic_told};
-use devremap::decision::render;
+use devremap::decision::{plan, render};
 use devremap::inputs::load::{self, LoadError, Loaded, Sources};
 use devremap::io_message;
 use devremap::keeper::control::Notice;
@@ -362,7 +362,7 @@ fn become_ready(
         "serving {}: generation 1, nodes: {}, remapped GPUs: {} (keeper pid {}, server pid {}){}",
         args.mountpoint.display(),
         current.plan.tree.len() - 1,
-        current.plan.remap.iter().filter(|e| e.served).count(),
+        plan::served_names(&current.plan),
         nix::unistd::getppid(),
         std::process::id(),
         warnings(current)

@@ -704,7 +704,7 @@ fn a_host_dev_scan_never_mixes_two_directories() {
     };
     let (mut seen, mut bad) = (std::collections::BTreeMap::new(), Vec::new());
     for _ in 0..20_000 {
-        match devremap::family::scan_dev_dir(&link) {
+        match devremap::family::table::scan_dev_dir(&link) {
             Ok(scan) => {
                 let rdevs: std::collections::BTreeSet<_> = scan.gpus.iter().map(|(_, n)| n.rdev.to_string()).collect();
                 if scan.gpus.len() != 32 || rdevs.len() != 1 {

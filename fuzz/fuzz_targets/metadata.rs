@@ -36,12 +36,12 @@ fuzz_target!(|data: &[u8]| {
 
     if let Ok(m) = parsed {
         assert!(
-            m.gpus.windows(2).all(|w| w[0].minor < w[1].minor),
+            m.saved.gpus.windows(2).all(|w| w[0].minor < w[1].minor),
             "gpus not strictly sorted by minor: {:?}",
-            m.gpus.iter().map(|g| g.minor).collect::<Vec<_>>()
+            m.saved.gpus.iter().map(|g| g.minor).collect::<Vec<_>>()
         );
         let mut names = BTreeSet::new();
-        for g in &m.gpus {
+        for g in &m.saved.gpus {
             assert!(g.minor <= MAX_REGULAR_MINOR, "minor {} over {MAX_REGULAR_MINOR}", g.minor);
             assert!(
                 g.earlier_minors.windows(2).all(|w| w[0] < w[1]),
@@ -60,14 +60,14 @@ fuzz_target!(|data: &[u8]| {
             }
         }
         let mut uuids = BTreeSet::new();
-        for g in m.gpus.iter().filter(|g| !g.uuid.is_empty()) {
+        for g in m.saved.gpus.iter().filter(|g| !g.uuid.is_empty()) {
             assert!(uuids.insert(g.uuid.as_str()), "uuid {:?} twice", g.uuid);
         }
         if m.format == Format::Array {
             assert!(m.gpu_key_present && m.tpus.is_empty());
         }
         if !m.gpu_key_present {
-            assert!(m.gpus.is_empty());
+            assert!(m.saved.gpus.is_empty());
         }
         assert!(m.tpus.iter().all(|t| t.is_object()));
     }

@@ -16,11 +16,13 @@ use devremap::decision::pairing::{DeviceRef, MapPair, Rule};
 use devremap::decision::plan::{self, Inputs, Prefer};
 use devremap::decision::tree::{NodeKind, Tree};
 use devremap::device::{Access, DevKind, Rdev};
-use devremap::family::HostFacts;
+use devremap::family::facts::HostFacts;
 use devremap::family::nvidia::{GpuInfo, MAX_REGULAR_MINOR};
 use devremap::inputs::host::{DevDirScan, HostNode};
 use devremap::inputs::limits;
-use devremap::inputs::metadata::{DeviceId, Format, Metadata, RecordedAccess};
+use devremap::family::table::Saved;
+use devremap::family::nvidia::metadata::DeviceId;
+use devremap::inputs::metadata::{Format, Metadata, RecordedAccess};
 use devremap::inputs::spec;
 use libfuzzer_sys::fuzz_target;
 use std::collections::BTreeMap;
@@ -154,8 +156,7 @@ fn extra_inputs(view: spec::SpecView, extra: &[u8]) -> Inputs {
     }
     let metadata = (flags & 1 != 0).then(|| Metadata {
         format: Format::Array,
-        gpus: x.saved.into_values().collect(),
-        amd: Vec::new(),
+        saved: Saved { gpus: x.saved.into_values().collect(), amd: Vec::new() },
         gpu_key_present: true,
         tpus: Vec::new(),
         warnings: Vec::new(),
@@ -231,7 +232,7 @@ fuzz_target!(|data: &[u8]| {
     let inputs = extra_inputs(view, extra);
     if let Ok(plan) = plan::build(&inputs) {
         check_tree(&plan.tree);
-        for e in plan.remap.iter().filter(|e| e.served) {
+        for e in plan.parts.nvidia.remap.iter().filter(|e| e.served) {
             let node = plan.tree.get(&e.name());
             assert_eq!(
                 node.map(|n| &n.kind),

@@ -1,20 +1,18 @@
 //! The named checks a restore must pass before anything is served: `count`, `mixed`, `model`,
-//! `driver` and `mode`.
+//! `driver` and `mode`; each family evaluates its side of them, and [`merged`] makes one result
+//! of every family's side.
 //!
-//! Pure: each check is a function from the saved GPUs, the restored GPUs and their pairs to one
-//! [`CheckResult`]. The systems that restore GPU processes refuse a restore that cannot work
-//! before it starts, with a reason (CUDA restores only onto "the same chip type"; NVIDIA's
-//! Dynamo Snapshot gates on model, count and driver; KEP-6274 pins the driver stack), since
-//! one that starts anyway fails later inside CUDA with nothing that says why. A fact that is
-//! unknown on either side (a gVisor list has no driver version, a host without driver files no
-//! PCI ids) passes, and the detail says it was not compared: refusing the unknown would refuse
-//! every restore from gVisor's own checkpoints. An operator may relax a check by name (it then
-//! warns); `count` cannot be, since a saved GPU without a restored one has nowhere to go.
+//! Pure. The systems that restore GPU processes refuse a restore that cannot work before it
+//! starts, with a reason (CUDA restores only onto "the same chip type"; NVIDIA's Dynamo
+//! Snapshot gates on model, count and driver; KEP-6274 pins the driver stack; CRIU's amdgpu
+//! plugin compares the KFD properties), since one that starts anyway fails later inside the
+//! driver with nothing that says why. A fact that is unknown on either side (a gVisor list has
+//! no driver version, a host without driver files no PCI ids) passes, and the detail says it was
+//! not compared: refusing the unknown would refuse every restore from gVisor's own checkpoints.
+//! An operator may relax a check by name (it then warns); `count` cannot be, since a saved GPU
+//! without a restored one has nowhere to go.
 
-use crate::decision::pairing::{self, Pair};
 use crate::device::Access;
-use crate::family::nvidia::RestoredGpu;
-use crate::inputs::metadata::DeviceId;
 use std::collections::BTreeSet;
 use std::fmt;
 use thiserror::Error;
@@ -94,7 +92,7 @@ pub struct CheckResult {
 }
 
 impl CheckResult {
-    fn new(check: CheckName, relax: &BTreeSet<CheckName>, outcome: Result<String, String>) -> Self {
+    pub fn new(check: CheckName, relax: &BTreeSet<CheckName>, outcome: Result<String, String>) -> Self {
         let ok = outcome.is_ok();
         CheckResult { check, ok, relaxed: relax.contains(&check), detail: outcome.unwrap_or_else(|e| e) }
     }
@@ -105,92 +103,37 @@ impl CheckResult {
     }
 }
 
-/// `count`: at least as many restored GPUs as saved ones.
-pub fn count(saved: &[DeviceId], restored: &[RestoredGpu], relax: &BTreeSet<CheckName>) -> CheckResult {
-    let outcome = match pairing::check_count(saved, restored) {
-        Ok(()) => Ok(format!("{} saved GPUs, {} restored", saved.len(), restored.len())),
-        Err(e) => Err(e.to_string()),
-    };
-    CheckResult::new(CheckName::Count, relax, outcome)
+
+/// One family's side of one check: whether the family has GPUs it applies to (`takes_part`),
+/// and its outcome, `Err` with the finding when it fails.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Side {
+    pub takes_part: bool,
+    /// Put before the family's detail where families' details are joined (`amdgpu: `).
+    pub label: &'static str,
+    pub outcome: Result<String, String>,
 }
 
-/// Which side a failed `mixed` check is about: the saved side is the checkpoint's, the
-/// restored side the host's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Side {
-    Saved,
-    Restored,
-}
-
-/// `mixed`: one model per side, where the PCI ids are known; the restored side only when
-/// something is to be remapped (gVisor refuses mixed models then, and a host with two models
-/// serves fine otherwise).
-pub fn mixed(saved: &[DeviceId], restored: &[RestoredGpu], relax: &BTreeSet<CheckName>) -> (CheckResult, Option<Side>) {
-    let failed = match pairing::check_homogeneous(saved) {
-        Err(e) => Some((Side::Saved, e)),
-        Ok(()) if !saved.is_empty() => pairing::check_restored(restored).err().map(|e| (Side::Restored, e)),
-        Ok(()) => None,
+/// One result of every family's side of `check`, in the families' order: it fails when a
+/// family taking part fails, and its detail is the failing families' (else every taking
+/// family's), each after its label, joined by `; `. Where no family takes part, the first
+/// family's side stands for the check (what it says of no GPUs).
+pub fn merged(check: CheckName, relax: &BTreeSet<CheckName>, sides: &[Side]) -> CheckResult {
+    let taking: Vec<&Side> = sides.iter().filter(|s| s.takes_part).collect();
+    let Some(first) = sides.first() else {
+        return CheckResult::new(check, relax, Ok(String::new()));
     };
-    match failed {
-        Some((side, e)) => (CheckResult::new(CheckName::Mixed, relax, Err(e.to_string())), Some(side)),
-        None => (CheckResult::new(CheckName::Mixed, relax, Ok("one model on each side".into())), None),
+    if taking.is_empty() {
+        return CheckResult::new(check, relax, first.outcome.clone());
     }
-}
-
-fn pci_text((vendor, device): (u32, u32)) -> String {
-    format!("{vendor:04x}:{device:04x}")
-}
-
-/// `10de:2330 (NVIDIA H100 80GB HBM3)`, the model name where known.
-fn model_text(pci: (u32, u32), model: Option<&String>) -> String {
-    match model {
-        Some(m) => format!("{} ({m})", pci_text(pci)),
-        None => pci_text(pci),
-    }
-}
-
-/// "all N compared", or how many of the pairs could be compared.
-fn compared(n: usize, of: usize, what: &str) -> String {
-    match (n, of) {
-        (_, 0) => "nothing to compare: no saved GPUs".to_owned(),
-        (0, _) => format!("not compared: {what} unknown on one side for every pair"),
-        (n, of) if n == of => format!("{n} pairs compared"),
-        (n, of) => format!("{n} of {of} pairs compared; {what} unknown on one side for the others"),
-    }
-}
-
-/// `model`: each pair's saved and restored PCI ids are equal, where both are known.
-pub fn model(pairs: &[Pair], relax: &BTreeSet<CheckName>) -> CheckResult {
-    // Each pair with its saved and restored PCI ids (vendor, device).
-    type Known<'a> = (&'a Pair, (u32, u32), (u32, u32));
-    let known: Vec<Known> = pairs.iter().filter_map(|p| Some((p, p.old.pci()?, p.new.pci?))).collect();
-    let outcome = match known.iter().find(|(_, old, new)| old != new) {
-        Some((p, old, new)) => Err(format!(
-            "saved nvidia{} is {}, restored {} is {}",
-            p.old.minor,
-            model_text(*old, p.old.model.as_ref()),
-            p.new.name(),
-            model_text(*new, p.new.model.as_ref())
-        )),
-        None => Ok(compared(known.len(), pairs.len(), "the PCI ids")),
-    };
-    CheckResult::new(CheckName::Model, relax, outcome)
-}
-
-/// `driver`: the driver version each saved GPU was recorded under is the restore host's,
-/// where both are known.
-pub fn driver(pairs: &[Pair], host: Option<&String>, relax: &BTreeSet<CheckName>) -> CheckResult {
-    let known: Vec<(&Pair, &String, &String)> =
-        pairs.iter().filter_map(|p| Some((p, p.old.driver_version.as_ref()?, host?))).collect();
-    let outcome = match known.iter().find(|(_, old, new)| old != new) {
-        Some((p, old, new)) => Err(format!(
-            "saved nvidia{} was under driver {old}, restored {} is under driver {new}",
-            p.old.minor,
-            p.new.name()
-        )),
-        None => Ok(compared(known.len(), pairs.len(), "the driver version")),
-    };
-    CheckResult::new(CheckName::Driver, relax, outcome)
+    let failing: Vec<&Side> = taking.iter().copied().filter(|s| s.outcome.is_err()).collect();
+    let shown = if failing.is_empty() { &taking } else { &failing };
+    let detail = shown
+        .iter()
+        .map(|s| format!("{}{}", s.label, s.outcome.as_ref().unwrap_or_else(|e| e)))
+        .collect::<Vec<_>>()
+        .join("; ");
+    CheckResult::new(check, relax, if failing.is_empty() { Ok(detail) } else { Err(detail) })
 }
 
 /// The permission bits (`rwx`) a process of `uid` in groups `in_group` (whether it is in the
@@ -223,67 +166,15 @@ pub fn widens(recorded: Access, base: Access) -> bool {
     })
 }
 
-fn access_text(a: Access) -> String {
+/// `0660 0:44`: an access as the `mode` check's details show it.
+pub fn access_text(a: Access) -> String {
     format!("{:04o} {}:{}", a.mode, a.uid, a.gid)
-}
-
-/// `mode`: no checkpoint name's recorded mode, uid and gid give more access than the node the
-/// spec and host give the GPU it now opens. The metadata may come from anywhere, and is trusted
-/// for nothing: it may keep a name as it was (CRIU compares the whole `st_mode` on reopening),
-/// never open a GPU to someone the restore host does not.
-pub fn mode(pairs: &[Pair], relax: &BTreeSet<CheckName>) -> CheckResult {
-    let wider = pairs.iter().find(|p| widens(p.old.recorded.over(p.new.access), p.new.access));
-    let outcome = match wider {
-        Some(p) => Err(format!(
-            "saved nvidia{} was recorded {}, more access than the {} that restored {} has here",
-            p.old.minor,
-            access_text(p.old.recorded.over(p.new.access)),
-            access_text(p.new.access),
-            p.new.name()
-        )),
-        None => Ok(format!("{} checkpoint names give no more access than their GPUs' nodes", pairs.len())),
-    };
-    CheckResult::new(CheckName::Mode, relax, outcome)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decision::pairing::By;
-    use crate::device::Rdev;
-    use crate::inputs::metadata::RecordedAccess;
 
-    fn saved(minor: u32, pci: Option<(u32, u32)>) -> DeviceId {
-        let (pci_vendor_id, pci_device_id) = pci.unwrap_or((0, 0));
-        DeviceId { minor, pci_vendor_id, pci_device_id, ..DeviceId::default() }
-    }
-
-    fn restored(minor: u32, pci: Option<(u32, u32)>) -> RestoredGpu {
-        RestoredGpu {
-            minor,
-            rdev: Rdev::new(195, minor),
-            access: Access::DEVICE_DEFAULT,
-            uuid: None,
-            bus: None,
-            pci,
-            model: None,
-        }
-    }
-
-    fn pair(old: DeviceId, new: RestoredGpu) -> Pair {
-        Pair { old, new, by: By::Position }
-    }
-
-    const H100: Option<(u32, u32)> = Some((0x10de, 0x2330));
-    const A100: Option<(u32, u32)> = Some((0x10de, 0x20b0));
-
-    fn none() -> BTreeSet<CheckName> {
-        BTreeSet::new()
-    }
-
-    fn relax(check: CheckName) -> BTreeSet<CheckName> {
-        BTreeSet::from([check])
-    }
 
     /// Rule (issue 20): `--relax` takes the names, comma separated; `count` and unknown names
     /// are refused, an unknown one shown quoted and cut short.
@@ -297,108 +188,6 @@ mod tests {
         assert!(long.starts_with("unknown check \"\\u{1b}[2Jxxx") && long.len() < 120, "{long}");
     }
 
-    /// Rule (issue 20): `count` passes with at least as many restored as saved, fails with
-    /// gVisor's message otherwise, and is never relaxed (parse_relax refuses it).
-    #[test]
-    fn count_check() {
-        let c = count(&[saved(0, H100)], &[restored(2, H100), restored(3, H100)], &none());
-        assert!(c.ok && !c.relaxed);
-        assert_eq!(c.detail, "1 saved GPUs, 2 restored");
-        let c = count(&[saved(0, H100), saved(1, H100)], &[restored(2, H100)], &none());
-        assert!(c.refuses());
-        assert_eq!(c.detail, "can't remap 2 saved devices to 1 restored devices");
-    }
-
-    /// Rule (issue 20): `mixed` passes one model per side, fails naming both GPUs and the side,
-    /// warns when relaxed, and ignores GPUs whose PCI ids are unknown.
-    #[test]
-    fn mixed_check() {
-        let (c, side) = mixed(&[saved(0, H100), saved(1, None)], &[restored(2, H100), restored(3, A100)], &none());
-        assert_eq!((c.refuses(), side), (true, Some(Side::Restored)));
-        assert_eq!(c.detail, "restored devices are not homogeneous: nvidia2 is 10de:2330 but nvidia3 is 10de:20b0");
-        let (c, side) = mixed(&[saved(0, H100), saved(1, A100)], &[], &relax(CheckName::Mixed));
-        assert_eq!((c.ok, c.relaxed, c.refuses(), side), (false, true, false, Some(Side::Saved)));
-        let (c, side) = mixed(&[saved(0, H100), saved(1, None)], &[restored(2, H100), restored(3, None)], &none());
-        assert_eq!((c.ok, side), (true, None));
-        // Nothing saved: a host of two models serves.
-        assert!(mixed(&[], &[restored(2, H100), restored(3, A100)], &none()).0.ok);
-    }
-
-    /// Rule (issue 20): `model` compares each pair's PCI ids; a failure names the GPUs, both ids
-    /// and the model names where recorded; unknown on one side is not compared, and says so.
-    #[test]
-    fn model_check() {
-        let same = [pair(saved(0, H100), restored(4, H100))];
-        assert_eq!(model(&same, &none()).detail, "1 pairs compared");
-        let mut old = saved(0, H100);
-        old.model = Some("NVIDIA H100 80GB HBM3".into());
-        let mut new = restored(4, A100);
-        new.model = Some("NVIDIA A100-SXM4-80GB".into());
-        let c = model(&[pair(old, new)], &none());
-        assert!(c.refuses());
-        assert_eq!(
-            c.detail,
-            "saved nvidia0 is 10de:2330 (NVIDIA H100 80GB HBM3), restored nvidia4 is 10de:20b0 (NVIDIA A100-SXM4-80GB)"
-        );
-        let c = model(&[pair(saved(0, H100), restored(4, A100))], &relax(CheckName::Model));
-        assert!(!c.ok && c.relaxed && !c.refuses());
-        assert_eq!(c.detail, "saved nvidia0 is 10de:2330, restored nvidia4 is 10de:20b0");
-        let unknown = [pair(saved(0, None), restored(4, A100)), pair(saved(1, H100), restored(5, None))];
-        let c = model(&unknown, &none());
-        assert!(c.ok);
-        assert_eq!(c.detail, "not compared: the PCI ids unknown on one side for every pair");
-        assert_eq!(model(&[], &none()).detail, "nothing to compare: no saved GPUs");
-    }
-
-    /// Rule (issue 20): `driver` compares the recorded version with the host's; a failure names
-    /// the GPUs and both versions; unknown on either side (a gVisor list, a host without the
-    /// driver's version file) is not compared.
-    #[test]
-    fn driver_check() {
-        let mut old = saved(0, H100);
-        old.driver_version = Some("535.129.03".into());
-        let p = [pair(old.clone(), restored(4, H100)), pair(saved(1, H100), restored(5, H100))];
-        let host = |v: &str| Some(v.to_owned());
-        let c = driver(&p, host("535.129.03").as_ref(), &none());
-        assert!(c.ok);
-        assert_eq!(c.detail, "1 of 2 pairs compared; the driver version unknown on one side for the others");
-        let c = driver(&p, host("570.86.15").as_ref(), &none());
-        assert!(c.refuses());
-        assert_eq!(c.detail, "saved nvidia0 was under driver 535.129.03, restored nvidia4 is under driver 570.86.15");
-        assert!(!driver(&p, host("570.86.15").as_ref(), &relax(CheckName::Driver)).refuses());
-        assert!(driver(&p, None, &none()).ok, "a host that tells no version");
-    }
-
-    /// Rule (issue 20): `mode` refuses a recorded mode or owner that opens the GPU to someone the
-    /// restore host's node does not (the security.md case: 0600 root-only made 0666, or given to
-    /// uid 65534), and passes one that keeps or narrows access; relaxed, it warns.
-    #[test]
-    fn mode_check() {
-        let with = |mode: Option<u32>, uid: Option<u32>, gid: Option<u32>, base: Access| {
-            let mut old = saved(0, H100);
-            old.recorded = RecordedAccess { mode, uid, gid };
-            let mut new = restored(4, H100);
-            new.access = base;
-            [pair(old, new)]
-        };
-        let root_only = Access { mode: 0o600, uid: 0, gid: 0 };
-        let c = mode(&with(Some(0o666), None, None, root_only), &none());
-        assert!(c.refuses());
-        assert_eq!(
-            c.detail,
-            "saved nvidia0 was recorded 0666 0:0, more access than the 0600 0:0 that restored nvidia4 has here"
-        );
-        assert!(mode(&with(Some(0o600), Some(65534), None, root_only), &none()).refuses());
-        assert!(mode(&with(None, None, Some(44), Access { mode: 0o660, uid: 0, gid: 0 }), &none()).refuses());
-        assert!(!mode(&with(Some(0o666), None, None, root_only), &relax(CheckName::Mode)).refuses());
-        // Kept or narrowed: the same, 0666 to 0660 or 0600, any owner of an 0666 node.
-        let open = Access::DEVICE_DEFAULT;
-        for (m, u, g) in [(None, None, None), (Some(0o660), None, None), (Some(0o600), Some(1000), Some(1000))] {
-            assert!(mode(&with(m, u, g, open), &none()).ok, "{m:?} {u:?} {g:?}");
-        }
-        assert!(mode(&with(Some(0o660), None, Some(44), Access { mode: 0o660, uid: 0, gid: 44 }), &none()).ok);
-        assert!(mode(&[], &none()).ok);
-    }
 
     /// Property: an access never widens itself, and removing bits never widens.
     #[test]
@@ -413,5 +202,31 @@ mod tests {
         let base = Access { mode: 0o640, uid: 1000, gid: 44 };
         assert!(widens(Access { mode: 0o644, ..base }, base));
         assert!(widens(Access { uid: 1001, ..base }, base), "another owner gets rw where it had r or nothing");
+    }
+
+    fn side(takes_part: bool, label: &'static str, outcome: Result<&str, &str>) -> Side {
+        Side { takes_part, label, outcome: outcome.map(str::to_owned).map_err(str::to_owned) }
+    }
+
+    /// Rule (issue 33): one check of two families, as the plan showed it before the families
+    /// were one seam: the failing family's finding alone; both when both pass or both fail;
+    /// a family without GPUs leaves the other's detail alone; none taking part, the first's.
+    #[test]
+    fn families_sides_merge_into_one_result() {
+        let none = BTreeSet::new();
+        let nv = |part, o| side(part, "", o);
+        let amd = |o| side(true, "amdgpu: ", o);
+        let m = |sides: &[Side]| {
+            let r = merged(CheckName::Model, &none, sides);
+            (r.ok, r.detail)
+        };
+        assert_eq!(m(&[nv(true, Err("n")), amd(Ok("a"))]), (false, "n".into()));
+        assert_eq!(m(&[nv(true, Ok("n")), amd(Err("a"))]), (false, "amdgpu: a".into()));
+        assert_eq!(m(&[nv(true, Ok("n")), amd(Ok("a"))]), (true, "n; amdgpu: a".into()));
+        assert_eq!(m(&[nv(true, Err("n")), amd(Err("a"))]), (false, "n; amdgpu: a".into()));
+        assert_eq!(m(&[nv(false, Ok("n")), amd(Err("a"))]), (false, "amdgpu: a".into()));
+        assert_eq!(m(&[nv(false, Ok("nothing")), side(false, "amdgpu: ", Ok("a"))]), (true, "nothing".into()));
+        assert_eq!(m(&[nv(true, Err("n"))]), (false, "n".into()));
+        assert!(merged(CheckName::Mode, &BTreeSet::from([CheckName::Mode]), &[nv(true, Err("n"))]).relaxed);
     }
 }

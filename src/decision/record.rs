@@ -8,33 +8,23 @@
 //! `plan --metadata` of the list on the same host pairs each GPU with itself. Each item also
 //! holds the `mode`, `uid` and `gid` of the node served under the GPU's name, which a restore
 //! gives the checkpoint name back (CRIU compares a reopened file's mode with the saved one).
-//! The plan's AMD render nodes follow, as `"kind": "amdgpu"` items (see
-//! [`amd_metadata`](crate::inputs::amd_metadata)).
+//! Each family writes its own items ([`crate::decision::seam::Shown::record`]), in the
+//! families' order: NVIDIA's, then AMD's `"kind": "amdgpu"` items.
 //!
-//! `gpu_id` and `device_instance` are informational (pairing never reads them): `gpu_id` is
-//! the PCI location encoded as the driver's gpu ids are, `domain << 16 | bus << 8 | device`
-//! (0x300 for `0000:03:00.0`); `device_instance` is the GPU's position in PCI bus order among
-//! the recorded GPUs. Both are 0 where the driver's files give no bus.
-//!
-//! [`check`] refuses a record that would lose an AMD GPU's identity to a KFD topology that could
-//! not be read; what the host's files merely lack is said ([`gaps`]), not refused.
+//! [`check`] refuses a record that would lose a GPU's identity to host files that could not be
+//! read (an AMD KFD topology); what the host's files merely lack is said ([`gaps`]), not refused.
 
-use crate::decision::amd::AmdRestored;
-use crate::decision::plan::{EarlierName, Plan};
-use crate::family::amd::topology::kernfs_order;
-use crate::family::nvidia::RestoredGpu;
-use crate::inputs::amd_metadata::{self, AmdSaved};
-use crate::inputs::metadata::RecordedAccess;
-use serde_json::{Value, json};
-use std::collections::BTreeSet;
+use crate::decision::plan::Plan;
+use serde_json::Value;
 use thiserror::Error;
 
 /// Why a record is refused.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum RecordError {
-    /// The host's KFD topology could not be read, so a restored AMD GPU's identity is unknown.
-    /// Refused rather than recorded without it: a record is written once, at checkpoint, and one
-    /// without the identity pairs by position on restore, which is found out only then.
+    /// The host's files that identify a GPU (an AMD KFD topology) could not be read, so a
+    /// restored GPU's identity is unknown. Refused rather than recorded without it: a record is
+    /// written once, at checkpoint, and one without the identity pairs by position on restore,
+    /// which is found out only then.
     #[error(
         "{why}; so GPU {gpu} cannot be recorded with its KFD identity (a restore would pair it by position): \
          the record is refused"
@@ -42,147 +32,35 @@ pub enum RecordError {
     UnreadTopology { why: String, gpu: String },
 }
 
-/// Refuses a plan whose restored AMD GPUs the host's KFD topology could not identify because
-/// it could not be read. A topology read whole that lacks a GPU is a gap ([`gaps`]), not this:
-/// that host's driver does not describe the GPU, and no reading will.
+/// Refuses a plan a restored GPU of which its family's host files could not identify because
+/// they could not be read. Files read whole that lack a GPU are a gap ([`gaps`]), not this.
 pub fn check(plan: &Plan) -> Result<(), RecordError> {
-    match (&plan.amd.unread, plan.amd.restored.iter().find(|g| g.gpu.is_none())) {
-        (Some(why), Some(g)) => Err(RecordError::UnreadTopology { why: why.clone(), gpu: g.name() }),
-        _ => Ok(()),
+    match plan.parts.shown().iter().find_map(|f| f.unrecordable()) {
+        Some((why, gpu)) => Err(RecordError::UnreadTopology { why, gpu }),
+        None => Ok(()),
     }
 }
 
-/// The recorded device list: one object per restored GPU, sorted by minor. With `carried`
+/// The recorded device list: every family's items, NVIDIA's sorted by minor. With `carried`
 /// (the plan was built with the metadata the container was restored with, `record --metadata
 /// PREV`), each item's `earlier_minors` lists the other names that lead to it in the container:
 /// the served checkpoint names of the saved GPUs paired with it, and their own earlier names.
 /// Without, the key is left out, which says that no earlier names were looked for.
 pub fn devices(plan: &Plan, carried: bool) -> Value {
-    let mut by_bus: Vec<(u32, u32)> = plan.restored.iter().filter_map(|g| Some((gpu_id(g)?, g.minor))).collect();
-    by_bus.sort_unstable();
-    let items = plan
-        .restored
-        .iter()
-        .map(|g| {
-            let (vendor, device) = g.pci.unwrap_or((0, 0));
-            // The node served under the native name: the spec's fileMode/uid/gid, or the host's.
-            let access = plan.tree.get(&g.name()).map_or(g.access, |n| n.access);
-            let mut item = json!({
-                "minor": g.minor,
-                "pci_vendor_id": vendor,
-                "pci_device_id": device,
-                "gpu_id": gpu_id(g).unwrap_or(0),
-                "device_instance": by_bus.iter().position(|&(_, m)| m == g.minor).unwrap_or(0),
-                "subdevice_instance": 0,
-                "uuid": g.uuid.clone().unwrap_or_default(),
-                "mode": access.mode,
-                "uid": access.uid,
-                "gid": access.gid,
-            });
-            // Only what the host tells: a record from a host without driver files stays as
-            // it was, and reads as "unknown" for the checks.
-            let Some(o) = item.as_object_mut() else { return item };
-            for (key, fact) in [("model", &g.model), ("driver_version", &plan.driver_version)] {
-                if let Some(fact) = fact {
-                    o.insert(key.into(), fact.as_str().into());
-                }
-            }
-            if carried {
-                let names = plan.remap.iter().map(|e| (e.new.minor, e.served.then_some(e.old.minor), &e.earlier[..]));
-                o.insert("earlier_minors".into(), earlier_minors(names, g.minor).into());
-            }
-            item
-        })
-        .chain(amd_items(plan, carried))
-        .collect();
-    Value::Array(items)
+    let families = plan.parts.shown();
+    Value::Array(families.iter().flat_map(|f| f.record(&plan.tree, plan.driver_version.as_ref(), carried)).collect())
 }
 
-/// One `"kind": "amdgpu"` item per restored render node, in the order CRIU's amdgpu plugin
-/// lists the GPUs (the topology's node order; those the topology lacks last, by minor), with
-/// the plugin's identity of it, the mode, uid and gid of the node served under its name, and,
-/// when `carried`, its earlier render names as NVIDIA's items have theirs.
-fn amd_items(plan: &Plan, carried: bool) -> impl Iterator<Item = Value> + '_ {
-    let mut gpus: Vec<&AmdRestored> = plan.amd.restored.iter().collect();
-    gpus.sort_by_cached_key(|g| (g.gpu.is_none(), g.gpu.as_ref().map(|k| kernfs_order(&k.node.to_string()))));
-    gpus.into_iter().map(move |g| {
-        let access = plan.tree.get(&g.name()).map_or(g.access, |n| n.access);
-        let recorded = RecordedAccess { mode: Some(access.mode), uid: Some(access.uid), gid: Some(access.gid) };
-        let names = plan.amd.remap.iter().map(|e| (e.new_minor, e.served.then_some(e.old_minor), &e.earlier[..]));
-        let earlier_minors = earlier_minors(names, g.minor);
-        amd_metadata::to_json(&AmdSaved { minor: g.minor, gpu: g.gpu.clone(), recorded, earlier_minors }, carried)
-    })
-}
-
-/// The names other than its own that lead to restored GPU `minor` in the plan's tree, of
-/// either family: of each remap entry `(its restored minor, its checkpoint minor where served,
-/// its earlier names)`, the served names of those paired with `minor`.
-fn earlier_minors<'a>(entries: impl Iterator<Item = (u32, Option<u32>, &'a [EarlierName])>, minor: u32) -> Vec<u32> {
-    let names: BTreeSet<u32> = entries
-        .filter(|&(new, _, _)| new == minor)
-        .flat_map(|(_, own, earlier)| own.into_iter().chain(earlier.iter().filter(|n| n.served).map(|n| n.minor)))
-        .filter(|&m| m != minor)
-        .collect();
-    names.into_iter().collect()
-}
-
-/// The warning `plan` gives for a KFD topology that could not be read, naming the file: a record
-/// that [`check`] lets through (it has no AMD GPU to lose) still says it.
+/// The warning `plan` gives for a family's host files that could not be read, naming the file:
+/// a record that [`check`] lets through (it has no GPU to lose) still says it.
 pub fn unread_warning(plan: &Plan) -> Option<String> {
-    plan.amd.unread.as_deref().map(crate::family::amd::facts_unknown)
+    plan.parts.shown().iter().find_map(|f| f.unread_warning())
 }
 
 /// One line per recorded GPU the host's driver files did not describe whole, naming the GPU
-/// and what it is recorded without. Such a record still pairs by minor, but
-/// `cuda-device-map` refuses a GPU without a uuid. A GPU without a bus location had no driver
-/// information file at all (a read file always gives one: its directory's name).
+/// and what it is recorded without.
 pub fn gaps(plan: &Plan) -> Vec<String> {
-    plan.restored
-        .iter()
-        .filter_map(|g| {
-            let missing: Vec<&str> = [
-                (g.uuid.is_none(), "uuid"),
-                (g.bus.is_none(), "bus location (gpu_id 0)"),
-                (g.pci.is_none(), "PCI vendor and device ids"),
-            ]
-            .into_iter()
-            .filter_map(|(gone, what)| gone.then_some(what))
-            .collect();
-            if missing.is_empty() {
-                return None;
-            }
-            let why = if g.bus.is_none() {
-                format!("no driver information file names minor {}", g.minor)
-            } else {
-                "the driver's files do not give them".to_owned()
-            };
-            // What the record then cannot do: a recorded uuid serves cuda-device-map.
-            let cost = if g.uuid.is_none() {
-                "the record pairs by minor, but cuda-device-map needs the uuid"
-            } else {
-                "the record pairs by minor and uuid, without comparing models"
-            };
-            Some(format!("GPU {} recorded without {}: {why}; {cost}", g.name(), missing.join(", ")))
-        })
-        .chain(plan.amd.restored.iter().filter(|g| g.gpu.is_none() && plan.amd.unread.is_none()).map(|g| {
-            format!(
-                "GPU {} recorded without its KFD identity: the host root's KFD topology has no GPU with \
-                 drm_render_minor {}; a restore pairs it by position",
-                g.name(),
-                g.minor
-            )
-        }))
-        .collect()
-}
-
-/// `domain << 16 | bus << 8 | device` of a bus location `DDDD:BB:DD.F`, if it parses.
-fn gpu_id(gpu: &RestoredGpu) -> Option<u32> {
-    let bus = gpu.bus.as_deref()?;
-    let (domain, rest) = bus.split_once(':')?;
-    let (bus, rest) = rest.split_once(':')?;
-    let (device, _function) = rest.split_once('.')?;
-    let hex = |s: &str, max: u32| u32::from_str_radix(s, 16).ok().filter(|&n| n <= max);
-    Some((hex(domain, 0xffff)? << 16) | (hex(bus, 0xff)? << 8) | hex(device, 0x1f)?)
+    plan.parts.shown().iter().flat_map(|f| f.gaps()).collect()
 }
 
 #[cfg(test)]
@@ -190,10 +68,11 @@ mod tests {
     use super::*;
     use crate::decision::plan::{self, Inputs};
     use crate::device::{Access, Rdev};
-    use crate::family::HostFacts;
+    use crate::family::facts::HostFacts;
     use crate::family::nvidia::GpuInfo;
     use crate::inputs::host::{DevDirScan, HostNode};
     use crate::inputs::metadata;
+    use serde_json::json;
 
     fn uuid(minor: u32) -> String {
         format!("GPU-00000000-0000-0000-0000-{minor:012}")
@@ -248,11 +127,11 @@ mod tests {
         let list = devices(&plan::build(&inputs).unwrap(), false);
         let meta = metadata::parse(list.to_string().as_bytes()).unwrap();
         let plan = plan::build(&Inputs { metadata: Some(meta), ..inputs }).unwrap();
-        let pairs: Vec<(u32, u32)> = plan.remap.iter().map(|e| (e.old.minor, e.new.minor)).collect();
+        let pairs: Vec<(u32, u32)> = plan.parts.nvidia.remap.iter().map(|e| (e.old.minor, e.new.minor)).collect();
         assert_eq!(pairs, [(0, 0), (3, 3), (7, 7)]);
         assert!(plan.warnings.is_empty(), "{:?}", plan.warnings);
-        assert!(plan.remap.iter().all(|e| Some(&e.old.uuid) == e.new.uuid.as_ref()));
-        assert!(plan.remap.iter().all(|e| e.old.model == e.new.model && e.old.driver_version == plan.driver_version));
+        assert!(plan.parts.nvidia.remap.iter().all(|e| Some(&e.old.uuid) == e.new.uuid.as_ref()));
+        assert!(plan.parts.nvidia.remap.iter().all(|e| e.old.model == e.new.model && e.old.driver_version == plan.driver_version));
         assert!(plan.tree.iter().filter(|(p, _)| p.starts_with("nvidia")).all(|(_, n)| n.access == access));
     }
 
@@ -298,7 +177,7 @@ mod tests {
         let meta = metadata::parse(list.to_string().as_bytes()).unwrap();
         let plan = plan::build(&Inputs { metadata: Some(meta), ..host(&[6, 7], access) }).unwrap();
         let earlier: Vec<Vec<(u32, bool)>> =
-            plan.remap.iter().map(|e| e.earlier.iter().map(|n| (n.minor, n.served)).collect()).collect();
+            plan.parts.nvidia.remap.iter().map(|e| e.earlier.iter().map(|n| (n.minor, n.served)).collect()).collect();
         assert_eq!(earlier, [vec![(0, true)], vec![(6, false)]]);
         assert!(
             plan.warnings.iter().any(|w| w.starts_with("nvidia6: earlier name of saved GPU 3 (now nvidia7) collides"))
@@ -336,8 +215,8 @@ mod tests {
             ..Inputs::default()
         };
         let plan = plan::build(&inputs).unwrap();
-        let earlier: Vec<(u32, bool)> = plan.amd.remap[0].earlier.iter().map(|n| (n.minor, n.served)).collect();
-        assert_eq!((plan.amd.remap[0].new_minor, earlier), (128, vec![(144, false), (152, true)]));
+        let earlier: Vec<(u32, bool)> = plan.parts.amd.remap[0].earlier.iter().map(|n| (n.minor, n.served)).collect();
+        assert_eq!((plan.parts.amd.remap[0].new_minor, earlier), (128, vec![(144, false), (152, true)]));
         let rdev = |name: &str| plan.tree.get(name).and_then(|n| n.rdev());
         assert_eq!(
             [rdev("dri/renderD136"), rdev("dri/renderD152"), rdev("dri/renderD144")],
@@ -359,7 +238,7 @@ mod tests {
     fn no_gpus_is_an_empty_list() {
         let list = devices(&plan::build(&Inputs::default()).unwrap(), false);
         assert_eq!(list, json!([]));
-        assert!(metadata::parse(list.to_string().as_bytes()).unwrap().gpus.is_empty());
+        assert!(metadata::parse(list.to_string().as_bytes()).unwrap().saved.gpus.is_empty());
     }
 
     /// Rule (issue 12.1): a GPU the driver's files describe whole is no gap; one they do not
@@ -407,23 +286,5 @@ mod tests {
         let lacking = plan::build(&inputs(vec![render(144)], None)).unwrap();
         assert_eq!((check(&lacking), unread_warning(&lacking)), (Ok(()), None));
         assert!(gaps(&lacking)[0].contains("KFD topology has no GPU with drm_render_minor 144"));
-    }
-
-    /// A bus location that does not parse gives gpu_id 0, never a panic.
-    #[test]
-    fn odd_bus_locations() {
-        let gpu = |bus: &str| RestoredGpu {
-            minor: 0,
-            rdev: Rdev::new(195, 0),
-            access: Access::DEVICE_DEFAULT,
-            uuid: None,
-            bus: Some(bus.into()),
-            pci: None,
-            model: None,
-        };
-        assert_eq!(gpu_id(&gpu("0000:03:00.0")), Some(0x300));
-        for bad in ["", "03:00.0", "0000:3b:00", "0000:zz:00.0", "10000:03:00.0", "0000:03:20.0"] {
-            assert_eq!(gpu_id(&gpu(bad)), None, "{bad}");
-        }
     }
 }

@@ -1,15 +1,13 @@
 //! How a plan is shown: one JSON object for scripts (`plan --json`, the state file), and
 //! aligned tables for people. The JSON keys are a contract; add, never rename.
 
-use crate::decision::amd::AmdRestored;
 use crate::decision::escape::escape;
-use crate::decision::pairing::By;
-use crate::decision::plan::{EarlierName, Plan};
+use crate::decision::plan::Plan;
+use crate::decision::seam::JsonAt;
+use crate::decision::table::table;
 use crate::decision::tree::{Node, NodeKind};
-use crate::family::{AMD, Family, NVIDIA};
 use crate::inputs::metadata::Metadata;
 use serde_json::{Map, Value, json};
-use std::borrow::Cow;
 use std::fmt::Write;
 
 /// The JSON of one node, `path` relative to `/dev`.
@@ -37,50 +35,19 @@ pub fn node_json(path: &str, node: &Node) -> Value {
     Value::Object(o)
 }
 
-/// The plan as one JSON object: `remap`, `nodes`, `warnings`, `restored`, `tpu_devices`,
-/// `metadata` (`null` without checkpoint metadata), `checks` (every check evaluated, whether it
-/// passed, whether it was relaxed, and what it compared), `driver_version` (the restore host's),
-/// and `amdgpu` where the plan has AMD GPUs ([`amd_json`]).
+/// The plan as one JSON object: each family's first keys (NVIDIA's `remap`), `nodes`,
+/// `warnings`, each family's keys after them (NVIDIA's `restored`), `tpu_devices`, `checks`
+/// (every check evaluated, whether it passed, whether it was relaxed, and what it compared),
+/// `driver_version` (the restore host's), `metadata` (`null` without checkpoint metadata), and
+/// each family's last keys (AMD's `amdgpu`, where the plan has AMD GPUs).
 pub fn plan_json(plan: &Plan, metadata: Option<&Metadata>) -> Map<String, Value> {
-    let remap: Vec<Value> = plan
-        .remap
-        .iter()
-        .map(|e| {
-            json!({
-                "name": e.name(),
-                "old_minor": e.old.minor,
-                "major": e.new.rdev.major,
-                "minor": e.new.rdev.minor,
-                "new_name": e.new.name(),
-                "old_uuid": Some(&e.old.uuid).filter(|u| !u.is_empty()),
-                "new_uuid": e.new.uuid,
-                "served": e.served,
-                "explicit": e.by == By::Explicit,
-                "by": e.by.as_str(),
-                "earlier_names": earlier_json(NVIDIA, &e.earlier),
-            })
-        })
-        .collect();
-    let restored: Vec<Value> = plan
-        .restored
-        .iter()
-        .map(|g| {
-            json!({
-                "name": g.name(),
-                "major": g.rdev.major,
-                "minor": g.rdev.minor,
-                "uuid": g.uuid,
-                "bus": g.bus,
-                "pci": g.pci.map(|(v, d)| format!("{v:04x}:{d:04x}")),
-            })
-        })
-        .collect();
-    let nodes: Vec<Value> = plan.tree.iter().map(|(p, n)| node_json(p, n)).collect();
+    let families = plan.parts.shown();
     let mut o = Map::new();
-    o.insert("remap".into(), remap.into());
+    families.iter().for_each(|f| f.json(JsonAt::First, &mut o));
+    let nodes: Vec<Value> = plan.tree.iter().map(|(p, n)| node_json(p, n)).collect();
     o.insert("nodes".into(), nodes.into());
     o.insert("warnings".into(), plan.warnings.clone().into());
-    o.insert("restored".into(), restored.into());
+    families.iter().for_each(|f| f.json(JsonAt::AfterWarnings, &mut o));
     o.insert("tpu_devices".into(), plan.tpus.clone().into());
     let checks: Vec<Value> = plan
         .checks
@@ -93,133 +60,21 @@ pub fn plan_json(plan: &Plan, metadata: Option<&Metadata>) -> Map<String, Value>
         "metadata".into(),
         metadata.map_or(
             Value::Null,
-            |m| json!({"format": m.format.as_str(), "gpu_key_present": m.gpu_key_present, "saved_gpus": m.gpus.len()}),
+            |m| json!({"format": m.format.as_str(), "gpu_key_present": m.gpu_key_present, "saved_gpus": m.saved.gpus.len()}),
         ),
     );
-    if !plan.amd.is_empty() {
-        o.insert("amdgpu".into(), amd_json(plan));
-    }
+    families.iter().for_each(|f| f.json(JsonAt::Last, &mut o));
     o
-}
-
-/// A remap entry's earlier names, `{"name": ..., "served": ...}` each.
-fn earlier_json(family: &dyn Family, earlier: &[EarlierName]) -> Vec<Value> {
-    earlier.iter().map(|n| json!({"name": family.gpu_name(n.minor), "served": n.served})).collect()
-}
-
-/// The AMD part: `remap` (each saved render name, where it leads, `by` which rule: `plugin`,
-/// `explicit` or `position`, whether it is served, and its `earlier_names` as NVIDIA's entries
-/// have them), `restored` (each render node with its
-/// KFD `gpu_id`, `node` and `device_id`, `null` where the topology has none), `unpaired` (the
-/// saved render names nothing is left for) and `refusal` (the plugin's words where it will
-/// refuse the restore, else `null`).
-fn amd_json(plan: &Plan) -> Value {
-    let remap: Vec<Value> = plan
-        .amd
-        .remap
-        .iter()
-        .map(|e| {
-            json!({
-                "name": e.name(),
-                "old_minor": e.old_minor,
-                "new_name": AMD.gpu_name(e.new_minor),
-                "major": e.rdev.major,
-                "minor": e.rdev.minor,
-                "by": e.by.as_str(),
-                "served": e.served,
-                "earlier_names": earlier_json(AMD, &e.earlier),
-            })
-        })
-        .collect();
-    let unpaired: Vec<String> = plan.amd.unpaired.iter().map(|&m| AMD.gpu_name(m)).collect();
-    let restored: Vec<Value> = plan.amd.restored.iter().map(amd_restored_json).collect();
-    json!({"remap": remap, "restored": restored, "unpaired": unpaired, "refusal": plan.amd.refusal})
-}
-
-/// A restored render node, with its KFD identity where the topology gives it.
-fn amd_restored_json(g: &AmdRestored) -> Value {
-    let kfd = g.gpu.as_ref();
-    json!({
-        "name": g.name(),
-        "gpu_id": kfd.map(|k| k.gpu_id),
-        "node": kfd.map(|k| k.node),
-        "device_id": kfd.map(|k| format!("{:04x}", k.facts.device_id)),
-        "major": g.rdev.major,
-        "minor": g.rdev.minor,
-    })
-}
-
-/// Columns are padded to their widest cell, up to this width: a longer cell (a long path) runs
-/// over and shifts its own line only.
-const MAX_COLUMN: usize = 40;
-
-/// An aligned table. Every cell is escaped (see [`crate::decision::escape`]): cells hold names, paths and
-/// uuids from the inputs.
-fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
-    let cells: Vec<Vec<Cow<str>>> = std::iter::once(header.iter().map(|h| escape(h)).collect())
-        .chain(rows.iter().map(|row| row.iter().map(|c| escape(c)).collect()))
-        .collect();
-    let mut widths = vec![0; header.len()];
-    for row in &cells {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count()).min(MAX_COLUMN);
-        }
-    }
-    for row in &cells {
-        let text: Vec<String> = row.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
-        let _ = writeln!(out, "  {}", text.join("  ").trim_end());
-    }
 }
 
 /// The plan for people: the pairing table, the tree, the warnings.
 pub fn plan_text(plan: &Plan) -> String {
     let mut out = String::new();
-    let amd_saved = plan.amd.remap.len() + plan.amd.unpaired.len();
-    if plan.remap.is_empty() && amd_saved == 0 {
+    let families = plan.parts.shown();
+    if families.iter().all(|f| f.saved() == 0) {
         out.push_str("remap: none (no saved GPUs)\n");
-    } else if !plan.remap.is_empty() {
-        let _ = writeln!(out, "remap ({} saved GPUs):", plan.remap.len());
-        let rows: Vec<Vec<String>> = plan
-            .remap
-            .iter()
-            .flat_map(|e| {
-                let row = |name: String, status: String| {
-                    vec![
-                        name,
-                        or_dash(Some(&e.old.uuid).filter(|u| !u.is_empty())),
-                        format!("{} ({})", e.new.name(), e.new.rdev),
-                        or_dash(e.new.uuid.as_ref()),
-                        status,
-                    ]
-                };
-                // An earlier restore's names of the GPU, each a row of its own.
-                std::iter::once(row(e.name(), status(e.served).into()))
-                    .chain(earlier_rows(NVIDIA, &e.earlier, e.name()).map(move |(name, what)| row(name, what)))
-            })
-            .collect();
-        table(&mut out, &["OLD", "OLD UUID", "NEW", "NEW UUID", ""], &rows);
     }
-    if amd_saved > 0 {
-        let _ = writeln!(out, "amdgpu remap ({amd_saved} saved GPUs):");
-        let rows: Vec<Vec<String>> =
-            plan.amd
-                .remap
-                .iter()
-                .flat_map(|e| {
-                    let row = |name: String, status: String| {
-                        vec![name, format!("{} ({})", AMD.gpu_name(e.new_minor), e.rdev), e.by.as_str().into(), status]
-                    };
-                    std::iter::once(row(e.name(), status(e.served).into()))
-                        .chain(earlier_rows(AMD, &e.earlier, e.name()).map(move |(name, what)| row(name, what)))
-                })
-                .chain(
-                    plan.amd.unpaired.iter().map(|&m| {
-                        vec![AMD.gpu_name(m), "-".into(), "-".into(), "not served: no restored GPU left".into()]
-                    }),
-                )
-                .collect();
-        table(&mut out, &["OLD", "NEW", "BY", ""], &rows);
-    }
+    families.iter().for_each(|f| f.text(&mut out));
     if !plan.tpus.is_empty() {
         let _ = writeln!(out, "tpu: {} saved TPU devices (reported, not remapped)", plan.tpus.len());
     }
@@ -245,25 +100,6 @@ pub fn plan_text(plan: &Plan) -> String {
         let _ = writeln!(out, "warning: {}", escape(w));
     }
     out
-}
-
-/// A remap table's status of a name.
-fn status(served: bool) -> &'static str {
-    if served { "served" } else { "not served: name collision" }
-}
-
-/// The table's rows of a remap entry's earlier names (of the checkpoint name `of`): each name
-/// and its status.
-fn earlier_rows<'a>(
-    family: &'static dyn Family,
-    earlier: &'a [EarlierName],
-    of: String,
-) -> impl Iterator<Item = (String, String)> + 'a {
-    earlier.iter().map(move |n| (family.gpu_name(n.minor), format!("{} (an earlier name of {of})", status(n.served))))
-}
-
-fn or_dash(s: Option<&String>) -> String {
-    s.cloned().unwrap_or_else(|| "-".into())
 }
 
 /// What a node is, in a word: its device number, `symlink <target>`, or `dir`.

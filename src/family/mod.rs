@@ -1,24 +1,32 @@
-//! Device families: what one kind of GPU (one driver) brings to a container's `/dev`, behind
-//! the [`Family`] trait, and the table of families, [`FAMILIES`].
+//! Device families: what one kind of GPU (one driver) brings to a container's `/dev`, each
+//! one folder behind the [`Family`] trait.
 //!
 //! A family says which names of the host's device directory are its GPUs and which of its
 //! nodes pass through unchanged (NVIDIA: `nvidiaN`, and `nvidiactl`, `nvidia-uvm`,
 //! `nvidia-caps/...`), what its driver's files under the host root say of each GPU, and how
-//! its GPUs are named and recognised in a spec. [`scan_dev_dir`] and [`read_host_facts`] ask
-//! every family in the table, through one open descriptor of the device directory and one host
-//! root. [`NVIDIA`] and [`AMD`] are the families; the stages whose data is a family's own (the
-//! metadata's items, pairing, the checks, the remap table) use it directly, NVIDIA's in
-//! `decision::plan`, AMD's in `decision::amd`.
+//! its GPUs are named and recognised in a spec. Its folder also holds its items of the
+//! checkpoint's device list (`metadata.rs`), its step of the plan (`plan.rs`: its restored GPUs,
+//! pairing, side of the checks and names in the tree, behind [`crate::decision::seam::Step`])
+//! and its part of a plan as shown and recorded (`show.rs`, [`crate::decision::seam::Shown`]).
+//!
+//! The wiring, the only code that names every family: [`table`] (the families in the order
+//! they are asked, the device scan and host facts of all of them, the device list's items
+//! handed to their families) and [`plans`] (every family's step run, every family's part of a
+//! plan held). [`facts`] is what the families' driver files say. Nothing in this module names a
+//! family, so a family's folder depends on the trait without a cycle.
 //!
 //! Assumption: the families' names do not overlap (no name in a device directory is two
 //! families' node), so the order of the table changes nothing but the order of the scan.
 
 pub mod amd;
+pub mod facts;
 pub mod nvidia;
+pub mod plans;
+pub mod table;
 
 use crate::device::{DevKind, Rdev};
 use crate::inputs::host::{DevDir, DevDirScan, HostError};
-use crate::inputs::limits;
+use facts::HostFacts;
 use std::path::Path;
 
 /// One device family's rules. Every method is pure but the two that read the host, which read
@@ -35,66 +43,7 @@ pub trait Family: Sync {
     fn gpu_name(&self, minor: u32) -> String;
     /// The GPU minor a spec's device entry grants, if it is one of this family's GPUs.
     fn gpu_minor_of_device(&self, kind: DevKind, rdev: Rdev) -> Option<u32>;
-}
-
-/// The NVIDIA family.
-pub static NVIDIA: &dyn Family = &nvidia::Nvidia;
-/// The AMD family.
-pub static AMD: &dyn Family = &amd::Amd;
-
-/// Every family, in the order they are asked.
-pub static FAMILIES: &[&dyn Family] = &[NVIDIA, AMD];
-
-/// Facts about the host beyond its GPU nodes: what the families' driver files say.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct HostFacts {
-    /// What NVIDIA's driver says of each GPU.
-    pub gpu_info: Vec<nvidia::GpuInfo>,
-    /// The GPU directories (bus ids) under `proc/driver/nvidia/gpus` whose information file
-    /// could not be read: GPUs the host has but whose facts are unknown.
-    pub unread: Vec<String>,
-    /// What a user should hear about the driver's files (an oversized file skipped).
-    pub warnings: Vec<String>,
-    /// The host has `/proc/kcore`, so runc would add the `core` symlink.
-    pub has_kcore: bool,
-    /// The driver's version (`570.86.15`), from `proc/driver/nvidia/version`; `None` when the
-    /// file is missing or gives none.
-    pub driver_version: Option<String>,
-    /// The KFD topology (AMD GPUs and CPUs); empty on a host without KFD.
-    pub amd: amd::topology::Topology,
-    /// Why the KFD topology could not be read, naming the file under the host root; `amd` is
-    /// then empty though the host may have AMD GPUs.
-    pub amd_unread: Option<String>,
-}
-
-/// Lists every family's GPU and pass-through nodes of `dir`.
-///
-/// The directory is opened once (following `dir` itself if it is a symlink: the caller named
-/// it), and its entries are listed and `lstat`ed through that one descriptor, as are the
-/// directories under it a family reads (opened without following a symlink). A directory
-/// swapped while it is scanned (a symlink flipped to another) cannot mix into the scan: it is
-/// all of the directory opened.
-pub fn scan_dev_dir(dir: &Path) -> Result<DevDirScan, HostError> {
-    let mut top = DevDir::open(dir)?;
-    let mut scan = DevDirScan::default();
-    for family in FAMILIES {
-        family.scan_dev_dir(&mut top, &mut scan)?;
-    }
-    if scan.gpus.len() + scan.amd.len() + scan.passthrough.len() > limits::MAX_NODES {
-        return Err(HostError::TooMany(dir.to_owned()));
-    }
-    scan.gpus.sort_by_key(|(minor, _)| *minor);
-    scan.amd.sort_by_key(|(minor, _)| *minor);
-    scan.passthrough.sort_by(|a, b| a.rel_path.cmp(&b.rel_path));
-    Ok(scan)
-}
-
-/// Reads what every family's driver files under `root` say, and whether `root` has
-/// `proc/kcore`.
-pub fn read_host_facts(root: &Path) -> HostFacts {
-    let mut facts = HostFacts { has_kcore: root.join("proc/kcore").exists(), ..HostFacts::default() };
-    for family in FAMILIES {
-        family.read_host_facts(root, &mut facts);
-    }
-    facts
+    /// Whether the family's runtime hook, where a spec asks for it, gives the container this
+    /// pass-through node (`rel_path` under `/dev`) though the spec does not list it.
+    fn hook_gives(&self, rel_path: &str) -> bool;
 }

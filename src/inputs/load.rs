@@ -9,17 +9,14 @@
 use crate::decision::checks::CheckName;
 use crate::decision::pairing::{MapPair, Rule};
 use crate::decision::plan::{self, Input, Inputs, Plan, PlanError, Prefer};
-use crate::family;
-use crate::family::amd::properties::Checks;
+use crate::family::table;
 use crate::inputs::files::{self, FileError, read_up_to};
 use crate::inputs::host::HostError;
 use crate::inputs::metadata::{self, MAX_METADATA_LEN, Metadata, MetadataError};
 use crate::inputs::spec::{self, SpecError};
 use std::collections::BTreeSet;
-use std::ffi::OsString;
 use std::fs::File;
 use std::io;
-use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use thiserror::Error;
@@ -172,7 +169,7 @@ fn dev_dir_of(sources: &Sources, spec: Option<&spec::SpecView>) -> Option<PathBu
 pub fn gather(sources: &Sources) -> Result<Inputs, LoadError> {
     let metadata = sources.metadata.as_deref().map(read_metadata).transpose()?;
     let spec = sources.spec.as_deref().map(read_spec).transpose()?;
-    let dev_dir = dev_dir_of(sources, spec.as_ref()).as_deref().map(family::scan_dev_dir).transpose()?;
+    let dev_dir = dev_dir_of(sources, spec.as_ref()).as_deref().map(table::scan_dev_dir).transpose()?;
     // A host root that is not there would read as a host without driver files, in silence.
     let root = &sources.host_root;
     let meta = std::fs::metadata(root).map_err(|e| LoadError::Io(root.clone(), e))?;
@@ -183,7 +180,7 @@ pub fn gather(sources: &Sources) -> Result<Inputs, LoadError> {
         metadata,
         spec,
         dev_dir,
-        host: family::read_host_facts(root),
+        host: table::read_host_facts(root),
         device_map: sources.device_map.clone(),
         prefer: match &sources.prefer_file {
             Some(path) => read_prefer(path)?,
@@ -191,9 +188,7 @@ pub fn gather(sources: &Sources) -> Result<Inputs, LoadError> {
         },
         pairing: sources.pairing,
         relax: sources.relax.clone(),
-        // CRIU inherits the environment of whoever runs the restore, as this process does
-        // (devremap-runtime and its daemon are started by the same caller as runc and CRIU).
-        kfd: Checks::from_env(|name| std::env::var_os(name).map(OsString::into_vec)),
+        kfd: table::switches_from_env(),
     })
 }
 
@@ -256,7 +251,7 @@ mod tests {
             ..Sources::default()
         };
         let loaded = load(&sources).unwrap();
-        assert!(loaded.metadata.is_some() && !loaded.plan.remap.is_empty());
+        assert!(loaded.metadata.is_some() && !loaded.plan.parts.nvidia.remap.is_empty());
         let bytes = loaded.to_bytes();
         assert_eq!(Loaded::from_bytes(&bytes).unwrap(), loaded);
         let text = String::from_utf8(bytes).unwrap();

@@ -8,80 +8,17 @@
 //! [`needed_len`] tells a reader how many bytes that is, so a 50 GiB image costs 16 bytes
 //! plus its header.
 
-use crate::device::Access;
-use crate::family::nvidia::MAX_REGULAR_MINOR;
-use crate::inputs::amd_metadata::{self, AmdSaved};
-use crate::inputs::metadata_items as items;
+use crate::family::table::{self, Saved};
 use serde_json::{Map, Value};
-use thiserror::Error;
+
+pub(crate) use crate::inputs::metadata_items::describe;
+pub use crate::inputs::metadata_items::{GPU_KEY, MAX_METADATA_LEN, MetadataError, RecordedAccess};
 
 /// The state file magic, ASCII `gVisorSF`.
 pub const MAGIC: &[u8; 8] = b"gVisorSF";
-/// gVisor refuses metadata longer than this; so do we, for every form.
-pub const MAX_METADATA_LEN: u64 = 16 << 20;
-/// The metadata key of the saved GPU list.
-pub const GPU_KEY: &str = "nvproxy-device-remap-ids";
 /// The metadata key of the saved TPU list.
 pub const TPU_KEY: &str = "tpu-device-remap-ids";
 const PREFIX_LEN: usize = 16;
-
-/// One GPU as it was at save time (gVisor's `nvproxy.DeviceRemapID`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct DeviceId {
-    pub minor: u32,
-    pub pci_vendor_id: u32,
-    pub pci_device_id: u32,
-    pub gpu_id: u32,
-    pub device_instance: u32,
-    pub subdevice_instance: u32,
-    /// A well-formed `GPU-` UUID, or empty when unknown: a missing or malformed one (the
-    /// driver's `GPU-????????-...` placeholder) is never an identity.
-    pub uuid: String,
-    /// The mode, uid and gid the node had at save time, where `devremapd record` wrote them.
-    pub recorded: RecordedAccess,
-    /// The driver's model name at save time, where `devremapd record` wrote it: shown beside
-    /// the PCI ids when the `model` check fails.
-    #[serde(default)]
-    pub model: Option<String>,
-    /// The save host's driver version, where `devremapd record` wrote it: the `driver` check.
-    #[serde(default)]
-    pub driver_version: Option<String>,
-    /// The other names this GPU had in the checkpointed container, sorted: the checkpoint names
-    /// of an earlier restore that led to it (`record --metadata PREV` writes them). Each is
-    /// served as this GPU's checkpoint name too, so a process migrated twice finds every name
-    /// it may hold.
-    #[serde(default)]
-    pub earlier_minors: Vec<u32>,
-}
-
-impl DeviceId {
-    /// PCI vendor and device id; `None` when the list left them out (0 is no vendor).
-    pub fn pci(&self) -> Option<(u32, u32)> {
-        (self.pci_vendor_id != 0).then_some((self.pci_vendor_id, self.pci_device_id))
-    }
-}
-
-/// The optional `mode`, `uid` and `gid` of a saved device: what its node was at save time.
-/// CRIU compares a reopened file's whole `st_mode` with the saved one, so a checkpoint name must
-/// keep the recorded mode even when the restore host's node has another.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct RecordedAccess {
-    /// Permission bits, at most 0o7777.
-    pub mode: Option<u32>,
-    pub uid: Option<u32>,
-    pub gid: Option<u32>,
-}
-
-impl RecordedAccess {
-    /// `base` with each recorded field put in its place.
-    pub fn over(self, base: Access) -> Access {
-        Access {
-            mode: self.mode.unwrap_or(base.mode),
-            uid: self.uid.unwrap_or(base.uid),
-            gid: self.gid.unwrap_or(base.gid),
-        }
-    }
-}
 
 /// Which of the accepted forms the input was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -105,64 +42,15 @@ impl Format {
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Metadata {
     pub format: Format,
-    /// Saved NVIDIA GPUs (the items without a `kind`), sorted by minor; empty when the key is
-    /// absent (nothing was open at save).
-    pub gpus: Vec<DeviceId>,
-    /// Saved AMD GPUs (`"kind": "amdgpu"`), in the list's order.
-    #[serde(default)]
-    pub amd: Vec<AmdSaved>,
+    /// Every family's saved GPUs; empty when the key is absent (nothing was open at save).
+    #[serde(flatten)]
+    pub saved: Saved,
     /// Whether the GPU key was present at all.
     pub gpu_key_present: bool,
     /// Saved TPUs, as written; reported, not remapped.
     pub tpus: Vec<Value>,
     /// What a user should hear about the input (the caller prefixes the file).
     pub warnings: Vec<String>,
-}
-
-/// Why metadata bytes were refused. Messages name the key and index at fault; the caller
-/// prefixes the file.
-#[derive(Debug, Error, PartialEq)]
-pub enum MetadataError {
-    #[error("file is empty")]
-    Empty,
-    #[error("truncated state file header: {0}")]
-    Truncated(String),
-    #[error("metadata length {0} is over the limit of {MAX_METADATA_LEN} bytes")]
-    TooLong(u64),
-    #[error("the file is larger than the limit of {MAX_METADATA_LEN} bytes")]
-    TooLarge,
-    #[error("not checkpoint metadata: expected a gVisor state file, a JSON object or a JSON array")]
-    UnknownFormat,
-    #[error("the text is {0}; JSON is UTF-8 without a byte-order mark")]
-    Encoding(&'static str),
-    #[error("invalid JSON: {0}")]
-    Json(String),
-    #[error("state file metadata: key {key:?} holds {found}, expected a string")]
-    NotAString { key: String, found: String },
-    #[error("{key}: {what}")]
-    Shape { key: &'static str, what: String },
-    #[error("{GPU_KEY}[{index}].{field}: expected {expected}, found {found}")]
-    Field { index: usize, field: &'static str, expected: &'static str, found: String },
-    #[error("{GPU_KEY}[{index}].{field}: {why}")]
-    Fact { index: usize, field: &'static str, why: String },
-    #[error("{GPU_KEY}[{index}].mode: {mode:#o} has bits beyond the permission and sticky bits (0o1777)")]
-    ModeTooLarge { index: usize, mode: u32 },
-    #[error("{GPU_KEY}[{index}].{field}: 4294967295 is no owner (chown reads it as \"leave unchanged\")")]
-    NoOwner { index: usize, field: &'static str },
-    #[error("{GPU_KEY}[{index}]: minor {minor} is over {MAX_REGULAR_MINOR}, the largest GPU minor")]
-    MinorTooLarge { index: usize, minor: u32 },
-    #[error("{GPU_KEY}: minor {0} appears twice")]
-    DuplicateMinor(u32),
-    #[error("{GPU_KEY}: uuid {0} appears twice")]
-    DuplicateUuid(String),
-    #[error("{GPU_KEY}[{index}].earlier_minors: {what}")]
-    Earlier { index: usize, what: String },
-    #[error("{GPU_KEY}[{index}].kind: expected \"amdgpu\" (an NVIDIA item has no kind), found {found}")]
-    Kind { index: usize, found: String },
-    #[error("{GPU_KEY}[{index}] (amdgpu): {what}")]
-    Amd { index: usize, what: String },
-    #[error("{GPU_KEY}: amdgpu render minor {0} appears twice")]
-    DuplicateRender(u32),
 }
 
 /// How many leading bytes of a file [`parse`] needs, judged from its first bytes: for a state
@@ -212,11 +100,10 @@ pub fn parse(bytes: &[u8]) -> Result<Metadata, MetadataError> {
             from_map(Format::Map, &map)
         }
         Some(b'[') => {
-            let (gpus, amd) = device_list(&parse_json(bytes)?)?;
+            let saved = table::read_items(list_items(GPU_KEY, &parse_json(bytes)?)?)?;
             Ok(Metadata {
                 format: Format::Array,
-                gpus,
-                amd,
+                saved,
                 gpu_key_present: true,
                 tpus: Vec::new(),
                 warnings: Vec::new(),
@@ -262,9 +149,9 @@ fn parse_json_object(bytes: &[u8]) -> Result<Map<String, Value>, MetadataError> 
 }
 
 fn from_map(format: Format, map: &Map<String, Value>) -> Result<Metadata, MetadataError> {
-    let (gpus, amd) = match map.get(GPU_KEY) {
-        Some(v) => device_list(&embedded(GPU_KEY, v)?)?,
-        None => (Vec::new(), Vec::new()),
+    let saved = match map.get(GPU_KEY) {
+        Some(v) => table::read_items(list_items(GPU_KEY, &embedded(GPU_KEY, v)?)?)?,
+        None => Saved::default(),
     };
     let tpus = match map.get(TPU_KEY) {
         Some(v) => tpu_list(&embedded(TPU_KEY, v)?)?,
@@ -284,7 +171,7 @@ fn from_map(format: Format, map: &Map<String, Value>) -> Result<Metadata, Metada
             keys.join(", ")
         ));
     }
-    Ok(Metadata { format, gpus, amd, gpu_key_present: map.contains_key(GPU_KEY), tpus, warnings })
+    Ok(Metadata { format, saved, gpu_key_present: map.contains_key(GPU_KEY), tpus, warnings })
 }
 
 /// gVisor stores a list as a string holding JSON; hand-written maps may hold the list itself.
@@ -324,41 +211,6 @@ fn tpu_list(value: &Value) -> Result<Vec<Value>, MetadataError> {
     Ok(items.to_vec())
 }
 
-/// The NVIDIA items (sorted by minor) and the AMD items (in order) of the device list.
-fn device_list(value: &Value) -> Result<(Vec<DeviceId>, Vec<AmdSaved>), MetadataError> {
-    let items = list_items(GPU_KEY, value)?;
-    let (mut gpus, mut amd) = (Vec::new(), Vec::new());
-    for (index, item) in items.iter().enumerate() {
-        let Value::Object(obj) = item else {
-            return Err(MetadataError::Shape {
-                key: GPU_KEY,
-                what: format!("item {index}: expected an object, found {}", describe(item)),
-            });
-        };
-        match obj.get("kind") {
-            None => gpus.push(items::device_id(index, obj)?),
-            Some(Value::String(k)) if k == amd_metadata::KIND => {
-                amd.push(amd_metadata::item(index, obj, items::recorded_access(index, obj)?)?);
-            }
-            Some(other) => return Err(MetadataError::Kind { index, found: describe(other) }),
-        }
-    }
-    Ok((items::nvidia_list(gpus)?, amd_metadata::amd_list(amd)?))
-}
-
-/// A short description of a JSON value for error messages: numbers as written, the rest by kind.
-pub(crate) fn describe(value: &Value) -> String {
-    match value {
-        Value::Null => "null".into(),
-        Value::Bool(b) => b.to_string(),
-        Value::Number(n) => n.to_string(),
-        Value::String(s) if s.len() <= 40 => format!("the string {s:?}"),
-        Value::String(_) => "a string".into(),
-        Value::Array(_) => "an array".into(),
-        Value::Object(_) => "an object".into(),
-    }
-}
-
 /// Serialises a state file header exactly as gVisor writes it (magic, big-endian length, JSON),
 /// for the unit tests below (integration tests and fixtures have their own writers).
 #[cfg(test)]
@@ -374,6 +226,8 @@ fn encode_state_header(map: &Map<String, Value>) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::device::Access;
+    use crate::family::nvidia::metadata::DeviceId;
     use serde_json::json;
 
     const UA: &str = "GPU-5b2c6f7e-0d1a-4c3e-9f10-aa0000000000";
@@ -401,9 +255,9 @@ mod tests {
     fn recorded_facts_are_read_or_refused() {
         let m = parse(br#"[{"minor":0,"model":"NVIDIA H100 80GB HBM3","driver_version":"535.129.03"},{"minor":1}]"#)
             .unwrap();
-        assert_eq!(m.gpus[0].model.as_deref(), Some("NVIDIA H100 80GB HBM3"));
-        assert_eq!(m.gpus[0].driver_version.as_deref(), Some("535.129.03"));
-        assert_eq!((m.gpus[1].model.as_ref(), m.gpus[1].driver_version.as_ref()), (None, None));
+        assert_eq!(m.saved.gpus[0].model.as_deref(), Some("NVIDIA H100 80GB HBM3"));
+        assert_eq!(m.saved.gpus[0].driver_version.as_deref(), Some("535.129.03"));
+        assert_eq!((m.saved.gpus[1].model.as_ref(), m.saved.gpus[1].driver_version.as_ref()), (None, None));
         let huge = format!(r#"[{{"minor":0,"model":"{}"}}]"#, "x".repeat(10_000));
         for (text, message) in [
             (huge.as_str(), "nvproxy-device-remap-ids[0].model: is 10000 bytes, longer than the 95 any driver writes"),
@@ -428,7 +282,7 @@ mod tests {
     #[test]
     fn earlier_minors_are_names_of_one_gpu_each() {
         let m = parse(br#"[{"minor":2,"earlier_minors":[7,0]},{"minor":3}]"#).unwrap();
-        assert_eq!((m.gpus[0].earlier_minors.as_slice(), m.gpus[1].earlier_minors.as_slice()), (&[0, 7][..], &[][..]));
+        assert_eq!((m.saved.gpus[0].earlier_minors.as_slice(), m.saved.gpus[1].earlier_minors.as_slice()), (&[0, 7][..], &[][..]));
         for (text, message) in [
             (
                 r#"[{"minor":2,"earlier_minors":[2]}]"#,
@@ -470,9 +324,9 @@ mod tests {
     fn state_file_header_gives_sorted_devices() {
         let m = parse(&state_file(&json!([dev(3, UB), dev(1, UA)]))).unwrap();
         assert_eq!(m.format, Format::StateFile);
-        assert_eq!(m.gpus.iter().map(|d| d.minor).collect::<Vec<_>>(), vec![1, 3]);
+        assert_eq!(m.saved.gpus.iter().map(|d| d.minor).collect::<Vec<_>>(), vec![1, 3]);
         assert_eq!(
-            m.gpus[0],
+            m.saved.gpus[0],
             DeviceId {
                 minor: 1,
                 pci_vendor_id: 4318,
@@ -490,13 +344,13 @@ mod tests {
     #[test]
     fn map_and_array_forms_agree_with_state_file() {
         let list = json!([dev(0, UA), dev(1, UB)]);
-        let from_state = parse(&state_file(&list)).unwrap().gpus;
+        let from_state = parse(&state_file(&list)).unwrap().saved.gpus;
         let as_string = json!({ GPU_KEY: list.to_string() }).to_string();
         let as_array = json!({ GPU_KEY: list }).to_string();
-        assert_eq!(parse(as_string.as_bytes()).unwrap().gpus, from_state);
-        assert_eq!(parse(as_array.as_bytes()).unwrap().gpus, from_state);
+        assert_eq!(parse(as_string.as_bytes()).unwrap().saved.gpus, from_state);
+        assert_eq!(parse(as_array.as_bytes()).unwrap().saved.gpus, from_state);
         let bare = parse(format!("  \n{list}").as_bytes()).unwrap();
-        assert_eq!((bare.format, bare.gpus), (Format::Array, from_state));
+        assert_eq!((bare.format, bare.saved.gpus), (Format::Array, from_state));
     }
 
     /// An absent key means nothing to remap, not an error; a TPU list is kept for the report.
@@ -506,7 +360,7 @@ mod tests {
             json!({"_timestamp": "x", TPU_KEY: "[{\"BDF\":\"0000:00:04.0\",\"vfio_group\":3}]"}).to_string().as_bytes(),
         )
         .unwrap();
-        assert!(m.gpus.is_empty() && !m.gpu_key_present);
+        assert!(m.saved.gpus.is_empty() && !m.gpu_key_present);
         assert_eq!(m.tpus.len(), 1);
     }
 
@@ -518,7 +372,7 @@ mod tests {
         let placeholder = "GPU-????????-????-????-????-????????????";
         let m =
             parse(json!([dev(0, placeholder), dev(1, placeholder), dev(2, "GPU-a")]).to_string().as_bytes()).unwrap();
-        assert!(m.gpus.iter().all(|d| d.uuid.is_empty()), "{:?}", m.gpus);
+        assert!(m.saved.gpus.iter().all(|d| d.uuid.is_empty()), "{:?}", m.saved.gpus);
     }
 
     /// Bug (issue 10.8): a JSON object with neither the GPU list nor gVisor's `_timestamp` (a
@@ -529,7 +383,7 @@ mod tests {
         let spec = json!({"ociVersion": "1.0.2", "process": {}, "root": {}, "hostname": "h", "mounts": [],
                           "linux": {}, "hooks": {}});
         let m = parse(spec.to_string().as_bytes()).unwrap();
-        assert!(m.gpus.is_empty() && !m.gpu_key_present);
+        assert!(m.saved.gpus.is_empty() && !m.gpu_key_present);
         assert_eq!(m.warnings.len(), 1);
         assert!(m.warnings[0].contains("neither nvproxy-device-remap-ids nor _timestamp"), "{:?}", m.warnings);
         assert!(
@@ -551,7 +405,7 @@ mod tests {
         let bytes = state_file(&json!([dev(0, UA)]));
         let n = needed_len(&bytes[..16]).unwrap().unwrap() as usize;
         assert!(n < bytes.len());
-        assert_eq!(parse(&bytes[..n]).unwrap().gpus.len(), 1);
+        assert_eq!(parse(&bytes[..n]).unwrap().saved.gpus.len(), 1);
         assert_eq!(needed_len(b"[1]").unwrap(), None);
     }
 
@@ -599,9 +453,9 @@ mod tests {
         item["mode"] = json!(0o660);
         item["gid"] = json!(44);
         let m = parse(json!([item, dev(1, "GPU-b")]).to_string().as_bytes()).unwrap();
-        assert_eq!(m.gpus[0].recorded, RecordedAccess { mode: Some(0o660), uid: None, gid: Some(44) });
-        assert_eq!(m.gpus[0].recorded.over(Access::DEVICE_DEFAULT), Access { mode: 0o660, uid: 0, gid: 44 });
-        assert_eq!(m.gpus[1].recorded, RecordedAccess::default());
+        assert_eq!(m.saved.gpus[0].recorded, RecordedAccess { mode: Some(0o660), uid: None, gid: Some(44) });
+        assert_eq!(m.saved.gpus[0].recorded.over(Access::DEVICE_DEFAULT), Access { mode: 0o660, uid: 0, gid: 44 });
+        assert_eq!(m.saved.gpus[1].recorded, RecordedAccess::default());
         let cases = [
             (json!([{"minor": 0, "mode": 0o20666}]), "mode: 0o20666 has bits beyond the permission and sticky bits"),
             (json!([{"minor": 0, "mode": 0o4666}]), "mode: 0o4666 has bits beyond"),

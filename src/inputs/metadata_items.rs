@@ -1,34 +1,93 @@
-//! One item of the checkpoint's device list at a time: NVIDIA's (gVisor's `DeviceRemapID`
-//! fields, the recorded `mode`, `uid` and `gid`, facts and `earlier_minors`), and what every
-//! item kind shares: the access fields and the earlier names. Pure; the list itself is [`metadata`](super::metadata)'s.
+//! What every family's items of the checkpoint's device list share: the list's key and
+//! limit, its errors ([`MetadataError`]), the recorded `mode`, `uid` and `gid`
+//! ([`recorded_access`]), the earlier names ([`earlier_minors`], [`repeated_name`]) and
+//! [`describe`] for messages. Each family reads its own items (`family::table::read_items` hands each
+//! item to the family whose `kind` it has); the list itself is [`metadata`](super::metadata)'s.
+//!
+//! Pure. Assumption: a family's item is a JSON object, and its index in the list names it in
+//! every error.
 
-use super::metadata::{DeviceId, MetadataError, RecordedAccess, describe};
-use crate::device::{MAX_DRIVER_VERSION_LEN, MAX_MODEL_LEN, fact_fault};
-use crate::family::nvidia::{MAX_REGULAR_MINOR, is_gpu_uuid};
+use crate::device::Access;
 use serde_json::{Map, Value};
 use std::collections::BTreeSet;
+use thiserror::Error;
 
-/// NVIDIA's items sorted by minor, each minor, earlier name and uuid once.
-pub(crate) fn nvidia_list(mut gpus: Vec<DeviceId>) -> Result<Vec<DeviceId>, MetadataError> {
-    gpus.sort_by_key(|d| d.minor);
-    if let Some(w) = gpus.windows(2).find(|w| w[0].minor == w[1].minor) {
-        return Err(MetadataError::DuplicateMinor(w[0].minor));
-    }
-    // Every name leads to one GPU: an earlier name is no other GPU's minor or earlier name.
-    let names = gpus.iter().flat_map(|d| std::iter::once(d.minor).chain(d.earlier_minors.iter().copied()));
-    if let Some(minor) = repeated_name(names) {
-        return Err(MetadataError::DuplicateMinor(minor));
-    }
-    // A UUID's hex digits mean the same in either case.
-    let mut uuids = BTreeSet::new();
-    if let Some(d) = gpus.iter().find(|d| !d.uuid.is_empty() && !uuids.insert(d.uuid.to_ascii_lowercase())) {
-        return Err(MetadataError::DuplicateUuid(d.uuid.clone()));
-    }
-    Ok(gpus)
+/// gVisor refuses metadata longer than this; so do we, for every form.
+pub const MAX_METADATA_LEN: u64 = 16 << 20;
+/// The metadata key of the saved GPU list.
+pub const GPU_KEY: &str = "nvproxy-device-remap-ids";
+
+/// The optional `mode`, `uid` and `gid` of a saved device: what its node was at save time.
+/// CRIU compares a reopened file's whole `st_mode` with the saved one, so a checkpoint name must
+/// keep the recorded mode even when the restore host's node has another.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RecordedAccess {
+    /// Permission bits, at most 0o7777.
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
 }
 
+impl RecordedAccess {
+    /// `base` with each recorded field put in its place.
+    pub fn over(self, base: Access) -> Access {
+        Access {
+            mode: self.mode.unwrap_or(base.mode),
+            uid: self.uid.unwrap_or(base.uid),
+            gid: self.gid.unwrap_or(base.gid),
+        }
+    }
+}
+
+/// Why metadata bytes were refused. Messages name the key and index at fault; the caller
+/// prefixes the file.
+#[derive(Debug, Error, PartialEq)]
+pub enum MetadataError {
+    #[error("file is empty")]
+    Empty,
+    #[error("truncated state file header: {0}")]
+    Truncated(String),
+    #[error("metadata length {0} is over the limit of {MAX_METADATA_LEN} bytes")]
+    TooLong(u64),
+    #[error("the file is larger than the limit of {MAX_METADATA_LEN} bytes")]
+    TooLarge,
+    #[error("not checkpoint metadata: expected a gVisor state file, a JSON object or a JSON array")]
+    UnknownFormat,
+    #[error("the text is {0}; JSON is UTF-8 without a byte-order mark")]
+    Encoding(&'static str),
+    #[error("invalid JSON: {0}")]
+    Json(String),
+    #[error("state file metadata: key {key:?} holds {found}, expected a string")]
+    NotAString { key: String, found: String },
+    #[error("{key}: {what}")]
+    Shape { key: &'static str, what: String },
+    #[error("{GPU_KEY}[{index}].{field}: expected {expected}, found {found}")]
+    Field { index: usize, field: &'static str, expected: &'static str, found: String },
+    #[error("{GPU_KEY}[{index}].{field}: {why}")]
+    Fact { index: usize, field: &'static str, why: String },
+    #[error("{GPU_KEY}[{index}].mode: {mode:#o} has bits beyond the permission and sticky bits (0o1777)")]
+    ModeTooLarge { index: usize, mode: u32 },
+    #[error("{GPU_KEY}[{index}].{field}: 4294967295 is no owner (chown reads it as \"leave unchanged\")")]
+    NoOwner { index: usize, field: &'static str },
+    #[error("{GPU_KEY}[{index}]: minor {minor} is over {max}, the largest GPU minor")]
+    MinorTooLarge { index: usize, minor: u32, max: u32 },
+    #[error("{GPU_KEY}: minor {0} appears twice")]
+    DuplicateMinor(u32),
+    #[error("{GPU_KEY}: uuid {0} appears twice")]
+    DuplicateUuid(String),
+    #[error("{GPU_KEY}[{index}].earlier_minors: {what}")]
+    Earlier { index: usize, what: String },
+    #[error("{GPU_KEY}[{index}].kind: expected \"amdgpu\" (an NVIDIA item has no kind), found {found}")]
+    Kind { index: usize, found: String },
+    #[error("{GPU_KEY}[{index}] (amdgpu): {what}")]
+    Amd { index: usize, what: String },
+    #[error("{GPU_KEY}: amdgpu render minor {0} appears twice")]
+    DuplicateRender(u32),
+}
+
+
 /// An item's optional unsigned 32-bit `field`.
-fn optional_u32(index: usize, obj: &Map<String, Value>, field: &'static str) -> Result<Option<u32>, MetadataError> {
+pub(crate) fn optional_u32(index: usize, obj: &Map<String, Value>, field: &'static str) -> Result<Option<u32>, MetadataError> {
     obj.get(field)
         .map(|v| {
             v.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(|| MetadataError::Field {
@@ -57,65 +116,6 @@ pub(crate) fn recorded_access(index: usize, obj: &Map<String, Value>) -> Result<
         }
     }
     Ok(recorded)
-}
-
-pub(crate) fn device_id(index: usize, obj: &Map<String, Value>) -> Result<DeviceId, MetadataError> {
-    let optional = |field: &'static str| optional_u32(index, obj, field);
-    let number = |field: &'static str, required: bool| -> Result<u32, MetadataError> {
-        match optional(field)? {
-            Some(n) => Ok(n),
-            None if !required => Ok(0),
-            None => Err(MetadataError::Field {
-                index,
-                field,
-                expected: "an unsigned 32-bit integer",
-                found: "nothing".into(),
-            }),
-        }
-    };
-    let minor = number("minor", true)?;
-    if minor > MAX_REGULAR_MINOR {
-        return Err(MetadataError::MinorTooLarge { index, minor });
-    }
-    let uuid = match obj.get("uuid") {
-        None => String::new(),
-        Some(Value::String(s)) if is_gpu_uuid(s) => s.clone(),
-        Some(Value::String(_)) => String::new(),
-        Some(v) => {
-            return Err(MetadataError::Field { index, field: "uuid", expected: "a string", found: describe(v) });
-        }
-    };
-    // Facts are compared and shown in messages: text a driver writes, never echoed when not.
-    let fact = |field: &'static str, max: usize| -> Result<Option<String>, MetadataError> {
-        match obj.get(field) {
-            None => Ok(None),
-            Some(Value::String(s)) => match fact_fault(s, max) {
-                None => Ok(Some(s.clone())),
-                Some(why) => Err(MetadataError::Fact { index, field, why }),
-            },
-            Some(v) => Err(MetadataError::Field { index, field, expected: "a string", found: describe(v) }),
-        }
-    };
-    let model = fact("model", MAX_MODEL_LEN)?;
-    let earlier_minors = earlier_minors(minor, obj.get("earlier_minors"), "GPU minors", |m| {
-        (m > MAX_REGULAR_MINOR).then(|| format!("minor {m} is over {MAX_REGULAR_MINOR}, the largest GPU minor"))
-    })
-    .map_err(|what| MetadataError::Earlier { index, what })?;
-    let driver_version = fact("driver_version", MAX_DRIVER_VERSION_LEN)?;
-    let recorded = recorded_access(index, obj)?;
-    Ok(DeviceId {
-        minor,
-        pci_vendor_id: number("pci_vendor_id", false)?,
-        pci_device_id: number("pci_device_id", false)?,
-        gpu_id: number("gpu_id", false)?,
-        device_instance: number("device_instance", false)?,
-        subdevice_instance: number("subdevice_instance", false)?,
-        uuid,
-        recorded,
-        model,
-        driver_version,
-        earlier_minors,
-    })
 }
 
 /// The `earlier_minors` of an item whose minor is `minor`, either family's: `noun` minors,
@@ -153,4 +153,17 @@ pub(crate) fn earlier_minors(
 pub(crate) fn repeated_name(names: impl IntoIterator<Item = u32>) -> Option<u32> {
     let mut seen = BTreeSet::new();
     names.into_iter().find(|&m| !seen.insert(m))
+}
+
+/// A short description of a JSON value for error messages: numbers as written, the rest by kind.
+pub(crate) fn describe(value: &Value) -> String {
+    match value {
+        Value::Null => "null".into(),
+        Value::Bool(b) => b.to_string(),
+        Value::Number(n) => n.to_string(),
+        Value::String(s) if s.len() <= 40 => format!("the string {s:?}"),
+        Value::String(_) => "a string".into(),
+        Value::Array(_) => "an array".into(),
+        Value::Object(_) => "an object".into(),
+    }
 }

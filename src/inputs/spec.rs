@@ -9,8 +9,7 @@
 //! reported, not refused.
 
 use crate::device::{Access, DevKind, Rdev};
-use crate::family::NVIDIA;
-use crate::family::nvidia::visible::{self, Visible, VisibleError};
+use crate::family::table::{HOOK_FAMILY, HookError, HookRequest, hook_request};
 use oci_spec::runtime::{LinuxDeviceType, Spec};
 use thiserror::Error;
 
@@ -29,7 +28,7 @@ pub struct SpecDevice {
 impl SpecDevice {
     /// The GPU minor this entry grants, if it is a regular NVIDIA device (char 195:N, N <= 247).
     pub fn gpu_minor(&self) -> Option<u32> {
-        NVIDIA.gpu_minor_of_device(self.kind, self.rdev)
+        HOOK_FAMILY.gpu_minor_of_device(self.kind, self.rdev)
     }
 }
 
@@ -55,7 +54,7 @@ pub struct SpecView {
     pub dev_mounts: Vec<DevMount>,
     /// What the spec asks for through the NVIDIA hook (`NVIDIA_VISIBLE_DEVICES`), so the
     /// host's `/dev` names GPUs too; `None` when it asks for nothing that way.
-    pub hook: Option<Visible>,
+    pub hook: Option<HookRequest>,
     /// `process.terminal`: the runtime bind-mounts the console onto `/dev/console`.
     pub terminal: bool,
 }
@@ -84,7 +83,7 @@ pub enum SpecError {
     #[error("mounts[{index}]: destination {path:?} {what}")]
     Mount { index: usize, path: String, what: &'static str },
     #[error("process.env: {0}")]
-    Visible(VisibleError),
+    Visible(HookError),
 }
 
 /// Parses a spec and keeps what shapes `/dev`. `file_source(source)` tells whether a bind
@@ -236,47 +235,10 @@ fn dev_relative(path: &str) -> Result<Option<String>, &'static str> {
     Ok(Some(rel))
 }
 
-/// What the spec asks of the toolkit's legacy hook (a `prestart` hook ending in
-/// `/nvidia-container-runtime-hook`, or a `createRuntime` one on Podman 5; it makes the GPUs'
-/// nodes itself):
-/// `NVIDIA_VISIBLE_DEVICES` read as the toolkit reads it (`internal/config/image`,
-/// `DevicesFromEnvvars`): the variable's last value (the toolkit makes a map of the
-/// environment); unset, empty, only commas or `void`: nothing; unset in a legacy CUDA image
-/// (`CUDA_VERSION` set, `NVIDIA_REQUIRE_CUDA` unset or empty): every GPU.
-///
-/// The toolkit's CDI mode asks nothing this way: its hooks (`createContainer` hooks ending in
-/// `/nvidia-cdi-hook`: `create-symlinks`, `update-ldcache`, ...) make no device node, the CDI
-/// spec lists the GPUs it gives in `linux.devices`, and it appends `NVIDIA_VISIBLE_DEVICES=void`
-/// after whatever the image's `ENV` said, so that no legacy hook reads it. Reading the value
-/// before that `void` served every GPU to an image with `ENV NVIDIA_VISIBLE_DEVICES=all`.
-fn hook_request(spec: &Spec) -> Result<Option<Visible>, VisibleError> {
-    let Some(hooks) = spec.hooks() else { return Ok(None) };
-    // Podman 5 hands its hooks directory's `prestart` hooks (the toolkit's `oci-nvidia-hook.json`)
-    // to the runtime as `createRuntime`, the stage the runtime spec put in prestart's place.
-    #[allow(deprecated)]
-    let legacy = [hooks.prestart(), hooks.create_runtime()]
-        .into_iter()
-        .flatten()
-        .flatten()
-        .any(|h| h.path().to_string_lossy().ends_with("/nvidia-container-runtime-hook"));
-    if !legacy {
-        return Ok(None);
-    }
-    let env = spec.process().as_ref().and_then(|p| p.env().clone()).unwrap_or_default();
-    let last =
-        |name: &str| env.iter().filter_map(|e| e.strip_prefix(name).and_then(|rest| rest.strip_prefix('='))).last();
-    let set = |name: &str| last(name).is_some_and(|v| !v.is_empty());
-    let effective = match last("NVIDIA_VISIBLE_DEVICES") {
-        None if set("CUDA_VERSION") && !set("NVIDIA_REQUIRE_CUDA") => Some("all"),
-        value => value,
-    };
-    effective.map_or(Ok(None), visible::parse)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::family::nvidia::visible::Selector;
+    use crate::family::nvidia::visible::{Selector, Visible};
     use serde_json::json;
 
     fn no_files(_: &str) -> bool {

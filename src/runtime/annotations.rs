@@ -18,7 +18,8 @@
 //! warning ([`Request::warnings`]). A pod's sandbox ([`is_sandbox`]) never gets devremap.
 
 use crate::decision::checks::parse_relax;
-use crate::decision::pairing::{MapPair, parse_device_map};
+use crate::decision::pairing::MapPair;
+use crate::family::table::parse_device_map;
 use crate::decision::plan::Prefer;
 use crate::inputs::load::Sources;
 use crate::inputs::spec::SpecView;

@@ -15,14 +15,18 @@
 //! again at every load. `card<N>` (the display node) is never opened by the plugin or a ROCm
 //! process for compute: it is served only where the spec lists it, as a spec device.
 
+pub mod metadata;
 pub mod pairing;
+pub mod plan;
 pub mod plugin;
 pub mod products;
 pub mod properties;
 pub mod read;
+mod show;
 pub mod topology;
 
-use super::{Family, HostFacts};
+use super::Family;
+use super::facts::HostFacts;
 use crate::device::{DevKind, Rdev};
 use crate::inputs::host::{DevDir, DevDirScan, HostError};
 use crate::inputs::limits::MAX_FUSE_MINOR;
@@ -80,6 +84,11 @@ impl Family for Amd {
     fn gpu_minor_of_device(&self, kind: DevKind, rdev: Rdev) -> Option<u32> {
         (kind == DevKind::Char && rdev.major == DRM_MAJOR && rdev.minor >= FIRST_RENDER_MINOR).then_some(rdev.minor)
     }
+
+    /// No hook of AMD's adds a node: `kfd` is given only where the spec lists it.
+    fn hook_gives(&self, _rel_path: &str) -> bool {
+        false
+    }
 }
 
 /// The warning for a KFD topology that could not be read (`why` names the file).
@@ -117,7 +126,7 @@ mod tests {
         std::fs::create_dir(&dev).unwrap();
         std::os::unix::fs::symlink(&elsewhere, dev.join("dri")).unwrap();
         std::os::unix::fs::symlink(&elsewhere, dev.join("nvidia-caps")).unwrap();
-        let scan = crate::family::scan_dev_dir(&dev).unwrap();
+        let scan = crate::family::table::scan_dev_dir(&dev).unwrap();
         assert!(scan.amd.is_empty() && scan.passthrough.is_empty());
         let said = |name: &str| {
             format!(
@@ -129,7 +138,7 @@ mod tests {
         std::fs::remove_file(dev.join("dri")).unwrap();
         std::fs::write(dev.join("dri"), "").unwrap();
         assert_eq!(
-            crate::family::scan_dev_dir(&dev).unwrap().warnings,
+            crate::family::table::scan_dev_dir(&dev).unwrap().warnings,
             [said("nvidia-caps")],
             "a file is no directory"
         );

@@ -9,9 +9,21 @@
 //! `GPU-????????-????-????-????-????????????` when it cannot read one) is unknown, never an
 //! identity.
 
+pub mod checks;
+pub mod info;
+pub mod cuda_map;
+pub mod hook;
+pub mod metadata;
+pub mod pairing;
+pub mod plan;
+mod restored;
+mod show;
 pub mod visible;
 
-use super::{Family, HostFacts};
+pub use info::GpuInfo;
+
+use super::Family;
+use super::facts::HostFacts;
 use crate::device::{Access, DevKind, MAX_DRIVER_VERSION_LEN, MAX_MODEL_LEN, Rdev, fact_fault};
 use crate::inputs::host::{DevDir, DevDirScan, HostError, small_text};
 use crate::inputs::pci::{bus_id, bus_name};
@@ -98,6 +110,12 @@ impl Family for Nvidia {
     fn gpu_minor_of_device(&self, kind: DevKind, rdev: Rdev) -> Option<u32> {
         (kind == DevKind::Char && rdev.major == NV_MAJOR && rdev.minor <= MAX_REGULAR_MINOR).then_some(rdev.minor)
     }
+
+    /// The NVIDIA hook (`NVIDIA_VISIBLE_DEVICES`) gives the driver's control nodes whenever it
+    /// asks for GPU support, `none` included ([`hook_control_node`]).
+    fn hook_gives(&self, rel_path: &str) -> bool {
+        hook_control_node(rel_path)
+    }
 }
 
 /// A GPU present on the restore host, named `nvidia<minor>` there.
@@ -125,21 +143,6 @@ impl RestoredGpu {
     }
 }
 
-/// What the driver says of one GPU.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct GpuInfo {
-    pub minor: Option<u32>,
-    /// A well-formed `GPU-` UUID; `None` when the driver gave none or a placeholder.
-    pub uuid: Option<String>,
-    /// The PCI bus location (`Bus Location`, else the directory's name).
-    pub bus: Option<String>,
-    pub pci: Option<(u32, u32)>,
-    /// `GPU Excluded: Yes` (`Blacklisted: Yes` before driver 450): not usable, not enumerated.
-    pub excluded: bool,
-    /// The `Model:` line (`NVIDIA H100 80GB HBM3`); `None` when absent or no fact
-    /// ([`fact_fault`]).
-    pub model: Option<String>,
-}
 
 /// The GPU minor a device file name stands for: `Ok(None)` for a name that is not a GPU
 /// name, an error for one that is but names no valid regular minor.
@@ -287,14 +290,14 @@ mod tests {
             write(&root.join("proc/driver/nvidia/gpus").join(dir).join("information"), &info);
             fs::create_dir_all(root.join("sys/bus/pci/devices").join(dir)).unwrap();
         }
-        let facts = crate::family::read_host_facts(&root);
+        let facts = crate::family::table::read_host_facts(&root);
         assert_eq!(facts.gpu_info.len(), 2);
         assert!(facts.gpu_info.iter().all(|g| g.pci.is_none()), "{:?}", facts.gpu_info);
 
         write(&root.join("proc/driver/nvidia/gpus/0000:3b:00.0/information"), "Bus Location: \t 0000:3B:00.0\n");
         write(&root.join("sys/bus/pci/devices/0000:3b:00.0/vendor"), "0x10de\n");
         write(&root.join("sys/bus/pci/devices/0000:3b:00.0/device"), "0x2330\n");
-        let facts = crate::family::read_host_facts(&root);
+        let facts = crate::family::table::read_host_facts(&root);
         assert_eq!(facts.gpu_info.iter().find_map(|g| g.pci), Some((0x10de, 0x2330)));
     }
 
@@ -314,7 +317,7 @@ mod tests {
         let tmp = tempfile::TempDir::new().unwrap();
         fs::create_dir_all(tmp.path().join("proc/driver/nvidia")).unwrap();
         fs::write(tmp.path().join("proc/driver/nvidia/version"), closed).unwrap();
-        assert_eq!(crate::family::read_host_facts(tmp.path()).driver_version.as_deref(), Some("535.129.03"));
+        assert_eq!(crate::family::table::read_host_facts(tmp.path()).driver_version.as_deref(), Some("535.129.03"));
     }
 
     /// Bug (issue 10.3): the placeholder the driver prints for an unreadable UUID is no UUID.

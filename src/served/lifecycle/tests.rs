@@ -62,15 +62,13 @@ fn loaded(minor: u32) -> Loaded {
     b.insert("null", Node::device(DevKind::Char, Rdev::new(1, 3), Access::DEVICE_DEFAULT)).unwrap();
     b.insert("nvidia0", Node::device(DevKind::Char, Rdev::new(1, minor), Access::DEVICE_DEFAULT)).unwrap();
     let plan = Plan {
-        remap: vec![],
-        restored: vec![],
+        parts: Default::default(),
         tree: b.build(),
         warnings: vec![],
         tpus: vec![],
         driver_version: None,
         checks: vec![],
         mixed_input: Default::default(),
-        amd: Default::default(),
     };
     Loaded { plan, metadata: None }
 }

@@ -1,15 +1,15 @@
 //! The NVIDIA GPUs a restore gets, from the spec, the device directory and the hook's
-//! `NVIDIA_VISIBLE_DEVICES`, with what the driver's files say of them ([`super::build`]'s first
-//! step after the checks of the driver files themselves).
+//! `NVIDIA_VISIBLE_DEVICES`, with what the driver's files say of them (the first step of NVIDIA's
+//! [`super::plan`] after the checks of the driver files themselves).
 //!
 //! Pure. Assumption: the device directory's stat'd numbers are the truth for a GPU both it and
 //! the spec name, since the spec may be older than the host's nodes; its mode and owner are
 //! the spec's, which runc gives the node.
 
-use super::{Inputs, PlanError};
 use crate::device::{Access, Rdev};
-use crate::family::nvidia::visible;
-use crate::family::nvidia::{GpuInfo, RestoredGpu};
+use super::visible;
+use super::{GpuInfo, RestoredGpu};
+use crate::decision::seam::{Inputs, PlanError};
 use crate::inputs::pci;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, BTreeSet};
 /// (whose stat'd number wins, and the spec's mode and owner where the spec lists the GPU): of
 /// the directory's, every one without a spec, else only those the spec lists and those the
 /// hook's `NVIDIA_VISIBLE_DEVICES` selects; with what the driver says of them, sorted by minor.
-pub(super) fn restored_gpus(inputs: &Inputs) -> Result<Vec<RestoredGpu>, PlanError> {
+pub fn restored_gpus(inputs: &Inputs) -> Result<Vec<RestoredGpu>, PlanError> {
     let mut by_minor: BTreeMap<u32, (Rdev, Access)> = BTreeMap::new();
     for dev in inputs.spec.iter().flat_map(|s| &s.devices) {
         if let Some(minor) = dev.gpu_minor() {
@@ -66,7 +66,7 @@ pub(super) fn restored_gpus(inputs: &Inputs) -> Result<Vec<RestoredGpu>, PlanErr
 /// Refuses driver files that contradict each other: two GPUs with one Device Minor, one UUID
 /// (in either case) or one bus. The driver gives each GPU its own; a UUID or selection would
 /// otherwise silently mean the first of the two.
-pub(super) fn check_driver_files(gpus: &[GpuInfo]) -> Result<(), PlanError> {
+pub fn check_driver_files(gpus: &[GpuInfo]) -> Result<(), PlanError> {
     let key = |g: &GpuInfo| -> [Option<String>; 3] {
         [
             g.minor.map(|m| format!("Device Minor {m}")),

@@ -8,11 +8,10 @@
 //! and a value is never echoed beyond [`describe`]'s short form. The items keep their order in
 //! the list: the plugin pairs in the order the checkpoint recorded its GPUs.
 
-use super::metadata::{MetadataError, RecordedAccess, describe};
-use super::metadata_items as items;
-use crate::family::amd::plugin::{Gpu, GpuLink};
-use crate::family::amd::topology::Facts;
-use crate::family::amd::{FIRST_RENDER_MINOR, topology};
+use super::plugin::{Gpu, GpuLink};
+use super::topology::{self, Facts};
+use super::FIRST_RENDER_MINOR;
+use crate::inputs::metadata_items::{self as items, MetadataError, RecordedAccess, describe};
 use crate::inputs::limits::MAX_FUSE_MINOR;
 use serde_json::{Map, Value};
 
@@ -91,7 +90,7 @@ fn render_fault(minor: u32) -> Option<String> {
 }
 
 /// The AMD items, in the list's order, each render name (minor or earlier minor) once.
-pub(crate) fn amd_list(amd: Vec<AmdSaved>) -> Result<Vec<AmdSaved>, MetadataError> {
+pub fn list(amd: Vec<AmdSaved>) -> Result<Vec<AmdSaved>, MetadataError> {
     let names = amd.iter().flat_map(|a| std::iter::once(a.minor).chain(a.earlier_minors.iter().copied()));
     match items::repeated_name(names) {
         Some(minor) => Err(MetadataError::DuplicateRender(minor)),

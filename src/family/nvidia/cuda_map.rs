@@ -6,7 +6,7 @@
 //! driver's placeholder `GPU-????????-...` for an unreadable UUID is unknown, never an identity.
 
 use crate::decision::plan::Plan;
-use crate::family::nvidia::is_gpu_uuid;
+use super::is_gpu_uuid;
 use thiserror::Error;
 
 /// Why no device map can be given.
@@ -25,10 +25,12 @@ pub enum CudaMapError {
 
 /// `oldUUID=newUUID` for every saved GPU, in saved minor order, joined by commas.
 pub fn device_map(plan: &Plan) -> Result<String, CudaMapError> {
-    if plan.remap.is_empty() {
+    if plan.parts.nvidia.remap.is_empty() {
         return Err(CudaMapError::NoSavedGpus);
     }
     let pairs = plan
+        .parts
+        .nvidia
         .remap
         .iter()
         .map(|e| {
@@ -58,11 +60,12 @@ fn shown(uuid: Option<&String>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decision::plan::RemapEntry;
+    use crate::family::plans::Parts;
+    use crate::family::nvidia::plan::{NvidiaPlan, RemapEntry};
     use crate::decision::tree::TreeBuilder;
     use crate::device::{Access, Rdev};
     use crate::family::nvidia::RestoredGpu;
-    use crate::inputs::metadata::DeviceId;
+    use crate::family::nvidia::metadata::DeviceId;
 
     fn uuid(side: u32, minor: u32) -> String {
         format!("GPU-{side:08x}-0000-0000-0000-{minor:012x}")
@@ -97,15 +100,13 @@ mod tests {
             })
             .collect();
         Plan {
-            remap,
-            restored: vec![],
+            parts: Parts { nvidia: NvidiaPlan { remap, restored: vec![] }, amd: Default::default() },
             tree: TreeBuilder::default().build(),
             warnings: vec![],
             tpus: vec![],
             driver_version: None,
             checks: vec![],
             mixed_input: Default::default(),
-            amd: Default::default(),
         }
     }
 

@@ -1,4 +1,4 @@
-//! The AMD step of the plan, pure: which render nodes the container is given, which GPU each
+//! AMD's step of the plan, pure: which render nodes the container is given, which GPU each
 //! checkpoint render name leads to, the AMD side of the named checks, and the nodes in the tree.
 //!
 //! The restored AMD GPUs are what CRIU's amdgpu plugin sees on restore: the GPUs the restored
@@ -14,19 +14,19 @@
 //! wins. Where the plugin's choice is unknown (a GPU without its topology facts on either side)
 //! or it would refuse, the rest is paired by position and the plan says so.
 
-use crate::decision::checks::{self, CheckName, CheckResult};
+use super::metadata::AmdSaved;
+use super::pairing::{self, By, PairError};
+use super::plugin::{self, Gpu, Refusal};
+use super::products;
+use super::properties::{self, Checks, Switches};
+use super::topology::{Facts, Topology, kernfs_order};
+use super::{Amd, PLUGIN_LAST_MINOR};
+use crate::decision::checks::{self, CheckName, Side};
 use crate::decision::pairing::{DeviceRef, MapPair, PairingError};
-use crate::decision::plan::EarlierName;
+use crate::decision::seam::{EarlierName, Input, Inputs, PlanError, Prefer, Step};
 use crate::decision::tree::{Node, TreeBuilder, TreeError};
 use crate::device::{Access, DevKind, Rdev};
-use crate::family::AMD;
-use crate::family::amd::pairing::{self, By, PairError};
-use crate::family::amd::plugin::{self, Gpu, Refusal};
-use crate::family::amd::products;
-use crate::family::amd::properties::{self, Checks, Switches};
-use crate::family::amd::topology::{Facts, kernfs_order};
-use crate::family::amd::{PLUGIN_LAST_MINOR, topology::Topology};
-use crate::inputs::amd_metadata::AmdSaved;
+use crate::family::Family;
 use crate::inputs::host::DevDirScan;
 use crate::inputs::spec::SpecView;
 use std::collections::BTreeMap;
@@ -45,7 +45,7 @@ pub struct AmdRestored {
 
 impl AmdRestored {
     pub fn name(&self) -> String {
-        AMD.gpu_name(self.minor)
+        Amd.gpu_name(self.minor)
     }
 }
 
@@ -68,7 +68,7 @@ pub struct AmdRemap {
 
 impl AmdRemap {
     pub fn name(&self) -> String {
-        AMD.gpu_name(self.old_minor)
+        Amd.gpu_name(self.old_minor)
     }
 }
 
@@ -113,7 +113,7 @@ pub struct Decided {
 pub fn restored(spec: Option<&SpecView>, dev_dir: Option<&DevDirScan>, topology: &Topology) -> Vec<AmdRestored> {
     let mut by_minor: BTreeMap<u32, (Rdev, Access)> = BTreeMap::new();
     for dev in spec.iter().flat_map(|s| &s.devices) {
-        if let Some(minor) = AMD.gpu_minor_of_device(dev.kind, dev.rdev) {
+        if let Some(minor) = Amd.gpu_minor_of_device(dev.kind, dev.rdev) {
             by_minor.entry(minor).or_insert((dev.rdev, dev.access));
         }
     }
@@ -321,28 +321,37 @@ fn firmware_lower(saved: &Facts, restored: &Facts, checks: &Checks) -> Option<St
     .map(|(_, name, a, b)| format!("{name} {a}, newer ({b})"))
 }
 
-impl Decided {
-    /// `result` (NVIDIA's side of one check) with the AMD side merged in: it fails when either
-    /// side fails. `nvidia` says whether NVIDIA's side had GPUs at all; without, AMD's detail
-    /// stands alone.
-    pub fn merge(&self, result: CheckResult, nvidia: bool) -> CheckResult {
-        let Some((_, amd)) = self.outcomes.iter().flatten().find(|(c, _)| *c == result.check) else { return result };
-        let (amd_ok, amd_detail) = match amd {
-            Ok(d) => (true, d),
-            Err(d) => (false, d),
-        };
-        let detail = match (nvidia, result.ok, amd_ok) {
-            (true, false, true) => result.detail.clone(),
-            (false, _, _) | (true, true, false) => format!("amdgpu: {amd_detail}"),
-            _ => format!("{}; amdgpu: {amd_detail}", result.detail),
-        };
-        CheckResult { ok: amd_ok && (result.ok || !nvidia), detail, ..result }
+/// AMD's step: the restored render nodes, the `--device-map` pairs that name render nodes,
+/// and [`decide`] with the plugin's switches as the environment sets them.
+pub fn step(inputs: &Inputs) -> Result<Decided, PlanError> {
+    let saved = inputs.metadata.as_ref().map(|m| m.saved.amd.as_slice()).unwrap_or_default();
+    let restored = restored(inputs.spec.as_ref(), inputs.dev_dir.as_ref(), &inputs.host.amd);
+    let explicit = explicit(&inputs.device_map).map_err(PlanError::DeviceMap)?;
+    decide(saved, restored, &explicit, &inputs.kfd, inputs.host.amd_unread.as_deref()).map_err(PlanError::AmdDeviceMap)
+}
+
+impl Step for Decided {
+    fn side(&self, check: CheckName) -> Option<Side> {
+        let (_, outcome) = self.outcomes.iter().flatten().find(|(c, _)| *c == check)?;
+        Some(Side { takes_part: true, label: "amdgpu: ", outcome: outcome.clone() })
     }
 
+    fn fault(&self, _check: CheckName) -> Option<Input> {
+        None
+    }
+
+    fn place(&mut self, b: &mut TreeBuilder, prefer: Prefer, warnings: &mut Vec<String>) -> Result<(), PlanError> {
+        self.place_names(b, prefer == Prefer::Native).map_err(PlanError::SpecDevice)?;
+        warnings.append(&mut self.warnings);
+        Ok(())
+    }
+}
+
+impl Decided {
     /// Places every restored render node under its name, then every saved one's checkpoint
     /// name and earlier names, each leading to its pair unless another restored GPU's name wins
     /// (`prefer_native`).
-    pub fn place(&mut self, b: &mut TreeBuilder, prefer_native: bool) -> Result<(), TreeError> {
+    fn place_names(&mut self, b: &mut TreeBuilder, prefer_native: bool) -> Result<(), TreeError> {
         for g in &self.plan.restored {
             b.insert(&g.name(), Node::device(DevKind::Char, g.rdev, g.access))?;
         }
@@ -351,7 +360,7 @@ impl Decided {
             let node = Node::device(DevKind::Char, entry.rdev, *access);
             let (old, new) = (entry.old_minor, entry.new_minor);
             let mut place = |minor: u32, what: &str| -> Result<bool, TreeError> {
-                let name = AMD.gpu_name(minor);
+                let name = Amd.gpu_name(minor);
                 let holder = restored.iter().any(|g| g.minor == minor && g.minor != new);
                 let served = !(holder && prefer_native);
                 if holder {

@@ -1,0 +1,775 @@
+//! The shared plan's tests: every family through [`super::build`], with their fixtures.
+
+use super::*;
+use crate::decision::pairing::{By, MapPair, Rule};
+use crate::decision::tree::TreeError;
+use crate::decision::tree::Node;
+use crate::device::DevKind;
+use crate::family::nvidia::RestoredGpu;
+use crate::family::facts::HostFacts;
+use crate::family::table::NVIDIA;
+use crate::inputs::host::DevDirScan;
+use crate::family::table::Saved;
+use crate::family::nvidia::metadata::DeviceId;
+use crate::inputs::metadata::Metadata;
+use crate::inputs::spec::SpecView;
+use crate::decision::tree::NodeKind;
+use crate::device::{Access, Rdev};
+use crate::family::nvidia::GpuInfo;
+use crate::family::nvidia::visible::{Selector, Visible};
+use crate::inputs::host::HostNode;
+use crate::inputs::metadata::{Format, RecordedAccess};
+use crate::inputs::spec::{DevMount, SpecDevice};
+
+fn saved(minor: u32) -> DeviceId {
+    DeviceId {
+        minor,
+        pci_vendor_id: 4318,
+        pci_device_id: 8896,
+        gpu_id: 0,
+        device_instance: 0,
+        subdevice_instance: 0,
+        uuid: format!("GPU-{minor}"),
+        ..Default::default()
+    }
+}
+
+/// Inputs with saved GPUs `old` and a host dev dir whose `nvidiaN` for N in `new` opens 1:N+3.
+fn inputs(old: &[u32], new: &[u32]) -> Inputs {
+    let gpus = new
+        .iter()
+        .map(|&n| {
+            (
+                n,
+                HostNode {
+                    rel_path: NVIDIA.gpu_name(n),
+                    rdev: Rdev::new(1, n + 3),
+                    access: Access::DEVICE_DEFAULT,
+                },
+            )
+        })
+        .collect();
+    Inputs {
+        metadata: Some(Metadata {
+            format: Format::Array,
+            saved: Saved { gpus: old.iter().copied().map(saved).collect(), amd: vec![] },
+            gpu_key_present: true,
+            tpus: vec![],
+            warnings: vec![],
+        }),
+        dev_dir: Some(DevDirScan { gpus, amd: vec![], passthrough: vec![], warnings: vec![] }),
+        ..Inputs::default()
+    }
+}
+
+/// A spec char device at `path` (under `/dev/` when it starts so).
+fn spec_dev(path: &str, rdev: Rdev, access: Access) -> SpecDevice {
+    SpecDevice {
+        rel_path: path.strip_prefix("/dev/").map(str::to_owned),
+        path: path.into(),
+        kind: DevKind::Char,
+        rdev,
+        access,
+    }
+}
+
+fn rdev_at(plan: &Plan, name: &str) -> Option<Rdev> {
+    plan.tree.get(name).and_then(Node::rdev)
+}
+
+/// runc's /dev: with no inputs the tree is exactly the defaults.
+#[test]
+fn no_inputs_is_runcs_default_dev() {
+    let plan = build(&Inputs::default()).unwrap();
+    let names: Vec<&str> = plan.tree.iter().map(|(p, _)| p).collect();
+    assert_eq!(
+        names,
+        ["fd", "full", "null", "ptmx", "random", "stderr", "stdin", "stdout", "tty", "urandom", "zero"]
+    );
+    assert_eq!(rdev_at(&plan, "tty"), Some(Rdev::new(5, 0)));
+    assert!(plan.parts.nvidia.remap.is_empty() && plan.warnings.is_empty());
+    let with_core =
+        build(&Inputs { host: HostFacts { has_kcore: true, ..Default::default() }, ..Default::default() }).unwrap();
+    assert_eq!(with_core.tree.get("core").unwrap().kind, NodeKind::Symlink("/proc/kcore".into()));
+}
+
+/// Bug (issue 17.9): with a host device directory, a container given only `/dev/nvidia0`
+/// also listed `nvidia1` and every other host GPU. A spec that names GPU devices is given
+/// those alone (the directory's node for the same minor still gives its number); one that
+/// names none gets none (issue 29.3: runc makes none).
+#[test]
+fn a_spec_naming_gpus_gets_only_those() {
+    let mut inp = inputs(&[], &[0, 1, 2]);
+    inp.metadata = None;
+    let gpu0 = spec_dev("/dev/nvidia0", Rdev::new(195, 0), Access::DEVICE_DEFAULT);
+    inp.spec = Some(SpecView { devices: vec![gpu0], ..SpecView::default() });
+    let plan = build(&inp).unwrap();
+    let names: Vec<String> = plan.parts.nvidia.restored.iter().map(RestoredGpu::name).collect();
+    assert_eq!(names, ["nvidia0"]);
+    assert_eq!(rdev_at(&plan, "nvidia0"), Some(Rdev::new(1, 3)));
+    assert_eq!((rdev_at(&plan, "nvidia1"), rdev_at(&plan, "nvidia2")), (None, None));
+    inp.spec = Some(SpecView::default());
+    assert_eq!(build(&inp).unwrap().parts.nvidia.restored.len(), 0, "a spec naming no GPU gets none");
+}
+
+/// Both kinds of names: native names are the host GPUs, checkpoint names their pairs.
+#[test]
+fn native_and_checkpoint_names() {
+    let plan = build(&inputs(&[0, 1], &[4, 5])).unwrap();
+    assert_eq!(rdev_at(&plan, "nvidia4"), Some(Rdev::new(1, 7)));
+    assert_eq!(rdev_at(&plan, "nvidia5"), Some(Rdev::new(1, 8)));
+    assert_eq!(rdev_at(&plan, "nvidia0"), Some(Rdev::new(1, 7)));
+    assert_eq!(rdev_at(&plan, "nvidia1"), Some(Rdev::new(1, 8)));
+    assert!(plan.parts.nvidia.remap.iter().all(|e| e.served));
+    assert!(plan.warnings.is_empty());
+}
+
+/// Collision: saved {0,1} onto {1,2}; nvidia1 is host GPU 1 by default, the saved GPU 1's
+/// device (host 2) with --prefer checkpoint; a warning either way.
+#[test]
+fn collision_native_wins_by_default() {
+    let plan = build(&inputs(&[0, 1], &[1, 2])).unwrap();
+    assert_eq!(rdev_at(&plan, "nvidia1"), Some(Rdev::new(1, 4)));
+    assert_eq!(rdev_at(&plan, "nvidia0"), Some(Rdev::new(1, 4)));
+    assert_eq!(plan.parts.nvidia.remap.iter().map(|e| e.served).collect::<Vec<_>>(), [true, false]);
+    assert_eq!(plan.warnings.len(), 1);
+    assert!(plan.warnings[0].starts_with("nvidia1: checkpoint name"), "{:?}", plan.warnings);
+
+    let mut inp = inputs(&[0, 1], &[1, 2]);
+    inp.prefer = Prefer::Checkpoint;
+    let plan = build(&inp).unwrap();
+    assert_eq!(rdev_at(&plan, "nvidia1"), Some(Rdev::new(1, 5)));
+    assert_eq!(rdev_at(&plan, "nvidia2"), Some(Rdev::new(1, 5)));
+    assert!(plan.parts.nvidia.remap.iter().all(|e| e.served));
+    assert_eq!(plan.warnings.len(), 1);
+}
+
+/// A restore onto the same GPUs serves each name as itself, with no warning.
+#[test]
+fn identity_restore() {
+    let plan = build(&inputs(&[0, 1], &[0, 1])).unwrap();
+    assert_eq!(rdev_at(&plan, "nvidia0"), Some(Rdev::new(1, 3)));
+    assert_eq!(rdev_at(&plan, "nvidia1"), Some(Rdev::new(1, 4)));
+    assert!(plan.warnings.is_empty() && plan.parts.nvidia.remap.iter().all(|e| e.served));
+}
+
+/// Rule (issue 12.2): a checkpoint name is served with the mode, uid and gid the metadata
+/// recorded; the native name keeps the host's; unrecorded fields come from the host node.
+#[test]
+fn checkpoint_names_keep_recorded_access() {
+    let mut inp = inputs(&[0, 1], &[4, 5]);
+    let gpus = &mut inp.metadata.as_mut().unwrap().saved.gpus;
+    gpus[0].recorded = RecordedAccess { mode: Some(0o600), uid: Some(7), gid: Some(8) };
+    gpus[1].recorded = RecordedAccess { mode: Some(0o640), uid: None, gid: None };
+    let plan = build(&inp).unwrap();
+    assert_eq!(plan.tree.get("nvidia0").unwrap().access, Access { mode: 0o600, uid: 7, gid: 8 });
+    assert_eq!(plan.tree.get("nvidia1").unwrap().access, Access { mode: 0o640, uid: 0, gid: 0 });
+    assert_eq!(plan.tree.get("nvidia4").unwrap().access, Access::DEVICE_DEFAULT);
+    assert_eq!(rdev_at(&plan, "nvidia0"), Some(Rdev::new(1, 7)));
+}
+
+/// The metadata key absent (cuda-checkpoint released the devices): host GPUs still served.
+#[test]
+fn absent_key_still_serves_native_names() {
+    let plan = build(&inputs(&[], &[3])).unwrap();
+    assert!(plan.parts.nvidia.remap.is_empty());
+    assert_eq!(rdev_at(&plan, "nvidia3"), Some(Rdev::new(1, 6)));
+    assert_eq!(plan.tree.iter().filter(|(p, _)| p.starts_with("nvidia")).count(), 1);
+}
+
+/// Spec: mounts become directories; devices keep their path and access; spec GPUs are
+/// restored GPUs; a device outside /dev is reported; a device over a mount point is refused.
+#[test]
+fn spec_shapes_the_tree() {
+    let dev = |path: &str, rdev: Rdev| spec_dev(path, rdev, Access { mode: 0o600, uid: 1, gid: 2 });
+    let spec = SpecView {
+        devices: vec![
+            dev("/dev/dri/card0", Rdev::new(226, 0)),
+            dev("/dev/nvidia7", Rdev::new(195, 7)),
+            dev("/opt/x", Rdev::new(1, 3)),
+        ],
+        dev_mounts: ["pts", "shm"].map(|p| DevMount { rel_path: p.into(), ..DevMount::default() }).to_vec(),
+        ..SpecView::default()
+    };
+    let plan = build(&Inputs { spec: Some(spec.clone()), ..Inputs::default() }).unwrap();
+    assert_eq!(plan.tree.get("pts").unwrap().kind, NodeKind::Dir);
+    assert_eq!(plan.tree.get("dri").unwrap().kind, NodeKind::Dir);
+    assert_eq!(plan.tree.get("dri/card0").unwrap().access, Access { mode: 0o600, uid: 1, gid: 2 });
+    assert_eq!(plan.parts.nvidia.restored.iter().map(|g| g.minor).collect::<Vec<_>>(), [7]);
+    assert_eq!(plan.warnings, ["spec device /opt/x is outside /dev; not served"]);
+
+    let mut clash = spec;
+    clash.devices.push(dev("/dev/pts", Rdev::new(1, 3)));
+    assert!(matches!(
+        build(&Inputs { spec: Some(clash), ..Inputs::default() }),
+        Err(PlanError::SpecMount(TreeError::DirOverNode { .. }))
+    ));
+}
+
+/// Mount points: a mount onto an existing node (a restore's bind mount over a GPU) keeps
+/// the node; a file bind mount and a terminal's console get a non-directory placeholder.
+#[test]
+fn mount_points_onto_nodes_files_and_console() {
+    let mut inp = inputs(&[], &[0]);
+    let mount = |p: &str, file: bool| DevMount {
+        rel_path: p.into(),
+        bind_source: Some("/x".into()),
+        onto_file: file,
+        tmpfs_mode: None,
+    };
+    inp.spec = Some(SpecView {
+        dev_mounts: vec![mount("nvidia0", true), mount("termination-log", true), mount("data/sub", false)],
+        terminal: true,
+        ..SpecView::default()
+    });
+    let plan = build(&inp).unwrap();
+    assert_eq!(rdev_at(&plan, "nvidia0"), Some(Rdev::new(1, 3)), "the GPU node stays as the mount point");
+    assert_eq!(rdev_at(&plan, "termination-log"), Some(Rdev::new(1, 3)));
+    assert_eq!(rdev_at(&plan, "console"), Some(Rdev::new(1, 3)));
+    assert_eq!(plan.tree.get("data/sub").unwrap().kind, NodeKind::Dir);
+    let no_tty = build(&Inputs { spec: Some(SpecView::default()), ..Inputs::default() }).unwrap();
+    assert!(no_tty.tree.get("console").is_none());
+}
+
+/// Bug (found from outside): a spec device under a spec mount (`/dev/shm/x` with a tmpfs on
+/// `/dev/shm`) was served in silence, though the runtime's mount hides it in the container,
+/// while runc's own /dev makes it inside the mount. A warning names it, once per mount;
+/// directories made for other mounts under it are not warned about.
+#[test]
+fn a_node_under_a_mount_is_warned_about() {
+    let mount = |p: &str| DevMount { rel_path: p.into(), ..DevMount::default() };
+    let spec = SpecView {
+        devices: vec![
+            spec_dev("/dev/shm/x", Rdev::new(1, 3), Access::DEVICE_DEFAULT),
+            spec_dev("/dev/shm/y", Rdev::new(1, 3), Access::DEVICE_DEFAULT),
+        ],
+        dev_mounts: vec![mount("shm"), mount("pts"), mount("pts/sub")],
+        ..SpecView::default()
+    };
+    let plan = build(&Inputs { spec: Some(spec), ..Inputs::default() }).unwrap();
+    assert_eq!(plan.warnings, ["/dev/shm/x lies under the mount /dev/shm, which hides it in the container"]);
+}
+
+/// Nothing enters the tree that no input asked for: every node is a default, a spec node,
+/// a pass-through node, or a GPU name.
+#[test]
+fn tree_holds_only_what_inputs_ask_for() {
+    let mut inp = inputs(&[0, 1, 2], &[5, 6, 7, 9]);
+    inp.dev_dir.as_mut().unwrap().passthrough.push(HostNode {
+        rel_path: "nvidiactl".into(),
+        rdev: Rdev::new(195, 255),
+        access: Access::DEVICE_DEFAULT,
+    });
+    let plan = build(&inp).unwrap();
+    let gpus: Vec<&str> = plan.tree.iter().map(|(p, _)| p).filter(|p| p.starts_with("nvidia")).collect();
+    assert_eq!(gpus, ["nvidia0", "nvidia1", "nvidia2", "nvidia5", "nvidia6", "nvidia7", "nvidia9", "nvidiactl"]);
+    assert_eq!(plan.tree.iter().count(), 11 + gpus.len());
+}
+
+/// Bug (issue 22): a pass-through node the spec lists (`/dev/kfd`, `/dev/nvidiactl`) was
+/// served with the host node's mode and owner, replacing the spec's entry, and so was a GPU
+/// both the spec and the device directory give: a spec's root-only `0600` on a host's `0666`
+/// was served `0666`, access runc (which makes the node with the spec's `fileMode`, `uid`,
+/// `gid`) never gives. Every node the spec lists keeps the spec's mode and owner, the
+/// directory giving only its number, for both families; a node the spec does not list has
+/// the host node's, as the NVIDIA hook's copy has.
+#[test]
+fn a_host_node_never_widens_the_specs_mode() {
+    let host = Access::DEVICE_DEFAULT;
+    let root_only = Access { mode: 0o600, uid: 0, gid: 0 };
+    let render = Access { mode: 0o660, uid: 0, gid: 44 };
+    let mut inp = inputs(&[], &[2, 3]);
+    let dir = inp.dev_dir.as_mut().unwrap();
+    for (name, rdev) in
+        [("nvidiactl", Rdev::new(195, 255)), ("nvidia-uvm", Rdev::new(507, 0)), ("kfd", Rdev::new(5, 0))]
+    {
+        dir.passthrough.push(HostNode { rel_path: name.into(), rdev, access: host });
+    }
+    dir.amd.push((136, HostNode { rel_path: "dri/renderD136".into(), rdev: Rdev::new(1, 7), access: host }));
+    inp.spec = Some(SpecView {
+        devices: vec![
+            spec_dev("/dev/nvidiactl", Rdev::new(195, 255), root_only),
+            spec_dev("/dev/kfd", Rdev::new(235, 0), root_only),
+            spec_dev("/dev/nvidia2", Rdev::new(195, 2), root_only),
+            spec_dev("/dev/dri/renderD136", Rdev::new(226, 136), render),
+        ],
+        ..SpecView::default()
+    });
+    let plan = build(&inp).unwrap();
+    let served = |name: &str| plan.tree.get(name).map(|n| (n.rdev(), n.access));
+    assert_eq!(served("nvidiactl"), Some((Some(Rdev::new(195, 255)), root_only)));
+    assert_eq!(served("kfd"), Some((Some(Rdev::new(5, 0)), root_only)), "the host's number, the spec's mode");
+    assert_eq!(served("nvidia2"), Some((Some(Rdev::new(1, 5)), root_only)));
+    assert_eq!(served("dri/renderD136"), Some((Some(Rdev::new(1, 7)), render)));
+    assert_eq!(served("nvidia-uvm"), None, "a spec that names its devices is given those only");
+    assert_eq!(served("nvidia3"), None, "a spec that names GPUs is given those only");
+}
+
+/// Bug: a spec that named its devices (`docker run --device /dev/nvidia0`) was given every
+/// pass-through node of the device directory as well (`nvidiactl`, `nvidia-uvm`, `kfd`),
+/// nodes the spec never listed. A node the spec does not list is served only without a
+/// spec, or in hook mode for the NVIDIA hook's control nodes (issue 29.3: not for a spec
+/// that lists no NVIDIA GPU); never AMD's `kfd` with a spec that does not list it.
+#[test]
+fn a_spec_that_names_its_devices_gets_no_other_passthrough_node() {
+    let host = Access::DEVICE_DEFAULT;
+    let with = |spec: Option<SpecView>| {
+        let mut inp = inputs(&[], &[0, 1]);
+        let dir = inp.dev_dir.as_mut().unwrap();
+        for (name, rdev) in
+            [("nvidiactl", Rdev::new(195, 255)), ("nvidia-uvm", Rdev::new(507, 0)), ("kfd", Rdev::new(235, 0))]
+        {
+            dir.passthrough.push(HostNode { rel_path: name.into(), rdev, access: host });
+        }
+        inp.spec = spec;
+        let plan = build(&inp).unwrap();
+        ["nvidiactl", "nvidia-uvm", "kfd"].into_iter().filter(|n| plan.tree.get(n).is_some()).collect::<Vec<_>>()
+    };
+    let gpu0 = spec_dev("/dev/nvidia0", Rdev::new(195, 0), host);
+    let ctl = spec_dev("/dev/nvidiactl", Rdev::new(195, 255), host);
+    let named = |devices| Some(SpecView { devices, ..SpecView::default() });
+    assert_eq!(with(named(vec![gpu0.clone()])), Vec::<&str>::new(), "only the spec's devices");
+    assert_eq!(with(named(vec![gpu0, ctl])), ["nvidiactl"], "the one it lists");
+    assert_eq!(with(named(vec![])), Vec::<&str>::new(), "no device named: none of them");
+    assert_eq!(with(hook(Visible::All)), ["nvidiactl", "nvidia-uvm"], "hook mode: the hook copies them");
+    assert_eq!(with(None), ["nvidiactl", "nvidia-uvm", "kfd"], "--host-dev alone");
+}
+
+/// The NVIDIA and AMD nodes of `plan`'s tree, by path.
+fn gpu_family_nodes(plan: &Plan) -> Vec<&str> {
+    let ours = |p: &&str| p.starts_with("nvidia") || p.starts_with("dri") || *p == "kfd";
+    plan.tree.iter().map(|(p, _)| p).filter(ours).collect()
+}
+
+/// A host device directory with NVIDIA GPUs 0 and 1, the control nodes, a MIG capability,
+/// `kfd` and an AMD render node, all at the host's `0666`.
+fn full_dev_dir() -> Inputs {
+    let mut inp = inputs(&[], &[0, 1]);
+    inp.metadata = None;
+    inp.host = described(&[(0, "0000:3c:00.0"), (1, "0000:3d:00.0")], (0x10de, 0x2330));
+    let dir = inp.dev_dir.as_mut().unwrap();
+    let host = Access::DEVICE_DEFAULT;
+    for (name, rdev) in [
+        ("nvidiactl", Rdev::new(195, 255)),
+        ("nvidia-modeset", Rdev::new(195, 254)),
+        ("nvidia-uvm", Rdev::new(507, 0)),
+        ("nvidia-caps/nvidia-cap1", Rdev::new(508, 1)),
+        ("kfd", Rdev::new(235, 0)),
+    ] {
+        dir.passthrough.push(HostNode { rel_path: name.into(), rdev, access: host });
+    }
+    dir.amd.push((128, HostNode { rel_path: "dri/renderD128".into(), rdev: Rdev::new(226, 128), access: host }));
+    inp
+}
+
+/// Bug (issue 29.3): with a device directory, a spec was given nodes runc never makes from
+/// it: one asking the hook for nothing (`void`, empty, `,`, the variable unset: no hook
+/// request) or listing no device got every `nvidiaN`, `nvidiactl`, `nvidia-uvm` and
+/// `nvidia-caps/*`; one listing only `nvidiactl`, `kfd` or a render node got every NVIDIA
+/// node at the host's `0666`. A spec gets what it lists and, in hook mode, what the toolkit
+/// gives: the selected GPUs and the control nodes (`none`: those alone), never
+/// `nvidia-caps/*` (MIG only). Only without a spec is the whole directory served.
+#[test]
+fn a_spec_gets_only_what_it_lists_and_the_hook_selects() {
+    let with = |spec: Option<SpecView>| {
+        let mut inp = full_dev_dir();
+        inp.spec = spec;
+        let plan = build(&inp).unwrap();
+        gpu_family_nodes(&plan).into_iter().map(str::to_owned).collect::<Vec<_>>()
+    };
+    let host = Access::DEVICE_DEFAULT;
+    let listing = |devices: Vec<SpecDevice>| Some(SpecView { devices, ..SpecView::default() });
+    let none: Vec<String> = vec![];
+    assert_eq!(with(Some(SpecView::default())), none, "no device listed, no hook request");
+    assert_eq!(with(listing(vec![spec_dev("/dev/nvidiactl", Rdev::new(195, 255), host)])), ["nvidiactl"]);
+    assert_eq!(with(listing(vec![spec_dev("/dev/nvidia-uvm", Rdev::new(507, 0), host)])), ["nvidia-uvm"]);
+    assert_eq!(with(listing(vec![spec_dev("/dev/kfd", Rdev::new(235, 0), host)])), ["kfd"]);
+    let render = spec_dev("/dev/dri/renderD128", Rdev::new(226, 128), host);
+    assert_eq!(with(listing(vec![render])), ["dri", "dri/renderD128"]);
+    assert_eq!(with(hook(Visible::None)), ["nvidia-modeset", "nvidia-uvm", "nvidiactl"]);
+    assert_eq!(
+        with(hook(Visible::Devices(vec![Selector::Index(1)]))),
+        ["nvidia-modeset", "nvidia-uvm", "nvidia1", "nvidiactl"]
+    );
+    assert_eq!(with(hook(Visible::All)), ["nvidia-modeset", "nvidia-uvm", "nvidia0", "nvidia1", "nvidiactl"]);
+    assert_eq!(
+        with(None),
+        [
+            "dri",
+            "dri/renderD128",
+            "kfd",
+            "nvidia-caps",
+            "nvidia-caps/nvidia-cap1",
+            "nvidia-modeset",
+            "nvidia-uvm",
+            "nvidia0",
+            "nvidia1",
+            "nvidiactl"
+        ],
+        "the operator's own --host-dev without a spec: the whole directory"
+    );
+}
+
+/// Rule (issue 29.3): the remap still works for a restored container whose spec lists its
+/// GPUs or asks the hook for them: saved GPUs 0 and 1 onto host GPUs 0 and 1 either way;
+/// a spec that asks for no GPU is too few, the spec's fault.
+#[test]
+fn a_restore_gets_its_gpus_from_the_spec_or_the_hook() {
+    let mut inp = full_dev_dir();
+    inp.metadata = inputs(&[4, 5], &[]).metadata;
+    let host = Access::DEVICE_DEFAULT;
+    let listed = [0, 1].map(|m| spec_dev(&format!("/dev/nvidia{m}"), Rdev::new(195, m), host)).to_vec();
+    for spec in [Some(SpecView { devices: listed, ..SpecView::default() }), hook(Visible::All)] {
+        inp.spec = spec;
+        let plan = build(&inp).unwrap();
+        assert_eq!(
+            (rdev_at(&plan, "nvidia4"), rdev_at(&plan, "nvidia5")),
+            (Some(Rdev::new(1, 3)), Some(Rdev::new(1, 4)))
+        );
+    }
+    inp.spec = Some(SpecView::default());
+    assert_eq!(build(&inp).unwrap_err(), PlanError::SpecGpus(PairingError::Count { saved: 2, restored: 0 }));
+}
+
+/// Bug (issue 29.5): runc mounts a tmpfs on a directory that exists and then chmods it to
+/// that directory's mode, so the tree's `0755` mount point left `/dev/shm` unwritable to a
+/// non-root user, where runc's own `/dev` leaves the tmpfs's `1777`. A tmpfs's mount point
+/// has the tmpfs's mode (its `mode=`, else `1777`), the first mount on a path deciding; any
+/// other mount's stays `0755`.
+#[test]
+fn a_tmpfs_mount_point_has_the_tmpfs_mode() {
+    let mount =
+        |p: &str, tmpfs_mode: Option<u32>| DevMount { rel_path: p.into(), tmpfs_mode, ..DevMount::default() };
+    let spec = SpecView {
+        dev_mounts: vec![
+            mount("shm", Some(0o1777)),
+            mount("shm", Some(0o700)),
+            mount("a/b", Some(0o750)),
+            mount("pts", None),
+            mount("mqueue", None),
+            mount("mqueue", Some(0o700)),
+        ],
+        ..SpecView::default()
+    };
+    let plan = build(&Inputs { spec: Some(spec), ..Inputs::default() }).unwrap();
+    let mode = |p: &str| plan.tree.get(p).map(|n| (n.kind.clone(), n.access.mode));
+    assert_eq!(mode("shm"), Some((NodeKind::Dir, 0o1777)));
+    assert_eq!(mode("a/b"), Some((NodeKind::Dir, 0o750)));
+    assert_eq!(mode("a"), Some((NodeKind::Dir, 0o755)));
+    assert_eq!(mode("pts"), Some((NodeKind::Dir, 0o755)));
+    assert_eq!(mode("mqueue"), Some((NodeKind::Dir, 0o755)), "the first mount there is no tmpfs");
+}
+
+/// Bug (found attacking the pass-through rule): a spec listing `/dev/nvidiactl` as a block
+/// device or a FIFO had it served as a char device with the directory's number; runc makes
+/// what the spec says, so the spec's node is kept. A char device takes the number only.
+#[test]
+fn a_spec_node_of_another_type_under_a_passthrough_name_is_kept() {
+    let mut inp = inputs(&[], &[0]);
+    let host = Access::DEVICE_DEFAULT;
+    inp.dev_dir.as_mut().unwrap().passthrough.push(HostNode {
+        rel_path: "nvidiactl".into(),
+        rdev: Rdev::new(195, 255),
+        access: host,
+    });
+    let mut block = spec_dev("/dev/nvidiactl", Rdev::new(8, 0), host);
+    block.kind = DevKind::Block;
+    inp.spec = Some(SpecView {
+        devices: vec![spec_dev("/dev/nvidia0", Rdev::new(195, 0), host), block],
+        ..SpecView::default()
+    });
+    let plan = build(&inp).unwrap();
+    assert_eq!(
+        plan.tree.get("nvidiactl").map(|n| &n.kind),
+        Some(&NodeKind::Device(DevKind::Block, Rdev::new(8, 0)))
+    );
+}
+
+/// Host facts for GPUs `minors`, each on a bus in the given order, with PCI ids `pci`.
+fn described(buses_by_minor: &[(u32, &str)], pci: (u32, u32)) -> HostFacts {
+    let gpu_info = buses_by_minor
+        .iter()
+        .map(|&(minor, bus)| GpuInfo {
+            minor: Some(minor),
+            uuid: Some(format!("GPU-0b5e55ed-1111-4222-8333-{minor:012}")),
+            bus: Some(bus.to_owned()),
+            pci: Some(pci),
+            excluded: false,
+            model: None,
+        })
+        .collect();
+    HostFacts { gpu_info, ..HostFacts::default() }
+}
+
+fn hook(visible: Visible) -> Option<SpecView> {
+    Some(SpecView { hook: Some(visible), ..SpecView::default() })
+}
+
+fn native_gpus(plan: &Plan) -> Vec<u32> {
+    plan.parts.nvidia.restored.iter().map(|g| g.minor).collect()
+}
+
+/// Bug (issue 10.1): in hook mode the restored GPUs are exactly those NVIDIA_VISIBLE_DEVICES
+/// selects, by the driver's (PCI bus) order: `2,3` on a host whose minors 0..3 sit on buses
+/// 3c, 3d, 1a, 1b are minors 0 and 1; only they get native names; one GPU for two saved ones
+/// is too few, blamed on the spec.
+#[test]
+fn hook_mode_serves_only_the_selected_gpus() {
+    let mut inp = inputs(&[0, 1], &[0, 1, 2, 3]);
+    inp.host = described(
+        &[(0, "0000:3c:00.0"), (1, "0000:3d:00.0"), (2, "0000:1a:00.0"), (3, "0000:1b:00.0")],
+        (0x10de, 0x2330),
+    );
+    inp.spec = hook(Visible::Devices(vec![Selector::Index(2), Selector::Index(3)]));
+    let plan = build(&inp).unwrap();
+    assert_eq!(native_gpus(&plan), [0, 1]);
+    assert!(plan.tree.get("nvidia2").is_none() && plan.tree.get("nvidia3").is_none());
+
+    inp.spec = hook(Visible::Devices(vec![Selector::Index(0)]));
+    let err = build(&inp).unwrap_err();
+    assert_eq!(err, PlanError::SpecGpus(PairingError::Count { saved: 2, restored: 1 }));
+    assert_eq!(err.input(), Input::Spec);
+
+    inp.spec = hook(Visible::None);
+    inp.metadata = None;
+    assert_eq!(native_gpus(&build(&inp).unwrap()), [0u32; 0]);
+    inp.spec = hook(Visible::All);
+    assert_eq!(native_gpus(&build(&inp).unwrap()), [0, 1, 2, 3]);
+    inp.spec = hook(Visible::Devices(vec![Selector::Index(4)]));
+    assert!(matches!(build(&inp), Err(PlanError::Visible(_))));
+    inp.dev_dir.as_mut().unwrap().gpus.retain(|(m, _)| *m != 2);
+    inp.spec = hook(Visible::Devices(vec![Selector::Index(0)]));
+    assert_eq!(build(&inp).unwrap_err(), PlanError::HostDevMissing(2));
+    assert_eq!(PlanError::HostDevMissing(2).input(), Input::HostDev);
+}
+
+/// Bug (issue 10.2): with nothing to remap (no metadata, or metadata without GPUs) a host
+/// with two GPU models is served; with saved GPUs the mixed restored side is refused, as the
+/// host root's fault.
+#[test]
+fn mixed_models_refused_only_with_something_to_remap() {
+    let mut inp = inputs(&[], &[0, 1]);
+    inp.host = described(&[(0, "0000:3c:00.0"), (1, "0000:3d:00.0")], (0x10de, 0x2330));
+    inp.host.gpu_info[1].pci = Some((0x10de, 0x2684));
+    assert_eq!(native_gpus(&build(&inp).unwrap()), [0, 1]);
+    inp.metadata = None;
+    assert_eq!(native_gpus(&build(&inp).unwrap()), [0, 1]);
+    let mut with_saved = inputs(&[0], &[0, 1]);
+    with_saved.host = inp.host.clone();
+    let err = gate(&build(&with_saved).unwrap()).unwrap_err();
+    assert_eq!(err.input(), Input::HostRoot);
+    assert_eq!(
+        err.to_string(),
+        "mixed: restored devices are not homogeneous: nvidia0 is 10de:2330 but nvidia1 is 10de:2684"
+    );
+    // Relaxed, it is served with a warning.
+    with_saved.relax.insert(CheckName::Mixed);
+    with_saved.relax.insert(CheckName::Model);
+    let plan = build(&with_saved).unwrap();
+    assert_eq!(gate(&plan), Ok(()));
+    assert_eq!(
+        plan.warnings[0],
+        "check mixed relaxed: restored devices are not homogeneous: nvidia0 is 10de:2330 but nvidia1 is 10de:2684"
+    );
+}
+
+/// Bug (issue 10.6): the same path twice in linux.devices: the first entry is served, as runc
+/// does, and a warning names both.
+#[test]
+fn duplicate_spec_device_path_keeps_the_first() {
+    let dev = |path: &str, minor: u32| spec_dev(path, Rdev::new(1, minor), Access::DEVICE_DEFAULT);
+    let spec =
+        SpecView { devices: vec![dev("/dev/x", 3), dev("/dev/y", 7), dev("/dev/x", 5)], ..SpecView::default() };
+    let plan = build(&Inputs { spec: Some(spec), ..Inputs::default() }).unwrap();
+    assert_eq!(rdev_at(&plan, "x"), Some(Rdev::new(1, 3)));
+    assert_eq!(
+        plan.warnings,
+        ["spec device /dev/x is listed again as /dev/x; serving the first entry, as runc does"]
+    );
+}
+
+/// Bug (found from outside): runc's own /dev (runc 1.1.5, measured) differs from the spec's
+/// list in two ways the plan did not follow: /dev/ptmx is always the symlink `pts/ptmx`
+/// (setupPtmx removes what is there), and a default node is replaced only by a device
+/// written exactly as its path (`/dev//null`, `/dev/./zero`, `/dev/full/` leave the
+/// default, unless another entry is written `/dev/null`, which drops it). Each kept node
+/// is warned about.
+#[test]
+fn spec_devices_over_defaults_follow_runc() {
+    let dev = |path: &str, minor: u32| spec_dev(path, Rdev::new(1, minor), Access::DEVICE_DEFAULT);
+    let d = |path: &str, minor: u32| {
+        let mut v = dev(path, minor);
+        v.rel_path = Some(path.trim_start_matches("/dev/").trim_matches(&['/', '.'][..]).replace("//", "/"));
+        v
+    };
+    let devices = vec![
+        d("/dev/ptmx", 2),
+        d("/dev//null", 5),
+        d("/dev/./zero", 7),
+        d("/dev/full/", 3),
+        d("/dev/fd", 9),
+        d("/dev//tty", 11),
+        d("/dev/tty", 12),
+    ];
+    let plan =
+        build(&Inputs { spec: Some(SpecView { devices, ..SpecView::default() }), ..Inputs::default() }).unwrap();
+    assert_eq!(plan.tree.get("ptmx").unwrap().kind, NodeKind::Symlink("pts/ptmx".into()));
+    assert_eq!(rdev_at(&plan, "null"), Some(Rdev::new(1, 3)));
+    assert_eq!(rdev_at(&plan, "zero"), Some(Rdev::new(1, 5)));
+    assert_eq!(rdev_at(&plan, "full"), Some(Rdev::new(1, 7)));
+    assert_eq!(rdev_at(&plan, "fd"), Some(Rdev::new(1, 9)), "a device over a default symlink stays");
+    assert_eq!(rdev_at(&plan, "tty"), Some(Rdev::new(1, 11)), "/dev/tty drops the default; the first entry wins");
+    assert_eq!(plan.warnings.len(), 5, "{:?}", plan.warnings);
+    assert!(plan.warnings[0].contains("runc makes /dev/ptmx the symlink pts/ptmx"), "{:?}", plan.warnings);
+    assert_eq!(
+        plan.warnings[1],
+        "spec device /dev//null is not written /dev/null, so runc keeps its default /dev/null; serving the default"
+    );
+}
+
+/// Bug (issue 10.7): each error is the variant of the input that holds its cause: too few
+/// GPUs is the spec's when the spec names the GPUs, the device directory's when it alone
+/// does; a pass-through node in a spec node's way is the host's; --device-map without a
+/// checkpoint is the flag's.
+#[test]
+fn errors_name_the_input_that_holds_the_cause() {
+    let spec_gpu = spec_dev("/dev/nvidia3", Rdev::new(195, 3), Access::DEVICE_DEFAULT);
+    let mut inp = inputs(&[0, 1], &[]);
+    inp.dev_dir = None;
+    inp.spec = Some(SpecView { devices: vec![spec_gpu], ..SpecView::default() });
+    assert_eq!(build(&inp).unwrap_err().input(), Input::Spec);
+    let mut inp = inputs(&[0, 1], &[5]);
+    assert_eq!(build(&inp).unwrap_err(), PlanError::HostDevGpus(PairingError::Count { saved: 2, restored: 1 }));
+    // Issue 29.3: a spec gets only the GPUs it names, so too few is the spec's.
+    inp.spec = Some(SpecView::default());
+    assert_eq!(build(&inp).unwrap_err(), PlanError::SpecGpus(PairingError::Count { saved: 2, restored: 0 }));
+    let mut inp = inputs(&[0, 1], &[]);
+    inp.dev_dir = None;
+    assert_eq!(build(&inp).unwrap_err().input(), Input::Checkpoint);
+
+    // The hook's control node past the tree's node limit (a spec's devices fill it).
+    let mut inp = inputs(&[], &[]);
+    inp.metadata = None;
+    inp.dev_dir.as_mut().unwrap().passthrough.push(HostNode {
+        rel_path: "nvidiactl".into(),
+        rdev: Rdev::new(195, 255),
+        access: Access::DEVICE_DEFAULT,
+    });
+    let defaults = build(&Inputs::default()).unwrap().tree.len();
+    let devices = (0..crate::inputs::limits::MAX_NODES - defaults)
+        .map(|i| spec_dev(&format!("/dev/d{i}"), Rdev::new(1, 3), Access::DEVICE_DEFAULT))
+        .collect();
+    inp.spec = Some(SpecView { devices, hook: Some(Visible::None), ..SpecView::default() });
+    let err = build(&inp).unwrap_err();
+    assert!(matches!(err, PlanError::HostNode(TreeError::Limit { .. })), "{err}");
+    assert_eq!(err.input(), Input::HostDev);
+
+    let mut inp = inputs(&[], &[2]);
+    inp.metadata = None;
+    inp.device_map = vec![MapPair {
+        old: crate::decision::pairing::DeviceRef::Minor(0),
+        new: crate::decision::pairing::DeviceRef::Minor(2),
+    }];
+    let err = build(&inp).unwrap_err();
+    assert_eq!(err, PlanError::DeviceMap(PairingError::NoCheckpoint));
+    assert_eq!(err.to_string(), "no checkpoint was given (--metadata), so there are no saved devices to pair");
+}
+
+/// Bug (found from outside): a spec with a terminal whose other nodes fill the tree to its
+/// node limit made `plan` panic (exit 101) placing the console, and a daemon reloading it
+/// died, leaving a dead mount. The console past the limit is refused like any other node.
+#[test]
+fn a_console_past_the_node_limit_is_refused_not_a_panic() {
+    let defaults = build(&Inputs::default()).unwrap().tree.len();
+    let devices = (0..crate::inputs::limits::MAX_NODES - defaults)
+        .map(|i| spec_dev(&format!("/dev/d{i}"), Rdev::new(1, 3), Access::DEVICE_DEFAULT))
+        .collect();
+    let mut spec = SpecView { devices, ..SpecView::default() };
+    assert_eq!(
+        build(&Inputs { spec: Some(spec.clone()), ..Inputs::default() }).unwrap().tree.len(),
+        crate::inputs::limits::MAX_NODES
+    );
+    spec.terminal = true;
+    let err = build(&Inputs { spec: Some(spec), ..Inputs::default() }).unwrap_err();
+    assert_eq!(err.input(), Input::Spec);
+    assert_eq!(err.to_string(), "spec mount console: the tree would hold more than 16384 nodes");
+}
+
+/// Bug (found from outside): two driver information files giving the same Device Minor
+/// made NVIDIA_VISIBLE_DEVICES=<second GPU's UUID> serve that minor under the first GPU's
+/// UUID, and `0,1` one GPU, in silence. Two files describing one minor, UUID (in either
+/// case) or bus are refused, naming both, as the host root's fault.
+#[test]
+fn driver_files_that_contradict_each_other_are_refused() {
+    let host = |edit: fn(&mut GpuInfo)| {
+        let mut h = described(&[(0, "0000:3c:00.0"), (1, "0000:3d:00.0")], (0x10de, 0x2330));
+        edit(&mut h.gpu_info[1]);
+        Inputs { host: h, ..Inputs::default() }
+    };
+    let err = build(&host(|g| g.minor = Some(0))).unwrap_err();
+    assert_eq!(err.input(), Input::HostRoot);
+    assert_eq!(
+        err.to_string(),
+        "the driver's information files of 0000:3c:00.0 and 0000:3d:00.0 both give Device Minor 0"
+    );
+    let err = build(&host(|g| g.uuid = Some("GPU-0B5E55ED-1111-4222-8333-000000000000".into()))).unwrap_err();
+    assert!(err.to_string().ends_with("both give GPU UUID GPU-0b5e55ed-1111-4222-8333-000000000000"), "{err}");
+    let err = build(&host(|g| g.bus = Some("0000:3C:00.0".into()))).unwrap_err();
+    assert!(err.to_string().ends_with("both give Bus Location 0000:3c:00.0"), "{err}");
+    assert!(build(&host(|g| g.minor = None)).is_ok(), "a file without a minor contradicts nothing");
+}
+
+/// Rule (issue 20, the `mode` check): metadata that would make a root-only 0600 GPU 0666,
+/// or give it to uid 65534, through its checkpoint name is refused, naming the check; relaxed,
+/// the recorded mode is served with a warning; one that narrows access passes unwarned.
+#[test]
+fn a_checkpoint_name_never_widens_access() {
+    let mut inp = inputs(&[0], &[2]);
+    inp.dev_dir.as_mut().unwrap().gpus[0].1.access = Access { mode: 0o600, uid: 0, gid: 0 };
+    let recorded = |inp: &mut Inputs, r: RecordedAccess| inp.metadata.as_mut().unwrap().saved.gpus[0].recorded = r;
+    recorded(&mut inp, RecordedAccess { mode: Some(0o666), ..RecordedAccess::default() });
+    let err = gate(&build(&inp).unwrap()).unwrap_err();
+    assert_eq!(err.input(), Input::Checkpoint);
+    assert_eq!(
+        err.to_string(),
+        "mode: saved nvidia0 was recorded 0666 0:0, more access than the 0600 0:0 that restored nvidia2 has here"
+    );
+    recorded(&mut inp, RecordedAccess { uid: Some(65534), ..RecordedAccess::default() });
+    assert!(gate(&build(&inp).unwrap()).is_err());
+    inp.relax.insert(CheckName::Mode);
+    let plan = build(&inp).unwrap();
+    assert_eq!(gate(&plan), Ok(()));
+    assert_eq!(plan.tree.get("nvidia0").unwrap().access.uid, 65534);
+    assert!(
+        plan.warnings[0].starts_with("check mode relaxed: saved nvidia0 was recorded 0600 65534:0"),
+        "{:?}",
+        plan.warnings
+    );
+    inp.relax.clear();
+    recorded(&mut inp, RecordedAccess { mode: Some(0o400), ..RecordedAccess::default() });
+    let plan = build(&inp).unwrap();
+    assert_eq!((gate(&plan), plan.warnings.len()), (Ok(()), 0));
+    let names: Vec<&str> = plan.checks.iter().map(|c| c.check.as_str()).collect();
+    assert_eq!(names, ["count", "mixed", "model", "driver", "mode"]);
+}
+
+/// Rule (issue 20): a GPU still there keeps its process (identity first), the plan says which
+/// rule paired each, and `Rule::Positional` is gVisor's rule.
+#[test]
+fn remap_entries_say_which_rule_paired_them() {
+    let mut inp = inputs(&[0, 1], &[1, 2]);
+    inp.host = described(&[(1, "0000:3c:00.0"), (2, "0000:3d:00.0")], (4318, 8896));
+    // Saved GPU 1 is host GPU 1: the same UUID.
+    inp.metadata.as_mut().unwrap().saved.gpus[1].uuid = inp.host.gpu_info[0].uuid.clone().unwrap();
+    let by = |plan: &Plan| plan.parts.nvidia.remap.iter().map(|e| (e.old.minor, e.new.minor, e.by)).collect::<Vec<_>>();
+    assert_eq!(by(&build(&inp).unwrap()), [(0, 2, By::Position), (1, 1, By::Uuid)]);
+    inp.pairing = Rule::Positional;
+    assert_eq!(by(&build(&inp).unwrap()), [(0, 1, By::Position), (1, 2, By::Position)]);
+}
+
+/// Rule: the host's warnings (an oversized driver file skipped) reach the plan's.
+#[test]
+fn host_warnings_reach_the_plan() {
+    let host = HostFacts { warnings: vec!["x: skipped".into()], ..HostFacts::default() };
+    assert_eq!(build(&Inputs { host, ..Inputs::default() }).unwrap().warnings, ["x: skipped"]);
+}
