@@ -1,8 +1,8 @@
 //! What the library's daemon start and stop need that takes `unsafe`
-//! ([`devremap::runtime::container_daemon::Processes`]): detaching the daemon before its exec,
+//! ([`devremap::runtime::container_daemon::daemon::Processes`]): detaching the daemon before its exec,
 //! and pidfds.
 
-use devremap::runtime::container_daemon::Processes;
+use devremap::runtime::container_daemon::daemon::Processes;
 use std::os::fd::{OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::Command;

@@ -13,11 +13,9 @@
 //! was written by a daemon we started; still, a pid is signalled only if `/proc/<pid>/cmdline`
 //! names this container's mountpoint, so a stale file whose pid was reused never makes us
 //! signal another process. The library forbids `unsafe`: what needs it (detaching the daemon
-//! before its exec, a pidfd) the front end gives through [`Processes`].
+//! before its exec, a pidfd) the front end gives through [`daemon::Processes`].
 
-mod daemon;
-
-pub use daemon::{DaemonArgs, Processes};
+pub mod daemon;
 
 use crate::io_message;
 use nix::errno::Errno;
