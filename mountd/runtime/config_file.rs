@@ -7,8 +7,21 @@ use devremap::io_message;
 use devremap::runtime::argv::Global;
 use devremap::runtime::config::{self, Config};
 use devremap::runtime::osarg;
+use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+/// Why the directories around the config's path could not be listed; shown after the path.
+#[derive(Debug, Error)]
+enum WalkError {
+    #[error("{}: {}", .0.display(), io_message(.1))]
+    Io(PathBuf, #[source] io::Error),
+    #[error("{}: more than 40 symlinks on the way", .0.display())]
+    TooManyLinks(PathBuf),
+    #[error(transparent)]
+    Link(#[from] config::ConfigError),
+}
 
 pub fn load(global: &Global) -> Result<Config, Failure> {
     let (path, required) = match (&global.config, std::env::var_os(config::ENV)) {
@@ -67,12 +80,12 @@ fn dir_of(p: &Path) -> PathBuf {
 /// sticky directory its owner could point it elsewhere. The path is resolved as the kernel
 /// resolves it, component by component, so a link naming a directory on the way (`link/x`,
 /// `link/../x`) is met as well as one at the end (attack 2 B5), and no more than 40 links.
-fn directories(path: &Path, opened: &std::fs::File, me: u32) -> Result<(Vec<PathBuf>, PathBuf), String> {
+fn directories(path: &Path, opened: &std::fs::File, me: u32) -> Result<(Vec<PathBuf>, PathBuf), WalkError> {
     use std::os::unix::ffi::OsStrExt;
     let mut dirs = vec![dir_of(path)];
     let mut resolved = match path.is_absolute() {
         true => PathBuf::from("/"),
-        false => std::env::current_dir().map_err(|e| format!("the working directory: {}", io_message(&e)))?,
+        false => std::env::current_dir().map_err(|e| WalkError::Io("the working directory".into(), e))?,
     };
     // What is left to resolve, its next component last.
     let components = |p: &Path| -> Vec<PathBuf> {
@@ -96,18 +109,18 @@ fn directories(path: &Path, opened: &std::fs::File, me: u32) -> Result<(Vec<Path
             _ => {}
         }
         let next = resolved.join(&name);
-        let meta = std::fs::symlink_metadata(&next).map_err(|e| format!("{}: {}", next.display(), io_message(&e)))?;
+        let meta = std::fs::symlink_metadata(&next).map_err(|e| WalkError::Io(next.clone(), e))?;
         if !meta.file_type().is_symlink() {
             resolved = next;
             continue;
         }
         links += 1;
         if links > 40 {
-            return Err(format!("{}: more than 40 symlinks on the way", next.display()));
+            return Err(WalkError::TooManyLinks(next));
         }
-        config::check_link_owner(&next.display().to_string(), meta.uid(), me).map_err(|e| e.to_string())?;
+        config::check_link_owner(&next.display().to_string(), meta.uid(), me)?;
         dirs.push(resolved.clone());
-        let target = std::fs::read_link(&next).map_err(|e| format!("{}: {}", next.display(), io_message(&e)))?;
+        let target = std::fs::read_link(&next).map_err(|e| WalkError::Io(next.clone(), e))?;
         if target.is_absolute() {
             resolved = PathBuf::from("/");
         }
@@ -115,8 +128,8 @@ fn directories(path: &Path, opened: &std::fs::File, me: u32) -> Result<(Vec<Path
     }
     // The file opened (the walk above raced with whoever may change the links; the open did not).
     let fd = std::os::fd::AsRawFd::as_raw_fd(opened);
-    let real = std::fs::read_link(format!("/proc/self/fd/{fd}"))
-        .map_err(|e| format!("/proc/self/fd/{fd}: {}", io_message(&e)))?;
+    let proc_fd = PathBuf::from(format!("/proc/self/fd/{fd}"));
+    let real = std::fs::read_link(&proc_fd).map_err(|e| WalkError::Io(proc_fd, e))?;
     dirs.push(dir_of(&real));
     dirs.dedup();
     Ok((dirs, real))

@@ -103,7 +103,6 @@ impl CheckResult {
     }
 }
 
-
 /// One family's side of one check: whether the family has GPUs it applies to (`takes_part`),
 /// and its outcome, `Err` with the finding when it fails.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -175,7 +174,6 @@ pub fn access_text(a: Access) -> String {
 mod tests {
     use super::*;
 
-
     /// Rule (issue 20): `--relax` takes the names, comma separated; `count` and unknown names
     /// are refused, an unknown one shown quoted and cut short.
     #[test]
@@ -187,7 +185,6 @@ mod tests {
         let long = parse_relax(&format!("\u{1b}[2J{}", "x".repeat(100))).unwrap_err().to_string();
         assert!(long.starts_with("unknown check \"\\u{1b}[2Jxxx") && long.len() < 120, "{long}");
     }
-
 
     /// Property: an access never widens itself, and removing bits never widens.
     #[test]

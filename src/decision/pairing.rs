@@ -9,7 +9,6 @@
 use std::fmt;
 use thiserror::Error;
 
-
 /// A device named on the command line: by minor or by `GPU-` UUID, or an AMD render node
 /// (`renderD<N>`, paired in `family::amd::plan`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

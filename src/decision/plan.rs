@@ -15,6 +15,8 @@
 //! ([`checks::merged`]).
 
 #[cfg(test)]
+pub(crate) mod fixtures;
+#[cfg(test)]
 mod tests;
 
 use crate::decision::checks::{self, CheckName, CheckResult};
@@ -73,8 +75,7 @@ pub fn build(inputs: &Inputs) -> Result<Plan, PlanError> {
             checks::merged(check, &inputs.relax, &sides)
         })
         .collect();
-    let mixed_input =
-        decided.steps().iter().find_map(|s| s.fault(CheckName::Mixed)).unwrap_or(Input::Checkpoint);
+    let mixed_input = decided.steps().iter().find_map(|s| s.fault(CheckName::Mixed)).unwrap_or(Input::Checkpoint);
     let mut warnings = inputs.host.warnings.clone();
     warnings.extend(inputs.dev_dir.iter().flat_map(|d| d.warnings.iter().cloned()));
     warnings.extend(

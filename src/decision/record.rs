@@ -131,7 +131,13 @@ mod tests {
         assert_eq!(pairs, [(0, 0), (3, 3), (7, 7)]);
         assert!(plan.warnings.is_empty(), "{:?}", plan.warnings);
         assert!(plan.parts.nvidia.remap.iter().all(|e| Some(&e.old.uuid) == e.new.uuid.as_ref()));
-        assert!(plan.parts.nvidia.remap.iter().all(|e| e.old.model == e.new.model && e.old.driver_version == plan.driver_version));
+        assert!(
+            plan.parts
+                .nvidia
+                .remap
+                .iter()
+                .all(|e| e.old.model == e.new.model && e.old.driver_version == plan.driver_version)
+        );
         assert!(plan.tree.iter().filter(|(p, _)| p.starts_with("nvidia")).all(|(_, n)| n.access == access));
     }
 

@@ -11,9 +11,9 @@
 use crate::decision::checks::{self, CheckName, CheckResult};
 use crate::decision::pairing::{MapPair, PairingError, Rule};
 use crate::decision::tree::{Tree, TreeBuilder, TreeError};
-use crate::family::facts::HostFacts;
 use crate::family::amd::pairing::PairError;
 use crate::family::amd::properties::Switches;
+use crate::family::facts::HostFacts;
 use crate::family::nvidia::visible::VisibleError;
 use crate::inputs::host::DevDirScan;
 use crate::inputs::metadata::Metadata;
@@ -182,7 +182,10 @@ pub trait Shown {
 /// The names other than its own that lead to restored GPU `minor` in a plan's tree: of each
 /// remap entry `(its restored minor, its checkpoint minor where served, its earlier names)`,
 /// the served names of those paired with `minor`.
-pub fn earlier_minors<'a>(entries: impl Iterator<Item = (u32, Option<u32>, &'a [EarlierName])>, minor: u32) -> Vec<u32> {
+pub fn earlier_minors<'a>(
+    entries: impl Iterator<Item = (u32, Option<u32>, &'a [EarlierName])>,
+    minor: u32,
+) -> Vec<u32> {
     let names: BTreeSet<u32> = entries
         .filter(|&(new, _, _)| new == minor)
         .flat_map(|(_, own, earlier)| own.into_iter().chain(earlier.iter().filter(|n| n.served).map(|n| n.minor)))

@@ -53,4 +53,3 @@ pub fn earlier_rows<'a>(
 pub fn or_dash(s: Option<&String>) -> String {
     s.cloned().unwrap_or_else(|| "-".into())
 }
-

@@ -7,8 +7,8 @@
 //! Wiring, no rules: each family's rules are in its folder. The order of [`FAMILIES`] is the
 //! order of the scan and of the families' items.
 
-use super::facts::HostFacts;
 use super::amd::properties::{Checks, Switches};
+use super::facts::HostFacts;
 use super::{Family, amd, nvidia};
 use crate::decision::pairing::{DeviceRef, MapPair, PairingError};
 use crate::inputs::host::{DevDir, DevDirScan, HostError};

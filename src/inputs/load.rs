@@ -74,6 +74,9 @@ pub enum LoadError {
     Plan(String, Box<PlanError>),
     #[error("{}: expected `native` or `checkpoint`, found {:?}", .0.display(), .1)]
     Prefer(PathBuf, String),
+    /// A plan handed over by the previous server ([`Loaded::from_bytes`]) does not read back.
+    #[error("a plan handed over that does not read back: {0}")]
+    HandedOver(#[source] serde_json::Error),
 }
 
 /// A loaded plan together with the metadata it came from.
@@ -91,8 +94,8 @@ impl Loaded {
     }
 
     /// A plan handed over by [`Loaded::to_bytes`]; its tree is rebuilt and checked node by node.
-    pub fn from_bytes(bytes: &[u8]) -> Result<Loaded, String> {
-        serde_json::from_slice(bytes).map_err(|e| format!("a plan handed over that does not read back: {e}"))
+    pub fn from_bytes(bytes: &[u8]) -> Result<Loaded, LoadError> {
+        serde_json::from_slice(bytes).map_err(LoadError::HandedOver)
     }
 }
 
@@ -257,7 +260,7 @@ mod tests {
         let text = String::from_utf8(bytes).unwrap();
         let orphan = text.replacen("\"pts\":", "\"pts-gone/x\":", 1);
         assert_ne!(orphan, text, "the example has /dev/pts");
-        assert!(Loaded::from_bytes(orphan.as_bytes()).unwrap_err().contains("do not make a tree"));
+        assert!(Loaded::from_bytes(orphan.as_bytes()).unwrap_err().to_string().contains("do not make a tree"));
         assert!(Loaded::from_bytes(&text.as_bytes()[..text.len() / 2]).is_err());
     }
 }

@@ -101,13 +101,7 @@ pub fn parse(bytes: &[u8]) -> Result<Metadata, MetadataError> {
         }
         Some(b'[') => {
             let saved = table::read_items(list_items(GPU_KEY, &parse_json(bytes)?)?)?;
-            Ok(Metadata {
-                format: Format::Array,
-                saved,
-                gpu_key_present: true,
-                tpus: Vec::new(),
-                warnings: Vec::new(),
-            })
+            Ok(Metadata { format: Format::Array, saved, gpu_key_present: true, tpus: Vec::new(), warnings: Vec::new() })
         }
         _ => {
             Err(crate::inputs::limits::byte_order_mark(bytes)
@@ -282,7 +276,10 @@ mod tests {
     #[test]
     fn earlier_minors_are_names_of_one_gpu_each() {
         let m = parse(br#"[{"minor":2,"earlier_minors":[7,0]},{"minor":3}]"#).unwrap();
-        assert_eq!((m.saved.gpus[0].earlier_minors.as_slice(), m.saved.gpus[1].earlier_minors.as_slice()), (&[0, 7][..], &[][..]));
+        assert_eq!(
+            (m.saved.gpus[0].earlier_minors.as_slice(), m.saved.gpus[1].earlier_minors.as_slice()),
+            (&[0, 7][..], &[][..])
+        );
         for (text, message) in [
             (
                 r#"[{"minor":2,"earlier_minors":[2]}]"#,

@@ -85,9 +85,12 @@ pub enum MetadataError {
     DuplicateRender(u32),
 }
 
-
 /// An item's optional unsigned 32-bit `field`.
-pub(crate) fn optional_u32(index: usize, obj: &Map<String, Value>, field: &'static str) -> Result<Option<u32>, MetadataError> {
+pub(crate) fn optional_u32(
+    index: usize,
+    obj: &Map<String, Value>,
+    field: &'static str,
+) -> Result<Option<u32>, MetadataError> {
     obj.get(field)
         .map(|v| {
             v.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(|| MetadataError::Field {

@@ -19,8 +19,8 @@
 
 use crate::decision::checks::parse_relax;
 use crate::decision::pairing::MapPair;
-use crate::family::table::parse_device_map;
 use crate::decision::plan::Prefer;
+use crate::family::table::parse_device_map;
 use crate::inputs::load::Sources;
 use crate::inputs::spec::SpecView;
 use serde_json::Value;

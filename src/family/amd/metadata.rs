@@ -8,11 +8,11 @@
 //! and a value is never echoed beyond [`describe`]'s short form. The items keep their order in
 //! the list: the plugin pairs in the order the checkpoint recorded its GPUs.
 
+use super::FIRST_RENDER_MINOR;
 use super::plugin::{Gpu, GpuLink};
 use super::topology::{self, Facts};
-use super::FIRST_RENDER_MINOR;
-use crate::inputs::metadata_items::{self as items, MetadataError, RecordedAccess, describe};
 use crate::inputs::limits::MAX_FUSE_MINOR;
+use crate::inputs::metadata_items::{self as items, MetadataError, RecordedAccess, describe};
 use serde_json::{Map, Value};
 
 /// The `kind` of an AMD item.

@@ -5,10 +5,10 @@
 //! Pure. A fact unknown on either side passes, and the detail says it was not compared.
 
 use super::RestoredGpu;
+use super::metadata::DeviceId;
 use super::pairing::{self, Pair};
 use crate::decision::checks::{CheckName, CheckResult, access_text, widens};
 use crate::decision::pairing::pci_text;
-use super::metadata::DeviceId;
 use std::collections::BTreeSet;
 
 /// `count`: at least as many restored GPUs as saved ones.
@@ -31,7 +31,11 @@ pub enum Fault {
 /// `mixed`: one model per side, where the PCI ids are known; the restored side only when
 /// something is to be remapped (gVisor refuses mixed models then, and a host with two models
 /// serves fine otherwise).
-pub fn mixed(saved: &[DeviceId], restored: &[RestoredGpu], relax: &BTreeSet<CheckName>) -> (CheckResult, Option<Fault>) {
+pub fn mixed(
+    saved: &[DeviceId],
+    restored: &[RestoredGpu],
+    relax: &BTreeSet<CheckName>,
+) -> (CheckResult, Option<Fault>) {
     let failed = match pairing::check_homogeneous(saved) {
         Err(e) => Some((Fault::Saved, e)),
         Ok(()) if !saved.is_empty() => pairing::check_restored(restored).err().map(|e| (Fault::Restored, e)),
@@ -117,8 +121,8 @@ pub fn mode(pairs: &[Pair], relax: &BTreeSet<CheckName>) -> CheckResult {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::Access;
     use crate::decision::pairing::By;
+    use crate::device::Access;
     use crate::device::Rdev;
     use crate::inputs::metadata::RecordedAccess;
 
@@ -166,7 +170,6 @@ mod tests {
         assert_eq!(c.detail, "can't remap 2 saved devices to 1 restored devices");
     }
 
-
     /// Rule (issue 20): `mixed` passes one model per side, fails naming both GPUs and the side,
     /// warns when relaxed, and ignores GPUs whose PCI ids are unknown.
     #[test]
@@ -181,7 +184,6 @@ mod tests {
         // Nothing saved: a host of two models serves.
         assert!(mixed(&[], &[restored(2, H100), restored(3, A100)], &none()).0.ok);
     }
-
 
     /// Rule (issue 20): `model` compares each pair's PCI ids; a failure names the GPUs, both ids
     /// and the model names where recorded; unknown on one side is not compared, and says so.
@@ -209,7 +211,6 @@ mod tests {
         assert_eq!(model(&[], &none()).detail, "nothing to compare: no saved GPUs");
     }
 
-
     /// Rule (issue 20): `driver` compares the recorded version with the host's; a failure names
     /// the GPUs and both versions; unknown on either side (a gVisor list, a host without the
     /// driver's version file) is not compared.
@@ -228,7 +229,6 @@ mod tests {
         assert!(!driver(&p, host("570.86.15").as_ref(), &relax(CheckName::Driver)).refuses());
         assert!(driver(&p, None, &none()).ok, "a host that tells no version");
     }
-
 
     /// Rule (issue 20): `mode` refuses a recorded mode or owner that opens the GPU to someone the
     /// restore host's node does not (the security.md case: 0600 root-only made 0666, or given to

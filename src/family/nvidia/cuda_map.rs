@@ -5,8 +5,8 @@
 //! and its restored pair must have a well-formed `GPU-` UUID (8-4-4-4-12 hex digits); the
 //! driver's placeholder `GPU-????????-...` for an unreadable UUID is unknown, never an identity.
 
-use crate::decision::plan::Plan;
 use super::is_gpu_uuid;
+use crate::decision::plan::Plan;
 use thiserror::Error;
 
 /// Why no device map can be given.
@@ -60,12 +60,12 @@ fn shown(uuid: Option<&String>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::family::plans::Parts;
-    use crate::family::nvidia::plan::{NvidiaPlan, RemapEntry};
     use crate::decision::tree::TreeBuilder;
     use crate::device::{Access, Rdev};
     use crate::family::nvidia::RestoredGpu;
     use crate::family::nvidia::metadata::DeviceId;
+    use crate::family::nvidia::plan::{NvidiaPlan, RemapEntry};
+    use crate::family::plans::Parts;
 
     fn uuid(side: u32, minor: u32) -> String {
         format!("GPU-{side:08x}-0000-0000-0000-{minor:012x}")

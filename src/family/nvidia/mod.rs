@@ -10,9 +10,9 @@
 //! identity.
 
 pub mod checks;
-pub mod info;
 pub mod cuda_map;
 pub mod hook;
+pub mod info;
 pub mod metadata;
 pub mod pairing;
 pub mod plan;
@@ -142,7 +142,6 @@ impl RestoredGpu {
         Nvidia.gpu_name(self.minor)
     }
 }
-
 
 /// The GPU minor a device file name stands for: `Ok(None)` for a name that is not a GPU
 /// name, an error for one that is but names no valid regular minor.

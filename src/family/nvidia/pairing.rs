@@ -11,9 +11,9 @@
 //! is an identity only when well formed, on either side and in `--device-map`, and its hex
 //! digits are compared ignoring case, as `NVIDIA_VISIBLE_DEVICES` compares them.
 
+use super::metadata::DeviceId;
 use super::{RestoredGpu, is_gpu_uuid};
 use crate::decision::pairing::{By, DeviceRef, MapPair, PairingError, Rule, pci_text};
-use super::metadata::DeviceId;
 use std::collections::BTreeSet;
 
 /// A saved GPU and the restored GPU it now means.
@@ -23,7 +23,6 @@ pub struct Pair {
     pub new: RestoredGpu,
     pub by: By,
 }
-
 
 /// Checks that every device with known PCI ids has the same ones.
 fn homogeneous<'a>(
@@ -139,8 +138,8 @@ pub fn pair(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::family::table::parse_device_map;
     use crate::device::{Access, Rdev};
+    use crate::family::table::parse_device_map;
     use proptest::prelude::*;
 
     fn saved(minor: u32) -> DeviceId {

@@ -7,7 +7,11 @@
 //! Assumption: the saved GPUs are sorted by minor (the metadata reader sorts), so the
 //! positional rule is reproducible.
 
+#[cfg(test)]
+mod tests;
+
 use super::checks::{self as nv_checks, Fault};
+use super::metadata::DeviceId;
 use super::pairing::{self, Pair};
 use super::restored;
 use super::{Nvidia, RestoredGpu};
@@ -17,7 +21,6 @@ use crate::decision::seam::{EarlierName, Input, Inputs, PlanError, Prefer, Step}
 use crate::decision::tree::{Node, TreeBuilder};
 use crate::device::DevKind;
 use crate::family::Family;
-use super::metadata::DeviceId;
 
 /// One saved GPU and where its checkpoint name leads.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -6,10 +6,10 @@
 //! the spec name, since the spec may be older than the host's nodes; its mode and owner are
 //! the spec's, which runc gives the node.
 
-use crate::device::{Access, Rdev};
 use super::visible;
 use super::{GpuInfo, RestoredGpu};
 use crate::decision::seam::{Inputs, PlanError};
+use crate::device::{Access, Rdev};
 use crate::inputs::pci;
 use std::collections::{BTreeMap, BTreeSet};
 
