@@ -169,7 +169,7 @@ impl MountArgs {
             flags.iter().filter_map(|(flag, path)| path.as_ref().map(|p| (*flag, p, place(p)))).collect();
         for (i, (first, path, place_a)) in given.iter().enumerate() {
             if let Some((second, ..)) = given[i + 1..].iter().find(|(_, _, place_b)| place_b == place_a) {
-                return Err(CliError::SameFile { path: path.to_path_buf(), first: *first, second: *second });
+                return Err(CliError::SameFile { path: path.to_path_buf(), first, second });
             }
         }
         Ok(())

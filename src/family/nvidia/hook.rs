@@ -34,8 +34,7 @@ pub fn request(spec: &Spec) -> Result<Option<Visible>, VisibleError> {
         return Ok(None);
     }
     let env = spec.process().as_ref().and_then(|p| p.env().clone()).unwrap_or_default();
-    let last =
-        |name: &str| env.iter().filter_map(|e| e.strip_prefix(name).and_then(|rest| rest.strip_prefix('='))).last();
+    let last = |name: &str| env.iter().rev().find_map(|e| e.strip_prefix(name).and_then(|rest| rest.strip_prefix('=')));
     let set = |name: &str| last(name).is_some_and(|v| !v.is_empty());
     let effective = match last("NVIDIA_VISIBLE_DEVICES") {
         None if set("CUDA_VERSION") && !set("NVIDIA_REQUIRE_CUDA") => Some("all"),
