@@ -165,6 +165,7 @@ fn extra_inputs(view: spec::SpecView, extra: &[u8]) -> Inputs {
         gpus: x.gpus.into_iter().collect(),
         amd: Vec::new(),
         passthrough: x.passthrough.into_values().collect(),
+        warnings: Vec::new(),
     });
     // The driver's information files name some GPUs by minor.
     let gpu_info = (0..u32::from(flags >> 5))
