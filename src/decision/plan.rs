@@ -64,10 +64,13 @@ fn unlisted_passthrough(inputs: &Inputs, node: &HostNode) -> bool {
 /// tree in the order of the module's documentation, each step able to replace a non-directory
 /// placed by an earlier one.
 pub fn build(inputs: &Inputs) -> Result<Plan, PlanError> {
+    // The restore side first: its faults (the driver's files, the hook's selection) are said
+    // before a map that has nothing to pair.
+    let restored = plans::restore(inputs)?;
     if inputs.metadata.is_none() && !inputs.device_map.is_empty() {
         return Err(PlanError::DeviceMap(PairingError::NoCheckpoint));
     }
-    let mut decided = plans::decide(inputs)?;
+    let mut decided = restored.pair(inputs)?;
     let checks: Vec<CheckResult> = CheckName::ALL
         .into_iter()
         .map(|check| {

@@ -1,5 +1,6 @@
-//! Every family's step of the plan run ([`decide`]) and every family's part of a plan held
-//! ([`Parts`]), in the table's order: what `decision::plan` runs without naming a family.
+//! Every family's step of the plan run ([`restore`], then [`Restored::pair`]) and every
+//! family's part of a plan held ([`Parts`]), in the table's order: what `decision::plan` runs
+//! without naming a family.
 //!
 //! Wiring, no rules: each family's step is its folder's `plan.rs`.
 
@@ -43,8 +44,22 @@ impl Decided {
     }
 }
 
-/// Runs every family's step on `inputs`, in the table's order: the first family's error is the
-/// plan's.
-pub fn decide(inputs: &Inputs) -> Result<Decided, PlanError> {
-    Ok(Decided { nvidia: nvidia::plan::decide(inputs)?, amd: amd::plan::step(inputs)? })
+/// Every family's restored GPUs, found before anything is paired.
+pub struct Restored {
+    nvidia: Vec<nvidia::RestoredGpu>,
+    amd: Vec<amd::plan::AmdRestored>,
+}
+
+/// Finds every family's restored GPUs on `inputs`, in the table's order (each family's checks
+/// of the host's facts first): the first family's error is the plan's.
+pub fn restore(inputs: &Inputs) -> Result<Restored, PlanError> {
+    Ok(Restored { nvidia: nvidia::plan::restore(inputs)?, amd: amd::plan::restore(inputs) })
+}
+
+impl Restored {
+    /// Pairs every family's saved GPUs with its restored ones and evaluates its side of the
+    /// checks, in the table's order: the first family's error is the plan's.
+    pub fn pair(self, inputs: &Inputs) -> Result<Decided, PlanError> {
+        Ok(Decided { nvidia: nvidia::plan::decide(inputs, self.nvidia)?, amd: amd::plan::step(inputs, self.amd)? })
+    }
 }

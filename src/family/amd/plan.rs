@@ -321,11 +321,15 @@ fn firmware_lower(saved: &Facts, restored: &Facts, checks: &Checks) -> Option<St
     .map(|(_, name, a, b)| format!("{name} {a}, newer ({b})"))
 }
 
-/// AMD's step: the restored render nodes, the `--device-map` pairs that name render nodes,
-/// and [`decide`] with the plugin's switches as the environment sets them.
-pub fn step(inputs: &Inputs) -> Result<Decided, PlanError> {
+/// AMD's restored render nodes on `inputs` ([`restored`]).
+pub fn restore(inputs: &Inputs) -> Vec<AmdRestored> {
+    restored(inputs.spec.as_ref(), inputs.dev_dir.as_ref(), &inputs.host.amd)
+}
+
+/// AMD's step: the `--device-map` pairs that name render nodes, and [`decide`] with the
+/// plugin's switches as the environment sets them.
+pub fn step(inputs: &Inputs, restored: Vec<AmdRestored>) -> Result<Decided, PlanError> {
     let saved = inputs.metadata.as_ref().map(|m| m.saved.amd.as_slice()).unwrap_or_default();
-    let restored = restored(inputs.spec.as_ref(), inputs.dev_dir.as_ref(), &inputs.host.amd);
     let explicit = explicit(&inputs.device_map).map_err(PlanError::DeviceMap)?;
     decide(saved, restored, &explicit, &inputs.kfd, inputs.host.amd_unread.as_deref()).map_err(PlanError::AmdDeviceMap)
 }

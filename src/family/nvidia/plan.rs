@@ -76,10 +76,14 @@ fn too_few(inputs: &Inputs, error: PairingError) -> PlanError {
     }
 }
 
-/// Checks the driver's files and the saved GPUs, and pairs them with the restored ones.
-pub fn decide(inputs: &Inputs) -> Result<Decided, PlanError> {
+/// Checks the driver's files, and finds the restored GPUs.
+pub fn restore(inputs: &Inputs) -> Result<Vec<RestoredGpu>, PlanError> {
     restored::check_driver_files(&inputs.host.gpu_info)?;
-    let restored = restored::restored_gpus(inputs)?;
+    restored::restored_gpus(inputs)
+}
+
+/// Checks the saved GPUs, and pairs them with the `restored` ones.
+pub fn decide(inputs: &Inputs, restored: Vec<RestoredGpu>) -> Result<Decided, PlanError> {
     let saved = inputs.metadata.as_ref().map(|m| m.saved.gpus.as_slice()).unwrap_or_default();
     pairing::check_subdevice(saved).map_err(PlanError::Checkpoint)?;
     // Without as many restored GPUs there is no pairing, so no plan to show: refused here.

@@ -206,6 +206,21 @@ fn driver_files_that_contradict_each_other_are_refused() {
     assert!(build(&host(|g| g.minor = None)).is_ok(), "a file without a minor contradicts nothing");
 }
 
+/// Bug (issue 33, found from outside): once the families were one seam, a `--device-map`
+/// without a checkpoint was refused before the restore side was looked at, so the driver's
+/// files contradicting each other went unsaid (the error named `--device-map`). The restore
+/// side's fault is said first, as before.
+#[test]
+fn a_restore_side_fault_is_said_before_a_map_without_a_checkpoint() {
+    let mut host = described(&[(0, "0000:3c:00.0"), (1, "0000:3d:00.0")], (0x10de, 0x2330));
+    host.gpu_info[1].minor = Some(0);
+    let device_map = crate::family::table::parse_device_map("0=1").unwrap();
+    let err = build(&Inputs { host, device_map: device_map.clone(), ..Inputs::default() }).unwrap_err();
+    assert_eq!(err.input(), Input::HostRoot, "{err}");
+    let err = build(&Inputs { device_map, ..Inputs::default() }).unwrap_err();
+    assert_eq!(err, PlanError::DeviceMap(PairingError::NoCheckpoint));
+}
+
 /// Rule (issue 20, the `mode` check): metadata that would make a root-only 0600 GPU 0666,
 /// or give it to uid 65534, through its checkpoint name is refused, naming the check; relaxed,
 /// the recorded mode is served with a warning; one that narrows access passes unwarned.
