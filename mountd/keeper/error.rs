@@ -40,7 +40,7 @@ pub enum KeeperError {
     FindOwnBinary(#[source] io::Error),
     #[error("/dev/fuse: {}", io_message(.0))]
     DevFuse(#[source] io::Error),
-    #[error("cannot start the {name} thread: {source}")]
+    #[error("cannot start the {name} thread: {}", io_message(source))]
     Thread { name: &'static str, source: io::Error },
     /// `m` is the mountpoint as given.
     #[error("{m}: cannot mount: {}", io_message(source))]
