@@ -49,9 +49,53 @@ pub enum Command {
     Record(RecordArgs),
     /// Print the pairing as cuda-checkpoint's --device-map value: oldUUID=newUUID,...
     CudaDeviceMap(InputArgs),
+    /// Serve every container's /dev on this host: one daemon per node, which devremap-runtime
+    /// asks over its socket; SIGHUP reloads every container, SIGUSR2 upgrades each one's server.
+    Node(NodeArgs),
+    /// Ask the node daemon: `list`, `reload [ID]`, `status ID`.
+    Ctl(CtlArgs),
     /// Add the CRI runtime handler devremap to containerd's config.toml, keeping everything
     /// else (node-setup.sh runs it); prints `changed` or `unchanged`.
     ContainerdConfig(ContainerdConfigArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct NodeArgs {
+    /// The socket clients ask on; its directory must be root's alone.
+    #[arg(long, value_name = "PATH", default_value = "/run/devremap/node.sock")]
+    pub socket: PathBuf,
+    /// Where each container's directory is (`<DIR>/<id>/`): the runtime config's state_dir.
+    #[arg(long, value_name = "DIR", default_value = "/run/devremap")]
+    pub state_dir: PathBuf,
+    #[arg(long, value_name = "PATH", default_value = "/run/devremap/node.pid")]
+    pub pid_file: PathBuf,
+    /// Exit after SECS with no container to serve (the daemon devremap-runtime starts when
+    /// none answers runs with 60); without it, run until stopped.
+    #[arg(long, value_name = "SECS")]
+    pub idle_exit: Option<u64>,
+    /// Write a newline to FD once the socket answers, and close it.
+    #[arg(long, value_name = "FD", hide = true)]
+    pub ready_fd: Option<i32>,
+}
+
+#[derive(Debug, Args)]
+pub struct CtlArgs {
+    /// The node daemon's socket.
+    #[arg(long, value_name = "PATH", default_value = "/run/devremap/node.sock", global = true)]
+    pub socket: PathBuf,
+    #[command(subcommand)]
+    pub command: CtlCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CtlCommand {
+    /// One JSON object per container served: id, mountpoint, state_file, last_error, ...
+    List,
+    /// Reload container ID (every container without one), each on its own; waits for each
+    /// reload to finish and prints its entry; exit status 1 if one was refused.
+    Reload { id: Option<String> },
+    /// Container ID's entry and its daemon's state file, as one JSON object.
+    Status { id: String },
 }
 
 #[derive(Debug, Args)]

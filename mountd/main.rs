@@ -6,6 +6,7 @@ mod containerd_config;
 mod keeper;
 mod logging;
 mod mountpoint;
+mod node;
 mod server;
 mod signals;
 mod watch;
@@ -63,6 +64,8 @@ fn main() -> ExitCode {
         Command::Record(args) => record(&args),
         Command::CudaDeviceMap(args) => cuda_device_map(&args),
         Command::ContainerdConfig(args) => containerd_config::run(&args),
+        Command::Node(args) => node::run(&args).map_err(Failure::from),
+        Command::Ctl(args) => node::ctl::run(&args),
     };
     // The log lines first, then the error line after them; but a stderr that nobody reads
     // must not keep us from exiting.

@@ -235,6 +235,12 @@ fn mounted_at(path: &Path) -> Option<Mounted> {
     })
 }
 
+/// Whether anything is mounted exactly at `path` (canonical), read from the mount table without
+/// asking a daemon that may be gone or stuck.
+pub fn is_mounted(path: &Path) -> bool {
+    mounted_at(path).is_some()
+}
+
 /// Undoes the mount table's octal escapes (`\040` for a space, `\134` for a backslash, ...).
 fn unescape(field: &str) -> String {
     let bytes = field.as_bytes();

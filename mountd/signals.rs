@@ -42,6 +42,26 @@ fn handled_signals() -> Vec<i32> {
     all
 }
 
+/// What a daemon of ours (the keeper, the node daemon) does on a signal it acts on.
+pub enum Acted {
+    /// `SIGHUP`.
+    Reload,
+    /// `SIGUSR2`.
+    Upgrade,
+    /// `SIGTERM`, `SIGINT`: why, for the log.
+    Stop(String),
+}
+
+/// What `sig` asks of a daemon, if anything.
+pub fn acted(sig: i32) -> Option<Acted> {
+    match sig {
+        libc::SIGHUP => Some(Acted::Reload),
+        libc::SIGUSR2 => Some(Acted::Upgrade),
+        libc::SIGTERM | libc::SIGINT => Some(Acted::Stop(format!("signal {}", signal_name(sig)))),
+        _ => None,
+    }
+}
+
 /// A signal's name for the log: `SIGUSR1`, `SIGRTMIN+3`.
 pub fn signal_name(sig: i32) -> String {
     match Signal::try_from(sig) {

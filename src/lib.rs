@@ -20,6 +20,7 @@ pub mod family;
 pub mod inputs;
 pub mod install;
 pub mod keeper;
+pub mod node;
 pub mod pidfd;
 pub mod report;
 pub mod runtime;

@@ -12,7 +12,7 @@ mod common;
 
 use common::bundle::{Bundle, HYBRID_UNIFIED, Runtime, allow_char, is_mount_point, need_containers, oci_config};
 use common::clients::need_criu;
-use common::daemon::{is_mounted, need_fuse, wait_for};
+use common::daemon::{is_mounted, need_fuse, wait_for, wait_for_or};
 use common::{FakeHost, arg, devremapd, fake_rdev, fixture, write_file};
 use serde_json::{Value, json};
 use std::fs;
@@ -45,6 +45,12 @@ struct Setup {
     bundle: Bundle,
     tmp: TempDir,
     config: PathBuf,
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        common::daemon::stop_node(&self.state_dir());
+    }
 }
 
 impl Setup {
@@ -83,6 +89,17 @@ impl Setup {
 
     fn state_dir(&self) -> PathBuf {
         self.tmp.path().join("state")
+    }
+
+    /// Waits until container `id`'s directory is gone: the node daemon removes it once the
+    /// container's keeper has ended (issue 31), after the runtime that replaced the wrapper.
+    fn wait_gone(&self, id: &str) {
+        let dir = self.state_dir().join(id);
+        wait_for_or(
+            &format!("{} to be removed", dir.display()),
+            || self.daemon_log(id),
+            || (!dir.exists()).then_some(()),
+        );
     }
 
     /// `devremap-runtime --root <bundle state> <args>`, stdout and stderr to the bundle's files.
@@ -351,7 +368,7 @@ fn runc_run_and_delete_force() {
     let out = s.run(&["run", "--bundle", &bundle, &id]);
     assert_ok(&out, "run", &s, &id);
     assert!(s.stdout().contains("dev.fs: fuse\n") && s.stdout().contains("done\n"), "{}", s.stdout());
-    assert!(!s.state_dir().join(&id).exists());
+    s.wait_gone(&id);
     assert_eq!(fs::read(s.bundle.config_path()).unwrap(), original, "the spec is as it was");
 
     // Detached, then deleted by force while it runs.
@@ -367,7 +384,8 @@ fn runc_run_and_delete_force() {
     let daemon = s.daemon_pid(&id);
     let out = s.run(&["delete", "--force", &id]);
     assert_ok(&out, "delete --force", &s, &id);
-    assert!(!alive(daemon) && !s.state_dir().join(&id).exists());
+    s.wait_gone(&id);
+    wait_for("the daemon to stop", || (!alive(daemon)).then_some(()));
 }
 
 /// Rule (issue 17, the teardown that the benchmark's cuts must keep): a delete returns only once
@@ -430,7 +448,7 @@ fn bad_annotations_and_config_leave_nothing() {
     let logged: Value = serde_json::from_str(fs::read_to_string(&log).unwrap().lines().last().unwrap()).unwrap();
     assert_eq!(logged["level"], "error");
     assert!(logged["msg"].as_str().unwrap().contains("devremap.io/device-map"));
-    assert!(!s.state_dir().join(&id).exists());
+    s.wait_gone(&id);
     assert!(!s.run(&["state", &id]).status.success(), "the runtime knows no such container");
     assert_eq!(fs::read(s.bundle.config_path()).unwrap(), original);
 
@@ -443,7 +461,7 @@ fn bad_annotations_and_config_leave_nothing() {
     let out = s.run(&["create", "--bundle", &bundle, &id]);
     assert_eq!(out.status.code(), Some(1));
     assert!(out.stderr.contains("devremapd exited"), "{}", out.stderr);
-    assert!(!s.state_dir().join(&id).exists());
+    s.wait_gone(&id);
     assert_eq!(fs::read(s.bundle.config_path()).unwrap(), original);
     fs::rename(s.tmp.path().join("gone"), s.host.dev()).unwrap();
 
@@ -451,13 +469,15 @@ fn bad_annotations_and_config_leave_nothing() {
     // for a daemon that exited with nothing in its log (the fds the wrapper closed before exec
     // included the pipe through which spawn reports a failed exec).
     let missing = s.tmp.path().join("no-such-devremapd");
+    // The binary is the node daemon's to start (issue 31): none may run already.
+    common::daemon::stop_node(&s.state_dir());
     let mut config: Value = serde_json::from_slice(&fs::read(&s.config).unwrap()).unwrap();
     config["devremapd"] = json!(arg(&missing));
     fs::write(&s.config, config.to_string()).unwrap();
     let out = s.run(&["create", "--bundle", &bundle, &id]);
     assert_eq!(out.status.code(), Some(1));
     assert!(out.stderr.contains(&format!("cannot start {}: ", missing.display())), "{}", out.stderr);
-    assert!(!s.state_dir().join(&id).exists());
+    s.wait_gone(&id);
     assert_eq!(fs::read(s.bundle.config_path()).unwrap(), original);
 
     // A bad config: one line naming the file and the key.
@@ -508,7 +528,7 @@ fn a_restore_failing_a_check_is_refused_before_the_runtime_runs() {
         out.stderr
     );
     assert!(!ran.exists(), "the runtime ran");
-    assert!(!s.state_dir().join(&id).exists());
+    s.wait_gone(&id);
     assert_eq!(fs::read(s.bundle.config_path()).unwrap(), original);
 
     let mut spec = s.bundle.config();
@@ -517,7 +537,7 @@ fn a_restore_failing_a_check_is_refused_before_the_runtime_runs() {
     s.set_config("annotations", json!(["devremap.io/enable", "devremap.io/relax"]));
     let out = s.run(&restore);
     assert!(ran.exists(), "relaxed, the restore reaches the runtime: {}", out.stderr);
-    assert!(!s.state_dir().join(&id).exists(), "the runtime failed: everything is undone");
+    s.wait_gone(&id); // the runtime failed: everything is undone
 }
 
 /// Bug (issue 29.1): the image's `ENV` (in `process.env`, merged with `-e`) relaxed the checks:
@@ -563,7 +583,7 @@ fn the_image_env_never_relaxes_a_check() {
         "{}",
         out.stderr
     );
-    assert!(!s.state_dir().join(&id).exists());
+    s.wait_gone(&id);
 
     // The launcher's annotation, which the default config does not let launchers set.
     let mut spec = s.bundle.config();
@@ -580,7 +600,8 @@ fn the_image_env_never_relaxes_a_check() {
         "{}",
         out.stderr
     );
-    assert!(!probed.exists() && !s.state_dir().join(&id).exists());
+    assert!(!probed.exists());
+    s.wait_gone(&id);
 
     // The operator decides: letting launchers relax, or relaxing every restore itself.
     let relaxed = |how: &str| {
@@ -590,7 +611,7 @@ fn the_image_env_never_relaxes_a_check() {
         let served =
             fs::read_to_string(&probed).unwrap_or_else(|_| panic!("{how}: the runtime never ran: {}", out.stderr));
         assert!(served.contains("/nvidia0 1:3 666\n"), "{how}: {served}");
-        assert!(!s.state_dir().join(&id).exists());
+        s.wait_gone(&id);
     };
     s.set_config("annotations", json!(["devremap.io/enable", "devremap.io/relax"]));
     relaxed("the config's annotations list devremap.io/relax");
@@ -677,7 +698,7 @@ fn killed_wrapper_leaves_no_daemon() {
     assert!(s.daemon_log(&id).contains("exited before the container started"), "{}", s.daemon_log(&id));
     let out = s.run(&["delete", &id]);
     assert_eq!(out.status.code(), Some(1), "the runtime knows no such container");
-    assert!(!s.state_dir().join(&id).exists());
+    s.wait_gone(&id);
 }
 
 /// Bug (found from outside): the bundle's `config.json` stayed patched (its `/dev` mount on
@@ -752,13 +773,13 @@ fn killed_wrapper_leftover_is_torn_down() {
     s.set_config("runtime", "/bin/false");
     let out = s.run(&["create", "--bundle", &bundle, &id]);
     assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
-    assert!(!s.state_dir().join(&id).exists());
+    s.wait_gone(&id);
 
     // A delete of the id does too.
     kill_set_up();
     let out = s.run(&["delete", &id]);
     assert_eq!(out.status.code(), Some(1), "the runtime knows no such container");
-    assert!(!s.state_dir().join(&id).exists());
+    s.wait_gone(&id);
     assert_eq!(fs::read(s.bundle.config_path()).unwrap(), original);
 }
 
@@ -903,7 +924,7 @@ fn symlinked_spec_runs_and_is_kept() {
     assert!(s.stdout().contains("dev.fs: fuse\n"), "{}", s.stdout());
     assert!(fs::symlink_metadata(s.bundle.config_path()).unwrap().file_type().is_symlink(), "the link is kept");
     assert_eq!(fs::read(&real).unwrap(), original);
-    assert!(!s.state_dir().join(&id).exists());
+    s.wait_gone(&id);
 }
 
 /// Bug (found from outside): a config whose `runtime` is `devremap-runtime` itself (a hurried
@@ -1101,7 +1122,7 @@ fn runc_checkpoint_restore_onto_another_device() {
     assert!(stdout.contains("after fd3.write: refused\n"), "{stdout}");
     let out = s.run(&["delete", "--force", &id]);
     assert_ok(&out, "delete", &s, &id);
-    assert!(!s.state_dir().join(&id).exists());
+    s.wait_gone(&id);
     for mut cat in [cat1, cat2] {
         let _ = cat.kill();
         let _ = cat.wait();
@@ -1258,7 +1279,7 @@ fn runc_checkpoint_restore_of_an_amd_container_onto_a_renumbered_gpu() {
     assert!(stdout.contains("after kfd: 5:0\n"), "kfd's new number: {stdout}");
     let out = s.run(&["delete", "--force", &id]);
     assert_ok(&out, "delete", &s, &id);
-    assert!(!s.state_dir().join(&id).exists());
+    s.wait_gone(&id);
     assert!(!alive(daemon) && !is_mounted(&s.state_dir().join(&id).join("dev")));
     for mut cat in [cat1, cat2] {
         let _ = cat.kill();
@@ -1364,7 +1385,7 @@ fn a_pod_sandbox_gets_no_daemon() {
     let out = s.run(&["run", "--bundle", arg(s.bundle.dir()), &id]);
     assert_ok(&out, "run", &s, &id);
     assert!(s.stdout().contains("dev.fs: tmpfs\n"), "{}", s.stdout());
-    assert!(!s.state_dir().join(&id).exists());
+    s.wait_gone(&id);
 }
 
 /// Bug (issue 17.6): a spec binding another `/dev` (`docker run -v /dev:/dev`) covered the
@@ -1390,7 +1411,7 @@ fn a_second_dev_mount_is_refused() {
         "{}",
         out.stderr
     );
-    assert!(!s.state_dir().join(&id).exists());
+    s.wait_gone(&id);
     assert!(!s.run(&["state", &id]).status.success(), "the runtime never ran");
     assert_eq!(fs::read(s.bundle.config_path()).unwrap(), original);
 }

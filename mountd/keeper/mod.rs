@@ -28,7 +28,7 @@
 //! held for the keeper's whole life.
 
 mod error;
-mod procs;
+pub(crate) mod procs;
 mod stop;
 mod takeover;
 mod threads;
@@ -78,12 +78,11 @@ enum Ev {
 }
 
 fn act(sig: i32) -> Option<Ev> {
-    match sig {
-        libc::SIGHUP => Some(Ev::Reload),
-        libc::SIGUSR2 => Some(Ev::Upgrade),
-        libc::SIGTERM | libc::SIGINT => Some(Ev::Stop(format!("signal {}", signals::signal_name(sig)))),
-        _ => None,
-    }
+    signals::acted(sig).map(|acted| match acted {
+        signals::Acted::Reload => Ev::Reload,
+        signals::Acted::Upgrade => Ev::Upgrade,
+        signals::Acted::Stop(why) => Ev::Stop(why),
+    })
 }
 
 /// The driver: the machine, and the processes, files and mount its actions are done on.
@@ -189,7 +188,7 @@ pub fn run(args: &MountArgs) -> Result<(), KeeperError> {
 /// inherited must never make us write into a file or socket of our own, nor leave a standard fd
 /// closed for the next open to take. It is made non-blocking: a starter that never reads (a
 /// full pipe) must not stop the keeper, which takes the signals, in its write.
-fn claim_ready_fd(fd: i32) -> Result<File, KeeperError> {
+pub(crate) fn claim_ready_fd(fd: i32) -> Result<File, KeeperError> {
     use nix::fcntl::{FcntlArg, OFlag, fcntl};
     let unusable = |e: nix::errno::Errno| KeeperError::ReadyFdUnusable { fd, source: e.into() };
     if fd < 0 {

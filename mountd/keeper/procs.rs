@@ -168,7 +168,7 @@ fn set_up_child(cmd: &mut Command, fds: [i32; 2], exe_fd: i32) {
 /// install that switches a symlink (alternatives, stow, `/opt/x-<version>`) upgrades to the
 /// binary the link names now: `current_exe` reads `/proc/self/exe`, where every symlink is
 /// already resolved to the old binary.
-pub(super) fn started_as(running: &File) -> Option<PathBuf> {
+pub(crate) fn started_as(running: &File) -> Option<PathBuf> {
     let argv0 = PathBuf::from(std::env::args_os().next()?);
     let path = if argv0.as_os_str().as_encoded_bytes().contains(&b'/') {
         std::path::absolute(&argv0).ok()?

@@ -106,6 +106,13 @@ fn record(
 /// its daemon and removes its directory (also when the runtime's delete failed because the
 /// container never got made).
 pub fn delete(config: &Config, inv: &Invocation, id: Option<&ContainerId>) -> Result<u8, Failure> {
+    // A node daemon's container: the runtime alone; its keeper ends with the container, and the
+    // node daemon removes the directory then (issue 31). An earlier version's, or one whose
+    // keeper died (its mount dead): torn down here, after the runtime.
+    let ours = |c: &Container| c.exists() && (!c.is_node() || c.check_daemon().is_err());
+    if !id.map(|id| Container::new(&config.state_dir, id.as_str())).is_some_and(|c| ours(&c)) {
+        return Err(exec(config, inv.line.original()));
+    }
     let code = run_runtime(config, &inv.line.original())?;
     if let Some(id) = id {
         let container = Container::new(&config.state_dir, id.as_str());
@@ -115,7 +122,7 @@ pub fn delete(config: &Config, inv: &Invocation, id: Option<&ContainerId>) -> Re
             if let Found::Idle = container.found(inv.global.root.as_deref())?
                 && runtime_knows(config, &inv.line, id.as_str()).is_none()
             {
-                container.teardown(None, &Host)?;
+                container.teardown(&Host)?;
             }
         }
     }

@@ -33,6 +33,9 @@ pub enum Failure {
     Container { id: String, what: String },
     #[error(transparent)]
     Daemon(#[from] DaemonError),
+    /// The node daemon refused the container, or could not be asked (its words).
+    #[error("{0}")]
+    Node(String),
     #[error(transparent)]
     Load(#[from] LoadError),
     #[error(transparent)]

@@ -32,6 +32,7 @@
 mod commands;
 mod config_file;
 mod error;
+mod node;
 mod procs;
 mod runner;
 mod start;

@@ -64,6 +64,21 @@ pub fn exec(config: &Config, args: Vec<String>) -> Failure {
     cannot_run(config)(runtime_command(config, &args).exec())
 }
 
+/// Replaces this process with the runtime, as [`exec`], giving it the stdin [`run_runtime`]
+/// gives it: what a container the wrapper set up starts with.
+pub fn exec_container(config: &Config, args: &[String]) -> Failure {
+    match stdin_in_place_of_dev_null() {
+        Ok(Some(stdin)) => {
+            if let Err(e) = nix::unistd::dup2_stdin(&stdin) {
+                return Failure::Pipe(e);
+            }
+        }
+        Ok(None) => {}
+        Err(e) => return e,
+    }
+    exec(config, args.to_vec())
+}
+
 /// Replaces this process with the runtime given our own arguments, unchanged (some are not
 /// UTF-8, and not ours to understand); returns only the error.
 pub fn exec_unchanged(config: &Config) -> Failure {

@@ -1,20 +1,20 @@
 //! `create`, `run` and `restore` of a container that asks for devremap: claim the id (tearing
 //! down a killed wrapper's leftover), decide from the spec, set up the container's directory and
-//! daemon, run the runtime on our bundle, and undo everything if that fails.
+//! `/dev` (through the node daemon), and replace this process with the runtime on our bundle;
+//! undo everything if a step before that fails.
 
 use crate::error::Failure;
 use crate::procs::Host;
-use crate::runner::{exec, report, run_runtime, runtime_knows};
+use crate::runner::{exec, exec_container, report, runtime_knows};
 use crate::{RECORD_FILE, absolute, arg_of};
+use devremap::node::protocol::MountRequest;
 use devremap::runtime::annotations::{self, Request};
 use devremap::runtime::argv::{BadId, Invocation, NewContainer};
 use devremap::runtime::config::Config;
-use devremap::runtime::container_daemon::daemon::DaemonArgs;
 use devremap::runtime::container_daemon::{Container, DaemonError, Found, Lock};
 use devremap::runtime::oci_patch::{self, PatchError};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::Child;
 
 /// What `start` needs to know beyond the command line.
 pub struct Restoring {
@@ -59,19 +59,17 @@ pub fn start(
     };
     let pid_file_arg = arg_of(&pid_file)?;
     let devremapd = devremapd_path(config)?;
-    let _mine = container.prepare(inv.global.root.as_deref()).map_err(|e| undo(&container, None, e.into()))?;
+    // Held until the runtime replaces this process (the lock's descriptor is close-on-exec,
+    // so the container never gets it), and by the node daemon's copy until the runtime exits.
+    let mine = container.prepare(inv.global.root.as_deref()).map_err(|e| undo(&container, e.into()))?;
     drop(claiming);
-    let daemon = set_up(config, &container, wanted, &devremapd, &pid_file).map_err(|e| undo(&container, None, e))?;
     let args = arg_of(&container.bundle()).map(|b| new.line_for_bundle(&b, &pid_file_arg));
-    let code = match args.and_then(|args| run_runtime(config, &args)) {
-        Ok(code) => code,
-        Err(e) => return Err(undo(&container, Some(daemon), e)),
-    };
-    if code != 0 || new.gone_on_return {
-        // Failed, or a foreground container ended and the runtime deleted it.
-        container.teardown(Some(daemon), &Host)?;
-    }
-    Ok(code)
+    set_up(config, &container, wanted, &devremapd, &pid_file, &mine).map_err(|e| undo(&container, e))?;
+    // The runtime replaces this process: no wrapper stays behind, and a foreground `run` is
+    // the runtime itself. The container's keeper ends with the container's init (or with this
+    // process, the runtime, when it exits before the container was made), and the node daemon
+    // then removes the directory.
+    Err(undo(&container, args.map_or_else(|e| e, |args| exec_container(config, &args))))
 }
 
 /// Whether the spec gets devremap, and the container and patched spec if so; `None` for the
@@ -124,27 +122,33 @@ fn decide(
     }
 }
 
-/// Writes our bundle, keeps a restore's metadata, and starts the daemon, which answers when
-/// this returns.
+/// Writes our bundle, keeps a restore's metadata, and has the node daemon mount the
+/// container's `/dev`, which answers when this returns.
 fn set_up(
     config: &Config,
     container: &Container,
     wanted: Wanted,
     devremapd: &Path,
     pid_file: &Path,
-) -> Result<Child, Failure> {
+    mine: &Lock,
+) -> Result<(), Failure> {
     let ours = container.write_bundle(&format!("{:#}\n", wanted.patched))?;
     let metadata = wanted.metadata.map(|m| container.keep_metadata(&m)).transpose()?;
-    let args = DaemonArgs {
-        devremapd,
-        spec: &ours,
-        host_dev: config.host_dev.as_deref(),
-        host_root: &config.host_root,
-        metadata: metadata.as_deref(),
+    let id = container.dir.file_name().unwrap_or_default().to_string_lossy().into_owned();
+    let request = MountRequest {
+        id,
+        state_dir: config.state_dir.clone(),
+        spec: ours,
+        host_dev: config.host_dev.clone(),
+        host_root: config.host_root.clone(),
+        metadata,
         extra: [config.daemon_args(), wanted.request.daemon_args()].concat(),
-        container_pid_file: pid_file,
+        container_pid_file: pid_file.to_owned(),
+        // This process, which the runtime replaces.
+        owner_pid: std::process::id(),
     };
-    Ok(container.start_daemon(&args, &Host)?)
+    container.mark_node()?;
+    crate::node::mount(config, devremapd, request, mine.as_fd())
 }
 
 /// The runtime alone, saying why: devremap was not asked for by name and the spec cannot have
@@ -180,14 +184,14 @@ fn claim(config: &Config, inv: &Invocation, container: &Container) -> Result<Loc
         )),
         Found::Idle if runtime_knows(config, &inv.line, &id).is_some() => Err(exec(config, inv.line.original())),
         // Left by a wrapper killed mid-way: its container never ran or is gone.
-        Found::Idle => Ok(container.teardown(None, &Host).map(|()| lock)?),
+        Found::Idle => Ok(container.teardown(&Host).map(|()| lock)?),
     }
 }
 
 /// Undoes a half-made start: stops the daemon and removes the directory; returns `why`, with
 /// what could not be undone.
-fn undo(container: &Container, daemon: Option<Child>, why: Failure) -> Failure {
-    let cleanup: Vec<DaemonError> = container.teardown(daemon, &Host).err().into_iter().collect();
+fn undo(container: &Container, why: Failure) -> Failure {
+    let cleanup: Vec<DaemonError> = container.teardown(&Host).err().into_iter().collect();
     if cleanup.is_empty() { why } else { Failure::Undone { why: Box::new(why), cleanup } }
 }
 

@@ -1,7 +1,8 @@
 //! The wrapper's config file: a JSON object with `runtime` (the real runtime, a path or a name
 //! looked up on `PATH`; default `runc`), `host_dev` and `host_root` (the daemon's `--host-dev`
 //! and `--host-root`), `state_dir` (default `/run/devremap`), `devremapd` (the daemon's
-//! binary; default the `devremapd` next to the wrapper), `annotations` (the `devremap.io/`
+//! binary; default the `devremapd` next to the wrapper), `node_socket` (the node daemon's
+//! socket; default `<state_dir>/node.sock`), `annotations` (the `devremap.io/`
 //! annotations launchers may set; default `devremap.io/enable`, `devremap.io/device-map` and
 //! `devremap.io/prefer`: add `devremap.io/relax` to let them relax a check) and `relax` (the
 //! checks every restore may fail with a warning, a `--relax` value: the operator's own choice).
@@ -40,6 +41,9 @@ pub struct Config {
     pub state_dir: PathBuf,
     /// The `devremapd` binary; `None` means the one next to the wrapper.
     pub devremapd: Option<PathBuf>,
+    /// The node daemon's socket; `None` means `<state_dir>/node.sock` (`/run/devremap/node.sock`
+    /// by default).
+    pub node_socket: Option<PathBuf>,
     /// The `devremap.io/` annotations launchers may set (see `annotations`).
     pub annotations: Vec<String>,
     /// The operator's `--relax` value for every container's daemon, checked.
@@ -54,6 +58,7 @@ impl Default for Config {
             host_root: PathBuf::from("/"),
             state_dir: PathBuf::from("/run/devremap"),
             devremapd: None,
+            node_socket: None,
             annotations: annotations::launcher_default(),
             relax: None,
         }
@@ -65,10 +70,16 @@ impl Config {
     pub fn daemon_args(&self) -> Vec<String> {
         self.relax.iter().flat_map(|r| ["--relax".to_owned(), r.clone()]).collect()
     }
+
+    /// The node daemon's socket.
+    pub fn node_socket(&self) -> PathBuf {
+        self.node_socket.clone().unwrap_or_else(|| self.state_dir.join("node.sock"))
+    }
 }
 
 /// The keys a config may hold.
-const KEYS: &[&str] = &["runtime", "host_dev", "host_root", "state_dir", "devremapd", "annotations", "relax"];
+const KEYS: &[&str] =
+    &["runtime", "host_dev", "host_root", "state_dir", "devremapd", "node_socket", "annotations", "relax"];
 
 /// Why a config file was refused; the caller prefixes the file.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -230,6 +241,7 @@ pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
                     "host_dev" => config.host_dev = Some(path),
                     "host_root" => config.host_root = path,
                     "state_dir" => config.state_dir = path,
+                    "node_socket" => config.node_socket = Some(path),
                     _ => config.devremapd = Some(path),
                 }
             }
@@ -256,6 +268,10 @@ mod tests {
         assert_eq!(c.host_dev, Some(PathBuf::from("/dev")));
         assert_eq!((c.host_root.to_str(), c.state_dir.to_str()), (Some("/host"), Some("/run/x")));
         assert_eq!(c.devremapd, Some(PathBuf::from("/opt/devremapd")));
+        assert_eq!(c.node_socket(), PathBuf::from("/run/x/node.sock"), "the node socket defaults into state_dir");
+        assert_eq!(Config::default().node_socket(), PathBuf::from("/run/devremap/node.sock"));
+        let node = parse(br#"{"node_socket": "/run/node.sock"}"#).unwrap();
+        assert_eq!(node.node_socket(), PathBuf::from("/run/node.sock"));
         assert_eq!(parse(br#"{"runtime": "crun"}"#).unwrap().runtime, PathBuf::from("crun"));
         assert_eq!(
             Config::default().annotations,

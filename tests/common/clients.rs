@@ -129,6 +129,12 @@ pub struct WrappedHost {
     pub state_dir: PathBuf,
 }
 
+impl Drop for WrappedHost {
+    fn drop(&mut self) {
+        super::daemon::stop_node(&self.state_dir);
+    }
+}
+
 impl WrappedHost {
     pub fn new(dir: &Path) -> WrappedHost {
         let host = FakeHost::with_gpus(&[0, 1]);
@@ -148,10 +154,15 @@ impl WrappedHost {
         self.host.node("nvidia2", super::fake_rdev(2));
     }
 
-    /// The containers devremap serves now: the state directory's entries.
+    /// The containers devremap serves now: the state directory's directories (the node
+    /// daemon's socket, pid, lock and log files are beside them).
     pub fn containers(&self) -> Vec<String> {
         let Ok(entries) = fs::read_dir(&self.state_dir) else { return vec![] };
-        entries.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect()
+        entries
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect()
     }
 
     /// What a removed container must not leave: a state directory, a mount or a daemon.
@@ -165,7 +176,8 @@ impl WrappedHost {
         for proc in fs::read_dir("/proc").unwrap().flatten() {
             let cmdline = fs::read(proc.path().join("cmdline")).unwrap_or_default();
             let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-            if cmdline.contains("devremapd") && cmdline.contains(&state) {
+            // The node daemon serves the state dir for as long as it runs: not a leftover.
+            if cmdline.contains("devremapd") && cmdline.contains(&state) && !cmdline.contains("devremapd node ") {
                 left.push(format!("daemon {}: {cmdline}", proc.file_name().to_string_lossy()));
             }
         }

@@ -367,3 +367,29 @@ impl Drop for Spawned {
         end(&mut self.child, &self.mountpoint);
     }
 }
+
+/// Stops the node daemon serving `state_dir` (its pid file `<state_dir>/node.pid`), if one
+/// runs, and waits for it to go: the daemon a test's wrapper started (issue 31). Its
+/// containers' keepers are the test's own cleanup's.
+pub fn stop_node(state_dir: &Path) {
+    let Some(pid) = fs::read_to_string(state_dir.join("node.pid")).ok().and_then(|t| t.trim().parse::<i32>().ok())
+    else {
+        return;
+    };
+    let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    if cmdline.split(|&b| b == 0).nth(1) != Some(b"node") {
+        return;
+    }
+    // SAFETY: kill(2) of the node daemon whose pid file names it and whose command line is one.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let gone = || !Path::new(&format!("/proc/{pid}")).exists() || proc_state(pid) == Some('Z');
+    let deadline = Instant::now() + PATIENCE;
+    while !gone() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn proc_state(pid: i32) -> Option<char> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next())
+}

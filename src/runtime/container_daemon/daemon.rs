@@ -44,6 +44,9 @@ pub struct DaemonArgs<'a> {
     pub extra: Vec<String>,
     /// The runtime's pid file of the container's init.
     pub container_pid_file: &'a Path,
+    /// The process that starts the container: until the pid file appears, the daemon stops
+    /// when it exits (no one will start the container then).
+    pub owner_pid: u32,
 }
 
 impl Container {
@@ -63,12 +66,15 @@ impl Container {
             .arg("--pid-file")
             .arg(self.pid_file())
             .arg("--state-file")
-            .arg(self.dir.join("state.json"))
+            .arg(self.state_file())
             .arg("--container-pid-file")
             .arg(a.container_pid_file)
             .arg("--owner-pid")
-            .arg(std::process::id().to_string())
+            .arg(a.owner_pid.to_string())
             .args(&a.extra)
+            // A keeper tells systemd about itself when it is the service's main process; one
+            // started here is not (the node daemon under `devremap.service` is).
+            .env_remove("NOTIFY_SOCKET")
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log2);
@@ -149,15 +155,11 @@ impl Container {
     }
 
     /// Stops the daemon (if it still runs) and waits for its exit, detaches whatever is left
-    /// mounted on `dev/`, and removes the directory. `child` is the daemon when this process
-    /// started it (to reap it).
-    pub fn teardown(&self, child: Option<Child>, procs: &dyn Processes) -> Result<(), DaemonError> {
+    /// mounted on `dev/`, and removes the directory. A daemon that is our child (the node
+    /// daemon's) is reaped by whoever waits on it.
+    pub fn teardown(&self, procs: &dyn Processes) -> Result<(), DaemonError> {
         if let Some(pid) = self.daemon_pid() {
             stop(pid, procs);
-        }
-        if let Some(mut child) = child {
-            let _ = child.kill();
-            let _ = child.wait();
         }
         // A daemon that was killed leaves a dead FUSE mount; a live one has unmounted already.
         // EINVAL when nothing is mounted there.
@@ -171,7 +173,7 @@ impl Container {
     }
 
     /// The daemon's pid, if its pid file names a live process serving this mountpoint.
-    fn daemon_pid(&self) -> Option<u32> {
+    pub fn daemon_pid(&self) -> Option<u32> {
         let pid = crate::inputs::files::read_pid(&self.pid_file()).filter(|&p| p > 1)?;
         serves(pid, &self.dev()).then_some(pid)
     }

@@ -78,7 +78,16 @@ pub struct Container {
 
 /// An exclusive `flock` on a directory, released when dropped (or when its holder dies).
 pub struct Lock {
-    _held: Flock<fs::File>,
+    held: Flock<fs::File>,
+}
+
+impl Lock {
+    /// The locked directory's descriptor: a copy handed to another process (the node daemon,
+    /// over its socket) holds the lock as long as either copy is open, since a `flock` belongs
+    /// to the open file, not to a process.
+    pub fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(&*self.held)
+    }
 }
 
 /// Locks directory `dir`: waits for the lock when `wait`, else `None` when another process
@@ -87,7 +96,7 @@ fn lock_dir(dir: &Path, wait: bool) -> Result<Option<Lock>, DaemonError> {
     let file = fs::File::open(dir).map_err(io_at(dir))?;
     let how = if wait { FlockArg::LockExclusive } else { FlockArg::LockExclusiveNonblock };
     match Flock::lock(file, how) {
-        Ok(held) => Ok(Some(Lock { _held: held })),
+        Ok(held) => Ok(Some(Lock { held })),
         Err((_, Errno::EWOULDBLOCK)) if !wait => Ok(None),
         Err((_, errno)) => Err(DaemonError::Lock { path: dir.to_owned(), errno }),
     }
@@ -118,6 +127,11 @@ impl Container {
     /// The mountpoint, which the front end's bundle binds onto the container's `/dev`.
     pub fn dev(&self) -> PathBuf {
         self.dir.join("dev")
+    }
+
+    /// The daemon's state file (`devremapd mount --state-file`).
+    pub fn state_file(&self) -> PathBuf {
+        self.dir.join("state.json")
     }
 
     fn pid_file(&self) -> PathBuf {
@@ -157,10 +171,28 @@ impl Container {
     /// What this existing directory is to a front end of runtime root `root` (under the state
     /// dir's lock).
     pub fn found(&self, root: Option<&str>) -> Result<Found, DaemonError> {
-        if lock_dir(&self.dir, false)?.is_none() {
+        if self.is_busy()? {
             return Ok(Found::Busy);
         }
         Ok(self.other_root(root).map_or(Found::Idle, Found::OtherRoot))
+    }
+
+    /// Marks this container's daemon as the node daemon's (issue 31), which tears its
+    /// directory down once the container is gone; a directory without the mark is an earlier
+    /// version's, whose daemon the wrapper stops at `delete` as it always did.
+    pub fn mark_node(&self) -> Result<(), DaemonError> {
+        Ok(crate::atomic::replace_runtime_file(&self.dir.join("node"), b"")?)
+    }
+
+    /// Whether [`Container::mark_node`] marked it.
+    pub fn is_node(&self) -> bool {
+        fs::symlink_metadata(self.dir.join("node")).is_ok()
+    }
+
+    /// Whether a front end holds this directory's lock (setting it up, or running its
+    /// container in the foreground).
+    pub fn is_busy(&self) -> Result<bool, DaemonError> {
+        Ok(lock_dir(&self.dir, false)?.is_none())
     }
 
     /// The runtime root this directory's container belongs to, when it is not `root`.
@@ -233,7 +265,7 @@ impl Container {
 /// Makes `dir` (and its missing parents) a directory of mode 0700, or checks that it is one
 /// owned by us: never a symlink, never a directory another user could write into. An existing
 /// directory is never changed: the config may name a shared one (`/run`, even `/tmp`).
-fn ensure_private_dir(dir: &Path) -> Result<(), DaemonError> {
+pub fn ensure_private_dir(dir: &Path) -> Result<(), DaemonError> {
     // Named as the config names it: the operator's fix is there.
     let refused = |what: String| DaemonError::StateDir { path: dir.to_owned(), what };
     let io = |e: io::Error| refused(io_message(&e));

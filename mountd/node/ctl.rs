@@ -1,0 +1,34 @@
+//! `devremapd ctl`: the operator's client of the node daemon. `list` prints one JSON object per
+//! container, `reload [ID]` one per container reloaded (exit status 1 when one was refused,
+//! with an error line naming it), `status ID` one object: the entry and its state file.
+
+use crate::cli::{CtlArgs, CtlCommand};
+use devremap::node::client::ask;
+use devremap::node::protocol::Request;
+use devremap::report::Failure;
+use serde_json::Value;
+use std::time::Duration;
+
+/// Longer than the daemon's own wait for a reload.
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+pub fn run(args: &CtlArgs) -> Result<(), Failure> {
+    let request = match &args.command {
+        CtlCommand::List => Request::List,
+        CtlCommand::Reload { id } => Request::Reload { id: id.clone() },
+        CtlCommand::Status { id } => Request::Status { id: id.clone() },
+    };
+    let data = ask(&args.socket, &request, TIMEOUT).map_err(|e| e.to_string())?;
+    let entries = match data {
+        Value::Array(entries) => entries,
+        one => vec![one],
+    };
+    let mut refused = Vec::new();
+    for entry in &entries {
+        println!("{entry}");
+        if let (CtlCommand::Reload { .. }, Some(why)) = (&args.command, entry["last_error"].as_str()) {
+            refused.push(format!("container {}: {why}", entry["id"].as_str().unwrap_or_default()));
+        }
+    }
+    if refused.is_empty() { Ok(()) } else { Err(Failure::Message(refused.join("; "))) }
+}

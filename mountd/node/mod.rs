@@ -1,0 +1,549 @@
+//! `devremapd node`: one daemon per host through which every container's `/dev` is served
+//! (issue 31). `devremap-runtime` asks it over its socket to mount a container's `/dev`, then
+//! replaces itself with the runtime; `devremapd ctl` asks it what it serves and to reload.
+//!
+//! Each container keeps its own keeper (`devremapd mount`, [`crate::keeper`]), started by this
+//! daemon with the container's flags: its own FUSE connection, mountpoint, tree, state file and
+//! log, its crash and upgrade survival, its reloads on its own. This daemon is the table of
+//! them ([`devremap::node::registry`]), the socket, and the one who tears a container's
+//! directory down once its keeper has exited (its container is gone: the keeper watches the
+//! container's init). Its own death touches no container: the keepers run on, and a daemon
+//! started again adopts them from the state dir.
+//!
+//! Threads: the main one takes events (signals, a keeper's exit, the idle timer); one accepts
+//! connections; each connection has its own, for its one request (at most [`MAX_CLIENTS`] at
+//! once); each keeper one that waits on its pidfd (a small stack), so nothing here ever waits
+//! on a keeper but its own request. Assumption: one node daemon per state dir, held by the
+//! lock on `<state_dir>/node.lock` for the daemon's whole life.
+
+pub mod ctl;
+mod error;
+
+#[path = "../runtime/procs.rs"]
+mod procs;
+
+use crate::signals::{self, Acted};
+use devremap::node::protocol::{self, Answer, Entry, MountRequest, Request};
+use devremap::node::registry::{Adopt, Found, Registry};
+use devremap::runtime::argv::ContainerId;
+use devremap::runtime::container_daemon::Container;
+use devremap::runtime::container_daemon::daemon::DaemonArgs;
+pub use error::NodeError;
+use log::{info, warn};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use parking_lot::Mutex;
+use procs::Host;
+use serde_json::{Value, json};
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Sender};
+use std::time::{Duration, Instant};
+
+use crate::cli::NodeArgs;
+
+/// Requests handled at once; one more is answered "busy" at once.
+const MAX_CLIENTS: usize = 256;
+/// How long a client may take to send its request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a reload may take before `reload` answers without it.
+const RELOAD_TIMEOUT: Duration = Duration::from_secs(30);
+/// The stack of a thread that only waits on a pidfd.
+const WATCH_STACK: usize = 64 << 10;
+
+enum Ev {
+    Signal(Acted),
+    /// A keeper exited (reaped when it was our child).
+    Exited(u32),
+}
+
+fn act(sig: i32) -> Option<Ev> {
+    signals::acted(sig).map(Ev::Signal)
+}
+
+struct Node {
+    state_dir: PathBuf,
+    /// The binary each container's keeper runs: the path this daemon was started from (an
+    /// upgrade of a keeper runs what is there then).
+    exe: PathBuf,
+    registry: Mutex<Registry>,
+    /// Set once an idle daemon goes: a connection accepted after it is dropped unanswered (its
+    /// client asks again, and starts a daemon).
+    closing: Mutex<bool>,
+    clients: AtomicUsize,
+    events: Sender<Ev>,
+}
+
+pub fn run(args: &NodeArgs) -> Result<(), NodeError> {
+    let ready = args.ready_fd.map(crate::keeper::claim_ready_fd).transpose()?;
+    let (tx, rx) = mpsc::channel();
+    signals::start(tx.clone(), act, "")?;
+    if !nix::unistd::geteuid().is_root() {
+        return Err(NodeError::NotRoot);
+    }
+    devremap::runtime::container_daemon::ensure_private_dir(&args.state_dir)?;
+    let state_dir = args.state_dir.canonicalize().map_err(NodeError::at(&args.state_dir))?;
+    let _lock = lock_node(&state_dir)?;
+    let listener = bind(&args.socket)?;
+    let running = std::fs::File::open("/proc/self/exe").map_err(NodeError::at(Path::new("/proc/self/exe")))?;
+    let exe = crate::keeper::procs::started_as(&running).ok_or(NodeError::OwnBinary)?;
+    let node = Arc::new(Node {
+        state_dir,
+        exe,
+        registry: Mutex::new(Registry::default()),
+        closing: Mutex::new(false),
+        clients: AtomicUsize::new(0),
+        events: tx,
+    });
+    node.adopt();
+    let pid_text = format!("{}\n", std::process::id());
+    let pid_written = devremap::atomic::write_atomic_told(
+        &args.pid_file,
+        pid_text.as_bytes(),
+        None,
+        devremap::atomic::Lasting::UntilReboot,
+        |_| {},
+    )
+    .map_err(NodeError::at(&args.pid_file))?;
+    let accepting = node.clone();
+    std::thread::Builder::new()
+        .name("accept".into())
+        .spawn(move || accepting.accept(listener))
+        .map_err(NodeError::Thread)?;
+    info!("node daemon serving {} on {} (pid {})", node.state_dir.display(), args.socket.display(), std::process::id());
+    if let Some(mut ready) = ready {
+        let _ = ready.write_all(b"\n");
+    }
+    // Under `devremap.service` (Type=notify): the socket answers.
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
+    let idle_exit = args.idle_exit.map(Duration::from_secs);
+    let mut idle_since = Instant::now();
+    let why = loop {
+        let ev = match rx.recv_timeout(Duration::from_secs(1)) {
+            Ok(ev) => ev,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                if !node.idle() {
+                    idle_since = Instant::now();
+                } else if idle_exit.is_some_and(|limit| idle_since.elapsed() >= limit) && node.close_if_idle() {
+                    break "idle: no container to serve".to_owned();
+                }
+                continue;
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => break "the signal thread ended".to_owned(),
+        };
+        match ev {
+            Ev::Signal(Acted::Reload) => node.signal_all(Signal::SIGHUP, "reloading"),
+            Ev::Signal(Acted::Upgrade) => node.signal_all(Signal::SIGUSR2, "upgrading the servers of"),
+            Ev::Signal(Acted::Stop(why)) => break why,
+            Ev::Exited(pid) => node.exited(pid),
+        }
+    };
+    // The keepers serve on: a daemon started again adopts them.
+    let _ = std::fs::remove_file(&args.socket);
+    pid_written.remove_if_ours();
+    info!("node daemon stopping ({why}); {} containers' keepers serve on", node.registry.lock().serving_all().len());
+    Ok(())
+}
+
+/// The lock that makes this the state dir's one node daemon.
+fn lock_node(state_dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, NodeError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = state_dir.join("node.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&path)
+        .map_err(NodeError::at(&path))?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
+        .map_err(|_| NodeError::Running { state_dir: state_dir.to_owned() })
+}
+
+/// Binds the socket, replacing a socket a dead daemon left (never anything else), in a
+/// directory of root's alone.
+fn bind(socket: &Path) -> Result<UnixListener, NodeError> {
+    let dir = socket.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    devremap::runtime::container_daemon::ensure_private_dir(dir)?;
+    match std::fs::symlink_metadata(socket) {
+        Ok(m) if m.file_type().is_socket() => {
+            if UnixStream::connect(socket).is_ok() {
+                return Err(NodeError::SocketAnswers(socket.to_owned()));
+            }
+            std::fs::remove_file(socket).map_err(NodeError::at(socket))?;
+        }
+        Ok(m) => {
+            return Err(NodeError::NotSocket {
+                path: socket.to_owned(),
+                what: devremap::inputs::files::describe(std::os::unix::fs::MetadataExt::mode(&m)),
+            });
+        }
+        Err(_) => {}
+    }
+    let listener = UnixListener::bind(socket).map_err(NodeError::at(socket))?;
+    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600)).map_err(NodeError::at(socket))?;
+    Ok(listener)
+}
+
+impl Node {
+    fn container(&self, id: &str) -> Result<Container, String> {
+        let id = ContainerId::new(id).map_err(|e| e.to_string())?;
+        Ok(Container::new(&self.state_dir, id.as_str()))
+    }
+
+    /// Takes in what an earlier daemon served: the state dir's container directories.
+    fn adopt(self: &Arc<Self>) {
+        let Ok(entries) = std::fs::read_dir(&self.state_dir) else { return };
+        let found: Vec<Found> = entries
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .filter_map(|e| {
+                let id = e.file_name().into_string().ok()?;
+                let container = self.container(&id).ok()?;
+                let keeper = container.daemon_pid();
+                let busy = container.is_busy().unwrap_or(true);
+                Some(Found { id, keeper, busy })
+            })
+            .collect();
+        let decisions = self.registry.lock().adopt(found);
+        for decision in decisions {
+            match decision {
+                Adopt::Watch { id, pid } => {
+                    info!("container {id}: adopted (keeper pid {pid})");
+                    self.watch(pid, None);
+                }
+                Adopt::TearDown { id } => self.tear_down(&id, "left by a container that is gone"),
+                Adopt::Leave { .. } => {}
+            }
+        }
+    }
+
+    /// Waits for keeper `pid` to exit on a thread of its own, reaping it when it is our child.
+    fn watch(&self, pid: u32, child: Option<Child>) {
+        let events = self.events.clone();
+        let fd = devremap::pidfd::pidfd_open(pid);
+        let spawned =
+            std::thread::Builder::new().name(format!("watch-{pid}")).stack_size(WATCH_STACK).spawn(move || {
+                if let Ok(fd) = fd {
+                    devremap::pidfd::exited(&fd, None);
+                }
+                if let Some(mut child) = child {
+                    let _ = child.wait();
+                }
+                let _ = events.send(Ev::Exited(pid));
+            });
+        if let Err(e) = spawned {
+            warn!("cannot watch keeper pid {pid}: {}; its container's directory stays until `delete`", e);
+        }
+    }
+
+    fn exited(self: &Arc<Self>, pid: u32) {
+        let Some(id) = self.registry.lock().exited(pid) else { return };
+        let node = self.clone();
+        // The state dir's lock may be held by a wrapper setting a container up: not here.
+        let _ = std::thread::Builder::new().name("teardown".into()).spawn(move || {
+            node.tear_down(&id, &format!("its keeper (pid {pid}) exited"));
+        });
+    }
+
+    /// Removes container `id`'s directory, unless a front end holds it or a new start of the id
+    /// has begun (under the state dir's lock, which a wrapper takes to claim an id).
+    fn tear_down(&self, id: &str, why: &str) {
+        let Ok(container) = self.container(id) else { return };
+        let Ok(_lock) = container.lock_state_dir() else { return };
+        if !container.exists() || !self.registry.lock().is_free(id) || container.is_busy().unwrap_or(true) {
+            return;
+        }
+        // A keeper that stops unmounts first; one still mounted died (SIGKILL, a crash): its
+        // container may still be there, and `start` must refuse it (its `/dev` answers
+        // ENOTCONN) until `delete`, which tears it down.
+        if crate::mountpoint::is_mounted(&container.dev()) {
+            warn!("container {id}: {why} and left its mount dead; its directory stays until the container's delete");
+            return;
+        }
+        match container.teardown(&Host) {
+            Ok(()) => info!("container {id}: {why}; torn down"),
+            Err(e) => warn!("container {id}: {why}; cannot tear down: {e}"),
+        }
+    }
+
+    fn signal_all(&self, signal: Signal, doing: &str) {
+        let all = self.registry.lock().serving_all();
+        info!("{doing} {} containers", all.len());
+        for (_, pid) in all {
+            let _ = kill(Pid::from_raw(pid as i32), signal);
+        }
+    }
+
+    fn idle(&self) -> bool {
+        self.registry.lock().is_empty() && self.clients.load(Ordering::SeqCst) == 0
+    }
+
+    /// Marks the daemon closing when it still has nothing to do.
+    fn close_if_idle(&self) -> bool {
+        let mut closing = self.closing.lock();
+        *closing = self.idle();
+        *closing
+    }
+
+    fn accept(self: Arc<Self>, listener: UnixListener) {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { continue };
+            if *self.closing.lock() {
+                continue;
+            }
+            if self.clients.fetch_add(1, Ordering::SeqCst) >= MAX_CLIENTS {
+                self.clients.fetch_sub(1, Ordering::SeqCst);
+                let _ = (&stream).write_all(
+                    protocol::answer_line(&Answer::refused("busy: too many requests at once; ask again")).as_bytes(),
+                );
+                continue;
+            }
+            let node = self.clone();
+            let spawned = std::thread::Builder::new().name("client".into()).spawn(move || {
+                node.serve(stream);
+                node.clients.fetch_sub(1, Ordering::SeqCst);
+            });
+            if spawned.is_err() {
+                self.clients.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// One connection: its request, and the answer.
+    fn serve(&self, stream: UnixStream) {
+        let answer = match peer_is_root(&stream) {
+            false => Answer::refused("only root may ask the node daemon"),
+            true => match read_request(&stream) {
+                Ok((request, passed)) => self.answer(request, passed),
+                Err(why) => Answer::refused(why),
+            },
+        };
+        let _ = stream.set_write_timeout(Some(REQUEST_TIMEOUT));
+        let _ = (&stream).write_all(protocol::answer_line(&answer).as_bytes());
+    }
+
+    fn answer(&self, request: Request, passed: Option<OwnedFd>) -> Answer {
+        let result = match request {
+            Request::Hello => Ok(json!({
+                "pid": std::process::id(),
+                "version": devremap::keeper::control::VERSION,
+                "state_dir": self.state_dir,
+                "containers": self.registry.lock().serving_all().len(),
+            })),
+            Request::Mount(m) => self.mount(m, passed),
+            Request::Unmount { id } => self.unmount(&id),
+            Request::List => {
+                let all = self.registry.lock().serving_all();
+                Ok(Value::Array(all.into_iter().map(|(id, pid)| json!(self.entry(&id, pid).0)).collect()))
+            }
+            Request::Reload { id } => self.reload(id.as_deref()),
+            Request::Status { id } => self.status(&id),
+        };
+        match result {
+            Ok(data) => Answer::done(data),
+            Err(why) => Answer::refused(why),
+        }
+    }
+
+    /// Starts container `m.id`'s keeper. `hold` is the wrapper's lock on the container's
+    /// directory: kept until the wrapper, which the runtime replaces, has exited, so that until
+    /// the runtime knows the container no other wrapper takes the directory for a leftover.
+    fn mount(&self, m: MountRequest, hold: Option<OwnedFd>) -> Result<Value, String> {
+        let container = self.container(&m.id)?;
+        let theirs = m.state_dir.canonicalize().unwrap_or_else(|_| m.state_dir.clone());
+        if theirs != self.state_dir {
+            return Err(format!(
+                "container {}: its state dir is {}, and this node daemon serves {} (give the runtime config's state_dir and node_socket to one daemon)",
+                m.id,
+                m.state_dir.display(),
+                self.state_dir.display()
+            ));
+        }
+        if !container.dev().is_dir() {
+            return Err(format!(
+                "container {}: {}: no mountpoint (the wrapper makes it)",
+                m.id,
+                container.dev().display()
+            ));
+        }
+        let serial = self.registry.lock().begin(&m.id).map_err(|e| e.to_string())?;
+        let args = DaemonArgs {
+            devremapd: &self.exe,
+            spec: &m.spec,
+            host_dev: m.host_dev.as_deref(),
+            host_root: &m.host_root,
+            metadata: m.metadata.as_deref(),
+            extra: m.extra.clone(),
+            container_pid_file: &m.container_pid_file,
+            owner_pid: m.owner_pid,
+        };
+        match container.start_daemon(&args, &Host) {
+            Ok(child) => {
+                let pid = child.id();
+                self.registry.lock().serving(&m.id, serial, pid);
+                self.watch(pid, Some(child));
+                if let Some(hold) = hold.filter(|fd| same_file(fd, &container.dir)) {
+                    hold_while(m.owner_pid, hold);
+                }
+                info!("container {}: serving {} (keeper pid {pid})", m.id, container.dev().display());
+                Ok(json!({"pid": pid, "mountpoint": container.dev(), "state_file": container.state_file()}))
+            }
+            Err(e) => {
+                self.registry.lock().failed(&m.id, serial);
+                warn!("container {}: not served: {e}", m.id);
+                Err(format!("container {}: {e}", m.id))
+            }
+        }
+    }
+
+    fn unmount(&self, id: &str) -> Result<Value, String> {
+        let container = self.container(id)?;
+        let pid = self.registry.lock().keeper(id).map_err(|e| e.to_string())?;
+        let _lock = container.lock_state_dir().map_err(|e| e.to_string())?;
+        container.teardown(&Host).map_err(|e| format!("container {id}: {e}"))?;
+        info!("container {id}: unmounted on request (keeper pid {pid})");
+        Ok(Value::Null)
+    }
+
+    /// The entry of container `id`, and its daemon's state file (`Null` until written).
+    fn entry(&self, id: &str, pid: u32) -> (Entry, Value) {
+        let container = Container::new(&self.state_dir, id);
+        let state = read_state(&container.state_file());
+        let entry = Entry {
+            id: id.to_owned(),
+            mountpoint: container.dev(),
+            state_file: container.state_file(),
+            last_error: state["last_error"].as_str().map(str::to_owned),
+            generation: state["generation"].as_u64(),
+            pid,
+            server_pid: state["server_pid"].as_u64().and_then(|p| u32::try_from(p).ok()),
+        };
+        (entry, state)
+    }
+
+    fn status(&self, id: &str) -> Result<Value, String> {
+        self.container(id)?;
+        let pid = self.registry.lock().keeper(id).map_err(|e| e.to_string())?;
+        let (entry, state) = self.entry(id, pid);
+        let mut value = json!(entry);
+        value["state"] = state;
+        Ok(value)
+    }
+
+    /// Reloads `id` (every container with `None`), each on its own, and waits until each has
+    /// finished a reload begun after the request (its state file's `reloads` moved on).
+    fn reload(&self, id: Option<&str>) -> Result<Value, String> {
+        let targets = match id {
+            Some(id) => {
+                self.container(id)?;
+                vec![(id.to_owned(), self.registry.lock().keeper(id).map_err(|e| e.to_string())?)]
+            }
+            None => self.registry.lock().serving_all(),
+        };
+        let before: Vec<(String, u32, Option<u64>)> = targets
+            .into_iter()
+            .map(|(id, pid)| {
+                let reloads = read_state(&Container::new(&self.state_dir, &id).state_file())["reloads"].as_u64();
+                (id, pid, reloads)
+            })
+            .collect();
+        for (_, pid, _) in &before {
+            let _ = kill(Pid::from_raw(*pid as i32), Signal::SIGHUP);
+        }
+        let deadline = Instant::now() + RELOAD_TIMEOUT;
+        let mut done = Vec::new();
+        for (id, pid, reloads) in before {
+            let file = Container::new(&self.state_dir, &id).state_file();
+            let mut pause = Duration::from_micros(50);
+            loop {
+                let now = read_state(&file)["reloads"].as_u64();
+                if now.is_some() && now > reloads {
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    warn!("container {id}: no reload finished within {} s", RELOAD_TIMEOUT.as_secs());
+                    break;
+                }
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(5));
+            }
+            done.push(json!(self.entry(&id, pid).0));
+        }
+        Ok(Value::Array(done))
+    }
+}
+
+/// Whether `fd` is the file at `path`.
+fn same_file(fd: &OwnedFd, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let (Ok(a), Ok(b)) = (nix::sys::stat::fstat(fd), std::fs::metadata(path)) else { return false };
+    (a.st_dev, a.st_ino) == (b.dev(), b.ino())
+}
+
+/// Keeps `fd` open until process `pid` has exited, on a thread of its own.
+fn hold_while(pid: u32, fd: OwnedFd) {
+    let watch = devremap::pidfd::pidfd_open(pid);
+    let _ = std::thread::Builder::new().name(format!("hold-{pid}")).stack_size(WATCH_STACK).spawn(move || {
+        if let Ok(watch) = watch {
+            devremap::pidfd::exited(&watch, None);
+        }
+        drop(fd);
+    });
+}
+
+/// A daemon's state file as JSON, `Null` when it cannot be read (not written yet, or being
+/// replaced: it is renamed into place whole).
+fn read_state(path: &Path) -> Value {
+    std::fs::read(path).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or(Value::Null)
+}
+
+fn peer_is_root(stream: &UnixStream) -> bool {
+    nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::PeerCredentials).is_ok_and(|c| c.uid() == 0)
+}
+
+/// The request on `stream`, and the descriptor its client handed over with it, if any.
+fn read_request(stream: &UnixStream) -> Result<(Request, Option<OwnedFd>), String> {
+    use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
+    let reading = |e: io::Error| format!("reading the request: {}", devremap::io_message(&e));
+    stream.set_read_timeout(Some(REQUEST_TIMEOUT)).map_err(reading)?;
+    // The first part with its descriptors (a client sends them with its first bytes), the
+    // rest as it comes.
+    let mut first = vec![0u8; 64 << 10];
+    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+    let (len, mut passed) = loop {
+        let mut iov = [std::io::IoSliceMut::new(&mut first)];
+        match recvmsg::<()>(stream.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(reading(e.into())),
+            Ok(msg) => {
+                let mut fds = Vec::new();
+                for cmsg in msg.cmsgs().into_iter().flatten() {
+                    if let ControlMessageOwned::ScmRights(raw) = cmsg {
+                        // SAFETY: SCM_RIGHTS gave this process these new descriptors, which
+                        // nothing else here knows: each is owned once.
+                        fds.extend(raw.into_iter().map(|fd| unsafe { <OwnedFd as FromRawFd>::from_raw_fd(fd) }));
+                    }
+                }
+                break (msg.bytes, fds);
+            }
+        }
+    };
+    let mut line = first[..len].to_vec();
+    if !line.contains(&b'\n') && len > 0 {
+        BufReader::new(stream.take((protocol::MAX_LINE + 1).saturating_sub(len) as u64))
+            .read_until(b'\n', &mut line)
+            .map_err(reading)?;
+    }
+    let request =
+        protocol::parse_request(line.strip_suffix(b"\n").unwrap_or(&line)).map_err(|e| format!("the client {e}"))?;
+    // One descriptor at most is taken; any more are closed here.
+    Ok((request, passed.drain(..).next()))
+}

@@ -1,0 +1,94 @@
+//! The wrapper's side of the node daemon (`devremapd node`, issue 31): it asks the daemon at
+//! the config's `node_socket` to mount a container's `/dev`, and starts one itself, detached,
+//! where none answers: a user installs nothing more than the wrapper.
+
+use crate::error::Failure;
+use crate::procs::Host;
+use devremap::node::client::{ClientError, ask_passing};
+use devremap::node::protocol::{MountRequest, Request};
+use devremap::runtime::config::Config;
+use devremap::runtime::container_daemon::daemon::Processes;
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// Longer than the daemon's own wait for a container's keeper (30 s).
+const MOUNT_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a daemon the wrapper started may wait without a container before it goes.
+const IDLE_EXIT_SECS: &str = "60";
+/// Starts of a daemon tried when none takes the request (another wrapper's daemon may win the
+/// state dir's lock, or one going idle drop the request: each time, ask again).
+const TRIES: usize = 3;
+
+/// Asks the node daemon to serve `request`'s container, starting a daemon when none answers;
+/// returns once the container's `/dev` answers.
+/// `hold` is this wrapper's lock on the container's directory, which the daemon keeps until
+/// this process (the runtime, by then) has exited.
+pub fn mount(config: &Config, devremapd: &Path, request: MountRequest, hold: BorrowedFd) -> Result<(), Failure> {
+    let socket = config.node_socket();
+    let request = Request::Mount(request);
+    let mut tries = 0;
+    loop {
+        match ask_passing(&socket, &request, Some(hold), MOUNT_TIMEOUT) {
+            Ok(_) => return Ok(()),
+            Err(e) if e.untaken() && tries < TRIES => {
+                tries += 1;
+                start_daemon(config, devremapd, &socket)?;
+            }
+            Err(e) => return Err(node_failure(e)),
+        }
+    }
+}
+
+fn node_failure(e: ClientError) -> Failure {
+    Failure::Node(e.to_string())
+}
+
+/// Starts `devremapd node` on the config's state dir and socket, detached (its own session, its
+/// log `<state_dir>/node.log`), and waits until it answers or exits (it lost the state dir to
+/// another daemon, which answers then).
+fn start_daemon(config: &Config, devremapd: &Path, socket: &Path) -> Result<(), Failure> {
+    devremap::runtime::container_daemon::ensure_private_dir(&config.state_dir)?;
+    let log = devremap::atomic::create_log(&config.state_dir.join("node.log"))?;
+    let log2 = log
+        .try_clone()
+        .map_err(|e| Failure::at(config.state_dir.join("node.log").display(), devremap::io_message(&e)))?;
+    let (ready, ready_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(Failure::Pipe)?;
+    let mut cmd = Command::new(devremapd);
+    cmd.arg("node")
+        .arg("--socket")
+        .arg(socket)
+        .arg("--state-dir")
+        .arg(&config.state_dir)
+        .arg("--pid-file")
+        .arg(config.state_dir.join("node.pid"))
+        .arg("--idle-exit")
+        .arg(IDLE_EXIT_SECS)
+        .arg("--ready-fd")
+        .arg(ready_write.as_raw_fd().to_string())
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(log2);
+    Host.detach(&mut cmd, ready_write.as_raw_fd());
+    // Not our child: this process becomes the runtime, which would never reap it. The child
+    // forks once more and exits; its child, the daemon, is the init's (or a subreaper's).
+    // SAFETY: runs in the forked child before exec; fork and _exit are async-signal-safe and
+    // allocate nothing.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || match libc::fork() {
+            -1 => Err(std::io::Error::last_os_error()),
+            0 => Ok(()),
+            _ => libc::_exit(0),
+        });
+    }
+    let spawned = cmd.spawn().map_err(|source| {
+        Failure::Daemon(devremap::runtime::container_daemon::DaemonError::Spawn { path: devremapd.to_owned(), source })
+    });
+    drop(ready_write);
+    let _ = spawned?.wait();
+    // A newline: it answers; EOF: it exited (another daemon holds the state dir). Either way
+    // the caller asks again.
+    let _ = nix::unistd::read(&ready, &mut [0u8; 1]);
+    Ok(())
+}

@@ -1,0 +1,217 @@
+//! The node daemon's table of containers, and its decisions: which container a mount, an exit,
+//! a reload or a stop concerns, what a daemon restart finds in the state dir, and when an idle
+//! daemon that a wrapper started may go. Pure: the binary does what the answers say (spawns,
+//! signals, tears down) and tells the table what happened.
+//!
+//! Each container has its own keeper process (`devremapd mount`), its own FUSE connection,
+//! mountpoint, state file and log, so one container's inputs, reloads or crash never reach
+//! another's; the table is what one daemon knows of them all. A slot is `Starting` from the
+//! mount request until the keeper answers (another request for the id is refused meanwhile),
+//! then `Serving` its keeper's pid until that pid exits.
+
+use std::collections::BTreeMap;
+
+/// A container's slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Slot {
+    /// Its keeper is being started; `serial` tells this start from a later one of the same id.
+    Starting { serial: u64 },
+    /// Its keeper, `pid`, serves the mount.
+    Serving { serial: u64, pid: u32 },
+}
+
+/// Why a request for a container is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RegistryError {
+    #[error("container {id}: served already (its devremapd keeper is pid {pid})")]
+    Served { id: String, pid: u32 },
+    #[error("container {id}: being set up by another request")]
+    Starting { id: String },
+    #[error("no such container: {id} (the node daemon serves none of that id)")]
+    Unknown { id: String },
+}
+
+/// What a state dir entry found at the daemon's start is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Found {
+    pub id: String,
+    /// The live keeper its pid file names (checked to serve this mountpoint), if any.
+    pub keeper: Option<u32>,
+    /// A front end holds its lock (setting it up, or an earlier wrapper running it).
+    pub busy: bool,
+}
+
+/// What the daemon does about an entry found at its start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Adopt {
+    /// Serve it on: its keeper lives (a daemon restart, or a container of the per-container
+    /// daemons of an earlier version, which the node watches until its container ends).
+    Watch { id: String, pid: u32 },
+    /// Left by a container that is gone: tear it down.
+    TearDown { id: String },
+    /// A front end is at it: not ours to touch.
+    Leave { id: String },
+}
+
+#[derive(Debug, Default)]
+pub struct Registry {
+    slots: BTreeMap<String, Slot>,
+    next_serial: u64,
+}
+
+impl Registry {
+    /// Claims `id` for a mount: the serial to name the start by.
+    pub fn begin(&mut self, id: &str) -> Result<u64, RegistryError> {
+        match self.slots.get(id) {
+            Some(Slot::Serving { pid, .. }) => Err(RegistryError::Served { id: id.to_owned(), pid: *pid }),
+            Some(Slot::Starting { .. }) => Err(RegistryError::Starting { id: id.to_owned() }),
+            None => {
+                self.next_serial += 1;
+                let serial = self.next_serial;
+                self.slots.insert(id.to_owned(), Slot::Starting { serial });
+                Ok(serial)
+            }
+        }
+    }
+
+    /// The start `serial` of `id` answers: its keeper is `pid`.
+    pub fn serving(&mut self, id: &str, serial: u64, pid: u32) {
+        if let Some(slot) =
+            self.slots.get_mut(id).filter(|s| matches!(s, Slot::Starting { serial: s2 } if *s2 == serial))
+        {
+            *slot = Slot::Serving { serial, pid };
+        }
+    }
+
+    /// The start `serial` of `id` failed (its own cleanup is done): the id is free again.
+    pub fn failed(&mut self, id: &str, serial: u64) {
+        if matches!(self.slots.get(id), Some(Slot::Starting { serial: s }) if *s == serial) {
+            self.slots.remove(id);
+        }
+    }
+
+    /// Keeper `pid` exited: the container it served, whose slot is now free. The caller tears
+    /// the directory down only if [`Registry::is_free`] still says so under the state dir's
+    /// lock (a new start of the id may have begun meanwhile).
+    pub fn exited(&mut self, pid: u32) -> Option<String> {
+        let id = self.slots.iter().find(|(_, s)| matches!(s, Slot::Serving { pid: p, .. } if *p == pid))?.0.clone();
+        self.slots.remove(&id);
+        Some(id)
+    }
+
+    /// Whether nothing is started or served under `id`.
+    pub fn is_free(&self, id: &str) -> bool {
+        !self.slots.contains_key(id)
+    }
+
+    /// The keeper serving `id`.
+    pub fn keeper(&self, id: &str) -> Result<u32, RegistryError> {
+        match self.slots.get(id) {
+            Some(Slot::Serving { pid, .. }) => Ok(*pid),
+            Some(Slot::Starting { .. }) => Err(RegistryError::Starting { id: id.to_owned() }),
+            None => Err(RegistryError::Unknown { id: id.to_owned() }),
+        }
+    }
+
+    /// Every container served, by id, with its keeper.
+    pub fn serving_all(&self) -> Vec<(String, u32)> {
+        self.slots
+            .iter()
+            .filter_map(|(id, s)| match s {
+                Slot::Serving { pid, .. } => Some((id.clone(), *pid)),
+                Slot::Starting { .. } => None,
+            })
+            .collect()
+    }
+
+    /// Whether no container is started or served: a daemon a wrapper started may go.
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// What to do about each entry found in the state dir at the start, and takes in those it
+    /// watches.
+    pub fn adopt(&mut self, found: Vec<Found>) -> Vec<Adopt> {
+        found
+            .into_iter()
+            .map(|f| match f {
+                Found { id, busy: true, .. } => Adopt::Leave { id },
+                Found { id, keeper: Some(pid), .. } => {
+                    self.next_serial += 1;
+                    self.slots.insert(id.clone(), Slot::Serving { serial: self.next_serial, pid });
+                    Adopt::Watch { id, pid }
+                }
+                Found { id, keeper: None, .. } => Adopt::TearDown { id },
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rule (issue 31): a request names only its own container; an id is served by one keeper
+    /// at a time, and a second start of it is refused while the first is under way or serves.
+    #[test]
+    fn an_id_is_started_once() {
+        let mut r = Registry::default();
+        let s = r.begin("a").unwrap();
+        assert_eq!(r.begin("a"), Err(RegistryError::Starting { id: "a".into() }));
+        assert!(r.begin("b").is_ok(), "another container is not held up");
+        r.serving("a", s, 10);
+        assert_eq!(r.begin("a"), Err(RegistryError::Served { id: "a".into(), pid: 10 }));
+        assert_eq!(r.keeper("a"), Ok(10));
+        assert_eq!(r.keeper("b"), Err(RegistryError::Starting { id: "b".into() }));
+        assert_eq!(r.keeper("c"), Err(RegistryError::Unknown { id: "c".into() }));
+    }
+
+    /// Rule (issue 31): a keeper's exit frees its container, and only its own: an exit never
+    /// frees a later start of the same id, so the teardown it leads to never removes the new
+    /// container's mount (a quick delete and create of one id, `podman restart`).
+    #[test]
+    fn an_exit_frees_only_its_own_start() {
+        let mut r = Registry::default();
+        let s = r.begin("a").unwrap();
+        r.serving("a", s, 10);
+        assert_eq!(r.exited(10), Some("a".into()));
+        assert!(r.is_free("a"));
+        let s2 = r.begin("a").unwrap();
+        assert_eq!(r.exited(10), None, "the old keeper's pid is not the new start's");
+        // A late answer of an earlier start never takes a newer one's slot.
+        r.serving("a", s, 11);
+        assert_eq!(r.keeper("a"), Err(RegistryError::Starting { id: "a".into() }));
+        r.failed("a", s);
+        assert!(!r.is_free("a"), "an earlier start's failure leaves the newer one");
+        r.serving("a", s2, 12);
+        assert_eq!(r.serving_all(), vec![("a".to_owned(), 12)]);
+        r.failed("a", s2);
+        assert_eq!(r.keeper("a"), Ok(12), "a start that answered is not failed afterwards");
+    }
+
+    /// Rule (issue 31): a daemon restarted finds what its predecessor served: a live keeper is
+    /// watched, a dead one's directory torn down, one a front end holds left alone.
+    #[test]
+    fn a_restart_adopts_what_it_finds() {
+        let mut r = Registry::default();
+        let found = vec![
+            Found { id: "live".into(), keeper: Some(7), busy: false },
+            Found { id: "dead".into(), keeper: None, busy: false },
+            Found { id: "setting-up".into(), keeper: None, busy: true },
+            Found { id: "old-wrapper".into(), keeper: Some(8), busy: true },
+        ];
+        assert_eq!(
+            r.adopt(found),
+            vec![
+                Adopt::Watch { id: "live".into(), pid: 7 },
+                Adopt::TearDown { id: "dead".into() },
+                Adopt::Leave { id: "setting-up".into() },
+                Adopt::Leave { id: "old-wrapper".into() },
+            ]
+        );
+        assert_eq!(r.keeper("live"), Ok(7));
+        assert!(r.is_free("dead") && r.is_free("setting-up"));
+        assert_eq!(r.exited(7), Some("live".into()));
+        assert!(r.is_empty());
+    }
+}
