@@ -532,6 +532,76 @@ fn an_upgrade_to_a_build_of_another_protocol_is_refused() {
     stop(d);
 }
 
+/// The state letter of process `pid` (`T`: stopped), from `/proc/<pid>/stat`.
+fn process_state(pid: u32) -> Option<char> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next())
+}
+
+/// A daemon whose first upgrade's server stops itself between fork and exec (the test hook
+/// `DEVREMAPD_FAILPOINT=stop-before-exec:2`), with `--reload-timeout 2`; `SIGUSR2` sent, it
+/// returns the old server and the stopped child, once it is stopped.
+fn upgrade_stuck_before_exec(inputs: &Inputs) -> (Daemon, u32, u32) {
+    let args = inputs.args(&["--reload-timeout", "2"]);
+    let d = Daemon::start_with_env(&strs(&args), &[("DEVREMAPD_FAILPOINT", "stop-before-exec:2")]);
+    let (keeper, old) = (d.child.id(), d.server_pid());
+    kill(keeper, libc::SIGUSR2);
+    let stuck = wait_on(&d, "the new server to stop before exec", || {
+        children(keeper).into_iter().find(|&c| c != old && process_state(c) == Some('T'))
+    });
+    (d, old, stuck)
+}
+
+/// Rule (issue 31): the keeper never waits on a spawn. An upgrade whose new server is stuck
+/// between fork and exec (stopped: `Command::spawn` returns only once the child has exec'd,
+/// and it froze the keeper's main thread) leaves the keeper taking signals: a `SIGHUP` reloads
+/// the old server, which serves on, and the mount answers; after `--reload-timeout` the upgrade
+/// is refused, `last_error` saying that the new server did not start in time; `SIGTERM` still
+/// stops the keeper (and the stuck child dies with it).
+#[test]
+#[ignore = "needs root, /dev/fuse and --features test-hooks"]
+fn an_upgrade_stuck_between_fork_and_exec_never_stops_the_keeper() {
+    need_fuse();
+    common::need_test_hooks();
+    let inputs = Inputs::new();
+    let (d, old, stuck) = upgrade_stuck_before_exec(&inputs);
+    let reloaded = d.reload();
+    assert_eq!(state_pid(&reloaded, "server_pid"), old, "the old server serves on");
+    assert_eq!(rdev_of(&d.path("nvidia4")), fake_rdev(0), "the mount answers");
+    let state = wait_on(&d, "last_error", || read_state(&d).filter(|s| !s["last_error"].is_null()));
+    let error = state["last_error"].as_str().unwrap();
+    assert!(error.contains("upgrade refused: the new server did not start within 2 s"), "{error}");
+    assert_eq!((state_pid(&state, "server_pid"), handovers(&state)), (old, 0));
+    assert!(!has_exited(old) && !has_exited(stuck), "the old server serves; the stuck one is still stopped");
+    assert_eq!(rdev_of(&d.path("nvidia5")), fake_rdev(1));
+    let started = Instant::now();
+    stop(d);
+    eprintln!("SIGTERM with a spawn stuck: stopped in {} ms", started.elapsed().as_millis());
+    wait_for("the stuck child to die with the keeper", || has_exited(stuck).then_some(()));
+}
+
+/// Rule (issue 31): a spawn the keeper gave up on that returns after all (the stopped child is
+/// continued and execs) is killed and reaped, and never serves; the next upgrade takes over.
+#[test]
+#[ignore = "needs root, /dev/fuse and --features test-hooks"]
+fn a_spawn_that_returns_after_it_was_abandoned_never_serves() {
+    need_fuse();
+    common::need_test_hooks();
+    let inputs = Inputs::new();
+    let (d, old, stuck) = upgrade_stuck_before_exec(&inputs);
+    let keeper = d.child.id();
+    wait_on(&d, "the upgrade to be refused", || read_state(&d).filter(|s| !s["last_error"].is_null()));
+    kill(stuck, libc::SIGCONT);
+    wait_on(&d, "the late server to be killed and reaped", || {
+        (!children(keeper).contains(&stuck) && d.log_text().contains("after it was abandoned")).then_some(())
+    });
+    assert_eq!(d.server_pid(), old, "a server whose start was abandoned never serves");
+    kill(keeper, libc::SIGUSR2);
+    let state = wait_new_server(&d, old, 1);
+    check_new_server(&d, &state, old);
+    stop(d);
+}
+
 /// Rule (issue 13): signals that race each other, six rounds under the four readers, fail not
 /// one operation: an upgrade, a reload and a crash of the serving server while its successor
 /// loads, and another upgrade asked for meanwhile; or an upgrade whose successor is killed

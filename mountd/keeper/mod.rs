@@ -18,7 +18,11 @@
 //!
 //! The relay runs on threads of its own ([`threads`]); the main thread runs the life below:
 //! starting and replacing servers, signals, timers (a restart's backoff, an upgrade's deadline,
-//! a hung server), readiness and the end of the mount. A server's invalidations come over its
+//! a hung server), readiness and the end of the mount. It waits on nothing but the kernel
+//! (issue 31): a server is spawned by a spawner thread ([`spawner`]: a spawn returns only once
+//! the child has exec'd), and one whose spawn has not returned within `--reload-timeout` failed
+//! to start; a server whose sockets ended is reaped by a thread of its own; what it writes to a
+//! server's socket is written without waiting, or by a thread of its own. A server's invalidations come over its
 //! control socket and are written to `/dev/fuse` by that socket's thread, which answers each
 //! with the write's result: the write returns once the kernel has dropped the entry, so a
 //! reload's state file is written after it, as before; and the kernel may hold a directory lock
@@ -29,6 +33,7 @@
 
 mod error;
 pub(crate) mod procs;
+mod spawner;
 mod stop;
 mod takeover;
 mod threads;
@@ -37,15 +42,15 @@ use crate::cli::MountArgs;
 use crate::mountpoint::{MountLock, check_private, prepare_mountpoint, resolve};
 use crate::signals;
 use devremap::atomic::Written;
-use devremap::io_message;
 use devremap::keeper::control::{Control, HandoverError};
 use devremap::keeper::relay::Relay;
-use devremap::keeper::servers::{Action, Binary, Event, Exit, Hang, Machine, away, hang};
+use devremap::keeper::servers::{Action, Event, Exit, Hang, Machine, away, hang};
 use devremap::served::lifecycle::{Waited, wait};
 pub use error::KeeperError;
 use log::{info, warn};
 use parking_lot::{Condvar, Mutex};
-use procs::{Proc, started_as, status_text};
+use procs::{Pending, Proc, started_as, status_text};
+use spawner::{Spawners, Started};
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::fs::File;
@@ -59,6 +64,8 @@ use threads::{Link, Shared, replies_waiting};
 /// How long the hang check waits for replies that have arrived to be passed on before it looks
 /// again at the next wake-up.
 const REPLY_GRACE: Duration = Duration::from_millis(100);
+/// How long a server has to exit once its sockets ended, before it is killed and said gone.
+const EXIT_AFTER_SOCKETS: Duration = Duration::from_secs(2);
 
 /// What the keeper's main loop is told by its threads.
 enum Ev {
@@ -66,8 +73,13 @@ enum Ev {
     Upgrade,
     Stop(String),
     Control(u64, Control),
-    /// A server's sockets ended: it exited.
+    /// Server `epoch`'s spawn returned ([`spawner`]).
+    Started(u64, Started),
+    /// A server's sockets ended: it exited, or is exiting.
     Gone(u64),
+    /// A server the machine knows was reaped (its status), or had not exited in time after its
+    /// sockets ended and was killed ([`EXIT_AFTER_SOCKETS`]).
+    Exited(u64, String),
     /// The plan a server serves (`Loaded::to_bytes`), after each generation.
     Served(u64, Vec<u8>),
     /// A server sent more than the keeper keeps (the error).
@@ -99,6 +111,9 @@ struct Keeper<'a> {
     machine: Machine,
     /// The current server and the successor, by epoch.
     procs: HashMap<u64, Proc>,
+    /// Servers being spawned, by epoch; one abandoned is no longer here.
+    pending: HashMap<u64, Pending>,
+    spawners: Spawners,
     /// Servers replaced by an upgrade, until they have exited.
     leaving: Vec<Proc>,
     mounted: bool,
@@ -152,8 +167,12 @@ pub fn run(args: &MountArgs) -> Result<(), KeeperError> {
         buffers: Mutex::new(Vec::new()),
         state_files: Mutex::new(Vec::new()),
     });
-    let (machine, first) =
-        Machine::new(Duration::from_secs(args.reload_timeout), Duration::from_secs(args.server_timeout));
+    let (machine, first) = Machine::new(
+        Duration::from_secs(args.reload_timeout),
+        Duration::from_secs(args.server_timeout),
+        Instant::now(),
+    );
+    let spawners = Spawners::new(link.events.clone());
     let mut keeper = Keeper {
         args,
         link,
@@ -164,6 +183,8 @@ pub fn run(args: &MountArgs) -> Result<(), KeeperError> {
         server_timeout: Duration::from_secs(args.server_timeout),
         machine,
         procs: HashMap::new(),
+        pending: HashMap::new(),
+        spawners,
         leaving: Vec::new(),
         mounted: false,
         connection: None,
@@ -288,7 +309,9 @@ impl Keeper<'_> {
                 self.kernel_ended = Some(result);
                 Event::KernelEnded
             }
+            Ev::Started(epoch, started) => return self.started(epoch, started),
             Ev::Gone(epoch) => return self.gone(epoch),
+            Ev::Exited(epoch, status) => Event::Gone { epoch, status },
             Ev::Probed(epoch, same) => Event::Probed { epoch, same },
             Ev::Served(epoch, plan) => {
                 if self.machine.current() == Some(epoch) {
@@ -316,17 +339,35 @@ impl Keeper<'_> {
         })
     }
 
-    /// A server's sockets ended: the machine's servers are reaped here, for their status; a
-    /// retired one may be ending only once a stuck filesystem answers, so it is reaped off the
-    /// main thread, as a killed one is.
+    /// A server's sockets ended. One the machine knows is reaped by a thread of its own, which
+    /// says its status ([`Ev::Exited`]): one that closed its sockets and lives on, or is ending
+    /// only once a stuck filesystem answers, must not hold the main thread; one that has not
+    /// exited within [`EXIT_AFTER_SOCKETS`] is killed and said gone. A retired one is reaped
+    /// off the main thread too, as a killed one is.
     fn gone(&mut self, epoch: u64) -> Option<Event> {
         if self.machine.knows(epoch)
             && let Some(mut p) = self.procs.remove(&epoch)
         {
-            let status = status_text(procs::reap(&mut p.child, self.args.state_file.as_deref()));
             self.link.shared.lock().sockets.remove(&epoch);
             p.disconnect();
-            return Some(Event::Gone { epoch, status });
+            let (events, state_file) = (self.link.events.clone(), self.args.state_file.clone());
+            let reaper = move || {
+                let late = !devremap::pidfd::exits_within(p.pid(), EXIT_AFTER_SOCKETS);
+                if late {
+                    let _ = p.child.kill();
+                    let within = EXIT_AFTER_SOCKETS.as_secs();
+                    let status = format!("its sockets closed, and it had not exited within {within} s; killed it");
+                    let _ = events.send(Ev::Exited(epoch, status));
+                }
+                let status = status_text(procs::reap(&mut p.child, state_file.as_deref()));
+                if !late {
+                    let _ = events.send(Ev::Exited(epoch, status));
+                }
+            };
+            // Without a reaper it is said gone now, unreaped: the machine must replace it.
+            return spawn_thread("reaper", reaper)
+                .err()
+                .map(|e| Event::Gone { epoch, status: format!("unknown status: {e}") });
         }
         if let Some(i) = self.leaving.iter().position(|p| p.epoch == epoch) {
             let p = self.leaving.swap_remove(i);
@@ -343,7 +384,7 @@ impl Keeper<'_> {
 
     fn perform_all(&mut self, actions: Vec<Action>, rx: &Receiver<Ev>) -> Result<(), End> {
         for action in actions {
-            // A spawn's outcome goes back to the machine before the next action.
+            // A spawn that failed at once goes back to the machine before the next action.
             if let Some(event) = self.perform(action, rx)? {
                 self.feed(event, rx)?;
             }
@@ -353,7 +394,7 @@ impl Keeper<'_> {
 
     fn perform(&mut self, action: Action, rx: &Receiver<Ev>) -> Result<Option<Event>, End> {
         match action {
-            Action::Spawn { epoch, binary, plan } => return Ok(Some(self.start(epoch, binary, plan))),
+            Action::Spawn { epoch, binary, plan } => return Ok(self.start(epoch, binary, plan)),
             Action::Mount(epoch) => self.mount_now(epoch).map_err(|why| Err(self.start_failed(why)))?,
             Action::WritePidFile => self.write_pid_file().map_err(|why| Err(self.start_failed(why)))?,
             Action::Tell(epoch, message) => self.procs.get(&epoch).iter().for_each(|p| p.tell(&message)),
@@ -366,11 +407,10 @@ impl Keeper<'_> {
             Action::Probe(epoch) => self.probe(epoch),
             Action::TakeOver { epoch, retire, from } => self.take_over(epoch, retire, &from),
             Action::Lost(epoch) => self.link.shared.lock().relay.lost(epoch),
-            Action::Kill(epoch) => {
-                if let Some(p) = self.procs.remove(&epoch) {
-                    self.kill(p);
-                }
-            }
+            Action::Kill(epoch) => match self.procs.remove(&epoch) {
+                Some(p) => self.kill(p),
+                None => self.abandon(epoch),
+            },
             Action::Notify(notice) => stop::notify(notice),
             Action::Info(text) => info!("{text}"),
             Action::Warn(text) => warn!("{text}"),
@@ -382,28 +422,6 @@ impl Keeper<'_> {
             Action::Exit(Exit::StartFailed(why)) => return Err(Err(self.start_failed(KeeperError::StartFailed(why)))),
         }
         Ok(None)
-    }
-
-    /// Starts server `epoch` from `binary`, with the current plan if `plan`.
-    fn start(&mut self, epoch: u64, binary: Binary, plan: bool) -> Event {
-        let path = self.exe_path.display().to_string();
-        let exe = match binary {
-            Binary::Good => Ok(self.good.clone()),
-            Binary::Path => File::open(&self.exe_path).map(Arc::new).map_err(|e| format!("{path}: {}", io_message(&e))),
-        };
-        let plan = if plan { self.plan.clone() } else { None };
-        let started = exe.and_then(|exe| self.spawn(epoch, exe, plan.as_deref()).map_err(|e| io_message(&e)));
-        match started {
-            Ok(proc) => {
-                let pid = proc.pid();
-                if binary == Binary::Path {
-                    info!("upgrade: started {path} as server pid {pid}");
-                }
-                self.procs.insert(epoch, proc);
-                Event::Spawned { epoch, pid, handed_plan: plan.is_some() }
-            }
-            Err(why) => Event::SpawnFailed { epoch, why },
-        }
     }
 
     /// The longest the main thread sleeps while a server answers: a wake-up later than this

@@ -1,12 +1,15 @@
-//! The keeper's server processes: starting one (its sockets, its reader threads, the plan or
-//! the order to load), telling it something, killing and reaping it.
+//! The keeper's server processes: starting one (its sockets, its spawn on a spawner thread,
+//! its reader threads, the plan or the order to load), telling it something, killing and
+//! reaping it.
 
+use super::spawner::{Exe, Job, Started};
 use super::threads::{Readers, read_control, relay_replies, seqpacket_pair};
 use super::{Keeper, spawn_thread};
 use crate::signals;
 use devremap::io_message;
 use devremap::keeper::control::{self, Control};
-use log::warn;
+use devremap::keeper::servers::{Binary, Event};
+use log::{info, warn};
 use nix::errno::Errno;
 use nix::sys::socket::{MsgFlags, Shutdown, send, shutdown};
 use nix::sys::wait::{Id, WaitPidFlag, waitid};
@@ -17,7 +20,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8};
 
@@ -42,9 +45,15 @@ impl Proc {
     /// socket (hung, or stopped) must not block the keeper's main thread once the socket is
     /// full. A message that does not fit is logged; the keeper's timers deal with the server.
     pub(super) fn tell(&self, message: &Control) {
+        self.write_now(&self.control, &message.encode(), &format_args!("{message:?}"));
+    }
+
+    /// Writes `record` (`what`, in the warning) to one of its sockets without waiting, as
+    /// [`Proc::tell`] does.
+    pub(super) fn write_now(&self, to: &OwnedFd, record: &[u8], what: &dyn std::fmt::Display) {
         // Any other failure is a server that is gone, which its sockets' end tells.
-        if send(self.control.as_raw_fd(), &message.encode(), MsgFlags::MSG_DONTWAIT) == Err(Errno::EAGAIN) {
-            warn!("server pid {}: its control socket is full; {message:?} not sent", self.pid());
+        if send(to.as_raw_fd(), record, MsgFlags::MSG_DONTWAIT) == Err(Errno::EAGAIN) {
+            warn!("server pid {}: its socket is full; {what} not sent", self.pid());
         }
     }
 
@@ -55,23 +64,79 @@ impl Proc {
     }
 }
 
+/// A server whose spawn has not returned: what it is started with, and the keeper's ends of
+/// its sockets.
+pub(super) struct Pending {
+    binary: Binary,
+    plan: Option<Vec<u8>>,
+    socket: OwnedFd,
+    control: OwnedFd,
+}
+
 impl Keeper<'_> {
-    /// Starts a server running `exe`, with its relay socket as fd 3 and its control socket as
-    /// fd 4, and the threads that read them; tells it to serve `plan`, or to load the inputs.
-    pub(super) fn spawn(&mut self, epoch: u64, exe: Arc<File>, plan: Option<&[u8]>) -> io::Result<Proc> {
-        let (socket, their_socket) = seqpacket_pair()?;
-        let (control, their_control) = seqpacket_pair()?;
-        let (fds, exe_fd) = ([their_socket.as_raw_fd(), their_control.as_raw_fd()], exe.as_raw_fd());
-        let mut cmd = Command::new(format!("/proc/self/fd/{}", exe.as_raw_fd()));
-        cmd.arg0("devremapd").arg("serve").args(&self.serve_args).stdin(Stdio::null());
-        // Only the keeper talks to systemd (the main process); the server tells the keeper.
-        cmd.env_remove("NOTIFY_SOCKET");
-        set_up_child(&mut cmd, fds, exe_fd);
-        let child = cmd.spawn()?;
-        // The child has its copies: ours would keep its sockets open after it died, and a
-        // write to them would wait for ever instead of failing.
-        drop((their_socket, their_control));
-        let (socket, control) = (Arc::new(socket), Arc::new(control));
+    /// Starts server `epoch` from `binary`, with the current plan if `plan`: its sockets are made
+    /// here, and it is spawned by a spawner thread ([`super::spawner`]), whose result comes back
+    /// as [`Ev::Started`](super::Ev::Started). `Some`: it failed already.
+    pub(super) fn start(&mut self, epoch: u64, binary: Binary, plan: bool) -> Option<Event> {
+        let plan = if plan { self.plan.clone() } else { None };
+        let exe = match binary {
+            Binary::Good => Exe::Open(self.good.clone()),
+            Binary::Path => Exe::Path(self.exe_path.clone()),
+        };
+        let submitted = (|| {
+            let (socket, their_socket) = seqpacket_pair()?;
+            let (control, their_control) = seqpacket_pair()?;
+            let job = Job { epoch, exe, args: self.serve_args.clone(), sockets: [their_socket, their_control] };
+            self.spawners.submit(job).map_err(io::Error::other)?;
+            io::Result::Ok(Pending { binary, plan, socket, control })
+        })();
+        match submitted {
+            Ok(pending) => {
+                self.pending.insert(epoch, pending);
+                None
+            }
+            Err(e) => Some(Event::SpawnFailed { epoch, why: io_message(&e) }),
+        }
+    }
+
+    /// Server `epoch`'s spawn returned: it gets its reader threads and is told to serve its
+    /// plan, or to load the inputs. One given up on meanwhile (its spawn did not return in
+    /// time, or the keeper stops) is killed and reaped, and never serves.
+    pub(super) fn started(&mut self, epoch: u64, started: Started) -> Option<Event> {
+        self.spawners.returned();
+        let Some(pending) = self.pending.remove(&epoch) else {
+            if let Ok((mut child, _)) = started {
+                warn!("server pid {}: its start returned after it was abandoned; killed it", child.id());
+                let _ = child.kill();
+                self.reap_later(child);
+            }
+            return None;
+        };
+        let handed_plan = pending.plan.is_some();
+        let (binary, path) = (pending.binary, self.exe_path.display().to_string());
+        match started.and_then(|(child, exe)| self.connect(epoch, child, exe, pending)) {
+            Ok(proc) => {
+                let pid = proc.pid();
+                if binary == Binary::Path {
+                    info!("upgrade: started {path} as server pid {pid}");
+                }
+                self.procs.insert(epoch, proc);
+                Some(Event::Spawned { epoch, pid, handed_plan })
+            }
+            Err(why) => Some(Event::SpawnFailed { epoch, why }),
+        }
+    }
+
+    /// Abandons server `epoch`'s spawn, if it has not returned: our ends of its sockets are
+    /// closed (a server that starts after all reads their end), and it is killed if it returns.
+    pub(super) fn abandon(&mut self, epoch: u64) {
+        self.pending.remove(&epoch);
+    }
+
+    /// Starts the threads that read a spawned server's sockets, and hands it its plan (or the
+    /// order to load).
+    fn connect(&mut self, epoch: u64, child: Child, exe: Arc<File>, pending: Pending) -> Result<Proc, String> {
+        let (socket, control) = (Arc::new(pending.socket), Arc::new(pending.control));
         self.link.shared.lock().sockets.insert(epoch, socket.clone());
         let readers = Arc::new(AtomicU8::new(2));
         let done = || Readers(readers.clone(), epoch, self.link.events.clone());
@@ -85,10 +150,11 @@ impl Keeper<'_> {
         let proc = Proc { epoch, child, socket, control, exe, passing };
         if let Err(e) = spawned {
             self.kill(proc);
-            return Err(io::Error::other(e));
+            return Err(e.to_string());
         }
         // Written by a thread of its own: a plan larger than the socket's buffer waits for the
         // server to read it, and the main thread must not.
+        let plan = pending.plan.as_deref();
         let (what, to) = (plan.map_or_else(|| vec![Control::Load.encode()], control::records), proc.control.clone());
         let _ = spawn_thread("hand-plan", move || {
             for record in what {
@@ -109,13 +175,18 @@ impl Keeper<'_> {
     }
 
     /// Forgets a server that has ended or is ending, and reaps it on a thread of its own.
-    pub(super) fn forget(&mut self, mut proc: Proc) {
+    pub(super) fn forget(&mut self, proc: Proc) {
         proc.disconnect();
         self.link.shared.lock().sockets.remove(&proc.epoch);
+        self.reap_later(proc.child);
+    }
+
+    /// Reaps `child` on a thread of its own.
+    fn reap_later(&self, mut child: Child) {
         let state_file = self.args.state_file.clone();
         let _ = std::thread::Builder::new()
             .name("reaper".into())
-            .spawn(move || drop(reap(&mut proc.child, state_file.as_deref())));
+            .spawn(move || drop(reap(&mut child, state_file.as_deref())));
     }
 }
 
@@ -134,7 +205,7 @@ pub(super) fn reap(child: &mut Child, state_file: Option<&Path>) -> io::Result<E
 
 /// Sets the server's descriptors up between fork and exec: the binary's fd kept open, the
 /// relay and control sockets as fds 3 and 4, and death with the keeper.
-fn set_up_child(cmd: &mut Command, fds: [i32; 2], exe_fd: i32) {
+pub(super) fn set_up_child(cmd: &mut Command, fds: [i32; 2], exe_fd: i32) {
     // SAFETY: between fork and exec the closure makes only async-signal-safe calls (fcntl,
     // prctl, dup2, close) on fds it owns in the child. The copies above 10 keep one source from
     // being overwritten by the other's dup2 to 3 or 4; dup2 clears close-on-exec. The binary's
@@ -146,7 +217,7 @@ fn set_up_child(cmd: &mut Command, fds: [i32; 2], exe_fd: i32) {
                 return Err(io::Error::from_raw_os_error(libc::EBADF));
             }
             // A server dies with its keeper, even one stopped (SIGSTOP) that would never read
-            // the end of its socket. (The keeper's main thread, which spawns, lives as long.)
+            // the end of its socket. (The spawner thread that forks it lives as long.)
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) < 0 {
                 return Err(io::Error::last_os_error());
             }

@@ -23,7 +23,7 @@ impl Keeper<'_> {
         let Some(first) = self.procs.get(&epoch) else { return Ok(()) };
         let resume = self.link.shared.lock().relay.start(epoch);
         for record in resume.records() {
-            let _ = nix::unistd::write(&*first.control, &record);
+            first.write_now(&first.control, &record, &"its resume");
         }
         if let Err(e) = mount(&self.link.dev, &self.mountpoint) {
             return Err(KeeperError::Mount { m: self.m.clone(), source: e.into() });
@@ -62,7 +62,7 @@ impl Keeper<'_> {
     pub(super) fn probe(&mut self, epoch: u64) {
         let init = self.link.shared.lock().relay.probe(epoch);
         if let (Some(init), Some(p)) = (init, self.procs.get(&epoch)) {
-            let _ = nix::unistd::write(&*p.socket, &init);
+            p.write_now(&p.socket, &init, &"the INIT replay");
         }
     }
 

@@ -51,7 +51,9 @@ pub enum Exit {
 pub enum Action {
     /// Start server `epoch`; `plan`: hand it the plan the current server served, if any, rather
     /// than have it load the inputs. Answered by [`Event::Spawned`](crate::keeper::servers::Event::Spawned) or
-    /// [`Event::SpawnFailed`](crate::keeper::servers::Event::SpawnFailed).
+    /// [`Event::SpawnFailed`](crate::keeper::servers::Event::SpawnFailed); a spawn that has not
+    /// returned within `--reload-timeout` (a child stopped between fork and exec) is a failed
+    /// start at the next [`Event::Tick`](crate::keeper::servers::Event::Tick).
     Spawn {
         epoch: u64,
         binary: Binary,
@@ -76,6 +78,8 @@ pub enum Action {
     },
     /// The relay counts a death for what was in flight at server `epoch`, which no longer answers.
     Lost(u64),
+    /// Kill server `epoch`; one whose spawn has not returned is abandoned: killed and reaped if
+    /// it ever does, and never served.
     Kill(u64),
     /// Tell the service manager.
     Notify(Notice),
@@ -92,6 +96,13 @@ pub(super) struct Server {
     pub(super) ready: bool,
 }
 
+impl Server {
+    /// Its spawn returned ([`Event::Spawned`](crate::keeper::servers::Event::Spawned) gave its pid).
+    pub(super) fn started(&self) -> bool {
+        self.pid != 0
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Successor {
     pub(super) server: Server,
@@ -106,6 +117,8 @@ pub(super) struct Successor {
 pub(super) enum State {
     Starting {
         first: Server,
+        /// Its spawn must have returned by then (`first.pid` is 0 until it has).
+        spawn_by: Instant,
         /// Mounted, and the first server must say the mount answers through it by then.
         mounted: Option<Instant>,
         error: Option<String>,
@@ -153,13 +166,13 @@ pub struct Machine {
 }
 
 impl Machine {
-    /// A keeper starting its first server, which gives up on a successor that has not taken
-    /// over within `reload_timeout`, and on a first server that has not answered through the
-    /// mount within `server_timeout` of it.
-    pub fn new(reload_timeout: Duration, server_timeout: Duration) -> (Machine, Vec<Action>) {
+    /// A keeper starting its first server at `now`, which gives up on a server whose spawn
+    /// has not returned, or a successor that has not taken over, within `reload_timeout`, and
+    /// on a first server that has not answered through the mount within `server_timeout` of it.
+    pub fn new(reload_timeout: Duration, server_timeout: Duration, now: Instant) -> (Machine, Vec<Action>) {
         let first = Server { epoch: FIRST_EPOCH, pid: 0, ready: false };
         let mut m = Machine {
-            state: State::Starting { first, mounted: None, error: None },
+            state: State::Starting { first, spawn_by: now + reload_timeout, mounted: None, error: None },
             next_epoch: FIRST_EPOCH + 1,
             reload_timeout,
             server_timeout,
@@ -199,9 +212,10 @@ impl Machine {
     }
 
     /// When [`Event::Tick`](crate::keeper::servers::Event::Tick) is due: a restart's backoff, a successor's deadline, or the first
-    /// server's to answer through the mount.
+    /// server's to start or to answer through the mount.
     pub fn deadline(&self) -> Option<Instant> {
         match &self.state {
+            State::Starting { first, spawn_by, .. } if !first.started() => Some(*spawn_by),
             State::Starting { mounted, .. } => *mounted,
             State::Replacing { successor: Some(s), .. } | State::Upgrading { successor: s, .. } => Some(s.deadline),
             State::Replacing { successor: None, retry_at } => *retry_at,

@@ -160,9 +160,9 @@ impl Machine {
             };
         }
         match state {
-            State::Starting { first, mounted: None, error } if first.epoch == epoch => {
+            State::Starting { first, spawn_by, mounted: None, error } if first.epoch == epoch => {
                 self.out.push(Action::Mount(epoch));
-                State::Starting { first, mounted: Some(now + self.server_timeout), error }
+                State::Starting { first, spawn_by, mounted: Some(now + self.server_timeout), error }
             }
             state => {
                 // Probed with the kernel's INIT; it takes over once it answers alike.
@@ -178,8 +178,8 @@ impl Machine {
     /// successor's is why it could not take over; a current server's is logged (its exit next).
     pub(super) fn failed_said(&mut self, state: State, epoch: u64, why: String) -> State {
         match state {
-            State::Starting { first, mounted, .. } if first.epoch == epoch => {
-                State::Starting { first, mounted, error: Some(why) }
+            State::Starting { first, spawn_by, mounted, .. } if first.epoch == epoch => {
+                State::Starting { first, spawn_by, mounted, error: Some(why) }
             }
             State::Replacing { successor: Some(mut s), retry_at } if s.server.epoch == epoch => {
                 s.failed = Some(why);
@@ -364,8 +364,12 @@ impl Machine {
     /// was not), as a server gets a new `--server-timeout` for its requests.
     pub(super) fn away(&mut self, state: State, now: Instant) -> State {
         match state {
-            State::Starting { first, mounted: Some(by), error } => {
-                State::Starting { first, mounted: Some(by.max(now + self.server_timeout)), error }
+            State::Starting { first, spawn_by, mounted: Some(by), error } => {
+                State::Starting { first, spawn_by, mounted: Some(by.max(now + self.server_timeout)), error }
+            }
+            // Its spawn runs on a thread of the keeper's, which did not run either.
+            State::Starting { first, spawn_by, mounted: None, error } if !first.started() => {
+                State::Starting { first, spawn_by: spawn_by.max(now + self.reload_timeout), mounted: None, error }
             }
             State::Replacing { successor: Some(mut s), retry_at } => {
                 s.deadline = s.deadline.max(now + self.reload_timeout);
@@ -402,16 +406,22 @@ impl Machine {
     }
 
     /// A deadline passed: a restart that was due, a successor that did not take over in time, or
-    /// a first server that did not answer through the mount in time (the start fails).
+    /// a first server that did not start, or did not answer through the mount, in time (the
+    /// start fails). A server whose spawn has not returned (a child stopped between fork and
+    /// exec: the keeper waits on no spawn) has failed to start; its spawn is abandoned.
     pub(super) fn tick(&mut self, state: State, now: Instant) -> State {
         let secs = self.reload_timeout.as_secs();
+        let not_started = format!("did not start within {secs} s (stopped between fork and exec?)");
         let overdue = match &state {
             State::Replacing { successor: Some(s), .. } | State::Upgrading { successor: s, .. } => {
-                Some(s.server.pid).filter(|_| s.deadline <= now)
+                Some(s.server).filter(|_| s.deadline <= now)
             }
             _ => None,
         };
         match (state, overdue) {
+            (State::Starting { first, spawn_by, .. }, _) if !first.started() && spawn_by <= now => {
+                self.stop(None, Exit::StartFailed(format!("cannot start the server: it {not_started}")), None)
+            }
             (State::Starting { first, mounted: Some(by), .. }, _) if by <= now => {
                 let why = format!(
                     "server pid {} did not say that the mount answers through it within {} s of mounting: hung",
@@ -421,9 +431,15 @@ impl Machine {
                 self.stop(None, Exit::StartFailed(why), None)
             }
             (State::Replacing { successor: None, retry_at: Some(t) }, _) if t <= now => self.restart(now),
-            (state, Some(pid)) => {
+            (state, Some(server)) if !server.started() => {
+                let crash = format!("a server to take over {not_started}; abandoned its start");
+                let refusal = format!("upgrade refused: the new server {not_started}");
+                self.successor_failed(state, crash, refusal, now)
+            }
+            (state, Some(server)) => {
                 let crash = format!(
-                    "server pid {pid} did not take over within {secs} s (an input on a stuck filesystem?); killed it"
+                    "server pid {} did not take over within {secs} s (an input on a stuck filesystem?); killed it",
+                    server.pid
                 );
                 let refusal = format!("upgrade refused: the new server did not load its inputs within {secs} s");
                 self.successor_failed(state, crash, refusal, now)
@@ -436,9 +452,9 @@ impl Machine {
 /// Records the pid of a server just started.
 pub(super) fn spawned(state: State, epoch: u64, pid: u32, handed_plan: bool) -> State {
     match state {
-        State::Starting { mut first, mounted, error } if first.epoch == epoch => {
+        State::Starting { mut first, spawn_by, mounted, error } if first.epoch == epoch => {
             first.pid = pid;
-            State::Starting { first, mounted, error }
+            State::Starting { first, spawn_by, mounted, error }
         }
         State::Replacing { successor: Some(mut s), retry_at } if s.server.epoch == epoch => {
             (s.server.pid, s.handed_plan) = (pid, handed_plan);

@@ -14,8 +14,9 @@ struct Run {
 
 impl Run {
     fn new() -> (Run, Vec<Action>) {
-        let (m, first) = Machine::new(TIMEOUT, TIMEOUT);
-        (Run { m, t0: Instant::now() }, first)
+        let t0 = Instant::now();
+        let (m, first) = Machine::new(TIMEOUT, TIMEOUT, t0);
+        (Run { m, t0 }, first)
     }
 
     fn on(&mut self, event: Event) -> Vec<Action> {
@@ -476,4 +477,42 @@ fn a_stop_in_each_phase_ends_everything() {
     }
     let mut r = Run::serving();
     assert_eq!(r.on(Event::KernelEnded), [Action::Exit(Exit::Ended)]);
+}
+
+/// Rule (issue 31): the keeper never waits on a spawn. A server whose spawn has not returned
+/// within `--reload-timeout` (a child stopped between fork and exec) failed to start, as one
+/// whose spawn failed: the first fails the command, an upgrade's is refused (the old server
+/// serves on, and is told why), a crash successor's is retried after the backoff. Signals are
+/// taken meanwhile, and a spawn that returns once abandoned starts nothing.
+#[test]
+fn a_spawn_that_does_not_return_in_time_is_a_failed_start() {
+    let not_started = "did not start within 10 s (stopped between fork and exec?)";
+    let (mut r, _) = Run::new();
+    assert_eq!(r.m.deadline(), Some(r.t0 + TIMEOUT), "the first server's spawn is bounded");
+    assert_eq!(r.at(TIMEOUT / 2, Event::Tick), []);
+    r.at(TIMEOUT * 2, Event::Away);
+    assert_eq!(r.m.deadline(), Some(r.t0 + TIMEOUT * 3), "the keeper's absence is not the spawn's");
+    let exit = r.at(TIMEOUT * 3, Event::Tick);
+    assert_eq!(exit, [Action::Exit(Exit::StartFailed(format!("cannot start the server: it {not_started}")))]);
+
+    let mut r = Run::serving();
+    assert_eq!(spawns(&r.on(Event::Sigusr2)), [(2, Binary::Path, false)]);
+    assert_eq!(r.on(Event::Sighup), [Action::Reload(1)], "signals are served while it spawns");
+    let refused = r.at(TIMEOUT, Event::Tick);
+    assert!(refused.contains(&Action::Kill(2)), "abandoned: {refused:?}");
+    assert_eq!(refusal(&refused), Some(format!("upgrade refused: the new server {not_started}").as_str()));
+    assert_eq!((r.m.phase(), r.m.current()), (Phase::Serving, Some(1)));
+    assert_eq!(r.on(Event::Spawned { epoch: 2, pid: 200, handed_plan: false }), [], "returned too late");
+    assert_eq!((r.m.knows(2), r.m.current()), (false, Some(1)), "the driver kills it");
+    assert_eq!(spawns(&r.on(Event::Sigusr2)), [(3, Binary::Path, false)], "the next upgrade starts another");
+
+    let mut r = Run::serving();
+    r.on(gone(1));
+    let late = r.at(TIMEOUT, Event::Tick);
+    assert!(late.contains(&Action::Kill(2)), "{late:?}");
+    assert!(late.iter().any(|a| matches!(a, Action::Warn(w) if w.contains(not_started))), "{late:?}");
+    assert_eq!(r.on(Event::Spawned { epoch: 2, pid: 200, handed_plan: true }), []);
+    assert!(!r.m.knows(2));
+    assert_eq!(spawns(&r.at(TIMEOUT + FIRST_BACKOFF, Event::Tick)), [(3, Binary::Good, true)], "retried");
+    assert_eq!(r.on(Event::Stop("signal SIGTERM".into())).last(), Some(&Action::Exit(Exit::Stop)));
 }

@@ -1,0 +1,127 @@
+//! Servers are spawned off the keeper's main thread (issue 31: the keeper never waits on a
+//! spawn). `Command::spawn` returns only once the child has exec'd (it reads a close-on-exec
+//! pipe), so a child stopped between fork and exec (`SIGSTOP`, a frozen cgroup, a debugger)
+//! would hold the main thread, and with it signals, hang checks, readiness and the stop. A
+//! spawner thread opens the binary (an upgrade's path may be on a stuck filesystem), spawns,
+//! and says what came of it ([`Ev::Started`]); the main thread goes on meanwhile, and the state
+//! machine gives up on a spawn that has not returned within `--reload-timeout`.
+//!
+//! Assumptions: a spawner thread never ends while the keeper lives: a server's
+//! `PR_SET_PDEATHSIG` fires when the *thread* that forked it ends, not the process. One thread
+//! is started whenever every one is busy (stuck in a spawn), so a stuck spawn holds one
+//! thread, never the next start. Only the main thread hands out jobs and reads their results,
+//! so it counts the busy threads exactly.
+
+use super::procs::set_up_child;
+use super::{Ev, KeeperError, spawn_thread};
+use devremap::io_message;
+use parking_lot::Mutex;
+use std::ffi::OsString;
+use std::fs::File;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::mpsc::{self, Receiver, Sender};
+
+/// The binary a server runs: one kept open, or the file at a path, opened by the spawner.
+pub(super) enum Exe {
+    Open(Arc<File>),
+    Path(PathBuf),
+}
+
+/// A server to start.
+pub(super) struct Job {
+    pub(super) epoch: u64,
+    pub(super) exe: Exe,
+    /// Its arguments after `serve`.
+    pub(super) args: Vec<OsString>,
+    /// Its ends of the relay and control sockets, its fds 3 and 4.
+    pub(super) sockets: [OwnedFd; 2],
+}
+
+/// What came of a spawn: the child and the binary it runs, or why it did not start.
+pub(super) type Started = Result<(Child, Arc<File>), String>;
+
+/// The spawner threads and their queue.
+pub(super) struct Spawners {
+    jobs: Sender<Job>,
+    queue: Arc<Mutex<Receiver<Job>>>,
+    events: Sender<Ev>,
+    threads: usize,
+    busy: usize,
+}
+
+impl Spawners {
+    /// No thread yet: the first job starts one.
+    pub(super) fn new(events: Sender<Ev>) -> Spawners {
+        let (jobs, queue) = mpsc::channel();
+        Spawners { jobs, queue: Arc::new(Mutex::new(queue)), events, threads: 0, busy: 0 }
+    }
+
+    /// Hands `job` to a free spawner thread, starting one if none is free; its result comes
+    /// back as [`Ev::Started`].
+    pub(super) fn submit(&mut self, job: Job) -> Result<(), KeeperError> {
+        if self.busy == self.threads {
+            let (queue, events) = (self.queue.clone(), self.events.clone());
+            spawn_thread("spawner", move || run_jobs(&queue, &events))?;
+            self.threads += 1;
+        }
+        self.busy += 1;
+        // The queue lives as long as `self`, and every thread with it.
+        let _ = self.jobs.send(job);
+        Ok(())
+    }
+
+    /// A job's result arrived: its thread is free again.
+    pub(super) fn returned(&mut self) {
+        self.busy = self.busy.saturating_sub(1);
+    }
+}
+
+fn run_jobs(queue: &Mutex<Receiver<Job>>, events: &Sender<Ev>) {
+    // Ends only with the keeper's queue, when the keeper itself ends.
+    while let Ok(job) = queue.lock().recv() {
+        let epoch = job.epoch;
+        let _ = events.send(Ev::Started(epoch, spawn(job)));
+    }
+}
+
+/// Starts server `job.epoch` from `job.exe`, with its sockets as fds 3 and 4.
+fn spawn(job: Job) -> Started {
+    let exe = match job.exe {
+        Exe::Open(exe) => exe,
+        Exe::Path(path) => Arc::new(File::open(&path).map_err(|e| format!("{}: {}", path.display(), io_message(&e)))?),
+    };
+    let mut cmd = Command::new(format!("/proc/self/fd/{}", exe.as_raw_fd()));
+    cmd.arg0("devremapd").arg("serve").args(&job.args).stdin(Stdio::null());
+    // Only the keeper talks to systemd (the main process); the server tells the keeper.
+    cmd.env_remove("NOTIFY_SOCKET");
+    set_up_child(&mut cmd, job.sockets.each_ref().map(AsRawFd::as_raw_fd), exe.as_raw_fd());
+    stop_before_exec(&mut cmd, job.epoch);
+    let child = cmd.spawn().map_err(|e| io_message(&e))?;
+    // The child has its copies (`job.sockets` are dropped here): ours would keep its sockets
+    // open after it died, and a write to them would wait for ever instead of failing.
+    Ok((child, exe))
+}
+
+/// The test hook `DEVREMAPD_FAILPOINT=stop-before-exec:N`: server epoch N (the first is 1)
+/// stops itself (`SIGSTOP`) between fork and exec, once it dies with its keeper: its spawn does
+/// not return until it is continued or killed.
+#[cfg(feature = "test-hooks")]
+fn stop_before_exec(cmd: &mut Command, epoch: u64) {
+    let failpoint = std::env::var("DEVREMAPD_FAILPOINT").ok();
+    if failpoint.and_then(|f| f.strip_prefix("stop-before-exec:")?.parse().ok()) == Some(epoch) {
+        // SAFETY: raise is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::raise(libc::SIGSTOP);
+                Ok(())
+            });
+        }
+    }
+}
+
+#[cfg(not(feature = "test-hooks"))]
+fn stop_before_exec(_: &mut Command, _: u64) {}
