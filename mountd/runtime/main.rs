@@ -3,31 +3,33 @@
 //! `nvidia-container-runtime` wraps runc.
 //!
 //! - `create`, `run`: when the spec asks for devremap (see `devremap::runtime::annotations`),
-//!   start `devremapd mount` on `<state_dir>/<id>/dev`, write the caller's spec, its `/dev`
-//!   pointed at the mount, into a bundle of our own (`<state_dir>/<id>/bundle`) and run the
-//!   runtime on that bundle: the caller's bundle is never written. If that fails, or a
-//!   foreground `run` ends, everything is undone.
+//!   write the caller's spec, its `/dev` pointed at `<state_dir>/<id>/dev`, into a bundle of our
+//!   own (`<state_dir>/<id>/bundle`: the caller's bundle is never written), have the node daemon
+//!   (`devremapd node`, started here where none answers at the config's `node_socket`) mount
+//!   that `/dev`, and replace this process with the runtime on our bundle. If a step before the
+//!   runtime fails, everything is undone; after it, the container's keeper ends with the
+//!   container and the node daemon removes the directory.
 //! - `start`: refuse a devremap container whose daemon is gone (it would run on a dead mount).
 //! - `checkpoint`: record the container's GPUs into `<image-path>/devremap-gpus.json` first.
 //! - `restore`: as `create`, with a copy of the image's `devremap-gpus.json` (or a gVisor
 //!   `checkpoint.img`) as the daemon's metadata.
-//! - `delete`: after the runtime, once the runtime no longer knows the container, stop the
-//!   daemon and remove its directory; this also cleans up after a wrapper killed mid-create
-//!   (as does the next `create` of that id).
+//! - `delete`: exec the runtime; for a container of an earlier version's per-container daemon
+//!   (or one whose keeper died), after the runtime, once the runtime no longer knows the
+//!   container, stop the daemon and remove its directory, as before.
 //! - anything else: exec the runtime unchanged.
 //!
 //! The config is `--devremap-config PATH` (a global flag, taken out before the runtime sees
 //! the line), else `DEVREMAP_RUNTIME_CONFIG`, else `/etc/devremap/runtime.json`: the flag and
 //! the default path survive a caller that strips the environment, as Podman's conmon does.
 //!
-//! The runtime, when it runs as our child (create, run, restore, delete), gets the read end of
-//! an empty pipe for stdin where ours is the host's `/dev/null`: runc reopens such stdio inside the container only when it builds `/dev`
-//! itself, and CRIU cannot checkpoint a descriptor on a mount outside the container
-//! (`docker run -d`, `podman run -d`); a pipe with no writer reads as `/dev/null` does.
+//! The runtime of a container we set up gets the read end of an empty pipe for stdin where
+//! ours is the host's `/dev/null`: runc reopens such stdio inside the container only when it
+//! builds `/dev` itself, and CRIU cannot checkpoint a descriptor on a mount outside the
+//! container (`docker run -d`, `podman run -d`); a pipe with no writer reads as `/dev/null` does.
 //!
-//! A daemon never outlives its container: it runs with `--owner-pid` (this process) and
-//! `--container-pid-file` (the runtime's pid file), so it stops when the container's init
-//! exits, or when this wrapper dies before the container was started.
+//! A keeper never outlives its container: it runs with `--owner-pid` (this process, which the
+//! runtime becomes) and `--container-pid-file` (the runtime's pid file), so it stops when the
+//! container's init exits, or when the runtime exits before the container was made.
 
 mod commands;
 mod config_file;

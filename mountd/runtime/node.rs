@@ -67,6 +67,8 @@ fn start_daemon(config: &Config, devremapd: &Path, socket: &Path) -> Result<(), 
         .arg(IDLE_EXIT_SECS)
         .arg("--ready-fd")
         .arg(ready_write.as_raw_fd().to_string())
+        // Not the caller's directory (a bundle containerd removes later).
+        .current_dir("/")
         .stdin(Stdio::null())
         .stdout(log)
         .stderr(log2);

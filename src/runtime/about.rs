@@ -55,11 +55,12 @@ pub fn text(ask: Ask, config_env: Option<&OsStr>) -> String {
             "devremap-runtime {version}: an OCI runtime with runc's command line around the real runtime,\n\
              giving the containers that ask for it a devremap /dev (GPU device names remapped after\n\
              checkpoint/restore, served by devremapd):\n  \
-               create, run   mount a devremap /dev for the container; run its spec, pointed at it,\n                \
-                             from a bundle of the wrapper's own\n  \
+               create, run   have the node daemon (devremapd node) mount a devremap /dev for the\n                \
+                             container; become the runtime on its spec, pointed at it, from a\n                \
+                             bundle of the wrapper's own\n  \
                checkpoint    first record the container's GPUs in <image-path>/devremap-gpus.json\n  \
                restore       as create, with the image's devremap-gpus.json as the checkpoint's GPUs\n  \
-               delete        then stop the container's devremapd and remove its state\n  \
+               delete        the real runtime (the container's /dev goes with the container)\n  \
                other         the real runtime, unchanged\n\
              Annotations (in the spec):\n  \
                {ENABLE}      \"true\" or \"false\"; unset: true when the spec has NVIDIA GPUs\n  \
