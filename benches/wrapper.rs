@@ -109,7 +109,12 @@ fn main() {
         }
     }
     // The node daemon removes a container's directory once its keeper has gone with it.
-    assert!(node.wait_torn_down(Duration::from_secs(20)), "container directories were left in the state dir");
+    let left = node.wait_torn_down(Duration::from_secs(20));
+    assert!(
+        left.is_empty(),
+        "container directories left in the state dir: {left:?}; the node daemon's log:\n{}",
+        fs::read_to_string(node.log()).unwrap_or_default()
+    );
     drop(node);
     let [p, wr, pass] = ms.map(median);
     let (ratio, pass_ratio) = (median(ratios), median(passing_ratios));

@@ -20,6 +20,7 @@ pub struct NodeDaemon {
     child: Child,
     pub socket: PathBuf,
     pub state_dir: PathBuf,
+    log: PathBuf,
 }
 
 impl NodeDaemon {
@@ -27,7 +28,7 @@ impl NodeDaemon {
     /// runtime config's default), its log in `log`; returns once the socket answers.
     pub fn start(devremapd: &str, state_dir: &Path, log: &Path) -> NodeDaemon {
         let socket = state_dir.join("node.sock");
-        let log = fs::File::create(log).unwrap();
+        let log_file = fs::File::create(log).unwrap();
         let child = Command::new(devremapd)
             .arg("node")
             .arg("--socket")
@@ -39,10 +40,10 @@ impl NodeDaemon {
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(log)
+            .stderr(log_file)
             .spawn()
             .unwrap();
-        let mut node = NodeDaemon { child, socket, state_dir: state_dir.to_owned() };
+        let mut node = NodeDaemon { child, socket, state_dir: state_dir.to_owned(), log: log.to_owned() };
         let deadline = Instant::now() + Duration::from_secs(20);
         while UnixStream::connect(&node.socket).is_err() {
             assert!(node.child.try_wait().unwrap().is_none(), "devremapd node exited before it answered");
@@ -50,6 +51,11 @@ impl NodeDaemon {
             std::thread::sleep(Duration::from_millis(1));
         }
         node
+    }
+
+    /// The daemon's log (warnings only).
+    pub fn log(&self) -> &Path {
+        &self.log
     }
 
     pub fn pid(&self) -> u32 {
@@ -70,16 +76,18 @@ impl NodeDaemon {
     }
 
     /// Waits until no container directory is left in the state dir (the daemon removes one
-    /// once its keeper has exited); false if some still are after `within`.
-    pub fn wait_torn_down(&self, within: Duration) -> bool {
+    /// once its keeper has exited); the names of those still there after `within`.
+    pub fn wait_torn_down(&self, within: Duration) -> Vec<String> {
         let deadline = Instant::now() + within;
         loop {
-            let left = fs::read_dir(&self.state_dir).unwrap().flatten().filter(|e| e.path().is_dir()).count();
-            if left == 0 {
-                return true;
-            }
-            if Instant::now() >= deadline {
-                return false;
+            let left: Vec<String> = fs::read_dir(&self.state_dir)
+                .unwrap()
+                .flatten()
+                .filter(|e| e.path().is_dir())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect();
+            if left.is_empty() || Instant::now() >= deadline {
+                return left;
             }
             std::thread::sleep(Duration::from_millis(10));
         }
