@@ -15,7 +15,7 @@ use common::{FakeHost, arg, fake_rdev, write_file};
 use serde_json::{Value, json};
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use tempfile::TempDir;
 
 const WRAPPER: &str = env!("CARGO_BIN_EXE_devremap-runtime");
@@ -57,23 +57,28 @@ impl Host {
         self.tmp.path().join("state")
     }
 
-    /// `<wrapper> --root <bundle's runtime root> <args>`, the config by environment.
-    fn wrapper(&self, wrapper: &Path, bundle: &Bundle, args: &[&str]) -> Output {
-        Command::new(wrapper)
+    /// `<wrapper> --root <bundle's runtime root> <args>`, the config by environment: its exit
+    /// status and stderr. Files, not pipes: a container it starts keeps the runtime's stdio.
+    fn wrapper(&self, wrapper: &Path, bundle: &Bundle, args: &[&str]) -> (ExitStatus, String) {
+        let err = self.tmp.path().join("wrapper.stderr");
+        let status = Command::new(wrapper)
             .env("DEVREMAP_RUNTIME_CONFIG", &self.config)
             .env_remove("RUST_LOG")
             .arg("--root")
             .arg(bundle.state_root())
             .args(args)
             .stdin(Stdio::null())
-            .output()
-            .expect("the wrapper runs")
+            .stdout(fs::File::create(bundle.dir().join("stdout")).unwrap())
+            .stderr(fs::File::create(&err).unwrap())
+            .status()
+            .expect("the wrapper runs");
+        (status, fs::read_to_string(&err).unwrap_or_default())
     }
 
     fn run_detached(&mut self, wrapper: &Path, bundle: &Bundle, id: &str) {
         self.made.push((id.to_owned(), bundle.state_root()));
-        let out = self.wrapper(wrapper, bundle, &["run", "--detach", "--bundle", arg(bundle.dir()), id]);
-        assert!(out.status.success(), "run --detach {id}: {}", String::from_utf8_lossy(&out.stderr));
+        let (status, stderr) = self.wrapper(wrapper, bundle, &["run", "--detach", "--bundle", arg(bundle.dir()), id]);
+        assert!(status.success(), "run --detach {id}: {stderr}");
     }
 
     fn keeper(&self, id: &str) -> u32 {
@@ -122,8 +127,18 @@ fn an_earlier_versions_container_serves_on_beside_the_node_daemon() {
     let old_keeper = host.keeper(&old_id);
     assert!(!host.state_dir().join("node.sock").exists(), "the earlier version starts no node daemon");
     let old_dev = host.state_dir().join(&old_id).join("dev");
-    let rdev = |dev: &Path| std::os::unix::fs::MetadataExt::rdev(&fs::metadata(dev.join("nvidia1")).unwrap());
-    let before = rdev(&old_dev);
+    // Its tree: every name with its device number.
+    let listing = |dev: &Path| -> Vec<(String, u64)> {
+        let mut names: Vec<(String, u64)> = fs::read_dir(dev)
+            .unwrap()
+            .flatten()
+            .map(|e| (e.file_name().to_string_lossy().into_owned(), std::os::unix::fs::MetadataExt::rdev(&e.metadata().unwrap())))
+            .collect();
+        names.sort();
+        names
+    };
+    let before = listing(&old_dev);
+    assert!(before.iter().any(|(name, _)| name == "null"), "{before:?}");
 
     // This version's wrapper: a node daemon, which adopts the running container.
     host.run_detached(Path::new(WRAPPER), &new_bundle, &new_id);
@@ -133,18 +148,18 @@ fn an_earlier_versions_container_serves_on_beside_the_node_daemon() {
     assert!(listed.contains(&format!("\"id\":\"{old_id}\"")), "the earlier container is adopted: {listed}");
     assert!(listed.contains(&format!("\"id\":\"{new_id}\"")), "{listed}");
     assert!(alive(old_keeper), "the earlier daemon serves on");
-    assert_eq!(rdev(&old_dev), before, "its /dev is as it was");
+    assert_eq!(listing(&old_dev), before, "its /dev is as it was");
 
     // This version's delete stops the earlier daemon and removes its directory, as before.
-    let out = host.wrapper(Path::new(WRAPPER), &old_bundle, &["delete", "--force", &old_id]);
-    assert!(out.status.success(), "delete: {}", String::from_utf8_lossy(&out.stderr));
+    let (status, stderr) = host.wrapper(Path::new(WRAPPER), &old_bundle, &["delete", "--force", &old_id]);
+    assert!(status.success(), "delete: {stderr}");
     assert!(!host.state_dir().join(&old_id).exists(), "torn down by the delete itself");
     wait_for("the earlier daemon to stop", || (!alive(old_keeper)).then_some(()));
 
     // The node daemon's container goes with its container.
     let new_dir = host.state_dir().join(&new_id);
-    let out = host.wrapper(Path::new(WRAPPER), &new_bundle, &["delete", "--force", &new_id]);
-    assert!(out.status.success(), "delete: {}", String::from_utf8_lossy(&out.stderr));
+    let (status, stderr) = host.wrapper(Path::new(WRAPPER), &new_bundle, &["delete", "--force", &new_id]);
+    assert!(status.success(), "delete: {stderr}");
     let log = host.state_dir().join("node.log");
     wait_for_or(
         "the node daemon to remove the container's directory",

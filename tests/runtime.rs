@@ -351,6 +351,35 @@ fn start_refuses_a_container_whose_daemon_was_killed_after_create() {
     assert!(!dir.exists() && !is_mounted(&dir.join("dev")), "delete left {}", dir.display());
 }
 
+/// Bug (issue 31, found by the wrapper benchmark): a foreground `run` whose runtime was still
+/// deleting its container when the container's keeper exited left the container's directory
+/// for good: the node daemon, holding the wrapper's lock on it until the runtime exits, took
+/// its own hold for a front end's and skipped the teardown. It now waits for its hold to go.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs a container"]
+fn a_runtime_that_outlives_its_container_still_leaves_nothing() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Setup::new(Runtime::Runc, json!({"devremap.io/enable": "true"}));
+    // runc, then a while before it exits: the keeper is gone well before the runtime is.
+    let runc = Runtime::Runc.binary().unwrap();
+    let lingering = write_file(
+        s.tmp.path(),
+        "lingering-runc.sh",
+        format!("#!/bin/sh
+{} \"$@\"; status=$?; sleep 1; exit $status\n", runc.display()),
+    );
+    fs::set_permissions(&lingering, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    s.set_config("runtime", arg(&lingering));
+    let id = format!("wrapped-linger-{}", std::process::id());
+    let _delete = Deleting(&s, id.clone());
+    fs::write(s.bundle.xchg().join("go"), "").unwrap();
+    let out = s.run(&["run", "--bundle", arg(s.bundle.dir()), &id]);
+    assert_ok(&out, "run", &s, &id);
+    assert!(s.stdout().contains("done\n"), "{}", s.stdout());
+    s.wait_gone(&id);
+}
+
 /// Rule (issue 12.3): `run` in the foreground: the container runs on the devremap /dev, and
 /// when it ends the daemon, its directory and the spec's patch are gone; `delete --force` of a
 /// running container stops the daemon.

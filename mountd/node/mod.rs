@@ -32,7 +32,8 @@ pub use error::NodeError;
 use log::{info, warn};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
+use std::collections::HashMap;
 use procs::Host;
 use serde_json::{Value, json};
 use std::io::{self, BufRead, BufReader, Read, Write};
@@ -54,6 +55,8 @@ const MAX_CLIENTS: usize = 256;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a reload may take before `reload` answers without it.
 const RELOAD_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a teardown waits for the runtime holding a container's lock to exit.
+const TEARDOWN_PATIENCE: Duration = Duration::from_secs(30);
 /// The stack of a thread that only waits on a pidfd.
 const WATCH_STACK: usize = 64 << 10;
 
@@ -78,6 +81,7 @@ struct Node {
     closing: Mutex<bool>,
     clients: AtomicUsize,
     events: Sender<Ev>,
+    holds: Arc<Holds>,
 }
 
 pub fn run(args: &NodeArgs) -> Result<(), NodeError> {
@@ -100,6 +104,7 @@ pub fn run(args: &NodeArgs) -> Result<(), NodeError> {
         closing: Mutex::new(false),
         clients: AtomicUsize::new(0),
         events: tx,
+        holds: Arc::default(),
     });
     node.adopt();
     let pid_text = format!("{}\n", std::process::id());
@@ -257,6 +262,9 @@ impl Node {
     /// has begun (under the state dir's lock, which a wrapper takes to claim an id).
     fn tear_down(&self, id: &str, why: &str) {
         let Ok(container) = self.container(id) else { return };
+        // Our own hold is not a front end's: a foreground `run` whose container ended is still
+        // deleting it when the keeper exits.
+        self.holds.wait_released(id, TEARDOWN_PATIENCE);
         let Ok(_lock) = container.lock_state_dir() else { return };
         if !container.exists() || !self.registry.lock().is_free(id) || container.is_busy().unwrap_or(true) {
             return;
@@ -391,7 +399,7 @@ impl Node {
                 self.registry.lock().serving(&m.id, serial, pid);
                 self.watch(pid, Some(child));
                 if let Some(hold) = hold.filter(|fd| same_file(fd, &container.dir)) {
-                    hold_while(m.owner_pid, hold);
+                    self.holds.keep(&m.id, m.owner_pid, hold);
                 }
                 info!("container {}: serving {} (keeper pid {pid})", m.id, container.dev().display());
                 Ok(json!({"pid": pid, "mountpoint": container.dev(), "state_file": container.state_file()}))
@@ -489,14 +497,55 @@ fn same_file(fd: &OwnedFd, path: &Path) -> bool {
 }
 
 /// Keeps `fd` open until process `pid` has exited, on a thread of its own.
-fn hold_while(pid: u32, fd: OwnedFd) {
-    let watch = devremap::pidfd::pidfd_open(pid);
-    let _ = std::thread::Builder::new().name(format!("hold-{pid}")).stack_size(WATCH_STACK).spawn(move || {
-        if let Ok(watch) = watch {
-            devremap::pidfd::exited(&watch, None);
+/// The wrappers' locks the daemon holds, by container id: kept until the runtime that replaced
+/// each wrapper has exited.
+#[derive(Default)]
+struct Holds {
+    held: Mutex<HashMap<String, usize>>,
+    released: Condvar,
+}
+
+impl Holds {
+    /// Keeps `fd`, container `id`'s lock, until process `pid` has exited, on a thread of its own.
+    fn keep(self: &Arc<Self>, id: &str, pid: u32, fd: OwnedFd) {
+        let watch = devremap::pidfd::pidfd_open(pid);
+        *self.held.lock().entry(id.to_owned()).or_default() += 1;
+        let (holds, mine) = (self.clone(), id.to_owned());
+        let kept = std::thread::Builder::new().name(format!("hold-{pid}")).stack_size(WATCH_STACK).spawn(move || {
+            if let Ok(watch) = watch {
+                devremap::pidfd::exited(&watch, None);
+            }
+            drop(fd);
+            holds.release(&mine);
+        });
+        if kept.is_err() {
+            // The lock goes with the request's end: as without a hold.
+            self.release(id);
         }
-        drop(fd);
-    });
+    }
+
+    fn release(&self, id: &str) {
+        let mut held = self.held.lock();
+        if let Some(n) = held.get_mut(id) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(id);
+            }
+        }
+        self.released.notify_all();
+    }
+
+    /// Waits (at most `patience`) until the daemon holds no lock of container `id`: a keeper
+    /// can exit (its container's init did) before the runtime holding the lock has.
+    fn wait_released(&self, id: &str, patience: Duration) {
+        let deadline = Instant::now() + patience;
+        let mut held = self.held.lock();
+        while held.contains_key(id) {
+            if self.released.wait_until(&mut held, deadline).timed_out() {
+                return;
+            }
+        }
+    }
 }
 
 /// A daemon's state file as JSON, `Null` when it cannot be read (not written yet, or being
