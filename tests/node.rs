@@ -16,7 +16,7 @@ mod common;
 
 use common::bundle::{Runtime, allow_char, need_containers, nvidia_hook, oci_config};
 use common::clients::{WRAPPER, busybox_rootfs};
-use common::daemon::{PATIENCE, has_exited, is_mounted, kill, need_fuse, wait_for, wait_for_or};
+use common::daemon::{PATIENCE, has_exited, is_mounted, kill, wait_for, wait_for_or};
 use common::{BIN, FakeHost, arg, fake_rdev, write_file};
 use devremap::node::client::{ask, ask_passing};
 use devremap::node::protocol::{MountRequest, Request};
@@ -154,6 +154,13 @@ impl Fleet {
         ids
     }
 
+    /// Sets one key of the wrapper's config.
+    fn set_config(&self, key: &str, value: Value) {
+        let mut config: Value = serde_json::from_slice(&fs::read(&self.config).unwrap()).unwrap();
+        config[key] = value;
+        fs::write(&self.config, config.to_string()).unwrap();
+    }
+
     /// `delete --force` through the wrapper.
     fn delete(&self, id: &str) {
         let out = self.wrapper(&["delete", "--force", id]).output().unwrap();
@@ -236,9 +243,10 @@ impl Drop for Fleet {
         for id in &ids {
             let _ = self.wrapper(&["delete", "--force", id]).stdout(Stdio::null()).stderr(Stdio::null()).status();
         }
-        // Each keeper ends with its container; the node daemon then removes its directory.
+        // Each keeper ends with its container (the node daemon, if one still runs, then removes
+        // its directory; the temporary directory goes anyway).
         let deadline = Instant::now() + PATIENCE;
-        while !(self.container_dirs().is_empty() && self.keepers_and_servers().is_empty()) && Instant::now() < deadline {
+        while !self.keepers_and_servers().is_empty() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
         }
         common::daemon::stop_node(&self.state_dir());
@@ -830,4 +838,167 @@ fn many_create_delete_cycles_leave_nothing() {
     let end = settled(base);
     assert!(end.2 <= base.2 + 1024, "the node daemon's RSS grew from {} to {} KiB", base.2, end.2);
     assert_eq!(fleet.node_processes(), vec![node], "the service served every cycle");
+}
+
+/// The parent of process `pid`.
+fn parent_of(pid: u32) -> u32 {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rsplit_once(") ").and_then(|(_, r)| r.split_whitespace().nth(1)).and_then(|p| p.parse().ok()).unwrap_or(0)
+}
+
+/// The command line of process `pid`, its arguments joined by spaces.
+fn cmdline_of(pid: u32) -> String {
+    String::from_utf8_lossy(&fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default()).replace('\0', " ")
+}
+
+/// Rule (issue 31): both ways the node daemon runs. Started as a service (`devremapd node
+/// --socket S --state-dir D --pid-file P`, the config's `node_socket` naming S): a container
+/// runs through it (its keeper is the service's child) and the wrapper starts no daemon of its
+/// own; with `--idle-exit`, the service exits once nothing runs, removing its socket and pid
+/// file. With nothing answering at the socket, the wrapper starts one itself, detached (not the
+/// wrapper's child, `--idle-exit 60`), and a container runs through it.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs containers"]
+fn the_node_daemon_as_a_service_and_started_by_the_wrapper() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let fleet = Fleet::new();
+    let service_dir = common::daemon::private_dir();
+    let socket = service_dir.path().join("node.sock");
+    let pid_file = service_dir.path().join("node.pid");
+    fleet.set_config("node_socket", json!(arg(&socket)));
+    let tag = std::process::id();
+
+    let mut service = Service::start(&fleet, &pid_file, &["--idle-exit", "3"]);
+    let id = format!("service-{tag}");
+    fleet.start(&id, &[1, 4]);
+    assert_gpus(&fleet.dev(&id), &[1, 4], &id);
+    let keeper = fleet.list()[&id]["pid"].as_u64().unwrap() as u32;
+    assert_eq!(parent_of(keeper), service.pid(), "the service started the keeper");
+    assert_eq!(fleet.node_processes(), vec![service.pid()], "the wrapper started no node daemon of its own");
+    assert!(!fleet.state_dir().join("node.pid").exists());
+    fleet.delete(&id);
+    let dir = fleet.state_dir().join(&id);
+    wait_for_or("the container's directory to go", || fleet.keeper_log(&id), || (!dir.exists()).then_some(()));
+    let status = wait_for("the idle service to exit", || service.child.try_wait().unwrap());
+    assert!(status.success(), "the idle service exited with {status}");
+    assert!(!socket.exists() && !pid_file.exists(), "the service left its socket or pid file");
+
+    let id = format!("wrapped-{tag}");
+    fleet.start(&id, &[3]);
+    assert_gpus(&fleet.dev(&id), &[3], &id);
+    let node = fleet.node_pid();
+    assert_eq!(fleet.node_processes(), vec![node], "one node daemon");
+    assert_ne!(parent_of(node), std::process::id(), "the wrapper's daemon is detached");
+    let cmdline = cmdline_of(node);
+    assert!(cmdline.contains(&format!("--socket {} ", arg(&socket))) && cmdline.contains("--idle-exit 60"), "{cmdline}");
+    assert_eq!(parent_of(fleet.list()[&id]["pid"].as_u64().unwrap() as u32), node);
+    fleet.delete(&id);
+    wait_for_or("the container's directory to go", || fleet.node_log(), || (!fleet.state_dir().join(&id).exists()).then_some(()));
+}
+
+/// Rule (issue 31): a request names only its own container. An id that is not one (`../x`,
+/// empty, a path) is refused by `ctl` and by the protocol; an id no container has is "no such
+/// container"; a mount of a served id, or naming another state dir, is refused and leaves the
+/// served container as it was. A peer that is not root is refused: by the socket's mode, and
+/// by the daemon itself when it reaches the socket anyway (`CAP_DAC_OVERRIDE` as `nobody`). A
+/// second `devremapd node` on the same state dir, or on a socket where one answers, exits 1
+/// with one clear line.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs containers"]
+fn requests_name_only_their_own_container() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let fleet = Fleet::new();
+    let _service = Service::start(&fleet, &fleet.state_dir().join("node.pid"), &[]);
+    let id = format!("own-{}", std::process::id());
+    fleet.start(&id, &[0, 5]);
+    let before = listing(&fleet.dev(&id));
+    let keeper = fleet.list()[&id]["pid"].as_u64().unwrap();
+    let socket = fleet.socket();
+
+    // A mount request as the wrapper would send for the served container.
+    let init = Init::start();
+    let mut request = MountRequest {
+        id: id.clone(),
+        state_dir: fleet.state_dir(),
+        spec: fleet.state_dir().join(&id).join("bundle/config.json"),
+        host_dev: Some(fleet.host.dev()),
+        host_root: fleet.host.root(),
+        metadata: None,
+        extra: vec![],
+        container_pid_file: fleet.state_dir().join(&id).join("container.pid"),
+        owner_pid: init.0.id(),
+    };
+    let escape = format!("../state/{id}");
+    for bad in ["../x", "", "a/b", "..", escape.as_str()] {
+        for args in [vec!["status", bad], vec!["reload", bad]] {
+            let (code, stdout, stderr) = fleet.ctl(&args);
+            assert_eq!((code, stdout.as_str()), (1, ""), "ctl {args:?}: {stderr}");
+            assert_eq!(
+                stderr,
+                format!("error: container id {bad:?}: only letters, digits and _+-. are allowed\n"),
+                "ctl {args:?}"
+            );
+        }
+        let why = |r: Request| ask(&socket, &r, ASK).map(|_| ()).unwrap_err().to_string();
+        let unmount = why(Request::Unmount { id: bad.to_owned() });
+        let mount = why(Request::Mount(MountRequest { id: bad.to_owned(), ..request.clone() }));
+        for e in [unmount, mount] {
+            assert_eq!(e, format!("container id {bad:?}: only letters, digits and _+-. are allowed"));
+        }
+    }
+    let (code, _, stderr) = fleet.ctl(&["status", "nosuch"]);
+    assert_eq!(code, 1);
+    assert!(stderr.contains("no such container: nosuch"), "{stderr}");
+
+    // A served id: its directory is taken by the running container.
+    let e = ask(&socket, &Request::Mount(request.clone()), ASK).unwrap_err().to_string();
+    assert!(e.contains(&format!("container {id}: served already")), "{e}");
+    let elsewhere = TempDir::new().unwrap();
+    request.state_dir = elsewhere.path().to_owned();
+    let e = ask(&socket, &Request::Mount(request), ASK).unwrap_err().to_string();
+    assert!(e.contains("this node daemon serves"), "{e}");
+
+    // Not root: the socket's mode stops it; with CAP_DAC_OVERRIDE it reaches the socket, and
+    // the daemon refuses it.
+    let nobody = |caps: bool| {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups"]);
+        if caps {
+            c.args(["--inh-caps=+dac_override", "--ambient-caps=+dac_override"]);
+        }
+        let out = c.args([BIN, "ctl", "--socket", arg(&socket), "list"]).env_remove("RUST_LOG").output().unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, stdout, stderr) = nobody(false);
+    assert_eq!((code, stdout.as_str()), (Some(1), ""), "{stderr}");
+    assert!(stderr.contains(arg(&socket)) && stderr.contains("ermission denied"), "{stderr}");
+    let (code, stdout, stderr) = nobody(true);
+    assert_eq!((code, stdout.as_str()), (Some(1), ""), "{stderr}");
+    assert!(stderr.contains("only root may ask the node daemon"), "{stderr}");
+
+    // A second daemon on the same state dir, and one on the socket where one answers.
+    let other = common::daemon::private_dir();
+    let state_dir = fleet.state_dir();
+    let (other_socket, other_pid) = (other.path().join("node.sock"), other.path().join("node.pid"));
+    let (code, _, stderr) = common::devremapd(&[
+        "node", "--socket", arg(&other_socket), "--state-dir", arg(&state_dir), "--pid-file", arg(&other_pid),
+    ]);
+    assert_eq!(code, 1, "{stderr}");
+    assert_eq!(
+        stderr.trim_end(),
+        format!("error: state dir {}: another node daemon serves it (its node.lock is held)", arg(&state_dir))
+    );
+    let (code, _, stderr) = common::devremapd(&[
+        "node", "--socket", arg(&socket), "--state-dir", arg(other.path()), "--pid-file", arg(&other_pid),
+    ]);
+    assert_eq!(code, 1, "{stderr}");
+    assert_eq!(stderr.trim_end(), format!("error: {}: a node daemon answers there already", arg(&socket)));
+    assert!(!other_socket.exists() && !other_pid.exists());
+
+    let listed = fleet.list();
+    assert_eq!(listed.keys().collect::<Vec<_>>(), vec![&id]);
+    assert_eq!(listed[&id]["pid"], keeper, "the served container's keeper is the same");
+    assert_eq!(listing(&fleet.dev(&id)), before, "the served container's /dev is as it was");
 }
