@@ -762,11 +762,11 @@ fn mount_direct(fleet: &Fleet, id: &str, visible: &[u32], init: &Init) -> Result
 /// a front end's delete), half by the container's init exiting (the keeper sees it, the node
 /// daemon tears the directory down); every cycle reuses one id right after the last one went
 /// (`podman restart`). Then cycles of real runc containers through the wrapper on the same
-/// daemon.
+/// daemon, every other one creating the id again as soon as `delete` returned.
 ///
-/// The issue asks for 1,000 cycles: through the node protocol without a runtime, 1,000 take
-/// about [`CYCLES`] × 0.05 s here; with runc and the wrapper about 0.3 s each, so
-/// [`RUNC_CYCLES`] of those.
+/// The issue's 1,000 cycles go through the node protocol without a runtime (16 to 38 s here, 2
+/// busy cores); with runc and the wrapper a cycle takes about 0.2 s, so [`RUNC_CYCLES`] of
+/// those.
 #[test]
 #[ignore = "needs root, /dev/fuse, runc and busybox-static: runs containers"]
 fn many_create_delete_cycles_leave_nothing() {
@@ -831,8 +831,12 @@ fn many_create_delete_cycles_leave_nothing() {
         fleet.start(&id, &gpus_of(i));
         assert_gpus(&fleet.dev(&id), &gpus_of(i), &format!("runc cycle {i}"));
         fleet.delete(&id);
-        wait_for_or(&format!("runc cycle {i}: the directory to go"), || fleet.keeper_log(&id), || (!dir.exists()).then_some(()));
+        // Every other cycle the id is created again at once (`podman restart`).
+        if i % 2 == 0 {
+            wait_for_or(&format!("runc cycle {i}: the directory to go"), || fleet.keeper_log(&id), || (!dir.exists()).then_some(()));
+        }
     }
+    wait_for_or("the last runc cycle's directory to go", || fleet.keeper_log(&id), || (!dir.exists()).then_some(()));
     eprintln!("{RUNC_CYCLES} runc cycles in {:.1} s", started.elapsed().as_secs_f64());
     nothing("the runc cycles");
     let end = settled(base);
