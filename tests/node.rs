@@ -268,8 +268,11 @@ fn processes(matches: impl Fn(&[String]) -> bool) -> Vec<u32> {
     for proc in fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = proc.file_name().to_string_lossy().parse::<u32>() else { continue };
         let Ok(cmdline) = fs::read(proc.path().join("cmdline")) else { continue };
-        let args: Vec<String> =
-            cmdline.split(|&b| b == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+        let args: Vec<String> = cmdline
+            .split(|&b| b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
         if !args.is_empty() && matches(&args) {
             found.push(pid);
         }
@@ -403,7 +406,8 @@ fn many_containers_on_one_node_daemon_and_bad_reloads_touch_no_other() {
         for (i, id) in ids.iter().enumerate() {
             let entry = entries.get(id).unwrap_or_else(|| panic!("{how}: {id} is not listed"));
             if bad.contains(&i) {
-                let why = entry["last_error"].as_str().unwrap_or_else(|| panic!("{how}: {id} took a bad spec: {entry}"));
+                let why =
+                    entry["last_error"].as_str().unwrap_or_else(|| panic!("{how}: {id} took a bad spec: {entry}"));
                 assert!(why.contains("bundle/config.json"), "{how}: {id}: last_error names no file: {why}");
             } else {
                 assert!(entry["last_error"].is_null(), "{how}: {id}: {entry}");
@@ -425,7 +429,11 @@ fn many_containers_on_one_node_daemon_and_bad_reloads_touch_no_other() {
 
     kill(fleet.node_pid(), libc::SIGHUP);
     for (id, count) in ids.iter().zip(&counts) {
-        wait_for_or(&format!("{id} to reload after SIGHUP"), || fleet.keeper_log(id), || (reloads(id) > *count).then_some(()));
+        wait_for_or(
+            &format!("{id} to reload after SIGHUP"),
+            || fleet.keeper_log(id),
+            || (reloads(id) > *count).then_some(()),
+        );
     }
     check("SIGHUP", &fleet.list());
     let (code, stdout, stderr) = fleet.ctl(&["status", &ids[bad[0]]]);
@@ -467,12 +475,7 @@ impl Prober {
         let thread = std::thread::spawn(move || {
             let fail = |what: String| t.failures.lock().unwrap().push(what);
             let paths: Vec<PathBuf> = gpus.iter().map(|g| dev.join(format!("nvidia{g}"))).collect();
-            let open = |p: &Path| {
-                fs::OpenOptions::new()
-                    .read(true)
-                    .custom_flags(libc::O_NONBLOCK)
-                    .open(p)
-            };
+            let open = |p: &Path| fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(p);
             use std::os::unix::fs::OpenOptionsExt;
             let held = open(&paths[0]).unwrap_or_else(|e| panic!("{}: {e}", paths[0].display()));
             let want = fs::metadata(&paths[0]).unwrap().rdev();
@@ -542,7 +545,13 @@ fn statx_sync(path: &Path) -> std::io::Result<()> {
     let mut buf: libc::statx = unsafe { std::mem::zeroed() };
     // SAFETY: a valid path and a buffer of the right type.
     let rc = unsafe {
-        libc::statx(libc::AT_FDCWD, c.as_ptr(), libc::AT_SYMLINK_NOFOLLOW | libc::AT_STATX_FORCE_SYNC, libc::STATX_BASIC_STATS, &mut buf)
+        libc::statx(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW | libc::AT_STATX_FORCE_SYNC,
+            libc::STATX_BASIC_STATS,
+            &mut buf,
+        )
     };
     if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
 }
@@ -667,7 +676,15 @@ impl Service {
         let socket = fleet.socket();
         let log = fs::File::create(fleet.tmp.path().join("service.log")).unwrap();
         let child = Command::new(BIN)
-            .args(["node", "--socket", arg(&socket), "--state-dir", arg(&fleet.state_dir()), "--pid-file", arg(pid_file)])
+            .args([
+                "node",
+                "--socket",
+                arg(&socket),
+                "--state-dir",
+                arg(&fleet.state_dir()),
+                "--pid-file",
+                arg(pid_file),
+            ])
             .args(extra)
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())
@@ -809,7 +826,11 @@ fn many_create_delete_cycles_leave_nothing() {
             init.end();
         } else {
             init.end();
-            wait_for_or(&format!("cycle {i}: the directory to go"), || fleet.keeper_log(&id), || (!dir.exists()).then_some(()));
+            wait_for_or(
+                &format!("cycle {i}: the directory to go"),
+                || fleet.keeper_log(&id),
+                || (!dir.exists()).then_some(()),
+            );
         }
     }
     eprintln!("{CYCLES} cycles through the protocol in {:.1} s", started.elapsed().as_secs_f64());
@@ -820,7 +841,12 @@ fn many_create_delete_cycles_leave_nothing() {
         wait_for_or(
             &format!("nothing left after {what}"),
             || format!("{:?} {:?} {:?}", fleet.container_dirs(), fleet.mounts(), fleet.keepers_and_servers()),
-            || (fleet.container_dirs().is_empty() && fleet.mounts().is_empty() && fleet.keepers_and_servers().is_empty()).then_some(()),
+            || {
+                (fleet.container_dirs().is_empty()
+                    && fleet.mounts().is_empty()
+                    && fleet.keepers_and_servers().is_empty())
+                .then_some(())
+            },
         );
         assert!(fleet.list().is_empty(), "{what}: the node daemon still lists containers");
     };
@@ -833,7 +859,11 @@ fn many_create_delete_cycles_leave_nothing() {
         fleet.delete(&id);
         // Every other cycle the id is created again at once (`podman restart`).
         if i % 2 == 0 {
-            wait_for_or(&format!("runc cycle {i}: the directory to go"), || fleet.keeper_log(&id), || (!dir.exists()).then_some(()));
+            wait_for_or(
+                &format!("runc cycle {i}: the directory to go"),
+                || fleet.keeper_log(&id),
+                || (!dir.exists()).then_some(()),
+            );
         }
     }
     wait_for_or("the last runc cycle's directory to go", || fleet.keeper_log(&id), || (!dir.exists()).then_some(()));
@@ -895,10 +925,17 @@ fn the_node_daemon_as_a_service_and_started_by_the_wrapper() {
     assert_eq!(fleet.node_processes(), vec![node], "one node daemon");
     assert_ne!(parent_of(node), std::process::id(), "the wrapper's daemon is detached");
     let cmdline = cmdline_of(node);
-    assert!(cmdline.contains(&format!("--socket {} ", arg(&socket))) && cmdline.contains("--idle-exit 60"), "{cmdline}");
+    assert!(
+        cmdline.contains(&format!("--socket {} ", arg(&socket))) && cmdline.contains("--idle-exit 60"),
+        "{cmdline}"
+    );
     assert_eq!(parent_of(fleet.list()[&id]["pid"].as_u64().unwrap() as u32), node);
     fleet.delete(&id);
-    wait_for_or("the container's directory to go", || fleet.node_log(), || (!fleet.state_dir().join(&id).exists()).then_some(()));
+    wait_for_or(
+        "the container's directory to go",
+        || fleet.node_log(),
+        || (!fleet.state_dir().join(&id).exists()).then_some(()),
+    );
 }
 
 /// Rule (issue 31): a request names only its own container. An id that is not one (`../x`,
@@ -973,7 +1010,11 @@ fn requests_name_only_their_own_container() {
             c.args(["--inh-caps=+dac_override", "--ambient-caps=+dac_override"]);
         }
         let out = c.args([BIN, "ctl", "--socket", arg(&socket), "list"]).env_remove("RUST_LOG").output().unwrap();
-        (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     };
     let (code, stdout, stderr) = nobody(false);
     assert_eq!((code, stdout.as_str()), (Some(1), ""), "{stderr}");
@@ -987,7 +1028,13 @@ fn requests_name_only_their_own_container() {
     let state_dir = fleet.state_dir();
     let (other_socket, other_pid) = (other.path().join("node.sock"), other.path().join("node.pid"));
     let (code, _, stderr) = common::devremapd(&[
-        "node", "--socket", arg(&other_socket), "--state-dir", arg(&state_dir), "--pid-file", arg(&other_pid),
+        "node",
+        "--socket",
+        arg(&other_socket),
+        "--state-dir",
+        arg(&state_dir),
+        "--pid-file",
+        arg(&other_pid),
     ]);
     assert_eq!(code, 1, "{stderr}");
     assert_eq!(
@@ -995,7 +1042,13 @@ fn requests_name_only_their_own_container() {
         format!("error: state dir {}: another node daemon serves it (its node.lock is held)", arg(&state_dir))
     );
     let (code, _, stderr) = common::devremapd(&[
-        "node", "--socket", arg(&socket), "--state-dir", arg(other.path()), "--pid-file", arg(&other_pid),
+        "node",
+        "--socket",
+        arg(&socket),
+        "--state-dir",
+        arg(other.path()),
+        "--pid-file",
+        arg(&other_pid),
     ]);
     assert_eq!(code, 1, "{stderr}");
     assert_eq!(stderr.trim_end(), format!("error: {}: a node daemon answers there already", arg(&socket)));
