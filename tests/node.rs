@@ -1,0 +1,1061 @@
+//! The node daemon (`devremapd node`, issue 31) with real FUSE, real runc and real signals:
+//! many containers on one daemon, each with its own `/dev`; reloads in which some containers'
+//! inputs are bad; crashes and upgrades of the servers, a keeper's death and the node daemon's
+//! under load; many create/delete cycles; the daemon started as a service and by the wrapper;
+//! and what a request may name.
+//!
+//! The fake host has six described GPUs, `nvidia0`..`nvidia5` (char devices 1:3, 1:5, 1:7, 1:8,
+//! 1:9, 1:11, see [`fake_rdev`]). Each container asks for devremap by annotation and for its own
+//! set of GPUs through the NVIDIA hook (`NVIDIA_VISIBLE_DEVICES`), so every container's `/dev`
+//! differs from its neighbours'. Containers run `sleep` on one shared busybox rootfs (read-only),
+//! each with its own `config.json`. A test looks at a container's `/dev` through its mountpoint
+//! `<state_dir>/<id>/dev` from the host, which is the tree the container sees (its `/dev` is a
+//! bind of it).
+
+mod common;
+
+use common::bundle::{Runtime, allow_char, need_containers, nvidia_hook, oci_config};
+use common::clients::{WRAPPER, busybox_rootfs};
+use common::daemon::{PATIENCE, has_exited, is_mounted, kill, wait_for, wait_for_or};
+use common::{BIN, FakeHost, arg, fake_rdev, write_file};
+use devremap::node::client::{ask, ask_passing};
+use devremap::node::protocol::{MountRequest, Request};
+use devremap::runtime::container_daemon::Container;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tempfile::TempDir;
+
+/// One test at a time: each runs many containers, and they share the machine's two cores.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// The host GPUs, `nvidia0`..`nvidia5`.
+const GPUS: u32 = 6;
+
+/// How long one request to the node daemon may take.
+const ASK: Duration = Duration::from_secs(60);
+
+/// A fake host, a shared busybox rootfs, the wrapper's config (runc, the host, a state dir of
+/// the test's own), and the containers started: each deleted on drop, then the node daemon
+/// stopped and whatever is left mounted under the test's directory detached, so a failing test
+/// leaves no container, daemon or mount behind.
+struct Fleet {
+    tmp: TempDir,
+    host: FakeHost,
+    config: PathBuf,
+    ids: Mutex<Vec<String>>,
+}
+
+impl Fleet {
+    fn new() -> Fleet {
+        Fleet::with_config(json!({}))
+    }
+
+    /// A fleet whose wrapper config also holds `extra`'s keys.
+    fn with_config(extra: Value) -> Fleet {
+        let host = FakeHost::with_described_gpus(&(0..GPUS).collect::<Vec<_>>());
+        let tmp = TempDir::new().unwrap();
+        busybox_rootfs(tmp.path());
+        fs::create_dir(tmp.path().join("bundles")).unwrap();
+        fs::create_dir(tmp.path().join("runc")).unwrap();
+        let mut config = json!({
+            "runtime": arg(&Runtime::Runc.binary().expect("runc on PATH")),
+            "host_dev": arg(&host.dev()),
+            "host_root": arg(&host.root()),
+            "state_dir": arg(&tmp.path().join("state")),
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            config[k] = v.clone();
+        }
+        let config = write_file(tmp.path(), "runtime.json", config.to_string());
+        Fleet { tmp, host, config, ids: Mutex::new(Vec::new()) }
+    }
+
+    fn state_dir(&self) -> PathBuf {
+        self.tmp.path().join("state")
+    }
+
+    /// The node daemon's socket: the config's `node_socket`, or `<state_dir>/node.sock`.
+    fn socket(&self) -> PathBuf {
+        let config: Value = serde_json::from_slice(&fs::read(&self.config).unwrap()).unwrap();
+        config["node_socket"].as_str().map(PathBuf::from).unwrap_or_else(|| self.state_dir().join("node.sock"))
+    }
+
+    fn dev(&self, id: &str) -> PathBuf {
+        self.state_dir().join(id).join("dev")
+    }
+
+    /// A spec running `sleep` on the shared rootfs, asking for devremap and for GPUs `visible`.
+    fn spec(&self, visible: &[u32]) -> Value {
+        let rules: Vec<Value> = (0..GPUS).map(fake_rdev).map(|(ma, mi)| allow_char(ma, mi)).collect();
+        let mut spec = oci_config("node", &rules);
+        spec["process"]["args"] = json!(["/bin/sleep", "1000000"]);
+        spec["root"]["path"] = json!(arg(&self.tmp.path().join("image-rootfs")));
+        spec["annotations"] = json!({"devremap.io/enable": "true"});
+        let list: Vec<String> = visible.iter().map(u32::to_string).collect();
+        nvidia_hook(&mut spec, self.tmp.path(), Some(&list.join(",")));
+        spec
+    }
+
+    /// `devremap-runtime --root <runc state> <args>`.
+    fn wrapper(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(WRAPPER);
+        c.env("DEVREMAP_RUNTIME_CONFIG", &self.config)
+            .env_remove("RUST_LOG")
+            .arg("--root")
+            .arg(self.tmp.path().join("runc"))
+            .args(args)
+            .stdin(Stdio::null());
+        c
+    }
+
+    /// Starts container `id` (`run --detach`) with GPUs `visible`, through the wrapper; fails
+    /// the test if it does not start.
+    fn start(&self, id: &str, visible: &[u32]) {
+        let bundle = self.tmp.path().join("bundles").join(id);
+        fs::create_dir_all(&bundle).unwrap();
+        fs::write(bundle.join("config.json"), self.spec(visible).to_string()).unwrap();
+        let mut ids = self.ids.lock().unwrap();
+        if !ids.iter().any(|i| i == id) {
+            ids.push(id.to_owned());
+        }
+        drop(ids);
+        // A file, not a pipe: the container's process keeps the runtime's stdio.
+        let stderr = bundle.join("stderr");
+        let status = self
+            .wrapper(&["run", "--detach", "--bundle", arg(&bundle), id])
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(&stderr).unwrap())
+            .status()
+            .expect("the wrapper runs");
+        assert!(
+            status.success(),
+            "run {id}: {}\n--- node log ---\n{}\n--- keeper log ---\n{}",
+            fs::read_to_string(&stderr).unwrap_or_default(),
+            self.node_log(),
+            self.keeper_log(id)
+        );
+    }
+
+    /// Starts containers `<prefix>-<test pid>-<i>` for `i` in `0..n`, container `i` with GPUs
+    /// [`gpus_of`]`(i)`; returns their ids.
+    fn start_many(&self, prefix: &str, n: usize) -> Vec<String> {
+        let tag = std::process::id();
+        let ids: Vec<String> = (0..n).map(|i| format!("{prefix}-{tag}-{i}")).collect();
+        for (i, id) in ids.iter().enumerate() {
+            self.start(id, &gpus_of(i));
+        }
+        ids
+    }
+
+    /// Sets one key of the wrapper's config.
+    fn set_config(&self, key: &str, value: Value) {
+        let mut config: Value = serde_json::from_slice(&fs::read(&self.config).unwrap()).unwrap();
+        config[key] = value;
+        fs::write(&self.config, config.to_string()).unwrap();
+    }
+
+    /// `delete --force` through the wrapper.
+    fn delete(&self, id: &str) {
+        let out = self.wrapper(&["delete", "--force", id]).output().unwrap();
+        assert!(out.status.success(), "delete {id}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    fn node_log(&self) -> String {
+        fs::read_to_string(self.state_dir().join("node.log")).unwrap_or_default()
+    }
+
+    fn keeper_log(&self, id: &str) -> String {
+        fs::read_to_string(self.state_dir().join(id).join("devremapd.log")).unwrap_or_default()
+    }
+
+    /// `devremapd ctl --socket <socket> <args>`: (exit status, stdout, stderr).
+    fn ctl(&self, args: &[&str]) -> (i32, String, String) {
+        let socket = self.socket();
+        let mut all = vec!["ctl", "--socket", arg(&socket)];
+        all.extend_from_slice(args);
+        common::devremapd(&all)
+    }
+
+    /// `ctl list`, by id; fails the test when it fails.
+    fn list(&self) -> BTreeMap<String, Value> {
+        let (code, stdout, stderr) = self.ctl(&["list"]);
+        assert_eq!(code, 0, "ctl list: {stderr}");
+        entries(&stdout)
+    }
+
+    /// The node daemon's pid, from its pid file.
+    fn node_pid(&self) -> u32 {
+        let text = fs::read_to_string(self.state_dir().join("node.pid")).expect("the node daemon's pid file");
+        text.trim().parse().expect("a pid")
+    }
+
+    /// The `devremapd node` processes serving this fleet's state dir.
+    fn node_processes(&self) -> Vec<u32> {
+        let state = arg(&self.state_dir()).to_owned();
+        processes(|args| args.get(1).map(String::as_str) == Some("node") && args.iter().any(|a| a.contains(&state)))
+    }
+
+    /// Every `devremapd` process under the test's directory but the node daemon: the keepers
+    /// and servers.
+    fn keepers_and_servers(&self) -> Vec<u32> {
+        let dir = arg(self.tmp.path()).to_owned();
+        processes(|args| {
+            args.first().is_some_and(|a| a.ends_with("devremapd"))
+                && args.get(1).map(String::as_str) != Some("node")
+                && args.iter().any(|a| a.contains(&dir))
+        })
+    }
+
+    /// The container directories in the state dir.
+    fn container_dirs(&self) -> Vec<String> {
+        let Ok(entries) = fs::read_dir(self.state_dir()) else { return vec![] };
+        let mut ids: Vec<String> = entries
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    /// The mounts under the test's directory.
+    fn mounts(&self) -> Vec<String> {
+        let dir = arg(self.tmp.path()).to_owned();
+        fs::read_to_string("/proc/self/mountinfo")
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.split(' ').nth(4).is_some_and(|m| m.starts_with(&dir)))
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        let ids = std::mem::take(&mut *self.ids.lock().unwrap_or_else(|e| e.into_inner()));
+        for id in &ids {
+            let _ = self.wrapper(&["delete", "--force", id]).stdout(Stdio::null()).stderr(Stdio::null()).status();
+        }
+        // Each keeper ends with its container (the node daemon, if one still runs, then removes
+        // its directory; the temporary directory goes anyway).
+        let deadline = Instant::now() + PATIENCE;
+        while !self.keepers_and_servers().is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        common::daemon::stop_node(&self.state_dir());
+        for pid in self.keepers_and_servers() {
+            // SAFETY: kill(2) of a devremapd this test's containers started.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+        for line in self.mounts() {
+            if let Some(m) = line.split(' ').nth(4) {
+                common::daemon::unmount(Path::new(m));
+            }
+        }
+    }
+}
+
+/// The processes whose command line (split at NULs) `matches`.
+fn processes(matches: impl Fn(&[String]) -> bool) -> Vec<u32> {
+    let mut found = Vec::new();
+    for proc in fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = proc.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(cmdline) = fs::read(proc.path().join("cmdline")) else { continue };
+        let args: Vec<String> = cmdline
+            .split(|&b| b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        if !args.is_empty() && matches(&args) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// `ctl list`'s or `ctl reload`'s lines, by id.
+fn entries(stdout: &str) -> BTreeMap<String, Value> {
+    stdout
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"));
+            (v["id"].as_str().expect("an id").to_owned(), v)
+        })
+        .collect()
+}
+
+/// Every node under `dev`, recursively, one line each: path, type, mode, owner, device
+/// number or link target. What a container's `/dev` is, to compare byte for byte.
+fn listing(dev: &Path) -> Vec<String> {
+    fn walk(dir: &Path, rel: &str, out: &mut Vec<String>) {
+        let mut entries: Vec<fs::DirEntry> =
+            fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())).flatten().collect();
+        entries.sort_by_key(|e| e.file_name());
+        for e in entries {
+            let name = format!("{rel}{}", e.file_name().to_string_lossy());
+            let m = fs::symlink_metadata(e.path()).unwrap_or_else(|err| panic!("{name}: {err}"));
+            let t = m.file_type();
+            let what = if t.is_char_device() || t.is_block_device() {
+                format!("{}:{}", libc::major(m.rdev()), libc::minor(m.rdev()))
+            } else if t.is_symlink() {
+                format!("-> {}", fs::read_link(e.path()).unwrap().display())
+            } else {
+                String::new()
+            };
+            out.push(format!("{name} {:o} {}:{} {what}", m.mode(), m.uid(), m.gid()));
+            if t.is_dir() {
+                walk(&e.path(), &format!("{name}/"), out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dev, "", &mut out);
+    out
+}
+
+/// The `(major, minor)` of `path` (not followed).
+fn rdev_of(path: &Path) -> Option<(u32, u32)> {
+    let m = fs::symlink_metadata(path).ok()?;
+    m.file_type().is_char_device().then(|| (libc::major(m.rdev()), libc::minor(m.rdev())))
+}
+
+/// The GPUs container `i` of a fleet asks for: a different non-empty subset of the six for
+/// each of the first 63.
+fn gpus_of(i: usize) -> Vec<u32> {
+    let bits = i % 63 + 1;
+    (0..GPUS).filter(|g| bits & (1 << g) != 0).collect()
+}
+
+/// Checks that `dev` holds exactly GPUs `visible`, each `nvidiaN` the host's GPU N.
+fn assert_gpus(dev: &Path, visible: &[u32], what: &str) {
+    for g in 0..GPUS {
+        let rdev = rdev_of(&dev.join(format!("nvidia{g}")));
+        let want = visible.contains(&g).then(|| fake_rdev(g));
+        assert_eq!(rdev, want, "{what}: nvidia{g} in {} (asked for {visible:?}): {:?}", dev.display(), listing(dev));
+    }
+}
+
+/// A process's open descriptors, threads and resident memory (KiB).
+fn usage(pid: u32) -> (usize, u64, u64) {
+    let fds = fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0);
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    (fds, field("Threads:"), field("VmRSS:"))
+}
+
+/// Rule (issue 31): many containers on one node daemon, each with its own GPUs: every `/dev`
+/// holds exactly its container's GPUs; one `devremapd node` process serves them all, and `ctl
+/// list` names each. Then some containers' inputs go bad (their `bundle/config.json`, which
+/// their keeper reads at every reload, is no longer JSON), and every container is reloaded,
+/// by `ctl reload` (exit status 1, naming the bad ones) and by SIGHUP to the node daemon: each
+/// bad one keeps its tree and says why in `last_error` (`ctl list` and `ctl status`), and the
+/// others' listings and device numbers are byte for byte what they were, with no error.
+///
+/// The issue's 50 containers, started one after another through the wrapper with runc: about
+/// 5 s here (2 cores), the whole test about 11 s.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs containers"]
+fn many_containers_on_one_node_daemon_and_bad_reloads_touch_no_other() {
+    /// Containers started.
+    const MANY: usize = 50;
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let fleet = Fleet::new();
+    let started = Instant::now();
+    let ids = fleet.start_many("many", MANY);
+    eprintln!("{MANY} containers started in {:.1} s", started.elapsed().as_secs_f64());
+
+    let before: Vec<Vec<String>> = ids.iter().map(|id| listing(&fleet.dev(id))).collect();
+    for (i, id) in ids.iter().enumerate() {
+        assert!(is_mounted(&fleet.dev(id)), "{id}: no mount");
+        assert_gpus(&fleet.dev(id), &gpus_of(i), id);
+    }
+    assert_eq!(fleet.node_processes(), vec![fleet.node_pid()], "one node daemon serves the state dir");
+    let listed = fleet.list();
+    assert_eq!(listed.keys().cloned().collect::<Vec<_>>(), {
+        let mut sorted = ids.clone();
+        sorted.sort();
+        sorted
+    });
+    for (id, entry) in &listed {
+        assert_eq!(entry["mountpoint"], json!(arg(&fleet.dev(id))), "{entry}");
+        assert_eq!(entry["state_file"], json!(arg(&fleet.state_dir().join(id).join("state.json"))), "{entry}");
+        assert!(entry["last_error"].is_null(), "{entry}");
+    }
+
+    // Every fifth container's inputs go bad.
+    let bad: Vec<usize> = (0..MANY).step_by(5).collect();
+    for &i in &bad {
+        fs::write(fleet.state_dir().join(&ids[i]).join("bundle/config.json"), "{ not json").unwrap();
+    }
+    let check = |how: &str, entries: &BTreeMap<String, Value>| {
+        for (i, id) in ids.iter().enumerate() {
+            let entry = entries.get(id).unwrap_or_else(|| panic!("{how}: {id} is not listed"));
+            if bad.contains(&i) {
+                let why =
+                    entry["last_error"].as_str().unwrap_or_else(|| panic!("{how}: {id} took a bad spec: {entry}"));
+                assert!(why.contains("bundle/config.json"), "{how}: {id}: last_error names no file: {why}");
+            } else {
+                assert!(entry["last_error"].is_null(), "{how}: {id}: {entry}");
+            }
+            assert_eq!(listing(&fleet.dev(id)), before[i], "{how}: {id}'s /dev changed");
+        }
+    };
+    let (code, stdout, stderr) = fleet.ctl(&["reload"]);
+    assert_eq!(code, 1, "ctl reload with bad inputs: {stderr}");
+    for &i in &bad {
+        assert!(stderr.contains(&format!("container {}: ", ids[i])), "ctl reload names no {}: {stderr}", ids[i]);
+    }
+    let reloaded = entries(&stdout);
+    assert_eq!(reloaded.len(), MANY, "{stdout}");
+    check("ctl reload", &reloaded);
+    let reloads =
+        |id: &str| common::daemon::wait_for(&format!("{id}'s state"), || read_state(&fleet, id)["reloads"].as_u64());
+    let counts: Vec<u64> = ids.iter().map(|id| reloads(id)).collect();
+
+    kill(fleet.node_pid(), libc::SIGHUP);
+    for (id, count) in ids.iter().zip(&counts) {
+        wait_for_or(
+            &format!("{id} to reload after SIGHUP"),
+            || fleet.keeper_log(id),
+            || (reloads(id) > *count).then_some(()),
+        );
+    }
+    check("SIGHUP", &fleet.list());
+    let (code, stdout, stderr) = fleet.ctl(&["status", &ids[bad[0]]]);
+    assert_eq!(code, 0, "{stderr}");
+    let status: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert!(status["last_error"].is_string() && status["state"]["last_error"] == status["last_error"], "{status}");
+    assert_eq!(fleet.node_processes(), vec![fleet.node_pid()], "still one node daemon");
+}
+
+/// A container's keeper's state file, `Null` while it cannot be read.
+fn read_state(fleet: &Fleet, id: &str) -> Value {
+    fs::read(fleet.state_dir().join(id).join("state.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or(Value::Null)
+}
+
+/// What a prober counts.
+#[derive(Default)]
+struct Tally {
+    ops: AtomicU64,
+    failures: Mutex<Vec<String>>,
+}
+
+/// A thread that stats (uncached: `AT_STATX_FORCE_SYNC` asks the server each time), opens and
+/// lists a container's `/dev` in a loop, and `fstat`s a node it holds open throughout, until
+/// stopped: every operation that fails is recorded.
+struct Prober {
+    stop: Arc<AtomicBool>,
+    tally: Arc<Tally>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Prober {
+    fn start(dev: PathBuf, gpus: Vec<u32>) -> Prober {
+        let stop = Arc::new(AtomicBool::new(false));
+        let tally = Arc::new(Tally::default());
+        let (s, t) = (stop.clone(), tally.clone());
+        let thread = std::thread::spawn(move || {
+            let fail = |what: String| t.failures.lock().unwrap().push(what);
+            let paths: Vec<PathBuf> = gpus.iter().map(|g| dev.join(format!("nvidia{g}"))).collect();
+            let open = |p: &Path| fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(p);
+            use std::os::unix::fs::OpenOptionsExt;
+            let held = open(&paths[0]).unwrap_or_else(|e| panic!("{}: {e}", paths[0].display()));
+            let want = fs::metadata(&paths[0]).unwrap().rdev();
+            while !s.load(Ordering::SeqCst) {
+                for p in &paths {
+                    match statx_sync(p) {
+                        Ok(_) => {}
+                        Err(e) => fail(format!("statx {}: {e}", p.display())),
+                    }
+                    if let Err(e) = open(p) {
+                        fail(format!("open {}: {e}", p.display()));
+                    }
+                }
+                match fs::read_dir(&dev).map(|d| d.flatten().count()) {
+                    Ok(n) if n >= gpus.len() => {}
+                    Ok(n) => fail(format!("readdir {}: {n} entries", dev.display())),
+                    Err(e) => fail(format!("readdir {}: {e}", dev.display())),
+                }
+                match held.metadata() {
+                    Ok(m) if m.rdev() == want => {}
+                    Ok(m) => fail(format!("fstat of the held {}: rdev {:x}", paths[0].display(), m.rdev())),
+                    Err(e) => fail(format!("fstat of the held {}: {e}", paths[0].display())),
+                }
+                t.ops.fetch_add(2 * paths.len() as u64 + 2, Ordering::SeqCst);
+            }
+        });
+        Prober { stop, tally, thread: Some(thread) }
+    }
+
+    fn ops(&self) -> u64 {
+        self.tally.ops.load(Ordering::SeqCst)
+    }
+
+    fn failures(&self) -> Vec<String> {
+        self.tally.failures.lock().unwrap().clone()
+    }
+
+    /// Waits until the prober has made `more` operations after now: it goes on.
+    fn wait_more(&self, more: u64, what: &str) {
+        let from = self.ops();
+        wait_for(&format!("{what}: the prober to go on"), || (self.ops() >= from + more).then_some(()));
+    }
+
+    fn finish(mut self) -> (u64, Vec<String>) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            t.join().expect("the prober ends");
+        }
+        (self.ops(), self.failures())
+    }
+}
+
+impl Drop for Prober {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// `statx(path, AT_STATX_FORCE_SYNC)`: FUSE asks its server for the attributes, whatever it
+/// has cached.
+fn statx_sync(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    let mut buf: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid path and a buffer of the right type.
+    let rc = unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW | libc::AT_STATX_FORCE_SYNC,
+            libc::STATX_BASIC_STATS,
+            &mut buf,
+        )
+    };
+    if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+}
+
+/// The server serving container `id` now (its state file's `server_pid`).
+fn server_of(fleet: &Fleet, id: &str) -> u32 {
+    wait_for(&format!("{id}'s server"), || read_state(fleet, id)["server_pid"].as_u64()) as u32
+}
+
+/// Waits until container `id` is served by a server other than `old`.
+fn wait_new_server(fleet: &Fleet, id: &str, old: u32, what: &str) -> u32 {
+    wait_for_or(
+        &format!("{what}: a new server for {id}"),
+        || fleet.keeper_log(id),
+        || read_state(fleet, id)["server_pid"].as_u64().map(|p| p as u32).filter(|&p| p != old),
+    )
+}
+
+/// Rule (issue 31): crashes and upgrades are invisible to every container at once. While ten
+/// containers' `/dev` are statted (uncached), opened, listed and a held node `fstat`ed in
+/// loops: each container's server SIGKILLed, then SIGUSR2 to the node daemon (every server
+/// upgraded): not one operation fails. A keeper SIGKILLed: its container's `/dev` answers
+/// ENOTCONN within seconds, never hangs, and the others go on failing nothing. The node daemon
+/// SIGKILLed: every `/dev` keeps answering; a new container still starts (the wrapper starts a
+/// new node daemon, which adopts the running containers: `ctl list` names them all).
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs containers"]
+fn crashes_and_upgrades_under_load_fail_no_operation() {
+    const CONTAINERS: usize = 10;
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let fleet = Fleet::new();
+    let ids = fleet.start_many("load", CONTAINERS);
+    let probers: Vec<Prober> = ids.iter().enumerate().map(|(i, id)| Prober::start(fleet.dev(id), gpus_of(i))).collect();
+    for p in &probers {
+        p.wait_more(100, "at the start");
+    }
+
+    // Every server killed, one container after another.
+    for id in &ids {
+        let old = server_of(&fleet, id);
+        kill(old, libc::SIGKILL);
+        wait_new_server(&fleet, id, old, "server SIGKILL");
+    }
+    for p in &probers {
+        p.wait_more(100, "after the servers' SIGKILL");
+    }
+    // Every server upgraded at once.
+    let olds: Vec<u32> = ids.iter().map(|id| server_of(&fleet, id)).collect();
+    kill(fleet.node_pid(), libc::SIGUSR2);
+    for (id, old) in ids.iter().zip(olds) {
+        wait_new_server(&fleet, id, old, "SIGUSR2 to the node daemon");
+    }
+    for p in &probers {
+        p.wait_more(100, "after the upgrade");
+    }
+    let mut probers = probers.into_iter();
+    let (ops, failures) = probers.next().unwrap().finish();
+    assert!(failures.is_empty(), "{}: {} of {ops} operations failed: {:?}", ids[0], failures.len(), failures);
+    let probers: Vec<Prober> = probers.collect();
+
+    // The first container's keeper killed: its /dev answers ENOTCONN, in a thread of its own
+    // so that a hang fails the test instead of holding it.
+    let keeper = fleet.list()[&ids[0]]["pid"].as_u64().unwrap() as u32;
+    kill(keeper, libc::SIGKILL);
+    let dead = fleet.dev(&ids[0]).join("nvidia0");
+    let asked = Instant::now();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(loop {
+            match statx_sync(&dead) {
+                // A request in flight as the connection goes is aborted; the ones after it
+                // find no connection.
+                Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED) => {}
+                Err(e) => break e,
+                // The keeper may not have died yet.
+                Ok(()) => std::thread::sleep(Duration::from_millis(1)),
+            }
+        });
+    });
+    let e = rx.recv_timeout(PATIENCE).expect("the dead /dev hangs");
+    eprintln!("a dead keeper's /dev answered {e} after {:?}", asked.elapsed());
+    assert_eq!(e.raw_os_error(), Some(libc::ENOTCONN), "{e}");
+    for p in &probers {
+        p.wait_more(100, "after a keeper's SIGKILL");
+    }
+
+    // The node daemon killed: the containers' /dev answer on.
+    let node = fleet.node_pid();
+    kill(node, libc::SIGKILL);
+    wait_for("the node daemon to die", || has_exited(node).then_some(()));
+    for p in &probers {
+        p.wait_more(100, "after the node daemon's SIGKILL");
+    }
+    let new = format!("load-{}-new", std::process::id());
+    fleet.start(&new, &[2]);
+    assert_gpus(&fleet.dev(&new), &[2], &new);
+    assert_ne!(fleet.node_pid(), node);
+    assert_eq!(fleet.node_processes(), vec![fleet.node_pid()], "one node daemon serves the state dir");
+    let mut want: Vec<String> = ids[1..].iter().cloned().chain([new]).collect();
+    want.sort();
+    assert_eq!(fleet.list().keys().cloned().collect::<Vec<_>>(), want, "the new node daemon adopted the running ones");
+    for p in &probers {
+        p.wait_more(100, "under the new node daemon");
+    }
+    for (id, p) in ids[1..].iter().zip(probers) {
+        let (ops, failures) = p.finish();
+        assert!(failures.is_empty(), "{id}: {} of {ops} operations failed: {:?}", failures.len(), failures);
+    }
+}
+
+/// A `devremapd node` the test started itself, as a service manager would: stopped (SIGTERM,
+/// waited for) on drop.
+struct Service {
+    child: Child,
+}
+
+impl Service {
+    /// `devremapd node --socket <fleet's socket> --state-dir <fleet's> --pid-file <pid_file>
+    /// <extra>`, waited for until its socket answers (`hello`).
+    fn start(fleet: &Fleet, pid_file: &Path, extra: &[&str]) -> Service {
+        let socket = fleet.socket();
+        let log = fs::File::create(fleet.tmp.path().join("service.log")).unwrap();
+        let child = Command::new(BIN)
+            .args([
+                "node",
+                "--socket",
+                arg(&socket),
+                "--state-dir",
+                arg(&fleet.state_dir()),
+                "--pid-file",
+                arg(pid_file),
+            ])
+            .args(extra)
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("devremapd node starts");
+        let mut service = Service { child };
+        wait_for_or(
+            "the node daemon to answer",
+            || fs::read_to_string(fleet.tmp.path().join("service.log")).unwrap_or_default(),
+            || {
+                if let Ok(Some(status)) = service.child.try_wait() {
+                    panic!("devremapd node exited with {status}");
+                }
+                ask(&socket, &Request::Hello, ASK).ok()
+            },
+        );
+        service
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            // SAFETY: kill(2) of our child.
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + PATIENCE;
+            while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A stand-in for a container's init: a `sleep` whose exit ends the container, killed on drop.
+struct Init(Child);
+
+impl Init {
+    fn start() -> Init {
+        Init(Command::new("sleep").arg("1000000").stdin(Stdio::null()).spawn().expect("sleep starts"))
+    }
+
+    fn end(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Init {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
+/// Asks the node daemon to mount container `id` as the wrapper does, without a runtime: the
+/// container's directory made and locked (the lock handed over with the request), its spec
+/// (GPUs `visible`), and `init` as both the container's init (its pid in the pid file) and
+/// the process that starts it. Returns once the mount answers.
+fn mount_direct(fleet: &Fleet, id: &str, visible: &[u32], init: &Init) -> Result<Value, String> {
+    let container = Container::new(&fleet.state_dir(), id);
+    let claiming = container.lock_state_dir().map_err(|e| e.to_string())?;
+    let mine = container.prepare(None).map_err(|e| e.to_string())?;
+    drop(claiming);
+    let spec = container.write_bundle(&fleet.spec(visible).to_string()).map_err(|e| e.to_string())?;
+    container.mark_node().map_err(|e| e.to_string())?;
+    let pid_file = container.default_container_pid_file();
+    fs::write(&pid_file, init.0.id().to_string()).unwrap();
+    let request = Request::Mount(MountRequest {
+        id: id.to_owned(),
+        state_dir: fleet.state_dir(),
+        spec,
+        host_dev: Some(fleet.host.dev()),
+        host_root: fleet.host.root(),
+        metadata: None,
+        extra: vec![],
+        container_pid_file: pid_file,
+        owner_pid: init.0.id(),
+    });
+    ask_passing(&fleet.socket(), &request, Some(mine.as_fd()), ASK).map_err(|e| e.to_string())
+}
+
+/// Rule (issue 31): many create/delete cycles leave nothing behind: no mount, no state dir
+/// entry, no keeper or server, and the node daemon's descriptors, threads and resident memory
+/// back where they were (memory within a small bound). Half the cycles end by `unmount` (as
+/// a front end's delete), half by the container's init exiting (the keeper sees it, the node
+/// daemon tears the directory down); every cycle reuses one id right after the last one went
+/// (`podman restart`). Then cycles of real runc containers through the wrapper on the same
+/// daemon, every other one creating the id again as soon as `delete` returned.
+///
+/// The issue's 1,000 cycles go through the node protocol without a runtime (16 to 38 s here, 2
+/// busy cores); with runc and the wrapper a cycle takes about 0.2 s, so [`RUNC_CYCLES`] of
+/// those.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs containers"]
+fn many_create_delete_cycles_leave_nothing() {
+    const CYCLES: usize = 1000;
+    const WARM_UP: usize = 20;
+    const RUNC_CYCLES: usize = 50;
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let fleet = Fleet::new();
+    let service = Service::start(&fleet, &fleet.state_dir().join("node.pid"), &[]);
+    let node = service.pid();
+    let id = format!("cycle-{}", std::process::id());
+    let dir = fleet.state_dir().join(&id);
+    let settled = |base: (usize, u64, u64)| {
+        wait_for_or(
+            "the node daemon's descriptors and threads to settle",
+            || format!("{:?}, at the start {base:?}", usage(node)),
+            || {
+                let now = usage(node);
+                (now.0 <= base.0 && now.1 <= base.1).then_some(now)
+            },
+        )
+    };
+    let mut base = (usize::MAX, u64::MAX, 0);
+    let started = Instant::now();
+    for i in 0..CYCLES {
+        if i == WARM_UP {
+            base = settled(usage(node));
+        }
+        let mut init = Init::start();
+        let gpus = gpus_of(i);
+        if let Err(e) = mount_direct(&fleet, &id, &gpus, &init) {
+            panic!("cycle {i}: mount: {e}\n--- keeper log ---\n{}", fleet.keeper_log(&id));
+        }
+        assert_eq!(rdev_of(&dir.join("dev").join(format!("nvidia{}", gpus[0]))), Some(fake_rdev(gpus[0])), "cycle {i}");
+        if i % 2 == 0 {
+            ask(&fleet.socket(), &Request::Unmount { id: id.clone() }, ASK)
+                .unwrap_or_else(|e| panic!("cycle {i}: unmount: {e}"));
+            assert!(!dir.exists(), "cycle {i}: unmount left {}", dir.display());
+            init.end();
+        } else {
+            init.end();
+            wait_for_or(
+                &format!("cycle {i}: the directory to go"),
+                || fleet.keeper_log(&id),
+                || (!dir.exists()).then_some(()),
+            );
+        }
+    }
+    eprintln!("{CYCLES} cycles through the protocol in {:.1} s", started.elapsed().as_secs_f64());
+    let after = settled(base);
+    eprintln!("node daemon (fds, threads, RSS KiB): after {WARM_UP} cycles {base:?}, after {CYCLES} {after:?}");
+    assert!(after.2 <= base.2 + 1024, "the node daemon's RSS grew from {} to {} KiB", base.2, after.2);
+    let nothing = |what: &str| {
+        wait_for_or(
+            &format!("nothing left after {what}"),
+            || format!("{:?} {:?} {:?}", fleet.container_dirs(), fleet.mounts(), fleet.keepers_and_servers()),
+            || {
+                (fleet.container_dirs().is_empty()
+                    && fleet.mounts().is_empty()
+                    && fleet.keepers_and_servers().is_empty())
+                .then_some(())
+            },
+        );
+        assert!(fleet.list().is_empty(), "{what}: the node daemon still lists containers");
+    };
+    nothing("the protocol's cycles");
+
+    let started = Instant::now();
+    for i in 0..RUNC_CYCLES {
+        fleet.start(&id, &gpus_of(i));
+        assert_gpus(&fleet.dev(&id), &gpus_of(i), &format!("runc cycle {i}"));
+        fleet.delete(&id);
+        // Every other cycle the id is created again at once (`podman restart`).
+        if i % 2 == 0 {
+            wait_for_or(
+                &format!("runc cycle {i}: the directory to go"),
+                || fleet.keeper_log(&id),
+                || (!dir.exists()).then_some(()),
+            );
+        }
+    }
+    wait_for_or("the last runc cycle's directory to go", || fleet.keeper_log(&id), || (!dir.exists()).then_some(()));
+    eprintln!("{RUNC_CYCLES} runc cycles in {:.1} s", started.elapsed().as_secs_f64());
+    nothing("the runc cycles");
+    let end = settled(base);
+    assert!(end.2 <= base.2 + 1024, "the node daemon's RSS grew from {} to {} KiB", base.2, end.2);
+    assert_eq!(fleet.node_processes(), vec![node], "the service served every cycle");
+}
+
+/// The parent of process `pid`.
+fn parent_of(pid: u32) -> u32 {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rsplit_once(") ").and_then(|(_, r)| r.split_whitespace().nth(1)).and_then(|p| p.parse().ok()).unwrap_or(0)
+}
+
+/// The command line of process `pid`, its arguments joined by spaces.
+fn cmdline_of(pid: u32) -> String {
+    String::from_utf8_lossy(&fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default()).replace('\0', " ")
+}
+
+/// Rule (issue 31): both ways the node daemon runs. Started as a service (`devremapd node
+/// --socket S --state-dir D --pid-file P`, the config's `node_socket` naming S): a container
+/// runs through it (its keeper is the service's child) and the wrapper starts no daemon of its
+/// own; with `--idle-exit`, the service exits once nothing runs, removing its socket and pid
+/// file. With nothing answering at the socket, the wrapper starts one itself, detached (not the
+/// wrapper's child, `--idle-exit 60`), and a container runs through it.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs containers"]
+fn the_node_daemon_as_a_service_and_started_by_the_wrapper() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let fleet = Fleet::new();
+    let service_dir = common::daemon::private_dir();
+    let socket = service_dir.path().join("node.sock");
+    let pid_file = service_dir.path().join("node.pid");
+    fleet.set_config("node_socket", json!(arg(&socket)));
+    let tag = std::process::id();
+
+    let mut service = Service::start(&fleet, &pid_file, &["--idle-exit", "3"]);
+    let id = format!("service-{tag}");
+    fleet.start(&id, &[1, 4]);
+    assert_gpus(&fleet.dev(&id), &[1, 4], &id);
+    let keeper = fleet.list()[&id]["pid"].as_u64().unwrap() as u32;
+    assert_eq!(parent_of(keeper), service.pid(), "the service started the keeper");
+    assert_eq!(fleet.node_processes(), vec![service.pid()], "the wrapper started no node daemon of its own");
+    assert!(!fleet.state_dir().join("node.pid").exists());
+    fleet.delete(&id);
+    let dir = fleet.state_dir().join(&id);
+    wait_for_or("the container's directory to go", || fleet.keeper_log(&id), || (!dir.exists()).then_some(()));
+    let status = wait_for("the idle service to exit", || service.child.try_wait().unwrap());
+    assert!(status.success(), "the idle service exited with {status}");
+    assert!(!socket.exists() && !pid_file.exists(), "the service left its socket or pid file");
+
+    let id = format!("wrapped-{tag}");
+    fleet.start(&id, &[3]);
+    assert_gpus(&fleet.dev(&id), &[3], &id);
+    let node = fleet.node_pid();
+    assert_eq!(fleet.node_processes(), vec![node], "one node daemon");
+    assert_ne!(parent_of(node), std::process::id(), "the wrapper's daemon is detached");
+    let cmdline = cmdline_of(node);
+    assert!(
+        cmdline.contains(&format!("--socket {} ", arg(&socket))) && cmdline.contains("--idle-exit 60"),
+        "{cmdline}"
+    );
+    assert_eq!(parent_of(fleet.list()[&id]["pid"].as_u64().unwrap() as u32), node);
+    fleet.delete(&id);
+    wait_for_or(
+        "the container's directory to go",
+        || fleet.node_log(),
+        || (!fleet.state_dir().join(&id).exists()).then_some(()),
+    );
+}
+
+/// Rule (issue 31): a request names only its own container. An id that is not one (`../x`,
+/// empty, a path) is refused by `ctl` and by the protocol; an id no container has is "no such
+/// container"; a mount of a served id, or naming another state dir, is refused and leaves the
+/// served container as it was. A peer that is not root is refused: by the socket's mode, and
+/// by the daemon itself when it reaches the socket anyway (`CAP_DAC_OVERRIDE` as `nobody`). A
+/// second `devremapd node` on the same state dir, or on a socket where one answers, exits 1
+/// with one clear line.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs containers"]
+fn requests_name_only_their_own_container() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let fleet = Fleet::new();
+    let _service = Service::start(&fleet, &fleet.state_dir().join("node.pid"), &[]);
+    let id = format!("own-{}", std::process::id());
+    fleet.start(&id, &[0, 5]);
+    let before = listing(&fleet.dev(&id));
+    let keeper = fleet.list()[&id]["pid"].as_u64().unwrap();
+    let socket = fleet.socket();
+
+    // A mount request as the wrapper would send for the served container.
+    let init = Init::start();
+    let mut request = MountRequest {
+        id: id.clone(),
+        state_dir: fleet.state_dir(),
+        spec: fleet.state_dir().join(&id).join("bundle/config.json"),
+        host_dev: Some(fleet.host.dev()),
+        host_root: fleet.host.root(),
+        metadata: None,
+        extra: vec![],
+        container_pid_file: fleet.state_dir().join(&id).join("container.pid"),
+        owner_pid: init.0.id(),
+    };
+    let escape = format!("../state/{id}");
+    for bad in ["../x", "", "a/b", "..", escape.as_str()] {
+        for args in [vec!["status", bad], vec!["reload", bad]] {
+            let (code, stdout, stderr) = fleet.ctl(&args);
+            assert_eq!((code, stdout.as_str()), (1, ""), "ctl {args:?}: {stderr}");
+            assert_eq!(
+                stderr,
+                format!("error: container id {bad:?}: only letters, digits and _+-. are allowed\n"),
+                "ctl {args:?}"
+            );
+        }
+        let why = |r: Request| ask(&socket, &r, ASK).map(|_| ()).unwrap_err().to_string();
+        let unmount = why(Request::Unmount { id: bad.to_owned() });
+        let mount = why(Request::Mount(MountRequest { id: bad.to_owned(), ..request.clone() }));
+        for e in [unmount, mount] {
+            assert_eq!(e, format!("container id {bad:?}: only letters, digits and _+-. are allowed"));
+        }
+    }
+    let (code, _, stderr) = fleet.ctl(&["status", "nosuch"]);
+    assert_eq!(code, 1);
+    assert!(stderr.contains("no such container: nosuch"), "{stderr}");
+
+    // A served id: its directory is taken by the running container.
+    let e = ask(&socket, &Request::Mount(request.clone()), ASK).unwrap_err().to_string();
+    assert!(e.contains(&format!("container {id}: served already")), "{e}");
+    let elsewhere = TempDir::new().unwrap();
+    request.state_dir = elsewhere.path().to_owned();
+    let e = ask(&socket, &Request::Mount(request), ASK).unwrap_err().to_string();
+    assert!(e.contains("this node daemon serves"), "{e}");
+
+    // Not root: the socket's mode stops it; with CAP_DAC_OVERRIDE it reaches the socket, and
+    // the daemon refuses it.
+    let nobody = |caps: bool| {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups"]);
+        if caps {
+            c.args(["--inh-caps=+dac_override", "--ambient-caps=+dac_override"]);
+        }
+        let out = c.args([BIN, "ctl", "--socket", arg(&socket), "list"]).env_remove("RUST_LOG").output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, stdout, stderr) = nobody(false);
+    assert_eq!((code, stdout.as_str()), (Some(1), ""), "{stderr}");
+    assert!(stderr.contains(arg(&socket)) && stderr.contains("ermission denied"), "{stderr}");
+    let (code, stdout, stderr) = nobody(true);
+    assert_eq!((code, stdout.as_str()), (Some(1), ""), "{stderr}");
+    assert!(stderr.contains("only root may ask the node daemon"), "{stderr}");
+
+    // A second daemon on the same state dir, and one on the socket where one answers.
+    let other = common::daemon::private_dir();
+    let state_dir = fleet.state_dir();
+    let (other_socket, other_pid) = (other.path().join("node.sock"), other.path().join("node.pid"));
+    let (code, _, stderr) = common::devremapd(&[
+        "node",
+        "--socket",
+        arg(&other_socket),
+        "--state-dir",
+        arg(&state_dir),
+        "--pid-file",
+        arg(&other_pid),
+    ]);
+    assert_eq!(code, 1, "{stderr}");
+    assert_eq!(
+        stderr.trim_end(),
+        format!("error: state dir {}: another node daemon serves it (its node.lock is held)", arg(&state_dir))
+    );
+    let (code, _, stderr) = common::devremapd(&[
+        "node",
+        "--socket",
+        arg(&socket),
+        "--state-dir",
+        arg(other.path()),
+        "--pid-file",
+        arg(&other_pid),
+    ]);
+    assert_eq!(code, 1, "{stderr}");
+    assert_eq!(stderr.trim_end(), format!("error: {}: a node daemon answers there already", arg(&socket)));
+    assert!(!other_socket.exists() && !other_pid.exists());
+
+    let listed = fleet.list();
+    assert_eq!(listed.keys().collect::<Vec<_>>(), vec![&id]);
+    assert_eq!(listed[&id]["pid"], keeper, "the served container's keeper is the same");
+    assert_eq!(listing(&fleet.dev(&id)), before, "the served container's /dev is as it was");
+}
