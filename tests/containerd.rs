@@ -448,8 +448,9 @@ impl Node {
         fs::write(&config, &base).unwrap();
         let before = release.containerd(&config, &["config", "dump"]);
 
-        // The image's /opt/devremap: this build's binaries, and dist/'s runtime.json and
-        // containerd entry themselves.
+        // The image's /opt/devremap: this build's binaries, and dist/'s runtime.json,
+        // containerd entry and unit themselves. The unit goes to the test's directory, and no
+        // systemd is asked to run it (tests/kubernetes.rs checks what node-setup asks).
         let source = dir.join("opt");
         fs::create_dir_all(source.join("bin")).unwrap();
         std::os::unix::fs::symlink(common::BIN, source.join("bin/devremapd")).unwrap();
@@ -457,6 +458,7 @@ impl Node {
         let dist = Path::new(env!("CARGO_MANIFEST_DIR")).join("dist");
         std::os::unix::fs::symlink(dist.join("runtime.json"), source.join("runtime.json")).unwrap();
         std::os::unix::fs::symlink(dist.join("containerd"), source.join("containerd")).unwrap();
+        std::os::unix::fs::symlink(dist.join("systemd"), source.join("systemd")).unwrap();
         let bin_dir = dir.join("bin");
         let out = Command::new(NODE_SETUP)
             .env("DEVREMAP_HOST", "")
@@ -465,6 +467,8 @@ impl Node {
             .env("DEVREMAP_RUNTIME_CONFIG", &w.config)
             .env("DEVREMAP_CONTAINERD_CONFIG", &config)
             .env("DEVREMAP_RESTART_CONTAINERD", "0")
+            .env("DEVREMAP_SYSTEMD_UNIT", dir.join("etc/systemd/system/devremap.service"))
+            .env("DEVREMAP_NODE_SERVICE", "0")
             .stdin(Stdio::null())
             .output()
             .unwrap();

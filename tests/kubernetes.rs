@@ -60,8 +60,10 @@ fn the_manifests_match_the_kubernetes_schemas() {
 }
 
 /// A host for node-setup.sh, and the image's /opt/devremap as the Dockerfile makes it: the
-/// binaries, the config and the shipped containerd entry. `nsenter` on node-setup's `PATH`
-/// records each containerd restart it asks for instead of restarting the host's.
+/// binaries, the config, the shipped containerd entry and the node daemon's unit. `nsenter` on
+/// node-setup's `PATH` records each command it is asked to run on the host instead of running
+/// it, and plays the host's systemd: `test -d /run/systemd/system` holds unless the file
+/// `no-systemd` is there, and devremap.service is active once started.
 struct Setup {
     _tmp: TempDir,
     host: PathBuf,
@@ -71,6 +73,8 @@ struct Setup {
 
 /// The containerd entry the image ships.
 const ENTRY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/dist/containerd/devremap.toml");
+/// The node daemon's unit the image ships (the package's).
+const UNIT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/dist/systemd/devremap.service");
 
 impl Setup {
     fn new(containerd_config: &str) -> Setup {
@@ -84,10 +88,23 @@ impl Setup {
         fs::copy(env!("CARGO_BIN_EXE_devremap-runtime"), source.join("bin/devremap-runtime")).unwrap();
         fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/dist/runtime.json"), source.join("runtime.json")).unwrap();
         fs::copy(ENTRY, source.join("containerd/devremap.toml")).unwrap();
+        fs::create_dir_all(source.join("systemd")).unwrap();
+        fs::copy(UNIT, source.join("systemd/devremap.service")).unwrap();
         fs::create_dir_all(&fake_bin).unwrap();
-        let record = tmp.path().join("restarts");
         let nsenter = fake_bin.join("nsenter");
-        fs::write(&nsenter, format!("#!/bin/sh\necho \"$*\" >> {}\n", record.display())).unwrap();
+        let script = format!(
+            r#"#!/bin/sh
+cd {}
+echo "$*" >> on-host
+case "$*" in
+*"test -d /run/systemd/system") [ ! -e no-systemd ] ;;
+*"is-active devremap.service") [ -e active ] ;;
+*" start devremap.service" | *" restart devremap.service") touch active ;;
+esac
+"#,
+            tmp.path().display()
+        );
+        fs::write(&nsenter, script).unwrap();
         fs::set_permissions(&nsenter, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
         Setup { _tmp: tmp, host, source, fake_bin }
     }
@@ -104,12 +121,20 @@ impl Setup {
     }
 
     fn run(&self) -> Output {
+        self.run_with(&[])
+    }
+
+    /// Runs node-setup with the environment `env` added.
+    fn run_with(&self, env: &[(&str, &str)]) -> Output {
         let path = format!("{}:{}", self.fake_bin.display(), std::env::var("PATH").unwrap_or_default());
         Command::new(Path::new(DIST).join("node-setup.sh"))
             .env("DEVREMAP_HOST", &self.host)
             .env("DEVREMAP_SOURCE", &self.source)
             .env("PATH", path)
             .env_remove("DEVREMAP_RESTART_CONTAINERD")
+            .env_remove("DEVREMAP_NODE_SERVICE")
+            .env_remove("DEVREMAP_SYSTEMD_UNIT")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .output()
             .unwrap()
@@ -135,9 +160,16 @@ impl Setup {
         stderr
     }
 
+    /// The commands node-setup ran on the host (through `nsenter`), in order, without
+    /// nsenter's own arguments.
+    fn on_host(&self) -> Vec<String> {
+        let record = fs::read_to_string(self._tmp.path().join("on-host")).unwrap_or_default();
+        record.lines().map(|l| l.split_once(" -- ").map_or(l, |(_, cmd)| cmd).to_owned()).collect()
+    }
+
     /// How many containerd restarts node-setup asked for.
     fn restarts(&self) -> usize {
-        fs::read_to_string(self._tmp.path().join("restarts")).unwrap_or_default().lines().count()
+        self.on_host().iter().filter(|c| *c == "systemctl restart containerd").count()
     }
 }
 
@@ -419,4 +451,82 @@ fn node_setup_keeps_the_owner_and_never_replaces_a_backup() {
     let mut left: Vec<_> = fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
     left.sort();
     assert_eq!(left, ["config.toml", "config.toml.before-devremap"], "a temporary file left");
+}
+
+/// What of `commands` (run on the host) changes the host's systemd for the node daemon: its
+/// `daemon-reload` and every `systemctl` naming devremap.service but `is-active`, which reads.
+fn service_commands(commands: &[String]) -> Vec<String> {
+    let changes =
+        |c: &&String| *c == "systemctl daemon-reload" || (c.contains("devremap.service") && !c.contains("is-active"));
+    commands.iter().filter(changes).cloned().collect()
+}
+
+/// Rule (issue 31, "How it runs"): the DaemonSet runs the node daemon as the host's systemd
+/// service, never as a process of its pod (a pod's processes die with it, and each container's
+/// keeper is the node's child): node-setup installs the shipped unit as the host's
+/// /etc/systemd/system/devremap.service, naming the devremapd it installed and keeping
+/// KillMode=process, enables and starts it. A run that changes nothing restarts nothing; a new
+/// devremapd restarts the node (the keepers serve on) and then sends SIGUSR2 to the node alone,
+/// which passes it to every container's server.
+#[test]
+fn node_setup_runs_the_node_daemon_as_a_host_service() {
+    let setup = Setup::new("version = 2\n");
+    let out = setup.run_ok();
+    assert!(out.contains("node-setup: started devremap.service"), "{out}");
+    let unit = fs::read_to_string(setup.host.join("etc/systemd/system/devremap.service")).unwrap();
+    let shipped = fs::read_to_string(UNIT).unwrap();
+    assert_eq!(unit, shipped.replace("ExecStart=/usr/bin/devremapd node", "ExecStart=/usr/local/bin/devremapd node"));
+    assert!(unit.contains("\nKillMode=process\n"), "{unit}");
+    let first = setup.on_host();
+    assert_eq!(
+        service_commands(&first),
+        ["systemctl daemon-reload", "systemctl --quiet enable devremap.service", "systemctl start devremap.service"],
+        "{first:?}"
+    );
+
+    let out = setup.run_ok();
+    let second = setup.on_host()[first.len()..].to_vec();
+    assert_eq!(service_commands(&second), ["systemctl --quiet enable devremap.service"], "{second:?}");
+    assert!(!out.contains("devremap.service"), "{out}");
+
+    // A new devremapd in the image: installed, the node restarted, then the servers upgraded.
+    let mut bin = fs::read(setup.source.join("bin/devremapd")).unwrap();
+    bin.extend_from_slice(b"\0next");
+    fs::write(setup.source.join("bin/devremapd"), bin).unwrap();
+    let before = setup.on_host().len();
+    let out = setup.run_ok();
+    assert!(out.contains("node-setup: restarted devremap.service"), "{out}");
+    let third = setup.on_host()[before..].to_vec();
+    assert_eq!(
+        service_commands(&third),
+        [
+            "systemctl --quiet enable devremap.service",
+            "systemctl restart devremap.service",
+            "systemctl kill --kill-who=main --signal=SIGUSR2 devremap.service",
+        ],
+        "{third:?}"
+    );
+}
+
+/// Rule (issue 31, "How it runs"): on a host without systemd node-setup installs the unit
+/// but asks nothing of systemd, and says that devremap-runtime starts the node daemon there;
+/// nor does it with `DEVREMAP_NODE_SERVICE=0` (tests/containerd.rs runs it so, on this host),
+/// which installs the unit where `DEVREMAP_SYSTEMD_UNIT` says.
+#[test]
+fn node_setup_starts_no_service_without_systemd() {
+    let setup = Setup::new("version = 2\n");
+    fs::write(setup._tmp.path().join("no-systemd"), "").unwrap();
+    let out = setup.run_ok();
+    assert!(out.contains("the host runs no systemd; devremap-runtime starts the node daemon itself"), "{out}");
+    assert!(setup.host.join("etc/systemd/system/devremap.service").is_file());
+    assert_eq!(service_commands(&setup.on_host()), Vec::<String>::new(), "{:?}", setup.on_host());
+
+    let setup = Setup::new("version = 2\n");
+    let out = setup.run_with(&[("DEVREMAP_NODE_SERVICE", "0"), ("DEVREMAP_SYSTEMD_UNIT", "/units/devremap.service")]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("devremap.service not started (DEVREMAP_NODE_SERVICE=0)"), "{stdout}");
+    assert!(setup.host.join("units/devremap.service").is_file());
+    assert!(!setup.host.join("etc/systemd").exists());
+    assert_eq!(setup.on_host(), ["systemctl restart containerd"]);
 }

@@ -7,7 +7,16 @@
 #   - the CRI runtime handler `devremap` (containerd/devremap.toml) into the host's
 #     /etc/containerd/config.toml itself, keeping everything else (`devremapd containerd-config`,
 #     docs/install.md); then restarts containerd in the host's namespaces, only when that file
-#     changed (and unless DEVREMAP_RESTART_CONTAINERD=0).
+#     changed (and unless DEVREMAP_RESTART_CONTAINERD=0);
+#   - the node daemon as the host's systemd service: systemd/devremap.service, its ExecStart
+#     naming the installed devremapd, as the host's /etc/systemd/system/devremap.service,
+#     enabled and started; when devremapd or the unit changed and the node runs, the node is
+#     restarted (the keepers serve on: KillMode=process) and SIGUSR2 has every container's
+#     server run the new devremapd. Not a process of this pod: each container's keeper is the
+#     node's child, and a pod's processes die with the pod (its update, its eviction), which
+#     would take every container's /dev. A host without systemd gets no service: there
+#     devremap-runtime starts a node daemon itself when none answers. DEVREMAP_NODE_SERVICE=0
+#     installs the unit but asks nothing of systemd.
 # Not a conf.d drop-in: containerd (1.6 and 1.7) replaces a plugin's whole table with an
 # imported file's, so a drop-in would drop the node's CRI settings. For the same reason, when a
 # file that config.toml imports holds CRI settings, this refuses and says what to add by hand.
@@ -16,7 +25,8 @@
 # Paths, as the host sees them (the tests point them elsewhere): DEVREMAP_HOST (/host) is where
 # the host's root is mounted ("" for this root), DEVREMAP_BIN_DIR (/usr/local/bin),
 # DEVREMAP_RUNTIME_CONFIG (/etc/devremap/runtime.json), DEVREMAP_CONTAINERD_CONFIG
-# (/etc/containerd/config.toml); DEVREMAP_SOURCE (/opt/devremap) is this image's files.
+# (/etc/containerd/config.toml), DEVREMAP_SYSTEMD_UNIT (/etc/systemd/system/devremap.service);
+# DEVREMAP_SOURCE (/opt/devremap) is this image's files.
 set -eu
 host="${DEVREMAP_HOST-/host}"
 src="${DEVREMAP_SOURCE:-/opt/devremap}"
@@ -25,10 +35,17 @@ wrapper_config="${DEVREMAP_RUNTIME_CONFIG:-/etc/devremap/runtime.json}"
 containerd_config="${DEVREMAP_CONTAINERD_CONFIG:-/etc/containerd/config.toml}"
 config="$host$containerd_config"
 entry="$src/containerd/devremap.toml"
+unit_src="$src/systemd/devremap.service"
+unit="${DEVREMAP_SYSTEMD_UNIT:-/etc/systemd/system/devremap.service}"
 
 fail() {
     echo "node-setup: $*" >&2
     exit 1
+}
+
+# A command in the host's namespaces (this pod has hostPID).
+on_host() {
+    nsenter --target 1 --mount --uts --ipc --net --pid -- "$@"
 }
 
 # containerd's config, edited by the image's devremapd (`devremapd containerd-config`, which
@@ -40,10 +57,13 @@ edit_containerd_config() {
 }
 
 # Checks first: a refusal installs nothing.
-[ -f "$src/bin/devremapd" ] && [ -f "$src/bin/devremap-runtime" ] && [ -f "$entry" ] ||
-    fail "$src does not hold bin/devremapd, bin/devremap-runtime and containerd/devremap.toml"
+[ -f "$src/bin/devremapd" ] && [ -f "$src/bin/devremap-runtime" ] && [ -f "$entry" ] && [ -f "$unit_src" ] ||
+    fail "$src does not hold bin/devremapd, bin/devremap-runtime, containerd/devremap.toml and systemd/devremap.service"
 edit_containerd_config --dry-run >/dev/null || fail "nothing installed; $config left as it was"
 
+# Whether the node daemon's binary changes: then the running node and every server move to it.
+node_changed=0
+cmp -s "$src/bin/devremapd" "$host$bin_dir/devremapd" || node_changed=1
 for bin in devremapd devremap-runtime; do
     install -D -m 0755 "$src/bin/$bin" "$host$bin_dir/.$bin.new"
     mv -f "$host$bin_dir/.$bin.new" "$host$bin_dir/$bin"
@@ -62,10 +82,43 @@ changed="$(edit_containerd_config)" || fail "$config left as it was"
 if [ "$changed" = changed ]; then
     echo "node-setup: added the runtime handler devremap to $containerd_config"
     if [ "${DEVREMAP_RESTART_CONTAINERD:-1}" = 1 ]; then
-        nsenter --target 1 --mount --uts --ipc --net --pid -- systemctl restart containerd
+        on_host systemctl restart containerd
         echo "node-setup: restarted containerd"
     fi
 else
     echo "node-setup: $containerd_config already has the runtime handler devremap; containerd not restarted"
+fi
+# The unit, naming the installed devremapd, by a rename and only when it changed.
+unit_changed=0
+mkdir -p "$(dirname "$host$unit")"
+tmp="$(mktemp "$host$unit.XXXXXX")"
+sed "s#/usr/bin/devremapd#$bin_dir/devremapd#g" "$unit_src" >"$tmp" && chmod 0644 "$tmp" ||
+    { rm -f "$tmp"; fail "cannot write $host$unit"; }
+if cmp -s "$tmp" "$host$unit"; then
+    rm -f "$tmp"
+else
+    mv -f "$tmp" "$host$unit"
+    unit_changed=1
+fi
+if [ "${DEVREMAP_NODE_SERVICE:-1}" != 1 ]; then
+    echo "node-setup: installed $unit; devremap.service not started (DEVREMAP_NODE_SERVICE=${DEVREMAP_NODE_SERVICE})"
+elif on_host test -d /run/systemd/system; then
+    [ "$unit_changed" = 0 ] || on_host systemctl daemon-reload || fail "systemctl daemon-reload failed on the node"
+    on_host systemctl --quiet enable devremap.service || fail "cannot enable devremap.service on the node"
+    if ! on_host systemctl --quiet is-active devremap.service; then
+        on_host systemctl start devremap.service || fail "devremap.service did not start (journalctl -u devremap.service on the node)"
+        echo "node-setup: started devremap.service"
+    elif [ "$node_changed" = 1 ] || [ "$unit_changed" = 1 ]; then
+        # The new node adopts the keepers before its READY=1, which the restart waits for.
+        on_host systemctl restart devremap.service ||
+            fail "devremap.service did not restart (journalctl -u devremap.service on the node); the containers' /dev serve on"
+        # To the node alone, which passes it on to every keeper (--kill-who: every systemd
+        # knows it; 252 added the name --kill-whom).
+        [ "$node_changed" = 0 ] || on_host systemctl kill --kill-who=main --signal=SIGUSR2 devremap.service ||
+            fail "cannot send SIGUSR2 to devremap.service: the containers' servers still run the old devremapd"
+        echo "node-setup: restarted devremap.service"
+    fi
+else
+    echo "node-setup: the host runs no systemd; devremap-runtime starts the node daemon itself"
 fi
 echo "node-setup: devremap installed"

@@ -99,7 +99,7 @@ pub fn find_in_path(name: &str) -> Option<PathBuf> {
 }
 
 /// An ELF file without a `PT_INTERP` program header: it runs in an empty rootfs.
-fn is_static_elf(path: &Path) -> bool {
+pub fn is_static_elf(path: &Path) -> bool {
     let Ok(bytes) = fs::read(path) else { return false };
     if bytes.len() < 64 || &bytes[..4] != b"\x7fELF" || bytes[4] != 2 || bytes[5] != 1 {
         return false; // not a 64-bit little-endian ELF: not one we know how to check
