@@ -938,6 +938,56 @@ fn the_node_daemon_as_a_service_and_started_by_the_wrapper() {
     );
 }
 
+/// Bug (issue 31, found in review of the service unit): a node daemon started as a service on
+/// a state dir whose lock a wrapper's node daemon held (a wrapper ran a container first: at
+/// boot, or in an upgrade's restart) exited 1 at every start until systemd gave up, and the
+/// wrapper's daemon, with a container to serve, never went. Now the service asks it to make
+/// way: it goes, the container's keeper serves on, the service adopts it and tears it down with
+/// its container; a service never makes way for another.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs a container"]
+fn a_service_takes_over_from_the_node_daemon_a_wrapper_started() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let fleet = Fleet::new();
+    let id = format!("taken-{}", std::process::id());
+    fleet.start(&id, &[2]);
+    let wrappers = fleet.node_pid();
+    let keeper = fleet.list()[&id]["pid"].clone();
+    let before = listing(&fleet.dev(&id));
+
+    let service = Service::start(&fleet, &fleet.state_dir().join("node.pid"), &[]);
+    wait_for_or(
+        "the wrapper's node daemon to make way",
+        || fleet.node_log(),
+        || (fleet.node_processes() == vec![service.pid()]).then_some(()),
+    );
+    assert!(!fleet.node_processes().contains(&wrappers));
+    assert_eq!(fleet.list()[&id]["pid"], keeper, "the service adopted the container's keeper");
+    assert_eq!(listing(&fleet.dev(&id)), before, "its /dev is as it was");
+
+    let other = fleet.tmp.path().join("other.pid");
+    let out = Command::new(BIN)
+        .args([
+            "node",
+            "--socket",
+            arg(&fleet.socket()),
+            "--state-dir",
+            arg(&fleet.state_dir()),
+            "--pid-file",
+            arg(&other),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("another node daemon serves it"), "{stderr}");
+
+    fleet.delete(&id);
+    let dir = fleet.state_dir().join(&id);
+    wait_for_or("the service to tear the container down", || fleet.keeper_log(&id), || (!dir.exists()).then_some(()));
+}
+
 /// Rule (issue 31): a request names only its own container. An id that is not one (`../x`,
 /// empty, a path) is refused by `ctl` and by the protocol; an id no container has is "no such
 /// container"; a mount of a served id, or naming another state dir, is refused and leaves the

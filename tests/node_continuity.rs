@@ -31,7 +31,11 @@ fn previous() -> PathBuf {
         )
     });
     for bin in ["devremap-runtime", "devremapd"] {
-        assert!(dir.join(bin).is_file(), "{PREVIOUS}={}: no {bin} there (run bash .ci/previous-wrapper)", dir.display());
+        assert!(
+            dir.join(bin).is_file(),
+            "{PREVIOUS}={}: no {bin} there (run bash .ci/previous-wrapper)",
+            dir.display()
+        );
     }
     dir
 }
@@ -132,7 +136,12 @@ fn an_earlier_versions_container_serves_on_beside_the_node_daemon() {
         let mut names: Vec<(String, u64)> = fs::read_dir(dev)
             .unwrap()
             .flatten()
-            .map(|e| (e.file_name().to_string_lossy().into_owned(), std::os::unix::fs::MetadataExt::rdev(&e.metadata().unwrap())))
+            .map(|e| {
+                (
+                    e.file_name().to_string_lossy().into_owned(),
+                    std::os::unix::fs::MetadataExt::rdev(&e.metadata().unwrap()),
+                )
+            })
             .collect();
         names.sort();
         names

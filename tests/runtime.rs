@@ -366,8 +366,11 @@ fn a_runtime_that_outlives_its_container_still_leaves_nothing() {
     let lingering = write_file(
         s.tmp.path(),
         "lingering-runc.sh",
-        format!("#!/bin/sh
-{} \"$@\"; status=$?; sleep 1; exit $status\n", runc.display()),
+        format!(
+            "#!/bin/sh
+{} \"$@\"; status=$?; sleep 1; exit $status\n",
+            runc.display()
+        ),
     );
     fs::set_permissions(&lingering, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     s.set_config("runtime", arg(&lingering));

@@ -23,6 +23,7 @@ mod error;
 mod procs;
 
 use crate::signals::{self, Acted};
+use devremap::node::client::ClientError;
 use devremap::node::protocol::{self, Answer, Entry, MountRequest, Request};
 use devremap::node::registry::{Adopt, Found, Registry};
 use devremap::runtime::argv::ContainerId;
@@ -33,9 +34,9 @@ use log::{info, warn};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use parking_lot::{Condvar, Mutex};
-use std::collections::HashMap;
 use procs::Host;
 use serde_json::{Value, json};
+use std::collections::HashMap;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -55,6 +56,8 @@ const MAX_CLIENTS: usize = 256;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a reload may take before `reload` answers without it.
 const RELOAD_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a service waits for a wrapper's daemon to go.
+const TAKE_OVER_PATIENCE: Duration = Duration::from_secs(10);
 /// How long a teardown waits for the runtime holding a container's lock to exit.
 const TEARDOWN_PATIENCE: Duration = Duration::from_secs(30);
 /// The stack of a thread that only waits on a pidfd.
@@ -64,6 +67,8 @@ enum Ev {
     Signal(Acted),
     /// A keeper exited (reaped when it was our child).
     Exited(u32),
+    /// A node daemon started as a service asked this one, a wrapper's, to make way.
+    Yield,
 }
 
 fn act(sig: i32) -> Option<Ev> {
@@ -82,6 +87,8 @@ struct Node {
     clients: AtomicUsize,
     events: Sender<Ev>,
     holds: Arc<Holds>,
+    /// Started by a wrapper (`--idle-exit`): it makes way for a service when asked.
+    yields: bool,
 }
 
 pub fn run(args: &NodeArgs) -> Result<(), NodeError> {
@@ -93,7 +100,12 @@ pub fn run(args: &NodeArgs) -> Result<(), NodeError> {
     }
     devremap::runtime::container_daemon::ensure_private_dir(&args.state_dir)?;
     let state_dir = args.state_dir.canonicalize().map_err(NodeError::at(&args.state_dir))?;
-    let _lock = lock_node(&state_dir)?;
+    let _lock = match lock_node(&state_dir) {
+        // A service takes over from a daemon a wrapper started (at boot, or in an upgrade's
+        // restart): that one goes, its keepers serve on, and this one adopts them.
+        Err(NodeError::Running { .. }) if args.idle_exit.is_none() => take_over(&state_dir, &args.socket)?,
+        held => held?,
+    };
     let listener = bind(&args.socket)?;
     let running = std::fs::File::open("/proc/self/exe").map_err(NodeError::at(Path::new("/proc/self/exe")))?;
     let exe = crate::keeper::procs::started_as(&running).ok_or(NodeError::OwnBinary)?;
@@ -105,6 +117,7 @@ pub fn run(args: &NodeArgs) -> Result<(), NodeError> {
         clients: AtomicUsize::new(0),
         events: tx,
         holds: Arc::default(),
+        yields: args.idle_exit.is_some(),
     });
     node.adopt();
     let pid_text = format!("{}\n", std::process::id());
@@ -147,6 +160,7 @@ pub fn run(args: &NodeArgs) -> Result<(), NodeError> {
             Ev::Signal(Acted::Upgrade) => node.signal_all(Signal::SIGUSR2, "upgrading the servers of"),
             Ev::Signal(Acted::Stop(why)) => break why,
             Ev::Exited(pid) => node.exited(pid),
+            Ev::Yield => break "making way for a node daemon started as a service".to_owned(),
         }
     };
     // The keepers serve on: a daemon started again adopts them.
@@ -170,6 +184,33 @@ fn lock_node(state_dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, NodeE
         .map_err(NodeError::at(&path))?;
     nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
         .map_err(|_| NodeError::Running { state_dir: state_dir.to_owned() })
+}
+
+/// Asks the daemon holding `state_dir` (at `socket`) to make way, and takes its lock once it
+/// has gone; a daemon that is a service too refuses, and this one stops there.
+fn take_over(state_dir: &Path, socket: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, NodeError> {
+    let running = || NodeError::Running { state_dir: state_dir.to_owned() };
+    let deadline = Instant::now() + TAKE_OVER_PATIENCE;
+    loop {
+        match devremap::node::client::ask(socket, &Request::Yield, REQUEST_TIMEOUT) {
+            Ok(_) => break,
+            Err(ClientError::Refused { why }) if why.starts_with("busy") && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(_) => return Err(running()),
+        }
+    }
+    loop {
+        match lock_node(state_dir) {
+            Err(NodeError::Running { .. }) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10))
+            }
+            taken => {
+                info!("took over {} from the node daemon a wrapper started", state_dir.display());
+                return taken;
+            }
+        }
+    }
 }
 
 /// Binds the socket, replacing a socket a dead daemon left (never anything else), in a
@@ -353,6 +394,7 @@ impl Node {
                 Ok(Value::Array(all.into_iter().map(|(id, pid)| json!(self.entry(&id, pid).0)).collect()))
             }
             Request::Reload { id } => self.reload(id.as_deref()),
+            Request::Yield => self.make_way(),
             Request::Status { id } => self.status(&id),
         };
         match result {
@@ -412,11 +454,31 @@ impl Node {
         }
     }
 
+    /// A wrapper's daemon (one with `--idle-exit`) makes way for a service: it stops taking
+    /// requests and goes; a service refuses.
+    fn make_way(&self) -> Result<Value, String> {
+        if !self.yields {
+            return Err("this node daemon runs as a service (no --idle-exit): it does not make way".into());
+        }
+        // A start under way finishes here first: its client is waiting for this daemon's answer.
+        let registry = self.registry.lock();
+        if registry.starting() {
+            return Err("busy: a container is being set up; ask again".into());
+        }
+        *self.closing.lock() = true;
+        drop(registry);
+        let _ = self.events.send(Ev::Yield);
+        Ok(Value::Null)
+    }
+
     fn unmount(&self, id: &str) -> Result<Value, String> {
         let container = self.container(id)?;
         let pid = self.registry.lock().keeper(id).map_err(|e| e.to_string())?;
         let _lock = container.lock_state_dir().map_err(|e| e.to_string())?;
         container.teardown(&Host).map_err(|e| format!("container {id}: {e}"))?;
+        // Free now, not when the main thread hears of the exit: a mount of the id right after
+        // this answer must not be refused as served.
+        self.registry.lock().exited(pid);
         info!("container {id}: unmounted on request (keeper pid {pid})");
         Ok(Value::Null)
     }

@@ -49,6 +49,10 @@ pub enum Request {
     Reload { id: Option<String> },
     /// Container `id`'s entry and its daemon's state file.
     Status { id: String },
+    /// From a node daemon started as a service to one a wrapper started on the same state dir:
+    /// make way (stop taking requests and exit; the keepers serve on, and the service adopts
+    /// them). A service refuses.
+    Yield,
 }
 
 /// What `mount` names: the container and what its daemon is started with (the flags of
@@ -232,6 +236,7 @@ mod tests {
             Request::List,
             Request::Reload { id: None },
             Request::Status { id: "a".into() },
+            Request::Yield,
         ] {
             let line = request_line(&request).unwrap();
             assert!(line.ends_with('\n') && !line.trim_end().contains('\n'));

@@ -124,6 +124,11 @@ impl Registry {
             .collect()
     }
 
+    /// Whether a container's keeper is being started: a daemon making way waits for it.
+    pub fn starting(&self) -> bool {
+        self.slots.values().any(|s| matches!(s, Slot::Starting { .. }))
+    }
+
     /// Whether no container is started or served: a daemon a wrapper started may go.
     pub fn is_empty(&self) -> bool {
         self.slots.is_empty()
@@ -157,6 +162,7 @@ mod tests {
     fn an_id_is_started_once() {
         let mut r = Registry::default();
         let s = r.begin("a").unwrap();
+        assert!(r.starting());
         assert_eq!(r.begin("a"), Err(RegistryError::Starting { id: "a".into() }));
         assert!(r.begin("b").is_ok(), "another container is not held up");
         r.serving("a", s, 10);
