@@ -113,6 +113,8 @@ fn alive(pid: u32) -> bool {
 fn an_earlier_versions_container_serves_on_beside_the_node_daemon() {
     need_containers(Runtime::Runc);
     let previous = previous();
+    // Before the host: dropped after it, whose drop deletes the containers from their roots.
+    let (old_bundle, new_bundle) = (bundle("earlier"), bundle("node"));
     let fake = FakeHost::with_gpus(&[0, 1]);
     let tmp = TempDir::new().unwrap();
     let config = write_file(
@@ -124,7 +126,6 @@ fn an_earlier_versions_container_serves_on_beside_the_node_daemon() {
     let mut host = Host { _host: fake, tmp, config, made: vec![] };
     let old_id = format!("earlier-{}", std::process::id());
     let new_id = format!("node-{}", std::process::id());
-    let (old_bundle, new_bundle) = (bundle("earlier"), bundle("node"));
 
     // The earlier version's wrapper: a daemon of its own, no node daemon.
     host.run_detached(&previous.join("devremap-runtime"), &old_bundle, &old_id);

@@ -50,6 +50,12 @@ struct Setup {
 impl Drop for Setup {
     fn drop(&mut self) {
         common::daemon::stop_node(&self.state_dir());
+        // A test may have pointed the config at another state dir, with a node daemon of its own.
+        let config: Value =
+            fs::read(&self.config).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default();
+        if let Some(dir) = config["state_dir"].as_str() {
+            common::daemon::stop_node(Path::new(dir));
+        }
     }
 }
 
