@@ -963,6 +963,17 @@ fn a_service_takes_over_from_the_node_daemon_a_wrapper_started() {
         || (fleet.node_processes() == vec![service.pid()]).then_some(()),
     );
     assert!(!fleet.node_processes().contains(&wrappers));
+    // Its `hello` was answered by the wrapper's daemon: the service binds the socket once that
+    // one has gone.
+    let socket = fleet.socket();
+    wait_for_or(
+        "the service to answer on the socket",
+        || fleet.node_log(),
+        || {
+            let hello = ask(&socket, &Request::Hello, ASK).ok()?;
+            (hello["pid"].as_u64() == Some(u64::from(service.pid()))).then_some(())
+        },
+    );
     assert_eq!(fleet.list()[&id]["pid"], keeper, "the service adopted the container's keeper");
     assert_eq!(listing(&fleet.dev(&id)), before, "its /dev is as it was");
 
