@@ -139,6 +139,12 @@ impl Setup {
         wait_for(&format!("{line:?} from the container"), || self.stdout().lines().any(|l| l == line).then_some(()));
     }
 
+    /// Container `id`'s daemon log, kept open: read after the node daemon removed the
+    /// container's directory (once its keeper exited), it still holds the keeper's last lines.
+    fn open_log(&self, id: &str) -> fs::File {
+        fs::File::open(self.state_dir().join(id).join("devremapd.log")).unwrap()
+    }
+
     fn daemon_log(&self, id: &str) -> String {
         fs::read_to_string(self.state_dir().join(id).join("devremapd.log")).unwrap_or_default()
     }
@@ -291,10 +297,12 @@ fn create_start_delete(runtime: Runtime) {
     assert!(stdout.contains("nvidia1: 1:5\n") && stdout.contains("nvidia1.reads: 00000000\n"), "{stdout}");
 
     // The container's init exits: its daemon stops by itself, before anyone deletes it.
+    let mut log = s.open_log(&id);
     fs::write(s.bundle.xchg().join("go"), "").unwrap();
     s.wait_line("done");
     wait_for("the daemon to stop when the container exits", || (!alive(daemon)).then_some(()));
-    assert!(s.daemon_log(&id).contains("exited: stopping"), "{}", s.daemon_log(&id));
+    let log = std::io::read_to_string(&mut log).unwrap();
+    assert!(log.contains("exited: stopping"), "{log}");
     assert!(!is_mounted(&dir.join("dev")));
 
     let out = s.run(&["delete", &id]);
@@ -736,9 +744,11 @@ fn killed_wrapper_leaves_no_daemon() {
     let pid_file = s.state_dir().join(&id).join("devremapd.pid");
     wait_for("the daemon to answer", || pid_file.exists().then_some(()));
     let daemon = s.daemon_pid(&id);
+    let mut log = s.open_log(&id);
     kill_group(&mut wrapper);
     wait_for("the daemon to stop after its wrapper died", || (!alive(daemon)).then_some(()));
-    assert!(s.daemon_log(&id).contains("exited before the container started"), "{}", s.daemon_log(&id));
+    let log = std::io::read_to_string(&mut log).unwrap();
+    assert!(log.contains("exited before the container started"), "{log}");
     let out = s.run(&["delete", &id]);
     assert_eq!(out.status.code(), Some(1), "the runtime knows no such container");
     s.wait_gone(&id);
