@@ -110,12 +110,7 @@ fn main() {
     for k in 0..mounted {
         unmount(&node, &format!("c{k}"));
     }
-    let left = node.wait_torn_down(Duration::from_secs(20));
-    assert!(
-        left.is_empty(),
-        "container directories left in the state dir: {left:?}; the node daemon's log:\n{}",
-        fs::read_to_string(node.log()).unwrap_or_default()
-    );
+    node.assert_torn_down();
     drop(node);
     println!("{}", Value::Object(summary));
 }

@@ -16,7 +16,7 @@ use serde_json::json;
 use std::fs;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 const WRAPPER: &str = env!("CARGO_BIN_EXE_devremap-runtime");
 const DEVREMAPD: &str = env!("CARGO_BIN_EXE_devremapd");
@@ -109,12 +109,7 @@ fn main() {
         }
     }
     // The node daemon removes a container's directory once its keeper has gone with it.
-    let left = node.wait_torn_down(Duration::from_secs(20));
-    assert!(
-        left.is_empty(),
-        "container directories left in the state dir: {left:?}; the node daemon's log:\n{}",
-        fs::read_to_string(node.log()).unwrap_or_default()
-    );
+    node.assert_torn_down();
     drop(node);
     let [p, wr, pass] = ms.map(median);
     let (ratio, pass_ratio) = (median(ratios), median(passing_ratios));

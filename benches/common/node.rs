@@ -75,9 +75,20 @@ impl NodeDaemon {
             .collect()
     }
 
+    /// Fails the benchmark, naming them and printing the daemon's log, when container
+    /// directories are still in the state dir 20 s after the last round.
+    pub fn assert_torn_down(&self) {
+        let left = self.wait_torn_down(Duration::from_secs(20));
+        assert!(
+            left.is_empty(),
+            "container directories left in the state dir: {left:?}; the node daemon's log:\n{}",
+            fs::read_to_string(self.log()).unwrap_or_default()
+        );
+    }
+
     /// Waits until no container directory is left in the state dir (the daemon removes one
     /// once its keeper has exited); the names of those still there after `within`.
-    pub fn wait_torn_down(&self, within: Duration) -> Vec<String> {
+    fn wait_torn_down(&self, within: Duration) -> Vec<String> {
         let deadline = Instant::now() + within;
         loop {
             let left: Vec<String> = fs::read_dir(&self.state_dir)
