@@ -21,6 +21,7 @@ pub mod inputs;
 pub mod install;
 pub mod keeper;
 pub mod node;
+pub mod nri;
 pub mod pidfd;
 pub mod report;
 pub mod runtime;
