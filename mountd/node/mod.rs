@@ -18,6 +18,7 @@
 
 pub mod ctl;
 mod error;
+mod nri;
 
 #[path = "../runtime/procs.rs"]
 mod procs;
@@ -134,6 +135,9 @@ pub fn run(args: &NodeArgs) -> Result<(), NodeError> {
         .name("accept".into())
         .spawn(move || accepting.accept(listener))
         .map_err(NodeError::Thread)?;
+    if args.nri {
+        nri::start(args.nri_socket.clone(), args.nri_index, nri::handler()).map_err(NodeError::Thread)?;
+    }
     info!("node daemon serving {} on {} (pid {})", node.state_dir.display(), args.socket.display(), std::process::id());
     if let Some(mut ready) = ready {
         let _ = ready.write_all(b"\n");
