@@ -77,8 +77,9 @@ pub struct NodeArgs {
     #[arg(long, value_name = "FD", hide = true)]
     pub ready_fd: Option<i32>,
     /// Register with containerd as the NRI plugin `devremap` (issue 32): containerd's NRI
-    /// must be enabled; until its socket answers the daemon keeps trying.
-    #[arg(long)]
+    /// must be enabled; until its socket answers the daemon keeps trying. Not with
+    /// `--idle-exit`: a plugin must not go when no container is served.
+    #[arg(long, conflicts_with = "idle_exit")]
     pub nri: bool,
     /// containerd's NRI socket (its `socket_path`).
     #[arg(long, value_name = "PATH", default_value = "/var/run/nri/nri.sock", requires = "nri")]
