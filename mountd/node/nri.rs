@@ -11,7 +11,7 @@
 use devremap::io_message;
 use devremap::nri::session::{Happened, Session, SessionError};
 use devremap::nri::view::{Adjustment, Container, Handler, Pod};
-use log::{debug, info, warn};
+use log::{debug, error, info, warn};
 use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -129,6 +129,7 @@ fn connection(
                     debug!("nri: synchronized: {pods} pods, {containers} containers")
                 }
                 Happened::Shutdown => info!("nri: containerd is shutting down"),
+                Happened::Panicked(message) => error!("nri: {message}; answered with it as an error"),
             }
         }
     }

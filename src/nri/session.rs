@@ -55,6 +55,8 @@ pub enum Happened {
     Synchronized { pods: usize, containers: usize },
     /// `Shutdown`: containerd is going down.
     Shutdown,
+    /// The handler panicked; the call was answered with this message as an error.
+    Panicked(String),
 }
 
 /// What a turn answers: the bytes to write to the socket, and what happened.
@@ -121,7 +123,19 @@ impl<'h> Session<'h> {
                 return Err(SessionError::Unexpected { conn: PLUGIN_CONN, kind: header.kind, stream: header.stream });
             }
             let request = decode::<wire::Request>(&data, "request")?;
-            let response = self.answer(&request, &mut turn.happened)?;
+            // A handler's panic fails its call alone: the plugin answers, and serves on.
+            let answered =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.answer(&request, &mut turn.happened)));
+            let response = answered.unwrap_or_else(|panic| {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".to_owned());
+                let message = format!("devremap's NRI handler panicked in {} ({what})", request.method);
+                turn.happened.push(Happened::Panicked(message.clone()));
+                Ok(failed(wire::INTERNAL, message))
+            })?;
             let reply =
                 wire::message(Header { stream: header.stream, kind: RESPONSE, flags: 0 }, &response.encode_to_vec());
             turn.write.extend(wire::mux_frames(PLUGIN_CONN, &reply));
@@ -217,6 +231,9 @@ mod tests {
     impl Handler for Recorder {
         fn create(&self, pod: &Pod, c: &Container) -> Result<Adjustment, String> {
             self.0.lock().unwrap().push(format!("create {} {}", pod.id, c.id));
+            if c.id == "panic" {
+                panic!("boom");
+            }
             if c.id == "bad" {
                 return Err("no GPUs for bad".into());
             }
@@ -396,5 +413,27 @@ mod tests {
         let (mut session, _) = Session::start(&recorder, "devremap", "10");
         let err = session.feed(&call(1, "CreateContainer", vec![0xff, 0xff, 0xff])).unwrap_err();
         assert!(err.to_string().starts_with("containerd's CreateContainer does not decode"), "{err}");
+    }
+
+    /// Rule (issue 32): a handler that panics fails that call alone (an error status naming the
+    /// method and the panic, which fails the container's creation) and the session answers
+    /// the next call.
+    #[test]
+    fn a_panicking_handler_fails_its_call_alone() {
+        let recorder = Recorder::default();
+        let (mut session, _) = Session::start(&recorder, "devremap", "10");
+        let (pod, container) = pod_and("panic");
+        let (pod1, c1) = pod_and("c1");
+        let trunk = [
+            call(1, "CreateContainer", api::CreateContainerRequest { pod, container }.encode_to_vec()),
+            call(3, "CreateContainer", api::CreateContainerRequest { pod: pod1, container: c1 }.encode_to_vec()),
+        ]
+        .concat();
+        let turn = session.feed(&trunk).unwrap();
+        let message = "devremap's NRI handler panicked in CreateContainer (boom)".to_owned();
+        assert_eq!(turn.happened, vec![Happened::Panicked(message.clone())]);
+        let answers = answers(&turn.write);
+        assert_eq!(answers[0].1.status, Some(wire::Status { code: wire::INTERNAL, message }));
+        assert_eq!(answers[1].1.status, None);
     }
 }

@@ -160,6 +160,7 @@ pub struct Status {
 /// gRPC status codes used here.
 pub const UNKNOWN: i32 = 2;
 pub const UNIMPLEMENTED: i32 = 12;
+pub const INTERNAL: i32 = 13;
 
 #[cfg(test)]
 mod tests {
