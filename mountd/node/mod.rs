@@ -13,7 +13,8 @@
 //! Threads: the main one takes events (signals, a keeper's exit, the idle timer); one accepts
 //! connections; each connection has its own, for its one request (at most [`MAX_CLIENTS`] at
 //! once); each keeper one that waits on its pidfd (a small stack), so nothing here ever waits
-//! on a keeper but its own request. Assumption: one node daemon per state dir, held by the
+//! on a keeper but its own request. With `--nri`, one more is containerd's NRI plugin
+//! ([`nri`]), which nothing else waits on. Assumption: one node daemon per state dir, held by the
 //! lock on `<state_dir>/node.lock` for the daemon's whole life.
 
 pub mod ctl;
