@@ -175,8 +175,8 @@ impl Pod {
 }
 
 /// Rule (issue 32): `devremapd node --nri` registers with containerd 1.7.24 as NRI plugin
-/// `10-devremap` (both sides say so); a pod's container's CreateContainer, start, stop and
-/// removal each reach the handler, and the pod's sandbox is never created as a container; a node
+/// `10-devremap` (both sides say so); a pod's container's CreateContainer, start (with its
+/// init's pid), stop and removal each reach the handler, and the pod's sandbox is never created as a container; a node
 /// daemon started again while the container runs is told of it at Synchronize; after
 /// containerd is restarted, the plugin registers again by itself.
 #[test]
@@ -196,7 +196,12 @@ fn the_plugin_hears_a_containers_life_and_comes_back() {
     let pod = Pod::run(&mut cri, dir, "nri-life");
     let id = pod.start_container(&mut cri);
     plugin.wait_lines(&format!("nri: create container {id} (sleeper) in pod default/nri-life"), 1);
-    plugin.wait_lines(&format!("nri: container {id} started (pid "), 1);
+    let started = format!("nri: container {id} started (pid ");
+    plugin.wait_lines(&started, 1);
+    // PostStartContainer carries the container's init, which a handler watches.
+    let log = plugin.log();
+    let pid = log.lines().find_map(|l| l.split_once(&started)).and_then(|(_, rest)| rest.strip_suffix(')'));
+    assert!(pid.is_some_and(|p| p.parse::<u32>().is_ok_and(|p| p > 0)), "{log}");
 
     drop(plugin);
     let plugin = Plugin::start(dir);
