@@ -8,6 +8,7 @@
 
 use crate::common::bundle::{Runtime, need_containers};
 use crate::common::clients::{busybox_rootfs, need_client, succeeded, wait_client};
+use crate::common::daemon::unmount;
 use crate::common::write_file;
 use hyper_util::rt::TokioIo;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
@@ -192,9 +193,17 @@ impl Drop for Containerd {
         // The shim's runc root for our namespace, empty once its containers are gone.
         let _ = fs::remove_dir(format!("/run/containerd/runc/{}", self.namespace));
         // The CRI plugin's sandbox mounts (shm) and the snapshotter's, left by a test that
-        // failed mid-way.
-        for d in ["state", "root"] {
-            let _ = Command::new("umount").arg("-R").arg("-l").arg(self.dir.join(d)).stderr(Stdio::null()).status();
+        // failed mid-way: every mount under state/ and root/, deepest first (`umount -R` of
+        // the directories themselves, which are no mount points, left them all).
+        let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let mut left: Vec<PathBuf> = mountinfo
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4).map(PathBuf::from))
+            .filter(|m| ["state", "root"].iter().any(|d| m.starts_with(self.dir.join(d))))
+            .collect();
+        left.sort_by_key(|m| std::cmp::Reverse(m.components().count()));
+        for mount in left {
+            unmount(&mount);
         }
     }
 }
