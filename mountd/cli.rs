@@ -76,6 +76,17 @@ pub struct NodeArgs {
     /// Write a newline to FD once the socket answers, and close it.
     #[arg(long, value_name = "FD", hide = true)]
     pub ready_fd: Option<i32>,
+    /// Register with containerd as the NRI plugin `devremap` (issue 32): containerd's NRI
+    /// must be enabled; until its socket answers the daemon keeps trying. Not with
+    /// `--idle-exit`: a plugin must not go when no container is served.
+    #[arg(long, conflicts_with = "idle_exit")]
+    pub nri: bool,
+    /// containerd's NRI socket (its `socket_path`).
+    #[arg(long, value_name = "PATH", default_value = "/var/run/nri/nri.sock", requires = "nri")]
+    pub nri_socket: PathBuf,
+    /// The plugin's place among NRI plugins (0-99; lower is called first).
+    #[arg(long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u8).range(0..=99), requires = "nri")]
+    pub nri_index: u8,
 }
 
 #[derive(Debug, Args)]

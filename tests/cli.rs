@@ -217,6 +217,22 @@ fn missing_inputs_name_the_flags_that_give_them() {
     );
 }
 
+/// Rule (issue 32): the NRI flags' bad values are refused before the node daemon starts, each
+/// naming the flag, exit 1: an index outside NRI's two digits, `--nri-socket` without `--nri`,
+/// and `--nri` with `--idle-exit` (a plugin that would go once no container is served).
+#[test]
+fn node_refuses_bad_nri_flags() {
+    for (args, message) in [
+        (&["--nri", "--nri-index", "100"][..], "invalid value '100' for '--nri-index <N>': 100 is not in 0..=99"),
+        (&["--nri-socket", "/x"], "the following required arguments were not provided:"),
+        (&["--nri", "--idle-exit", "60"], "the argument '--nri' cannot be used with '--idle-exit <SECS>'"),
+    ] {
+        let (code, _, stderr) = devremapd(&[&["node"][..], args].concat());
+        assert_eq!(code, 1, "{args:?}: {stderr}");
+        assert!(stderr.starts_with("error: ") && stderr.contains(message), "{args:?}: {stderr}");
+    }
+}
+
 /// Rule (issue 21): a config whose directory another user could write (so could rename another
 /// file over it) is refused, naming the file and the directory, before the runtime runs; a
 /// sticky directory, where only the file's owner may replace it, is accepted.

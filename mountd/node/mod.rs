@@ -13,11 +13,13 @@
 //! Threads: the main one takes events (signals, a keeper's exit, the idle timer); one accepts
 //! connections; each connection has its own, for its one request (at most [`MAX_CLIENTS`] at
 //! once); each keeper one that waits on its pidfd (a small stack), so nothing here ever waits
-//! on a keeper but its own request. Assumption: one node daemon per state dir, held by the
+//! on a keeper but its own request. With `--nri`, one more is containerd's NRI plugin
+//! ([`nri`]), which nothing else waits on. Assumption: one node daemon per state dir, held by the
 //! lock on `<state_dir>/node.lock` for the daemon's whole life.
 
 pub mod ctl;
 mod error;
+mod nri;
 
 #[path = "../runtime/procs.rs"]
 mod procs;
@@ -134,6 +136,9 @@ pub fn run(args: &NodeArgs) -> Result<(), NodeError> {
         .name("accept".into())
         .spawn(move || accepting.accept(listener))
         .map_err(NodeError::Thread)?;
+    if args.nri {
+        nri::start(args.nri_socket.clone(), args.nri_index, nri::handler()).map_err(NodeError::Thread)?;
+    }
     info!("node daemon serving {} on {} (pid {})", node.state_dir.display(), args.socket.display(), std::process::id());
     if let Some(mut ready) = ready {
         let _ = ready.write_all(b"\n");

@@ -8,4 +8,8 @@
 //! the adjustment. Neither half sees the other's types. Assumption: containerd 1.7's NRI, v0.6.1
 //! of the protocol (`nri.pkg.api.v1alpha1`).
 
+pub mod api;
+pub mod convert;
+pub mod session;
 pub mod view;
+pub mod wire;
