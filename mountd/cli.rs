@@ -76,6 +76,11 @@ pub struct NodeArgs {
     /// Write a newline to FD once the socket answers, and close it.
     #[arg(long, value_name = "FD", hide = true)]
     pub ready_fd: Option<i32>,
+    /// The runtime config devremap-runtime reads (host_dev, host_root, annotations, relax), for
+    /// the containers the NRI plugin serves [default: /etc/devremap/runtime.json, the defaults
+    /// where it does not exist].
+    #[arg(long, value_name = "PATH")]
+    pub config: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

@@ -18,6 +18,10 @@
 
 pub mod ctl;
 mod error;
+mod nri_handler;
+
+#[path = "../runtime/config_file.rs"]
+mod config_file;
 
 #[path = "../runtime/procs.rs"]
 mod procs;
@@ -367,7 +371,7 @@ impl Node {
     }
 
     /// One connection: its request, and the answer.
-    fn serve(&self, stream: UnixStream) {
+    fn serve(self: &Arc<Self>, stream: UnixStream) {
         let answer = match peer_is_root(&stream) {
             false => Answer::refused("only root may ask the node daemon"),
             true => match read_request(&stream) {
@@ -379,7 +383,7 @@ impl Node {
         let _ = (&stream).write_all(protocol::answer_line(&answer).as_bytes());
     }
 
-    fn answer(&self, request: Request, passed: Option<OwnedFd>) -> Answer {
+    fn answer(self: &Arc<Self>, request: Request, passed: Option<OwnedFd>) -> Answer {
         let result = match request {
             Request::Hello => Ok(json!({
                 "pid": std::process::id(),
@@ -396,6 +400,10 @@ impl Node {
             Request::Reload { id } => self.reload(id.as_deref()),
             Request::Yield => self.make_way(),
             Request::Status { id } => self.status(&id),
+            #[cfg(feature = "test-hooks")]
+            Request::NriEvent { config, event, pod, containers } => {
+                self.nri_event(config.as_deref(), &event, pod, containers)
+            }
         };
         match result {
             Ok(data) => Answer::done(data),
@@ -432,8 +440,8 @@ impl Node {
             host_root: &m.host_root,
             metadata: m.metadata.as_deref(),
             extra: m.extra.clone(),
-            container_pid_file: &m.container_pid_file,
-            owner_pid: m.owner_pid,
+            container_pid_file: (!m.until_unmount).then_some(m.container_pid_file.as_path()),
+            owner_pid: (!m.until_unmount).then_some(m.owner_pid),
         };
         match container.start_daemon(&args, &Host) {
             Ok(child) => {
@@ -451,6 +459,48 @@ impl Node {
                 warn!("container {}: not served: {e}", m.id);
                 Err(format!("container {}: {e}", m.id))
             }
+        }
+    }
+
+    /// Test builds only: calls the NRI handler as the transport would (see `Request::NriEvent`).
+    #[cfg(feature = "test-hooks")]
+    fn nri_event(
+        self: &Arc<Self>,
+        config: Option<&Path>,
+        event: &str,
+        pod: Value,
+        containers: Vec<Value>,
+    ) -> Result<Value, String> {
+        use devremap::nri::view::{Container as Ctr, Handler, Pod};
+        let handler = nri_handler::NriHandler::new(self.clone(), config).map_err(|e| e.to_string())?;
+        let pod: Pod = serde_json::from_value(pod).map_err(|e| format!("pod: {e}"))?;
+        let containers: Vec<Ctr> = containers
+            .into_iter()
+            .map(serde_json::from_value)
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("containers: {e}"))?;
+        match (event, containers.as_slice()) {
+            ("create", [c]) => handler.create(&pod, c).map(|a| {
+                let mounts: Vec<Value> = a
+                    .mounts
+                    .iter()
+                    .map(|m| json!({"destination": m.destination, "type": m.kind, "source": m.source, "options": m.options}))
+                    .collect();
+                json!({"annotations": a.annotations, "mounts": mounts, "remove_mounts": a.remove_mounts})
+            }),
+            ("stopped", [c]) => {
+                handler.stopped(&pod, c);
+                Ok(Value::Null)
+            }
+            ("removed", [c]) => {
+                handler.removed(&pod, c);
+                Ok(Value::Null)
+            }
+            ("synchronize", all) => {
+                handler.synchronize(std::slice::from_ref(&pod), all);
+                Ok(Value::Null)
+            }
+            _ => Err(format!("nri-event: unknown event {event:?}, or not one container for it")),
         }
     }
 

@@ -146,6 +146,7 @@ fn set_up(
         container_pid_file: pid_file.to_owned(),
         // This process, which the runtime replaces.
         owner_pid: std::process::id(),
+        until_unmount: false,
     };
     container.mark_node()?;
     crate::node::mount(config, devremapd, request, mine.as_fd())

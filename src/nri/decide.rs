@@ -12,7 +12,7 @@
 //!   the device plugin's device list);
 //! - `process.terminal` is true: the view does not say, and runc binds the console onto
 //!   `/dev/console` for a container with a terminal (`tty: true`), which needs the placeholder
-//!   there; the placeholder is an empty file, no device.
+//!   there; the placeholder is `/dev/null`'s device, which every container has anyway.
 //!
 //! The annotations are the container's, with the pod's `devremap.io/` annotations for the keys
 //! the container does not set: a pod's annotation asks for each of its containers, a
