@@ -10,6 +10,7 @@
 
 mod common;
 
+use common::clients::WRAPPER;
 use common::daemon::{is_mounted, need_fuse, terminate, unmount, wait_for_or, wait_node_answers};
 use common::{BIN, FakeHost, arg, host_uuid, need_test_hooks, write_file};
 use devremap::node::client::ask;
@@ -39,7 +40,9 @@ impl Node {
         let host = FakeHost::with_described_gpus(&[2, 3]);
         let tmp = TempDir::new().unwrap();
         let state = tmp.path().join("state");
-        let config = json!({"host_root": arg(&host.root()), "state_dir": arg(&state)});
+        // `runtime` is the wrapper's (a runtime that fails at once), for a pod with the
+        // RuntimeClass as well: the plugin ignores it.
+        let config = json!({"host_root": arg(&host.root()), "state_dir": arg(&state), "runtime": "/bin/false"});
         let config = write_file(tmp.path(), "runtime.json", config.to_string());
         let log = fs::File::create(tmp.path().join("node.log")).unwrap();
         let socket = tmp.path().join("node.sock");
@@ -56,6 +59,16 @@ impl Node {
         let (socket, log) = (node.socket(), node.tmp.path().join("node.log"));
         wait_node_answers(&mut node.child, &socket, &log);
         node
+    }
+
+    /// A node daemon for a test that needs FUSE and the test hooks (it fails without them), and
+    /// the test's directory.
+    fn for_test() -> (Node, PathBuf) {
+        need_fuse();
+        need_test_hooks();
+        let node = Node::start();
+        let tmp = node.tmp.path().to_owned();
+        (node, tmp)
     }
 
     fn socket(&self) -> PathBuf {
@@ -191,10 +204,7 @@ fn what(path: &Path) -> String {
 #[test]
 #[ignore = "needs root, /dev/fuse and a test-hooks build: mounts FUSE through the node daemon"]
 fn create_serves_a_gpu_containers_dev_and_remove_tears_it_down() {
-    need_fuse();
-    need_test_hooks();
-    let node = Node::start();
-    let tmp = node.tmp.path().to_owned();
+    let (node, tmp) = Node::for_test();
     let gpu = container(&tmp, "gpu1", Some(2), json!({"io.kubernetes.cri.container-type": "container"}));
     let adjustment = node.create(&gpu);
     let dev = node.dir("gpu1").join("dev");
@@ -247,10 +257,7 @@ fn create_serves_a_gpu_containers_dev_and_remove_tears_it_down() {
 #[test]
 #[ignore = "needs root, /dev/fuse and a test-hooks build: mounts FUSE through the node daemon"]
 fn a_container_created_with_a_record_is_served_the_remap() {
-    need_fuse();
-    need_test_hooks();
-    let node = Node::start();
-    let tmp = node.tmp.path().to_owned();
+    let (node, tmp) = Node::for_test();
     let first = node.create(&container(&tmp, "before", Some(2), json!({})));
     let record = first["annotations"]["devremap.io/gpus"].as_str().unwrap().to_owned();
     node.event("removed", &pod(), &[container(&tmp, "before", Some(2), json!({}))]).unwrap();
@@ -279,10 +286,7 @@ fn a_container_created_with_a_record_is_served_the_remap() {
 #[test]
 #[ignore = "needs root, /dev/fuse and a test-hooks build: mounts FUSE through the node daemon"]
 fn synchronize_tears_down_only_nri_containers_that_are_gone() {
-    need_fuse();
-    need_test_hooks();
-    let node = Node::start();
-    let tmp = node.tmp.path().to_owned();
+    let (node, tmp) = Node::for_test();
     let mut running = container(&tmp, "running", Some(2), json!({}));
     node.create(&running);
     node.create(&container(&tmp, "gone", Some(3), json!({})));
@@ -297,4 +301,39 @@ fn synchronize_tears_down_only_nri_containers_that_are_gone() {
     fs::remove_dir_all(&wrappers).unwrap();
     node.event("removed", &pod(), &[running]).unwrap();
     node.wait_gone("running");
+}
+
+/// Bug (issue 32): a pod with the RuntimeClass `devremap` on a node whose NRI plugin is on too
+/// gets both: the plugin serves the container at `CreateContainer`, then containerd runs
+/// `devremap-runtime create`, which found the plugin's directory and refused the container (the
+/// id "in use by a devremap container of runtime root"), or, with the runtime's default root,
+/// took it for a killed wrapper's leftover and tore the container's `/dev` down. The wrapper
+/// leaves an NRI container to the plugin and runs the runtime alone, with either root.
+#[test]
+#[ignore = "needs root, /dev/fuse and a test-hooks build: mounts FUSE through the node daemon"]
+fn the_wrapper_leaves_an_nri_container_to_the_plugin() {
+    let (node, tmp) = Node::for_test();
+    let gpu = container(&tmp, "both", Some(2), json!({}));
+    node.create(&gpu);
+    let bundle = tmp.join("bundle");
+    fs::create_dir_all(&bundle).unwrap();
+    let spec = json!({"ociVersion": "1.0.2", "annotations": {"devremap.io/enable": "true"},
+                      "linux": {"devices": [{"path": "/dev/nvidia2", "type": "c", "major": 195, "minor": 2}]}});
+    fs::write(bundle.join("config.json"), spec.to_string()).unwrap();
+    let runc_root = tmp.join("runc");
+    for root in [&["--root", arg(&runc_root)][..], &[]] {
+        let out = Command::new(WRAPPER)
+            .args(["--devremap-config", arg(&node.config)])
+            .args(root)
+            .args(["create", "--bundle", arg(&bundle), "both"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        // The runtime, /bin/false, ran: it says nothing and exits 1.
+        assert_eq!((out.status.code(), String::from_utf8_lossy(&out.stderr).as_ref()), (Some(1), ""), "{root:?}");
+        let dev = node.dir("both").join("dev");
+        assert!(is_mounted(&dev) && what(&dev.join("nvidia2")) == "c 195:2", "{root:?}: {}", node.log());
+    }
+    node.event("removed", &pod(), &[gpu]).unwrap();
+    node.wait_gone("both");
 }
