@@ -138,6 +138,9 @@ fn record(args: &cli::RecordArgs) -> Result<(), Failure> {
         ..load::Sources::default()
     };
     let list = recorded(&sources)?;
+    if args.metadata.is_none() {
+        log::info!("recorded without --metadata: no names of an earlier restore are carried (earlier_minors left out)");
+    }
     let text = format!("{list:#}\n");
     let Some(path) = &args.output else {
         print!("{text}");
@@ -158,9 +161,6 @@ fn recorded(sources: &load::Sources) -> Result<serde_json::Value, Failure> {
     devremap::decision::record::check(&loaded.plan).map_err(|e| e.to_string())?;
     if let Some(warning) = devremap::decision::record::unread_warning(&loaded.plan) {
         log::warn!("{warning}");
-    }
-    if sources.metadata.is_none() {
-        log::info!("recorded without --metadata: no names of an earlier restore are carried (earlier_minors left out)");
     }
     // Still recorded: a record without uuids pairs by minor.
     for gap in devremap::decision::record::gaps(&loaded.plan) {

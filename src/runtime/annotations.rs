@@ -474,6 +474,21 @@ mod tests {
         assert!(super::parse(&with(json!({"io.kubernetes.x": "y"})), &none).is_ok());
     }
 
+    /// Rule (issue 32): `devremap.io/gpus`, the NRI plugin's record, is a known annotation the
+    /// launchers' default allows: kept as written (it is checked where it is read as a record),
+    /// no daemon flag, and refused like any other where the config does not list it.
+    #[test]
+    fn the_record_annotation_is_known_and_kept_as_written() {
+        let r = super::parse(&with(json!({GPUS: "not even JSON"})), &launcher_default()).unwrap();
+        assert_eq!(r.gpus.as_deref(), Some("not even JSON"));
+        assert!(r.daemon_args().is_empty() && r.enable.is_none());
+        let only_enable = vec![ENABLE.to_owned()];
+        assert_eq!(
+            super::parse(&with(json!({GPUS: "[]"})), &only_enable),
+            Err(AnnotationError::NotAllowed(GPUS.into()))
+        );
+    }
+
     /// Rule (issue 29.2): another reader of the spec (`cuda-device-map`) gets the pairing the
     /// wrapper gives the daemon: the annotation's device map, prefer and relax; a
     /// `--device-map` that contradicts the annotation is refused, the same one is not.
