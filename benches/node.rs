@@ -166,6 +166,7 @@ impl Host {
             extra: vec![],
             container_pid_file: c.dir.join("init.pid"),
             owner_pid: std::process::id(),
+            until_unmount: false,
         }
     }
 }

@@ -87,6 +87,11 @@ pub struct NodeArgs {
     /// The plugin's place among NRI plugins (0-99; lower is called first).
     #[arg(long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u8).range(0..=99), requires = "nri")]
     pub nri_index: u8,
+    /// The runtime config devremap-runtime reads (host_dev, host_root, annotations, relax), for
+    /// the containers the NRI plugin serves [default: /etc/devremap/runtime.json, the defaults
+    /// where it does not exist].
+    #[arg(long, value_name = "PATH")]
+    pub config: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

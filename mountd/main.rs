@@ -137,21 +137,9 @@ fn record(args: &cli::RecordArgs) -> Result<(), Failure> {
         host_root: args.host_root.clone(),
         ..load::Sources::default()
     };
-    // The record says what the container has, not whether its restore was right: that was the
-    // restore's to judge (and maybe relaxed), so the checks do not refuse it here.
-    let loaded = load::load_unchecked(&sources).map_err(|e| e.to_string())?;
-    // An AMD GPU whose identity an unreadable topology hid is refused: found only at restore.
-    devremap::decision::record::check(&loaded.plan).map_err(|e| e.to_string())?;
-    if let Some(warning) = devremap::decision::record::unread_warning(&loaded.plan) {
-        log::warn!("{warning}");
-    }
+    let list = recorded(&sources)?;
     if args.metadata.is_none() {
         log::info!("recorded without --metadata: no names of an earlier restore are carried (earlier_minors left out)");
-    }
-    let list = devremap::decision::record::devices(&loaded.plan, args.metadata.is_some());
-    // Still exit 0: a record without uuids pairs by minor.
-    for gap in devremap::decision::record::gaps(&loaded.plan) {
-        log::warn!("{}: {gap}", args.host_root.display());
     }
     let text = format!("{list:#}\n");
     let Some(path) = &args.output else {
@@ -161,6 +149,24 @@ fn record(args: &cli::RecordArgs) -> Result<(), Failure> {
     devremap::atomic::replace_file(path, text.as_bytes()).map_err(|e| e.to_string())?;
     log::info!("recorded {} GPUs to {}", list.as_array().map_or(0, Vec::len), path.display());
     Ok(())
+}
+
+/// The record of a container's GPUs (`devremapd record`; the NRI plugin's `devremap.io/gpus`),
+/// warning of what it lacks.
+fn recorded(sources: &load::Sources) -> Result<serde_json::Value, Failure> {
+    // The record says what the container has, not whether its restore was right: that was the
+    // restore's to judge (and maybe relaxed), so the checks do not refuse it here.
+    let loaded = load::load_unchecked(sources).map_err(|e| e.to_string())?;
+    // An AMD GPU whose identity an unreadable topology hid is refused: found only at restore.
+    devremap::decision::record::check(&loaded.plan).map_err(|e| e.to_string())?;
+    if let Some(warning) = devremap::decision::record::unread_warning(&loaded.plan) {
+        log::warn!("{warning}");
+    }
+    // Still recorded: a record without uuids pairs by minor.
+    for gap in devremap::decision::record::gaps(&loaded.plan) {
+        log::warn!("{}: {gap}", sources.host_root.display());
+    }
+    Ok(devremap::decision::record::devices(&loaded.plan, sources.metadata.is_some()))
 }
 
 /// The inputs of a reader of a container's spec (`plan`, `cuda-device-map`), with the spec's

@@ -198,6 +198,8 @@ impl Node {
         std::os::unix::fs::symlink(dist.join("systemd"), source.join("systemd")).unwrap();
         let bin_dir = dir.join("bin");
         let out = Command::new(NODE_SETUP)
+            // The runtime handler this test runs containerd with (the default mode is NRI's).
+            .env("DEVREMAP_MODE", "runtimeclass")
             .env("DEVREMAP_HOST", "")
             .env("DEVREMAP_SOURCE", &source)
             .env("DEVREMAP_BIN_DIR", &bin_dir)

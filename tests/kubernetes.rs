@@ -63,7 +63,9 @@ fn the_manifests_match_the_kubernetes_schemas() {
 /// binaries, the config, the shipped containerd entry and the node daemon's unit. `nsenter` on
 /// node-setup's `PATH` records each command it is asked to run on the host instead of running
 /// it, and plays the host's systemd: `test -d /run/systemd/system` holds unless the file
-/// `no-systemd` is there, and devremap.service is active once started.
+/// `no-systemd` is there, and devremap.service is active once started; and its containerd's
+/// NRI socket, there unless the file `no-nri` is. Runs are in the RuntimeClass mode unless a
+/// test gives `DEVREMAP_MODE`.
 struct Setup {
     _tmp: TempDir,
     host: PathBuf,
@@ -98,6 +100,7 @@ cd {}
 echo "$*" >> on-host
 case "$*" in
 *"test -d /run/systemd/system") [ ! -e no-systemd ] ;;
+*"test -S /var/run/nri/nri.sock") [ ! -e no-nri ] ;;
 *"is-active devremap.service") [ -e active ] ;;
 *" start devremap.service" | *" restart devremap.service") touch active ;;
 esac
@@ -134,6 +137,7 @@ esac
             .env_remove("DEVREMAP_RESTART_CONTAINERD")
             .env_remove("DEVREMAP_NODE_SERVICE")
             .env_remove("DEVREMAP_SYSTEMD_UNIT")
+            .env("DEVREMAP_MODE", "runtimeclass")
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .output()
@@ -506,6 +510,46 @@ fn node_setup_runs_the_node_daemon_as_a_host_service() {
         ],
         "{third:?}"
     );
+}
+
+/// Rule (issue 32): the default mode is NRI's: node-setup leaves containerd's config as it was
+/// (no runtime handler, no restart) and runs the node daemon as the NRI plugin (`devremapd node
+/// --nri` in the unit), once it has found containerd's NRI socket on the host; without it,
+/// it refuses, installing nothing, and says how to enable NRI and what the other mode is.
+#[test]
+fn node_setup_defaults_to_the_nri_plugin_and_checks_nri_is_on() {
+    let setup = Setup::new("version = 2\n");
+    let out = setup.run_with(&[("DEVREMAP_MODE", "nri")]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("NRI mode: /etc/containerd/config.toml left as it was"), "{stdout}");
+    assert_eq!(setup.config(), "version = 2\n");
+    assert_eq!(setup.restarts(), 0);
+    let unit = fs::read_to_string(setup.host.join("etc/systemd/system/devremap.service")).unwrap();
+    let shipped = fs::read_to_string(UNIT).unwrap();
+    assert_eq!(
+        unit,
+        shipped.replace("ExecStart=/usr/bin/devremapd node", "ExecStart=/usr/local/bin/devremapd node --nri")
+    );
+    assert!(setup.on_host().iter().any(|c| c == "systemctl start devremap.service"), "{:?}", setup.on_host());
+
+    let setup = Setup::new("version = 2\n");
+    fs::write(setup._tmp.path().join("no-nri"), "").unwrap();
+    let out = setup.run_with(&[("DEVREMAP_MODE", "nri")]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    for says in [
+        "no /var/run/nri/nri.sock",
+        "[plugins.\"io.containerd.nri.v1.nri\"]",
+        "disable = false",
+        "DEVREMAP_MODE=runtimeclass",
+    ] {
+        assert!(stderr.contains(says), "{says}: {stderr}");
+    }
+    assert!(!setup.host.join("usr/local/bin").exists(), "a refusal installed the binaries");
+    // The DaemonSet's default is this mode.
+    let yaml = fs::read_to_string(Path::new(DIST).join("node-setup.yaml")).unwrap();
+    assert!(yaml.contains("name: DEVREMAP_MODE\n              value: nri\n"), "{yaml}");
 }
 
 /// Rule (issue 31, "How it runs"): on a host without systemd node-setup installs the unit

@@ -693,16 +693,7 @@ impl Service {
             .spawn()
             .expect("devremapd node starts");
         let mut service = Service { child };
-        wait_for_or(
-            "the node daemon to answer",
-            || fs::read_to_string(fleet.tmp.path().join("service.log")).unwrap_or_default(),
-            || {
-                if let Ok(Some(status)) = service.child.try_wait() {
-                    panic!("devremapd node exited with {status}");
-                }
-                ask(&socket, &Request::Hello, ASK).ok()
-            },
-        );
+        common::daemon::wait_node_answers(&mut service.child, &socket, &fleet.tmp.path().join("service.log"));
         service
     }
 
@@ -713,16 +704,7 @@ impl Service {
 
 impl Drop for Service {
     fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            // SAFETY: kill(2) of our child.
-            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-            let deadline = Instant::now() + PATIENCE;
-            while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
+        common::daemon::terminate(&mut self.child);
     }
 }
 
@@ -769,6 +751,7 @@ fn mount_direct(fleet: &Fleet, id: &str, visible: &[u32], init: &Init) -> Result
         extra: vec![],
         container_pid_file: pid_file,
         owner_pid: init.0.id(),
+        until_unmount: false,
     });
     ask_passing(&fleet.socket(), &request, Some(mine.as_fd()), ASK).map_err(|e| e.to_string())
 }
@@ -1031,6 +1014,7 @@ fn requests_name_only_their_own_container() {
         extra: vec![],
         container_pid_file: fleet.state_dir().join(&id).join("container.pid"),
         owner_pid: init.0.id(),
+        until_unmount: false,
     };
     let escape = format!("../state/{id}");
     for bad in ["../x", "", "a/b", "..", escape.as_str()] {

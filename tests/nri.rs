@@ -1,7 +1,7 @@
 //! `devremapd node --nri` (issue 32) as containerd's NRI plugin: containerd 1.7.24 (Debian 13's
 //! package, unpacked by `.ci/containerd-packages`) with NRI enabled on a socket of the test's
 //! own, its CRI plugin driven by a CRI client as a kubelet drives it, and the node daemon
-//! registered with it. The node daemon's handler here is the transport's placeholder, which
+//! registered with it, with the real handler; the pods here ask for no devremap /dev, so it
 //! logs one line per event and changes nothing: these tests pin the transport (registration,
 //! the events, Synchronize, reconnecting, never blocking a pod); what the handler answers is
 //! pinned by src/nri's unit tests of the encoding.

@@ -1,15 +1,25 @@
 #!/bin/sh
-# Installs devremap on the node from this image (node-setup.yaml's init container):
+# Installs devremap on the node from this image (node-setup.yaml's init container), in one of
+# two modes, DEVREMAP_MODE:
+#   - nri (the default, issue 32): the node daemon is containerd's NRI plugin `devremap`
+#     (`devremapd node --nri`), which gives every GPU container a devremap /dev with no runtime
+#     class: containerd's config is not touched, and NRI must be enabled in it already
+#     (containerd 1.7: `[plugins."io.containerd.nri.v1.nri"]` with `disable = false`; 2.x has it
+#     on by default): checked by its socket, /var/run/nri/nri.sock on the host, and refused,
+#     saying how to enable it, when there is none;
+#   - runtimeclass: containerd runs devremap-runtime for pods of `runtimeClassName: devremap`
+#     (runtimeclass.yaml), for clusters whose containerd has no NRI: the runtime handler below.
+# Either way:
 #   - devremapd and devremap-runtime into the host's /usr/local/bin, each by a rename, so a
 #     running daemon's SIGUSR2 upgrade finds the new binary whole;
 #   - runtime.json as the host's /etc/devremap/runtime.json, by a rename, only when there is
 #     none (or an empty one): an operator's config is never overwritten;
-#   - the CRI runtime handler `devremap` (containerd/devremap.toml) into the host's
+#   - (runtimeclass) the CRI runtime handler `devremap` (containerd/devremap.toml) into the host's
 #     /etc/containerd/config.toml itself, keeping everything else (`devremapd containerd-config`,
 #     docs/install.md); then restarts containerd in the host's namespaces, only when that file
 #     changed (and unless DEVREMAP_RESTART_CONTAINERD=0);
 #   - the node daemon as the host's systemd service: systemd/devremap.service, its ExecStart
-#     naming the installed devremapd, as the host's /etc/systemd/system/devremap.service,
+#     naming the installed devremapd (with --nri in the nri mode), as the host's /etc/systemd/system/devremap.service,
 #     enabled and started; when devremapd or the unit changed and the node runs, the node is
 #     restarted (the keepers serve on: KillMode=process) and SIGUSR2 has every container's
 #     server run the new devremapd. Not a process of this pod: each container's keeper is the
@@ -37,6 +47,8 @@ config="$host$containerd_config"
 entry="$src/containerd/devremap.toml"
 unit_src="$src/systemd/devremap.service"
 unit="${DEVREMAP_SYSTEMD_UNIT:-/etc/systemd/system/devremap.service}"
+mode="${DEVREMAP_MODE:-nri}"
+nri_socket=/var/run/nri/nri.sock
 
 fail() {
     echo "node-setup: $*" >&2
@@ -59,7 +71,17 @@ edit_containerd_config() {
 # Checks first: a refusal installs nothing.
 [ -f "$src/bin/devremapd" ] && [ -f "$src/bin/devremap-runtime" ] && [ -f "$entry" ] && [ -f "$unit_src" ] ||
     fail "$src does not hold bin/devremapd, bin/devremap-runtime, containerd/devremap.toml and systemd/devremap.service"
-edit_containerd_config --dry-run >/dev/null || fail "nothing installed; $config left as it was"
+case "$mode" in
+nri)
+    on_host test -S "$nri_socket" ||
+        fail "nothing installed: containerd on this node has NRI off (no $nri_socket). Enable it in $containerd_config:
+    [plugins.\"io.containerd.nri.v1.nri\"]
+      disable = false
+  (containerd 1.7; 2.x has NRI on unless disabled), restart containerd, and this setup runs again on its next start;
+  or set DEVREMAP_MODE=runtimeclass in node-setup.yaml and apply runtimeclass.yaml (docs/restore.md, Kubernetes)" ;;
+runtimeclass) edit_containerd_config --dry-run >/dev/null || fail "nothing installed; $config left as it was" ;;
+*) fail "DEVREMAP_MODE=$mode: expected nri or runtimeclass" ;;
+esac
 
 # Whether the node daemon's binary changes: then the running node and every server move to it.
 node_changed=0
@@ -78,8 +100,11 @@ if [ ! -s "$host$wrapper_config" ]; then
         { rm -f "$tmp"; fail "cannot install $host$wrapper_config"; }
 fi
 
-changed="$(edit_containerd_config)" || fail "$config left as it was"
-if [ "$changed" = changed ]; then
+if [ "$mode" = nri ]; then
+    echo "node-setup: NRI mode: $containerd_config left as it was (NRI is on: $nri_socket)"
+elif ! changed="$(edit_containerd_config)"; then
+    fail "$config left as it was"
+elif [ "$changed" = changed ]; then
     echo "node-setup: added the runtime handler devremap to $containerd_config"
     if [ "${DEVREMAP_RESTART_CONTAINERD:-1}" = 1 ]; then
         on_host systemctl restart containerd
@@ -92,7 +117,10 @@ fi
 unit_changed=0
 mkdir -p "$(dirname "$host$unit")"
 tmp="$(mktemp "$host$unit.XXXXXX")"
-sed "s#/usr/bin/devremapd#$bin_dir/devremapd#g" "$unit_src" >"$tmp" && chmod 0644 "$tmp" ||
+nri_flag=
+[ "$mode" = runtimeclass ] || nri_flag=" --nri"
+sed -e "s#/usr/bin/devremapd#$bin_dir/devremapd#g" -e "s#devremapd node#devremapd node$nri_flag#" "$unit_src" >"$tmp" &&
+    chmod 0644 "$tmp" ||
     { rm -f "$tmp"; fail "cannot write $host$unit"; }
 if cmp -s "$tmp" "$host$unit"; then
     rm -f "$tmp"

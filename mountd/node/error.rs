@@ -30,6 +30,9 @@ pub enum NodeError {
     OwnBinary,
     #[error("cannot start a thread: {}", io_message(.0))]
     Thread(io::Error),
+    /// The runtime config the NRI plugin reads (`--config`).
+    #[error("--config {0}")]
+    Config(String),
 }
 
 impl NodeError {

@@ -20,6 +20,10 @@
 pub mod ctl;
 mod error;
 mod nri;
+mod nri_handler;
+
+#[path = "../runtime/config_file.rs"]
+mod config_file;
 
 #[path = "../runtime/procs.rs"]
 mod procs;
@@ -122,6 +126,11 @@ pub fn run(args: &NodeArgs) -> Result<(), NodeError> {
         yields: args.idle_exit.is_some(),
     });
     node.adopt();
+    // Made before the daemon says it serves: a bad runtime config fails the start, naming it.
+    let nri_handler = match args.nri {
+        true => Some(nri_handler::NriHandler::new(node.clone(), args.config.as_deref())?),
+        false => None,
+    };
     let pid_text = format!("{}\n", std::process::id());
     let pid_written = devremap::atomic::write_atomic_told(
         &args.pid_file,
@@ -136,8 +145,9 @@ pub fn run(args: &NodeArgs) -> Result<(), NodeError> {
         .name("accept".into())
         .spawn(move || accepting.accept(listener))
         .map_err(NodeError::Thread)?;
-    if args.nri {
-        nri::start(args.nri_socket.clone(), args.nri_index, nri::handler()).map_err(NodeError::Thread)?;
+    if let Some(handler) = nri_handler {
+        nri::start(args.nri_socket.clone(), args.nri_index, nri::logged(Arc::new(handler)))
+            .map_err(NodeError::Thread)?;
     }
     info!("node daemon serving {} on {} (pid {})", node.state_dir.display(), args.socket.display(), std::process::id());
     if let Some(mut ready) = ready {
@@ -372,7 +382,7 @@ impl Node {
     }
 
     /// One connection: its request, and the answer.
-    fn serve(&self, stream: UnixStream) {
+    fn serve(self: &Arc<Self>, stream: UnixStream) {
         let answer = match peer_is_root(&stream) {
             false => Answer::refused("only root may ask the node daemon"),
             true => match read_request(&stream) {
@@ -384,7 +394,7 @@ impl Node {
         let _ = (&stream).write_all(protocol::answer_line(&answer).as_bytes());
     }
 
-    fn answer(&self, request: Request, passed: Option<OwnedFd>) -> Answer {
+    fn answer(self: &Arc<Self>, request: Request, passed: Option<OwnedFd>) -> Answer {
         let result = match request {
             Request::Hello => Ok(json!({
                 "pid": std::process::id(),
@@ -401,6 +411,10 @@ impl Node {
             Request::Reload { id } => self.reload(id.as_deref()),
             Request::Yield => self.make_way(),
             Request::Status { id } => self.status(&id),
+            #[cfg(feature = "test-hooks")]
+            Request::NriEvent { config, event, pod, containers } => {
+                self.nri_event(config.as_deref(), &event, pod, containers)
+            }
         };
         match result {
             Ok(data) => Answer::done(data),
@@ -437,8 +451,8 @@ impl Node {
             host_root: &m.host_root,
             metadata: m.metadata.as_deref(),
             extra: m.extra.clone(),
-            container_pid_file: &m.container_pid_file,
-            owner_pid: m.owner_pid,
+            container_pid_file: (!m.until_unmount).then_some(m.container_pid_file.as_path()),
+            owner_pid: (!m.until_unmount).then_some(m.owner_pid),
         };
         match container.start_daemon(&args, &Host) {
             Ok(child) => {
@@ -456,6 +470,48 @@ impl Node {
                 warn!("container {}: not served: {e}", m.id);
                 Err(format!("container {}: {e}", m.id))
             }
+        }
+    }
+
+    /// Test builds only: calls the NRI handler as the transport would (see `Request::NriEvent`).
+    #[cfg(feature = "test-hooks")]
+    fn nri_event(
+        self: &Arc<Self>,
+        config: Option<&Path>,
+        event: &str,
+        pod: Value,
+        containers: Vec<Value>,
+    ) -> Result<Value, String> {
+        use devremap::nri::view::{Container as Ctr, Handler, Pod};
+        let handler = nri_handler::NriHandler::new(self.clone(), config).map_err(|e| e.to_string())?;
+        let pod: Pod = serde_json::from_value(pod).map_err(|e| format!("pod: {e}"))?;
+        let containers: Vec<Ctr> = containers
+            .into_iter()
+            .map(serde_json::from_value)
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("containers: {e}"))?;
+        match (event, containers.as_slice()) {
+            ("create", [c]) => handler.create(&pod, c).map(|a| {
+                let mounts: Vec<Value> = a
+                    .mounts
+                    .iter()
+                    .map(|m| json!({"destination": m.destination, "type": m.kind, "source": m.source, "options": m.options}))
+                    .collect();
+                json!({"annotations": a.annotations, "mounts": mounts, "remove_mounts": a.remove_mounts})
+            }),
+            ("stopped", [c]) => {
+                handler.stopped(&pod, c);
+                Ok(Value::Null)
+            }
+            ("removed", [c]) => {
+                handler.removed(&pod, c);
+                Ok(Value::Null)
+            }
+            ("synchronize", all) => {
+                handler.synchronize(std::slice::from_ref(&pod), all);
+                Ok(Value::Null)
+            }
+            _ => Err(format!("nri-event: unknown event {event:?}, or not one container for it")),
         }
     }
 

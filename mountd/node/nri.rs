@@ -35,34 +35,35 @@ pub enum NriError {
     Protocol { socket: PathBuf, source: SessionError },
 }
 
-/// The handler the plugin asks. The one place it is made: the real one (which decides and
-/// mounts) replaces this placeholder, which changes nothing and logs each event.
-pub fn handler() -> Arc<dyn Handler> {
-    Arc::new(Placeholder)
+/// `handler`, with one line logged for each event containerd sends (what it decides is its
+/// own to log).
+pub fn logged(handler: Arc<dyn Handler>) -> Arc<dyn Handler> {
+    Arc::new(Logged(handler))
 }
 
-struct Placeholder;
+struct Logged(Arc<dyn Handler>);
 
-impl Handler for Placeholder {
+impl Handler for Logged {
     fn create(&self, pod: &Pod, container: &Container) -> Result<Adjustment, String> {
-        info!(
-            "nri: create container {} ({}) in pod {}/{}: no adjustment",
-            container.id, container.name, pod.namespace, pod.name
-        );
-        Ok(Adjustment::default())
+        info!("nri: create container {} ({}) in pod {}/{}", container.id, container.name, pod.namespace, pod.name);
+        self.0.create(pod, container)
     }
-    fn started(&self, _pod: &Pod, container: &Container) {
+    fn started(&self, pod: &Pod, container: &Container) {
         info!("nri: container {} started (pid {})", container.id, container.pid);
+        self.0.started(pod, container)
     }
-    fn stopped(&self, _pod: &Pod, container: &Container) {
+    fn stopped(&self, pod: &Pod, container: &Container) {
         info!("nri: container {} stopped", container.id);
+        self.0.stopped(pod, container)
     }
-    fn removed(&self, _pod: &Pod, container: &Container) {
+    fn removed(&self, pod: &Pod, container: &Container) {
         info!("nri: container {} removed", container.id);
+        self.0.removed(pod, container)
     }
     fn synchronize(&self, pods: &[Pod], containers: &[Container]) {
         let running: Vec<&str> = containers.iter().map(|c| c.id.as_str()).collect();
         info!("nri: synchronize: {} pods, containers [{}]", pods.len(), running.join(", "));
+        self.0.synchronize(pods, containers)
     }
 }
 

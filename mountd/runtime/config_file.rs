@@ -1,16 +1,29 @@
-//! Finding and reading the wrapper's config file: `--devremap-config`, else
-//! `DEVREMAP_RUNTIME_CONFIG`, else the default path if it exists (a file named by the flag or
-//! the variable must exist).
+//! Reading the runtime config file (`/etc/devremap/runtime.json`), checked as the wrapper
+//! checks it: only root's, in directories only root can write, each symlink on the way too.
+//! Shared by `devremap-runtime` (which finds the path: `--devremap-config`, else
+//! `DEVREMAP_RUNTIME_CONFIG`, else the default path if it exists) and `devremapd node`
+//! (`--config`, for the NRI plugin).
 
-use crate::error::Failure;
 use devremap::io_message;
-use devremap::runtime::argv::Global;
 use devremap::runtime::config::{self, Config};
-use devremap::runtime::osarg;
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use thiserror::Error;
+
+/// Why the config was refused: the file (or how it was named), then what is wrong.
+#[derive(Debug, Error)]
+#[error("{at}: {what}")]
+pub struct ConfigFileError {
+    pub at: String,
+    pub what: String,
+}
+
+impl ConfigFileError {
+    fn at(at: impl std::fmt::Display, what: impl std::fmt::Display) -> ConfigFileError {
+        ConfigFileError { at: at.to_string(), what: what.to_string() }
+    }
+}
 
 /// Why the directories around the config's path could not be listed; shown after the path.
 #[derive(Debug, Error)]
@@ -23,21 +36,12 @@ enum WalkError {
     Link(#[from] config::ConfigError),
 }
 
-pub fn load(global: &Global) -> Result<Config, Failure> {
-    let (path, required) = match (&global.config, std::env::var_os(config::ENV)) {
-        (Some(p), _) => (PathBuf::from(osarg::decode(p)), true),
-        (None, Some(p)) if p.is_empty() => {
-            return Err(Failure::at(
-                config::ENV,
-                format!("set but empty; name the config file, or unset it to read {}", config::DEFAULT_PATH),
-            ));
-        }
-        (None, Some(p)) => (PathBuf::from(p), true),
-        (None, None) => (PathBuf::from(config::DEFAULT_PATH), false),
-    };
+/// Reads the config at `path`; a missing file is the defaults unless it is `required` (named by
+/// a flag or a variable, not the default path).
+pub fn read(path: &Path, required: bool) -> Result<Config, ConfigFileError> {
     let p = path.display();
-    let at = |what: &dyn std::fmt::Display| Failure::at(&p, what);
-    let mut file = match devremap::inputs::files::open_regular(&path) {
+    let at = |what: &dyn std::fmt::Display| ConfigFileError::at(&p, what);
+    let mut file = match devremap::inputs::files::open_regular(path) {
         Ok(f) => f,
         Err(devremap::inputs::files::FileError::Io(e)) if !required && e.kind() == std::io::ErrorKind::NotFound => {
             return Ok(Config::default());
@@ -47,12 +51,12 @@ pub fn load(global: &Global) -> Result<Config, Failure> {
     let meta = file.metadata().map_err(|e| at(&io_message(&e)))?;
     let me = nix::unistd::geteuid().as_raw();
     config::check_access(meta.uid(), meta.mode(), me).map_err(|e| at(&e))?;
-    let (dirs, real) = directories(&path, &file, me).map_err(|e| at(&e))?;
+    let (dirs, real) = directories(path, &file, me).map_err(|e| at(&e))?;
     for dir in dirs {
         // A directory the path does not name is explained by where the path leads.
-        let at = |what: &dyn std::fmt::Display| match dir == dir_of(&path) {
+        let at = |what: &dyn std::fmt::Display| match dir == dir_of(path) {
             true => at(what),
-            false => Failure::at(format!("{p} (leading to {})", real.display()), what),
+            false => ConfigFileError::at(format!("{p} (leading to {})", real.display()), what),
         };
         let dmeta = std::fs::metadata(&dir).map_err(|e| at(&format!("{}: {}", dir.display(), io_message(&e))))?;
         config::check_dir_access(&dir.display().to_string(), dmeta.uid(), dmeta.mode(), me).map_err(|e| at(&e))?;

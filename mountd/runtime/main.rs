@@ -61,7 +61,7 @@ fn main() -> ExitCode {
         let text = devremap::runtime::about::text(ask, std::env::var_os(config::ENV).as_deref());
         let _ = std::io::Write::write_all(&mut std::io::stdout(), text.as_bytes());
     }
-    let result = config_file::load(&inv.global).and_then(|config| match argv {
+    let result = load_config(&inv.global).and_then(|config| match argv {
         Some(_) => dispatch(&config, &inv),
         // Not ours to understand: the runtime judges it.
         None => Err(exec_unchanged(&config)),
@@ -84,6 +84,23 @@ fn dispatch(config: &Config, inv: &Invocation) -> Result<u8, Failure> {
         Command::Delete(id) => commands::delete(config, inv, id.as_ref()),
         Command::Other => Err(exec(config, inv.line.original())),
     }
+}
+
+/// The wrapper's config: `--devremap-config`, else `DEVREMAP_RUNTIME_CONFIG`, else the default
+/// path if it exists (a file named by the flag or the variable must exist).
+fn load_config(global: &argv::Global) -> Result<Config, Failure> {
+    let (path, required) = match (&global.config, std::env::var_os(config::ENV)) {
+        (Some(p), _) => (PathBuf::from(osarg::decode(p)), true),
+        (None, Some(p)) if p.is_empty() => {
+            return Err(Failure::at(
+                config::ENV,
+                format!("set but empty; name the config file, or unset it to read {}", config::DEFAULT_PATH),
+            ));
+        }
+        (None, Some(p)) => (PathBuf::from(p), true),
+        (None, None) => (PathBuf::from(config::DEFAULT_PATH), false),
+    };
+    config_file::read(&path, required).map_err(|e| Failure::at(e.at, e.what))
 }
 
 fn absolute(p: &str) -> Result<PathBuf, Failure> {

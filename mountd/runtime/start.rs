@@ -39,6 +39,12 @@ pub fn start(
     restoring: Option<Restoring>,
 ) -> Result<u8, Failure> {
     let container = new.id.as_ref().map(|id| Container::new(&config.state_dir, id.as_str()));
+    // The NRI plugin served this container at containerd's CreateContainer (issue 32): its spec
+    // binds the plugin's mount at /dev already, and the directory is the plugin's, which tears
+    // it down when containerd says the container ended.
+    if container.as_ref().is_ok_and(Container::is_nri) {
+        return Err(exec(config, inv.line.original()));
+    }
     // A killed wrapper's leftover for this id is torn down before anything is set up.
     let claimed = match container.as_ref().ok().filter(|c| c.exists()) {
         Some(container) => Some(claim(config, inv, container)?),
@@ -146,6 +152,7 @@ fn set_up(
         container_pid_file: pid_file.to_owned(),
         // This process, which the runtime replaces.
         owner_pid: std::process::id(),
+        until_unmount: false,
     };
     container.mark_node()?;
     crate::node::mount(config, devremapd, request, mine.as_fd())

@@ -53,6 +53,18 @@ pub enum Request {
     /// make way (stop taking requests and exit; the keepers serve on, and the service adopts
     /// them). A service refuses.
     Yield,
+    /// Test builds only (`test-hooks`, never the shipped binary): the node daemon calls its NRI
+    /// handler as the NRI transport would, for `event` (`create`, `stopped`, `removed`: one
+    /// container; `synchronize`: all, in the one pod), with the runtime config at `config`;
+    /// `create` answers the adjustment. Pods and containers are `devremap::nri::view`'s, in JSON.
+    #[cfg(feature = "test-hooks")]
+    NriEvent {
+        #[serde(default)]
+        config: Option<PathBuf>,
+        event: String,
+        pod: serde_json::Value,
+        containers: Vec<serde_json::Value>,
+    },
 }
 
 /// What `mount` names: the container and what its daemon is started with (the flags of
@@ -81,6 +93,12 @@ pub struct MountRequest {
     /// The process that will start the container (the wrapper, which becomes the runtime): if
     /// it exits before the pid file appears, no one will, and the mount ends.
     pub owner_pid: u32,
+    /// No process to watch: the mount lasts until `unmount` (the NRI plugin's containers, whose
+    /// init is not known at `CreateContainer`: torn down at `StopContainer`/`RemoveContainer`),
+    /// and `container_pid_file` and `owner_pid` are not used. Optional, and left out when
+    /// false: a request of protocol 1 without it reads as before (issue 32).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub until_unmount: bool,
 }
 
 /// One container as the daemon serves it.
@@ -223,6 +241,7 @@ mod tests {
             extra: vec!["--relax".into(), "driver".into()],
             container_pid_file: "/run/devremap/ctr1/container.pid".into(),
             owner_pid: 42,
+            until_unmount: false,
         });
         let mut odd = match &mount {
             Request::Mount(m) => m.clone(),
@@ -242,6 +261,18 @@ mod tests {
             assert!(line.ends_with('\n') && !line.trim_end().contains('\n'));
             assert_eq!(parse_request(line.as_bytes()).unwrap(), request);
         }
+    }
+
+    /// Rule (issue 32): `until_unmount` is optional: a mount line without it (every client of
+    /// protocol 1 before it) reads as false, and a false one is written as before.
+    #[test]
+    fn until_unmount_is_optional() {
+        let line = r#"{"protocol":1,"op":"mount","id":"c","state_dir":"/s","spec":"/s/c/x.json","host_dev":null,"host_root":"/","metadata":null,"extra":[],"container_pid_file":"/p","owner_pid":1}"#;
+        let Request::Mount(mut m) = parse_request(line.as_bytes()).unwrap() else { panic!("not a mount") };
+        assert!(!m.until_unmount);
+        assert_eq!(request_line(&Request::Mount(m.clone())).unwrap().trim_end(), line);
+        m.until_unmount = true;
+        assert!(request_line(&Request::Mount(m)).unwrap().contains(r#""until_unmount":true"#));
     }
 
     /// Rule (issue 31): both sides check the version; another one is refused naming both.

@@ -4,12 +4,14 @@
 //! transport calls for each event.
 //!
 //! Assumptions: every string is as containerd sent it (NRI's maps and lists keep their order
-//! here only where the protocol has one); a `pid` of 0 means the runtime did not say.
+//! here only where the protocol has one); a `pid` of 0 means the runtime did not say. With
+//! `test-hooks`, each reads from JSON (the node daemon's test request drives the handler so).
 
 use std::collections::BTreeMap;
 
 /// A pod sandbox (NRI `PodSandbox`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "test-hooks", derive(serde::Deserialize), serde(default))]
 pub struct Pod {
     pub id: String,
     pub name: String,
@@ -20,6 +22,7 @@ pub struct Pod {
 
 /// A container's state (NRI `ContainerState`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "test-hooks", derive(serde::Deserialize))]
 pub enum State {
     #[default]
     Unknown,
@@ -31,6 +34,7 @@ pub enum State {
 
 /// A container (NRI `Container`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "test-hooks", derive(serde::Deserialize), serde(default))]
 pub struct Container {
     pub id: String,
     pub pod_sandbox_id: String,
@@ -49,6 +53,7 @@ pub struct Container {
 
 /// A mount (NRI `Mount`, an OCI spec's mount).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "test-hooks", derive(serde::Deserialize), serde(default))]
 pub struct Mount {
     pub destination: String,
     /// The mount's type (`bind`, `tmpfs`, ...).
@@ -59,6 +64,7 @@ pub struct Mount {
 
 /// A device node the spec asks for (NRI `LinuxDevice`, an OCI spec's `linux.devices` entry).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "test-hooks", derive(serde::Deserialize), serde(default))]
 pub struct Device {
     pub path: String,
     /// `c`, `b`, `u` or `p`, as in the OCI spec.

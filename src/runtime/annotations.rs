@@ -7,6 +7,11 @@
 //! value, `devremap.io/relax` a `--relax` value (the checks a restore may fail with a warning);
 //! all are checked here, so a bad one is refused before anything is set up. Any other
 //! `devremap.io/` key is refused too: a misspelt annotation must not be ignored in silence.
+//! `devremap.io/gpus` is the container's record (what `devremapd record` writes), which the NRI
+//! plugin adds to every container it serves so that a CRI checkpoint carries it (issue 32): it
+//! is kept here unchecked ([`Request::gpus`]); the NRI plugin reads it as untrusted metadata, with
+//! a record file's rules and limits, and the wrapper, whose restore reads the record from the
+//! checkpoint's image, accepts it and does not read it.
 //!
 //! Who may decide what (docs/security.md): annotations are the launcher's, and the operator's
 //! runtime config says which of them launchers may set (its `annotations`, default
@@ -30,12 +35,14 @@ pub const ENABLE: &str = "devremap.io/enable";
 pub const DEVICE_MAP: &str = "devremap.io/device-map";
 pub const PREFER: &str = "devremap.io/prefer";
 pub const RELAX: &str = "devremap.io/relax";
+pub const GPUS: &str = "devremap.io/gpus";
 const PREFIX: &str = "devremap.io/";
 /// Every annotation devremap reads.
-pub const KNOWN: &[&str] = &[ENABLE, DEVICE_MAP, PREFER, RELAX];
+pub const KNOWN: &[&str] = &[ENABLE, DEVICE_MAP, PREFER, RELAX, GPUS];
 /// The annotations launchers may set unless the operator's runtime config says otherwise:
-/// none relaxes a check.
-pub const LAUNCHER_DEFAULT: &[&str] = &[ENABLE, DEVICE_MAP, PREFER];
+/// none relaxes a check. `devremap.io/gpus` only names the container's own GPUs (as a
+/// checkpoint's record file does, which a restore always reads): it never grants a device.
+pub const LAUNCHER_DEFAULT: &[&str] = &[ENABLE, DEVICE_MAP, PREFER, GPUS];
 
 /// What the annotations ask for.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -48,6 +55,8 @@ pub struct Request {
     pub prefer: Option<String>,
     /// The `--relax` value, checked.
     pub relax: Option<String>,
+    /// `devremap.io/gpus`, as written: untrusted, checked where it is read as a record.
+    pub gpus: Option<String>,
     /// The `process.env` variables present that are not obeyed (see [`Request::warnings`]).
     pub ignored_env: Vec<&'static str>,
 }
@@ -91,7 +100,7 @@ pub enum AnnotationError {
     Prefer { from: String, value: String },
     #[error("{from}: {why}")]
     Relax { from: String, why: String },
-    #[error("unknown annotation {0} (known: {ENABLE}, {DEVICE_MAP}, {PREFER}, {RELAX})")]
+    #[error("unknown annotation {0} (known: {ENABLE}, {DEVICE_MAP}, {PREFER}, {RELAX}, {GPUS})")]
     Unknown(String),
     /// The operator's runtime config does not let launchers set this annotation.
     #[error(
@@ -147,7 +156,8 @@ impl Request {
                 parse_relax(text).map_err(|e| AnnotationError::Relax { from, why: e.to_string() })?;
                 self.relax = Some(text.to_owned());
             }
-            ENABLE | DEVICE_MAP | PREFER | RELAX => {}
+            GPUS if self.gpus.is_none() => self.gpus = Some(text.to_owned()),
+            ENABLE | DEVICE_MAP | PREFER | RELAX | GPUS => {}
             _ => return Err(AnnotationError::Unknown(key.to_owned())),
         }
         Ok(())
@@ -462,6 +472,21 @@ mod tests {
         assert!(r.warnings()[0].contains("runtime config's \"annotations\" must allow"), "{:?}", r.warnings());
         // Someone else's annotations are not ours to refuse.
         assert!(super::parse(&with(json!({"io.kubernetes.x": "y"})), &none).is_ok());
+    }
+
+    /// Rule (issue 32): `devremap.io/gpus`, the NRI plugin's record, is a known annotation the
+    /// launchers' default allows: kept as written (it is checked where it is read as a record),
+    /// no daemon flag, and refused like any other where the config does not list it.
+    #[test]
+    fn the_record_annotation_is_known_and_kept_as_written() {
+        let r = super::parse(&with(json!({GPUS: "not even JSON"})), &launcher_default()).unwrap();
+        assert_eq!(r.gpus.as_deref(), Some("not even JSON"));
+        assert!(r.daemon_args().is_empty() && r.enable.is_none());
+        let only_enable = vec![ENABLE.to_owned()];
+        assert_eq!(
+            super::parse(&with(json!({GPUS: "[]"})), &only_enable),
+            Err(AnnotationError::NotAllowed(GPUS.into()))
+        );
     }
 
     /// Rule (issue 29.2): another reader of the spec (`cuda-device-map`) gets the pairing the

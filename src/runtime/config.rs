@@ -3,8 +3,8 @@
 //! and `--host-root`), `state_dir` (default `/run/devremap`), `devremapd` (the daemon's
 //! binary; default the `devremapd` next to the wrapper), `node_socket` (the node daemon's
 //! socket; default `<state_dir>/node.sock`), `annotations` (the `devremap.io/`
-//! annotations launchers may set; default `devremap.io/enable`, `devremap.io/device-map` and
-//! `devremap.io/prefer`: add `devremap.io/relax` to let them relax a check) and `relax` (the
+//! annotations launchers may set; default `devremap.io/enable`, `devremap.io/device-map`,
+//! `devremap.io/prefer` and `devremap.io/gpus` (the NRI plugin's record): add `devremap.io/relax` to let them relax a check) and `relax` (the
 //! checks every restore may fail with a warning, a `--relax` value: the operator's own choice).
 //!
 //! Pure: [`parse`] takes the file's bytes, [`check_access`] its owner and mode. Every key is
@@ -275,7 +275,7 @@ mod tests {
         assert_eq!(parse(br#"{"runtime": "crun"}"#).unwrap().runtime, PathBuf::from("crun"));
         assert_eq!(
             Config::default().annotations,
-            ["devremap.io/enable", "devremap.io/device-map", "devremap.io/prefer"]
+            ["devremap.io/enable", "devremap.io/device-map", "devremap.io/prefer", "devremap.io/gpus"]
         );
         let c =
             parse(br#"{"annotations": ["devremap.io/enable", "devremap.io/relax"], "relax": "model,driver"}"#).unwrap();

@@ -368,6 +368,37 @@ impl Drop for Spawned {
     }
 }
 
+/// Waits until `devremapd node` `child` answers `hello` on `socket`, failing the test with its
+/// log `log` if it exits first or never answers.
+pub fn wait_node_answers(child: &mut Child, socket: &Path, log: &Path) {
+    wait_for_or(
+        "the node daemon to answer",
+        || fs::read_to_string(log).unwrap_or_default(),
+        || {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("devremapd node exited with {status}");
+            }
+            let hello = devremap::node::protocol::Request::Hello;
+            devremap::node::client::ask(socket, &hello, PATIENCE).ok()
+        },
+    );
+}
+
+/// Stops our child `child`, if it still runs, as a service manager would: SIGTERM, waited for,
+/// SIGKILL after [`PATIENCE`].
+pub fn terminate(child: &mut Child) {
+    if let Ok(None) = child.try_wait() {
+        // SAFETY: kill(2) of our child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + PATIENCE;
+        while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
 /// Stops the node daemon serving `state_dir` (its pid file `<state_dir>/node.pid`), if one
 /// runs, and waits for it to go: the daemon a test's wrapper started (issue 31). Its
 /// containers' keepers are the test's own cleanup's.

@@ -42,11 +42,12 @@ pub struct DaemonArgs<'a> {
     pub metadata: Option<&'a Path>,
     /// `--device-map` and `--prefer` from the annotations.
     pub extra: Vec<String>,
-    /// The runtime's pid file of the container's init.
-    pub container_pid_file: &'a Path,
+    /// The runtime's pid file of the container's init; `None`: the daemon serves until it is
+    /// stopped (the NRI plugin stops it at the container's end).
+    pub container_pid_file: Option<&'a Path>,
     /// The process that starts the container: until the pid file appears, the daemon stops
     /// when it exits (no one will start the container then).
-    pub owner_pid: u32,
+    pub owner_pid: Option<u32>,
 }
 
 impl Container {
@@ -67,10 +68,6 @@ impl Container {
             .arg(self.pid_file())
             .arg("--state-file")
             .arg(self.state_file())
-            .arg("--container-pid-file")
-            .arg(a.container_pid_file)
-            .arg("--owner-pid")
-            .arg(a.owner_pid.to_string())
             .args(&a.extra)
             // A keeper tells systemd about itself when it is the service's main process; one
             // started here is not (the node daemon under `devremap.service` is).
@@ -80,6 +77,12 @@ impl Container {
             .stderr(log2);
         if let Some(dev) = a.host_dev {
             cmd.arg("--host-dev").arg(dev);
+        }
+        if let Some(pid_file) = a.container_pid_file {
+            cmd.arg("--container-pid-file").arg(pid_file);
+        }
+        if let Some(owner) = a.owner_pid {
+            cmd.arg("--owner-pid").arg(owner.to_string());
         }
         if let Some(meta) = a.metadata {
             cmd.arg("--metadata").arg(meta);

@@ -184,6 +184,18 @@ impl Container {
         Ok(crate::atomic::replace_runtime_file(&self.dir.join("node"), b"")?)
     }
 
+    /// Marks this container as the NRI plugin's (issue 32): its mount lasts until the plugin
+    /// hears of the container's end, and only such a container is torn down when containerd no
+    /// longer lists it.
+    pub fn mark_nri(&self) -> Result<(), DaemonError> {
+        Ok(crate::atomic::replace_runtime_file(&self.dir.join("nri"), b"")?)
+    }
+
+    /// Whether [`Container::mark_nri`] marked it.
+    pub fn is_nri(&self) -> bool {
+        fs::symlink_metadata(self.dir.join("nri")).is_ok()
+    }
+
     /// Whether [`Container::mark_node`] marked it.
     pub fn is_node(&self) -> bool {
         fs::symlink_metadata(self.dir.join("node")).is_ok()
@@ -254,10 +266,16 @@ impl Container {
         let mut bytes = Vec::new();
         crate::inputs::files::read_up_to(&mut file, crate::inputs::metadata::MAX_METADATA_LEN + 1, &mut bytes)
             .map_err(io_at(from))?;
+        self.keep_metadata_bytes(from.file_name().unwrap_or("metadata".as_ref()), &bytes)
+    }
+
+    /// Keeps `bytes` as the restore's metadata `restore/<name>` (an NRI container's record,
+    /// from its annotation), written without following a planted symlink; returns its path.
+    pub fn keep_metadata_bytes(&self, name: &std::ffi::OsStr, bytes: &[u8]) -> Result<PathBuf, DaemonError> {
         let dir = self.restore_dir();
         DirBuilder::new().mode(0o700).create(&dir).map_err(io_at(&dir))?;
-        let to = dir.join(from.file_name().unwrap_or("metadata".as_ref()));
-        crate::atomic::replace_runtime_file(&to, &bytes)?;
+        let to = dir.join(name);
+        crate::atomic::replace_runtime_file(&to, bytes)?;
         Ok(to)
     }
 }
