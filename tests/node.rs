@@ -986,8 +986,8 @@ fn a_service_takes_over_from_the_node_daemon_a_wrapper_started() {
 /// empty, a path) is refused by `ctl` and by the protocol; an id no container has is "no such
 /// container"; a mount of a served id, or naming another state dir, is refused and leaves the
 /// served container as it was. A peer that is not root is refused: by the socket's mode, and
-/// by the daemon itself when it reaches the socket anyway (`CAP_DAC_OVERRIDE` as `nobody`). A
-/// second `devremapd node` on the same state dir, or on a socket where one answers, exits 1
+/// by the daemon itself when it reaches the socket anyway (`CAP_DAC_OVERRIDE` as `nobody`),
+/// whose refusal reaches it even when it writes its request late. A second `devremapd node` on the same state dir, or on a socket where one answers, exits 1
 /// with one clear line.
 #[test]
 #[ignore = "needs root, /dev/fuse, runc and busybox-static: runs containers"]
@@ -1067,6 +1067,19 @@ fn requests_name_only_their_own_container() {
     let (code, stdout, stderr) = nobody(true);
     assert_eq!((code, stdout.as_str()), (Some(1), ""), "{stderr}");
     assert!(stderr.contains("only root may ask the node daemon"), "{stderr}");
+    // A refused peer that writes its request late still reads the refusal: the daemon reads
+    // the request before it answers (it answered at once and closed, and a client slower
+    // than that got EPIPE on its write and no answer: seen on a busy machine).
+    let late = r#"import socket, sys, time
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); time.sleep(0.5)
+s.sendall(b'{"protocol":1,"op":"list"}\n'); print(s.makefile().readline(), end="")"#;
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .args(["--inh-caps=+dac_override", "--ambient-caps=+dac_override", "python3", "-c", late, arg(&socket)])
+        .output()
+        .unwrap();
+    let answer = String::from_utf8_lossy(&out.stdout);
+    assert!(answer.contains("only root may ask the node daemon"), "{answer}{}", String::from_utf8_lossy(&out.stderr));
 
     // A second daemon on the same state dir, and one on the socket where one answers.
     let other = common::daemon::private_dir();

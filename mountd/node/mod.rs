@@ -383,12 +383,13 @@ impl Node {
 
     /// One connection: its request, and the answer.
     fn serve(self: &Arc<Self>, stream: UnixStream) {
-        let answer = match peer_is_root(&stream) {
-            false => Answer::refused("only root may ask the node daemon"),
-            true => match read_request(&stream) {
-                Ok((request, passed)) => self.answer(request, passed),
-                Err(why) => Answer::refused(why),
-            },
+        // Read (bounded) even from a peer that is refused: a socket closed with the peer's
+        // request unread resets the connection, and the peer would read no answer at all.
+        let request = read_request(&stream);
+        let answer = match (peer_is_root(&stream), request) {
+            (false, _) => Answer::refused("only root may ask the node daemon"),
+            (true, Ok((request, passed))) => self.answer(request, passed),
+            (true, Err(why)) => Answer::refused(why),
         };
         let _ = stream.set_write_timeout(Some(REQUEST_TIMEOUT));
         let _ = (&stream).write_all(protocol::answer_line(&answer).as_bytes());
