@@ -9,6 +9,8 @@
 //! [`device`] is the vocabulary every layer shares, [`atomic`] the one way files are written,
 //! [`pidfd`] the one way a process is waited for without a pid race, [`report`] the one way a
 //! `devremapd` command fails; [`install`] edits the configs an install on a node adds devremap to.
+//! [`node`] is the node daemon's protocol and table, [`nri`] containerd's NRI plugin protocol and
+//! the decision it serves with.
 //! The library only logs through `log` macros; the binaries set a logger up.
 
 #![forbid(unsafe_code)]
