@@ -125,17 +125,18 @@ impl Containerd {
         config: &Path,
         namespace: &'static str,
     ) -> Containerd {
-        let mut c = Containerd {
-            child: Command::new("true").spawn().unwrap(),
+        let env: Vec<(String, PathBuf)> = env.iter().map(|(k, v)| ((*k).to_owned(), v.to_path_buf())).collect();
+        let log = fs::File::create(dir.join("containerd.log")).unwrap();
+        let c = Containerd {
+            child: launch(dir, &env, &path, config, log),
             dir: dir.to_owned(),
             id: format!("devremap-ctr-{}", std::process::id()),
             namespace,
             path,
             config: config.to_owned(),
-            env: env.iter().map(|(k, v)| ((*k).to_owned(), v.to_path_buf())).collect(),
+            env,
         };
-        let _ = c.child.wait();
-        c.launch(fs::File::create(dir.join("containerd.log")).unwrap());
+        c.wait_answers();
         c
     }
 
@@ -147,29 +148,12 @@ impl Containerd {
         unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
         let _ = self.child.wait();
         let log = fs::OpenOptions::new().append(true).open(self.dir.join("containerd.log")).unwrap();
-        self.launch(log);
+        self.child = launch(&self.dir, &self.env, &self.path, &self.config, log);
+        self.wait_answers();
     }
 
-    /// Starts containerd logging to `log`; returns once it answers.
-    fn launch(&mut self, log: fs::File) {
-        let dir = &self.dir;
-        self.child = Command::new("containerd")
-            .arg("--config")
-            .arg(&self.config)
-            .arg("--root")
-            .arg(dir.join("root"))
-            .arg("--state")
-            .arg(dir.join("state"))
-            .arg("--address")
-            .arg(dir.join("containerd.sock"))
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .env("PATH", &self.path)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("containerd starts");
-        let log = || fs::read_to_string(dir.join("containerd.log")).unwrap_or_default();
+    fn wait_answers(&self) {
+        let log = || fs::read_to_string(self.dir.join("containerd.log")).unwrap_or_default();
         wait_client("containerd to answer", log, || self.ctr(&["version"]).status.success().then_some(()));
     }
 
@@ -228,6 +212,26 @@ impl Drop for Containerd {
             unmount(&mount);
         }
     }
+}
+
+/// containerd on `config` with the root, state and socket of `dir`, logging to `log`.
+fn launch(dir: &Path, env: &[(String, PathBuf)], path: &str, config: &Path, log: fs::File) -> Child {
+    Command::new("containerd")
+        .arg("--config")
+        .arg(config)
+        .arg("--root")
+        .arg(dir.join("root"))
+        .arg("--state")
+        .arg(dir.join("state"))
+        .arg("--address")
+        .arg(dir.join("containerd.sock"))
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .env("PATH", path)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("containerd starts")
 }
 
 /// `sha256:<hex>` of a file, and its size.
