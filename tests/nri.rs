@@ -215,6 +215,7 @@ fn containers_get_a_devremap_dev_through_plugin_and_containerd_restarts() {
     Pod::remove_container(&mut cri, &by_pod);
     plugin.start_again();
     plugin.wait_lines(&registered(dir), 2);
+    plugin.wait_lines(&format!("container {by_pod}: not running in containerd (heard at NRI Synchronize)"), 1);
     plugin.wait_gone(&by_pod);
     assert_eq!((plugin.served(), plugin.listed()), (vec![cuda.clone()], vec![cuda.clone()]));
     assert_eq!(dev_of(&mut cri, &cuda, &["nvidia2", "nvidia3"]), served_gpu2());
