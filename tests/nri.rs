@@ -19,7 +19,7 @@ mod cri;
 mod nri;
 
 use common::clients::wait_client;
-use common::daemon::need_fuse;
+use common::daemon::{keepers_under, need_fuse};
 use common::{FakeHost, GpuFacts, host_uuid};
 use cri::{Containerd, Cri};
 use k8s_cri::v1::ExecSyncRequest;
@@ -286,6 +286,9 @@ fn a_container_created_with_its_checkpoints_record_is_served_the_remap() {
         assert_eq!(plugin.served(), vec![after.clone()], "{hostile}");
         assert_eq!(containerd.ctr_ok(&["containers", "ls", "-q"]), before_hostile, "{hostile}");
         assert_eq!(plugin.listed(), vec![after.clone()], "{hostile}");
+        let processes = keepers_under(&plugin.state_dir());
+        assert!(!processes.is_empty(), "the restored container's keeper runs");
+        assert_eq!(processes, keepers_under(&plugin.state_dir().join(&after)), "only the restored one's keeper runs");
     }
 
     Pod::stop_container(&mut cri, &after);
