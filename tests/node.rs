@@ -16,7 +16,7 @@ mod common;
 
 use common::bundle::{Runtime, allow_char, need_containers, nvidia_hook, oci_config};
 use common::clients::{WRAPPER, busybox_rootfs};
-use common::daemon::{PATIENCE, has_exited, is_mounted, kill, wait_for, wait_for_or};
+use common::daemon::{PATIENCE, container_dirs, has_exited, is_mounted, kill, wait_for, wait_for_or};
 use common::{BIN, FakeHost, arg, fake_rdev, write_file};
 use devremap::node::client::{ask, ask_passing};
 use devremap::node::protocol::{MountRequest, Request};
@@ -215,14 +215,7 @@ impl Fleet {
 
     /// The container directories in the state dir.
     fn container_dirs(&self) -> Vec<String> {
-        let Ok(entries) = fs::read_dir(self.state_dir()) else { return vec![] };
-        let mut ids: Vec<String> = entries
-            .flatten()
-            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .collect();
-        ids.sort();
-        ids
+        container_dirs(&self.state_dir())
     }
 
     /// The mounts under the test's directory.

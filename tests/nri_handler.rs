@@ -11,7 +11,9 @@
 mod common;
 
 use common::clients::WRAPPER;
-use common::daemon::{is_mounted, need_fuse, terminate, unmount, wait_for_or, wait_node_answers};
+use common::daemon::{
+    is_mounted, keepers_under, kill_keepers_and_unmount, need_fuse, terminate, wait_for_or, wait_node_answers,
+};
 use common::{BIN, FakeHost, arg, host_uuid, need_test_hooks, write_file};
 use devremap::node::client::ask;
 use devremap::node::protocol::Request;
@@ -102,20 +104,7 @@ impl Node {
 
     /// The `devremapd` processes under the test's directory but the node daemon.
     fn keepers(&self) -> Vec<u32> {
-        let dir = arg(self.tmp.path()).to_owned();
-        let Ok(procs) = fs::read_dir("/proc") else { return vec![] };
-        procs
-            .flatten()
-            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-            .filter(|pid| {
-                let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-                let args: Vec<String> =
-                    cmdline.split(|&b| b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
-                args.first().is_some_and(|a| a.ends_with("devremapd"))
-                    && args.get(1).map(String::as_str) != Some("node")
-                    && args.iter().any(|a| a.contains(&dir))
-            })
-            .collect()
+        keepers_under(self.tmp.path())
     }
 
     /// Waits until container `id` has no directory, mount or keeper left.
@@ -132,15 +121,7 @@ impl Node {
 impl Drop for Node {
     fn drop(&mut self) {
         terminate(&mut self.child);
-        for pid in self.keepers() {
-            // SAFETY: kill(2) of a keeper this test's node daemon started.
-            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-        }
-        let dir = arg(self.tmp.path()).to_owned();
-        let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        for m in mounts.lines().filter_map(|l| l.split(' ').nth(4)).filter(|m| m.starts_with(&dir)) {
-            unmount(Path::new(m));
-        }
+        kill_keepers_and_unmount(self.tmp.path());
         let _ = &self.host;
     }
 }

@@ -99,7 +99,12 @@ impl NriHandler {
             host_root: self.config.host_root.clone(),
             ..Sources::default()
         };
-        let record = crate::recorded(&sources).map_err(|e| text(&e))?;
+        // What the pairing of a restored container's record with its devices refuses came from the
+        // annotation, the one input its launcher gave: the error names it.
+        let record = crate::recorded(&sources).map_err(|e| match &metadata {
+            Some(_) => format!("annotation {GPUS} (the record it was created with): {e}"),
+            None => text(&e),
+        })?;
         dir.mark_node().map_err(|e| text(&e))?;
         dir.mark_nri().map_err(|e| text(&e))?;
         let request = MountRequest {

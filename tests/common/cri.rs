@@ -38,6 +38,9 @@ pub struct Containerd {
     pub namespace: &'static str,
     /// The `PATH` of containerd, its shims and `ctr`: a release's binaries first.
     pub path: String,
+    /// What it was started with, for [`Containerd::restart`].
+    config: PathBuf,
+    env: Vec<(String, PathBuf)>,
 }
 
 /// A containerd release as its Debian package ships it, unpacked by `.ci/containerd-packages`
@@ -122,33 +125,36 @@ impl Containerd {
         config: &Path,
         namespace: &'static str,
     ) -> Containerd {
+        let env: Vec<(String, PathBuf)> = env.iter().map(|(k, v)| ((*k).to_owned(), v.to_path_buf())).collect();
         let log = fs::File::create(dir.join("containerd.log")).unwrap();
-        let child = Command::new("containerd")
-            .arg("--config")
-            .arg(config)
-            .arg("--root")
-            .arg(dir.join("root"))
-            .arg("--state")
-            .arg(dir.join("state"))
-            .arg("--address")
-            .arg(dir.join("containerd.sock"))
-            .envs(env.iter().copied())
-            .env("PATH", &path)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("containerd starts");
         let c = Containerd {
-            child,
+            child: launch(dir, &env, &path, config, log),
             dir: dir.to_owned(),
             id: format!("devremap-ctr-{}", std::process::id()),
             namespace,
             path,
+            config: config.to_owned(),
+            env,
         };
-        let log = || fs::read_to_string(dir.join("containerd.log")).unwrap_or_default();
-        wait_client("containerd to answer", log, || c.ctr(&["version"]).status.success().then_some(()));
+        c.wait_answers();
         c
+    }
+
+    /// Stops containerd (SIGTERM) and starts it again on the same config and directories, its
+    /// log appended to: its shims, and so its containers, run on meanwhile, as on a node whose
+    /// containerd is restarted.
+    pub fn restart(&mut self) {
+        // SAFETY: kill our child containerd.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        let _ = self.child.wait();
+        let log = fs::OpenOptions::new().append(true).open(self.dir.join("containerd.log")).unwrap();
+        self.child = launch(&self.dir, &self.env, &self.path, &self.config, log);
+        self.wait_answers();
+    }
+
+    fn wait_answers(&self) {
+        let log = || fs::read_to_string(self.dir.join("containerd.log")).unwrap_or_default();
+        wait_client("containerd to answer", log, || self.ctr(&["version"]).status.success().then_some(()));
     }
 
     /// `ctr --address <ours> --namespace <ours> <args>`.
@@ -206,6 +212,26 @@ impl Drop for Containerd {
             unmount(&mount);
         }
     }
+}
+
+/// containerd on `config` with the root, state and socket of `dir`, logging to `log`.
+fn launch(dir: &Path, env: &[(String, PathBuf)], path: &str, config: &Path, log: fs::File) -> Child {
+    Command::new("containerd")
+        .arg("--config")
+        .arg(config)
+        .arg("--root")
+        .arg(dir.join("root"))
+        .arg("--state")
+        .arg(dir.join("state"))
+        .arg("--address")
+        .arg(dir.join("containerd.sock"))
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .env("PATH", path)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("containerd starts")
 }
 
 /// `sha256:<hex>` of a file, and its size.

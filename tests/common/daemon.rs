@@ -424,3 +424,47 @@ fn proc_state(pid: i32) -> Option<char> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next())
 }
+
+/// The `devremapd` processes whose command line names a path under `dir`, but node daemons:
+/// the keepers (and their servers) of the containers a node daemon on a state dir there serves.
+pub fn keepers_under(dir: &Path) -> Vec<u32> {
+    let dir = dir.to_str().expect("a UTF-8 path");
+    let Ok(procs) = fs::read_dir("/proc") else { return vec![] };
+    procs
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let args: Vec<String> =
+                cmdline.split(|&b| b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+            args.first().is_some_and(|a| a.ends_with("devremapd"))
+                && args.get(1).map(String::as_str) != Some("node")
+                && args.iter().any(|a| a.contains(dir))
+        })
+        .collect()
+}
+
+/// What a test whose node daemon served containers under `dir` may have left, gone: every
+/// keeper killed, every mount there detached (a keeper outlives its node daemon by design).
+pub fn kill_keepers_and_unmount(dir: &Path) {
+    for pid in keepers_under(dir) {
+        // SAFETY: kill(2) of a keeper the test's node daemon started (one gone meanwhile: ESRCH).
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+    }
+    let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    for m in mounts.lines().filter_map(|l| l.split(' ').nth(4)).filter(|m| Path::new(m).starts_with(dir)) {
+        unmount(Path::new(m));
+    }
+}
+
+/// The container directories in a node daemon's `state_dir`, sorted.
+pub fn container_dirs(state_dir: &Path) -> Vec<String> {
+    let Ok(entries) = fs::read_dir(state_dir) else { return vec![] };
+    let mut ids: Vec<String> = entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    ids.sort();
+    ids
+}
