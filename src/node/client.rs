@@ -61,13 +61,12 @@ pub fn ask_passing(
     })?;
     stream.set_read_timeout(Some(timeout)).map_err(io)?;
     stream.set_write_timeout(Some(timeout)).map_err(io)?;
-    send(&stream, line.as_bytes(), pass).map_err(|source| match source.kind() {
-        // Accepted by a daemon that was going away.
-        io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset => {
-            ClientError::NoAnswer { socket: socket.to_owned() }
-        }
-        _ => io(source),
-    })?;
+    match send(&stream, line.as_bytes(), pass) {
+        // The daemon answered before it read (too busy to) and closed, or was going away: its
+        // answer, if it wrote one, is still there to read; if not, there is none.
+        Err(e) if matches!(e.kind(), io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset) => {}
+        sent => sent.map_err(io)?,
+    }
     let mut line = Vec::new();
     let mut reader = BufReader::new(stream.take(MAX_ANSWER as u64 + 1));
     match reader.read_until(b'\n', &mut line) {
@@ -104,4 +103,30 @@ fn send(stream: &UnixStream, bytes: &[u8], pass: Option<BorrowedFd>) -> io::Resu
         }
     };
     (&mut &*stream).write_all(&bytes[sent..])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixListener;
+
+    /// Bug pinned (issue 31): a daemon too busy to read answers "busy" at once and closes; a
+    /// client whose request was still being written got EPIPE and reported no answer, though
+    /// the answer was there to read. A request larger than the socket's buffer makes the
+    /// client still be writing when the daemon closes.
+    #[test]
+    fn an_answer_written_before_the_request_was_read_is_read() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let socket = dir.path().join("node.sock");
+        let listener = UnixListener::bind(&socket).unwrap();
+        let daemon = std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            let busy = protocol::answer_line(&Answer::refused("busy: too many requests at once; ask again"));
+            stream.write_all(busy.as_bytes()).unwrap();
+        });
+        let request = Request::Status { id: "x".repeat(900 * 1024) };
+        let e = ask(&socket, &request, Duration::from_secs(60)).unwrap_err();
+        daemon.join().unwrap();
+        assert!(matches!(&e, ClientError::Refused { why } if why.starts_with("busy")), "{e}");
+    }
 }
