@@ -500,6 +500,10 @@ impl Node {
                     .collect();
                 json!({"annotations": a.annotations, "mounts": mounts, "remove_mounts": a.remove_mounts})
             }),
+            ("started", [c]) => {
+                handler.started(&pod, c);
+                Ok(Value::Null)
+            }
             ("stopped", [c]) => {
                 handler.stopped(&pod, c);
                 Ok(Value::Null)

@@ -11,7 +11,11 @@
 //! `CreateContainer`, so its keeper watches no process (`until_unmount`): the mount lasts until
 //! `StopContainer` or `RemoveContainer`, and `Synchronize` (at each registration: after this
 //! daemon's restart or containerd's) tears down every NRI container containerd no longer runs.
-//! A keeper outlives this daemon as for the wrapper's containers, and a daemon started again
+//! At `PostStartContainer` the init's pid and start time go into the `nri` mark: containerd 1.7
+//! leaves out of `Synchronize` a container it marked unknown (its shim slow after containerd's
+//! restart), and one whose init still runs is kept. Teardowns run on a thread of their own: a
+//! keeper's stop may take long, and containerd holds every NRI event of the node until the
+//! plugin answers, dropping a plugin that takes over 2 s. A keeper outlives this daemon as for the wrapper's containers, and a daemon started again
 //! adopts it from the state dir.
 //!
 //! Assumption: containerd does not reuse a container id (CRI ids are random), so a directory
@@ -27,9 +31,11 @@ use devremap::runtime::annotations::GPUS;
 use devremap::runtime::config::Config;
 use devremap::runtime::container_daemon::Container as Dir;
 use log::{info, warn};
+use parking_lot::Mutex;
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::mpsc::{self, Sender};
 
 /// The name a restored container's record is kept under, as the wrapper's checkpoint writes it.
 const RECORD_FILE: &str = "devremap-gpus.json";
@@ -37,6 +43,8 @@ const RECORD_FILE: &str = "devremap-gpus.json";
 /// The node daemon as the NRI plugin: built by [`NriHandler::new`] and handed to the transport.
 pub struct NriHandler {
     node: Arc<Node>,
+    /// To the teardown thread: containers to tear down, and why (see [`tear_down`]).
+    teardowns: Mutex<Sender<(String, &'static str)>>,
     /// The runtime config: `host_dev`, `host_root`, `annotations`, `relax` (its `state_dir` is
     /// the node daemon's `--state-dir`).
     config: Config,
@@ -59,7 +67,21 @@ impl NriHandler {
                 node.state_dir.display()
             );
         }
-        Ok(NriHandler { node, config })
+        let (teardowns, queued) = mpsc::channel::<(String, &'static str)>();
+        let tearing = node.clone();
+        std::thread::Builder::new()
+            .name("nri-teardown".into())
+            .spawn(move || queued.iter().for_each(|(id, why)| tear_down(&tearing, &id, why)))
+            .map_err(NodeError::Thread)?;
+        Ok(NriHandler { node, config, teardowns: Mutex::new(teardowns) })
+    }
+
+    /// Has NRI container `id` torn down on the teardown thread: containerd holds every NRI
+    /// event of the node until a plugin answers, and drops a plugin that takes over 2 s (a
+    /// GPU container created meanwhile would get no devremap), so no teardown (a keeper's stop
+    /// may take long) is done on the plugin's thread.
+    fn end(&self, id: &str, why: &'static str) {
+        let _ = self.teardowns.lock().send((id.to_owned(), why));
     }
 
     /// Sets up `c`'s directory and mount; the adjustment on success, and nothing left otherwise.
@@ -124,24 +146,38 @@ impl NriHandler {
         let dev = dir.dev();
         Ok(decide::adjustment(&dev.to_string_lossy(), &record.to_string()))
     }
+}
 
-    /// Tears down NRI container `id`, if it is one: its keeper stopped, its directory removed.
-    fn end(&self, id: &str, why: &str) {
-        let Ok(dir) = self.node.container(id) else { return };
-        if !dir.is_nri() {
-            return;
-        }
-        if self.node.unmount(id).is_ok() {
-            info!("container {id}: {why}; its /dev is unmounted");
-            return;
-        }
-        // No keeper serves it (one that died leaves its mount dead): what is left goes.
-        let torn = dir.lock_state_dir().and_then(|_lock| dir.teardown(&Host));
-        match torn {
-            Ok(()) => info!("container {id}: {why}; its directory is removed"),
-            Err(e) => warn!("container {id}: {why}; cannot tear down: {e}"),
-        }
+/// Tears down NRI container `id` of `node`, if it is one: its keeper stopped, its directory removed.
+fn tear_down(node: &Node, id: &str, why: &str) {
+    let Ok(dir) = node.container(id) else { return };
+    if !dir.is_nri() {
+        return;
     }
+    if node.unmount(id).is_ok() {
+        info!("container {id}: {why}; its /dev is unmounted");
+        return;
+    }
+    // No keeper serves it (one that died leaves its mount dead): what is left goes.
+    let torn = dir.lock_state_dir().and_then(|_lock| dir.teardown(&Host));
+    match torn {
+        Ok(()) => info!("container {id}: {why}; its directory is removed"),
+        Err(e) => warn!("container {id}: {why}; cannot tear down: {e}"),
+    }
+}
+
+/// When process `pid` started (`/proc/<pid>/stat`'s 22nd field, clock ticks since boot), if
+/// it runs.
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: fields count from its end.
+    stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Whether the init recorded for `dir`'s container still runs.
+fn init_runs(dir: &Dir) -> Option<u32> {
+    let (pid, start) = dir.nri_init()?;
+    (start_time(pid) == Some(start)).then_some(pid)
 }
 
 impl Handler for NriHandler {
@@ -176,8 +212,18 @@ impl Handler for NriHandler {
         Ok(adjustment)
     }
 
-    /// Nothing to do: the mount does not watch the container's init (see the module's doc).
-    fn started(&self, _pod: &Pod, _c: &Container) {}
+    /// Records the container's init in its NRI mark, so that a container containerd leaves out
+    /// of `Synchronize` while it runs is not taken for gone.
+    fn started(&self, _pod: &Pod, c: &Container) {
+        let Ok(dir) = self.node.container(&c.id) else { return };
+        if c.pid == 0 || !dir.is_nri() {
+            return;
+        }
+        let Some(start) = start_time(c.pid) else { return };
+        if let Err(e) = dir.mark_nri_init(c.pid, start) {
+            warn!("container {} ({}): cannot record its init (pid {}): {e}", c.name, c.id, c.pid);
+        }
+    }
 
     fn stopped(&self, _pod: &Pod, c: &Container) {
         self.end(&c.id, "stopped");
@@ -192,14 +238,23 @@ impl Handler for NriHandler {
             containers.iter().filter(|c| c.state != State::Stopped).map(|c| c.id.as_str()).collect();
         let Ok(entries) = std::fs::read_dir(&self.node.state_dir) else { return };
         for id in entries.flatten().filter_map(|e| e.file_name().into_string().ok()) {
-            if !live.contains(id.as_str()) {
-                self.end(&id, "not running in containerd (heard at NRI Synchronize)");
+            let Ok(dir) = self.node.container(&id) else { continue };
+            if live.contains(id.as_str()) || !dir.is_nri() {
+                continue;
+            }
+            // containerd 1.7 lists no container it marked unknown (its shim did not answer in
+            // time after containerd's restart), though it runs.
+            match init_runs(&dir) {
+                Some(pid) => warn!(
+                    "container {id}: not listed by containerd at NRI Synchronize, but its init (pid {pid}) runs: its /dev is kept"
+                ),
+                None => self.end(&id, "not running in containerd (heard at NRI Synchronize)"),
             }
         }
         // A container we served whose keeper died: its /dev answers ENOTCONN, and no mount can
         // be put back into a running container's /dev.
         for c in containers.iter().filter(|c| live.contains(c.id.as_str()) && c.annotations.contains_key(GPUS)) {
-            let dir = Dir::new(&self.node.state_dir, &c.id);
+            let Ok(dir) = self.node.container(&c.id) else { continue };
             if dir.is_nri() && self.node.registry.lock().keeper(&c.id).is_err() {
                 warn!(
                     "container {} ({}): no keeper serves its /dev (it answers ENOTCONN); restart the container",

@@ -54,7 +54,7 @@ pub enum Request {
     /// them). A service refuses.
     Yield,
     /// Test builds only (`test-hooks`, never the shipped binary): the node daemon calls its NRI
-    /// handler as the NRI transport would, for `event` (`create`, `stopped`, `removed`: one
+    /// handler as the NRI transport would, for `event` (`create`, `started`, `stopped`, `removed`: one
     /// container; `synchronize`: all, in the one pod), with the runtime config at `config`;
     /// `create` answers the adjustment. Pods and containers are `devremap::nri::view`'s, in JSON.
     #[cfg(feature = "test-hooks")]

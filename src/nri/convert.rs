@@ -36,8 +36,20 @@ pub fn container(c: &api::Container) -> Container {
         env: c.env.clone(),
         mounts: c.mounts.iter().map(mount).collect(),
         devices: c.linux.iter().flat_map(|l| &l.devices).map(device).collect(),
+        devices_allow_all: allows_all(c.linux.iter().flat_map(|l| &l.resources).flat_map(|r| &r.devices)),
         pid: c.pid,
     }
+}
+
+/// Whether device cgroup rules end allowing every device: the last rule for every device (no
+/// type or `a`, no major, no minor) allows. Later rules override earlier ones, as runc applies
+/// them.
+fn allows_all<'a>(rules: impl Iterator<Item = &'a api::LinuxDeviceCgroup>) -> bool {
+    let every = |n: &Option<api::OptionalInt64>| n.as_ref().is_none_or(|n| n.value == -1);
+    rules
+        .filter(|r| matches!(r.r#type.as_str(), "" | "a") && every(&r.major) && every(&r.minor))
+        .last()
+        .is_some_and(|r| r.allow)
 }
 
 fn mount(m: &api::Mount) -> Mount {
@@ -127,6 +139,30 @@ mod tests {
     #[test]
     fn default_adjustment_is_empty() {
         assert!(adjustment(&Adjustment::default()).encode_to_vec().is_empty());
+    }
+
+    /// Rule (issue 32): a device cgroup whose last rule for every device allows (containerd's
+    /// privileged container: one `allow: true, access: rwm` rule) allows all; the default deny
+    /// followed by allows of single devices does not, nor an allow-all overridden by a deny.
+    #[test]
+    fn devices_allow_all_is_the_last_rule_for_every_device() {
+        let rule = |allow: bool, kind: &str, major: Option<i64>| api::LinuxDeviceCgroup {
+            allow,
+            r#type: kind.into(),
+            major: major.map(|value| api::OptionalInt64 { value }),
+            minor: None,
+            access: "rwm".into(),
+        };
+        let with = |devices: Vec<api::LinuxDeviceCgroup>| {
+            let resources = Some(api::LinuxResources { devices, ..Default::default() });
+            let linux = Some(api::LinuxContainer { resources, ..Default::default() });
+            container(&api::Container { linux, ..Default::default() }).devices_allow_all
+        };
+        assert!(with(vec![rule(true, "", None)]));
+        assert!(with(vec![rule(false, "", None), rule(true, "a", Some(-1))]));
+        assert!(!with(vec![rule(false, "", None), rule(true, "c", Some(195))]));
+        assert!(!with(vec![rule(true, "", None), rule(false, "a", None)]));
+        assert!(!with(vec![]));
     }
 
     /// Rule (issue 32): a container's devices are its `linux.devices`, optional fields as

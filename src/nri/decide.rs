@@ -160,6 +160,16 @@ pub fn decide(pod: &Pod, container: &Container, allowed: &[String], dev: &str) -
     if !(request.wanted(&view) || recorded) {
         return Ok(Decision::Untouched(None));
     }
+    // Rule (issue 32): a privileged container (its device cgroup allows every device) is given
+    // every host device, GPUs among them, by containerd: it is not asking for a GPU's `/dev`
+    // (driver installers, monitoring agents, device plugins make nodes in theirs), so it is
+    // served only when it asks by name.
+    if container.devices_allow_all && request.enable != Some(true) && !recorded {
+        return Ok(Decision::Untouched(Some(format!(
+            "privileged (its device cgroup allows every device): created without devremap; annotation {}: \"true\" asks for it",
+            annotations::ENABLE
+        ))));
+    }
     let restored = match &request.gpus {
         Some(record) if recorded => Some(check_record(record)?),
         _ => None,

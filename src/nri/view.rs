@@ -47,6 +47,9 @@ pub struct Container {
     pub mounts: Vec<Mount>,
     /// `linux.devices`.
     pub devices: Vec<Device>,
+    /// Whether its device cgroup (`linux.resources.devices`) ends allowing every device: a
+    /// privileged container, which containerd gives every host device.
+    pub devices_allow_all: bool,
     /// The container's init, 0 where the runtime did not say.
     pub pid: u32,
 }

@@ -231,3 +231,21 @@ fn the_adjustment_binds_the_mount_and_carries_the_record() {
     assert_eq!(a.annotations.get(GPUS), Some(&record(2)));
     assert!(a.remove_mounts.is_empty());
 }
+
+/// Rule (issue 32): a privileged container (its device cgroup allows every device), which
+/// containerd gives every host device GPUs and all, is left alone (with a reason to log): a
+/// GPU node's driver installer or monitoring agent keeps the `/dev` it makes nodes in. It gets
+/// devremap only when it asks by `devremap.io/enable: "true"`, or is restored from a record.
+#[test]
+fn a_privileged_container_is_served_only_when_it_asks() {
+    let privileged = |annotations: &[(&str, &str)]| Container {
+        devices_allow_all: true,
+        ..container(vec![gpu(0), gpu(1)], annotations)
+    };
+    let left = decide(&pod(&[]), &privileged(&[]), &launcher_default(), DEV).unwrap();
+    assert!(matches!(&left, Decision::Untouched(Some(why)) if why.starts_with("privileged")), "{left:?}");
+    assert!(served(&pod(&[]), &privileged(&[(ENABLE, "true")])));
+    assert!(served(&pod(&[(ENABLE, "true")]), &privileged(&[])));
+    assert!(served(&pod(&[]), &privileged(&[(GPUS, &record(0))])));
+    assert!(served(&pod(&[]), &container(vec![gpu(0)], &[])), "an unprivileged GPU container is served");
+}

@@ -191,6 +191,19 @@ impl Container {
         Ok(crate::atomic::replace_runtime_file(&self.dir.join("nri"), b"")?)
     }
 
+    /// Records in the NRI mark the container's init: `pid`, started at `start` (`/proc`'s
+    /// clock ticks since boot, so a pid reused later is not taken for it).
+    pub fn mark_nri_init(&self, pid: u32, start: u64) -> Result<(), DaemonError> {
+        Ok(crate::atomic::replace_runtime_file(&self.dir.join("nri"), format!("{pid} {start}\n").as_bytes())?)
+    }
+
+    /// The init [`Container::mark_nri_init`] recorded, if any.
+    pub fn nri_init(&self) -> Option<(u32, u64)> {
+        let text = fs::read_to_string(self.dir.join("nri")).ok()?;
+        let (pid, start) = text.trim_end().split_once(' ')?;
+        Some((pid.parse().ok()?, start.parse().ok()?))
+    }
+
     /// Whether [`Container::mark_nri`] marked it.
     pub fn is_nri(&self) -> bool {
         fs::symlink_metadata(self.dir.join("nri")).is_ok()
