@@ -22,7 +22,7 @@ use common::clients::wait_client;
 use common::daemon::{keepers_under, need_fuse};
 use common::{FakeHost, GpuFacts, host_uuid};
 use cri::{Containerd, Cri};
-use k8s_cri::v1::ExecSyncRequest;
+use k8s_cri::v1::{ExecSyncRequest, LinuxContainerConfig, LinuxContainerSecurityContext};
 use nri::{Plugin, Pod, containerd_with_nri, gpu, registered, sleeper};
 use serde_json::{Value, json};
 use std::fs;
@@ -166,8 +166,9 @@ fn node_with_plugin(dir: &Path, host: &FakeHost) -> (Containerd, Plugin, Cri) {
 /// FUSE mount) holding its GPU and not the host's other one, where `/dev/null`, `/dev/pts` and
 /// `/dev/shm` work, and its spec carries its record `devremap.io/gpus` (the host's UUID of GPU
 /// 2); a GPU-less container asking by pod annotation or by its own annotation
-/// `devremap.io/enable` gets one too; the pods' sandboxes and a plain container get none (no
-/// directory, runc's tmpfs `/dev`). StopContainer/RemoveContainer leave no directory, mount,
+/// `devremap.io/enable` gets one too; the pods' sandboxes, a plain container and a privileged
+/// one with the GPU (every host device: a driver or monitoring agent) get none (no directory,
+/// runc's tmpfs `/dev`). StopContainer/RemoveContainer leave no directory, mount,
 /// keeper or `ctl list` entry. The plugin SIGKILLed while the GPU pod runs: the container's
 /// `/dev` keeps answering (its keeper holds it); a node daemon started again registers, adopts
 /// the running one and at Synchronize tears down the one removed meanwhile. containerd
@@ -200,6 +201,32 @@ fn containers_get_a_devremap_dev_through_plugin_and_containerd_restarts() {
     }
     assert_eq!(dev_of(&mut cri, &untouched, &[]).0, "tmpfs");
     assert_eq!(spec_annotation(&containerd, &untouched, GPUS), None);
+    // A privileged container (a GPU node's driver or monitoring agent), its GPU among the
+    // host's every device: left alone, as its device cgroup allows every device.
+    let logs = dir.join("pod-logs").join("nri-privileged");
+    fs::create_dir_all(&logs).unwrap();
+    let mut config = cri::pod_config("nri-privileged", &format!("nri-privileged-{}", std::process::id()), &logs, &[]);
+    config
+        .linux
+        .as_mut()
+        .and_then(|l| l.security_context.as_mut())
+        .expect("pod_config's security context")
+        .privileged = true;
+    let sandbox = cri.run_pod_sandbox(&config, "");
+    let privileged = Pod { config, sandbox };
+    let security_context = Some(LinuxContainerSecurityContext { privileged: true, ..Default::default() });
+    let agent = privileged.start(
+        &mut cri,
+        k8s_cri::v1::ContainerConfig {
+            linux: Some(LinuxContainerConfig { security_context, ..Default::default() }),
+            ..sleeper("agent", vec![gpu(dir, 2)], &[])
+        },
+    );
+    assert_eq!(dev_of(&mut cri, &agent, &[]).0, "tmpfs", "{}", plugin.log());
+    plugin.wait_lines("privileged (its device cgroup allows every device): created without devremap", 1);
+    Pod::stop_container(&mut cri, &agent);
+    Pod::remove_container(&mut cri, &agent);
+    privileged.remove(&mut cri);
     let mut served = vec![cuda.clone(), by_pod.clone(), by_container.clone()];
     served.sort();
     assert_eq!(plugin.served(), served, "only the containers asking have a directory (no sandbox)");
