@@ -799,7 +799,8 @@ fn the_callers_spec_is_never_written() {
 
 /// Bug (found from outside): a wrapper SIGKILLed between setting up and the runtime's end left
 /// its directory (and once the bundle's spec patched for good). Now the next `create` of that
-/// id, or a `delete`, tears the leftover down; the caller's spec was never touched.
+/// id, or a `delete`, tears the leftover down (unless the node daemon already did, once the
+/// keeper ended with its owner: CI with burners saw both); the caller's spec was never touched.
 #[test]
 #[ignore = "needs root, /dev/fuse and busybox-static: starts the daemon"]
 fn killed_wrapper_leftover_is_torn_down() {
@@ -817,7 +818,8 @@ fn killed_wrapper_leftover_is_torn_down() {
         let daemon = s.daemon_pid(&id);
         kill_group(&mut wrapper);
         wait_for("the daemon to stop after its wrapper died", || (!alive(daemon)).then_some(()));
-        assert!(s.state_dir().join(&id).join("bundle/config.json").exists(), "left by the killed wrapper");
+        // What is left (the node daemon may already have removed it, once the keeper ended
+        // with its owner) goes at the next create or delete.
         assert_eq!(fs::read(s.bundle.config_path()).unwrap(), original);
     };
 

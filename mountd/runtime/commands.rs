@@ -119,7 +119,10 @@ pub fn delete(config: &Config, inv: &Invocation, id: Option<&ContainerId>) -> Re
         if container.exists() {
             // Not a container another wrapper is setting up or running, nor another root's.
             let _claiming = container.lock_state_dir()?;
-            if let Found::Idle = container.found(inv.global.root.as_deref())?
+            // The node daemon may have removed it meanwhile (under this lock): its keeper ended
+            // with the container.
+            if container.exists()
+                && let Found::Idle = container.found(inv.global.root.as_deref())?
                 && runtime_knows(config, &inv.line, id.as_str()).is_none()
             {
                 container.teardown(&Host)?;
