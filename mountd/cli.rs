@@ -87,6 +87,11 @@ pub struct NodeArgs {
     /// The plugin's place among NRI plugins (0-99; lower is called first).
     #[arg(long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u8).range(0..=99), requires = "nri")]
     pub nri_index: u8,
+    /// A CreateContainer not done within this many milliseconds is answered with an error (the
+    /// kubelet tries again). Keep it under containerd's `plugin_request_timeout` (2 s by
+    /// default): a plugin that answers later is dropped, and the container created without it.
+    #[arg(long, value_name = "MS", default_value_t = 1500, value_parser = clap::value_parser!(u64).range(100..=600000), requires = "nri")]
+    pub nri_timeout: u64,
     /// The runtime config devremap-runtime reads (host_dev, host_root, annotations, relax), for
     /// the containers the NRI plugin serves [default: /etc/devremap/runtime.json, the defaults
     /// where it does not exist].

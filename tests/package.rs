@@ -101,9 +101,12 @@ fn the_unit_runs_the_node_daemon_and_never_stops_a_keeper() {
             "--state-dir",
             "/run/devremap",
             "--pid-file",
-            "/run/devremap/node.pid"
+            "/run/devremap/node.pid",
+            // The operator's flags (`--nri`), from the optional environment file.
+            "$DEVREMAPD_NODE_ARGS"
         ]
     );
+    assert_eq!(one("EnvironmentFile"), "-/etc/default/devremap");
     assert_eq!(one("Type"), "notify");
     assert_eq!(one("KillMode"), "process");
     assert_eq!(one("ExecReload"), "/usr/bin/kill -HUP $MAINPID");
@@ -401,6 +404,8 @@ mount -t tmpfs tmpfs /run
 mount -t overlay overlay -o "lowerdir={root}/usr/bin:/usr/bin" /usr/bin
 node=""
 trap '[ -z "$node" ] || kill -KILL $node 2>/dev/null || true' EXIT
+# No /etc/default/devremap: systemd expands the unset variable to no word at all.
+DEVREMAPD_NODE_ARGS=""
 NOTIFY_SOCKET={notify} {start} 2> /run/node.log &
 node=$!
 echo $node > {pid_file}

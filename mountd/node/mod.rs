@@ -128,7 +128,11 @@ pub fn run(args: &NodeArgs) -> Result<(), NodeError> {
     node.adopt();
     // Made before the daemon says it serves: a bad runtime config fails the start, naming it.
     let nri_handler = match args.nri {
-        true => Some(nri_handler::NriHandler::new(node.clone(), args.config.as_deref())?),
+        true => Some(nri_handler::NriHandler::new(
+            node.clone(),
+            args.config.as_deref(),
+            Duration::from_millis(args.nri_timeout),
+        )?),
         false => None,
     };
     let pid_text = format!("{}\n", std::process::id());
@@ -484,7 +488,9 @@ impl Node {
         containers: Vec<Value>,
     ) -> Result<Value, String> {
         use devremap::nri::view::{Container as Ctr, Handler, Pod};
-        let handler = nri_handler::NriHandler::new(self.clone(), config).map_err(|e| e.to_string())?;
+        // `--nri-timeout`'s default.
+        let timeout = Duration::from_millis(1500);
+        let handler = nri_handler::NriHandler::new(self.clone(), config, timeout).map_err(|e| e.to_string())?;
         let pod: Pod = serde_json::from_value(pod).map_err(|e| format!("pod: {e}"))?;
         let containers: Vec<Ctr> = containers
             .into_iter()

@@ -15,8 +15,13 @@
 //! leaves out of `Synchronize` a container it marked unknown (its shim slow after containerd's
 //! restart), and one whose init still runs is kept. Teardowns run on a thread of their own: a
 //! keeper's stop may take long, and containerd holds every NRI event of the node until the
-//! plugin answers, dropping a plugin that takes over 2 s. A keeper outlives this daemon as for the wrapper's containers, and a daemon started again
-//! adopts it from the state dir.
+//! plugin answers, dropping a plugin that takes over 2 s. For the same reason a create is done
+//! on a thread of its own and answered within `--nri-timeout`: containerd takes a plugin that
+//! does not answer in time for gone and creates the container *without* its adjustment (a GPU
+//! container with runc's `/dev`), where an error fails the create and the kubelet tries again.
+//! What a create given up on makes later is torn down, as is what a create that panicked
+//! left. A keeper outlives this daemon as for the wrapper's containers, and a daemon started
+//! again adopts it from the state dir.
 //!
 //! Assumption: containerd does not reuse a container id (CRI ids are random), so a directory
 //! found for a new container is a leftover of a plugin killed mid-way, not served, and torn
@@ -31,30 +36,49 @@ use devremap::runtime::annotations::GPUS;
 use devremap::runtime::config::Config;
 use devremap::runtime::container_daemon::Container as Dir;
 use log::{info, warn};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use std::collections::HashSet;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::mpsc::{self, Sender};
+use std::time::{Duration, Instant};
 
 /// The name a restored container's record is kept under, as the wrapper's checkpoint writes it.
 const RECORD_FILE: &str = "devremap-gpus.json";
 
 /// The node daemon as the NRI plugin: built by [`NriHandler::new`] and handed to the transport.
 pub struct NriHandler {
-    node: Arc<Node>,
+    /// What a create's thread needs: the node daemon and the runtime config.
+    serving: Arc<Serving>,
     /// To the teardown thread: containers to tear down, and why (see [`tear_down`]).
     teardowns: Mutex<Sender<(String, &'static str)>>,
+    /// How long a create may take before it is answered with an error (`--nri-timeout`).
+    timeout: Duration,
+}
+
+/// What serving a container takes, shared with the create's thread.
+struct Serving {
+    node: Arc<Node>,
     /// The runtime config: `host_dev`, `host_root`, `annotations`, `relax` (its `state_dir` is
     /// the node daemon's `--state-dir`).
     config: Config,
+}
+
+/// Between a create's thread and the handler waiting for it: the thread's result, or that the
+/// handler answered containerd without it.
+#[derive(Default)]
+struct Outcome {
+    result: Option<Result<Adjustment, String>>,
+    given_up: bool,
 }
 
 impl NriHandler {
     /// The handler of `node`, with the runtime config at `config` (`--config`; `None`: the
     /// default path, whose absence gives the defaults, as for the wrapper). A config that is
     /// not root's alone, or not valid, is refused as the wrapper refuses it.
-    pub(super) fn new(node: Arc<Node>, config: Option<&Path>) -> Result<NriHandler, NodeError> {
+    /// A create not done within `timeout` is answered with an error.
+    pub(super) fn new(node: Arc<Node>, config: Option<&Path>, timeout: Duration) -> Result<NriHandler, NodeError> {
         let (path, required) = match config {
             Some(path) => (path, true),
             None => (Path::new(devremap::runtime::config::DEFAULT_PATH), false),
@@ -73,7 +97,12 @@ impl NriHandler {
             .name("nri-teardown".into())
             .spawn(move || queued.iter().for_each(|(id, why)| tear_down(&tearing, &id, why)))
             .map_err(NodeError::Thread)?;
-        Ok(NriHandler { node, config, teardowns: Mutex::new(teardowns) })
+        let serving = Arc::new(Serving { node, config });
+        Ok(NriHandler { serving, teardowns: Mutex::new(teardowns), timeout })
+    }
+
+    fn node(&self) -> &Node {
+        &self.serving.node
     }
 
     /// Has NRI container `id` torn down on the teardown thread: containerd holds every NRI
@@ -84,6 +113,51 @@ impl NriHandler {
         let _ = self.teardowns.lock().send((id.to_owned(), why));
     }
 
+    /// Serves `c` on a thread of its own, waiting for it until the timeout: past it, the
+    /// create is answered with an error and whatever the thread still makes is torn down; a
+    /// panic on it is an error, and what it left is torn down too.
+    fn serve_in_time(&self, dir: Dir, c: &Container, served: Served) -> Result<Adjustment, String> {
+        let outcome = Arc::new((Mutex::new(Outcome::default()), Condvar::new()));
+        let (serving, told, id) = (self.serving.clone(), outcome.clone(), c.id.clone());
+        let c = c.clone();
+        let teardowns = self.teardowns.lock().clone();
+        let spawned = std::thread::Builder::new().name("nri-create".into()).spawn(move || {
+            let result = catch_unwind(AssertUnwindSafe(|| serving.serve(&dir, &c, served))).unwrap_or_else(|_| {
+                discard(&serving.node, &dir, &c.id);
+                Err("the plugin failed (a panic; see the node daemon's log); nothing is left of it".into())
+            });
+            let (lock, ready) = &*told;
+            let mut outcome = lock.lock();
+            if !outcome.given_up {
+                outcome.result = Some(result);
+                ready.notify_one();
+            } else if result.is_ok() {
+                let _ = teardowns.send((c.id.clone(), "served after its create was answered with an error"));
+            }
+        });
+        spawned.map_err(|e| format!("cannot start a thread: {e}"))?;
+        let (lock, ready) = &*outcome;
+        let mut waiting = lock.lock();
+        let deadline = Instant::now() + self.timeout;
+        while waiting.result.is_none() && !ready.wait_until(&mut waiting, deadline).timed_out() {}
+        match waiting.result.take() {
+            Some(result) => result,
+            None => {
+                waiting.given_up = true;
+                warn!(
+                    "container {id}: not served within {:?}; whatever is made of it later is torn down",
+                    self.timeout
+                );
+                Err(format!(
+                    "not served within --nri-timeout ({:?}; containerd's plugin_request_timeout is 2 s by default): the state dir's lock or the keeper's start is slow; the kubelet tries again",
+                    self.timeout
+                ))
+            }
+        }
+    }
+}
+
+impl Serving {
     /// Sets up `c`'s directory and mount; the adjustment on success, and nothing left otherwise.
     fn serve(&self, dir: &Dir, c: &Container, served: Served) -> Result<Adjustment, String> {
         let text = |e: &dyn std::fmt::Display| e.to_string();
@@ -143,8 +217,21 @@ impl NriHandler {
             until_unmount: true,
         };
         self.node.mount(request, None)?;
+        #[cfg(feature = "test-hooks")]
+        failpoint_panic(&c.id);
         let dev = dir.dev();
         Ok(decide::adjustment(&dev.to_string_lossy(), &record.to_string()))
+    }
+}
+
+/// The test hook `DEVREMAPD_FAILPOINT=nri-create-panic:ID`: the create of container ID
+/// panics once its keeper serves it, the worst moment for what is left.
+#[cfg(feature = "test-hooks")]
+fn failpoint_panic(id: &str) {
+    if std::env::var("DEVREMAPD_FAILPOINT").ok().and_then(|f| f.strip_prefix("nri-create-panic:").map(str::to_owned))
+        == Some(id.to_owned())
+    {
+        panic!("failpoint nri-create-panic:{id}");
     }
 }
 
@@ -154,16 +241,28 @@ fn tear_down(node: &Node, id: &str, why: &str) {
     if !dir.is_nri() {
         return;
     }
-    if node.unmount(id).is_ok() {
-        info!("container {id}: {why}; its /dev is unmounted");
-        return;
-    }
-    // No keeper serves it (one that died leaves its mount dead): what is left goes.
-    let torn = dir.lock_state_dir().and_then(|_lock| dir.teardown(&Host));
-    match torn {
-        Ok(()) => info!("container {id}: {why}; its directory is removed"),
+    match remove(node, &dir, id) {
+        Ok(what) => info!("container {id}: {why}; its {what}"),
         Err(e) => warn!("container {id}: {why}; cannot tear down: {e}"),
     }
+}
+
+/// Removes what a create that panicked left of container `id` (its mount, its directory),
+/// whatever marks it has by then.
+fn discard(node: &Node, dir: &Dir, id: &str) {
+    if let Err(e) = remove(node, dir, id) {
+        warn!("container {id}: cannot remove its half-made directory: {e}");
+    }
+}
+
+/// Stops container `id`'s keeper if one serves it, or else removes what is left of its
+/// directory (a keeper that died leaves its mount dead); says which.
+fn remove(node: &Node, dir: &Dir, id: &str) -> Result<&'static str, String> {
+    if node.unmount(id).is_ok() {
+        return Ok("/dev is unmounted");
+    }
+    let torn = dir.lock_state_dir().and_then(|_lock| dir.teardown(&Host));
+    torn.map(|()| "directory is removed").map_err(|e| e.to_string())
 }
 
 /// When process `pid` started (`/proc/<pid>/stat`'s 22nd field, clock ticks since boot), if
@@ -183,10 +282,10 @@ fn init_runs(dir: &Dir) -> Option<u32> {
 impl Handler for NriHandler {
     fn create(&self, pod: &Pod, c: &Container) -> Result<Adjustment, String> {
         let named = |what: &dyn std::fmt::Display| format!("devremap: container {} ({}): {what}", c.name, c.id);
-        let dir = self.node.container(&c.id).map_err(|e| named(&e))?;
+        let dir = self.node().container(&c.id).map_err(|e| named(&e))?;
         let dev = dir.dev();
         let dev = dev.to_str().ok_or_else(|| named(&"the state dir is not a UTF-8 path"))?;
-        let served = match decide::decide(pod, c, &self.config.annotations, dev).map_err(|e| named(&e))? {
+        let served = match decide::decide(pod, c, &self.serving.config.annotations, dev).map_err(|e| named(&e))? {
             Decision::Untouched(why) => {
                 if let Some(why) = why {
                     warn!("{}", named(&why));
@@ -199,14 +298,15 @@ impl Handler for NriHandler {
             warn!("{}", named(warning));
         }
         let restored = served.restored.is_some();
-        let adjustment = self.serve(&dir, c, served).map_err(|e| named(&e))?;
+        let shown = dir.dev();
+        let adjustment = self.serve_in_time(dir, c, served).map_err(|e| named(&e))?;
         info!(
             "container {} ({}) of pod {}/{}: {} /dev served{}",
             c.name,
             c.id,
             pod.namespace,
             pod.name,
-            dir.dev().display(),
+            shown.display(),
             if restored { ", restored from its record" } else { "" }
         );
         Ok(adjustment)
@@ -215,7 +315,7 @@ impl Handler for NriHandler {
     /// Records the container's init in its NRI mark, so that a container containerd leaves out
     /// of `Synchronize` while it runs is not taken for gone.
     fn started(&self, _pod: &Pod, c: &Container) {
-        let Ok(dir) = self.node.container(&c.id) else { return };
+        let Ok(dir) = self.node().container(&c.id) else { return };
         if c.pid == 0 || !dir.is_nri() {
             return;
         }
@@ -236,9 +336,9 @@ impl Handler for NriHandler {
     fn synchronize(&self, _pods: &[Pod], containers: &[Container]) {
         let live: HashSet<&str> =
             containers.iter().filter(|c| c.state != State::Stopped).map(|c| c.id.as_str()).collect();
-        let Ok(entries) = std::fs::read_dir(&self.node.state_dir) else { return };
+        let Ok(entries) = std::fs::read_dir(&self.node().state_dir) else { return };
         for id in entries.flatten().filter_map(|e| e.file_name().into_string().ok()) {
-            let Ok(dir) = self.node.container(&id) else { continue };
+            let Ok(dir) = self.node().container(&id) else { continue };
             if live.contains(id.as_str()) || !dir.is_nri() {
                 continue;
             }
@@ -254,8 +354,8 @@ impl Handler for NriHandler {
         // A container we served whose keeper died: its /dev answers ENOTCONN, and no mount can
         // be put back into a running container's /dev.
         for c in containers.iter().filter(|c| live.contains(c.id.as_str()) && c.annotations.contains_key(GPUS)) {
-            let Ok(dir) = self.node.container(&c.id) else { continue };
-            if dir.is_nri() && self.node.registry.lock().keeper(&c.id).is_err() {
+            let Ok(dir) = self.node().container(&c.id) else { continue };
+            if dir.is_nri() && self.node().registry.lock().keeper(&c.id).is_err() {
                 warn!(
                     "container {} ({}): no keeper serves its /dev (it answers ENOTCONN); restart the container",
                     c.name, c.id
