@@ -71,6 +71,8 @@ pub struct Session<'h> {
     demux: Demux,
     plugin: Messages,
     runtime: Messages,
+    /// The parts of a split `Synchronize` received so far (see [`Session::synchronize`]).
+    syncing: Option<(Vec<super::view::Pod>, Vec<super::view::Container>)>,
 }
 
 impl<'h> Session<'h> {
@@ -92,6 +94,7 @@ impl<'h> Session<'h> {
             demux: Demux::default(),
             plugin: Messages::new(PLUGIN_CONN),
             runtime: Messages::new(RUNTIME_CONN),
+            syncing: None,
         };
         (session, bytes)
     }
@@ -143,7 +146,11 @@ impl<'h> Session<'h> {
         Ok(turn)
     }
 
-    fn answer(&self, request: &wire::Request, happened: &mut Vec<Happened>) -> Result<wire::Response, SessionError> {
+    fn answer(
+        &mut self,
+        request: &wire::Request,
+        happened: &mut Vec<Happened>,
+    ) -> Result<wire::Response, SessionError> {
         if request.service != PLUGIN_SERVICE {
             return Ok(failed(wire::UNIMPLEMENTED, format!("no service {}", request.service)));
         }
@@ -155,14 +162,7 @@ impl<'h> Session<'h> {
                 happened.push(Happened::Configured { runtime: r.runtime_name, version: r.runtime_version });
                 api::ConfigureResponse { events: event_mask(&EVENTS) }.encode_to_vec()
             }
-            "Synchronize" => {
-                let r = decode::<api::SynchronizeRequest>(payload, "Synchronize")?;
-                let pods: Vec<_> = r.pods.iter().map(convert::pod).collect();
-                let containers: Vec<_> = r.containers.iter().map(convert::container).collect();
-                h.synchronize(&pods, &containers);
-                happened.push(Happened::Synchronized { pods: pods.len(), containers: containers.len() });
-                api::SynchronizeResponse::default().encode_to_vec()
-            }
+            "Synchronize" => self.synchronize(decode(payload, "Synchronize")?, happened).encode_to_vec(),
             "Shutdown" => {
                 happened.push(Happened::Shutdown);
                 api::Empty::default().encode_to_vec()
@@ -200,6 +200,26 @@ impl<'h> Session<'h> {
             other => return Ok(failed(wire::UNIMPLEMENTED, format!("no method {other}"))),
         };
         Ok(wire::Response { status: None, payload: answer })
+    }
+}
+
+impl Session<'_> {
+    /// `Synchronize`, whole or in parts. From NRI v0.9 on (containerd 2.1) a runtime whose list
+    /// is too large for one message (ttrpc's 4 MiB) sends it in parts, each but the last with
+    /// `more`, and closes a plugin that does not answer a part with `more`: the handler is
+    /// given the whole list once the last part is in (taken for the whole list, a part would
+    /// have every NRI container listed in the others torn down). v0.6.1 sends one message.
+    fn synchronize(&mut self, r: api::SynchronizeRequest, happened: &mut Vec<Happened>) -> api::SynchronizeResponse {
+        let (mut pods, mut containers) = self.syncing.take().unwrap_or_default();
+        pods.extend(r.pods.iter().map(convert::pod));
+        containers.extend(r.containers.iter().map(convert::container));
+        if r.more {
+            self.syncing = Some((pods, containers));
+            return api::SynchronizeResponse { more: true, ..Default::default() };
+        }
+        self.handler.synchronize(&pods, &containers);
+        happened.push(Happened::Synchronized { pods: pods.len(), containers: containers.len() });
+        api::SynchronizeResponse::default()
     }
 }
 
@@ -287,6 +307,41 @@ mod tests {
         (Some(pod), Some(container))
     }
 
+    /// Bug (issue 32's note: "NRI v0.10's split Synchronize not read"): a runtime of NRI v0.9 or
+    /// later sends a list too large for one message in parts, each but the last with `more`, and
+    /// closes a plugin that answers a part without `more`. Each part is answered with `more`
+    /// and nothing reaches the handler until the last: then the whole list, once. (Read as
+    /// whole lists, the first part would have had every NRI container in the others torn down.)
+    #[test]
+    fn a_split_synchronize_reaches_the_handler_whole() {
+        let recorder = Recorder::default();
+        let (mut session, _) = Session::start(&recorder, "devremap", "10");
+        let part = |ids: &[&str], more| {
+            let listed = ids.iter().map(|id| pod_and(id));
+            let (pods, containers): (Vec<_>, Vec<_>) = listed.map(|(p, c)| (p.unwrap(), c.unwrap())).unzip();
+            api::SynchronizeRequest { pods, containers, more }.encode_to_vec()
+        };
+        let trunk = [
+            call(1, "Synchronize", part(&["c1", "c2"], true)),
+            call(3, "Synchronize", part(&["c3"], true)),
+            call(5, "Synchronize", part(&["c4"], false)),
+            // A later, whole one (containerd's next registration) starts afresh.
+            call(7, "Synchronize", part(&["c5"], false)),
+        ]
+        .concat();
+        let turn = session.feed(&trunk).unwrap();
+        assert_eq!(*recorder.0.lock().unwrap(), ["synchronize 4 4", "synchronize 1 1"]);
+        assert_eq!(
+            turn.happened,
+            [Happened::Synchronized { pods: 4, containers: 4 }, Happened::Synchronized { pods: 1, containers: 1 }]
+        );
+        let more: Vec<bool> = answers(&turn.write)
+            .iter()
+            .map(|(_, r)| api::SynchronizeResponse::decode(r.payload.as_slice()).unwrap().more)
+            .collect();
+        assert_eq!(more, [true, true, false, false]);
+    }
+
     /// Rule (issue 32): the event mask is NRI's, bit `1 << (event - 1)`: CreateContainer (4),
     /// PostStartContainer (7), StopContainer (10), RemoveContainer (11), and no pod event.
     #[test]
@@ -362,8 +417,11 @@ mod tests {
             pod: pod.clone(),
             container: container.clone(),
         };
-        let sync =
-            api::SynchronizeRequest { pods: vec![pod.clone().unwrap()], containers: vec![container.clone().unwrap()] };
+        let sync = api::SynchronizeRequest {
+            pods: vec![pod.clone().unwrap()],
+            containers: vec![container.clone().unwrap()],
+            more: false,
+        };
         let trunk = [
             call(1, "Configure", configure.encode_to_vec()),
             call(3, "Synchronize", sync.encode_to_vec()),

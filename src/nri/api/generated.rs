@@ -38,11 +38,15 @@ pub struct SynchronizeRequest {
     pub pods: ::prost::alloc::vec::Vec<PodSandbox>,
     #[prost(message, repeated, tag = "2")]
     pub containers: ::prost::alloc::vec::Vec<Container>,
+    #[prost(bool, tag = "3")]
+    pub more: bool,
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct SynchronizeResponse {
     #[prost(message, repeated, tag = "1")]
     pub update: ::prost::alloc::vec::Vec<ContainerUpdate>,
+    #[prost(bool, tag = "2")]
+    pub more: bool,
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct CreateContainerRequest {
