@@ -273,6 +273,9 @@ fn run_pods(node: &Node, w: &WrappedHost, dir: &Path) {
         .expect("the dump names a sandbox_image");
     c.ctr_ok(&["images", "tag", IMAGE, &sandbox_image]);
     let mut cri = Cri::connect(&dir.join("containerd.sock"), dir.join("containerd.log"));
+    for image in [IMAGE, &sandbox_image] {
+        cri.wait_image(image);
+    }
     let logs = dir.join("pod-logs");
     fs::create_dir_all(&logs).unwrap();
 

@@ -11,10 +11,11 @@ use crate::common::clients::{busybox_rootfs, need_client, succeeded, wait_client
 use crate::common::daemon::unmount;
 use crate::common::write_file;
 use hyper_util::rt::TokioIo;
+use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{
-    LinuxPodSandboxConfig, LinuxSandboxSecurityContext, NamespaceMode, NamespaceOption, PodSandboxConfig,
-    PodSandboxMetadata, RunPodSandboxRequest,
+    ImageSpec, ImageStatusRequest, LinuxPodSandboxConfig, LinuxSandboxSecurityContext, NamespaceMode, NamespaceOption,
+    PodSandboxConfig, PodSandboxMetadata, RunPodSandboxRequest,
 };
 use serde_json::{Value, json};
 use std::fs;
@@ -290,6 +291,7 @@ pub fn busybox_image(dir: &Path) -> PathBuf {
 pub struct Cri {
     pub rt: tokio::runtime::Runtime,
     pub runtime: RuntimeServiceClient<Channel>,
+    pub images: ImageServiceClient<Channel>,
     /// containerd's log, shown with a failed call.
     pub log: PathBuf,
 }
@@ -304,7 +306,24 @@ impl Cri {
                 async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(socket).await?)) }
             })))
             .expect("the CRI socket answers");
-        Cri { rt, runtime: RuntimeServiceClient::new(channel), log }
+        Cri { rt, runtime: RuntimeServiceClient::new(channel.clone()), images: ImageServiceClient::new(channel), log }
+    }
+
+    /// Waits until the CRI plugin knows image `name`. It learns of an image `ctr` imported or
+    /// tagged from containerd's events, after `ctr` returns: a RunPodSandbox right after finds
+    /// no sandbox image and pulls it, which fails offline (seen on containerd 1.7.24, CI).
+    pub fn wait_image(&self, name: &str) {
+        let request =
+            ImageStatusRequest { image: Some(ImageSpec { image: name.into(), ..Default::default() }), verbose: false };
+        wait_client(
+            &format!("the CRI plugin to know image {name}"),
+            || fs::read_to_string(&self.log).unwrap_or_default(),
+            || {
+                let mut client = self.images.clone();
+                let status = self.rt.block_on(client.image_status(request.clone())).ok()?;
+                status.into_inner().image.map(|_| ())
+            },
+        );
     }
 
     /// Runs one call; a failure names the call and containerd's status.

@@ -205,6 +205,8 @@ impl Pod {
         let logs = dir.join("pod-logs").join(name);
         fs::create_dir_all(&logs).unwrap();
         let config = pod_config(name, &format!("{name}-{}", std::process::id()), &logs, annotations);
+        // The busybox image is the sandbox's too.
+        cri.wait_image(IMAGE);
         let sandbox = cri.run_pod_sandbox(&config, "");
         Pod { config, sandbox }
     }
