@@ -46,31 +46,61 @@ pub fn mux_frames(conn: u32, payload: &[u8]) -> Vec<u8> {
     out
 }
 
+/// Bytes received and not yet split off. What is split off moves an offset; the bytes before it
+/// go at the next push once they are half of the buffer: splitting N bytes costs O(N) whatever
+/// the sizes of what is in them (draining the front at each split was quadratic: one 16 MiB
+/// frame of small messages moved the rest of the frame once per message).
+#[derive(Debug, Default)]
+struct Pending {
+    bytes: Vec<u8>,
+    start: usize,
+}
+
+impl Pending {
+    fn push(&mut self, more: &[u8]) {
+        if self.start * 2 >= self.bytes.len() {
+            self.bytes.drain(..self.start);
+            self.start = 0;
+        }
+        self.bytes.extend_from_slice(more);
+    }
+
+    fn unread(&self) -> &[u8] {
+        &self.bytes[self.start..]
+    }
+
+    /// The `len` bytes after the first `skip` of what is unread, which are split off with them.
+    fn split_off(&mut self, skip: usize, len: usize) -> Vec<u8> {
+        let out = self.unread()[skip..skip + len].to_vec();
+        self.start += skip + len;
+        out
+    }
+}
+
 /// Splits the trunk's bytes into frames, however the reads cut them.
 #[derive(Debug, Default)]
 pub struct Demux {
-    pending: Vec<u8>,
+    pending: Pending,
 }
 
 impl Demux {
     pub fn push(&mut self, bytes: &[u8]) {
-        self.pending.extend_from_slice(bytes);
+        self.pending.push(bytes);
     }
 
     /// The next whole frame (connection id, payload), `None` until one has arrived.
     pub fn next_frame(&mut self) -> Result<Option<(u32, Vec<u8>)>, WireError> {
-        let Some(header) = self.pending.get(..MUX_HEADER) else { return Ok(None) };
+        let unread = self.pending.unread();
+        let Some(header) = unread.get(..MUX_HEADER) else { return Ok(None) };
         let conn = u32::from_be_bytes([header[0], header[1], header[2], header[3]]);
         let len = u32::from_be_bytes([header[4], header[5], header[6], header[7]]) as usize;
         if len > MAX_MUX_PAYLOAD {
             return Err(WireError::MuxFrameTooLarge { conn, len });
         }
-        if self.pending.len() < MUX_HEADER + len {
+        if unread.len() < MUX_HEADER + len {
             return Ok(None);
         }
-        let payload = self.pending[MUX_HEADER..MUX_HEADER + len].to_vec();
-        self.pending.drain(..MUX_HEADER + len);
-        Ok(Some((conn, payload)))
+        Ok(Some((conn, self.pending.split_off(MUX_HEADER, len))))
     }
 }
 
@@ -97,32 +127,31 @@ pub fn message(header: Header, data: &[u8]) -> Vec<u8> {
 #[derive(Debug)]
 pub struct Messages {
     conn: u32,
-    pending: Vec<u8>,
+    pending: Pending,
 }
 
 impl Messages {
     pub fn new(conn: u32) -> Messages {
-        Messages { conn, pending: Vec::new() }
+        Messages { conn, pending: Pending::default() }
     }
 
     pub fn push(&mut self, bytes: &[u8]) {
-        self.pending.extend_from_slice(bytes);
+        self.pending.push(bytes);
     }
 
     /// The next whole message, `None` until one has arrived.
     pub fn next_message(&mut self) -> Result<Option<(Header, Vec<u8>)>, WireError> {
-        let Some(h) = self.pending.get(..TTRPC_HEADER) else { return Ok(None) };
+        let unread = self.pending.unread();
+        let Some(h) = unread.get(..TTRPC_HEADER) else { return Ok(None) };
         let len = u32::from_be_bytes([h[0], h[1], h[2], h[3]]) as usize;
         let header = Header { stream: u32::from_be_bytes([h[4], h[5], h[6], h[7]]), kind: h[8], flags: h[9] };
         if len > MAX_TTRPC_DATA {
             return Err(WireError::MessageTooLarge { conn: self.conn, len });
         }
-        if self.pending.len() < TTRPC_HEADER + len {
+        if unread.len() < TTRPC_HEADER + len {
             return Ok(None);
         }
-        let data = self.pending[TTRPC_HEADER..TTRPC_HEADER + len].to_vec();
-        self.pending.drain(..TTRPC_HEADER + len);
-        Ok(Some((header, data)))
+        Ok(Some((header, self.pending.split_off(TTRPC_HEADER, len))))
     }
 }
 
@@ -216,5 +245,28 @@ mod tests {
             Some((Header { stream: 5, kind: RESPONSE, flags: 0 }, Vec::new()))
         );
         assert_eq!(messages.next_message().unwrap(), None);
+    }
+
+    /// Bug (issue 32's note: reassembly was quadratic): 20,000 messages arriving in one read,
+    /// then the rest in reads cut anywhere, come out whole and in order; what was split off is
+    /// not kept (the buffer holds at most what is unread and one read more), and splitting
+    /// moves an offset instead of the rest of the buffer.
+    #[test]
+    fn many_messages_in_one_read_are_split_in_order_and_not_kept() {
+        let all: Vec<u8> = (0..30_000u32)
+            .flat_map(|i| message(Header { stream: i, kind: REQUEST, flags: 0 }, &i.to_be_bytes()))
+            .collect();
+        let (first, rest) = all.split_at(20_000 * 14 + 5);
+        let mut messages = Messages::new(1);
+        let mut next = 0u32;
+        for read in std::iter::once(first).chain(rest.chunks(333)) {
+            messages.push(read);
+            assert!(messages.pending.bytes.len() <= 2 * (messages.pending.unread().len() + read.len()) + 14);
+            while let Some((header, data)) = messages.next_message().unwrap() {
+                assert_eq!((header.stream, data), (next, next.to_be_bytes().to_vec()));
+                next += 1;
+            }
+        }
+        assert_eq!(next, 30_000);
     }
 }
