@@ -498,7 +498,10 @@ impl Node {
             .collect::<Result<_, _>>()
             .map_err(|e| format!("containers: {e}"))?;
         match (event, containers.as_slice()) {
+            // containerd's CreateContainer, then its PostCreateContainer (which waits for the
+            // mount), as containerd sends them before its CreateContainer returns.
             ("create", [c]) => handler.create(&pod, c).map(|a| {
+                handler.post_create(&pod, c);
                 let mounts: Vec<Value> = a
                     .mounts
                     .iter()

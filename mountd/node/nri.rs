@@ -48,6 +48,10 @@ impl Handler for Logged {
         info!("nri: create container {} ({}) in pod {}/{}", container.id, container.name, pod.namespace, pod.name);
         self.0.create(pod, container)
     }
+    fn post_create(&self, pod: &Pod, container: &Container) {
+        info!("nri: container {} created", container.id);
+        self.0.post_create(pod, container)
+    }
     fn started(&self, pod: &Pod, container: &Container) {
         info!("nri: container {} started (pid {})", container.id, container.pid);
         self.0.started(pod, container)

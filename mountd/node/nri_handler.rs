@@ -34,10 +34,10 @@ use devremap::nri::decide::{self, Decision, Served};
 use devremap::nri::view::{Adjustment, Container, Handler, Pod, State};
 use devremap::runtime::annotations::GPUS;
 use devremap::runtime::config::Config;
-use devremap::runtime::container_daemon::Container as Dir;
+use devremap::runtime::container_daemon::{Container as Dir, Lock};
 use log::{info, warn};
 use parking_lot::{Condvar, Mutex};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
 use std::sync::Arc;
@@ -53,8 +53,13 @@ pub struct NriHandler {
     serving: Arc<Serving>,
     /// To the teardown thread: containers to tear down, and why (see [`tear_down`]).
     teardowns: Mutex<Sender<(String, &'static str)>>,
-    /// How long a create may take before it is answered with an error (`--nri-timeout`).
+    /// How long a create may take before it is answered with an error (`--nri-timeout`), and
+    /// `PostCreateContainer` before it gives up on the mount.
     timeout: Duration,
+    /// The mounts under way, by container id: a create answers once the container's directory
+    /// is set up, and its keeper's start (two processes: most of a create's time) overlaps
+    /// containerd's own work on the container until `PostCreateContainer`, which waits for it.
+    mounting: Arc<Mutex<HashMap<String, Mounting>>>,
 }
 
 /// What serving a container takes, shared with the create's thread.
@@ -65,13 +70,55 @@ struct Serving {
     config: Config,
 }
 
-/// Between a create's thread and the handler waiting for it: the thread's result, or that the
-/// handler answered containerd without it.
-#[derive(Default)]
-struct Outcome {
-    result: Option<Result<Adjustment, String>>,
-    given_up: bool,
+/// A result one thread hands another, which waits for it until a deadline and may give up on
+/// it: then the result goes back to its giver, who undoes what it made.
+struct Handoff<T> {
+    /// The result, once given; whether the waiter gave up.
+    state: Mutex<(Option<T>, bool)>,
+    given: Condvar,
 }
+
+impl<T> Handoff<T> {
+    fn new() -> Arc<Handoff<T>> {
+        Arc::new(Handoff { state: Mutex::new((None, false)), given: Condvar::new() })
+    }
+
+    /// Hands `value` over; it comes back when the waiter has given up on it.
+    fn give(&self, value: T) -> Option<T> {
+        let mut state = self.state.lock();
+        if state.1 {
+            return Some(value);
+        }
+        state.0 = Some(value);
+        self.given.notify_all();
+        None
+    }
+
+    /// The value, once given; `None` if it is not given by `deadline` (then the waiter gives up
+    /// on it). No deadline: until it is given.
+    fn wait(&self, deadline: Option<Instant>) -> Option<T> {
+        let mut state = self.state.lock();
+        while state.0.is_none() {
+            match deadline {
+                Some(deadline) if self.given.wait_until(&mut state, deadline).timed_out() => break,
+                Some(_) => {}
+                None => self.given.wait(&mut state),
+            }
+        }
+        let value = state.0.take();
+        state.1 = value.is_none();
+        value
+    }
+}
+
+/// What a create's thread answers when it panicked, once what it left is removed.
+fn panicked<T>(serving: &Serving, dir: &Dir, id: &str) -> Result<T, String> {
+    discard(&serving.node, dir, id);
+    Err("the plugin failed (a panic; see the node daemon's log); nothing is left of it".to_owned())
+}
+
+/// A container's mount under way since `create` answered: its result, for `PostCreateContainer`.
+type Mounting = Arc<Handoff<Result<(), String>>>;
 
 impl NriHandler {
     /// The handler of `node`, with the runtime config at `config` (`--config`; `None`: the
@@ -92,13 +139,22 @@ impl NriHandler {
             );
         }
         let (teardowns, queued) = mpsc::channel::<(String, &'static str)>();
-        let tearing = node.clone();
+        let (tearing, mounting) = (node.clone(), Arc::new(Mutex::new(HashMap::<String, Mounting>::new())));
+        let underway = mounting.clone();
+        let tear = move |(id, why): (String, &'static str)| {
+            // A mount under way (containerd undoing a create) is waited for, not raced.
+            let pending = underway.lock().remove(&id);
+            if let Some(pending) = pending {
+                pending.wait(None);
+            }
+            tear_down(&tearing, &id, why)
+        };
         std::thread::Builder::new()
             .name("nri-teardown".into())
-            .spawn(move || queued.iter().for_each(|(id, why)| tear_down(&tearing, &id, why)))
+            .spawn(move || queued.iter().for_each(tear))
             .map_err(NodeError::Thread)?;
         let serving = Arc::new(Serving { node, config });
-        Ok(NriHandler { serving, teardowns: Mutex::new(teardowns), timeout })
+        Ok(NriHandler { serving, teardowns: Mutex::new(teardowns), timeout, mounting })
     }
 
     fn node(&self) -> &Node {
@@ -113,43 +169,62 @@ impl NriHandler {
         let _ = self.teardowns.lock().send((id.to_owned(), why));
     }
 
-    /// Serves `c` on a thread of its own, waiting for it until the timeout: past it, the
-    /// create is answered with an error and whatever the thread still makes is torn down; a
-    /// panic on it is an error, and what it left is torn down too.
-    fn serve_in_time(&self, dir: Dir, c: &Container, served: Served) -> Result<Adjustment, String> {
-        let outcome = Arc::new((Mutex::new(Outcome::default()), Condvar::new()));
-        let (serving, told, id) = (self.serving.clone(), outcome.clone(), c.id.clone());
-        let c = c.clone();
+    /// Serves `c` on a thread of its own: waits for its directory to be set up until the
+    /// timeout and answers the adjustment, leaving the mount under way (see [`Self::mounting`]).
+    /// Past the timeout the create is answered with an error and what the thread still makes
+    /// is torn down; a panic on it is an error, and what it left is torn down too.
+    /// `served_line` is logged once the mount answers.
+    fn serve_in_time(
+        &self,
+        dir: Dir,
+        c: &Container,
+        served: Served,
+        served_line: String,
+    ) -> Result<Adjustment, String> {
+        let (prepared, mounted) = (Handoff::new(), Handoff::new());
+        let (serving, id) = (self.serving.clone(), c.id.clone());
+        let (c, told_prepared, told_mounted) = (c.clone(), prepared.clone(), mounted.clone());
         let teardowns = self.teardowns.lock().clone();
         let spawned = std::thread::Builder::new().name("nri-create".into()).spawn(move || {
-            let result = catch_unwind(AssertUnwindSafe(|| serving.serve(&dir, &c, served))).unwrap_or_else(|_| {
+            let set_up = catch_unwind(AssertUnwindSafe(|| serving.prepare(&dir, &c, served)))
+                .unwrap_or_else(|_| panicked(&serving, &dir, &c.id));
+            let (hold, request, adjustment) = match set_up {
+                Ok(set_up) => set_up,
+                Err(e) => {
+                    told_prepared.give(Err(e));
+                    return;
+                }
+            };
+            if told_prepared.give(Ok(adjustment)).is_some() {
+                drop(hold);
                 discard(&serving.node, &dir, &c.id);
-                Err("the plugin failed (a panic; see the node daemon's log); nothing is left of it".into())
-            });
-            let (lock, ready) = &*told;
-            let mut outcome = lock.lock();
-            if !outcome.given_up {
-                outcome.result = Some(result);
-                ready.notify_one();
-            } else if result.is_ok() {
-                let _ = teardowns.send((c.id.clone(), "served after its create was answered with an error"));
+                info!("container {}: set up after its create was answered with an error; removed", c.id);
+                return;
+            }
+            let mounted = catch_unwind(AssertUnwindSafe(|| serving.mount(&dir, &c.id, request)))
+                .unwrap_or_else(|_| panicked(&serving, &dir, &c.id));
+            drop(hold);
+            if mounted.is_ok() {
+                info!("{served_line}");
+            }
+            if let Some(Ok(())) = told_mounted.give(mounted) {
+                let _ = teardowns.send((c.id.clone(), "served after PostCreateContainer gave up on it"));
             }
         });
         spawned.map_err(|e| format!("cannot start a thread: {e}"))?;
-        let (lock, ready) = &*outcome;
-        let mut waiting = lock.lock();
-        let deadline = Instant::now() + self.timeout;
-        while waiting.result.is_none() && !ready.wait_until(&mut waiting, deadline).timed_out() {}
-        match waiting.result.take() {
-            Some(result) => result,
+        match prepared.wait(Some(Instant::now() + self.timeout)) {
+            Some(Ok(adjustment)) => {
+                self.mounting.lock().insert(id, mounted);
+                Ok(adjustment)
+            }
+            Some(Err(e)) => Err(e),
             None => {
-                waiting.given_up = true;
                 warn!(
                     "container {id}: not served within {:?}; whatever is made of it later is torn down",
                     self.timeout
                 );
                 Err(format!(
-                    "not served within --nri-timeout ({:?}; containerd's plugin_request_timeout is 2 s by default): the state dir's lock or the keeper's start is slow; the kubelet tries again",
+                    "not served within --nri-timeout ({:?}; containerd's plugin_request_timeout is 2 s by default): the state dir's lock is held long; the kubelet tries again",
                     self.timeout
                 ))
             }
@@ -158,8 +233,10 @@ impl NriHandler {
 }
 
 impl Serving {
-    /// Sets up `c`'s directory and mount; the adjustment on success, and nothing left otherwise.
-    fn serve(&self, dir: &Dir, c: &Container, served: Served) -> Result<Adjustment, String> {
+    /// Sets up `c`'s directory: its spec, record and marks. The lock on the directory (held
+    /// until its mount is done: no node daemon's teardown takes it for a leftover meanwhile),
+    /// the request that mounts it, and the adjustment; nothing is left on error.
+    fn prepare(&self, dir: &Dir, c: &Container, served: Served) -> Result<(Lock, MountRequest, Adjustment), String> {
         let text = |e: &dyn std::fmt::Display| e.to_string();
         let claiming = dir.lock_state_dir().map_err(|e| text(&e))?;
         if dir.exists() {
@@ -168,19 +245,19 @@ impl Serving {
             }
             dir.teardown(&Host).map_err(|e| format!("a leftover of an earlier plugin: {e}"))?;
         }
-        // Held while it is set up: no node daemon's teardown takes it for a leftover meanwhile.
         let mine = dir.prepare(None).map_err(|e| text(&e))?;
         drop(claiming);
-        let result = self.set_up(dir, c, served);
-        drop(mine);
-        result.inspect_err(|_| {
-            if let Err(e) = dir.teardown(&Host) {
-                warn!("container {}: cannot remove its half-made directory: {e}", c.id);
+        match self.write(dir, c, served) {
+            Ok((request, adjustment)) => Ok((mine, request, adjustment)),
+            Err(e) => {
+                drop(mine);
+                remove_half_made(dir, &c.id);
+                Err(e)
             }
-        })
+        }
     }
 
-    fn set_up(&self, dir: &Dir, c: &Container, served: Served) -> Result<Adjustment, String> {
+    fn write(&self, dir: &Dir, c: &Container, served: Served) -> Result<(MountRequest, Adjustment), String> {
         let text = |e: &dyn std::fmt::Display| e.to_string();
         let spec = dir.write_bundle(&format!("{:#}\n", served.spec)).map_err(|e| text(&e))?;
         let metadata = served
@@ -216,11 +293,23 @@ impl Serving {
             owner_pid: 0,
             until_unmount: true,
         };
-        self.node.mount(request, None)?;
-        #[cfg(feature = "test-hooks")]
-        failpoint_panic(&c.id);
         let dev = dir.dev();
-        Ok(decide::adjustment(&dev.to_string_lossy(), &record.to_string()))
+        Ok((request, decide::adjustment(&dev.to_string_lossy(), &record.to_string())))
+    }
+
+    /// Mounts container `id`'s `/dev`. On failure its directory goes: the runtime's bind of it
+    /// then fails the container's start, rather than binding an empty directory.
+    fn mount(&self, dir: &Dir, id: &str, request: MountRequest) -> Result<(), String> {
+        let mounted = self.node.mount(request, None).map(|_| ());
+        #[cfg(feature = "test-hooks")]
+        failpoint_panic(id);
+        mounted.inspect_err(|_| remove_half_made(dir, id))
+    }
+}
+
+fn remove_half_made(dir: &Dir, id: &str) {
+    if let Err(e) = dir.teardown(&Host) {
+        warn!("container {id}: cannot remove its half-made directory: {e}");
     }
 }
 
@@ -297,19 +386,35 @@ impl Handler for NriHandler {
         for warning in &served.warnings {
             warn!("{}", named(warning));
         }
-        let restored = served.restored.is_some();
-        let shown = dir.dev();
-        let adjustment = self.serve_in_time(dir, c, served).map_err(|e| named(&e))?;
-        info!(
+        let served_line = format!(
             "container {} ({}) of pod {}/{}: {} /dev served{}",
             c.name,
             c.id,
             pod.namespace,
             pod.name,
-            shown.display(),
-            if restored { ", restored from its record" } else { "" }
+            dir.dev().display(),
+            if served.restored.is_some() { ", restored from its record" } else { "" }
         );
-        Ok(adjustment)
+        self.serve_in_time(dir, c, served, served_line).map_err(|e| named(&e))
+    }
+
+    /// Waits (until the timeout) for the container's mount that `create` left under way: once
+    /// this is answered containerd's CreateContainer returns, and a start may follow.
+    fn post_create(&self, _pod: &Pod, c: &Container) {
+        let Some(mounting) = self.mounting.lock().remove(&c.id) else { return };
+        match mounting.wait(Some(Instant::now() + self.timeout)) {
+            Some(Ok(())) => {}
+            Some(Err(e)) => {
+                warn!(
+                    "container {} ({}): its /dev is not served: {e}; its directory is removed, so its start fails",
+                    c.name, c.id
+                )
+            }
+            None => warn!(
+                "container {} ({}): its /dev did not answer within {:?} of its creation; it is torn down once it does, and its start fails",
+                c.name, c.id, self.timeout
+            ),
+        }
     }
 
     /// Records the container's init in its NRI mark, so that a container containerd leaves out

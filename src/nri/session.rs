@@ -22,10 +22,16 @@ const RUNTIME_SERVICE: &str = "nri.pkg.api.v1alpha1.Runtime";
 /// The stream of the plugin's one call, `RegisterPlugin`.
 const REGISTER_STREAM: u32 = 1;
 
-/// The events devremap subscribes to: a container created (to adjust it), running, stopped
-/// (also when its task exited) and removed. Never the pod sandbox's.
-pub const EVENTS: [Event; 4] =
-    [Event::CreateContainer, Event::PostStartContainer, Event::StopContainer, Event::RemoveContainer];
+/// The events devremap subscribes to: a container being created (to adjust it) and created
+/// (its `/dev` must answer before containerd's CreateContainer returns), running, stopped (also
+/// when its task exited) and removed. Never the pod sandbox's.
+pub const EVENTS: [Event; 5] = [
+    Event::CreateContainer,
+    Event::PostCreateContainer,
+    Event::PostStartContainer,
+    Event::StopContainer,
+    Event::RemoveContainer,
+];
 
 /// [`EVENTS`] as `ConfigureResponse.events`.
 pub fn event_mask(events: &[Event]) -> i32 {
@@ -188,6 +194,7 @@ impl<'h> Session<'h> {
                 let r = decode::<api::StateChangeEvent>(payload, "StateChange")?;
                 let (pod, container) = parts(r.pod.as_ref(), r.container.as_ref());
                 match r.event() {
+                    Event::PostCreateContainer => h.post_create(&pod, &container),
                     Event::StartContainer | Event::PostStartContainer => h.started(&pod, &container),
                     Event::RemoveContainer => h.removed(&pod, &container),
                     // Not subscribed to: containerd sends none of these.
@@ -259,6 +266,9 @@ mod tests {
             }
             let dev = Mount { destination: "/dev".into(), kind: "bind".into(), source: "/x".into(), options: vec![] };
             Ok(Adjustment { mounts: vec![dev], remove_mounts: vec!["/dev".into()], ..Default::default() })
+        }
+        fn post_create(&self, _: &Pod, c: &Container) {
+            self.0.lock().unwrap().push(format!("created {}", c.id));
         }
         fn started(&self, _: &Pod, c: &Container) {
             self.0.lock().unwrap().push(format!("started {} {}", c.id, c.pid));
@@ -343,10 +353,11 @@ mod tests {
     }
 
     /// Rule (issue 32): the event mask is NRI's, bit `1 << (event - 1)`: CreateContainer (4),
-    /// PostStartContainer (7), StopContainer (10), RemoveContainer (11), and no pod event.
+    /// PostCreateContainer (5), PostStartContainer (7), StopContainer (10), RemoveContainer
+    /// (11), and no pod event.
     #[test]
     fn event_mask_is_nris_encoding() {
-        assert_eq!(event_mask(&EVENTS), 1 << 3 | 1 << 6 | 1 << 9 | 1 << 10);
+        assert_eq!(event_mask(&EVENTS), 1 << 3 | 1 << 4 | 1 << 6 | 1 << 9 | 1 << 10);
     }
 
     /// Rule (issue 32): the plugin registers on connection 2 (stream 1, `Runtime.RegisterPlugin`
@@ -392,8 +403,8 @@ mod tests {
     /// Rule (issue 32): containerd's calls, however the socket's reads cut them, reach the
     /// handler in order and are each answered on their own stream: Configure with the event
     /// mask, CreateContainer with the handler's adjustment (a removal mark, then the mount), a
-    /// handler's refusal as an error status carrying its message, StateChange's start and
-    /// remove, StopContainer, Synchronize; an unknown method is answered `Unimplemented`.
+    /// handler's refusal as an error status carrying its message, StateChange's start,
+    /// remove and post-create, StopContainer, Synchronize; an unknown method is answered `Unimplemented`.
     #[test]
     fn calls_reach_the_handler_and_are_answered() {
         let recorder = Recorder::default();
@@ -412,6 +423,11 @@ mod tests {
             container: container.clone(),
         };
         let stop = api::StopContainerRequest { pod: pod.clone(), container: container.clone() };
+        let created = api::StateChangeEvent {
+            event: Event::PostCreateContainer as i32,
+            pod: pod.clone(),
+            container: container.clone(),
+        };
         let remove = api::StateChangeEvent {
             event: Event::RemoveContainer as i32,
             pod: pod.clone(),
@@ -431,6 +447,7 @@ mod tests {
             call(11, "StopContainer", stop.encode_to_vec()),
             call(13, "StateChange", remove.encode_to_vec()),
             call(15, "Frobnicate", vec![]),
+            call(17, "StateChange", created.encode_to_vec()),
         ]
         .concat();
         let mut written = Vec::new();
@@ -449,10 +466,18 @@ mod tests {
         );
         assert_eq!(
             *recorder.0.lock().unwrap(),
-            ["synchronize 1 1", "create p1 c1", "create p1 bad", "started c1 7", "stopped c1", "removed c1"]
+            [
+                "synchronize 1 1",
+                "create p1 c1",
+                "create p1 bad",
+                "started c1 7",
+                "stopped c1",
+                "removed c1",
+                "created c1"
+            ]
         );
         let answers = answers(&written);
-        assert_eq!(answers.iter().map(|(s, _)| *s).collect::<Vec<_>>(), [1, 3, 5, 7, 9, 11, 13, 15]);
+        assert_eq!(answers.iter().map(|(s, _)| *s).collect::<Vec<_>>(), [1, 3, 5, 7, 9, 11, 13, 15, 17]);
         let configured = api::ConfigureResponse::decode(answers[0].1.payload.as_slice()).unwrap();
         assert_eq!(configured.events, event_mask(&EVENTS));
         let created = api::CreateContainerResponse::decode(answers[2].1.payload.as_slice()).unwrap();

@@ -96,6 +96,9 @@ pub trait Handler: Send + Sync {
     /// `CreateContainer` (never called for a pod's sandbox, which NRI does not create as a
     /// container).
     fn create(&self, pod: &Pod, container: &Container) -> Result<Adjustment, String>;
+    /// `PostCreateContainer`: containerd has created the container `create` adjusted, and
+    /// waits for this answer before its CreateContainer returns (so before any start).
+    fn post_create(&self, pod: &Pod, container: &Container);
     /// `StartContainer`/`PostStartContainer`: the container runs (its `pid` may now be known).
     fn started(&self, pod: &Pod, container: &Container);
     /// `StopContainer` (also sent when the container's task exited).
