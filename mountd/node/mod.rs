@@ -468,6 +468,7 @@ impl Node {
                     self.holds.keep(&m.id, m.owner_pid, hold);
                 }
                 info!("container {}: serving {} (keeper pid {pid})", m.id, container.dev().display());
+                warm(&container.dev());
                 Ok(json!({"pid": pid, "mountpoint": container.dev(), "state_file": container.state_file()}))
             }
             Err(e) => {
@@ -623,6 +624,17 @@ impl Node {
             done.push(json!(self.entry(&id, pid).0));
         }
         Ok(Value::Array(done))
+    }
+}
+
+/// Lists a freshly mounted `/dev` once: the kernel's first READDIRPLUS of it gives it every
+/// entry and its attributes (kept for the TTL, a day, and invalidated by a reload), so that the
+/// runtime's own lookups as it sets the container up (its mounts on `pts`, `shm` and `mqueue`,
+/// the symlinks, `null`, a bind's mount point) no longer each go through the keeper to the
+/// server: one round trip instead of one each.
+fn warm(dev: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dev) {
+        entries.for_each(drop);
     }
 }
 
