@@ -484,7 +484,16 @@ impl Node {
         containers: Vec<Value>,
     ) -> Result<Value, String> {
         use devremap::nri::view::{Container as Ctr, Handler, Pod};
-        let handler = nri_handler::NriHandler::new(self.clone(), config).map_err(|e| e.to_string())?;
+        // One handler for the daemon's life, as the transport has: its teardowns run in the
+        // order the events came (the config of the first event is kept).
+        static HANDLER: std::sync::OnceLock<nri_handler::NriHandler> = std::sync::OnceLock::new();
+        let handler = match HANDLER.get() {
+            Some(handler) => handler,
+            None => {
+                let made = nri_handler::NriHandler::new(self.clone(), config).map_err(|e| e.to_string())?;
+                HANDLER.get_or_init(|| made)
+            }
+        };
         let pod: Pod = serde_json::from_value(pod).map_err(|e| format!("pod: {e}"))?;
         let containers: Vec<Ctr> = containers
             .into_iter()
@@ -575,8 +584,10 @@ impl Node {
     }
 
     /// Reloads `id` (every container with `None`), each on its own, and waits until each has
-    /// finished a reload begun after the request (its state file's `reloads` moved on).
+    /// finished a reload begun after the request (its state file's `reloads` moved on), or has
+    /// been torn down: `id` is then an error, and with `None` it is left out.
     fn reload(&self, id: Option<&str>) -> Result<Value, String> {
+        let one = id.is_some();
         let targets = match id {
             Some(id) => {
                 self.container(id)?;
@@ -599,9 +610,15 @@ impl Node {
         for (id, pid, reloads) in before {
             let file = Container::new(&self.state_dir, &id).state_file();
             let mut pause = Duration::from_micros(50);
+            let mut gone = false;
             loop {
                 let now = read_state(&file)["reloads"].as_u64();
                 if now.is_some() && now > reloads {
+                    break;
+                }
+                // Torn down meanwhile (its container ended): no reload of it will finish.
+                if self.registry.lock().keeper(&id) != Ok(pid) {
+                    gone = true;
                     break;
                 }
                 if Instant::now() >= deadline {
@@ -611,7 +628,13 @@ impl Node {
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(Duration::from_millis(5));
             }
-            done.push(json!(self.entry(&id, pid).0));
+            match (gone, one) {
+                (true, true) => {
+                    return Err(format!("container {id}: torn down while it reloaded (its container ended)"));
+                }
+                (true, false) => {}
+                (false, _) => done.push(json!(self.entry(&id, pid).0)),
+            }
         }
         Ok(Value::Array(done))
     }

@@ -158,10 +158,15 @@ fn tear_down(node: &Node, id: &str, why: &str) {
         info!("container {id}: {why}; its /dev is unmounted");
         return;
     }
-    // No keeper serves it (one that died leaves its mount dead): what is left goes.
-    let torn = dir.lock_state_dir().and_then(|_lock| dir.teardown(&Host));
+    // No keeper serves it (one that died leaves its mount dead): what is left goes, but not a
+    // directory a create of the id holds while it sets it up (an event of an earlier one).
+    let torn = dir.lock_state_dir().and_then(|_lock| match dir.is_busy()? {
+        true => Ok(false),
+        false => dir.teardown(&Host).map(|()| true),
+    });
     match torn {
-        Ok(()) => info!("container {id}: {why}; its directory is removed"),
+        Ok(true) => info!("container {id}: {why}; its directory is removed"),
+        Ok(false) => info!("container {id}: {why}; a create of the id is setting it up: left to it"),
         Err(e) => warn!("container {id}: {why}; cannot tear down: {e}"),
     }
 }
