@@ -17,6 +17,7 @@ use devremap::decision::escape::escape;
 use devremap::decision::render;
 use devremap::inputs::load;
 use devremap::report::Failure;
+use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -74,8 +75,10 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {
             // A server's load error is the keeper's to say: reported already.
+            // Not eprintln!, which panics when stderr cannot be written (a log file on a full
+            // disk): the exit status is what is left to tell.
             if let Some(line) = failure.line().filter(|_| drained) {
-                eprintln!("error: {}", escape(&line));
+                let _ = writeln!(std::io::stderr(), "error: {}", escape(&line));
             }
             ExitCode::FAILURE
         }

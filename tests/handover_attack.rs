@@ -6,7 +6,7 @@
 mod common;
 
 use common::daemon::{
-    Daemon, PATIENCE, Spawned, children, freeze, has_exited, is_mounted, kill, need_fuse, wait_for, wait_for_or,
+    Daemon, PATIENCE, Spawned, Tmpfs, children, freeze, has_exited, is_mounted, kill, need_fuse, wait_for, wait_for_or,
 };
 use common::{BIN, arg, empty_root, fixture};
 use serde_json::Value;
@@ -464,27 +464,6 @@ fn an_upgrade_away_from_a_server_stuck_in_the_kernel_does_not_freeze_the_keeper(
     assert_eq!(minor_of_a(&d), Some(3), "the mount answers");
 }
 
-/// A tmpfs of `size` mounted on a private temporary directory, unmounted when dropped.
-struct Tmpfs(tempfile::TempDir);
-
-impl Tmpfs {
-    fn new(size: &str) -> Tmpfs {
-        let dir = common::daemon::private_dir();
-        let status = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0700"), "tmpfs", arg(dir.path())])
-            .status()
-            .unwrap();
-        assert!(status.success(), "mount tmpfs: {status}");
-        Tmpfs(dir)
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        common::daemon::unmount(self.0.path());
-    }
-}
-
 /// Bug (found from outside): with the state file's filesystem full (a small `/run` tmpfs), a
 /// server that takes over after a crash exits 1 right after taking over: it cannot write the
 /// state file, and a failed state file write at a takeover is fatal (a reload's is only a
@@ -497,13 +476,14 @@ impl Drop for Tmpfs {
 #[ignore = "needs root and /dev/fuse"]
 fn a_full_state_file_filesystem_does_not_kill_every_successor() {
     need_fuse();
-    let run = Tmpfs::new("64k");
-    let dir = tempfile::Builder::new().tempdir_in(run.0.path()).unwrap();
+    let private = common::daemon::private_dir();
+    let run = Tmpfs::mount(&private.path().join("run"), "size=64k");
+    let dir = tempfile::Builder::new().tempdir_in(&run.0).unwrap();
     let mnt = dir.path().join("mnt");
     fs::create_dir(&mnt).unwrap();
     let d = Daemon::start_at(dir, mnt, &["--host-root", &empty_root(), "--ttl", "0"]);
     // Fill what is left of the tmpfs.
-    let mut fill = fs::File::create(run.0.path().join("fill")).unwrap();
+    let mut fill = fs::File::create(run.0.join("fill")).unwrap();
     while std::io::Write::write_all(&mut fill, &[0u8; 4096]).is_ok() {}
     let first = d.server_pid();
     kill(first, libc::SIGKILL);

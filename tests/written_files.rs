@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::daemon::{Spawned, is_mounted, need_fuse, private_dir, private_mountpoint, unmount, wait_for, wait_for_or};
+use common::daemon::{Spawned, Tmpfs, is_mounted, need_fuse, private_dir, private_mountpoint, wait_for, wait_for_or};
 use common::{arg, empty_root, need_root, need_test_hooks};
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -159,38 +159,6 @@ fn oci_patch_in_place_keeps_mode_and_owner() {
     assert_eq!(listing(tmp.path()), ["config.json"]);
 }
 
-/// A tmpfs of `pages` 4 KiB pages mounted at `path`, detached on drop.
-struct Tmpfs(PathBuf);
-
-impl Tmpfs {
-    fn mount(path: &Path, pages: u32) -> Tmpfs {
-        fs::create_dir(path).unwrap();
-        let size = format!("size={}k,mode=0700", pages * 4);
-        let status = Command::new("mount").args(["-t", "tmpfs", "-o", &size, "devremap-test", arg(path)]).status();
-        assert!(status.unwrap().success(), "mount -t tmpfs");
-        Tmpfs(path.to_owned())
-    }
-
-    fn remount(&self, mode: &str) {
-        let status = Command::new("mount").args(["-o", &format!("remount,{mode}"), arg(&self.0)]).status();
-        assert!(status.unwrap().success(), "mount -o remount,{mode}");
-    }
-
-    /// Writes `name` until the filesystem is full.
-    fn fill(&self, name: &str) {
-        use std::io::Write;
-        let mut f = fs::File::create(self.0.join(name)).unwrap();
-        let page = [0u8; 4096];
-        while f.write_all(&page).is_ok() {}
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        unmount(&self.0);
-    }
-}
-
 /// `devremapd mount` with its pid and state files in `files`, its log in `log`.
 fn spawn_mount(mnt: &Path, files: &Path, log: &Path) -> Spawned {
     spawn_mount_with(mnt, files, log, &[])
@@ -219,7 +187,7 @@ fn a_failed_write_leaves_no_temporary_file() {
     need_fuse();
     let (dir, mnt) = private_mountpoint();
     let log = dir.path().join("daemon.log");
-    let tmpfs = Tmpfs::mount(&dir.path().join("fs"), 16);
+    let tmpfs = Tmpfs::mount(&dir.path().join("fs"), "size=64k");
     let files = tmpfs.0.clone();
 
     // At start: room for the pid file (one page), none for the state file.

@@ -489,9 +489,18 @@ impl Node {
         containers: Vec<Value>,
     ) -> Result<Value, String> {
         use devremap::nri::view::{Container as Ctr, Handler, Pod};
+        // One handler for the daemon's life, as the transport has: its teardowns run in the
+        // order the events came (the config of the first event is kept), with
         // `--nri-timeout`'s default.
-        let timeout = Duration::from_millis(1500);
-        let handler = nri_handler::NriHandler::new(self.clone(), config, timeout).map_err(|e| e.to_string())?;
+        static HANDLER: std::sync::OnceLock<nri_handler::NriHandler> = std::sync::OnceLock::new();
+        let handler = match HANDLER.get() {
+            Some(handler) => handler,
+            None => {
+                let timeout = Duration::from_millis(1500);
+                let made = nri_handler::NriHandler::new(self.clone(), config, timeout).map_err(|e| e.to_string())?;
+                HANDLER.get_or_init(|| made)
+            }
+        };
         let pod: Pod = serde_json::from_value(pod).map_err(|e| format!("pod: {e}"))?;
         let containers: Vec<Ctr> = containers
             .into_iter()
@@ -501,8 +510,15 @@ impl Node {
         match (event, containers.as_slice()) {
             // containerd's CreateContainer, then its PostCreateContainer (which waits for the
             // mount), as containerd sends them before its CreateContainer returns.
-            ("create", [c]) => handler.create(&pod, c).map(|a| {
-                handler.post_create(&pod, c);
+            // What PostCreateContainer logs is this request's error, for the tests to see.
+            ("create", [c]) => handler
+                .create(&pod, c)
+                .and_then(|a| handler.mounted(c).map(|()| a))
+                .map_err(|e| match e.starts_with("devremap: ") {
+                    true => e,
+                    false => format!("devremap: container {} ({}): {e}", c.name, c.id),
+                })
+                .map(|a| {
                 let mounts: Vec<Value> = a
                     .mounts
                     .iter()
@@ -585,8 +601,10 @@ impl Node {
     }
 
     /// Reloads `id` (every container with `None`), each on its own, and waits until each has
-    /// finished a reload begun after the request (its state file's `reloads` moved on).
+    /// finished a reload begun after the request (its state file's `reloads` moved on), or has
+    /// been torn down: `id` is then an error, and with `None` it is left out.
     fn reload(&self, id: Option<&str>) -> Result<Value, String> {
+        let one = id.is_some();
         let targets = match id {
             Some(id) => {
                 self.container(id)?;
@@ -609,9 +627,15 @@ impl Node {
         for (id, pid, reloads) in before {
             let file = Container::new(&self.state_dir, &id).state_file();
             let mut pause = Duration::from_micros(50);
+            let mut gone = false;
             loop {
                 let now = read_state(&file)["reloads"].as_u64();
                 if now.is_some() && now > reloads {
+                    break;
+                }
+                // Torn down meanwhile (its container ended): no reload of it will finish.
+                if self.registry.lock().keeper(&id) != Ok(pid) {
+                    gone = true;
                     break;
                 }
                 if Instant::now() >= deadline {
@@ -621,7 +645,13 @@ impl Node {
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(Duration::from_millis(5));
             }
-            done.push(json!(self.entry(&id, pid).0));
+            match (gone, one) {
+                (true, true) => {
+                    return Err(format!("container {id}: torn down while it reloaded (its container ended)"));
+                }
+                (true, false) => {}
+                (false, _) => done.push(json!(self.entry(&id, pid).0)),
+            }
         }
         Ok(Value::Array(done))
     }

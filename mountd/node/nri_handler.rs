@@ -232,6 +232,22 @@ impl NriHandler {
     }
 }
 
+impl NriHandler {
+    /// The outcome of container `c`'s mount that `create` left under way, waited for until the
+    /// timeout (see [`Handler::post_create`]).
+    pub(super) fn mounted(&self, c: &Container) -> Result<(), String> {
+        let Some(mounting) = self.mounting.lock().remove(&c.id) else { return Ok(()) };
+        match mounting.wait(Some(Instant::now() + self.timeout)) {
+            Some(Ok(())) => Ok(()),
+            Some(Err(e)) => Err(format!("its /dev is not served: {e}; its directory is removed, so its start fails")),
+            None => Err(format!(
+                "its /dev did not answer within {:?} of its creation; it is torn down once it does, and its start fails",
+                self.timeout
+            )),
+        }
+    }
+}
+
 impl Serving {
     /// Sets up `c`'s directory: its spec, record and marks. The lock on the directory (held
     /// until its mount is done: no node daemon's teardown takes it for a leftover meanwhile),
@@ -330,28 +346,33 @@ fn tear_down(node: &Node, id: &str, why: &str) {
     if !dir.is_nri() {
         return;
     }
-    match remove(node, &dir, id) {
-        Ok(what) => info!("container {id}: {why}; its {what}"),
+    if node.unmount(id).is_ok() {
+        info!("container {id}: {why}; its /dev is unmounted");
+        return;
+    }
+    // No keeper serves it (one that died leaves its mount dead): what is left goes, but not a
+    // directory a create of the id holds while it sets it up (an event of an earlier one).
+    let torn = dir.lock_state_dir().and_then(|_lock| match dir.is_busy()? {
+        true => Ok(false),
+        false => dir.teardown(&Host).map(|()| true),
+    });
+    match torn {
+        Ok(true) => info!("container {id}: {why}; its directory is removed"),
+        Ok(false) => info!("container {id}: {why}; a create of the id is setting it up: left to it"),
         Err(e) => warn!("container {id}: {why}; cannot tear down: {e}"),
     }
 }
 
-/// Removes what a create that panicked left of container `id` (its mount, its directory),
-/// whatever marks it has by then.
+/// Removes what a create that panicked or was given up on made of container `id` (its keeper
+/// and mount, its directory), whatever marks it has by then. Called by the create itself, which
+/// may hold the directory's lock: unlike [`tear_down`], it does not leave a busy directory.
 fn discard(node: &Node, dir: &Dir, id: &str) {
-    if let Err(e) = remove(node, dir, id) {
+    if node.unmount(id).is_ok() {
+        return;
+    }
+    if let Err(e) = dir.lock_state_dir().and_then(|_lock| dir.teardown(&Host)) {
         warn!("container {id}: cannot remove its half-made directory: {e}");
     }
-}
-
-/// Stops container `id`'s keeper if one serves it, or else removes what is left of its
-/// directory (a keeper that died leaves its mount dead); says which.
-fn remove(node: &Node, dir: &Dir, id: &str) -> Result<&'static str, String> {
-    if node.unmount(id).is_ok() {
-        return Ok("/dev is unmounted");
-    }
-    let torn = dir.lock_state_dir().and_then(|_lock| dir.teardown(&Host));
-    torn.map(|()| "directory is removed").map_err(|e| e.to_string())
 }
 
 /// When process `pid` started (`/proc/<pid>/stat`'s 22nd field, clock ticks since boot), if
@@ -400,20 +421,10 @@ impl Handler for NriHandler {
 
     /// Waits (until the timeout) for the container's mount that `create` left under way: once
     /// this is answered containerd's CreateContainer returns, and a start may follow.
+    /// containerd only logs a plugin's error here: what went wrong is the daemon's log's.
     fn post_create(&self, _pod: &Pod, c: &Container) {
-        let Some(mounting) = self.mounting.lock().remove(&c.id) else { return };
-        match mounting.wait(Some(Instant::now() + self.timeout)) {
-            Some(Ok(())) => {}
-            Some(Err(e)) => {
-                warn!(
-                    "container {} ({}): its /dev is not served: {e}; its directory is removed, so its start fails",
-                    c.name, c.id
-                )
-            }
-            None => warn!(
-                "container {} ({}): its /dev did not answer within {:?} of its creation; it is torn down once it does, and its start fails",
-                c.name, c.id, self.timeout
-            ),
+        if let Err(e) = self.mounted(c) {
+            warn!("container {} ({}): {e}", c.name, c.id);
         }
     }
 

@@ -55,7 +55,8 @@ pub enum Request {
     Yield,
     /// Test builds only (`test-hooks`, never the shipped binary): the node daemon calls its NRI
     /// handler as the NRI transport would, for `event` (`create`, `started`, `stopped`, `removed`: one
-    /// container; `synchronize`: all, in the one pod), with the runtime config at `config`;
+    /// container; `synchronize`: all, in the one pod), with the runtime config at `config` (the
+    /// first event's: one handler serves the daemon's life, as with the transport);
     /// `create` answers the adjustment. Pods and containers are `devremap::nri::view`'s, in JSON.
     #[cfg(feature = "test-hooks")]
     NriEvent {

@@ -158,6 +158,41 @@ pub fn unmount(path: &Path) {
     wait_for("the mount to go away", || (!is_mounted(path)).then_some(()));
 }
 
+/// A tmpfs mounted at a path (made if missing), mode 0700, with `options` (`size=64k`,
+/// `nr_inodes=N`): a filesystem a test can fill. Detached on drop.
+pub struct Tmpfs(pub PathBuf);
+
+impl Tmpfs {
+    pub fn mount(path: &Path, options: &str) -> Tmpfs {
+        fs::create_dir_all(path).unwrap();
+        let options = format!("{options},mode=0700");
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &options, "devremap-test", path.to_str().unwrap()])
+            .status();
+        assert!(status.unwrap().success(), "mount -t tmpfs -o {options}");
+        Tmpfs(path.to_owned())
+    }
+
+    pub fn remount(&self, mode: &str) {
+        let status = Command::new("mount").args(["-o", &format!("remount,{mode}"), self.0.to_str().unwrap()]).status();
+        assert!(status.unwrap().success(), "mount -o remount,{mode}");
+    }
+
+    /// Writes `name` until the filesystem is full.
+    pub fn fill(&self, name: &str) {
+        use std::io::Write;
+        let mut f = fs::File::create(self.0.join(name)).unwrap();
+        let page = [0u8; 4096];
+        while f.write_all(&page).is_ok() {}
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        unmount(&self.0);
+    }
+}
+
 /// A temporary directory only root can enter (0700), as `devremapd mount` requires above its
 /// mountpoint (the docs' `install -d -m 0700 /run/devremap`); `TempDir::new` makes 0755 ones.
 pub fn private_dir() -> TempDir {

@@ -159,14 +159,17 @@ impl Container {
 
     /// Stops the daemon (if it still runs) and waits for its exit, detaches whatever is left
     /// mounted on `dev/`, and removes the directory. A daemon that is our child (the node
-    /// daemon's) is reaped by whoever waits on it.
+    /// daemon's) is reaped by whoever waits on it. Something other than a directory in the
+    /// directory's place (a planted symlink) is refused, never followed.
     pub fn teardown(&self, procs: &dyn Processes) -> Result<(), DaemonError> {
+        self.check_directory()?;
         if let Some(pid) = self.daemon_pid() {
             stop(pid, procs);
         }
         // A daemon that was killed leaves a dead FUSE mount; a live one has unmounted already.
-        // EINVAL when nothing is mounted there.
-        let _ = nix::mount::umount2(&self.dev(), nix::mount::MntFlags::MNT_DETACH);
+        // EINVAL when nothing is mounted there; a symlink planted as `dev/` is not followed.
+        let _ =
+            nix::mount::umount2(&self.dev(), nix::mount::MntFlags::MNT_DETACH | nix::mount::MntFlags::UMOUNT_NOFOLLOW);
         match fs::remove_dir_all(&self.dir) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => {
                 Err(DaemonError::Remove { path: self.dir.clone(), source: e })

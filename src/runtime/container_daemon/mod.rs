@@ -65,6 +65,10 @@ pub enum DaemonError {
         log.as_ref().map(|l| format!("; its log's last line: {l}")).unwrap_or_default()
     )]
     Gone { pid_file: PathBuf, dev: PathBuf, log: Option<String> },
+    /// Something other than a directory in a container directory's place (a planted symlink):
+    /// never followed, never removed.
+    #[error("{}: is {what}, not a container's directory; refused (not followed)", path.display())]
+    NotDirectory { path: PathBuf, what: &'static str },
 }
 
 fn io_at(path: &Path) -> impl FnOnce(io::Error) -> DaemonError + '_ {
@@ -194,6 +198,7 @@ impl Container {
     /// Records in the NRI mark the container's init: `pid`, started at `start` (`/proc`'s
     /// clock ticks since boot, so a pid reused later is not taken for it).
     pub fn mark_nri_init(&self, pid: u32, start: u64) -> Result<(), DaemonError> {
+        self.check_directory()?;
         Ok(crate::atomic::replace_runtime_file(&self.dir.join("nri"), format!("{pid} {start}\n").as_bytes())?)
     }
 
@@ -202,6 +207,18 @@ impl Container {
         let text = fs::read_to_string(self.dir.join("nri")).ok()?;
         let (pid, start) = text.trim_end().split_once(' ')?;
         Some((pid.parse().ok()?, start.parse().ok()?))
+    }
+
+    /// Refuses a directory that is not one (a symlink planted in its place): what is written,
+    /// read or stopped through it would be outside the state dir.
+    pub fn check_directory(&self) -> Result<(), DaemonError> {
+        match fs::symlink_metadata(&self.dir) {
+            Ok(meta) if !meta.is_dir() => Err(DaemonError::NotDirectory {
+                path: self.dir.clone(),
+                what: crate::inputs::files::describe(meta.mode()),
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// Whether [`Container::mark_nri`] marked it.
@@ -235,10 +252,16 @@ impl Container {
         let mut builder = DirBuilder::new();
         builder.mode(0o700);
         builder.create(&self.dir).map_err(io_at(&self.dir))?;
-        let lock = wait_lock_dir(&self.dir)?;
-        builder.create(self.dev()).map_err(io_at(&self.dev()))?;
-        crate::atomic::replace_runtime_file(&self.root_file(), root.unwrap_or_default().as_bytes())?;
-        Ok(lock)
+        let made = wait_lock_dir(&self.dir).and_then(|lock| {
+            builder.create(self.dev()).map_err(io_at(&self.dev()))?;
+            crate::atomic::replace_runtime_file(&self.root_file(), root.unwrap_or_default().as_bytes())?;
+            Ok(lock)
+        });
+        // Made partway (a full disk): no one's, so not left for the next front end to find.
+        if made.is_err() {
+            let _ = fs::remove_dir_all(&self.dir);
+        }
+        made
     }
 
     /// The metadata this container was restored with, when it was: the copy [`keep_metadata`]
