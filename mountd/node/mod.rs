@@ -513,10 +513,9 @@ impl Node {
             // What PostCreateContainer logs is this request's error, for the tests to see.
             ("create", [c]) => handler
                 .create(&pod, c)
-                .and_then(|a| handler.mounted(c).map(|()| a))
-                .map_err(|e| match e.starts_with("devremap: ") {
-                    true => e,
-                    false => format!("devremap: container {} ({}): {e}", c.name, c.id),
+                .and_then(|a| {
+                    let named = |e| format!("devremap: container {} ({}): {e}", c.name, c.id);
+                    handler.mounted(c).map(|()| a).map_err(named)
                 })
                 .map(|a| {
                 let mounts: Vec<Value> = a

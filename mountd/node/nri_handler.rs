@@ -230,9 +230,7 @@ impl NriHandler {
             }
         }
     }
-}
 
-impl NriHandler {
     /// The outcome of container `c`'s mount that `create` left under way, waited for until the
     /// timeout (see [`Handler::post_create`]).
     pub(super) fn mounted(&self, c: &Container) -> Result<(), String> {
@@ -346,19 +344,9 @@ fn tear_down(node: &Node, id: &str, why: &str) {
     if !dir.is_nri() {
         return;
     }
-    if node.unmount(id).is_ok() {
-        info!("container {id}: {why}; its /dev is unmounted");
-        return;
-    }
-    // No keeper serves it (one that died leaves its mount dead): what is left goes, but not a
-    // directory a create of the id holds while it sets it up (an event of an earlier one).
-    let torn = dir.lock_state_dir().and_then(|_lock| match dir.is_busy()? {
-        true => Ok(false),
-        false => dir.teardown(&Host).map(|()| true),
-    });
-    match torn {
-        Ok(true) => info!("container {id}: {why}; its directory is removed"),
-        Ok(false) => info!("container {id}: {why}; a create of the id is setting it up: left to it"),
+    match remove(node, &dir, id, true) {
+        Ok(Some(what)) => info!("container {id}: {why}; its {what}"),
+        Ok(None) => info!("container {id}: {why}; a create of the id is setting it up: left to it"),
         Err(e) => warn!("container {id}: {why}; cannot tear down: {e}"),
     }
 }
@@ -367,12 +355,24 @@ fn tear_down(node: &Node, id: &str, why: &str) {
 /// and mount, its directory), whatever marks it has by then. Called by the create itself, which
 /// may hold the directory's lock: unlike [`tear_down`], it does not leave a busy directory.
 fn discard(node: &Node, dir: &Dir, id: &str) {
-    if node.unmount(id).is_ok() {
-        return;
-    }
-    if let Err(e) = dir.lock_state_dir().and_then(|_lock| dir.teardown(&Host)) {
+    if let Err(e) = remove(node, dir, id, false) {
         warn!("container {id}: cannot remove its half-made directory: {e}");
     }
+}
+
+/// Stops container `id`'s keeper if one serves it, or else removes what is left of its
+/// directory (a keeper that died leaves its mount dead), and says which; with `leave_busy`,
+/// not a directory a create of the id holds while it sets it up (an event of an earlier one):
+/// then `None`.
+fn remove(node: &Node, dir: &Dir, id: &str, leave_busy: bool) -> Result<Option<&'static str>, String> {
+    if node.unmount(id).is_ok() {
+        return Ok(Some("/dev is unmounted"));
+    }
+    let torn = dir.lock_state_dir().and_then(|_lock| match leave_busy && dir.is_busy()? {
+        true => Ok(None),
+        false => dir.teardown(&Host).map(|()| Some("directory is removed")),
+    });
+    torn.map_err(|e| e.to_string())
 }
 
 /// When process `pid` started (`/proc/<pid>/stat`'s 22nd field, clock ticks since boot), if
