@@ -57,6 +57,17 @@ pub enum Command {
     /// Add the CRI runtime handler devremap to containerd's config.toml, keeping everything
     /// else (node-setup.sh runs it); prints `changed` or `unchanged`.
     ContainerdConfig(ContainerdConfigArgs),
+    /// A keeper or server started ahead of need: waits on fd 0 for its command line (`mount
+    /// ...` or `serve ...`) and descriptors, then runs it; not for people.
+    #[command(hide = true)]
+    Parked(ParkedArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ParkedArgs {
+    /// Start the server ahead too, parked in turn (the node daemon's spare keeper).
+    #[arg(long)]
+    pub spare_server: bool,
 }
 
 #[derive(Debug, Args)]
@@ -73,6 +84,10 @@ pub struct NodeArgs {
     /// none answers runs with 60); without it, run until stopped.
     #[arg(long, value_name = "SECS")]
     pub idle_exit: Option<u64>,
+    /// Start each container's keeper when its mount is asked for, keeping no spare keeper
+    /// (two processes, started ahead so that a mount does not wait for their execs).
+    #[arg(long)]
+    pub no_spare: bool,
     /// Write a newline to FD once the socket answers, and close it.
     #[arg(long, value_name = "FD", hide = true)]
     pub ready_fd: Option<i32>,

@@ -7,6 +7,7 @@ mod keeper;
 mod logging;
 mod mountpoint;
 mod node;
+mod parked;
 mod server;
 mod signals;
 mod watch;
@@ -59,7 +60,7 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Plan(args) => plan(&args),
-        Command::Mount(args) => keeper::run(&args).map_err(Failure::from),
+        Command::Mount(args) => keeper::run(&args, std::env::args_os().skip(2).collect(), None).map_err(Failure::from),
         Command::Serve(args) => server::run(&args),
         Command::OciPatch(args) => oci_patch(&args),
         Command::Record(args) => record(&args),
@@ -67,6 +68,7 @@ fn main() -> ExitCode {
         Command::ContainerdConfig(args) => containerd_config::run(&args),
         Command::Node(args) => node::run(&args).map_err(Failure::from),
         Command::Ctl(args) => node::ctl::run(&args),
+        Command::Parked(args) => parked::run(&args),
     };
     // The log lines first, then the error line after them; but a stderr that nobody reads
     // must not keep us from exiting.

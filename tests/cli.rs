@@ -451,3 +451,61 @@ fn a_slow_log_writer_never_loses_the_error_line() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.starts_with("error: /nonexistent/devremap-metadata: "), "{stderr:?}");
 }
+
+/// `devremapd parked <flags>` with `stdin` as its fd 0, and its stderr: (exit status, stderr).
+fn parked(flags: &[&str], stdin: std::process::Stdio) -> (i32, String) {
+    let out = std::process::Command::new(common::BIN)
+        .arg("parked")
+        .args(flags)
+        .stdin(stdin)
+        .output()
+        .expect("devremapd runs");
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// Rule (the spare keeper, `devremapd parked`): a parked process started by hand, or given a
+/// parcel that is not a daemon's command line, says what is wrong in one line and exits 1; its
+/// starter going before any parcel (EOF) ends it quietly with status 0. A parcel naming a
+/// command other than `mount` or `serve` is refused, in the log the parcel gave.
+#[test]
+fn a_parked_devremapd_refuses_what_is_not_its_parcel() {
+    use nix::sys::socket::{AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType, sendmsg, socketpair};
+    use std::io::IoSlice;
+    use std::os::fd::AsRawFd;
+    let pair = || socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC).unwrap();
+
+    let (code, stderr) = parked(&[], std::process::Stdio::null());
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.starts_with("error: parked: cannot read its command line on fd 0: "), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+
+    let (ours, theirs) = pair();
+    drop(ours);
+    let (code, stderr) = parked(&[], theirs.into());
+    assert_eq!((code, stderr.as_str()), (0, ""), "EOF before a parcel");
+
+    // Words but no log.
+    let (ours, theirs) = pair();
+    sendmsg::<()>(ours.as_raw_fd(), &[IoSlice::new(b"mount\0/x\0")], &[], MsgFlags::empty(), None).unwrap();
+    let (code, stderr) = parked(&[], theirs.into());
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("parked: its parcel is not a command line"), "{stderr}");
+
+    // A log, and a command that is no daemon's: refused in that log.
+    let tmp = TempDir::new().unwrap();
+    let log = fs::File::create(tmp.path().join("log")).unwrap();
+    let (ours, theirs) = pair();
+    let fds = [log.as_raw_fd()];
+    sendmsg::<()>(
+        ours.as_raw_fd(),
+        &[IoSlice::new(b"plan\0--help\0")],
+        &[ControlMessage::ScmRights(&fds)],
+        MsgFlags::empty(),
+        None,
+    )
+    .unwrap();
+    let (code, stderr) = parked(&[], theirs.into());
+    assert_eq!((code, stderr.as_str()), (1, ""), "the error goes to the parcel's log");
+    let text = fs::read_to_string(tmp.path().join("log")).unwrap();
+    assert_eq!(text, "error: parked: it runs `mount` or `serve`, not `plan`\n");
+}

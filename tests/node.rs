@@ -666,9 +666,14 @@ impl Service {
     /// `devremapd node --socket <fleet's socket> --state-dir <fleet's> --pid-file <pid_file>
     /// <extra>`, waited for until its socket answers (`hello`).
     fn start(fleet: &Fleet, pid_file: &Path, extra: &[&str]) -> Service {
+        Service::start_from(Path::new(BIN), fleet, pid_file, extra)
+    }
+
+    /// [`Service::start`] of the binary at `program`.
+    fn start_from(program: &Path, fleet: &Fleet, pid_file: &Path, extra: &[&str]) -> Service {
         let socket = fleet.socket();
         let log = fs::File::create(fleet.tmp.path().join("service.log")).unwrap();
-        let child = Command::new(BIN)
+        let child = Command::new(program)
             .args([
                 "node",
                 "--socket",
@@ -692,6 +697,10 @@ impl Service {
 
     fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    fn log(&self, fleet: &Fleet) -> String {
+        fs::read_to_string(fleet.tmp.path().join("service.log")).unwrap_or_default()
     }
 }
 
@@ -1109,4 +1118,130 @@ s.sendall(b'{"protocol":1,"op":"list"}\n'); print(s.makefile().readline(), end="
     assert_eq!(listed.keys().collect::<Vec<_>>(), vec![&id]);
     assert_eq!(listed[&id]["pid"], keeper, "the served container's keeper is the same");
     assert_eq!(listing(&fleet.dev(&id)), before, "the served container's /dev is as it was");
+}
+
+/// The children of process `pid` whose command line is `devremapd parked ...`: a node
+/// daemon's spare keeper, or a spare's parked server.
+fn parked_children_of(pid: u32) -> Vec<u32> {
+    processes(|args| args.get(1).map(String::as_str) == Some("parked"))
+        .into_iter()
+        .filter(|&p| parent_of(p) == pid)
+        .collect()
+}
+
+/// The node daemon's spare keeper and its parked server, once both are there.
+fn spare_of(node: u32) -> (u32, u32) {
+    wait_for("a spare keeper and its parked server", || {
+        let spare = *parked_children_of(node).first()?;
+        let server = *parked_children_of(spare).first()?;
+        Some((spare, server))
+    })
+}
+
+/// Rule (issues 31, 32: a start waits for no exec): the node daemon keeps a keeper started ahead
+/// (`devremapd parked --spare-server`, its own server parked under it), and a mount hands it the
+/// container: the container's keeper is that process. Its command line, and its server's, are
+/// what a keeper and server started directly have (naming the mountpoint), so `ps` shows the
+/// container and a teardown, which signals only a process whose command line names the
+/// mountpoint, finds it: the container's unmount ends it. The `/dev` is right, and another
+/// spare is started. With `--no-spare` none is: a mount starts its keeper then.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs containers"]
+fn a_mount_hands_its_container_to_the_spare_keeper() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let fleet = Fleet::new();
+    let service = Service::start(&fleet, &fleet.state_dir().join("node.pid"), &[]);
+    let node = service.pid();
+    let (spare, server) = spare_of(node);
+    let id = format!("spare-{}", std::process::id());
+    let init = Init::start();
+    let answer =
+        mount_direct(&fleet, &id, &[1, 4], &init).unwrap_or_else(|e| panic!("mount: {e}\n{}", service.log(&fleet)));
+    assert_eq!(answer["pid"], json!(spare), "the container's keeper is the spare");
+    assert_gpus(&fleet.dev(&id), &[1, 4], "through the spare");
+    let dev = arg(&fleet.dev(&id)).to_owned();
+    let keeper_line = cmdline_of(spare);
+    assert!(
+        keeper_line.starts_with(&format!("{BIN} mount {dev} --spec ")) && keeper_line.contains(" --ready-fd "),
+        "the keeper's command line: {keeper_line}"
+    );
+    let server_line = cmdline_of(server);
+    assert!(
+        server_line.starts_with(&format!("devremapd serve {dev} --spec ")),
+        "the server's command line: {server_line}"
+    );
+    assert!(!server_line.contains("--ready-fd"), "the server got --ready-fd: {server_line}");
+    // Said by the server's log writer, which may write it after the mount answers.
+    let serving = format!("keeper pid {spare}, server pid {server}");
+    wait_for_or(
+        "the server's log line naming both",
+        || fleet.keeper_log(&id),
+        || fleet.keeper_log(&id).contains(&serving).then_some(()),
+    );
+    let next = wait_for("another spare", || parked_children_of(node).into_iter().find(|&p| p != spare));
+    ask(&fleet.socket(), &Request::Unmount { id: id.clone() }, ASK).expect("unmount");
+    wait_for("the former spare, the container's keeper, to exit", || has_exited(spare).then_some(()));
+    assert!(!fleet.state_dir().join(&id).exists(), "unmount left the container's directory");
+    drop(service);
+    wait_for("the node daemon's spare to exit with it", || has_exited(next).then_some(()));
+
+    let service = Service::start(&fleet, &fleet.state_dir().join("node.pid"), &["--no-spare"]);
+    let answer =
+        mount_direct(&fleet, &id, &[2], &init).unwrap_or_else(|e| panic!("mount: {e}\n{}", service.log(&fleet)));
+    assert_gpus(&fleet.dev(&id), &[2], "without a spare");
+    assert!(parked_children_of(service.pid()).is_empty(), "--no-spare, and a spare runs");
+    let keeper = answer["pid"].as_u64().unwrap() as u32;
+    ask(&fleet.socket(), &Request::Unmount { id }, ASK).expect("unmount");
+    wait_for("the keeper to exit", || has_exited(keeper).then_some(()));
+}
+
+/// Rule (the spare keeper): a spare runs the binary it was started from. One whose binary was
+/// replaced since (a package upgrade renames the new file over the path) is stopped at the next
+/// mount, whose keeper runs the new binary, as a keeper started directly would. A spare killed
+/// before it is used is not used either: the mount starts its keeper and says so in the node
+/// daemon's log, and a new spare is started.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs containers"]
+fn a_stale_or_dead_spare_is_never_used() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let fleet = Fleet::new();
+    let bin_dir = fleet.tmp.path().join("bin");
+    fs::create_dir(&bin_dir).unwrap();
+    let program = bin_dir.join("devremapd");
+    fs::copy(BIN, &program).unwrap();
+    let service = Service::start_from(&program, &fleet, &fleet.state_dir().join("node.pid"), &[]);
+    let node = service.pid();
+    let (stale, _) = spare_of(node);
+    // As dpkg installs a file: written beside it, renamed over it (a new inode).
+    fs::copy(BIN, bin_dir.join("devremapd.new")).unwrap();
+    fs::rename(bin_dir.join("devremapd.new"), &program).unwrap();
+    let init = Init::start();
+    let id = format!("stale-{}", std::process::id());
+    let answer =
+        mount_direct(&fleet, &id, &[3], &init).unwrap_or_else(|e| panic!("mount: {e}\n{}", service.log(&fleet)));
+    let keeper = answer["pid"].as_u64().unwrap() as u32;
+    assert_ne!(keeper, stale, "the stale spare was used");
+    let running = fs::metadata(format!("/proc/{keeper}/exe")).unwrap();
+    assert_eq!(running.ino(), fs::metadata(&program).unwrap().ino(), "the keeper runs the replaced binary");
+    wait_for("the stale spare to be stopped", || has_exited(stale).then_some(()));
+    assert_gpus(&fleet.dev(&id), &[3], "after the binary was replaced");
+    ask(&fleet.socket(), &Request::Unmount { id: id.clone() }, ASK).expect("unmount");
+
+    let (dead, dead_server) = spare_of(node);
+    kill(dead, libc::SIGKILL);
+    wait_for("the killed spare's parked server to die with it", || has_exited(dead_server).then_some(()));
+    let answer =
+        mount_direct(&fleet, &id, &[5], &init).unwrap_or_else(|e| panic!("mount: {e}\n{}", service.log(&fleet)));
+    assert_ne!(answer["pid"], json!(dead), "the dead spare was used");
+    assert_gpus(&fleet.dev(&id), &[5], "after the spare was killed");
+    assert!(
+        service.log(&fleet).contains(&format!("the spare keeper (pid {dead}) ended before it was used")),
+        "{}",
+        service.log(&fleet)
+    );
+    let (fresh, _) = spare_of(node);
+    assert_ne!(fresh, dead);
+    ask(&fleet.socket(), &Request::Unmount { id }, ASK).expect("unmount");
 }

@@ -38,6 +38,8 @@ pub enum KeeperError {
     OpenOwnBinary(#[source] io::Error),
     #[error("cannot find our own binary: {}", io_message(.0))]
     FindOwnBinary(#[source] io::Error),
+    #[error("cannot start its server ahead (parked): {}", io_message(.0))]
+    ParkServer(#[source] io::Error),
     #[error("/dev/fuse: {}", io_message(.0))]
     DevFuse(#[source] io::Error),
     #[error("cannot start the {name} thread: {}", io_message(source))]

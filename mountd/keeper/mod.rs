@@ -50,6 +50,7 @@ pub use error::KeeperError;
 use log::{info, warn};
 use parking_lot::{Condvar, Mutex};
 use procs::{Pending, Proc, started_as, status_text};
+pub(crate) use spawner::{ParkedServer, park_server};
 use spawner::{Spawners, Started};
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -114,6 +115,8 @@ struct Keeper<'a> {
     /// Servers being spawned, by epoch; one abandoned is no longer here.
     pending: HashMap<u64, Pending>,
     spawners: Spawners,
+    /// The first server, started ahead (a spare keeper's), until it is handed its command line.
+    parked: Option<ParkedServer>,
     /// Servers replaced by an upgrade, until they have exited.
     leaving: Vec<Proc>,
     mounted: bool,
@@ -132,7 +135,9 @@ struct Keeper<'a> {
     kernel_ended: Option<io::Result<()>>,
 }
 
-pub fn run(args: &MountArgs) -> Result<(), KeeperError> {
+/// The keeper's life. `words` are its arguments after `mount` (every server gets them, but
+/// `--ready-fd`); `parked`, the first server, started already (by a spare keeper).
+pub fn run(args: &MountArgs, words: Vec<OsString>, parked: Option<ParkedServer>) -> Result<(), KeeperError> {
     // Before the signal thread's socket pair takes 3 and 4, which a server's sockets replace.
     let ready = args.ready_fd.map(claim_ready_fd).transpose()?;
     // Then: a SIGHUP or SIGTERM sent as soon as we were started must not end us.
@@ -156,7 +161,10 @@ pub fn run(args: &MountArgs) -> Result<(), KeeperError> {
              that mounts there fails (\"read-only file system\"); give the container's config.json with --spec"
         );
     }
-    let exe = Arc::new(File::open("/proc/self/exe").map_err(KeeperError::OpenOwnBinary)?);
+    let exe = match &parked {
+        Some(server) => server.exe(),
+        None => Arc::new(File::open("/proc/self/exe").map_err(KeeperError::OpenOwnBinary)?),
+    };
     let exe_path = started_as(&exe).map_or_else(std::env::current_exe, Ok).map_err(KeeperError::FindOwnBinary)?;
     let dev = File::options().read(true).write(true).open("/dev/fuse").map_err(KeeperError::DevFuse)?;
     let link = Arc::new(Link {
@@ -178,13 +186,14 @@ pub fn run(args: &MountArgs) -> Result<(), KeeperError> {
         link,
         mountpoint,
         m,
-        serve_args: without_ready_fd(std::env::args_os().skip(2)),
+        serve_args: without_ready_fd(words.into_iter()),
         exe_path,
         server_timeout: Duration::from_secs(args.server_timeout),
         machine,
         procs: HashMap::new(),
         pending: HashMap::new(),
         spawners,
+        parked,
         leaving: Vec::new(),
         mounted: false,
         connection: None,

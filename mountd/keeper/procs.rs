@@ -83,6 +83,14 @@ impl Keeper<'_> {
             Binary::Good => Exe::Open(self.good.clone()),
             Binary::Path => Exe::Path(self.exe_path.clone()),
         };
+        if let Some(parked) = self.parked.take().filter(|_| binary == Binary::Good) {
+            match parked.hand(&self.serve_args) {
+                Ok((started, [socket, control])) => {
+                    return self.connected(epoch, started, Pending { binary, plan, socket, control });
+                }
+                Err(why) => warn!("{why}; starting one"),
+            }
+        }
         let submitted = (|| {
             let (socket, their_socket) = seqpacket_pair()?;
             let (control, their_control) = seqpacket_pair()?;
@@ -112,6 +120,11 @@ impl Keeper<'_> {
             }
             return None;
         };
+        self.connected(epoch, started, pending)
+    }
+
+    /// Server `epoch`, spawned or handed its command line: what came of its start.
+    fn connected(&mut self, epoch: u64, started: Started, pending: Pending) -> Option<Event> {
         let handed_plan = pending.plan.is_some();
         let (binary, path) = (pending.binary, self.exe_path.display().to_string());
         match started.and_then(|(child, exe)| self.connect(epoch, child, exe, pending)) {

@@ -13,12 +13,15 @@
 //! so it counts the busy threads exactly.
 
 use super::procs::set_up_child;
+use super::threads::seqpacket_pair;
 use super::{Ev, KeeperError, spawn_thread};
 use devremap::io_message;
+use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
 use parking_lot::Mutex;
 use std::ffi::OsString;
 use std::fs::File;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -94,16 +97,85 @@ fn spawn(job: Job) -> Started {
         Exe::Open(exe) => exe,
         Exe::Path(path) => Arc::new(File::open(&path).map_err(|e| format!("{}: {}", path.display(), io_message(&e)))?),
     };
-    let mut cmd = Command::new(format!("/proc/self/fd/{}", exe.as_raw_fd()));
-    cmd.arg0("devremapd").arg("serve").args(&job.args).stdin(Stdio::null());
-    // Only the keeper talks to systemd (the main process); the server tells the keeper.
-    cmd.env_remove("NOTIFY_SOCKET");
-    set_up_child(&mut cmd, job.sockets.each_ref().map(AsRawFd::as_raw_fd), exe.as_raw_fd());
+    let mut cmd = server_command(&exe, &job.sockets);
+    cmd.arg("serve").args(&job.args).stdin(Stdio::null());
     stop_before_exec(&mut cmd, job.epoch);
     let child = cmd.spawn().map_err(|e| io_message(&e))?;
     // The child has its copies (`job.sockets` are dropped here): ours would keep its sockets
     // open after it died, and a write to them would wait for ever instead of failing.
     Ok((child, exe))
+}
+
+/// A server run from `exe` (named `devremapd`), with `sockets` as its fds 3 and 4; its
+/// arguments are the caller's.
+fn server_command(exe: &File, sockets: &[OwnedFd; 2]) -> Command {
+    let mut cmd = Command::new(format!("/proc/self/fd/{}", exe.as_raw_fd()));
+    cmd.arg0("devremapd");
+    // Only the keeper talks to systemd (the main process); the server tells the keeper.
+    cmd.env_remove("NOTIFY_SOCKET");
+    set_up_child(&mut cmd, sockets.each_ref().map(AsRawFd::as_raw_fd), exe.as_raw_fd());
+    cmd
+}
+
+/// A first server started before its keeper knows what it will serve (`devremapd parked`, by a
+/// spare keeper of the node daemon): it waits for its command line on its parcel socket. What
+/// the keeper keeps: the child, the binary it runs, the keeper's ends of its relay and control
+/// sockets, and of its parcel socket.
+pub(crate) struct ParkedServer {
+    child: Child,
+    exe: Arc<File>,
+    sockets: [OwnedFd; 2],
+    parcel: OwnedFd,
+}
+
+/// Starts a server parked, from our own binary. Done on the main thread before the keeper has a
+/// mount, so no container waits on it; the main thread lives as long as the keeper, which the
+/// server's death signal is tied to.
+pub(crate) fn park_server() -> Result<ParkedServer, KeeperError> {
+    let exe = File::open("/proc/self/exe").map_err(KeeperError::OpenOwnBinary)?;
+    // Above the fds a server's sockets take (3 and 4), which a spawn refuses the binary at.
+    let exe = Arc::new(File::from(
+        rustix::io::fcntl_dupfd_cloexec(&exe, 10).map_err(|e| KeeperError::OpenOwnBinary(e.into()))?,
+    ));
+    let started = (|| {
+        let (socket, their_socket) = seqpacket_pair()?;
+        let (control, their_control) = seqpacket_pair()?;
+        let (parcel, their_parcel) =
+            socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)?;
+        // Ours are closed once it is spawned (see `spawn`).
+        let theirs = [their_socket, their_control];
+        let mut cmd = server_command(&exe, &theirs);
+        cmd.arg("parked").stdin(Stdio::from(their_parcel));
+        let child = cmd.spawn()?;
+        io::Result::Ok(ParkedServer { child, exe: exe.clone(), sockets: [socket, control], parcel })
+    })();
+    started.map_err(KeeperError::ParkServer)
+}
+
+impl ParkedServer {
+    /// The binary it runs.
+    pub(super) fn exe(&self) -> Arc<File> {
+        self.exe.clone()
+    }
+
+    /// Hands it its command line (`serve` and `args`) and our stderr as its log: what came of
+    /// it as a spawn's result, with the keeper's ends of its sockets. A server that is gone
+    /// meanwhile is killed and reaped, and the caller spawns one.
+    pub(super) fn hand(mut self, args: &[OsString]) -> Result<(Started, [OwnedFd; 2]), String> {
+        let words: Vec<OsString> = std::iter::once("serve".into()).chain(args.iter().cloned()).collect();
+        match crate::parked::send(self.parcel.as_fd(), &words, &[2]) {
+            Ok(()) => Ok((Ok((self.child, self.exe)), self.sockets)),
+            Err(e) => {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                Err(format!(
+                    "the parked server (pid {}) did not take its command line: {}",
+                    self.child.id(),
+                    io_message(&e)
+                ))
+            }
+        }
+    }
 }
 
 /// The test hook `DEVREMAPD_FAILPOINT=stop-before-exec:N`: server epoch N (the first is 1)

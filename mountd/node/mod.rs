@@ -21,6 +21,7 @@ pub mod ctl;
 mod error;
 mod nri;
 mod nri_handler;
+mod spare;
 
 #[path = "../runtime/config_file.rs"]
 mod config_file;
@@ -86,6 +87,8 @@ struct Node {
     /// The binary each container's keeper runs: the path this daemon was started from (an
     /// upgrade of a keeper runs what is there then).
     exe: PathBuf,
+    /// The spare keeper each mount hands its container to.
+    spares: spare::Spares,
     registry: Mutex<Registry>,
     /// Set once an idle daemon goes: a connection accepted after it is dropped unanswered (its
     /// client asks again, and starts a daemon).
@@ -115,9 +118,11 @@ pub fn run(args: &NodeArgs) -> Result<(), NodeError> {
     let listener = bind(&args.socket)?;
     let running = std::fs::File::open("/proc/self/exe").map_err(NodeError::at(Path::new("/proc/self/exe")))?;
     let exe = crate::keeper::procs::started_as(&running).ok_or(NodeError::OwnBinary)?;
+    let spares = spare::Spares::start(exe.clone(), !args.no_spare).map_err(NodeError::Thread)?;
     let node = Arc::new(Node {
         state_dir,
         exe,
+        spares,
         registry: Mutex::new(Registry::default()),
         closing: Mutex::new(false),
         clients: AtomicUsize::new(0),
@@ -459,7 +464,7 @@ impl Node {
             container_pid_file: (!m.until_unmount).then_some(m.container_pid_file.as_path()),
             owner_pid: (!m.until_unmount).then_some(m.owner_pid),
         };
-        match container.start_daemon(&args, &Host) {
+        match container.start_daemon(&args, &self.spares) {
             Ok(child) => {
                 let pid = child.id();
                 self.registry.lock().serving(&m.id, serial, pid);

@@ -11,6 +11,7 @@ use super::{Container, DaemonError, io_at};
 use nix::errno::Errno;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -31,6 +32,40 @@ pub trait Processes {
     /// A descriptor that becomes readable once process `pid` has exited (a pidfd), or `None`
     /// where there is none (before Linux 5.3, or the process is gone).
     fn exit_watch(&self, pid: u32) -> Option<OwnedFd>;
+    /// Starts the keeper `launch` describes. By default it is spawned ([`spawn_detached`]); a
+    /// front end may instead hand `launch` to a keeper it started ahead of need (the node
+    /// daemon's spare, which saves a container's start the keeper's and its server's execs).
+    fn launch(&self, launch: Launch) -> io::Result<Child> {
+        spawn_detached(self, launch)
+    }
+}
+
+/// A keeper to start: `program` with `args` (all but `--ready-fd`), its stdout and stderr
+/// `log`, and `ready`, the write end of the pipe it says ready on (its `--ready-fd`).
+pub struct Launch<'a> {
+    pub program: &'a Path,
+    pub args: Vec<OsString>,
+    pub log: fs::File,
+    pub ready: OwnedFd,
+}
+
+/// Spawns `launch`'s keeper detached ([`Processes::detach`]), its `--ready-fd` the pipe's
+/// number, which it inherits. Once spawned only the keeper holds the pipe's write end (ours is
+/// dropped here): its exit is the starter's EOF.
+pub fn spawn_detached<P: Processes + ?Sized>(procs: &P, launch: Launch) -> io::Result<Child> {
+    let ready = launch.ready.as_raw_fd();
+    let mut cmd = Command::new(launch.program);
+    cmd.args(&launch.args)
+        .arg("--ready-fd")
+        .arg(ready.to_string())
+        // A keeper tells systemd about itself when it is the service's main process; one
+        // started here is not (the node daemon under `devremap.service` is).
+        .env_remove("NOTIFY_SOCKET")
+        .stdin(Stdio::null())
+        .stdout(launch.log.try_clone()?)
+        .stderr(launch.log);
+    procs.detach(&mut cmd, ready);
+    cmd.spawn()
 }
 
 /// What the daemon is started with.
@@ -56,47 +91,32 @@ impl Container {
     /// written its pid file and says so on the pipe).
     pub fn start_daemon(&self, a: &DaemonArgs, procs: &dyn Processes) -> Result<Child, DaemonError> {
         let log = crate::atomic::create_log(&self.log())?;
-        let log2 = log.try_clone().map_err(io_at(&self.log()))?;
-        let mut cmd = Command::new(a.devremapd);
-        cmd.arg("mount")
-            .arg(self.dev())
-            .arg("--spec")
-            .arg(a.spec)
-            .arg("--host-root")
-            .arg(a.host_root)
-            .arg("--pid-file")
-            .arg(self.pid_file())
-            .arg("--state-file")
-            .arg(self.state_file())
-            .args(&a.extra)
-            // A keeper tells systemd about itself when it is the service's main process; one
-            // started here is not (the node daemon under `devremap.service` is).
-            .env_remove("NOTIFY_SOCKET")
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(log2);
+        let mut args: Vec<OsString> = vec!["mount".into(), self.dev().into()];
+        let mut flag = |name: &str, value: &dyn AsRef<OsStr>| args.extend([name.into(), value.as_ref().to_owned()]);
+        flag("--spec", &a.spec);
+        flag("--host-root", &a.host_root);
+        flag("--pid-file", &self.pid_file());
+        flag("--state-file", &self.state_file());
         if let Some(dev) = a.host_dev {
-            cmd.arg("--host-dev").arg(dev);
+            flag("--host-dev", &dev);
         }
         if let Some(pid_file) = a.container_pid_file {
-            cmd.arg("--container-pid-file").arg(pid_file);
+            flag("--container-pid-file", &pid_file);
         }
         if let Some(owner) = a.owner_pid {
-            cmd.arg("--owner-pid").arg(owner.to_string());
+            flag("--owner-pid", &owner.to_string());
         }
         if let Some(meta) = a.metadata {
-            cmd.arg("--metadata").arg(meta);
+            flag("--metadata", &meta);
         }
+        args.extend(a.extra.iter().map(OsString::from));
         // A pipe rather than a watch on the directory: closing an inotify instance waits for an
         // SRCU grace period (1 to 25 ms measured, issue 17's benchmark), before the runtime
         // could start.
         let (ready, ready_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(DaemonError::Pipe)?;
-        cmd.arg("--ready-fd").arg(ready_write.as_raw_fd().to_string());
-        procs.detach(&mut cmd, ready_write.as_raw_fd());
-        let spawned = cmd.spawn().map_err(|source| DaemonError::Spawn { path: a.devremapd.to_owned(), source });
-        // Only the daemon holds the write end now: its exit is our EOF.
-        drop(ready_write);
-        let mut child = spawned?;
+        let launch = Launch { program: a.devremapd, args, log, ready: ready_write };
+        let mut child =
+            procs.launch(launch).map_err(|source| DaemonError::Spawn { path: a.devremapd.to_owned(), source })?;
         match self.wait_ready(&mut child, &ready) {
             Ok(()) => Ok(child),
             Err(e) => {

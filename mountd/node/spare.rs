@@ -1,0 +1,172 @@
+//! The node daemon's spare keeper: one `devremapd parked --spare-server` (with its server,
+//! parked in turn) started ahead of need, so that a container's mount hands it the container's
+//! command line ([`crate::parked`]) instead of waiting for two execs. A mount that finds no
+//! spare (the first of a burst, or spares off) spawns its keeper directly, as before; each
+//! spare used is replaced at once by a thread of its own, beside the container's start.
+//!
+//! A spare runs the binary the node daemon's path named when it was started. One found stale
+//! at a mount (the binary at that path replaced since, as a package upgrade does) is stopped
+//! and the keeper spawned from the new binary, as a direct start would. A spare that exits with
+//! status 1 before it is used refused to start (it cannot rewrite its command line): spares are
+//! turned off, said once in the node daemon's log. Assumptions: the spare is our child, so its
+//! pid cannot be reused while we hold it unreaped; it holds none of our descriptors but its
+//! parcel socket, and exits when that closes (when this daemon exits).
+
+use super::procs::Host;
+use devremap::runtime::container_daemon::daemon::{Launch, Processes, spawn_detached};
+use log::warn;
+use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
+use parking_lot::Mutex;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::mpsc::{self, Sender};
+
+/// A spare keeper, waiting for its parcel.
+struct Spare {
+    child: Child,
+    parcel: OwnedFd,
+    /// The device and inode of the binary it was started from.
+    binary: (u64, u64),
+}
+
+enum Slot {
+    Empty,
+    Ready(Spare),
+    /// `--no-spare`, or a spare refused to start: keepers are spawned directly.
+    Off,
+}
+
+struct Shared {
+    exe: PathBuf,
+    slot: Mutex<Slot>,
+}
+
+/// The spare keeper, and the thread that starts the next one.
+pub(super) struct Spares {
+    shared: Arc<Shared>,
+    refill: Mutex<Sender<()>>,
+}
+
+impl Spares {
+    /// Starts the refilling thread, which starts the first spare at once; with `on` false
+    /// (`--no-spare`), none is ever started.
+    pub(super) fn start(exe: PathBuf, on: bool) -> io::Result<Spares> {
+        let shared = Arc::new(Shared { exe, slot: Mutex::new(if on { Slot::Empty } else { Slot::Off }) });
+        let (tx, rx) = mpsc::channel::<()>();
+        let filling = shared.clone();
+        std::thread::Builder::new().name("spare".into()).spawn(move || {
+            // Ends with the daemon (the sender is never dropped before).
+            while rx.recv().is_ok() {
+                filling.fill();
+            }
+        })?;
+        let _ = tx.send(());
+        Ok(Spares { shared, refill: Mutex::new(tx) })
+    }
+}
+
+impl Shared {
+    /// Starts a spare into an empty slot.
+    fn fill(&self) {
+        if !matches!(*self.slot.lock(), Slot::Empty) {
+            return;
+        }
+        match spawn_spare(&self.exe) {
+            Ok(spare) => {
+                let mut slot = self.slot.lock();
+                if matches!(*slot, Slot::Empty) {
+                    *slot = Slot::Ready(spare);
+                }
+            }
+            Err(e) => warn!("cannot start a spare keeper ({}): the next container's keeper is started directly", e),
+        }
+    }
+
+    /// The spare, if one is ready, fresh and alive; the slot is left empty, or off.
+    fn take(&self, program: &Path) -> Option<Spare> {
+        let mut slot = self.slot.lock();
+        let mut spare = match std::mem::replace(&mut *slot, Slot::Empty) {
+            Slot::Ready(spare) => spare,
+            other => {
+                *slot = other;
+                return None;
+            }
+        };
+        match spare.child.try_wait() {
+            Ok(None) if binary_of(program).ok() == Some(spare.binary) => return Some(spare),
+            Ok(None) => {
+                let _ = spare.child.kill();
+                let _ = spare.child.wait();
+            }
+            Ok(Some(status)) if status.code() == Some(1) => {
+                warn!(
+                    "the spare keeper refused to start ({status}; its error is in this daemon's log above): \
+                     containers' keepers are started directly from now on"
+                );
+                *slot = Slot::Off;
+            }
+            Ok(Some(status)) => {
+                warn!("the spare keeper (pid {}) ended before it was used ({status})", spare.child.id())
+            }
+            Err(_) => {}
+        }
+        None
+    }
+}
+
+impl Processes for Spares {
+    fn detach(&self, cmd: &mut Command, keep: RawFd) {
+        Host.detach(cmd, keep)
+    }
+
+    fn exit_watch(&self, pid: u32) -> Option<OwnedFd> {
+        Host.exit_watch(pid)
+    }
+
+    /// Hands `launch` to the spare, or spawns its keeper when there is none or the hand-over
+    /// fails; then has the spare replaced.
+    fn launch(&self, launch: Launch) -> io::Result<Child> {
+        let spare = self.shared.take(launch.program);
+        if !matches!(*self.shared.slot.lock(), Slot::Off) {
+            let _ = self.refill.lock().send(());
+        }
+        if let Some(mut spare) = spare {
+            let fds = [launch.log.as_raw_fd(), launch.ready.as_raw_fd()];
+            match crate::parked::send(spare.parcel.as_fd(), &launch.args, &fds) {
+                // Our copies of the log and the pipe go with `launch`: the keeper's exit is EOF.
+                Ok(()) => return Ok(spare.child),
+                Err(e) => {
+                    warn!("the spare keeper (pid {}) did not take a container ({e}); starting one", spare.child.id());
+                    let _ = spare.child.kill();
+                    let _ = spare.child.wait();
+                }
+            }
+        }
+        spawn_detached(self, launch)
+    }
+}
+
+/// The device and inode of the file at `path`.
+fn binary_of(path: &Path) -> io::Result<(u64, u64)> {
+    let meta = std::fs::metadata(path)?;
+    Ok((meta.dev(), meta.ino()))
+}
+
+/// Starts `exe parked --spare-server`, detached as a keeper is, its parcel socket its stdin and
+/// its stderr ours (where its refusal, if any, is said).
+fn spawn_spare(exe: &Path) -> io::Result<Spare> {
+    let binary = binary_of(exe)?;
+    let (parcel, theirs) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("parked")
+        .arg("--spare-server")
+        .env_remove("NOTIFY_SOCKET")
+        .stdin(Stdio::from(theirs))
+        .stdout(Stdio::null());
+    Host.detach(&mut cmd, 0);
+    Ok(Spare { child: cmd.spawn()?, parcel, binary })
+}
