@@ -221,8 +221,13 @@ impl std::fmt::Display for Mounted {
 }
 
 /// What is mounted exactly at `path` (canonical), if anything: the last, topmost, of the
-/// mounts there.
+/// mounts there. The mount table is read only when `path` is a mount's root, or the kernel
+/// cannot say ([`is_mount_root`]): its reading grows with every mount on the host, a
+/// container's start with it (1 to 200 containers: a start 17 % slower, `benches/node.rs`).
 fn mounted_at(path: &Path) -> Option<Mounted> {
+    if is_mount_root(path) == Some(false) {
+        return None;
+    }
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     let target = path.to_str()?;
     info.lines().rev().find_map(|line| {
@@ -233,6 +238,16 @@ fn mounted_at(path: &Path) -> Option<Mounted> {
         }
         Some(Mounted { fstype: unescape(fields.get(dash + 1)?), source: unescape(fields.get(dash + 2)?) })
     })
+}
+
+/// Whether `path` is the root of a mount (`STATX_ATTR_MOUNT_ROOT`, Linux 5.8+), asking no
+/// daemon (`AT_STATX_DONT_SYNC`: a FUSE mount's cached attributes, so a stuck or dead one does
+/// not hang us); `None` where the kernel does not say, or the call fails (a dead FUSE mount).
+fn is_mount_root(path: &Path) -> Option<bool> {
+    use rustix::fs::{AtFlags, CWD, StatxAttributes, StatxFlags, statx};
+    let st = statx(CWD, path, AtFlags::SYMLINK_NOFOLLOW | AtFlags::STATX_DONT_SYNC, StatxFlags::empty()).ok()?;
+    let root = StatxAttributes::MOUNT_ROOT;
+    st.stx_attributes_mask.contains(root).then(|| st.stx_attributes.contains(root))
 }
 
 /// Whether anything is mounted exactly at `path` (canonical), read from the mount table without
