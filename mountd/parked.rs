@@ -100,19 +100,37 @@ pub fn run(args: &ParkedArgs) -> Result<(), Failure> {
     }
 }
 
-/// Sends a parcel: `words` (a command line after the program's name) and `fds`.
-pub fn send(to: BorrowedFd, words: &[OsString], fds: &[RawFd]) -> io::Result<()> {
-    let mut bytes = Vec::new();
-    for word in words {
-        bytes.extend_from_slice(word.as_bytes());
-        bytes.push(0);
+/// A parcel's words, encoded: each ends in NUL. Refused, as `exec` refuses them, when a word
+/// holds a NUL (which would split it into words of the sender's choosing: a flag smuggled into
+/// an argument) or they take more than [`MOST_BYTES`]; checked before a spare is taken, so a bad
+/// command line never costs one.
+pub struct Words(Vec<u8>);
+
+impl Words {
+    pub fn encode(words: &[OsString]) -> io::Result<Words> {
+        let mut bytes = Vec::new();
+        for word in words {
+            if word.as_bytes().contains(&0) {
+                return Err(io::Error::new(io::ErrorKind::InvalidInput, "an argument holds a NUL byte"));
+            }
+            bytes.extend_from_slice(word.as_bytes());
+            bytes.push(0);
+        }
+        if bytes.len() > MOST_BYTES {
+            return Err(io::Error::other(ParkedError::Truncated));
+        }
+        Ok(Words(bytes))
     }
-    if bytes.len() > MOST_BYTES || fds.len() > MOST_FDS {
+}
+
+/// Sends a parcel: `words` (a command line after the program's name) and `fds`.
+pub fn send(to: BorrowedFd, words: &Words, fds: &[RawFd]) -> io::Result<()> {
+    if fds.len() > MOST_FDS {
         return Err(io::Error::other(ParkedError::Truncated));
     }
     let rights = [ControlMessage::ScmRights(fds)];
-    let sent = sendmsg::<()>(to.as_raw_fd(), &[IoSlice::new(&bytes)], &rights, MsgFlags::MSG_NOSIGNAL, None)?;
-    if sent == bytes.len() { Ok(()) } else { Err(io::Error::other(ParkedError::Truncated)) }
+    let sent = sendmsg::<()>(to.as_raw_fd(), &[IoSlice::new(&words.0)], &rights, MsgFlags::MSG_NOSIGNAL, None)?;
+    if sent == words.0.len() { Ok(()) } else { Err(io::Error::other(ParkedError::Truncated)) }
 }
 
 /// A parcel received: its words, and its descriptors in the order sent.

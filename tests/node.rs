@@ -20,7 +20,7 @@ use common::daemon::{PATIENCE, container_dirs, has_exited, is_mounted, kill, wai
 use common::{BIN, FakeHost, arg, fake_rdev, write_file};
 use devremap::node::client::{ask, ask_passing};
 use devremap::node::protocol::{MountRequest, Request};
-use devremap::runtime::container_daemon::Container;
+use devremap::runtime::container_daemon::{Container, Lock};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::fs;
@@ -735,6 +735,12 @@ impl Drop for Init {
 /// (GPUs `visible`), and `init` as both the container's init (its pid in the pid file) and
 /// the process that starts it. Returns once the mount answers.
 fn mount_direct(fleet: &Fleet, id: &str, visible: &[u32], init: &Init) -> Result<Value, String> {
+    let (request, mine) = mount_request(fleet, id, visible, init)?;
+    ask_passing(&fleet.socket(), &request, Some(mine.as_fd()), ASK).map_err(|e| e.to_string())
+}
+
+/// What [`mount_direct`] sends, and the container directory's lock it hands over with it.
+fn mount_request(fleet: &Fleet, id: &str, visible: &[u32], init: &Init) -> Result<(Request, Lock), String> {
     let container = Container::new(&fleet.state_dir(), id);
     let claiming = container.lock_state_dir().map_err(|e| e.to_string())?;
     let mine = container.prepare(None).map_err(|e| e.to_string())?;
@@ -755,7 +761,7 @@ fn mount_direct(fleet: &Fleet, id: &str, visible: &[u32], init: &Init) -> Result
         owner_pid: init.0.id(),
         until_unmount: false,
     });
-    ask_passing(&fleet.socket(), &request, Some(mine.as_fd()), ASK).map_err(|e| e.to_string())
+    Ok((request, mine))
 }
 
 /// Rule (issue 31): many create/delete cycles leave nothing behind: no mount, no state dir
@@ -1223,6 +1229,8 @@ fn a_stale_or_dead_spare_is_never_used() {
         mount_direct(&fleet, &id, &[3], &init).unwrap_or_else(|e| panic!("mount: {e}\n{}", service.log(&fleet)));
     let keeper = answer["pid"].as_u64().unwrap() as u32;
     assert_ne!(keeper, stale, "the stale spare was used");
+    let said = format!("the spare keeper (pid {stale}) is not used (its binary was replaced since it started)");
+    assert!(service.log(&fleet).contains(&said), "{}", service.log(&fleet));
     let running = fs::metadata(format!("/proc/{keeper}/exe")).unwrap();
     assert_eq!(running.ino(), fs::metadata(&program).unwrap().ino(), "the keeper runs the replaced binary");
     wait_for("the stale spare to be stopped", || has_exited(stale).then_some(()));
@@ -1241,7 +1249,39 @@ fn a_stale_or_dead_spare_is_never_used() {
         "{}",
         service.log(&fleet)
     );
-    let (fresh, _) = spare_of(node);
-    assert_ne!(fresh, dead);
-    ask(&fleet.socket(), &Request::Unmount { id }, ASK).expect("unmount");
+    ask(&fleet.socket(), &Request::Unmount { id: id.clone() }, ASK).expect("unmount");
+
+    // Stopped (a debugger, SIGSTOP): handed a container it would leave the start waiting.
+    let (stopped, _) = spare_of(node);
+    assert_ne!(stopped, dead);
+    kill(stopped, libc::SIGSTOP);
+    wait_for("the spare to be stopped", || (proc_state(stopped) == Some('T')).then_some(()));
+    let answer =
+        mount_direct(&fleet, &id, &[0], &init).unwrap_or_else(|e| panic!("mount: {e}\n{}", service.log(&fleet)));
+    assert_ne!(answer["pid"], json!(stopped), "the stopped spare was used");
+    assert_gpus(&fleet.dev(&id), &[0], "after the spare was stopped");
+    wait_for("the stopped spare to be killed", || has_exited(stopped).then_some(()));
+    let said = format!("the spare keeper (pid {stopped}) is not used (it is stopped)");
+    assert!(service.log(&fleet).contains(&said), "{}", service.log(&fleet));
+    ask(&fleet.socket(), &Request::Unmount { id: id.clone() }, ASK).expect("unmount");
+
+    // A command line no exec takes (a NUL in an argument, which a parcel would split into
+    // words of the sender's choosing) is refused, and costs no spare.
+    let (kept, _) = spare_of(node);
+    let (mut request, mine) = mount_request(&fleet, &id, &[1], &init).unwrap();
+    if let Request::Mount(m) = &mut request {
+        m.extra = vec!["--prefer".into(), "native\0--host-dev\0/".into()];
+    }
+    let refused = ask_passing(&fleet.socket(), &request, Some(mine.as_fd()), ASK).expect_err("a NUL in an argument");
+    assert!(refused.to_string().contains("nul byte"), "{refused}");
+    assert!(
+        !has_exited(kept) && parked_children_of(node) == vec![kept],
+        "the spare was spent on a refused command line"
+    );
+}
+
+/// The state of process `pid` (`R`, `S`, `T`, ...), from `/proc/PID/stat`.
+fn proc_state(pid: u32) -> Option<char> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next())
 }

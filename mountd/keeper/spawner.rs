@@ -163,7 +163,9 @@ impl ParkedServer {
     /// meanwhile is killed and reaped, and the caller spawns one.
     pub(super) fn hand(mut self, args: &[OsString]) -> Result<(Started, [OwnedFd; 2]), String> {
         let words: Vec<OsString> = std::iter::once("serve".into()).chain(args.iter().cloned()).collect();
-        match crate::parked::send(self.parcel.as_fd(), &words, &[2]) {
+        let sent =
+            crate::parked::Words::encode(&words).and_then(|w| crate::parked::send(self.parcel.as_fd(), &w, &[2]));
+        match sent {
             Ok(()) => Ok((Ok((self.child, self.exe)), self.sockets)),
             Err(e) => {
                 let _ = self.child.kill();

@@ -14,7 +14,7 @@
 
 use super::procs::Host;
 use devremap::runtime::container_daemon::daemon::{Launch, Processes, spawn_detached};
-use log::warn;
+use log::{info, warn};
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
 use parking_lot::Mutex;
 use std::io;
@@ -97,8 +97,16 @@ impl Shared {
             }
         };
         match spare.child.try_wait() {
-            Ok(None) if binary_of(program).ok() == Some(spare.binary) => return Some(spare),
             Ok(None) => {
+                let pid = spare.child.id();
+                let why = if !runs(pid) {
+                    "it is stopped"
+                } else if binary_of(program).ok() != Some(spare.binary) {
+                    "its binary was replaced since it started"
+                } else {
+                    return Some(spare);
+                };
+                info!("the spare keeper (pid {pid}) is not used ({why}): stopped it; the keeper is started directly");
                 let _ = spare.child.kill();
                 let _ = spare.child.wait();
             }
@@ -130,13 +138,15 @@ impl Processes for Spares {
     /// Hands `launch` to the spare, or spawns its keeper when there is none or the hand-over
     /// fails; then has the spare replaced.
     fn launch(&self, launch: Launch) -> io::Result<Child> {
+        // A command line no exec would take is refused by the spawn below, costing no spare.
+        let Ok(words) = crate::parked::Words::encode(&launch.args) else { return spawn_detached(self, launch) };
         let spare = self.shared.take(launch.program);
         if !matches!(*self.shared.slot.lock(), Slot::Off) {
             let _ = self.refill.lock().send(());
         }
         if let Some(mut spare) = spare {
             let fds = [launch.log.as_raw_fd(), launch.ready.as_raw_fd()];
-            match crate::parked::send(spare.parcel.as_fd(), &launch.args, &fds) {
+            match crate::parked::send(spare.parcel.as_fd(), &words, &fds) {
                 // Our copies of the log and the pipe go with `launch`: the keeper's exit is EOF.
                 Ok(()) => return Ok(spare.child),
                 Err(e) => {
@@ -148,6 +158,14 @@ impl Processes for Spares {
         }
         spawn_detached(self, launch)
     }
+}
+
+/// Whether process `pid` can run: not stopped (`SIGSTOP`, a debugger, a frozen cgroup), which a
+/// spare handed a container would leave its start waiting on.
+fn runs(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next());
+    matches!(state, Some("S" | "R"))
 }
 
 /// The device and inode of the file at `path`.
