@@ -1280,6 +1280,71 @@ fn a_stale_or_dead_spare_is_never_used() {
     );
 }
 
+/// Where process `pid`'s fd `fd` leads (`/dev/null`, a file, `socket:[N]`), if it is open.
+fn fd_target(pid: u32, fd: u32) -> Option<PathBuf> {
+    fs::read_link(format!("/proc/{pid}/fd/{fd}")).ok()
+}
+
+/// Bug (found from outside): a keeper started from the spare, and its server, had fd 0 closed
+/// (`/dev/null` was opened into the parcel socket's free number 0 and closed again), and the
+/// next socket each made took it; a keeper and server started directly have `/dev/null` there.
+/// Rule (the spare keeper): from its parcel on a parked process is what a direct start makes:
+/// stdin `/dev/null`, stdout and stderr the container's log.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs containers"]
+fn a_spare_keeper_and_its_server_have_the_standard_fds_of_a_direct_start() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let fleet = Fleet::new();
+    let service = Service::start(&fleet, &fleet.state_dir().join("node.pid"), &[]);
+    let (spare, parked) = spare_of(service.pid());
+    let init = Init::start();
+    let id = format!("fds-{}", std::process::id());
+    let answer =
+        mount_direct(&fleet, &id, &[2], &init).unwrap_or_else(|e| panic!("mount: {e}\n{}", service.log(&fleet)));
+    assert_eq!(answer["pid"], json!(spare), "the container's keeper is the spare");
+    let server = server_of(&fleet, &id);
+    assert_eq!(server, parked, "the container's server is the parked one");
+    let log = fs::canonicalize(fleet.state_dir().join(&id).join("devremapd.log")).unwrap();
+    for (what, pid) in [("keeper", spare), ("server", server)] {
+        assert_eq!(fd_target(pid, 0), Some(PathBuf::from("/dev/null")), "the {what}'s stdin");
+        for fd in [1, 2] {
+            assert_eq!(fd_target(pid, fd).as_ref(), Some(&log), "the {what}'s fd {fd}");
+        }
+    }
+    ask(&fleet.socket(), &Request::Unmount { id }, ASK).expect("unmount");
+    wait_for("the keeper to exit", || has_exited(spare).then_some(()));
+}
+
+/// Bug (found from outside): a spare whose parked server was stopped (`SIGSTOP`, a debugger)
+/// handed it the container's command line, which it never read: the mount failed after 30 s
+/// (`devremapd did not answer within 30 s`). Rule: the keeper kills a stopped parked server and
+/// starts its server itself, as the node daemon does with a stopped spare; the container's
+/// keeper is still the spare and its `/dev` is right.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs containers"]
+fn a_stopped_parked_server_is_never_handed_a_container() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let fleet = Fleet::new();
+    let service = Service::start(&fleet, &fleet.state_dir().join("node.pid"), &[]);
+    let (spare, parked) = spare_of(service.pid());
+    kill(parked, libc::SIGSTOP);
+    wait_for("the parked server to be stopped", || (proc_state(parked) == Some('T')).then_some(()));
+    let init = Init::start();
+    let id = format!("stopped-server-{}", std::process::id());
+    let answer =
+        mount_direct(&fleet, &id, &[4], &init).unwrap_or_else(|e| panic!("mount: {e}\n{}", service.log(&fleet)));
+    assert_eq!(answer["pid"], json!(spare), "the container's keeper is the spare");
+    assert_gpus(&fleet.dev(&id), &[4], "with the parked server stopped");
+    assert_ne!(server_of(&fleet, &id), parked, "the stopped parked server serves");
+    wait_for("the stopped parked server to be killed", || has_exited(parked).then_some(()));
+    let said = format!("the parked server (pid {parked}) is not used (it is stopped, or gone)");
+    assert!(fleet.keeper_log(&id).contains(&said), "{}", fleet.keeper_log(&id));
+    ask(&fleet.socket(), &Request::Unmount { id }, ASK).expect("unmount");
+    wait_for("the keeper to exit", || has_exited(spare).then_some(()));
+}
+
 /// The state of process `pid` (`R`, `S`, `T`, ...), from `/proc/PID/stat`.
 fn proc_state(pid: u32) -> Option<char> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;

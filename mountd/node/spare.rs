@@ -99,7 +99,7 @@ impl Shared {
         match spare.child.try_wait() {
             Ok(None) => {
                 let pid = spare.child.id();
-                let why = if !runs(pid) {
+                let why = if !crate::parked::runs(pid) {
                     "it is stopped"
                 } else if binary_of(program).ok() != Some(spare.binary) {
                     "its binary was replaced since it started"
@@ -158,14 +158,6 @@ impl Processes for Spares {
         }
         spawn_detached(self, launch)
     }
-}
-
-/// Whether process `pid` can run: not stopped (`SIGSTOP`, a debugger, a frozen cgroup), which a
-/// spare handed a container would leave its start waiting on.
-fn runs(pid: u32) -> bool {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next());
-    matches!(state, Some("S" | "R"))
 }
 
 /// The device and inode of the file at `path`.
