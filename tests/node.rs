@@ -1208,6 +1208,23 @@ fn a_mount_hands_its_container_to_the_spare_keeper() {
     wait_for("the keeper to exit", || has_exited(keeper).then_some(()));
 }
 
+/// A copy of the binary under test, `bin/devremapd` in the fleet's directory.
+fn installed_copy(fleet: &Fleet) -> PathBuf {
+    let bin_dir = fleet.tmp.path().join("bin");
+    fs::create_dir(&bin_dir).unwrap();
+    let program = bin_dir.join("devremapd");
+    fs::copy(BIN, &program).unwrap();
+    program
+}
+
+/// Installs the binary under test at `program` as dpkg installs a file: written beside it,
+/// renamed over it (a new inode).
+fn install_over(program: &Path) {
+    let new = program.with_extension("new");
+    fs::copy(BIN, &new).unwrap();
+    fs::rename(&new, program).unwrap();
+}
+
 /// Rule (the spare keeper): a spare runs the binary it was started from. One whose binary was
 /// replaced since (a package upgrade renames the new file over the path) is stopped at the next
 /// mount, whose keeper runs the new binary, as a keeper started directly would. A spare killed
@@ -1219,16 +1236,11 @@ fn a_stale_or_dead_spare_is_never_used() {
     need_containers(Runtime::Runc);
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let fleet = Fleet::new();
-    let bin_dir = fleet.tmp.path().join("bin");
-    fs::create_dir(&bin_dir).unwrap();
-    let program = bin_dir.join("devremapd");
-    fs::copy(BIN, &program).unwrap();
+    let program = installed_copy(&fleet);
     let service = Service::start_from(&program, &fleet, &fleet.state_dir().join("node.pid"), &[]);
     let node = service.pid();
     let (stale, _) = spare_of(node);
-    // As dpkg installs a file: written beside it, renamed over it (a new inode).
-    fs::copy(BIN, bin_dir.join("devremapd.new")).unwrap();
-    fs::rename(bin_dir.join("devremapd.new"), &program).unwrap();
+    install_over(&program);
     let init = Init::start();
     let id = format!("stale-{}", std::process::id());
     let answer =
@@ -1379,6 +1391,53 @@ fn a_spare_started_without_close_range_cloexec_keeps_its_stdout_and_stderr() {
     assert_gpus(&fleet.dev(&id), &[3], "through a spare started without CLOSE_RANGE_CLOEXEC");
     ask(&fleet.socket(), &Request::Unmount { id }, ASK).expect("unmount");
     wait_for("the keeper to exit", || has_exited(spare).then_some(()));
+}
+
+/// Rule (the spare keeper): a keeper that came from the spare is, from its parcel on, a keeper
+/// like any other: its server SIGKILLed is restarted, a SIGUSR2 upgrades its server to the binary
+/// now at the node daemon's path, a node daemon started again after a SIGKILL adopts it (by its
+/// command line), and its container's init exiting ends it and removes the container's
+/// directory. The node daemon's spare pair dies with the node daemon.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs containers"]
+fn a_keeper_from_the_spare_restarts_upgrades_and_is_adopted_as_any_other() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let fleet = Fleet::new();
+    let program = installed_copy(&fleet);
+    let pid_file = fleet.state_dir().join("node.pid");
+    let service = Service::start_from(&program, &fleet, &pid_file, &[]);
+    let (keeper, parked) = spare_of(service.pid());
+    let mut init = Init::start();
+    let id = format!("from-spare-{}", std::process::id());
+    let answer =
+        mount_direct(&fleet, &id, &[1, 5], &init).unwrap_or_else(|e| panic!("mount: {e}\n{}", service.log(&fleet)));
+    assert_eq!(answer["pid"], json!(keeper), "the container's keeper is the spare");
+
+    kill(parked, libc::SIGKILL);
+    let restarted = wait_new_server(&fleet, &id, parked, "the parked server SIGKILLed");
+    assert_gpus(&fleet.dev(&id), &[1, 5], "after its server's crash");
+
+    install_over(&program);
+    kill(keeper, libc::SIGUSR2);
+    let upgraded = wait_new_server(&fleet, &id, restarted, "SIGUSR2");
+    let running = fs::metadata(format!("/proc/{upgraded}/exe")).unwrap();
+    assert_eq!(running.ino(), fs::metadata(&program).unwrap().ino(), "the upgrade runs the binary at the path");
+    assert_gpus(&fleet.dev(&id), &[1, 5], "after the upgrade");
+
+    let (spare, spare_server) = spare_of(service.pid());
+    kill(service.pid(), libc::SIGKILL);
+    wait_for("the spare and its server to die with the node daemon", || {
+        (has_exited(spare) && has_exited(spare_server)).then_some(())
+    });
+    drop(service);
+    let service = Service::start_from(&program, &fleet, &pid_file, &[]);
+    assert_eq!(fleet.list()[&id]["pid"], json!(keeper), "{}", service.log(&fleet));
+    assert!(service.log(&fleet).contains(&format!("container {id}: adopted (keeper pid {keeper})")));
+
+    init.end();
+    wait_for("the keeper to end with its container's init", || has_exited(keeper).then_some(()));
+    wait_for("the container's directory to go", || (!fleet.state_dir().join(&id).exists()).then_some(()));
 }
 
 /// The state of process `pid` (`R`, `S`, `T`, ...), from `/proc/PID/stat`.
