@@ -24,7 +24,7 @@ use devremap::runtime::container_daemon::{Container, Lock};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::fs;
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -1217,6 +1217,13 @@ fn installed_copy(fleet: &Fleet) -> PathBuf {
     program
 }
 
+/// A node daemon started from [`installed_copy`], and that copy's path.
+fn installed_node(fleet: &Fleet) -> (PathBuf, Service) {
+    let program = installed_copy(fleet);
+    let service = Service::start_from(&program, fleet, &fleet.state_dir().join("node.pid"), &[]);
+    (program, service)
+}
+
 /// Installs the binary under test at `program` as dpkg installs a file: written beside it,
 /// renamed over it (a new inode).
 fn install_over(program: &Path) {
@@ -1236,8 +1243,7 @@ fn a_stale_or_dead_spare_is_never_used() {
     need_containers(Runtime::Runc);
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let fleet = Fleet::new();
-    let program = installed_copy(&fleet);
-    let service = Service::start_from(&program, &fleet, &fleet.state_dir().join("node.pid"), &[]);
+    let (program, service) = installed_node(&fleet);
     let node = service.pid();
     let (stale, _) = spare_of(node);
     install_over(&program);
@@ -1404,9 +1410,7 @@ fn a_keeper_from_the_spare_restarts_upgrades_and_is_adopted_as_any_other() {
     need_containers(Runtime::Runc);
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let fleet = Fleet::new();
-    let program = installed_copy(&fleet);
-    let pid_file = fleet.state_dir().join("node.pid");
-    let service = Service::start_from(&program, &fleet, &pid_file, &[]);
+    let (program, service) = installed_node(&fleet);
     let (keeper, parked) = spare_of(service.pid());
     let mut init = Init::start();
     let id = format!("from-spare-{}", std::process::id());
@@ -1431,13 +1435,62 @@ fn a_keeper_from_the_spare_restarts_upgrades_and_is_adopted_as_any_other() {
         (has_exited(spare) && has_exited(spare_server)).then_some(())
     });
     drop(service);
-    let service = Service::start_from(&program, &fleet, &pid_file, &[]);
+    let service = Service::start_from(&program, &fleet, &fleet.state_dir().join("node.pid"), &[]);
     assert_eq!(fleet.list()[&id]["pid"], json!(keeper), "{}", service.log(&fleet));
     assert!(service.log(&fleet).contains(&format!("container {id}: adopted (keeper pid {keeper})")));
 
     init.end();
     wait_for("the keeper to end with its container's init", || has_exited(keeper).then_some(()));
     wait_for("the container's directory to go", || (!fleet.state_dir().join(&id).exists()).then_some(()));
+}
+
+/// Bug (found from outside): a spare that exited with status 1 unused turned spares off for the
+/// node daemon's life, taken for a kernel that cannot rewrite a command line. A binary at the
+/// daemon's path that refuses `parked` (a downgrade to a release without it, or a failure of
+/// that binary alone) did so too, and spares stayed off once a good binary was installed again.
+/// Rule: spares are off only while the binary that refused is the one at the path; one replaced
+/// since is tried again, and the next container's keeper is a spare again.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs containers"]
+fn spares_refused_by_one_binary_are_tried_again_once_it_is_replaced() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let fleet = Fleet::new();
+    let (program, service) = installed_node(&fleet);
+    let node = service.pid();
+    spare_of(node);
+    // A release without `parked`: it refuses it as a bad command line (status 1), and runs the
+    // rest as the binary under test.
+    let refusing = program.with_extension("old");
+    let script = format!(
+        "#!/bin/sh\n[ \"$1\" = parked ] && {{ echo \"error: unrecognized subcommand 'parked'\" >&2; exit 1; }}\nexec {BIN} \"$@\"\n"
+    );
+    fs::write(&refusing, script).unwrap();
+    fs::set_permissions(&refusing, fs::Permissions::from_mode(0o755)).unwrap();
+    fs::rename(&refusing, &program).unwrap();
+    let init = Init::start();
+    let mount = |id: &str| {
+        let answer =
+            mount_direct(&fleet, id, &[2], &init).unwrap_or_else(|e| panic!("mount: {e}\n{}", service.log(&fleet)));
+        assert_gpus(&fleet.dev(id), &[2], id);
+        answer["pid"].as_u64().unwrap() as u32
+    };
+    mount("stale-spare");
+    wait_for_or(
+        "the new binary's spare to refuse",
+        || service.log(&fleet),
+        || service.log(&fleet).contains("unrecognized subcommand 'parked'").then_some(()),
+    );
+    mount("refused-spare");
+    assert!(service.log(&fleet).contains("the spare keeper refused to start"), "{}", service.log(&fleet));
+    assert!(parked_children_of(node).is_empty(), "a spare after one refused");
+
+    install_over(&program);
+    mount("binary-replaced");
+    let (spare, _) = spare_of(node);
+    assert_eq!(mount("from-spare-again"), spare, "the container's keeper is a spare again");
+    let said = "the binary at the node daemon's path was replaced since a spare keeper refused";
+    assert!(service.log(&fleet).contains(said), "{}", service.log(&fleet));
 }
 
 /// The state of process `pid` (`R`, `S`, `T`, ...), from `/proc/PID/stat`.
