@@ -22,7 +22,7 @@ use devremap::node::client::{ask, ask_passing};
 use devremap::node::protocol::{MountRequest, Request};
 use devremap::runtime::container_daemon::{Container, Lock};
 use serde_json::{Value, json};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -1491,6 +1491,51 @@ fn spares_refused_by_one_binary_are_tried_again_once_it_is_replaced() {
     assert_eq!(mount("from-spare-again"), spare, "the container's keeper is a spare again");
     let said = "the binary at the node daemon's path was replaced since a spare keeper refused";
     assert!(service.log(&fleet).contains(said), "{}", service.log(&fleet));
+}
+
+/// Rule (the spare keeper): a burst of mounts at once (20) while the spare is being replaced:
+/// one takes the spare, the others start their keepers directly; each container has a keeper of
+/// its own and its `/dev` right, and afterwards the node daemon keeps exactly one spare.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs containers"]
+fn a_burst_of_mounts_while_the_spare_is_replaced_serves_each_once() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let fleet = Fleet::new();
+    let service = Service::start(&fleet, &fleet.state_dir().join("node.pid"), &[]);
+    let node = service.pid();
+    let (spare, _) = spare_of(node);
+    let ids: Vec<String> = (0..20).map(|i| format!("burst{i}-{}", std::process::id())).collect();
+    let inits: Vec<Init> = ids.iter().map(|_| Init::start()).collect();
+    let keepers: BTreeSet<u32> = std::thread::scope(|s| {
+        let mounts: Vec<_> = ids
+            .iter()
+            .zip(&inits)
+            .map(|(id, init)| {
+                let fleet = &fleet;
+                s.spawn(move || mount_direct(fleet, id, &[ids_gpu(id)], init))
+            })
+            .collect();
+        let answers = mounts.into_iter().map(|m| m.join().unwrap().unwrap_or_else(|e| panic!("mount: {e}")));
+        answers.map(|a| a["pid"].as_u64().unwrap() as u32).collect()
+    });
+    assert_eq!(keepers.len(), ids.len(), "a keeper served two containers: {keepers:?}");
+    assert!(keepers.contains(&spare), "no container took the spare");
+    for id in &ids {
+        assert_gpus(&fleet.dev(id), &[ids_gpu(id)], id);
+    }
+    let next = wait_for("a spare after the burst", || parked_children_of(node).first().copied());
+    assert!(!keepers.contains(&next), "a container's keeper is taken for the spare");
+    assert_eq!(parked_children_of(node), vec![next], "more than one spare");
+    for id in &ids {
+        ask(&fleet.socket(), &Request::Unmount { id: id.clone() }, ASK).expect("unmount");
+    }
+    wait_for("the keepers to exit", || keepers.iter().all(|&k| has_exited(k)).then_some(()));
+}
+
+/// The GPU a burst's container `id` (`burstN-...`) is given: N modulo [`GPUS`].
+fn ids_gpu(id: &str) -> u32 {
+    id.trim_start_matches("burst").split('-').next().unwrap().parse::<u32>().unwrap() % GPUS
 }
 
 /// The state of process `pid` (`R`, `S`, `T`, ...), from `/proc/PID/stat`.
