@@ -9,9 +9,9 @@
 //! and the keeper spawned from the new binary, as a direct start would. A spare that exits with
 //! status 1 before it is used refused to start (it cannot rewrite its command line, or that
 //! binary has no `parked`): spares are turned off, said once in the node daemon's log, until
-//! another binary is at the path (a package upgrade or downgrade). Assumptions: the spare is our child, so its
-//! pid cannot be reused while we hold it unreaped; it holds none of our descriptors but its
-//! parcel socket, and exits when that closes (when this daemon exits).
+//! another binary is at the path (a package upgrade or downgrade). Assumptions: the spare is
+//! our child, so its pid cannot be reused while we hold it unreaped; it holds none of our
+//! descriptors but its parcel socket, and exits when that closes (when this daemon exits).
 
 use super::procs::Host;
 use devremap::runtime::container_daemon::daemon::{Launch, Processes, spawn_detached};
