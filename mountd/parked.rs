@@ -170,6 +170,10 @@ fn receive(socket: &OwnedFd) -> Result<Option<Parcel>, ParkedError> {
 
 /// Makes `log` our stdout and stderr (where the log writer writes) and `/dev/null` our stdin
 /// (the parcel socket's number, closed by then), as for a daemon spawned with them.
+///
+/// Bug (found from outside): `/dev/null`, opened into the free number 0, was closed again as
+/// its `File` went, leaving fd 0 to the next socket the keeper or server made, where a direct
+/// start has `/dev/null`.
 fn take_standard_fds(log: OwnedFd) -> io::Result<()> {
     let null = std::fs::File::open("/dev/null")?;
     for (from, to) in [(null.as_raw_fd(), 0), (log.as_raw_fd(), 1), (log.as_raw_fd(), 2)] {
@@ -178,7 +182,19 @@ fn take_standard_fds(log: OwnedFd) -> io::Result<()> {
             return Err(io::Error::last_os_error());
         }
     }
+    if null.as_raw_fd() == 0 {
+        // Our stdin itself: kept open for the process's life.
+        let _ = null.into_raw_fd();
+    }
     Ok(())
+}
+
+/// Whether process `pid` can run: not stopped (`SIGSTOP`, a debugger, a frozen cgroup) nor
+/// gone, so that a parked process handed a container would not leave its start waiting.
+pub fn runs(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next());
+    matches!(state, Some("S" | "R"))
 }
 
 /// The kernel's `struct prctl_mm_map` (`linux/prctl.h`): a process's memory layout, as

@@ -159,22 +159,27 @@ impl ParkedServer {
     }
 
     /// Hands it its command line (`serve` and `args`) and our stderr as its log: what came of
-    /// it as a spawn's result, with the keeper's ends of its sockets. A server that is gone
-    /// meanwhile is killed and reaped, and the caller spawns one.
+    /// it as a spawn's result, with the keeper's ends of its sockets. A server that is gone or
+    /// stopped meanwhile is killed and reaped, and the caller spawns one.
+    ///
+    /// Bug (found from outside): a parked server stopped (`SIGSTOP`, a debugger) was handed its
+    /// command line, which it never read: the container's mount failed after 30 s.
     pub(super) fn hand(mut self, args: &[OsString]) -> Result<(Started, [OwnedFd; 2]), String> {
+        let pid = self.child.id();
         let words: Vec<OsString> = std::iter::once("serve".into()).chain(args.iter().cloned()).collect();
-        let sent =
-            crate::parked::Words::encode(&words).and_then(|w| crate::parked::send(self.parcel.as_fd(), &w, &[2]));
+        let sent = if crate::parked::runs(pid) {
+            crate::parked::Words::encode(&words)
+                .and_then(|w| crate::parked::send(self.parcel.as_fd(), &w, &[2]))
+                .map_err(|e| format!("did not take its command line: {}", io_message(&e)))
+        } else {
+            Err("is not used (it is stopped, or gone)".to_owned())
+        };
         match sent {
             Ok(()) => Ok((Ok((self.child, self.exe)), self.sockets)),
-            Err(e) => {
+            Err(why) => {
                 let _ = self.child.kill();
                 let _ = self.child.wait();
-                Err(format!(
-                    "the parked server (pid {}) did not take its command line: {}",
-                    self.child.id(),
-                    io_message(&e)
-                ))
+                Err(format!("the parked server (pid {pid}) {why}"))
             }
         }
     }

@@ -7,10 +7,11 @@
 //! A spare runs the binary the node daemon's path named when it was started. One found stale
 //! at a mount (the binary at that path replaced since, as a package upgrade does) is stopped
 //! and the keeper spawned from the new binary, as a direct start would. A spare that exits with
-//! status 1 before it is used refused to start (it cannot rewrite its command line): spares are
-//! turned off, said once in the node daemon's log. Assumptions: the spare is our child, so its
-//! pid cannot be reused while we hold it unreaped; it holds none of our descriptors but its
-//! parcel socket, and exits when that closes (when this daemon exits).
+//! status 1 before it is used refused to start (it cannot rewrite its command line, or that
+//! binary has no `parked`): spares are turned off, said once in the node daemon's log, until
+//! another binary is at the path (a package upgrade or downgrade). Assumptions: the spare is
+//! our child, so its pid cannot be reused while we hold it unreaped; it holds none of our
+//! descriptors but its parcel socket, and exits when that closes (when this daemon exits).
 
 use super::procs::Host;
 use devremap::runtime::container_daemon::daemon::{Launch, Processes, spawn_detached};
@@ -36,7 +37,10 @@ struct Spare {
 enum Slot {
     Empty,
     Ready(Spare),
-    /// `--no-spare`, or a spare refused to start: keepers are spawned directly.
+    /// A spare of this binary (its device and inode) refused to start: keepers are spawned
+    /// directly until another binary is at the daemon's path.
+    Refused((u64, u64)),
+    /// `--no-spare`: keepers are spawned directly.
     Off,
 }
 
@@ -86,11 +90,20 @@ impl Shared {
         }
     }
 
-    /// The spare, if one is ready, fresh and alive; the slot is left empty, or off.
+    /// The spare, if one is ready, fresh and alive; the slot is left empty, refused, or off.
     fn take(&self, program: &Path) -> Option<Spare> {
         let mut slot = self.slot.lock();
         let mut spare = match std::mem::replace(&mut *slot, Slot::Empty) {
             Slot::Ready(spare) => spare,
+            // Bug (found from outside): spares stayed off for the daemon's life, even once the
+            // binary that refused (a release without `parked`, a downgrade) was replaced.
+            Slot::Refused(binary) if binary_of(program).is_ok_and(|now| now != binary) => {
+                info!(
+                    "the binary at the node daemon's path was replaced since a spare keeper refused to start: \
+                     spare keepers are started again"
+                );
+                return None;
+            }
             other => {
                 *slot = other;
                 return None;
@@ -99,7 +112,7 @@ impl Shared {
         match spare.child.try_wait() {
             Ok(None) => {
                 let pid = spare.child.id();
-                let why = if !runs(pid) {
+                let why = if !crate::parked::runs(pid) {
                     "it is stopped"
                 } else if binary_of(program).ok() != Some(spare.binary) {
                     "its binary was replaced since it started"
@@ -113,9 +126,10 @@ impl Shared {
             Ok(Some(status)) if status.code() == Some(1) => {
                 warn!(
                     "the spare keeper refused to start ({status}; its error is in this daemon's log above): \
-                     containers' keepers are started directly from now on"
+                     containers' keepers are started directly until the binary at {} is replaced",
+                    program.display()
                 );
-                *slot = Slot::Off;
+                *slot = Slot::Refused(spare.binary);
             }
             Ok(Some(status)) => {
                 warn!("the spare keeper (pid {}) ended before it was used ({status})", spare.child.id())
@@ -141,7 +155,7 @@ impl Processes for Spares {
         // A command line no exec would take is refused by the spawn below, costing no spare.
         let Ok(words) = crate::parked::Words::encode(&launch.args) else { return spawn_detached(self, launch) };
         let spare = self.shared.take(launch.program);
-        if !matches!(*self.shared.slot.lock(), Slot::Off) {
+        if matches!(*self.shared.slot.lock(), Slot::Empty) {
             let _ = self.refill.lock().send(());
         }
         if let Some(mut spare) = spare {
@@ -158,14 +172,6 @@ impl Processes for Spares {
         }
         spawn_detached(self, launch)
     }
-}
-
-/// Whether process `pid` can run: not stopped (`SIGSTOP`, a debugger, a frozen cgroup), which a
-/// spare handed a container would leave its start waiting on.
-fn runs(pid: u32) -> bool {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next());
-    matches!(state, Some("S" | "R"))
 }
 
 /// The device and inode of the file at `path`.
