@@ -189,12 +189,13 @@ fn take_standard_fds(log: OwnedFd) -> io::Result<()> {
     Ok(())
 }
 
-/// Whether process `pid` can run: not stopped (`SIGSTOP`, a debugger, a frozen cgroup) nor
-/// gone, so that a parked process handed a container would not leave its start waiting.
+/// Whether process `pid` can run: not stopped (`SIGSTOP`, a debugger: `T`, `t`) nor gone (`Z`,
+/// `X`, no such process), so that a parked process handed a container would not leave its start
+/// waiting. A process in `D` (paging its binary in, say) runs again by itself.
 pub fn runs(pid: u32) -> bool {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next());
-    matches!(state, Some("S" | "R"))
+    matches!(state, Some("S" | "R" | "D" | "I"))
 }
 
 /// The kernel's `struct prctl_mm_map` (`linux/prctl.h`): a process's memory layout, as

@@ -1156,7 +1156,8 @@ fn spare_of(node: u32) -> (u32, u32) {
 /// what a keeper and server started directly have (naming the mountpoint), so `ps` shows the
 /// container and a teardown, which signals only a process whose command line names the
 /// mountpoint, finds it: the container's unmount ends it. The `/dev` is right, and another
-/// spare is started. With `--no-spare` none is: a mount starts its keeper then.
+/// spare is started, which the daemon's stop ends even when it is stopped (`SIGSTOP`). With
+/// `--no-spare` none is: a mount starts its keeper then.
 #[test]
 #[ignore = "needs root, /dev/fuse, runc and busybox-static: runs containers"]
 fn a_mount_hands_its_container_to_the_spare_keeper() {
@@ -1195,8 +1196,14 @@ fn a_mount_hands_its_container_to_the_spare_keeper() {
     ask(&fleet.socket(), &Request::Unmount { id: id.clone() }, ASK).expect("unmount");
     wait_for("the former spare, the container's keeper, to exit", || has_exited(spare).then_some(()));
     assert!(!fleet.state_dir().join(&id).exists(), "unmount left the container's directory");
+    // Even stopped, the spare goes with the daemon's stop (it would never read the end of its
+    // socket), and its parked server with it.
+    let (_, next_server) = spare_of(node);
+    kill(next, libc::SIGSTOP);
+    wait_for("the spare to be stopped", || (proc_state(next) == Some('T')).then_some(()));
     drop(service);
     wait_for("the node daemon's spare to exit with it", || has_exited(next).then_some(()));
+    wait_for("the spare's parked server to exit with it", || has_exited(next_server).then_some(()));
 
     let service = Service::start(&fleet, &fleet.state_dir().join("node.pid"), &["--no-spare"]);
     let answer =

@@ -23,7 +23,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver, Sender};
@@ -95,7 +95,7 @@ fn run_jobs(queue: &Mutex<Receiver<Job>>, events: &Sender<Ev>) {
 fn spawn(job: Job) -> Started {
     let exe = match job.exe {
         Exe::Open(exe) => exe,
-        Exe::Path(path) => Arc::new(File::open(&path).map_err(|e| format!("{}: {}", path.display(), io_message(&e)))?),
+        Exe::Path(path) => Arc::new(open_high(&path).map_err(|e| format!("{}: {}", path.display(), io_message(&e)))?),
     };
     let mut cmd = server_command(&exe, &job.sockets);
     cmd.arg("serve").args(&job.args).stdin(Stdio::null());
@@ -117,6 +117,15 @@ fn server_command(exe: &File, sockets: &[OwnedFd; 2]) -> Command {
     cmd
 }
 
+/// Opens the binary at `path` at fd 10 or above: a spawn refuses a binary at 3 or 4, the fds a
+/// server's sockets take. A keeper started directly has its signal thread's pair there for
+/// life; one started as a spare (`devremapd parked`) has its fds laid out otherwise, so a
+/// number freed meanwhile (an old server's socket) could be 4 at an upgrade's open.
+fn open_high(path: &Path) -> io::Result<File> {
+    let file = File::open(path)?;
+    Ok(File::from(rustix::io::fcntl_dupfd_cloexec(&file, 10)?))
+}
+
 /// A first server started before its keeper knows what it will serve (`devremapd parked`, by a
 /// spare keeper of the node daemon): it waits for its command line on its parcel socket. What
 /// the keeper keeps: the child, the binary it runs, the keeper's ends of its relay and control
@@ -132,11 +141,7 @@ pub(crate) struct ParkedServer {
 /// mount, so no container waits on it; the main thread lives as long as the keeper, which the
 /// server's death signal is tied to.
 pub(crate) fn park_server() -> Result<ParkedServer, KeeperError> {
-    let exe = File::open("/proc/self/exe").map_err(KeeperError::OpenOwnBinary)?;
-    // Above the fds a server's sockets take (3 and 4), which a spawn refuses the binary at.
-    let exe = Arc::new(File::from(
-        rustix::io::fcntl_dupfd_cloexec(&exe, 10).map_err(|e| KeeperError::OpenOwnBinary(e.into()))?,
-    ));
+    let exe = Arc::new(open_high(Path::new("/proc/self/exe")).map_err(KeeperError::OpenOwnBinary)?);
     let started = (|| {
         let (socket, their_socket) = seqpacket_pair()?;
         let (control, their_control) = seqpacket_pair()?;

@@ -187,6 +187,7 @@ pub fn run(args: &NodeArgs) -> Result<(), NodeError> {
             Ev::Yield => break "making way for a node daemon started as a service".to_owned(),
         }
     };
+    node.spares.stop();
     // The keepers serve on: a daemon started again adopts them.
     let _ = std::fs::remove_file(&args.socket);
     pid_written.remove_if_ours();

@@ -71,6 +71,16 @@ impl Spares {
         let _ = tx.send(());
         Ok(Spares { shared, refill: Mutex::new(tx) })
     }
+
+    /// At the daemon's end: its spare is killed, and no other started. (One that is stopped
+    /// would not read the end of its socket, and would stay with its parked server until
+    /// continued; its server dies with it.)
+    pub(super) fn stop(&self) {
+        if let Slot::Ready(mut spare) = std::mem::replace(&mut *self.shared.slot.lock(), Slot::Off) {
+            let _ = spare.child.kill();
+            let _ = spare.child.wait();
+        }
+    }
 }
 
 impl Shared {
