@@ -1141,11 +1141,15 @@ fn parked_children_of(pid: u32) -> Vec<u32> {
         .collect()
 }
 
-/// The node daemon's spare keeper and its parked server, once both are there.
+/// The node daemon's spare keeper and its parked server, once both are there and the server
+/// has exec'd: its command line is then `devremapd parked`, where a child forked and not yet
+/// exec'd shows its parent's (the full path). Bug (this test's, seen under load): a test that
+/// stopped the child in that window froze the spare's spawn, and the mount handed to the spare
+/// waited 30 s (left, docs/daemon.md: the spare says no "ready").
 fn spare_of(node: u32) -> (u32, u32) {
     wait_for("a spare keeper and its parked server", || {
         let spare = *parked_children_of(node).first()?;
-        let server = *parked_children_of(spare).first()?;
+        let server = parked_children_of(spare).into_iter().find(|&p| cmdline_of(p).starts_with("devremapd parked"))?;
         Some((spare, server))
     })
 }
