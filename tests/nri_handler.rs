@@ -258,8 +258,9 @@ fn create_serves_a_gpu_containers_dev_and_remove_tears_it_down() {
 /// Rule (issue 32): a container created with `devremap.io/gpus` (a CRI restore passes the
 /// checkpoint's annotations) is served the remap onto its new GPUs: the record's GPU 2 is
 /// served under its name `nvidia2` as the container's new GPU 3, and the new record carries the
-/// name it was given (`earlier_minors`). A record that is not one fails the creation naming the
-/// annotation, leaving nothing. `StopContainer` tears the mount down.
+/// name it was given (`earlier_minors`). A record that is not one, or one that cannot be paired
+/// with the container's devices, fails the creation naming the annotation, leaving nothing by
+/// the time the error is answered. `StopContainer` tears the mount down.
 #[test]
 #[ignore = "needs root, /dev/fuse and a test-hooks build: mounts FUSE through the node daemon"]
 fn a_container_created_with_a_record_is_served_the_remap() {
@@ -281,6 +282,19 @@ fn a_container_created_with_a_record_is_served_the_remap() {
     let e = node.event("create", &pod(), &[bad]).unwrap_err();
     assert!(e.contains("container ctr-bad (bad): annotation devremap.io/gpus: "), "{e}");
     assert!(!node.dir("bad").exists());
+
+    // A record that reads well but cannot be paired with the container's devices (two GPUs
+    // recorded, one given) is refused when the record is read, after the keeper was started
+    // (the two overlap): the error names the annotation, and nothing is left when it comes.
+    let mut two: Value = serde_json::from_str(&record).unwrap();
+    let mut other = two[0].clone();
+    other["minor"] = json!(4);
+    other["uuid"] = json!("GPU-0b5e55ed-1111-4222-8333-000000000004");
+    two.as_array_mut().unwrap().push(other);
+    let unpaired = container(&tmp, "unpaired", Some(3), json!({"devremap.io/gpus": two.to_string()}));
+    let e = node.event("create", &pod(), &[unpaired]).unwrap_err();
+    assert!(e.contains("annotation devremap.io/gpus (the record it was created with): "), "{e}");
+    assert!(!node.dir("unpaired").exists(), "the refused create left its directory: {e}");
 
     node.event("stopped", &pod(), &[restored]).unwrap();
     node.wait_gone("after");

@@ -188,22 +188,53 @@ impl NriHandler {
         let spawned = std::thread::Builder::new().name("nri-create".into()).spawn(move || {
             let set_up = catch_unwind(AssertUnwindSafe(|| serving.prepare(&dir, &c, served)))
                 .unwrap_or_else(|_| panicked(&serving, &dir, &c.id));
-            let (hold, request, adjustment) = match set_up {
+            let (hold, request, sources) = match set_up {
                 Ok(set_up) => set_up,
                 Err(e) => {
                     told_prepared.give(Err(e));
                     return;
                 }
             };
-            if told_prepared.give(Ok(adjustment)).is_some() {
-                drop(hold);
+            // The keeper starts while the record is read here: the two overlap, and the create is
+            // answered once the record is (issue 32's benchmark: about a millisecond).
+            let mounting = {
+                let (serving, id) = (serving.clone(), c.id.clone());
+                std::thread::Builder::new().name("nri-mount".into()).spawn(move || {
+                    let dir = serving.node.container(&id)?;
+                    catch_unwind(AssertUnwindSafe(|| serving.mount(&dir, &id, request)))
+                        .unwrap_or_else(|_| panicked(&serving, &dir, &id))
+                })
+            };
+            let recorded = match mounting {
+                Ok(_) => catch_unwind(AssertUnwindSafe(|| serving.adjustment(&dir, &sources)))
+                    .unwrap_or_else(|_| Err("the plugin failed (a panic; see the node daemon's log)".to_owned())),
+                Err(ref e) => Err(format!("cannot start a thread: {e}")),
+            };
+            let join = |mounting: std::io::Result<std::thread::JoinHandle<Result<(), String>>>| match mounting {
+                Ok(thread) => thread.join().unwrap_or_else(|_| Err("the plugin failed (a panic)".to_owned())),
+                Err(_) => Err("not mounted".to_owned()),
+            };
+            let adjustment = match recorded {
+                Ok(adjustment) => adjustment,
+                Err(e) => {
+                    // Refused with nothing left of it, as when nothing was mounted yet.
+                    let _ = join(mounting);
+                    drop(hold);
+                    discard(&serving.node, &dir, &c.id);
+                    told_prepared.give(Err(e));
+                    return;
+                }
+            };
+            // Answered now, the mount still under way; `Some`: no one waits any more (the create
+            // was answered with an error past the timeout).
+            let refused = told_prepared.give(Ok(adjustment)).is_some();
+            let mounted = join(mounting);
+            drop(hold);
+            if refused {
                 discard(&serving.node, &dir, &c.id);
                 info!("container {}: set up after its create was answered with an error; removed", c.id);
                 return;
             }
-            let mounted = catch_unwind(AssertUnwindSafe(|| serving.mount(&dir, &c.id, request)))
-                .unwrap_or_else(|_| panicked(&serving, &dir, &c.id));
-            drop(hold);
             if mounted.is_ok() {
                 info!("{served_line}");
             }
@@ -250,7 +281,7 @@ impl Serving {
     /// Sets up `c`'s directory: its spec, record and marks. The lock on the directory (held
     /// until its mount is done: no node daemon's teardown takes it for a leftover meanwhile),
     /// the request that mounts it, and the adjustment; nothing is left on error.
-    fn prepare(&self, dir: &Dir, c: &Container, served: Served) -> Result<(Lock, MountRequest, Adjustment), String> {
+    fn prepare(&self, dir: &Dir, c: &Container, served: Served) -> Result<(Lock, MountRequest, Sources), String> {
         let text = |e: &dyn std::fmt::Display| e.to_string();
         let claiming = dir.lock_state_dir().map_err(|e| text(&e))?;
         if dir.exists() {
@@ -262,7 +293,7 @@ impl Serving {
         let mine = dir.prepare(None).map_err(|e| text(&e))?;
         drop(claiming);
         match self.write(dir, c, served) {
-            Ok((request, adjustment)) => Ok((mine, request, adjustment)),
+            Ok((request, sources)) => Ok((mine, request, sources)),
             Err(e) => {
                 drop(mine);
                 remove_half_made(dir, &c.id);
@@ -271,7 +302,9 @@ impl Serving {
         }
     }
 
-    fn write(&self, dir: &Dir, c: &Container, served: Served) -> Result<(MountRequest, Adjustment), String> {
+    /// The container's files (its spec, a restore's record, the marks) and what its keeper is
+    /// started with; the inputs its record is read from.
+    fn write(&self, dir: &Dir, c: &Container, served: Served) -> Result<(MountRequest, Sources), String> {
         let text = |e: &dyn std::fmt::Display| e.to_string();
         let spec = dir.write_bundle(&format!("{:#}\n", served.spec)).map_err(|e| text(&e))?;
         let metadata = served
@@ -286,12 +319,6 @@ impl Serving {
             host_root: self.config.host_root.clone(),
             ..Sources::default()
         };
-        // What the pairing of a restored container's record with its devices refuses came from the
-        // annotation, the one input its launcher gave: the error names it.
-        let record = crate::recorded(&sources).map_err(|e| match &metadata {
-            Some(_) => format!("annotation {GPUS} (the record it was created with): {e}"),
-            None => text(&e),
-        })?;
         dir.mark_node().map_err(|e| text(&e))?;
         dir.mark_nri().map_err(|e| text(&e))?;
         let request = MountRequest {
@@ -307,12 +334,21 @@ impl Serving {
             owner_pid: 0,
             until_unmount: true,
         };
-        let dev = dir.dev();
-        Ok((request, decide::adjustment(&dev.to_string_lossy(), &record.to_string())))
+        Ok((request, sources))
     }
 
-    /// Mounts container `id`'s `/dev`. On failure its directory goes: the runtime's bind of it
-    /// then fails the container's start, rather than binding an empty directory.
+    /// The adjustment: the container's `/dev` and its record (the GPUs it has, read from
+    /// `sources`), which travels with it as an annotation.
+    fn adjustment(&self, dir: &Dir, sources: &Sources) -> Result<Adjustment, String> {
+        // What the pairing of a restored container's record with its devices refuses came from the
+        // annotation, the one input its launcher gave: the error names it.
+        let record = crate::recorded(sources).map_err(|e| match &sources.metadata {
+            Some(_) => format!("annotation {GPUS} (the record it was created with): {e}"),
+            None => e.to_string(),
+        })?;
+        Ok(decide::adjustment(&dir.dev().to_string_lossy(), &record.to_string()))
+    }
+
     fn mount(&self, dir: &Dir, id: &str, request: MountRequest) -> Result<(), String> {
         let mounted = self.node.mount(request, None).map(|_| ());
         #[cfg(feature = "test-hooks")]
