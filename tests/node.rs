@@ -1175,7 +1175,7 @@ fn a_mount_hands_its_container_to_the_spare_keeper() {
     let init = Init::start();
     let answer =
         mount_direct(&fleet, &id, &[1, 4], &init).unwrap_or_else(|e| panic!("mount: {e}\n{}", service.log(&fleet)));
-    assert_eq!(answer["pid"], json!(spare), "the container's keeper is the spare");
+    assert_eq!(answer["pid"], json!(spare), "the container's keeper is the spare\n{}", service.log(&fleet));
     assert_gpus(&fleet.dev(&id), &[1, 4], "through the spare");
     let dev = arg(&fleet.dev(&id)).to_owned();
     let keeper_line = cmdline_of(spare);
@@ -1553,4 +1553,29 @@ fn ids_gpu(id: &str) -> u32 {
 fn proc_state(pid: u32) -> Option<char> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next())
+}
+
+/// Bug (seen under load, CI with two busy loops beside it): the spare had exec'd and started its
+/// own server while the node daemon's thread that spawned it had not yet kept it, and a mount
+/// then found no spare and started its keeper directly. Rule: a mount waits for the spare being
+/// kept (the test hook `DEVREMAPD_FAILPOINT=spare-slow-keep` keeps it 150 ms after its spawn), so
+/// a spare that is there is the container's keeper.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs containers"]
+fn a_mount_waits_for_the_spare_being_kept() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let fleet = Fleet::new();
+    let failpoint = [("DEVREMAPD_FAILPOINT", "spare-slow-keep")];
+    let pid_file = fleet.state_dir().join("node.pid");
+    let service = Service::start_with_env(Path::new(BIN), &fleet, &pid_file, &[], &failpoint);
+    let (spare, _) = spare_of(service.pid());
+    let init = Init::start();
+    let id = format!("kept-{}", std::process::id());
+    let answer =
+        mount_direct(&fleet, &id, &[2], &init).unwrap_or_else(|e| panic!("mount: {e}\n{}", service.log(&fleet)));
+    assert_eq!(answer["pid"], json!(spare), "the container's keeper is the spare\n{}", service.log(&fleet));
+    assert_gpus(&fleet.dev(&id), &[2], "through the spare kept late");
+    ask(&fleet.socket(), &Request::Unmount { id }, ASK).expect("unmount");
+    wait_for("the keeper to exit", || has_exited(spare).then_some(()));
 }

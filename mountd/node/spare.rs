@@ -25,6 +25,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::mpsc::{self, Sender};
+use std::time::Duration;
+
+/// The longest a mount (or the daemon's stop) waits for a spare being spawned: its exec takes a
+/// millisecond; only a spawn stopped before its exec takes this long.
+const SPAWNING: Duration = Duration::from_millis(250);
 
 /// A spare keeper, waiting for its parcel.
 struct Spare {
@@ -76,7 +81,8 @@ impl Spares {
     /// would not read the end of its socket, and would stay with its parked server until
     /// continued; its server dies with it.)
     pub(super) fn stop(&self) {
-        if let Slot::Ready(mut spare) = std::mem::replace(&mut *self.shared.slot.lock(), Slot::Off) {
+        let Some(mut slot) = self.shared.slot.try_lock_for(SPAWNING) else { return };
+        if let Slot::Ready(mut spare) = std::mem::replace(&mut *slot, Slot::Off) {
             let _ = spare.child.kill();
             let _ = spare.child.wait();
         }
@@ -85,69 +91,81 @@ impl Spares {
 
 impl Shared {
     /// Starts a spare into an empty slot.
+    ///
+    /// The slot is held while the spare is spawned (until its exec), so that a mount meanwhile
+    /// waits for that spare ([`SPAWNING`]) rather than finding the slot empty. Bug (seen under
+    /// load): the spare had exec'd, and started its own server, while this thread had not yet
+    /// put it in the slot; a mount then started its keeper directly.
     fn fill(&self) {
-        if !matches!(*self.slot.lock(), Slot::Empty) {
+        let mut slot = self.slot.lock();
+        if !matches!(*slot, Slot::Empty) {
             return;
         }
         match spawn_spare(&self.exe) {
             Ok(spare) => {
-                let mut slot = self.slot.lock();
-                if matches!(*slot, Slot::Empty) {
-                    *slot = Slot::Ready(spare);
-                }
+                slow_keep();
+                *slot = Slot::Ready(spare);
             }
             Err(e) => warn!("cannot start a spare keeper ({}): the next container's keeper is started directly", e),
         }
     }
 
-    /// The spare, if one is ready, fresh and alive; the slot is left empty, refused, or off.
-    fn take(&self, program: &Path) -> Option<Spare> {
-        let mut slot = self.slot.lock();
-        let mut spare = match std::mem::replace(&mut *slot, Slot::Empty) {
-            Slot::Ready(spare) => spare,
-            // Bug (found from outside): spares stayed off for the daemon's life, even once the
-            // binary that refused (a release without `parked`, a downgrade) was replaced.
-            Slot::Refused(binary) if binary_of(program).is_ok_and(|now| now != binary) => {
-                info!(
-                    "the binary at the node daemon's path was replaced since a spare keeper refused to start: \
-                     spare keepers are started again"
-                );
-                return None;
-            }
-            other => {
-                *slot = other;
-                return None;
-            }
-        };
-        match spare.child.try_wait() {
-            Ok(None) => {
-                let pid = spare.child.id();
-                let why = if !crate::parked::runs(pid) {
-                    "it is stopped"
-                } else if binary_of(program).ok() != Some(spare.binary) {
-                    "its binary was replaced since it started"
-                } else {
-                    return Some(spare);
-                };
-                info!("the spare keeper (pid {pid}) is not used ({why}): stopped it; the keeper is started directly");
-                let _ = spare.child.kill();
-                let _ = spare.child.wait();
-            }
-            Ok(Some(status)) if status.code() == Some(1) => {
-                warn!(
-                    "the spare keeper refused to start ({status}; its error is in this daemon's log above): \
-                     containers' keepers are started directly until the binary at {} is replaced",
-                    program.display()
-                );
-                *slot = Slot::Refused(spare.binary);
-            }
-            Ok(Some(status)) => {
-                warn!("the spare keeper (pid {}) ended before it was used ({status})", spare.child.id())
-            }
-            Err(_) => {}
-        }
-        None
+    /// The spare, if one is ready, fresh and alive, and whether the slot is left empty (to be
+    /// filled again); else it is left refused or off. A spawn that holds the slot longer than
+    /// [`SPAWNING`] (stopped before its exec) is not waited for: the keeper is started directly.
+    fn take(&self, program: &Path) -> (Option<Spare>, bool) {
+        let Some(mut slot) = self.slot.try_lock_for(SPAWNING) else { return (None, false) };
+        let spare = take_from(&mut slot, program);
+        (spare, matches!(*slot, Slot::Empty))
     }
+}
+
+/// [`Shared::take`] from the held `slot`.
+fn take_from(slot: &mut Slot, program: &Path) -> Option<Spare> {
+    let mut spare = match std::mem::replace(slot, Slot::Empty) {
+        Slot::Ready(spare) => spare,
+        // Bug (found from outside): spares stayed off for the daemon's life, even once the
+        // binary that refused (a release without `parked`, a downgrade) was replaced.
+        Slot::Refused(binary) if binary_of(program).is_ok_and(|now| now != binary) => {
+            info!(
+                "the binary at the node daemon's path was replaced since a spare keeper refused to start: \
+                 spare keepers are started again"
+            );
+            return None;
+        }
+        other => {
+            *slot = other;
+            return None;
+        }
+    };
+    match spare.child.try_wait() {
+        Ok(None) => {
+            let pid = spare.child.id();
+            let why = if !crate::parked::runs(pid) {
+                "it is stopped"
+            } else if binary_of(program).ok() != Some(spare.binary) {
+                "its binary was replaced since it started"
+            } else {
+                return Some(spare);
+            };
+            info!("the spare keeper (pid {pid}) is not used ({why}): stopped it; the keeper is started directly");
+            let _ = spare.child.kill();
+            let _ = spare.child.wait();
+        }
+        Ok(Some(status)) if status.code() == Some(1) => {
+            warn!(
+                "the spare keeper refused to start ({status}; its error is in this daemon's log above): \
+                 containers' keepers are started directly until the binary at {} is replaced",
+                program.display()
+            );
+            *slot = Slot::Refused(spare.binary);
+        }
+        Ok(Some(status)) => {
+            warn!("the spare keeper (pid {}) ended before it was used ({status})", spare.child.id())
+        }
+        Err(_) => {}
+    }
+    None
 }
 
 impl Processes for Spares {
@@ -164,8 +182,8 @@ impl Processes for Spares {
     fn launch(&self, launch: Launch) -> io::Result<Child> {
         // A command line no exec would take is refused by the spawn below, costing no spare.
         let Ok(words) = crate::parked::Words::encode(&launch.args) else { return spawn_detached(self, launch) };
-        let spare = self.shared.take(launch.program);
-        if matches!(*self.shared.slot.lock(), Slot::Empty) {
+        let (spare, empty) = self.shared.take(launch.program);
+        if empty {
             let _ = self.refill.lock().send(());
         }
         if let Some(mut spare) = spare {
@@ -204,3 +222,15 @@ fn spawn_spare(exe: &Path) -> io::Result<Spare> {
     Host.detach(&mut cmd, 0);
     Ok(Spare { child: cmd.spawn()?, parcel, binary })
 }
+
+/// The test hook `DEVREMAPD_FAILPOINT=spare-slow-keep`: the spare is put in the slot 150 ms
+/// after its spawn returned (a thread descheduled on a busy machine), well within [`SPAWNING`].
+#[cfg(feature = "test-hooks")]
+fn slow_keep() {
+    if std::env::var("DEVREMAPD_FAILPOINT").is_ok_and(|f| f == "spare-slow-keep") {
+        std::thread::sleep(Duration::from_millis(150));
+    }
+}
+
+#[cfg(not(feature = "test-hooks"))]
+fn slow_keep() {}
