@@ -8,6 +8,7 @@ mod logging;
 mod mountpoint;
 mod node;
 mod parked;
+mod procfs;
 mod server;
 mod signals;
 mod watch;

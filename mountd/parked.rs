@@ -22,6 +22,7 @@
 
 use crate::cli::{Cli, Command, ParkedArgs};
 use crate::keeper::{self, KeeperError};
+use crate::procfs::Stat;
 use clap::Parser;
 use devremap::io_message;
 use devremap::report::Failure;
@@ -108,19 +109,25 @@ pub struct Words(Vec<u8>);
 
 impl Words {
     pub fn encode(words: &[OsString]) -> io::Result<Words> {
-        let mut bytes = Vec::new();
-        for word in words {
-            if word.as_bytes().contains(&0) {
-                return Err(io::Error::new(io::ErrorKind::InvalidInput, "an argument holds a NUL byte"));
-            }
-            bytes.extend_from_slice(word.as_bytes());
-            bytes.push(0);
-        }
+        let bytes = nul_terminated(words)?;
         if bytes.len() > MOST_BYTES {
             return Err(io::Error::other(ParkedError::Truncated));
         }
         Ok(Words(bytes))
     }
+}
+
+/// `words`, each ending in NUL; refused when one holds a NUL.
+fn nul_terminated(words: &[OsString]) -> io::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    for word in words {
+        if word.as_bytes().contains(&0) {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "an argument holds a NUL byte"));
+        }
+        bytes.extend_from_slice(word.as_bytes());
+        bytes.push(0);
+    }
+    Ok(bytes)
 }
 
 /// Sends a parcel: `words` (a command line after the program's name) and `fds`.
@@ -193,9 +200,8 @@ fn take_standard_fds(log: OwnedFd) -> io::Result<()> {
 /// `X`, no such process), so that a parked process handed a container would not leave its start
 /// waiting. A process in `D` (paging its binary in, say) runs again by itself.
 pub fn runs(pid: u32) -> bool {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next());
-    matches!(state, Some("S" | "R" | "D" | "I"))
+    let stat = Stat::of(&pid.to_string());
+    matches!(stat.as_ref().and_then(|s| s.field(3)), Some("S" | "R" | "D" | "I"))
 }
 
 /// The kernel's `struct prctl_mm_map` (`linux/prctl.h`): a process's memory layout, as
@@ -228,19 +234,9 @@ const PR_SET_MM_MAP: libc::c_ulong = 14;
 /// `CONFIG_CHECKPOINT_RESTORE`). Called while this process runs one thread that allocates
 /// (the log writer waits): the break read here is still the break when the layout is set.
 fn set_cmdline(argv: &[OsString]) -> io::Result<()> {
-    let mut bytes = Vec::new();
-    for word in argv {
-        bytes.extend_from_slice(word.as_bytes());
-        bytes.push(0);
-    }
-    let kept: &'static [u8] = Box::leak(bytes.into_boxed_slice());
-    let stat = std::fs::read_to_string("/proc/self/stat")?;
-    // The fields after the command name (in parentheses, which may hold anything) from the
-    // third on: field N is at N - 3.
-    let after =
-        stat.rsplit_once(')').map(|(_, rest)| rest).ok_or_else(|| io::Error::other("/proc/self/stat unreadable"))?;
-    let fields: Vec<u64> = after.split_whitespace().map(|f| f.parse().unwrap_or(0)).collect();
-    let field = |n: usize| fields.get(n - 3).copied().ok_or_else(|| io::Error::other("/proc/self/stat too short"));
+    let kept: &'static [u8] = Box::leak(nul_terminated(argv)?.into_boxed_slice());
+    let stat = Stat::of("self").ok_or_else(|| io::Error::other("/proc/self/stat unreadable"))?;
+    let field = |n: usize| stat.number(n).ok_or_else(|| io::Error::other("/proc/self/stat too short"));
     // SAFETY: sbrk(0) only reads the current break.
     let brk = unsafe { libc::sbrk(0) } as u64;
     let map = MmMap {

@@ -16,7 +16,7 @@ mod common;
 
 use common::bundle::{Runtime, allow_char, need_containers, nvidia_hook, oci_config};
 use common::clients::{WRAPPER, busybox_rootfs};
-use common::daemon::{PATIENCE, container_dirs, has_exited, is_mounted, kill, wait_for, wait_for_or};
+use common::daemon::{PATIENCE, container_dirs, has_exited, is_mounted, kill, proc_state, wait_for, wait_for_or};
 use common::{BIN, FakeHost, arg, fake_rdev, write_file};
 use devremap::node::client::{ask, ask_passing};
 use devremap::node::protocol::{MountRequest, Request};
@@ -667,6 +667,12 @@ impl Service {
     /// <extra>`, waited for until its socket answers (`hello`).
     fn start(fleet: &Fleet, pid_file: &Path, extra: &[&str]) -> Service {
         Service::start_from(Path::new(BIN), fleet, pid_file, extra)
+    }
+
+    /// [`Service::start`] with the test hook `DEVREMAPD_FAILPOINT=<hook>`.
+    fn with_failpoint(fleet: &Fleet, hook: &str) -> Service {
+        let pid_file = fleet.state_dir().join("node.pid");
+        Service::start_with_env(Path::new(BIN), fleet, &pid_file, &[], &[("DEVREMAPD_FAILPOINT", hook)])
     }
 
     /// [`Service::start`] of the binary at `program`.
@@ -1393,9 +1399,7 @@ fn a_spare_started_without_close_range_cloexec_keeps_its_stdout_and_stderr() {
     need_containers(Runtime::Runc);
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let fleet = Fleet::new();
-    let failpoint = [("DEVREMAPD_FAILPOINT", "no-close-range-cloexec")];
-    let pid_file = fleet.state_dir().join("node.pid");
-    let service = Service::start_with_env(Path::new(BIN), &fleet, &pid_file, &[], &failpoint);
+    let service = Service::with_failpoint(&fleet, "no-close-range-cloexec");
     let (spare, _) = spare_of(service.pid());
     let node_log = fs::canonicalize(fleet.tmp.path().join("service.log")).unwrap();
     assert_eq!(fd_target(spare, 1), Some(PathBuf::from("/dev/null")), "the spare's stdout");
@@ -1549,12 +1553,6 @@ fn ids_gpu(id: &str) -> u32 {
     id.trim_start_matches("burst").split('-').next().unwrap().parse::<u32>().unwrap() % GPUS
 }
 
-/// The state of process `pid` (`R`, `S`, `T`, ...), from `/proc/PID/stat`.
-fn proc_state(pid: u32) -> Option<char> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next())
-}
-
 /// Bug (seen under load, CI with two busy loops beside it): the spare had exec'd and started its
 /// own server while the node daemon's thread that spawned it had not yet kept it, and a mount
 /// then found no spare and started its keeper directly. Rule: a mount waits for the spare being
@@ -1566,9 +1564,7 @@ fn a_mount_waits_for_the_spare_being_kept() {
     need_containers(Runtime::Runc);
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let fleet = Fleet::new();
-    let failpoint = [("DEVREMAPD_FAILPOINT", "spare-slow-keep")];
-    let pid_file = fleet.state_dir().join("node.pid");
-    let service = Service::start_with_env(Path::new(BIN), &fleet, &pid_file, &[], &failpoint);
+    let service = Service::with_failpoint(&fleet, "spare-slow-keep");
     let (spare, _) = spare_of(service.pid());
     let init = Init::start();
     let id = format!("kept-{}", std::process::id());

@@ -83,7 +83,9 @@ impl Keeper<'_> {
             Binary::Good => Exe::Open(self.good.clone()),
             Binary::Path => Exe::Path(self.exe_path.clone()),
         };
-        if let Some(parked) = self.parked.take().filter(|_| binary == Binary::Good) {
+        if binary == Binary::Good
+            && let Some(parked) = self.parked.take()
+        {
             match parked.hand(&self.serve_args) {
                 Ok((started, [socket, control])) => {
                     return self.connected(epoch, started, Pending { binary, plan, socket, control });

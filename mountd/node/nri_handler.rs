@@ -414,9 +414,7 @@ fn remove(node: &Node, dir: &Dir, id: &str, leave_busy: bool) -> Result<Option<&
 /// When process `pid` started (`/proc/<pid>/stat`'s 22nd field, clock ticks since boot), if
 /// it runs.
 fn start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) may hold spaces and parentheses: fields count from its end.
-    stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()
+    crate::procfs::Stat::of(&pid.to_string())?.number(22)
 }
 
 /// Whether the init recorded for `dir`'s container still runs.

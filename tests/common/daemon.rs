@@ -455,7 +455,8 @@ pub fn stop_node(state_dir: &Path) {
     }
 }
 
-fn proc_state(pid: i32) -> Option<char> {
+/// The state of process `pid` (`R`, `S`, `T`, `Z`, ...), from `/proc/PID/stat`.
+pub fn proc_state(pid: impl std::fmt::Display) -> Option<char> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next())
 }
