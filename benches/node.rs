@@ -213,7 +213,7 @@ fn reloads(node: &NodeDaemon, host: &Host, n: usize, summary: &mut serde_json::M
     };
     let c = Container::new(&node.state_dir, "c0");
     let (dev, state_file) = (c.dev(), c.state_file());
-    let by_signal = reload_latency(&dev, &state_file, host, &sighup);
+    let by_signal = reload_latency(&dev, &state_file, host, &sighup, &|| ());
     // The request ctl sends, by a thread that waits for the word: no thread or process start.
     let (go, asked) = mpsc::channel::<()>();
     let (answered, done) = mpsc::channel();
@@ -224,11 +224,14 @@ fn reloads(node: &NodeDaemon, host: &Host, n: usize, summary: &mut serde_json::M
             answered.send(reply.is_ok()).unwrap();
         }
     });
-    let by_request = reload_latency(&dev, &state_file, host, &|| go.send(()).unwrap());
+    // Each request's answer is waited for before the next is sent, as `ctl reload` does: the
+    // node answers once it sees the reload's state file (polled), which may be after the
+    // prober saw it, and a request sent meanwhile would wait for the asker, not the daemon.
+    let by_request = reload_latency(&dev, &state_file, host, &|| go.send(()).unwrap(), &|| {
+        assert!(done.recv().unwrap(), "a reload request failed");
+    });
     drop(go);
     asker.join().unwrap();
-    let answers: Vec<bool> = done.try_iter().collect();
-    assert!(answers.len() == RELOADS && answers.iter().all(|ok| *ok), "a reload request failed");
     let ctl: Vec<f64> = (0..21)
         .map(|_| {
             let t0 = Instant::now();
@@ -255,8 +258,8 @@ fn reloads(node: &NodeDaemon, host: &Host, n: usize, summary: &mut serde_json::M
 
 /// Milliseconds from `trigger` to the first stat of `c0`'s `nvidia101` that shows the host
 /// GPU's new device number, over [`RELOADS`] reloads, each waited out (its state file's
-/// `reloads` moved on) before the next.
-fn reload_latency(dev: &Path, state_file: &Path, host: &Host, trigger: &dyn Fn()) -> Vec<f64> {
+/// `reloads` moved on, and `answered` returned) before the next.
+fn reload_latency(dev: &Path, state_file: &Path, host: &Host, trigger: &dyn Fn(), answered: &dyn Fn()) -> Vec<f64> {
     let probe = cpath(&dev.join("nvidia101"));
     let rdev = || {
         // SAFETY: a NUL-terminated path and a stat buffer of the right type.
@@ -288,6 +291,7 @@ fn reload_latency(dev: &Path, state_file: &Path, host: &Host, trigger: &dyn Fn()
         while reloads() <= finished {
             std::thread::yield_now();
         }
+        answered();
     }
     host.gpu(1, 4);
     times
