@@ -1160,6 +1160,34 @@ fn spare_of(node: u32) -> (u32, u32) {
     })
 }
 
+/// Where a spare keeper's test starts: its turn (these tests run one at a time), a node daemon
+/// (under the test hook `failpoint`, if any), its spare keeper and the spare's parked server, a
+/// container's init, and an id for the container (`name-PID`).
+struct SpareNode {
+    _serial: std::sync::MutexGuard<'static, ()>,
+    fleet: Fleet,
+    service: Service,
+    spare: u32,
+    parked: u32,
+    init: Init,
+    id: String,
+}
+
+impl SpareNode {
+    fn start(failpoint: Option<&str>, name: &str) -> SpareNode {
+        need_containers(Runtime::Runc);
+        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let fleet = Fleet::new();
+        let service = match failpoint {
+            Some(failpoint) => Service::with_failpoint(&fleet, failpoint),
+            None => Service::start(&fleet, &fleet.state_dir().join("node.pid"), &[]),
+        };
+        let (spare, parked) = spare_of(service.pid());
+        let id = format!("{name}-{}", std::process::id());
+        SpareNode { _serial, fleet, service, spare, parked, init: Init::start(), id }
+    }
+}
+
 /// Rule (issues 31, 32: a start waits for no exec): the node daemon keeps a keeper started ahead
 /// (`devremapd parked --spare-server`, its own server parked under it), and a mount hands it the
 /// container: the container's keeper is that process. Its command line, and its server's, are
@@ -1334,13 +1362,7 @@ fn fd_target(pid: u32, fd: u32) -> Option<PathBuf> {
 #[test]
 #[ignore = "needs root, /dev/fuse, runc and busybox-static: runs containers"]
 fn a_spare_keeper_and_its_server_have_the_standard_fds_of_a_direct_start() {
-    need_containers(Runtime::Runc);
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let fleet = Fleet::new();
-    let service = Service::start(&fleet, &fleet.state_dir().join("node.pid"), &[]);
-    let (spare, parked) = spare_of(service.pid());
-    let init = Init::start();
-    let id = format!("fds-{}", std::process::id());
+    let SpareNode { _serial, fleet, service, spare, parked, init, id } = SpareNode::start(None, "fds");
     let answer =
         mount_direct(&fleet, &id, &[2], &init).unwrap_or_else(|e| panic!("mount: {e}\n{}", service.log(&fleet)));
     assert_eq!(answer["pid"], json!(spare), "the container's keeper is the spare");
@@ -1384,6 +1406,29 @@ fn a_stopped_parked_server_is_never_handed_a_container() {
     assert!(fleet.keeper_log(&id).contains(&said), "{}", fleet.keeper_log(&id));
     ask(&fleet.socket(), &Request::Unmount { id }, ASK).expect("unmount");
     wait_for("the keeper to exit", || has_exited(spare).then_some(()));
+}
+
+/// Rule (the spare keeper): a spare keeper hands its parked server the container's command
+/// line first, before its own checks, so that the server's start runs beside them; the server
+/// reads no input until the keeper says so. A keeper whose checks then fail (here its state
+/// file's path is a planted symlink) refuses the mount, naming the file, and the server it
+/// handed reads the end of its sockets and exits: nothing is left of the mount.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs containers"]
+fn a_spare_keeper_that_refuses_its_container_leaves_no_server() {
+    let SpareNode { _serial, fleet, service, spare, parked, init, id } = SpareNode::start(None, "refused");
+    let (request, mine) = mount_request(&fleet, &id, &[4], &init).unwrap();
+    let state_file = Container::new(&fleet.state_dir(), &id).state_file();
+    std::os::unix::fs::symlink("/etc/hostname", &state_file).unwrap();
+    let refused = ask_passing(&fleet.socket(), &request, Some(mine.as_fd()), ASK)
+        .expect_err("a mount whose state file is a symlink");
+    assert!(refused.to_string().contains("symlink"), "{refused}\n{}", service.log(&fleet));
+    wait_for("the spare, the refusing keeper, to exit", || has_exited(spare).then_some(()));
+    wait_for("the server it handed the container to exit", || has_exited(parked).then_some(()));
+    assert!(fs::read_link(&state_file).is_ok(), "the planted symlink was followed or replaced");
+    assert!(!is_mounted(&fleet.dev(&id)), "a mount was left at {}", fleet.dev(&id).display());
+    let next = wait_for("another spare", || parked_children_of(service.pid()).into_iter().find(|&p| p != spare));
+    assert!(!has_exited(next));
 }
 
 /// Bug (found from outside): where `close_range` has no `CLOSE_RANGE_CLOEXEC` (Linux 5.9 and
@@ -1561,13 +1606,7 @@ fn ids_gpu(id: &str) -> u32 {
 #[test]
 #[ignore = "needs root, /dev/fuse, runc and busybox-static: runs containers"]
 fn a_mount_waits_for_the_spare_being_kept() {
-    need_containers(Runtime::Runc);
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let fleet = Fleet::new();
-    let service = Service::with_failpoint(&fleet, "spare-slow-keep");
-    let (spare, _) = spare_of(service.pid());
-    let init = Init::start();
-    let id = format!("kept-{}", std::process::id());
+    let SpareNode { _serial, fleet, service, spare, init, id, .. } = SpareNode::start(Some("spare-slow-keep"), "kept");
     let answer =
         mount_direct(&fleet, &id, &[2], &init).unwrap_or_else(|e| panic!("mount: {e}\n{}", service.log(&fleet)));
     assert_eq!(answer["pid"], json!(spare), "the container's keeper is the spare\n{}", service.log(&fleet));

@@ -84,9 +84,9 @@ impl Keeper<'_> {
             Binary::Path => Exe::Path(self.exe_path.clone()),
         };
         if binary == Binary::Good
-            && let Some(parked) = self.parked.take()
+            && let Some(handed) = self.parked.take()
         {
-            match parked.hand(&self.serve_args) {
+            match handed {
                 Ok((started, [socket, control])) => {
                     return self.connected(epoch, started, Pending { binary, plan, socket, control });
                 }
@@ -167,17 +167,32 @@ impl Keeper<'_> {
             self.kill(proc);
             return Err(e.to_string());
         }
-        // Written by a thread of its own: a plan larger than the socket's buffer waits for the
-        // server to read it, and the main thread must not.
+        // What the socket's buffer takes is written here, without waiting; the rest by a thread
+        // of its own: a plan larger than the buffer waits for the server to read it, and the main
+        // thread must not. Bug (a trace of a container's start): the order to load, a few bytes,
+        // went by that thread too, and on a busy CPU the thread's first run came 1.7 ms later,
+        // the server waiting for it, and the container's start with it.
         let plan = pending.plan.as_deref();
-        let (what, to) = (plan.map_or_else(|| vec![Control::Load.encode()], control::records), proc.control.clone());
-        let _ = spawn_thread("hand-plan", move || {
-            for record in what {
-                if nix::unistd::write(&*to, &record).is_err() {
-                    break;
-                }
+        let mut what = plan.map_or_else(|| vec![Control::Load.encode()], control::records).into_iter().peekable();
+        while let Some(record) = what.peek() {
+            match send(proc.control.as_raw_fd(), record, MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL) {
+                Ok(_) => drop(what.next()),
+                Err(Errno::EINTR) => {}
+                Err(Errno::EAGAIN) => break,
+                // The server is gone: its sockets' readers say so.
+                Err(_) => return Ok(proc),
             }
-        });
+        }
+        if what.peek().is_some() {
+            let to = proc.control.clone();
+            let _ = spawn_thread("hand-plan", move || {
+                for record in what {
+                    if nix::unistd::write(&*to, &record).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
         Ok(proc)
     }
 

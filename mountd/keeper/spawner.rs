@@ -126,6 +126,10 @@ fn open_high(path: &Path) -> io::Result<File> {
     Ok(File::from(rustix::io::fcntl_dupfd_cloexec(&file, 10)?))
 }
 
+/// A parked server handed its command line ([`ParkedServer::hand`]): what came of it as a
+/// spawn's result, with the keeper's ends of its relay and control sockets; or why it was not.
+pub(super) type Handed = Result<(Started, [OwnedFd; 2]), String>;
+
 /// A first server started before its keeper knows what it will serve (`devremapd parked`, by a
 /// spare keeper of the node daemon): it waits for its command line on its parcel socket. What
 /// the keeper keeps: the child, the binary it runs, the keeper's ends of its relay and control
@@ -169,7 +173,7 @@ impl ParkedServer {
     ///
     /// Bug (found from outside): a parked server stopped (`SIGSTOP`, a debugger) was handed its
     /// command line, which it never read: the container's mount failed after 30 s.
-    pub(super) fn hand(mut self, args: &[OsString]) -> Result<(Started, [OwnedFd; 2]), String> {
+    pub(super) fn hand(mut self, args: &[OsString]) -> Handed {
         let pid = self.child.id();
         let words: Vec<OsString> = std::iter::once("serve".into()).chain(args.iter().cloned()).collect();
         let sent = if crate::parked::runs(pid) {
