@@ -358,6 +358,8 @@ fn usage(pid: u32) -> (usize, u64, u64) {
 /// bad one keeps its tree and says why in `last_error` (`ctl list` and `ctl status`), and the
 /// others' listings and device numbers are byte for byte what they were, with no error.
 ///
+/// The daemon's threads do not grow with its containers: one thread waits for every keeper.
+///
 /// The 50 containers, started one after another through the wrapper with runc: about
 /// 5 s here (2 cores), the whole test about 11 s.
 #[test]
@@ -378,6 +380,16 @@ fn many_containers_on_one_node_daemon_and_bad_reloads_touch_no_other() {
         assert_gpus(&fleet.dev(id), &gpus_of(i), id);
     }
     assert_eq!(fleet.node_processes(), vec![fleet.node_pid()], "one node daemon serves the state dir");
+    // Bug (a trace of a start with 200 containers): a thread per keeper (and per runtime holding
+    // a wrapper's lock) grew the daemon per container, and every spare's spawn, a fork of the
+    // daemon, copied their stacks. One thread waits for all of them now: the daemon's threads
+    // settle to a few (its own, and a client's or teardown's for a moment), not one per container.
+    let tasks = || fs::read_dir(format!("/proc/{}/task", fleet.node_pid())).map_or(0, Iterator::count);
+    wait_for_or(
+        &format!("the node daemon's threads to settle well under one per container ({MANY})"),
+        || format!("{} threads", tasks()),
+        || (tasks() < MANY / 5).then_some(()),
+    );
     let listed = fleet.list();
     assert_eq!(listed.keys().cloned().collect::<Vec<_>>(), {
         let mut sorted = ids.clone();

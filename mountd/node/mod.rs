@@ -26,6 +26,7 @@ mod spare;
 #[path = "../runtime/config_file.rs"]
 mod config_file;
 
+mod exits;
 #[path = "../runtime/procs.rs"]
 mod procs;
 
@@ -67,8 +68,6 @@ const RELOAD_TIMEOUT: Duration = Duration::from_secs(30);
 const TAKE_OVER_PATIENCE: Duration = Duration::from_secs(10);
 /// How long a teardown waits for the runtime holding a container's lock to exit.
 const TEARDOWN_PATIENCE: Duration = Duration::from_secs(30);
-/// The stack of a thread that only waits on a pidfd.
-const WATCH_STACK: usize = 64 << 10;
 
 enum Ev {
     Signal(Acted),
@@ -96,6 +95,8 @@ struct Node {
     clients: AtomicUsize,
     events: Sender<Ev>,
     holds: Arc<Holds>,
+    /// The thread that waits for the keepers and the lock holders to exit.
+    exits: exits::Exits,
     /// Started by a wrapper (`--idle-exit`): it makes way for a service when asked.
     yields: bool,
 }
@@ -128,6 +129,7 @@ pub fn run(args: &NodeArgs) -> Result<(), NodeError> {
         clients: AtomicUsize::new(0),
         events: tx,
         holds: Arc::default(),
+        exits: exits::Exits::start().map_err(NodeError::Thread)?,
         yields: args.idle_exit.is_some(),
     });
     node.adopt();
@@ -296,23 +298,18 @@ impl Node {
         }
     }
 
-    /// Waits for keeper `pid` to exit on a thread of its own, reaping it when it is our child.
+    /// Has keeper `pid`'s exit said to the main loop, reaping it when it is our child.
     fn watch(&self, pid: u32, child: Option<Child>) {
         let events = self.events.clone();
-        let fd = devremap::pidfd::pidfd_open(pid);
-        let spawned =
-            std::thread::Builder::new().name(format!("watch-{pid}")).stack_size(WATCH_STACK).spawn(move || {
-                if let Ok(fd) = fd {
-                    devremap::pidfd::exited(&fd, None);
-                }
+        self.exits.watch(
+            pid,
+            Box::new(move || {
                 if let Some(mut child) = child {
                     let _ = child.wait();
                 }
                 let _ = events.send(Ev::Exited(pid));
-            });
-        if let Err(e) = spawned {
-            warn!("cannot watch keeper pid {pid}: {}; its container's directory stays until `delete`", e);
-        }
+            }),
+        );
     }
 
     fn exited(self: &Arc<Self>, pid: u32) {
@@ -471,7 +468,7 @@ impl Node {
                 self.registry.lock().serving(&m.id, serial, pid);
                 self.watch(pid, Some(child));
                 if let Some(hold) = hold.filter(|fd| same_file(fd, &container.dir)) {
-                    self.holds.keep(&m.id, m.owner_pid, hold);
+                    self.holds.keep(&self.exits, &m.id, m.owner_pid, hold);
                 }
                 info!("container {}: serving {} (keeper pid {pid})", m.id, container.dev().display());
                 warm(container.dev());
@@ -689,7 +686,6 @@ fn same_file(fd: &OwnedFd, path: &Path) -> bool {
     (a.st_dev, a.st_ino) == (b.dev(), b.ino())
 }
 
-/// Keeps `fd` open until process `pid` has exited, on a thread of its own.
 /// The wrappers' locks the daemon holds, by container id: kept until the runtime that replaced
 /// each wrapper has exited.
 #[derive(Default)]
@@ -699,22 +695,17 @@ struct Holds {
 }
 
 impl Holds {
-    /// Keeps `fd`, container `id`'s lock, until process `pid` has exited, on a thread of its own.
-    fn keep(self: &Arc<Self>, id: &str, pid: u32, fd: OwnedFd) {
-        let watch = devremap::pidfd::pidfd_open(pid);
+    /// Keeps `fd`, container `id`'s lock, until process `pid` has exited ([`exits::Exits`]).
+    fn keep(self: &Arc<Self>, exits: &exits::Exits, id: &str, pid: u32, fd: OwnedFd) {
         *self.held.lock().entry(id.to_owned()).or_default() += 1;
         let (holds, mine) = (self.clone(), id.to_owned());
-        let kept = std::thread::Builder::new().name(format!("hold-{pid}")).stack_size(WATCH_STACK).spawn(move || {
-            if let Ok(watch) = watch {
-                devremap::pidfd::exited(&watch, None);
-            }
-            drop(fd);
-            holds.release(&mine);
-        });
-        if kept.is_err() {
-            // The lock goes with the request's end: as without a hold.
-            self.release(id);
-        }
+        exits.watch(
+            pid,
+            Box::new(move || {
+                drop(fd);
+                holds.release(&mine);
+            }),
+        );
     }
 
     fn release(&self, id: &str) {
