@@ -23,7 +23,7 @@ pub(super) type OnExit = Box<dyn FnOnce() + Send>;
 const WAITER_STACK: usize = 64 << 10;
 
 pub(super) struct Exits {
-    add: parking_lot::Mutex<Sender<(OwnedFd, OnExit)>>,
+    add: Sender<(OwnedFd, OnExit)>,
     /// The write end of the pipe that wakes the thread to take what was added.
     wake: OwnedFd,
 }
@@ -35,16 +35,16 @@ impl Exits {
         let (woken, wake) = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)?;
         let (add, added) = mpsc::channel();
         std::thread::Builder::new().name("exits".into()).spawn(move || wait_all(&woken, &added))?;
-        Ok(Exits { add: parking_lot::Mutex::new(add), wake })
+        Ok(Exits { add, wake })
     }
 
-    /// Runs `on_exit` once process `pid` has exited (at once if it has already). `wait` is run
-    /// first where the process has no pidfd, by a thread of its own: it returns when the
-    /// process has exited if it can tell (a child's reap), at once if not.
+    /// Runs `on_exit` once process `pid` has exited (at once if it has already). Where the
+    /// process has no pidfd, `on_exit` runs at once on a thread of its own: a child's reap in it
+    /// waits for the exit; anything else cannot tell.
     pub(super) fn watch(&self, pid: u32, on_exit: OnExit) {
         match devremap::pidfd::pidfd_open(pid) {
             Ok(fd) => {
-                if self.add.lock().send((fd, on_exit)).is_ok() {
+                if self.add.send((fd, on_exit)).is_ok() {
                     let _ = nix::unistd::write(&self.wake, &[1]);
                 }
             }

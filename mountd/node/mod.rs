@@ -666,17 +666,14 @@ impl Node {
 /// server: one round trip instead of one each. By a thread of its own, beside the answer: the
 /// runtime the answer lets go takes milliseconds (its exec, its start) before its first lookup
 /// there, and the listing (0.3 to 0.5 ms of a start, traced) need not come before it. A lookup
-/// that comes first is answered by the server, as without the listing.
+/// that comes first, or every lookup where no thread could be started, is answered by the
+/// server, as without the listing.
 fn warm(dev: PathBuf) {
-    let list = |dev: &Path| {
-        if let Ok(entries) = std::fs::read_dir(dev) {
+    let _ = std::thread::Builder::new().name("warm".into()).spawn(move || {
+        if let Ok(entries) = std::fs::read_dir(&dev) {
             entries.for_each(drop);
         }
-    };
-    let listing = dev.clone();
-    if std::thread::Builder::new().name("warm".into()).spawn(move || list(&listing)).is_err() {
-        list(&dev);
-    }
+    });
 }
 
 /// Whether `fd` is the file at `path`.
