@@ -25,7 +25,6 @@ use std::time::Duration;
 
 fn main() -> ExitCode {
     one_arena();
-    logging::init();
     // A request handler's panic is answered with EIO and logged in one line by the adapter;
     // any other panic keeps the default report.
     let default_hook = std::panic::take_hook();
@@ -60,6 +59,12 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // A spare keeper forks its server before the log writer, its second thread, starts.
+    let parked = match &cli.command {
+        Command::Parked(args) => Some(parked::start(args)),
+        _ => None,
+    };
+    logging::init();
     let result = match cli.command {
         Command::Plan(args) => plan(&args),
         Command::Mount(args) => keeper::run(&args, std::env::args_os().skip(2).collect(), None).map_err(Failure::from),
@@ -70,7 +75,7 @@ fn main() -> ExitCode {
         Command::ContainerdConfig(args) => containerd_config::run(&args),
         Command::Node(args) => node::run(&args).map_err(Failure::from),
         Command::Ctl(args) => node::ctl::run(&args),
-        Command::Parked(args) => parked::run(&args),
+        Command::Parked(_) => parked.map_or(Ok(()), parked::run),
     };
     // The log lines first, then the error line after them; but a stderr that nobody reads
     // must not keep us from exiting.

@@ -21,7 +21,7 @@
 //! pipe).
 
 use crate::cli::{Cli, Command, ParkedArgs};
-use crate::keeper::{self, KeeperError};
+use crate::keeper::{self, KeeperError, Parked, ParkedServer};
 use crate::procfs::Stat;
 use clap::Parser;
 use devremap::io_message;
@@ -67,13 +67,38 @@ impl From<ParkedError> for Failure {
     }
 }
 
-/// `devremapd parked`: waits for its parcel and runs what it names.
-pub fn run(args: &ParkedArgs) -> Result<(), Failure> {
+/// A parked process before its parcel: the name it will be run by (its `argv[0]`), and, in a
+/// spare keeper, its parked server.
+pub struct Started {
+    argv0: OsString,
+    server: Option<ParkedServer>,
+}
+
+/// `devremapd parked`, up to its parcel: its command line rewritten, and with `--spare-server`
+/// its server forked ([`keeper::park_server`]; the forked server goes on as a parked server
+/// spawned would, named `devremapd` as a spawned server is). Called before the process's
+/// second thread (the log writer) starts.
+pub fn start(args: &ParkedArgs) -> Result<Started, ParkedError> {
+    let argv0 = std::env::args_os().next().unwrap_or_else(|| "devremapd".into());
     // Refused here, before any parcel, rather than after: a daemon that could not be told
     // from another by its command line must never start.
-    let argv0 = std::env::args_os().next().unwrap_or_else(|| "devremapd".into());
     set_cmdline(&[argv0.clone(), "parked".into()]).map_err(ParkedError::Cmdline)?;
-    let server = args.spare_server.then(keeper::park_server).transpose().map_err(ParkedError::from)?;
+    if !args.spare_server {
+        return Ok(Started { argv0, server: None });
+    }
+    match keeper::park_server()? {
+        Parked::Keeper(server) => Ok(Started { argv0, server: Some(server) }),
+        Parked::Server => {
+            let argv0 = OsString::from("devremapd");
+            set_cmdline(&[argv0.clone(), "parked".into()]).map_err(ParkedError::Cmdline)?;
+            Ok(Started { argv0, server: None })
+        }
+    }
+}
+
+/// `devremapd parked`, once [`start`]ed: waits for its parcel and runs what it names.
+pub fn run(started: Result<Started, ParkedError>) -> Result<(), Failure> {
+    let Started { argv0, server } = started?;
     // SAFETY: fd 0 is the parcel socket our starter gave us; nothing else here uses it.
     let socket = unsafe { OwnedFd::from_raw_fd(0) };
     let Some((mut words, mut fds)) = receive(&socket)? else { return Ok(()) };
@@ -231,8 +256,9 @@ const PR_SET_MM_MAP: libc::c_ulong = 14;
 /// the process's life: the layout is read from `/proc/self/stat` and set back whole with the
 /// command line's bounds moved (`PR_SET_MM_MAP`, as CRIU restores a process; unlike the
 /// single-field `PR_SET_MM` calls it needs no `CAP_SYS_RESOURCE`, only
-/// `CONFIG_CHECKPOINT_RESTORE`). Called while this process runs one thread that allocates
-/// (the log writer waits): the break read here is still the break when the layout is set.
+/// `CONFIG_CHECKPOINT_RESTORE`). Called while no other thread allocates (before the log writer
+/// starts, or, for a parcel's command line, while it waits): the break read here is still the
+/// break when the layout is set.
 fn set_cmdline(argv: &[OsString]) -> io::Result<()> {
     let kept: &'static [u8] = Box::leak(nul_terminated(argv)?.into_boxed_slice());
     let stat = Stat::of("self").ok_or_else(|| io::Error::other("/proc/self/stat unreadable"))?;

@@ -1391,6 +1391,59 @@ fn a_spare_keeper_and_its_server_have_the_standard_fds_of_a_direct_start() {
     wait_for("the keeper to exit", || has_exited(spare).then_some(()));
 }
 
+/// KiB of the mappings of the file `binary` in process `pid` that are dirty, shared with
+/// another process (`Shared_Dirty`) and its own (`Private_Dirty`), from `/proc/PID/smaps`.
+fn binary_dirty_kib(pid: u32, binary: &Path) -> (u64, u64) {
+    let smaps = fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap_or_default();
+    let (mut ours, mut shared, mut private) = (false, 0, 0);
+    for line in smaps.lines() {
+        let mut words = line.split_whitespace();
+        match (words.next(), words.next()) {
+            (Some("Shared_Dirty:"), Some(kib)) if ours => shared += kib.parse::<u64>().unwrap_or(0),
+            (Some("Private_Dirty:"), Some(kib)) if ours => private += kib.parse::<u64>().unwrap_or(0),
+            // A mapping's first line: its range, then a path (if any) after the fifth field.
+            (Some(range), _) if range.contains('-') && !range.ends_with(':') => {
+                ours = line.split_whitespace().nth(5).map(Path::new) == Some(binary);
+            }
+            _ => {}
+        }
+    }
+    (shared, private)
+}
+
+/// Rule (issue 31, memory per container): a spare keeper's server is a fork of it that never
+/// execs, so the two share the binary's relocated pages (every exec of a position-independent
+/// binary writes its pointers, about 300 KiB a process, never written again) where a spawned
+/// server had its own; and it holds none of the keeper's descriptors: once handed its container
+/// its fds are what a direct start gives a server (0 `/dev/null`, 3 and 4 its sockets), and
+/// never the keeper's `/dev/fuse`.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs containers"]
+fn a_spare_keepers_server_is_forked_and_shares_its_relocated_binary() {
+    let SpareNode { _serial, fleet, service, spare, parked, init, id } = SpareNode::start(None, "forked");
+    let binary = fs::canonicalize(BIN).unwrap();
+    let (shared, private) = binary_dirty_kib(parked, &binary);
+    assert!(
+        shared >= 64 && shared > private,
+        "the parked server's binary pages: {shared} KiB shared, {private} KiB its own"
+    );
+    let answer =
+        mount_direct(&fleet, &id, &[3], &init).unwrap_or_else(|e| panic!("mount: {e}\n{}", service.log(&fleet)));
+    assert_eq!(answer["pid"], json!(spare), "the container's keeper is the spare");
+    assert_eq!(server_of(&fleet, &id), parked, "the container's server is the parked one");
+    assert_gpus(&fleet.dev(&id), &[3], "served by the forked server");
+    for fd in [3, 4] {
+        let target = fd_target(parked, fd).map(|t| t.display().to_string()).unwrap_or_default();
+        assert!(target.starts_with("socket:"), "the server's fd {fd}: {target}");
+    }
+    let fds = fs::read_dir(format!("/proc/{parked}/fd")).unwrap();
+    let targets: Vec<PathBuf> = fds.filter_map(|e| fs::read_link(e.ok()?.path()).ok()).collect();
+    assert!(!targets.contains(&PathBuf::from("/dev/fuse")), "the server holds the keeper's /dev/fuse: {targets:?}");
+    ask(&fleet.socket(), &Request::Unmount { id }, ASK).expect("unmount");
+    wait_for("the keeper to exit", || has_exited(spare).then_some(()));
+    wait_for("its server to exit", || has_exited(parked).then_some(()));
+}
+
 /// Bug (found from outside): a spare whose parked server was stopped (`SIGSTOP`, a debugger)
 /// handed it the container's command line, which it never read: the mount failed after 30 s
 /// (`devremapd did not answer within 30 s`). Rule: the keeper kills a stopped parked server and

@@ -31,6 +31,7 @@
 //! once, as it always did. Assumption: one daemon per mountpoint, enforced by the [`MountLock`]
 //! held for the keeper's whole life.
 
+mod child;
 mod error;
 pub(crate) mod procs;
 mod spawner;
@@ -51,7 +52,7 @@ use log::{info, warn};
 use parking_lot::{Condvar, Mutex};
 use procs::{Pending, Proc, started_as, status_text};
 use spawner::Handed;
-pub(crate) use spawner::{ParkedServer, park_server};
+pub(crate) use spawner::{Parked, ParkedServer, park_server};
 use spawner::{Spawners, Started};
 use std::collections::HashMap;
 use std::ffi::OsString;

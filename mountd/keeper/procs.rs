@@ -2,6 +2,7 @@
 //! its reader threads, the plan or the order to load), telling it something, killing and
 //! reaping it.
 
+use super::child::ServerChild;
 use super::spawner::{Exe, Job, Started};
 use super::threads::{Readers, read_control, relay_replies, seqpacket_pair};
 use super::{Keeper, spawn_thread};
@@ -20,14 +21,14 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus};
+use std::process::{Command, ExitStatus};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8};
 
 /// A server process.
 pub(super) struct Proc {
     pub(super) epoch: u64,
-    pub(super) child: Child,
+    pub(super) child: ServerChild,
     pub(super) socket: Arc<OwnedFd>,
     pub(super) control: Arc<OwnedFd>,
     /// The binary it runs, kept open: the next crash restart runs the same one.
@@ -150,7 +151,7 @@ impl Keeper<'_> {
 
     /// Starts the threads that read a spawned server's sockets, and hands it its plan (or the
     /// order to load).
-    fn connect(&mut self, epoch: u64, child: Child, exe: Arc<File>, pending: Pending) -> Result<Proc, String> {
+    fn connect(&mut self, epoch: u64, child: ServerChild, exe: Arc<File>, pending: Pending) -> Result<Proc, String> {
         let (socket, control) = (Arc::new(pending.socket), Arc::new(pending.control));
         self.link.shared.lock().sockets.insert(epoch, socket.clone());
         let readers = Arc::new(AtomicU8::new(2));
@@ -212,7 +213,7 @@ impl Keeper<'_> {
     }
 
     /// Reaps `child` on a thread of its own.
-    fn reap_later(&self, mut child: Child) {
+    fn reap_later(&self, mut child: ServerChild) {
         let state_file = self.args.state_file.clone();
         let _ = std::thread::Builder::new()
             .name("reaper".into())
@@ -224,7 +225,7 @@ impl Keeper<'_> {
 /// replacement it was killed in (its temporary file): after its exit, so that it writes no
 /// more, and before its reaping, while no other process can have its pid, by which the
 /// temporary file is named ([`devremap::atomic::remove_left_temporaries`]).
-pub(super) fn reap(child: &mut Child, state_file: Option<&Path>) -> io::Result<ExitStatus> {
+pub(super) fn reap(child: &mut ServerChild, state_file: Option<&Path>) -> io::Result<ExitStatus> {
     if let Some(path) = state_file {
         let pid = Pid::from_raw(child.id() as libc::pid_t);
         while let Err(Errno::EINTR) = waitid(Id::Pid(pid), WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT) {}

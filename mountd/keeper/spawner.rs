@@ -12,6 +12,7 @@
 //! thread, never the next start. Only the main thread hands out jobs and reads their results,
 //! so it counts the busy threads exactly.
 
+use super::child::ServerChild;
 use super::procs::set_up_child;
 use super::threads::seqpacket_pair;
 use super::{Ev, KeeperError, spawn_thread};
@@ -24,7 +25,7 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver, Sender};
 
@@ -45,7 +46,7 @@ pub(super) struct Job {
 }
 
 /// What came of a spawn: the child and the binary it runs, or why it did not start.
-pub(super) type Started = Result<(Child, Arc<File>), String>;
+pub(super) type Started = Result<(ServerChild, Arc<File>), String>;
 
 /// The spawner threads and their queue.
 pub(super) struct Spawners {
@@ -100,7 +101,7 @@ fn spawn(job: Job) -> Started {
     let mut cmd = server_command(&exe, &job.sockets);
     cmd.arg("serve").args(&job.args).stdin(Stdio::null());
     stop_before_exec(&mut cmd, job.epoch);
-    let child = cmd.spawn().map_err(|e| io_message(&e))?;
+    let child = ServerChild::Spawned(cmd.spawn().map_err(|e| io_message(&e))?);
     // The child has its copies (`job.sockets` are dropped here): ours would keep its sockets
     // open after it died, and a write to them would wait for ever instead of failing.
     Ok((child, exe))
@@ -130,35 +131,95 @@ fn open_high(path: &Path) -> io::Result<File> {
 /// spawn's result, with the keeper's ends of its relay and control sockets; or why it was not.
 pub(super) type Handed = Result<(Started, [OwnedFd; 2]), String>;
 
-/// A first server started before its keeper knows what it will serve (`devremapd parked`, by a
-/// spare keeper of the node daemon): it waits for its command line on its parcel socket. What
-/// the keeper keeps: the child, the binary it runs, the keeper's ends of its relay and control
-/// sockets, and of its parcel socket.
+/// A first server started before its keeper knows what it will serve (by a spare keeper of
+/// the node daemon, `devremapd parked --spare-server`): it waits for its command line on its
+/// parcel socket ([`crate::parked`]). What the keeper keeps: the child, the binary it runs, the
+/// keeper's ends of its relay and control sockets, and of its parcel socket.
 pub(crate) struct ParkedServer {
-    child: Child,
+    child: ServerChild,
     exe: Arc<File>,
     sockets: [OwnedFd; 2],
     parcel: OwnedFd,
 }
 
-/// Starts a server parked, from our own binary. Done on the main thread before the keeper has a
+/// Which side of [`park_server`]'s fork this process is.
+pub(crate) enum Parked {
+    /// The keeper, with its parked server.
+    Keeper(ParkedServer),
+    /// The parked server: its parcel socket is its fd 0, its relay and control sockets 3 and 4.
+    Server,
+}
+
+/// Starts a server parked, by a fork of this process that never execs: the keeper's and the
+/// server's memory is then the same pages until either writes them, the binary's relocated
+/// pointers (about 400 KiB a process, written by every exec of a position-independent binary)
+/// above all, which are never written again. Done on the main thread before the keeper has a
 /// mount, so no container waits on it; the main thread lives as long as the keeper, which the
 /// server's death signal is tied to.
-pub(crate) fn park_server() -> Result<ParkedServer, KeeperError> {
+///
+/// Call only while this process has one thread (before the log writer starts): a fork copies
+/// the calling thread alone, and a lock another thread held would stay held in the child.
+pub(crate) fn park_server() -> Result<Parked, KeeperError> {
     let exe = Arc::new(open_high(Path::new("/proc/self/exe")).map_err(KeeperError::OpenOwnBinary)?);
-    let started = (|| {
+    let started = (move || {
         let (socket, their_socket) = seqpacket_pair()?;
         let (control, their_control) = seqpacket_pair()?;
         let (parcel, their_parcel) =
             socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)?;
-        // Ours are closed once it is spawned (see `spawn`).
-        let theirs = [their_socket, their_control];
-        let mut cmd = server_command(&exe, &theirs);
-        cmd.arg("parked").stdin(Stdio::from(their_parcel));
-        let child = cmd.spawn()?;
-        io::Result::Ok(ParkedServer { child, exe: exe.clone(), sockets: [socket, control], parcel })
+        let keeper = std::process::id() as libc::pid_t;
+        // SAFETY: this process has one thread (the caller's promise), so the child's copy of
+        // it holds no lock and may run anything; it goes on as `devremapd parked` would.
+        match unsafe { libc::fork() } {
+            -1 => Err(io::Error::last_os_error()),
+            0 => {
+                // The keeper's ends and its binary are the keeper's alone.
+                drop((socket, control, parcel, exe));
+                if let Err(e) = become_parked_server(keeper, [their_parcel, their_socket, their_control]) {
+                    eprintln!("error: parked: cannot take its sockets: {}", io_message(&e));
+                    // SAFETY: _exit ends this process only.
+                    unsafe { libc::_exit(1) }
+                }
+                Ok(Parked::Server)
+            }
+            pid => Ok(Parked::Keeper(ParkedServer {
+                child: ServerChild::forked(pid),
+                exe,
+                sockets: [socket, control],
+                parcel,
+            })),
+        }
     })();
     started.map_err(KeeperError::ParkServer)
+}
+
+/// In the forked server: dies with its keeper, and has its descriptors as a spawned one has
+/// them: the parcel socket as fd 0, the relay and control sockets as 3 and 4 (`theirs`, in that
+/// order). The keeper's own descriptors were closed by the caller; it has no others yet but
+/// its standard ones.
+fn become_parked_server(keeper: libc::pid_t, theirs: [OwnedFd; 3]) -> io::Result<()> {
+    // SAFETY: prctl and getppid on this process alone.
+    unsafe {
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // The keeper died before the death signal was set: it would never come.
+        if libc::getppid() != keeper {
+            libc::_exit(0);
+        }
+    }
+    // Copies above 10 first, so that no dup2 below overwrites a source still to be copied.
+    let high = theirs.map(|fd| rustix::io::fcntl_dupfd_cloexec(&fd, 10));
+    for (fd, to) in high.into_iter().zip([0, 3, 4]) {
+        // SAFETY: dup2 onto a standard fd or a server socket's number, which are ours to set;
+        // dup2 clears close-on-exec, as a spawn's would. The copy is closed as `fd` goes.
+        if unsafe { libc::dup2(fd?.as_raw_fd(), to) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    // Only the keeper talks to systemd, as for a spawned server (a spare has no such socket).
+    // SAFETY: this process has one thread.
+    unsafe { std::env::remove_var("NOTIFY_SOCKET") };
+    Ok(())
 }
 
 impl ParkedServer {
