@@ -61,6 +61,9 @@ pub enum Command {
     /// ...` or `serve ...`) and descriptors, then runs it; not for people.
     #[command(hide = true)]
     Parked(ParkedArgs),
+    /// Forks the node daemon's spare keepers on request (`zygote.rs`).
+    #[command(hide = true)]
+    Zygote,
 }
 
 #[derive(Debug, Args)]

@@ -12,6 +12,7 @@ mod procfs;
 mod server;
 mod signals;
 mod watch;
+mod zygote;
 
 use clap::Parser;
 use cli::{Cli, Command};
@@ -62,6 +63,8 @@ fn main() -> ExitCode {
     // A spare keeper forks its server before the log writer, its second thread, starts.
     let parked = match &cli.command {
         Command::Parked(args) => Some(parked::start(args)),
+        // Returns in a spare it forked; the zygote itself exits at its socket's end.
+        Command::Zygote => Some(zygote::run().map_err(Into::into).and_then(|args| parked::start(&args))),
         _ => None,
     };
     logging::init();
@@ -75,7 +78,7 @@ fn main() -> ExitCode {
         Command::ContainerdConfig(args) => containerd_config::run(&args),
         Command::Node(args) => node::run(&args).map_err(Failure::from),
         Command::Ctl(args) => node::ctl::run(&args),
-        Command::Parked(_) => parked.map_or(Ok(()), parked::run),
+        Command::Parked(_) | Command::Zygote => parked.map_or(Ok(()), parked::run),
     };
     // The log lines first, then the error line after them; but a stderr that nobody reads
     // must not keep us from exiting.

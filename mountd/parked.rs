@@ -56,6 +56,8 @@ pub enum ParkedError {
     Flags(String),
     #[error(transparent)]
     Keeper(#[from] KeeperError),
+    #[error(transparent)]
+    Zygote(#[from] crate::zygote::ZygoteError),
 }
 
 impl From<ParkedError> for Failure {

@@ -36,3 +36,76 @@ pub fn exits_within(pid: u32, timeout: Duration) -> bool {
         Err(_) => true,
     }
 }
+
+/// A child process: one spawned (an exec, [`std::process::Child`]), or one forked and never
+/// exec'd (a spare keeper's server, the node daemon's spare keepers), which the standard library
+/// has no handle for. Assumption: a forked one is our child, unreaped until [`Child::wait`]
+/// returns, so its pid names it alone until then; a kill after that signals nothing.
+pub enum Child {
+    Spawned(std::process::Child),
+    Forked { pid: u32, status: Option<std::process::ExitStatus> },
+}
+
+impl Child {
+    /// Our child `pid`, forked.
+    pub fn forked(pid: u32) -> Child {
+        Child::Forked { pid, status: None }
+    }
+
+    pub fn id(&self) -> u32 {
+        match self {
+            Child::Spawned(child) => child.id(),
+            Child::Forked { pid, .. } => *pid,
+        }
+    }
+
+    /// `SIGKILL`, unless it was reaped already.
+    pub fn kill(&mut self) -> io::Result<()> {
+        match self {
+            Child::Spawned(child) => child.kill(),
+            Child::Forked { status: Some(_), .. } => Ok(()),
+            Child::Forked { pid, status: None } => {
+                Ok(nix::sys::signal::kill(nix_pid(*pid)?, nix::sys::signal::Signal::SIGKILL)?)
+            }
+        }
+    }
+
+    /// Waits for its exit and reaps it; its status again once reaped.
+    pub fn wait(&mut self) -> io::Result<std::process::ExitStatus> {
+        self.reap(true)?.ok_or_else(|| io::Error::other("a blocking wait returned no status"))
+    }
+
+    /// Its status if it has exited (reaping it), `None` while it runs.
+    pub fn try_wait(&mut self) -> io::Result<Option<std::process::ExitStatus>> {
+        self.reap(false)
+    }
+
+    fn reap(&mut self, block: bool) -> io::Result<Option<std::process::ExitStatus>> {
+        use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+        use std::os::unix::process::ExitStatusExt;
+        let (pid, status) = match self {
+            Child::Spawned(child) if block => return child.wait().map(Some),
+            Child::Spawned(child) => return child.try_wait(),
+            Child::Forked { status: Some(status), .. } => return Ok(Some(*status)),
+            Child::Forked { pid, status } => (*pid, status),
+        };
+        let flags = (!block).then_some(WaitPidFlag::WNOHANG);
+        loop {
+            // The raw status `wait(2)` gives, which ExitStatus is made of.
+            let raw = match waitpid(nix_pid(pid)?, flags) {
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(e) => return Err(e.into()),
+                Ok(WaitStatus::Exited(_, code)) => (code & 0xff) << 8,
+                Ok(WaitStatus::Signaled(_, signal, core)) => signal as i32 | if core { 0x80 } else { 0 },
+                Ok(WaitStatus::StillAlive) => return Ok(None),
+                // Stopped or continued: not waited for (no WUNTRACED), so not seen; wait on.
+                Ok(_) => continue,
+            };
+            return Ok(Some(*status.insert(std::process::ExitStatus::from_raw(raw))));
+        }
+    }
+}
+
+fn nix_pid(pid: u32) -> io::Result<nix::unistd::Pid> {
+    i32::try_from(pid).map(nix::unistd::Pid::from_raw).map_err(|_| io::Error::from_raw_os_error(libc::ESRCH))
+}

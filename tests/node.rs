@@ -1411,22 +1411,27 @@ fn binary_dirty_kib(pid: u32, binary: &Path) -> (u64, u64) {
     (shared, private)
 }
 
-/// Rule (issue 31, memory per container): a spare keeper's server is a fork of it that never
-/// execs, so the two share the binary's relocated pages (every exec of a position-independent
-/// binary writes its pointers, about 300 KiB a process, never written again) where a spawned
-/// server had its own; and it holds none of the keeper's descriptors: once handed its container
-/// its fds are what a direct start gives a server (0 `/dev/null`, 3 and 4 its sockets), and
-/// never the keeper's `/dev/fuse`.
+/// Rule (issue 31, memory per container): a spare keeper is forked by the node daemon's zygote
+/// (`devremapd zygote`, exec'd once), and its server by the spare, and neither execs, so they
+/// share the binary's relocated pages (every exec of a position-independent binary writes its
+/// pointers, about 300 KiB a process, never written again) where spawned ones had their own;
+/// the spare is still the node daemon's child. The server holds none of the keeper's
+/// descriptors: once handed its container its fds are what a direct start gives a server (3 and
+/// 4 its sockets), and never the keeper's `/dev/fuse`.
 #[test]
 #[ignore = "needs root, /dev/fuse, runc and busybox-static: runs containers"]
-fn a_spare_keepers_server_is_forked_and_shares_its_relocated_binary() {
+fn a_spare_keeper_and_its_server_are_forked_and_share_the_relocated_binary() {
     let SpareNode { _serial, fleet, service, spare, parked, init, id } = SpareNode::start(None, "forked");
     let binary = fs::canonicalize(BIN).unwrap();
-    let (shared, private) = binary_dirty_kib(parked, &binary);
-    assert!(
-        shared >= 64 && shared > private,
-        "the parked server's binary pages: {shared} KiB shared, {private} KiB its own"
-    );
+    assert_eq!(parent_of(spare), service.pid(), "the spare is the node daemon's child");
+    assert_eq!(zygotes_of(service.pid()).len(), 1, "the node daemon's zygote");
+    for (what, pid) in [("spare keeper", spare), ("parked server", parked)] {
+        let (shared, private) = binary_dirty_kib(pid, &binary);
+        assert!(
+            shared >= 64 && shared > private,
+            "the {what}'s binary pages: {shared} KiB shared, {private} KiB its own"
+        );
+    }
     let answer =
         mount_direct(&fleet, &id, &[3], &init).unwrap_or_else(|e| panic!("mount: {e}\n{}", service.log(&fleet)));
     assert_eq!(answer["pid"], json!(spare), "the container's keeper is the spare");
@@ -1442,6 +1447,48 @@ fn a_spare_keepers_server_is_forked_and_shares_its_relocated_binary() {
     ask(&fleet.socket(), &Request::Unmount { id }, ASK).expect("unmount");
     wait_for("the keeper to exit", || has_exited(spare).then_some(()));
     wait_for("its server to exit", || has_exited(parked).then_some(()));
+}
+
+/// The node daemon `node`'s zygotes (`devremapd zygote`, its children).
+fn zygotes_of(node: u32) -> Vec<u32> {
+    processes(|args| args.get(1).map(String::as_str) == Some("zygote"))
+        .into_iter()
+        .filter(|&p| parent_of(p) == node)
+        .collect()
+}
+
+/// Rule (the zygote never costs a container its spare): a zygote stopped (`SIGSTOP`) does not
+/// answer, and the spare is started by exec instead after a short wait, the zygote killed; one
+/// killed is started again at the next spare, which it forks. Each container's keeper is a
+/// spare all along and its `/dev` right.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs containers"]
+fn a_stopped_or_killed_zygote_never_costs_a_spare() {
+    let SpareNode { _serial, fleet, service, spare, init, id, .. } = SpareNode::start(None, "zygote");
+    let node = service.pid();
+    let zygote = zygotes_of(node)[0];
+    kill(zygote, libc::SIGSTOP);
+    let mount = |id: &str| {
+        let answer =
+            mount_direct(&fleet, id, &[1], &init).unwrap_or_else(|e| panic!("mount: {e}\n{}", service.log(&fleet)));
+        assert_gpus(&fleet.dev(id), &[1], id);
+        answer["pid"].as_u64().unwrap() as u32
+    };
+    assert_eq!(mount(&id), spare, "the first container's keeper is the spare");
+    wait_for("the stopped zygote to be killed", || has_exited(zygote).then_some(()));
+    let next = wait_for("a spare started by exec", || parked_children_of(node).into_iter().find(|&p| p != spare));
+    assert!(service.log(&fleet).contains("cannot fork a spare keeper"), "{}", service.log(&fleet));
+    assert_eq!(mount(&format!("{id}-2")), next, "the second container's keeper is the exec'd spare");
+    let second = wait_for("a zygote again", || zygotes_of(node).into_iter().find(|&z| z != zygote));
+    let third = wait_for("a spare forked again", || parked_children_of(node).into_iter().find(|&p| p != next));
+    kill(second, libc::SIGKILL);
+    wait_for("the killed zygote to go", || has_exited(second).then_some(()));
+    assert_eq!(mount(&format!("{id}-3")), third, "the third container's keeper is the forked spare");
+    let fourth =
+        wait_for("a spare after the killed zygote", || parked_children_of(node).into_iter().find(|&p| p != third));
+    let (shared, _) = binary_dirty_kib(fourth, &fs::canonicalize(BIN).unwrap());
+    assert!(shared >= 64, "the spare after the killed zygote shares no binary pages: not forked");
+    assert_eq!(zygotes_of(node).len(), 1, "one zygote, started again");
 }
 
 /// Bug (found from outside): a spare whose parked server was stopped (`SIGSTOP`, a debugger)
@@ -1584,11 +1631,11 @@ fn spares_refused_by_one_binary_are_tried_again_once_it_is_replaced() {
     let (program, service) = installed_node(&fleet);
     let node = service.pid();
     spare_of(node);
-    // A release without `parked`: it refuses it as a bad command line (status 1), and runs the
-    // rest as the binary under test.
+    // A release without `parked` (nor `zygote`, which came after it): it refuses them as bad
+    // command lines (status 1), and runs the rest as the binary under test.
     let refusing = program.with_extension("old");
     let script = format!(
-        "#!/bin/sh\n[ \"$1\" = parked ] && {{ echo \"error: unrecognized subcommand 'parked'\" >&2; exit 1; }}\nexec {BIN} \"$@\"\n"
+        "#!/bin/sh\ncase \"$1\" in parked|zygote) echo \"error: unrecognized subcommand '$1'\" >&2; exit 1;; esac\nexec {BIN} \"$@\"\n"
     );
     fs::write(&refusing, script).unwrap();
     fs::set_permissions(&refusing, fs::Permissions::from_mode(0o755)).unwrap();

@@ -31,7 +31,6 @@
 //! once, as it always did. Assumption: one daemon per mountpoint, enforced by the [`MountLock`]
 //! held for the keeper's whole life.
 
-mod child;
 mod error;
 pub(crate) mod procs;
 mod spawner;

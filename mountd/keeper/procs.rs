@@ -2,7 +2,6 @@
 //! its reader threads, the plan or the order to load), telling it something, killing and
 //! reaping it.
 
-use super::child::ServerChild;
 use super::spawner::{Exe, Job, Started};
 use super::threads::{Readers, read_control, relay_replies, seqpacket_pair};
 use super::{Keeper, spawn_thread};
@@ -10,6 +9,7 @@ use crate::signals;
 use devremap::io_message;
 use devremap::keeper::control::{self, Control};
 use devremap::keeper::servers::{Binary, Event};
+use devremap::pidfd::Child as ServerChild;
 use log::{info, warn};
 use nix::errno::Errno;
 use nix::sys::socket::{MsgFlags, Shutdown, send, shutdown};

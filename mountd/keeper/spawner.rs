@@ -12,11 +12,11 @@
 //! thread, never the next start. Only the main thread hands out jobs and reads their results,
 //! so it counts the busy threads exactly.
 
-use super::child::ServerChild;
 use super::procs::set_up_child;
 use super::threads::seqpacket_pair;
 use super::{Ev, KeeperError, spawn_thread};
 use devremap::io_message;
+use devremap::pidfd::Child as ServerChild;
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
 use parking_lot::Mutex;
 use std::ffi::OsString;
@@ -182,7 +182,7 @@ pub(crate) fn park_server() -> Result<Parked, KeeperError> {
                 Ok(Parked::Server)
             }
             pid => Ok(Parked::Keeper(ParkedServer {
-                child: ServerChild::forked(pid),
+                child: ServerChild::forked(pid as u32),
                 exe,
                 sockets: [socket, control],
                 parcel,

@@ -14,15 +14,17 @@
 //! descriptors but its parcel socket, and exits when that closes (when this daemon exits).
 
 use super::procs::Host;
+use devremap::pidfd::Child;
 use devremap::runtime::container_daemon::daemon::{Launch, Processes, spawn_detached};
 use log::{info, warn};
-use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
+use nix::sys::socket::{AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType, sendmsg, socketpair};
 use parking_lot::Mutex;
 use std::io;
+use std::io::IoSlice;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::mpsc::{self, Sender};
 use std::time::Duration;
@@ -52,6 +54,16 @@ enum Slot {
 struct Shared {
     exe: PathBuf,
     slot: Mutex<Slot>,
+    /// Where spares are forked from; taken with `slot` held.
+    zygote: Mutex<Option<Zygote>>,
+}
+
+/// The node daemon's `devremapd zygote` ([`crate::zygote`]): the process, our end of its
+/// request socket, and the device and inode of the binary it was started from.
+struct Zygote {
+    child: std::process::Child,
+    requests: OwnedFd,
+    binary: (u64, u64),
 }
 
 /// The spare keeper, and the thread that starts the next one.
@@ -64,7 +76,8 @@ impl Spares {
     /// Starts the refilling thread, which starts the first spare at once; with `on` false
     /// (`--no-spare`), none is ever started.
     pub(super) fn start(exe: PathBuf, on: bool) -> io::Result<Spares> {
-        let shared = Arc::new(Shared { exe, slot: Mutex::new(if on { Slot::Empty } else { Slot::Off }) });
+        let slot = Mutex::new(if on { Slot::Empty } else { Slot::Off });
+        let shared = Arc::new(Shared { exe, slot, zygote: Mutex::new(None) });
         let (tx, rx) = mpsc::channel::<()>();
         let filling = shared.clone();
         std::thread::Builder::new().name("spare".into()).spawn(move || {
@@ -86,6 +99,9 @@ impl Spares {
             let _ = spare.child.kill();
             let _ = spare.child.wait();
         }
+        if let Some(zygote) = self.shared.zygote.lock().take() {
+            zygote.stop();
+        }
     }
 }
 
@@ -101,13 +117,44 @@ impl Shared {
         if !matches!(*slot, Slot::Empty) {
             return;
         }
-        match spawn_spare(&self.exe) {
+        match self.fork_spare().or_else(|e| {
+            warn!("cannot fork a spare keeper ({e}): starting one by exec");
+            spawn_spare(&self.exe)
+        }) {
             Ok(spare) => {
                 slow_keep();
                 *slot = Slot::Ready(spare);
             }
             Err(e) => warn!("cannot start a spare keeper ({}): the next container's keeper is started directly", e),
         }
+    }
+
+    /// A spare forked by the zygote, which is started first if there is none, or it is gone,
+    /// or its binary is no longer the one at the daemon's path. A zygote that fails a request
+    /// (it died, or does not answer within [`SPAWNING`]: stopped) is stopped; the next spare
+    /// starts another.
+    fn fork_spare(&self) -> io::Result<Spare> {
+        let mut held = self.zygote.lock();
+        let binary = binary_of(&self.exe)?;
+        if let Some(mut zygote) = held.take() {
+            if zygote.binary == binary && matches!(zygote.child.try_wait(), Ok(None)) {
+                *held = Some(zygote);
+            } else {
+                zygote.stop();
+            }
+        }
+        let zygote = match &mut *held {
+            Some(zygote) => zygote,
+            None => held.insert(Zygote::spawn(&self.exe, binary)?),
+        };
+        let forked = zygote.fork();
+        if forked.is_err()
+            && let Some(zygote) = held.take()
+        {
+            zygote.stop();
+        }
+        let (pid, parcel) = forked?;
+        Ok(Spare { child: Child::forked(pid), parcel, binary })
     }
 
     /// The spare, if one is ready, fresh and alive, and whether the slot is left empty (to be
@@ -208,6 +255,49 @@ fn binary_of(path: &Path) -> io::Result<(u64, u64)> {
     Ok((meta.dev(), meta.ino()))
 }
 
+impl Zygote {
+    /// Starts `exe zygote`, detached as a keeper is, its request socket its stdin and its
+    /// stderr ours (where it says why it stopped, if it does).
+    fn spawn(exe: &Path, binary: (u64, u64)) -> io::Result<Zygote> {
+        let (requests, theirs) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)?;
+        let mut cmd = Command::new(exe);
+        cmd.arg("zygote").env_remove("NOTIFY_SOCKET").stdin(Stdio::from(theirs)).stdout(Stdio::null());
+        Host.detach(&mut cmd, 0);
+        Ok(Zygote { child: cmd.spawn()?, requests, binary })
+    }
+
+    /// Has it fork a spare, whose parcel socket's other end is returned with its pid: our child,
+    /// by `CLONE_PARENT`.
+    fn fork(&mut self) -> io::Result<(u32, OwnedFd)> {
+        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        let (parcel, theirs) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)?;
+        let rights = [ControlMessage::ScmRights(&[theirs.as_raw_fd()])];
+        let request = [0u8; crate::zygote::REQUEST];
+        sendmsg::<()>(self.requests.as_raw_fd(), &[IoSlice::new(&request)], &rights, MsgFlags::MSG_NOSIGNAL, None)?;
+        drop(theirs);
+        let mut fds = [PollFd::new(self.requests.as_fd(), PollFlags::POLLIN)];
+        if poll(&mut fds, PollTimeout::try_from(SPAWNING).unwrap_or(PollTimeout::MAX))? == 0 {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "the zygote did not answer (is it stopped?)"));
+        }
+        let mut answer = [0u8; crate::zygote::ANSWER];
+        match nix::sys::socket::recv(self.requests.as_raw_fd(), &mut answer, MsgFlags::MSG_DONTWAIT)? {
+            crate::zygote::ANSWER => {}
+            _ => return Err(io::Error::other(format!("the zygote (pid {}) ended", self.child.id()))),
+        }
+        let word = |at: usize| u32::from_ne_bytes(answer[at..at + 4].try_into().unwrap_or_default());
+        match (word(0), word(4)) {
+            (0, errno) => Err(io::Error::from_raw_os_error(errno as i32)),
+            (pid, _) => Ok((pid, parcel)),
+        }
+    }
+
+    /// Kills and reaps it (its spares live on: each waits on its own socket).
+    fn stop(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// Starts `exe parked --spare-server`, detached as a keeper is, its parcel socket its stdin and
 /// its stderr ours (where its refusal, if any, is said).
 fn spawn_spare(exe: &Path) -> io::Result<Spare> {
@@ -220,7 +310,7 @@ fn spawn_spare(exe: &Path) -> io::Result<Spare> {
         .stdin(Stdio::from(theirs))
         .stdout(Stdio::null());
     Host.detach(&mut cmd, 0);
-    Ok(Spare { child: cmd.spawn()?, parcel, binary })
+    Ok(Spare { child: Child::Spawned(cmd.spawn()?), parcel, binary })
 }
 
 /// The test hook `DEVREMAPD_FAILPOINT=spare-slow-keep`: the spare is put in the slot 150 ms

@@ -8,6 +8,7 @@
 //! was measured against this in issue 17's benchmark and saved nothing.)
 
 use super::{Container, DaemonError, io_at};
+use crate::pidfd::Child;
 use nix::errno::Errno;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -16,7 +17,7 @@ use std::fs;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// How long a daemon may take to answer, and to stop.
@@ -65,7 +66,7 @@ pub fn spawn_detached<P: Processes + ?Sized>(procs: &P, launch: Launch) -> io::R
         .stdout(launch.log.try_clone()?)
         .stderr(launch.log);
     procs.detach(&mut cmd, ready);
-    cmd.spawn()
+    cmd.spawn().map(Child::Spawned)
 }
 
 /// What the daemon is started with.
