@@ -284,18 +284,40 @@ impl Zygote {
             crate::zygote::ANSWER => {}
             _ => return Err(io::Error::other(format!("the zygote (pid {}) ended", self.child.id()))),
         }
-        let word = |at: usize| u32::from_ne_bytes(answer[at..at + 4].try_into().unwrap_or_default());
-        match (word(0), word(4)) {
+        match answer_words(&answer) {
             (0, errno) => Err(io::Error::from_raw_os_error(errno as i32)),
             (pid, _) => Ok((pid, parcel)),
         }
     }
 
-    /// Kills and reaps it (its spares live on: each waits on its own socket).
+    /// Kills and reaps it (its spares live on: each waits on its own socket). An answer it sent
+    /// that was not read (it came after the wait for it ended) names a spare we never took,
+    /// our child, which is killed and reaped here rather than left a zombie. (One forked in the
+    /// instant before the kill and never named is left so; the zygote is killed only when it
+    /// did not answer within [`SPAWNING`], stopped.)
     fn stop(mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let mut answer = [0u8; crate::zygote::ANSWER];
+        while nix::sys::socket::recv(self.requests.as_raw_fd(), &mut answer, MsgFlags::MSG_DONTWAIT)
+            == Ok(crate::zygote::ANSWER)
+        {
+            match answer_words(&answer) {
+                (0, _) => {}
+                (pid, _) => {
+                    let mut unused = Child::forked(pid);
+                    let _ = unused.kill();
+                    let _ = unused.wait();
+                }
+            }
+        }
     }
+}
+
+/// A zygote's answer: a spare's pid, or 0 and a fork's errno.
+fn answer_words(answer: &[u8; crate::zygote::ANSWER]) -> (u32, u32) {
+    let word = |at: usize| u32::from_ne_bytes([answer[at], answer[at + 1], answer[at + 2], answer[at + 3]]);
+    (word(0), word(4))
 }
 
 /// Starts `exe parked --spare-server`, detached as a keeper is, its parcel socket its stdin and
