@@ -9,6 +9,7 @@ mod mountpoint;
 mod node;
 mod parked;
 mod procfs;
+mod record;
 mod server;
 mod signals;
 mod watch;
@@ -25,7 +26,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 fn main() -> ExitCode {
-    one_arena();
+    malloc_settings();
     // A request handler's panic is answered with EIO and logged in one line by the adapter;
     // any other panic keeps the default report.
     let default_hook = std::panic::take_hook();
@@ -224,19 +225,52 @@ fn cuda_device_map(args: &cli::InputArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-/// One malloc arena for the whole process, set before any thread starts. glibc gives each thread
-/// that allocates an arena of its own (up to 8 per CPU), and each of a keeper's and a server's
-/// threads kept its own: about 270 KiB of every container's 1,990 KiB of PSS (`benches/node.rs`
-/// with `MALLOC_ARENA_MAX=1`: 1,717 KiB). Their allocations are few and small (a reply, a
-/// reload's plan), so the one lock costs nothing measurable (`benches/devfs.rs`). An operator's
-/// own setting (`MALLOC_ARENA_MAX`, `GLIBC_TUNABLES`) is left as it is.
+/// The allocator's settings, made before any thread starts (an operator's own, in
+/// `MALLOC_ARENA_MAX`, `MALLOC_MMAP_THRESHOLD_` or `GLIBC_TUNABLES`, are left as they are):
+///
+/// - One malloc arena for the whole process. glibc gives each thread that allocates an arena of
+///   its own (up to 8 per CPU), and each of a keeper's and a server's threads kept its own: about
+///   270 KiB of every container's 1,990 KiB of PSS (`benches/node.rs` with `MALLOC_ARENA_MAX=1`:
+///   1,717 KiB). Their allocations are few and small (a reply, a reload's plan), so the one lock
+///   costs nothing measurable (`benches/devfs.rs`).
+/// - A fixed threshold for blocks mapped on their own ([`MMAP_THRESHOLD`], glibc's starting
+///   value). glibc's otherwise rises to the size of the largest mapped block freed (a 16 MiB
+///   FUSE buffer, freed at a handover): from then on large blocks came from the heap, and the
+///   heap's top, which a high threshold also keeps from being trimmed, stayed dirty.
 #[cfg(target_env = "gnu")]
-fn one_arena() {
-    if std::env::var_os("MALLOC_ARENA_MAX").is_none() && std::env::var_os("GLIBC_TUNABLES").is_none() {
+fn malloc_settings() {
+    let set = |var: &str| std::env::var_os(var).is_some();
+    if set("GLIBC_TUNABLES") {
+        return;
+    }
+    if !set("MALLOC_ARENA_MAX") {
         // SAFETY: mallopt only changes a malloc setting; no other thread runs yet.
         unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) };
+    }
+    if !set("MALLOC_MMAP_THRESHOLD_") {
+        // SAFETY: as above.
+        unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD) };
     }
 }
 
 #[cfg(not(target_env = "gnu"))]
-fn one_arena() {}
+fn malloc_settings() {}
+
+/// See [`malloc_settings`].
+#[cfg(target_env = "gnu")]
+const MMAP_THRESHOLD: i32 = 128 * 1024;
+
+/// Gives the heap's free pages back to the kernel: a keeper and a server call it once they
+/// serve (and again after each takeover). Their start (the command line parsed, the inputs
+/// loaded, the threads started) leaves freed blocks all over a heap each of them has copied
+/// from the process it was forked from; the pages stay theirs, dirty, until given back: 84 KiB
+/// of every container's 782 (`benches/node.rs`, 2026-12-04). Off the start's path: it runs
+/// after the keeper has said ready, and on the server's main thread once it serves.
+#[cfg(target_env = "gnu")]
+pub(crate) fn give_back_freed_heap() {
+    // SAFETY: malloc_trim only returns free memory; it takes the arena's lock like any malloc.
+    unsafe { libc::malloc_trim(0) };
+}
+
+#[cfg(not(target_env = "gnu"))]
+pub(crate) fn give_back_freed_heap() {}

@@ -168,14 +168,10 @@ fn tell(control: &OwnedFd, message: &Control) {
 /// Reads one control message; EOF (the keeper is gone) or a message that does not decode is an
 /// error.
 fn receive(control: &OwnedFd) -> Result<Control, ServerError> {
-    let mut buf = vec![0u8; devremap::keeper::control::MAX_RECORD + 1];
-    loop {
-        match nix::unistd::read(control, &mut buf) {
-            Ok(0) => return Err(ServerError::KeeperClosed),
-            Ok(n) => return Control::decode(&buf[..n]).map_err(ServerError::FromKeeper),
-            Err(Errno::EINTR) => continue,
-            Err(e) => return Err(ServerError::ReadControl(e)),
-        }
+    match crate::record::read(control) {
+        Ok(record) if record.is_empty() => Err(ServerError::KeeperClosed),
+        Ok(record) => Control::decode(&record).map_err(ServerError::FromKeeper),
+        Err(e) => Err(ServerError::ReadControl(e)),
     }
 }
 
@@ -268,6 +264,7 @@ pub fn run(args: &MountArgs) -> Result<(), Failure> {
         life.resumed(resumed, &resume.from, last_error, previous.as_ref());
     }
     become_ready(&mut life, args, &control, &proceed, resumed.is_some()).map_err(fail)?;
+    crate::give_back_freed_heap();
     let keeper = nix::unistd::getppid();
     // Ends when the keeper says the daemon stops, or retires us, or when the session does (the
     // keeper closed the socket: an upgrade, its death).

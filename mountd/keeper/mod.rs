@@ -125,6 +125,9 @@ struct Keeper<'a> {
     /// The mount's FUSE connection ([`crate::mountpoint::connection_of`]), read once mounted.
     connection: Option<u64>,
     pid_written: Option<Written>,
+    /// The mount answers (again): the heap's freed pages are given back once the actions that
+    /// said so are done ([`crate::give_back_freed_heap`]).
+    trim_due: bool,
     /// The starter's `--ready-fd`, until the mount answers.
     ready: Option<File>,
     /// The binary of the last server that took over: a crash restart runs it again (the file
@@ -206,6 +209,7 @@ pub fn run(args: &MountArgs, words: Vec<OsString>, parked: Option<ParkedServer>)
         mounted: false,
         connection: None,
         pid_written: None,
+        trim_due: false,
         ready,
         good: exe,
         plan: None,
@@ -313,6 +317,10 @@ impl Keeper<'_> {
             if let Err(end) = self.feed(event, rx) {
                 return end;
             }
+            // After the event's actions: the server is told to proceed first.
+            if std::mem::take(&mut self.trim_due) {
+                crate::give_back_freed_heap();
+            }
         }
     }
 
@@ -413,7 +421,10 @@ impl Keeper<'_> {
         match action {
             Action::Spawn { epoch, binary, plan } => return Ok(self.start(epoch, binary, plan)),
             Action::Mount(epoch) => self.mount_now(epoch).map_err(|why| Err(self.start_failed(why)))?,
-            Action::WritePidFile => self.write_pid_file().map_err(|why| Err(self.start_failed(why)))?,
+            Action::WritePidFile => {
+                self.write_pid_file().map_err(|why| Err(self.start_failed(why)))?;
+                self.trim_due = true;
+            }
             Action::Tell(epoch, message) => self.procs.get(&epoch).iter().for_each(|p| p.tell(&message)),
             Action::Reload(epoch) => {
                 if let Some(p) = self.procs.get(&epoch) {

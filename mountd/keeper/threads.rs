@@ -11,7 +11,7 @@
 
 use super::Ev;
 use crate::mountpoint::FSNAME;
-use devremap::keeper::control::{Control, MAX_PLAN, MAX_RECORD, Parts};
+use devremap::keeper::control::{Control, MAX_PLAN, Parts};
 use devremap::keeper::relay::{FromKernel, FromServer, Relay};
 use log::warn;
 use nix::errno::Errno;
@@ -185,12 +185,11 @@ pub(super) fn relay_replies(link: &Link, epoch: u64, socket: &OwnedFd, passing: 
 /// the plan it serves back together from its parts, up to [`MAX_PLAN`] bytes: one that sends
 /// more is reported (`Overrun`) and the rest of that plan ignored.
 pub(super) fn read_control(link: &Link, epoch: u64, control: &OwnedFd, _done: Readers) {
-    let mut buf = vec![0u8; MAX_RECORD + 1];
     let mut plan = Parts::new(MAX_PLAN);
     loop {
-        match nix::unistd::read(control, &mut buf) {
-            Ok(0) => return,
-            Ok(n) => match Control::decode(&buf[..n]) {
+        match crate::record::read(control) {
+            Ok(record) if record.is_empty() => return,
+            Ok(record) => match Control::decode(&record) {
                 Ok(Control::Invalidate(note)) => {
                     let errno = nix::unistd::write(&link.dev, &note).map_or_else(|e| e as i32, |_| 0);
                     let _ = nix::unistd::write(control, &Control::Invalidated(errno).encode());
@@ -218,7 +217,6 @@ pub(super) fn read_control(link: &Link, epoch: u64, control: &OwnedFd, _done: Re
                 }
                 Err(e) => warn!("server {epoch}: {e}"),
             },
-            Err(Errno::EINTR) => {}
             Err(_) => return,
         }
     }
