@@ -257,8 +257,23 @@ fn malloc_settings() {
 fn malloc_settings() {}
 
 /// See [`malloc_settings`].
-#[cfg(target_env = "gnu")]
 const MMAP_THRESHOLD: i32 = 128 * 1024;
+
+/// The same settings for the node daemon's zygote and spares, as glibc tunables in their
+/// environment (`None` where the operator made settings of their own, which they inherit as
+/// they are), with one that only a tunable can make: no per-thread cache of freed blocks.
+/// A thread's cache keeps up to 7 blocks of each small size out of the heap's free lists, so
+/// [`give_back_freed_heap`] cannot give their pages back: 92 KiB of every container's 587
+/// (`benches/node.rs`, 2026-12-04). Their processes allocate a few blocks a request; the
+/// cache's speed is not what a FUSE round trip waits for. Every process forked from the
+/// zygote, and every server a keeper spawns, inherits the environment and so the settings.
+pub(crate) fn malloc_tunables() -> Option<String> {
+    let operator = ["GLIBC_TUNABLES", "MALLOC_ARENA_MAX", "MALLOC_MMAP_THRESHOLD_"];
+    if cfg!(not(target_env = "gnu")) || operator.iter().any(|var| std::env::var_os(var).is_some()) {
+        return None;
+    }
+    Some(format!("glibc.malloc.arena_max=1:glibc.malloc.mmap_threshold={MMAP_THRESHOLD}:glibc.malloc.tcache_count=0"))
+}
 
 /// Gives the heap's free pages back to the kernel: a keeper and a server call it once they
 /// serve (and again after each takeover). Their start (the command line parsed, the inputs

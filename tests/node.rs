@@ -1417,7 +1417,9 @@ fn binary_dirty_kib(pid: u32, binary: &Path) -> (u64, u64) {
 /// pointers, about 300 KiB a process, never written again) where spawned ones had their own;
 /// the spare is still the node daemon's child. The server holds none of the keeper's
 /// descriptors: once handed its container its fds are what a direct start gives a server (3 and
-/// 4 its sockets), and never the keeper's `/dev/fuse`.
+/// 4 its sockets), and never the keeper's `/dev/fuse`. Both run with the allocator's settings
+/// given to the zygote (no per-thread cache of freed blocks, which would keep pages from being
+/// given back), unless the operator made settings of their own.
 #[test]
 #[ignore = "needs root, /dev/fuse, runc and busybox-static: runs containers"]
 fn a_spare_keeper_and_its_server_are_forked_and_share_the_relocated_binary() {
@@ -1431,6 +1433,11 @@ fn a_spare_keeper_and_its_server_are_forked_and_share_the_relocated_binary() {
             shared >= 64 && shared > private,
             "the {what}'s binary pages: {shared} KiB shared, {private} KiB its own"
         );
+        // glibc cuts the variable's text at each `:` as it reads it: the bytes, not the string.
+        let environ = String::from_utf8_lossy(&fs::read(format!("/proc/{pid}/environ")).unwrap()).replace('\0', " ");
+        if std::env::var_os("GLIBC_TUNABLES").is_none() && std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+            assert!(environ.contains("glibc.malloc.tcache_count=0"), "the {what}'s environment: {environ:?}");
+        }
     }
     let answer =
         mount_direct(&fleet, &id, &[3], &init).unwrap_or_else(|e| panic!("mount: {e}\n{}", service.log(&fleet)));
