@@ -5,6 +5,7 @@ mod cli;
 mod containerd_config;
 mod keeper;
 mod logging;
+mod memory;
 mod mountpoint;
 mod node;
 mod parked;
@@ -26,7 +27,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 fn main() -> ExitCode {
-    malloc_settings();
+    memory::malloc_settings();
     // A request handler's panic is answered with EIO and logged in one line by the adapter;
     // any other panic keeps the default report.
     let default_hook = std::panic::take_hook();
@@ -68,6 +69,16 @@ fn main() -> ExitCode {
         Command::Zygote => Some(zygote::run().map_err(Into::into).and_then(|args| parked::start(&args))),
         _ => None,
     };
+    // The daemon's processes read their signals from one thread (`signals::start`): blocked
+    // before the log writer, the first other thread, starts.
+    let daemon = matches!(
+        cli.command,
+        Command::Mount(_) | Command::Serve(_) | Command::Node(_) | Command::Parked(_) | Command::Zygote
+    );
+    if daemon && let Err(e) = signals::block() {
+        let _ = writeln!(std::io::stderr(), "error: {e}");
+        return ExitCode::FAILURE;
+    }
     logging::init();
     let result = match cli.command {
         Command::Plan(args) => plan(&args),
@@ -224,68 +235,3 @@ fn cuda_device_map(args: &cli::InputArgs) -> Result<(), Failure> {
     println!("{map}");
     Ok(())
 }
-
-/// The allocator's settings, made before any thread starts (an operator's own, in
-/// `MALLOC_ARENA_MAX`, `MALLOC_MMAP_THRESHOLD_` or `GLIBC_TUNABLES`, are left as they are):
-///
-/// - One malloc arena for the whole process. glibc gives each thread that allocates an arena of
-///   its own (up to 8 per CPU), and each of a keeper's and a server's threads kept its own: about
-///   270 KiB of every container's 1,990 KiB of PSS (`benches/node.rs` with `MALLOC_ARENA_MAX=1`:
-///   1,717 KiB). Their allocations are few and small (a reply, a reload's plan), so the one lock
-///   costs nothing measurable (`benches/devfs.rs`).
-/// - A fixed threshold for blocks mapped on their own ([`MMAP_THRESHOLD`], glibc's starting
-///   value). glibc's otherwise rises to the size of the largest mapped block freed (a 16 MiB
-///   FUSE buffer, freed at a handover): from then on large blocks came from the heap, and the
-///   heap's top, which a high threshold also keeps from being trimmed, stayed dirty.
-#[cfg(target_env = "gnu")]
-fn malloc_settings() {
-    let set = |var: &str| std::env::var_os(var).is_some();
-    if set("GLIBC_TUNABLES") {
-        return;
-    }
-    if !set("MALLOC_ARENA_MAX") {
-        // SAFETY: mallopt only changes a malloc setting; no other thread runs yet.
-        unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) };
-    }
-    if !set("MALLOC_MMAP_THRESHOLD_") {
-        // SAFETY: as above.
-        unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD) };
-    }
-}
-
-#[cfg(not(target_env = "gnu"))]
-fn malloc_settings() {}
-
-/// See [`malloc_settings`].
-const MMAP_THRESHOLD: i32 = 128 * 1024;
-
-/// The same settings for the node daemon's zygote and spares, as glibc tunables in their
-/// environment (`None` where the operator made settings of their own, which they inherit as
-/// they are), with one that only a tunable can make: no per-thread cache of freed blocks.
-/// A thread's cache keeps up to 7 blocks of each small size out of the heap's free lists, so
-/// [`give_back_freed_heap`] cannot give their pages back: 92 KiB of every container's 587
-/// (`benches/node.rs`, 2026-12-04). Their processes allocate a few blocks a request; the
-/// cache's speed is not what a FUSE round trip waits for. Every process forked from the
-/// zygote, and every server a keeper spawns, inherits the environment and so the settings.
-pub(crate) fn malloc_tunables() -> Option<String> {
-    let operator = ["GLIBC_TUNABLES", "MALLOC_ARENA_MAX", "MALLOC_MMAP_THRESHOLD_"];
-    if cfg!(not(target_env = "gnu")) || operator.iter().any(|var| std::env::var_os(var).is_some()) {
-        return None;
-    }
-    Some(format!("glibc.malloc.arena_max=1:glibc.malloc.mmap_threshold={MMAP_THRESHOLD}:glibc.malloc.tcache_count=0"))
-}
-
-/// Gives the heap's free pages back to the kernel: a keeper and a server call it once they
-/// serve (and again after each takeover). Their start (the command line parsed, the inputs
-/// loaded, the threads started) leaves freed blocks all over a heap each of them has copied
-/// from the process it was forked from; the pages stay theirs, dirty, until given back: 84 KiB
-/// of every container's 782 (`benches/node.rs`, 2026-12-04). Off the start's path: it runs
-/// after the keeper has said ready, and on the server's main thread once it serves.
-#[cfg(target_env = "gnu")]
-pub(crate) fn give_back_freed_heap() {
-    // SAFETY: malloc_trim only returns free memory; it takes the arena's lock like any malloc.
-    unsafe { libc::malloc_trim(0) };
-}
-
-#[cfg(not(target_env = "gnu"))]
-pub(crate) fn give_back_freed_heap() {}

@@ -264,7 +264,7 @@ pub fn run(args: &MountArgs) -> Result<(), Failure> {
         life.resumed(resumed, &resume.from, last_error, previous.as_ref());
     }
     become_ready(&mut life, args, &control, &proceed, resumed.is_some()).map_err(fail)?;
-    crate::give_back_freed_heap();
+    crate::memory::give_back_start_memory();
     let keeper = nix::unistd::getppid();
     // Ends when the keeper says the daemon stops, or retires us, or when the session does (the
     // keeper closed the socket: an upgrade, its death).

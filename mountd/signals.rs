@@ -1,17 +1,27 @@
-//! Signals for the daemon's two processes: from the first step on, every asynchronous signal
-//! whose default action ends the process is received by one thread, which turns those a
-//! process acts on into its events and logs and ignores the others.
+//! Signals for the daemon's processes (the keeper, the server, the node daemon): from their
+//! first step on, every asynchronous signal whose default action ends the process is blocked
+//! in every thread ([`block`], before the first thread starts) and read from a `signalfd` by
+//! one thread ([`start`]), which turns those a process acts on into its events and logs and
+//! ignores the others. One arriving in between waits, pending, for that thread.
 //!
 //! Left at their default: SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGTRAP, SIGSYS (the kernel sends them
 //! as the fault of an instruction: this process is broken). SIGPIPE and SIGXFSZ are swallowed
 //! instead (logging them from a write that failed would write again); the write that raised
 //! them fails with its error, which the writer handles.
+//!
+//! Why a `signalfd` and not a handler per signal: `signal_hook` keeps a table of handlers that
+//! it copies whole at each registration, 45 of them, and keeps: 25 KiB live and 580 KiB
+//! allocated and freed in each process at its start, a keeper and a server each container
+//! (docs/performance.md). Assumptions: every thread is started after [`block`] (a thread
+//! inherits its creator's mask); a program exec'd from these processes starts with no signal
+//! blocked, since std's `Command` empties the mask in the child; a process forked without exec
+//! (the zygote's spares, a spare's parked server) calls [`block`] again, as `main` does.
 
 use log::info;
 use nix::errno::Errno;
 use nix::sys::signal::{SigSet, SigmaskHow, Signal, pthread_sigmask};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
 use signal_hook::consts::{SIGPIPE, SIGXFSZ};
-use signal_hook::iterator::Signals;
 use std::io;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -22,24 +32,37 @@ use std::sync::mpsc::Sender;
 pub enum SignalsError {
     #[error("cannot ignore {}: {}", signal_name(*signal), devremap::io_message(source))]
     Ignore { signal: i32, source: io::Error },
-    #[error("cannot handle signals: {0}")]
-    Handle(#[source] io::Error),
+    #[error("cannot read signals (signalfd): {0}")]
+    Handle(#[source] Errno),
     #[error("cannot start the signal thread: {0}")]
     Thread(#[source] io::Error),
-    #[error("cannot unblock SIGHUP, SIGTERM, SIGINT and SIGUSR2: {0}")]
-    Unblock(#[source] Errno),
 }
 
 /// Every signal whose default action ends the process and which the kernel does not send as the
 /// fault of an instruction nor as the consequence of our own write.
-fn handled_signals() -> Vec<i32> {
+fn handled_signals() -> SigSet {
     use libc::*;
     let mut all = vec![
         SIGHUP, SIGTERM, SIGINT, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGVTALRM, SIGPROF, SIGIO, SIGPWR, SIGXCPU,
         SIGSTKFLT,
     ];
     all.extend(SIGRTMIN()..=SIGRTMAX());
-    all
+    let mut set = SigSet::empty();
+    // nix's `SigSet::add` takes no real-time signal: the set is the C one underneath.
+    let raw: *mut sigset_t = std::ptr::from_mut(&mut set).cast();
+    for sig in all {
+        // SAFETY: `SigSet` is `repr(transparent)` over an initialised `sigset_t`; each number
+        // is a signal of this system's.
+        unsafe { sigaddset(raw, sig) };
+    }
+    set
+}
+
+/// Blocks every handled signal in the calling thread, and so in every thread it starts later:
+/// called on the main thread before any other starts (by `main`, for the daemon's commands).
+/// Until [`start`]'s thread reads them, they wait.
+pub fn block() -> Result<(), SignalsError> {
+    pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&handled_signals()), None).map_err(SignalsError::Handle)
 }
 
 /// What a daemon of ours (the keeper, the node daemon) does on a signal it acts on.
@@ -71,12 +94,10 @@ pub fn signal_name(sig: i32) -> String {
 }
 
 /// Receives every handled signal for the process's life, passing what `act` makes of one to
-/// `events` and logging the others (`act` gives `None`) as ignored, with `why_ignored`. Called
-/// first thing, so that from then on none of them ends the process: until the main loop runs,
-/// their events wait in the channel. Then unblocks SIGHUP, SIGTERM, SIGINT and SIGUSR2 in this
-/// thread (and so in the threads it starts later): a signal mask is inherited across exec, and
-/// a daemon started with them blocked would never act on them; one that arrived before now,
-/// held pending, is handled here.
+/// `events` and logging the others (`act` gives `None`) as ignored, with `why_ignored`. They
+/// were blocked by [`block`] (it is called again here, for a caller that did not): those that
+/// arrived since wait in the `signalfd` and are handled now, and their events wait in the
+/// channel until the main loop runs.
 pub fn start<E: Send + 'static>(
     events: Sender<E>,
     act: fn(i32) -> Option<E>,
@@ -89,11 +110,20 @@ pub fn start<E: Send + 'static>(
         signal_hook::flag::register(sig, swallowed.clone())
             .map_err(|source| SignalsError::Ignore { signal: sig, source })?;
     }
-    let mut signals = Signals::new(handled_signals()).map_err(SignalsError::Handle)?;
+    block()?;
+    let signals = SignalFd::with_flags(&handled_signals(), SfdFlags::SFD_CLOEXEC).map_err(SignalsError::Handle)?;
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
-            for sig in signals.forever() {
+            loop {
+                let sig = match signals.read_signal() {
+                    Ok(Some(info)) => info.ssi_signo as i32,
+                    Ok(None) | Err(Errno::EINTR) => continue,
+                    Err(e) => {
+                        log::warn!("cannot read signals any more: {e}; they stay blocked");
+                        return;
+                    }
+                };
                 let Some(event) = act(sig) else {
                     info!("signal {}: ignored{why_ignored}", signal_name(sig));
                     continue;
@@ -104,6 +134,5 @@ pub fn start<E: Send + 'static>(
             }
         })
         .map_err(SignalsError::Thread)?;
-    let acted_on: SigSet = [Signal::SIGHUP, Signal::SIGTERM, Signal::SIGINT, Signal::SIGUSR2].into_iter().collect();
-    pthread_sigmask(SigmaskHow::SIG_UNBLOCK, Some(&acted_on), None).map_err(SignalsError::Unblock)
+    Ok(())
 }

@@ -26,6 +26,7 @@
 
 use crate::cli::ParkedArgs;
 use devremap::io_message;
+use nix::sys::signal::{SigSet, SigmaskHow, pthread_sigmask};
 use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg, send};
 use std::io::{self, IoSliceMut};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -51,6 +52,10 @@ pub enum ZygoteError {
 /// spare, with the arguments it goes on with (`parked --spare-server`), its parcel socket as
 /// its fd 0.
 pub fn run() -> Result<ParkedArgs, ZygoteError> {
+    // Exec'd by the node daemon, whose signals are blocked (`signals::block`), and a mask is
+    // inherited across exec: the zygote takes their default actions, as a process an operator
+    // can `kill` should; each spare blocks them again in `main`.
+    let _ = pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
     loop {
         let Some(parcel) = receive()? else { std::process::exit(0) };
         let forked = clone_parent();

@@ -583,11 +583,16 @@ fn spawn_blocking(files: &Path, mountpoint: &Path, args: &[&str], blocked: &[i32
     Spawned::new(command.spawn().expect("devremapd starts"), mountpoint)
 }
 
-/// Whether process `pid` catches `sig` (`SigCgt` in /proc/PID/status).
-fn catches(pid: u32, sig: i32) -> bool {
+/// Whether process `pid` takes `sig` rather than dying of it: a handler catches it (`SigCgt` in
+/// /proc/PID/status), or it is blocked (`SigBlk`) for the signal thread to read from its
+/// `signalfd`, as the daemon's are from its first step.
+fn takes(pid: u32, sig: i32) -> bool {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let mask = status.lines().find_map(|l| l.strip_prefix("SigCgt:")).map(str::trim).unwrap_or("0");
-    u64::from_str_radix(mask, 16).is_ok_and(|m| m & (1 << (sig - 1)) != 0)
+    let has = |field: &str| {
+        let mask = status.lines().find_map(|l| l.strip_prefix(field)).map(str::trim).unwrap_or("0");
+        u64::from_str_radix(mask, 16).is_ok_and(|m| m & (1 << (sig - 1)) != 0)
+    };
+    has("SigCgt:") || has("SigBlk:")
 }
 
 /// A copy of the fixture spec with one more device, `/dev/<name>`, written in `dir` atomically
@@ -611,10 +616,10 @@ fn kill(pid: u32, sig: i32) {
 
 /// Bug (found from outside): `devremapd mount ... & kill -HUP $!` ended the daemon (status 129,
 /// 4 runs in 5): its signal handlers were installed only after the inputs loaded and the lock
-/// was taken. Now they are installed first, and a SIGHUP while starting (the inputs may have
-/// changed since they were read) reloads once serving. The spec is changed just after the
+/// was taken. Now they are taken first (blocked, for the signal thread's `signalfd`), and a
+/// SIGHUP while starting (the inputs may have changed since they were read) reloads once serving. The spec is changed just after the
 /// spawn; SIGHUP is sent right after the spawn and then at every poll until ready: with SIGHUP
-/// held pending until the daemon runs (even rounds), or from when the daemon catches it (odd
+/// held pending until the daemon runs (even rounds), or from when the daemon takes it (odd
 /// rounds). Every round the daemon serves, then serves the changed spec, and stops with 0.
 #[test]
 #[ignore = "needs root and /dev/fuse"]
@@ -630,7 +635,7 @@ fn sighup_while_starting_reloads_once_serving() {
         let pid = mount.child.id();
         write_spec(files.path(), "after");
         if blocked.is_empty() {
-            wait_for("devremapd to catch SIGHUP", || catches(pid, libc::SIGHUP).then_some(()));
+            wait_for("devremapd to take SIGHUP", || takes(pid, libc::SIGHUP).then_some(()));
         }
         let state = files.path().join("state.json");
         wait_for("devremapd to serve", || {

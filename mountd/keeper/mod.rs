@@ -126,7 +126,7 @@ struct Keeper<'a> {
     connection: Option<u64>,
     pid_written: Option<Written>,
     /// The mount answers (again): the heap's freed pages are given back once the actions that
-    /// said so are done ([`crate::give_back_freed_heap`]).
+    /// said so are done ([`crate::memory::give_back_start_memory`]).
     trim_due: bool,
     /// The starter's `--ready-fd`, until the mount answers.
     ready: Option<File>,
@@ -319,7 +319,7 @@ impl Keeper<'_> {
             }
             // After the event's actions: the server is told to proceed first.
             if std::mem::take(&mut self.trim_due) {
-                crate::give_back_freed_heap();
+                crate::memory::give_back_start_memory();
             }
         }
     }
