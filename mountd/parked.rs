@@ -174,23 +174,8 @@ type Parcel = (Vec<OsString>, std::vec::IntoIter<OwnedFd>);
 fn receive(socket: &OwnedFd) -> Result<Option<Parcel>, ParkedError> {
     let mut bytes = vec![0u8; MOST_BYTES + 1];
     let mut space = nix::cmsg_space!([RawFd; MOST_FDS]);
-    let (len, flags, fds) = loop {
-        let mut iov = [IoSliceMut::new(&mut bytes)];
-        match recvmsg::<()>(socket.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC) {
-            Ok(msg) => {
-                let mut fds = Vec::new();
-                for cmsg in msg.cmsgs().map_err(|e| ParkedError::Receive(e.into()))? {
-                    if let ControlMessageOwned::ScmRights(rights) = cmsg {
-                        // SAFETY: the kernel gave us these descriptors, ours alone.
-                        fds.extend(rights.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
-                    }
-                }
-                break (msg.bytes, msg.flags, fds);
-            }
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(e) => return Err(ParkedError::Receive(e.into())),
-        }
-    };
+    let (len, flags, fds) =
+        receive_rights(socket.as_raw_fd(), &mut bytes, &mut space).map_err(|e| ParkedError::Receive(e.into()))?;
     if len == 0 && fds.is_empty() {
         return Ok(None);
     }
@@ -200,6 +185,33 @@ fn receive(socket: &OwnedFd) -> Result<Option<Parcel>, ParkedError> {
     let Some(body) = bytes[..len].strip_suffix(&[0]) else { return Err(ParkedError::Malformed) };
     let words = body.split(|&b| b == 0).map(|w| OsString::from_vec(w.to_vec())).collect();
     Ok(Some((words, fds.into_iter())))
+}
+
+/// One message received on `socket` into `bytes`, with the descriptors it carries
+/// (`SCM_RIGHTS`, room for them in `space`), ours and closed on exec; EINTR is retried. Its
+/// length and flags (`MSG_TRUNC`, `MSG_CTRUNC`) are the caller's to judge. Also the zygote's.
+pub fn receive_rights(
+    socket: RawFd,
+    bytes: &mut [u8],
+    space: &mut Vec<u8>,
+) -> nix::Result<(usize, MsgFlags, Vec<OwnedFd>)> {
+    loop {
+        let mut iov = [IoSliceMut::new(&mut *bytes)];
+        match recvmsg::<()>(socket, &mut iov, Some(&mut *space), MsgFlags::MSG_CMSG_CLOEXEC) {
+            Ok(msg) => {
+                let mut fds = Vec::new();
+                for cmsg in msg.cmsgs()? {
+                    if let ControlMessageOwned::ScmRights(rights) = cmsg {
+                        // SAFETY: the kernel gave us these descriptors, ours alone.
+                        fds.extend(rights.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
+                    }
+                }
+                return Ok((msg.bytes, msg.flags, fds));
+            }
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// Makes `log` our stdout and stderr (where the log writer writes) and `/dev/null` our stdin

@@ -27,9 +27,9 @@
 use crate::cli::ParkedArgs;
 use devremap::io_message;
 use nix::sys::signal::{SigSet, SigmaskHow, pthread_sigmask};
-use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg, send};
-use std::io::{self, IoSliceMut};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use nix::sys::socket::{MsgFlags, send};
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 /// The request's size, and the answer's.
 pub const REQUEST: usize = 1;
@@ -67,36 +67,35 @@ pub fn run() -> Result<ParkedArgs, ZygoteError> {
             Ok(pid) => (pid.unwrap_or_default(), 0),
             Err(e) => (0, e.raw_os_error().unwrap_or(libc::EIO) as u32),
         };
-        let mut answer = [0u8; ANSWER];
-        answer[..4].copy_from_slice(&pid.to_ne_bytes());
-        answer[4..].copy_from_slice(&errno.to_ne_bytes());
-        send(0, &answer, MsgFlags::MSG_NOSIGNAL).map_err(|e| ZygoteError::Answer(e.into()))?;
+        send(0, &answer(pid, errno), MsgFlags::MSG_NOSIGNAL).map_err(|e| ZygoteError::Answer(e.into()))?;
     }
+}
+
+/// An answer: a spare's pid, or 0 and a fork's errno, in native byte order (both ends are this
+/// binary on this host).
+fn answer(pid: u32, errno: u32) -> [u8; ANSWER] {
+    let mut answer = [0u8; ANSWER];
+    answer[..4].copy_from_slice(&pid.to_ne_bytes());
+    answer[4..].copy_from_slice(&errno.to_ne_bytes());
+    answer
+}
+
+/// An answer read back: `(pid, errno)`, as [`answer`] put them.
+pub fn answer_words(answer: &[u8; ANSWER]) -> (u32, u32) {
+    let word = |at: usize| u32::from_ne_bytes([answer[at], answer[at + 1], answer[at + 2], answer[at + 3]]);
+    (word(0), word(4))
 }
 
 /// The next request's parcel socket; `None` at EOF.
 fn receive() -> Result<Option<OwnedFd>, ZygoteError> {
     let mut byte = [0u8; REQUEST];
     let mut space = nix::cmsg_space!([RawFd; 1]);
-    loop {
-        let mut iov = [IoSliceMut::new(&mut byte)];
-        let msg = match recvmsg::<()>(0, &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC) {
-            Ok(msg) => msg,
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(e) => return Err(ZygoteError::Receive(e.into())),
-        };
-        let mut fds = Vec::new();
-        for cmsg in msg.cmsgs().map_err(|e| ZygoteError::Receive(e.into()))? {
-            if let ControlMessageOwned::ScmRights(rights) = cmsg {
-                // SAFETY: the kernel gave us these descriptors, ours alone.
-                fds.extend(rights.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
-            }
-        }
-        if msg.bytes == 0 && fds.is_empty() {
-            return Ok(None);
-        }
-        return fds.pop().map(Some).ok_or(ZygoteError::NoSocket);
+    let (len, _, mut fds) =
+        crate::parked::receive_rights(0, &mut byte, &mut space).map_err(|e| ZygoteError::Receive(e.into()))?;
+    if len == 0 && fds.is_empty() {
+        return Ok(None);
     }
+    fds.pop().map(Some).ok_or(ZygoteError::NoSocket)
 }
 
 /// `clone(CLONE_PARENT)`: `Some(pid)` in the zygote, `None` in the spare.
@@ -121,4 +120,17 @@ fn become_spare(parcel: OwnedFd) -> Result<(), ZygoteError> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An answer reads back as it was written: a pid, or 0 and an errno (the node daemon's
+    /// reading and the zygote's writing are one format, kept here together).
+    #[test]
+    fn an_answer_reads_back_as_written() {
+        assert_eq!(answer_words(&answer(4_000_000, 0)), (4_000_000, 0));
+        assert_eq!(answer_words(&answer(0, libc::EAGAIN as u32)), (0, libc::EAGAIN as u32));
+    }
 }

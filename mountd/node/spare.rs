@@ -285,7 +285,7 @@ impl Zygote {
             crate::zygote::ANSWER => {}
             _ => return Err(io::Error::other(format!("the zygote (pid {}) ended", self.child.id()))),
         }
-        match answer_words(&answer) {
+        match crate::zygote::answer_words(&answer) {
             (0, errno) => Err(io::Error::from_raw_os_error(errno as i32)),
             (pid, _) => Ok((pid, parcel)),
         }
@@ -303,7 +303,7 @@ impl Zygote {
         while nix::sys::socket::recv(self.requests.as_raw_fd(), &mut answer, MsgFlags::MSG_DONTWAIT)
             == Ok(crate::zygote::ANSWER)
         {
-            match answer_words(&answer) {
+            match crate::zygote::answer_words(&answer) {
                 (0, _) => {}
                 (pid, _) => {
                     let mut unused = Child::forked(pid);
@@ -313,12 +313,6 @@ impl Zygote {
             }
         }
     }
-}
-
-/// A zygote's answer: a spare's pid, or 0 and a fork's errno.
-fn answer_words(answer: &[u8; crate::zygote::ANSWER]) -> (u32, u32) {
-    let word = |at: usize| u32::from_ne_bytes([answer[at], answer[at + 1], answer[at + 2], answer[at + 3]]);
-    (word(0), word(4))
 }
 
 /// Starts `exe parked --spare-server`, detached as a keeper is, its parcel socket its stdin and
