@@ -23,6 +23,7 @@
 use crate::cli::{Cli, Command, ParkedArgs};
 use crate::keeper::{self, KeeperError, Parked, ParkedServer};
 use crate::procfs::Stat;
+use crate::signals;
 use clap::Parser;
 use devremap::io_message;
 use devremap::report::Failure;
@@ -58,6 +59,8 @@ pub enum ParkedError {
     Keeper(#[from] KeeperError),
     #[error(transparent)]
     Zygote(#[from] crate::zygote::ZygoteError),
+    #[error("parked: {0}")]
+    Signals(crate::signals::SignalsError),
 }
 
 impl From<ParkedError> for Failure {
@@ -103,7 +106,12 @@ pub fn run(started: Result<Started, ParkedError>) -> Result<(), Failure> {
     let Started { argv0, server } = started?;
     // SAFETY: fd 0 is the parcel socket our starter gave us; nothing else here uses it.
     let socket = unsafe { OwnedFd::from_raw_fd(0) };
-    let Some((mut words, mut fds)) = receive(&socket)? else { return Ok(()) };
+    // Parked, a signal takes its default action (a spare that was told to end must not end the
+    // container it is handed next); from the parcel on, the daemon's signals are its own.
+    signals::unblock().map_err(ParkedError::Signals)?;
+    let parcel = receive(&socket)?;
+    signals::block().map_err(ParkedError::Signals)?;
+    let Some((mut words, mut fds)) = parcel else { return Ok(()) };
     drop(socket);
     let log = fds.next().ok_or(ParkedError::Malformed)?;
     take_standard_fds(log).map_err(ParkedError::Log)?;

@@ -65,6 +65,15 @@ pub fn block() -> Result<(), SignalsError> {
     pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&handled_signals()), None).map_err(SignalsError::Handle)
 }
 
+/// Unblocks every handled signal in the calling thread alone: a parked spare's main thread while
+/// it waits for its container ([`crate::parked::run`]), so that, as any process that has not
+/// taken its signals yet, it ends on `SIGTERM` (and the node daemon starts another) rather than
+/// hold the signal for the container it is handed. The threads already started keep them
+/// blocked, so it is this thread that a signal finds.
+pub fn unblock() -> Result<(), SignalsError> {
+    pthread_sigmask(SigmaskHow::SIG_UNBLOCK, Some(&handled_signals()), None).map_err(SignalsError::Handle)
+}
+
 /// What a daemon of ours (the keeper, the node daemon) does on a signal it acts on.
 pub enum Acted {
     /// `SIGHUP`.

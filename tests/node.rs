@@ -1456,6 +1456,24 @@ fn a_spare_keeper_and_its_server_are_forked_and_share_the_relocated_binary() {
     wait_for("its server to exit", || has_exited(parked).then_some(()));
 }
 
+/// Bug (found from outside, 2026-12-04): once the daemon's signals were blocked from `main` on
+/// (read from a `signalfd`), a parked spare sent `SIGTERM` held it pending, and the container it
+/// was handed next stopped before its mount. Parked, a spare's main thread takes the default
+/// actions: it ends (its server with it), and the next container starts on another.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs containers"]
+fn a_parked_spare_sent_sigterm_ends_and_costs_no_container() {
+    let SpareNode { _serial, fleet, service, spare, parked, init, id } = SpareNode::start(None, "sigterm");
+    kill(spare, libc::SIGTERM);
+    wait_for("the spare to end on SIGTERM", || has_exited(spare).then_some(()));
+    wait_for("its parked server to end with it", || has_exited(parked).then_some(()));
+    let answer =
+        mount_direct(&fleet, &id, &[2], &init).unwrap_or_else(|e| panic!("mount: {e}\n{}", service.log(&fleet)));
+    assert_ne!(answer["pid"], json!(spare), "the ended spare was used");
+    assert_gpus(&fleet.dev(&id), &[2], "after the spare ended");
+    ask(&fleet.socket(), &Request::Unmount { id }, ASK).expect("unmount");
+}
+
 /// The node daemon `node`'s zygotes (`devremapd zygote`, its children).
 fn zygotes_of(node: u32) -> Vec<u32> {
     processes(|args| args.get(1).map(String::as_str) == Some("zygote"))
