@@ -12,15 +12,38 @@
 use devremap::decision::escape::escape;
 use std::io::Write;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
 use std::time::Duration;
 
 /// Lines waiting for stderr before new ones are dropped.
 const QUEUE_LINES: usize = 256;
 
 static DROPPED: AtomicU64 = AtomicU64::new(0);
-static QUEUE: OnceLock<SyncSender<Message>> = OnceLock::new();
+static QUEUE: OnceLock<Bounded> = OnceLock::new();
+
+/// The queue: std's unbounded channel, which allocates its slots as lines come (31 at a time),
+/// and a count that bounds it at [`QUEUE_LINES`]. A `sync_channel` of as many allocated them
+/// all at the start: 8 KiB live in every keeper and server, two of each container.
+struct Bounded {
+    tx: Sender<Message>,
+    queued: AtomicUsize,
+}
+
+impl Bounded {
+    /// Queues `message` unless [`QUEUE_LINES`] wait already, or the writer is gone.
+    fn try_send(&self, message: Message) -> bool {
+        if self.queued.fetch_add(1, Ordering::AcqRel) >= QUEUE_LINES {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+            return false;
+        }
+        if self.tx.send(message).is_err() {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+            return false;
+        }
+        true
+    }
+}
 
 enum Message {
     Line(Vec<u8>),
@@ -29,12 +52,11 @@ enum Message {
 }
 
 /// What `env_logger` writes to: one formatted record per `write` call, into the queue.
-struct Queue(SyncSender<Message>);
+struct Queue(&'static Bounded);
 
 impl Write for Queue {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = self.0.try_send(Message::Line(buf.to_vec()))
-        {
+        if !self.0.try_send(Message::Line(buf.to_vec())) {
             DROPPED.fetch_add(1, Ordering::Relaxed);
         }
         Ok(buf.len())
@@ -47,12 +69,12 @@ impl Write for Queue {
 
 /// Sets the logger up and starts its writer thread.
 pub fn init() {
-    let (tx, rx) = mpsc::sync_channel(QUEUE_LINES);
-    let _ = QUEUE.set(tx.clone());
-    std::thread::Builder::new().name("log-writer".into()).spawn(move || write_lines(&rx)).ok();
+    let (tx, rx) = mpsc::channel();
+    let queue = QUEUE.get_or_init(|| Bounded { tx, queued: AtomicUsize::new(0) });
+    std::thread::Builder::new().name("log-writer".into()).spawn(move || write_lines(&rx, &queue.queued)).ok();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info,fuser=error,fuser::request=off"))
         .format(log_line)
-        .target(env_logger::Target::Pipe(Box::new(Queue(tx))))
+        .target(env_logger::Target::Pipe(Box::new(Queue(queue))))
         .init();
 }
 
@@ -63,10 +85,11 @@ fn log_line(buf: &mut env_logger::fmt::Formatter, record: &log::Record) -> std::
     writeln!(buf, "[{} {:<5} {}] {}", buf.timestamp_millis(), record.level(), record.target(), escape(&message))
 }
 
-fn write_lines(rx: &Receiver<Message>) {
+fn write_lines(rx: &Receiver<Message>, queued: &AtomicUsize) {
     let mut stderr = std::io::stderr();
     let slow = slow_writer();
     for message in rx {
+        queued.fetch_sub(1, Ordering::AcqRel);
         if let Some(pause) = slow {
             std::thread::sleep(pause);
         }
@@ -116,7 +139,7 @@ const WRITABLE_PATIENCE: Duration = Duration::from_secs(10);
 pub fn flush(patience: Duration) -> bool {
     let Some(queue) = QUEUE.get() else { return true };
     let (tx, rx) = mpsc::channel();
-    if queue.try_send(Message::Flush(tx)).is_err() {
+    if !queue.try_send(Message::Flush(tx)) {
         return false;
     }
     let start = std::time::Instant::now();
@@ -140,4 +163,28 @@ fn stderr_writable() -> bool {
     let mut fds = [PollFd::new(std::os::fd::AsFd::as_fd(&stderr), PollFlags::POLLOUT)];
     matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
         && fds[0].revents().is_some_and(|r| r.contains(PollFlags::POLLOUT))
+}
+
+#[cfg(test)]
+mod bounded_tests {
+    use super::*;
+
+    /// The queue holds at most `QUEUE_LINES` messages: one more is refused (the caller counts it
+    /// dropped) until the writer takes one; with the writer gone, every message is refused.
+    #[test]
+    fn the_queue_is_bounded_and_refuses_once_the_writer_is_gone() {
+        let (tx, rx) = mpsc::channel();
+        let queue = Bounded { tx, queued: AtomicUsize::new(0) };
+        for _ in 0..QUEUE_LINES {
+            assert!(queue.try_send(Message::Line(b"x\n".to_vec())));
+        }
+        assert!(!queue.try_send(Message::Line(b"one too many\n".to_vec())));
+        rx.recv().unwrap();
+        queue.queued.fetch_sub(1, Ordering::AcqRel);
+        assert!(queue.try_send(Message::Line(b"room again\n".to_vec())));
+        drop(rx);
+        queue.queued.store(0, Ordering::Release);
+        assert!(!queue.try_send(Message::Line(b"nobody writes\n".to_vec())));
+        assert_eq!(queue.queued.load(Ordering::Acquire), 0, "a refused message is not counted");
+    }
 }
