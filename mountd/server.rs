@@ -275,7 +275,10 @@ pub fn run(args: &MountArgs) -> Result<(), Failure> {
         life.session().state_written.iter().for_each(Written::remove_if_ours);
     }
     if logging::dropped() > 0 {
-        log::warn!("{} log lines were dropped: stderr was not being read", logging::dropped());
+        log::warn!(
+            "{} log lines were dropped: stderr took them slower than they came (not read, or a flood)",
+            logging::dropped()
+        );
     }
     Ok(())
 }
@@ -474,6 +477,8 @@ impl Session for Server {
                 let _ = nix::unistd::write(&*self.control, &record);
             }
         }
+        // The generation before is gone (or this one was refused): what its load took goes back.
+        crate::memory::give_back_freed_heap();
         let Some(path) = &self.state_file else { return Ok(()) };
         let mut state = render::plan_json(&status.loaded.plan, status.loaded.metadata.as_ref());
         state.insert("generation".into(), status.generation.into());

@@ -62,6 +62,7 @@ fn handled_signals() -> SigSet {
 /// called on the main thread before any other starts (by `main`, for the daemon's commands).
 /// Until [`start`]'s thread reads them, they wait.
 pub fn block() -> Result<(), SignalsError> {
+    ignore_glibcs_own();
     pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&handled_signals()), None).map_err(SignalsError::Handle)
 }
 
@@ -94,13 +95,58 @@ pub fn acted(sig: i32) -> Option<Acted> {
     }
 }
 
-/// A signal's name for the log: `SIGUSR1`, `SIGRTMIN+3`.
+/// A signal's name for the log: `SIGUSR1`, `SIGRTMIN+3`, and `SIG32` for one of glibc's own
+/// (below its `SIGRTMIN`, see [`ignore_glibcs_own`]).
 pub fn signal_name(sig: i32) -> String {
     match Signal::try_from(sig) {
         Ok(s) => s.as_str().to_owned(),
-        Err(_) => format!("SIGRTMIN+{}", sig - libc::SIGRTMIN()),
+        Err(_) if sig >= libc::SIGRTMIN() => format!("SIGRTMIN+{}", sig - libc::SIGRTMIN()),
+        Err(_) => format!("SIG{sig}"),
     }
 }
+
+/// The kernel's `struct sigaction` where it has `sa_restorer` (x86-64, arm64).
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[repr(C)]
+#[derive(Default)]
+struct KernelSigaction {
+    handler: usize,
+    flags: u64,
+    restorer: usize,
+    mask: u64,
+}
+
+/// glibc keeps the first real-time signals (32 and 33, below its `SIGRTMIN`) for itself: its
+/// `sigprocmask` leaves them unblocked and its `sigaction` refuses them, and 32's default action
+/// ends the process (found from outside: `kill -32` ended a keeper and left its mount dead, and
+/// the node daemon). Each one still at its default is set to be ignored with the system call
+/// itself (one glibc has a handler for, as 33, is left to it). Nothing is logged of them.
+/// Inherited across exec, as any ignored signal: the programs these processes exec are
+/// `devremapd`s.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+fn ignore_glibcs_own() {
+    const KERNEL_SIGSET: usize = 8;
+    for sig in 32..libc::SIGRTMIN() {
+        let mut old = KernelSigaction::default();
+        // SAFETY: rt_sigaction with no new action only fills `old`, a kernel `struct sigaction`.
+        let read = unsafe {
+            libc::syscall(libc::SYS_rt_sigaction, sig, std::ptr::null::<KernelSigaction>(), &mut old, KERNEL_SIGSET)
+        };
+        if read != 0 || old.handler != libc::SIG_DFL {
+            continue;
+        }
+        let ignored = KernelSigaction { handler: libc::SIG_IGN, ..KernelSigaction::default() };
+        // SAFETY: an ignored disposition needs no handler or restorer; the signal is glibc's,
+        // which it uses only for pthread_cancel and setxid, neither of which this program calls
+        // with it at its default.
+        unsafe {
+            libc::syscall(libc::SYS_rt_sigaction, sig, &ignored, std::ptr::null_mut::<KernelSigaction>(), KERNEL_SIGSET)
+        };
+    }
+}
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn ignore_glibcs_own() {}
 
 /// Receives every handled signal for the process's life, passing what `act` makes of one to
 /// `events` and logging the others (`act` gives `None`) as ignored, with `why_ignored`. They
