@@ -1,8 +1,8 @@
 //! Signals for the daemon's processes (the keeper, the server, the node daemon): from their
-//! first step on, every asynchronous signal whose default action ends the process is blocked
-//! in every thread ([`block`], before the first thread starts) and read from a `signalfd` by
-//! one thread ([`start`]), which turns those a process acts on into its events and logs and
-//! ignores the others. One arriving in between waits, pending, for that thread.
+//! first step on, every asynchronous signal whose default action ends or stops the process is
+//! blocked in every thread ([`block`], before the first thread starts) and read from a
+//! `signalfd` by one thread ([`start`]), which turns those a process acts on into its events and
+//! logs and ignores the others. One arriving in between waits, pending, for that thread.
 //!
 //! Left at their default: SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGTRAP, SIGSYS (the kernel sends them
 //! as the fault of an instruction: this process is broken). SIGPIPE and SIGXFSZ are swallowed
@@ -38,13 +38,15 @@ pub enum SignalsError {
     Thread(#[source] io::Error),
 }
 
-/// Every signal whose default action ends the process and which the kernel does not send as the
-/// fault of an instruction nor as the consequence of our own write.
+/// Every signal whose default action ends or stops the process and which the kernel does not
+/// send as the fault of an instruction nor as the consequence of our own write.
 fn handled_signals() -> SigSet {
     use libc::*;
+    // And the terminal's stops (SIGTSTP, SIGTTIN, SIGTTOU): a keeper stopped by one would hang
+    // every lookup in its container's `/dev` (found from outside); SIGSTOP still stops it.
     let mut all = vec![
         SIGHUP, SIGTERM, SIGINT, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGVTALRM, SIGPROF, SIGIO, SIGPWR, SIGXCPU,
-        SIGSTKFLT,
+        SIGSTKFLT, SIGTSTP, SIGTTIN, SIGTTOU,
     ];
     all.extend(SIGRTMIN()..=SIGRTMAX());
     let mut set = SigSet::empty();
