@@ -124,6 +124,18 @@ pub fn dropped() -> u64 {
     DROPPED.load(Ordering::Relaxed)
 }
 
+/// At a keeper's or server's end: says how many lines were dropped, if any were, as a line of
+/// `target` (the caller's module).
+pub fn warn_if_dropped(target: &str) {
+    if dropped() > 0 {
+        log::warn!(
+            target: target,
+            "{} log lines were dropped: stderr took them slower than they came (not read, or a flood)",
+            dropped()
+        );
+    }
+}
+
 /// How long [`flush`] waits for a writer that stderr is taking lines from: on a busy machine
 /// the writer thread may not run for a while, and the lines (the `error:` line after them)
 /// must not be lost for it.

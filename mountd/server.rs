@@ -274,12 +274,7 @@ pub fn run(args: &MountArgs) -> Result<(), Failure> {
     if matches!(end, End::Stop) || nix::unistd::getppid() != keeper {
         life.session().state_written.iter().for_each(Written::remove_if_ours);
     }
-    if logging::dropped() > 0 {
-        log::warn!(
-            "{} log lines were dropped: stderr took them slower than they came (not read, or a flood)",
-            logging::dropped()
-        );
-    }
+    logging::warn_if_dropped(module_path!());
     Ok(())
 }
 

@@ -217,12 +217,7 @@ pub fn run(args: &MountArgs, words: Vec<OsString>, parked: Option<ParkedServer>)
     };
     let result = keeper.perform_all(first, &rx).map_or_else(|end| end, |()| keeper.serve(&rx));
     keeper.pid_written.iter().for_each(Written::remove_if_ours);
-    if crate::logging::dropped() > 0 {
-        warn!(
-            "{} log lines were dropped: stderr took them slower than they came (not read, or a flood)",
-            crate::logging::dropped()
-        );
-    }
+    crate::logging::warn_if_dropped(module_path!());
     result
 }
 
