@@ -1,19 +1,27 @@
 //! The logger: `env_logger`'s lines (default filter `info,fuser=error,fuser::request=off`, as
 //! fuser logs a server's end, the keeper closing its socket, as a short read; `RUST_LOG`
-//! overrides), millisecond timestamps, the message escaped, written to stderr by a thread of
-//! their own.
+//! overrides), millisecond timestamps, the message escaped, written to stderr.
 //!
 //! Assumption: nobody may be reading stderr (a pipe whose reader stopped fills up, and then
-//! every write to it blocks). So a log call never writes: it hands its line to a bounded queue
-//! and returns; the writer thread is the only one that can block on stderr. A line that finds
-//! the queue full is dropped and counted ([`dropped`]), so serving, reloading and stopping never
-//! wait for a log line.
+//! every write to it blocks). So where stderr is anything but a regular file on a local file
+//! system, a log call never writes: it hands its line to a bounded queue and returns; a writer
+//! thread, started with the first line, is the only one that can block on stderr. A line that
+//! finds the queue full is dropped and counted ([`dropped`]), so serving, reloading and
+//! stopping never wait for a log line. A regular file on a local file system (the node daemon's
+//! `<state-dir>/<id>/devremapd.log`, on `/run`'s tmpfs) takes a line at once, as the page cache
+//! does: each line is written by the thread that logs it, and no writer thread is started (one
+//! thread fewer in each of a container's two processes, issue 31). A file a full disk refuses
+//! counts its lines dropped, as a pipe's do.
+//!
+//! Which of the two is decided when stderr is known: at [`init`], and again by
+//! [`stderr_replaced`] (a spare, handed the container's log), unless a writer thread was
+//! started by then (its queued lines must stay ahead of later ones).
 
 use devremap::decision::escape::escape;
 use std::io::Write;
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 /// Lines waiting for stderr before new ones are dropped.
@@ -21,13 +29,20 @@ const QUEUE_LINES: usize = 256;
 
 static DROPPED: AtomicU64 = AtomicU64::new(0);
 static QUEUE: OnceLock<Bounded> = OnceLock::new();
+/// Whether lines are written by the thread that logs them (see the module's doc).
+static AT_ONCE: AtomicBool = AtomicBool::new(false);
+/// Held while the choice between the two is made or acted on, so that no line is queued after
+/// a switch to writing at once, nor written at once after the queue started.
+static CHOICE: Mutex<()> = Mutex::new(());
+/// Set, under [`CHOICE`], once the writer thread is started: lines stay queued from then on.
+static STARTED: AtomicBool = AtomicBool::new(false);
 
 /// The queue: std's unbounded channel, which allocates its slots as lines come (31 at a time),
 /// and a count that bounds it at [`QUEUE_LINES`]. A `sync_channel` of as many allocated them
 /// all at the start: 8 KiB live in every keeper and server, two of each container.
 struct Bounded {
     tx: Sender<Message>,
-    queued: AtomicUsize,
+    queued: Arc<AtomicUsize>,
 }
 
 impl Bounded {
@@ -51,12 +66,18 @@ enum Message {
     Flush(mpsc::Sender<()>),
 }
 
-/// What `env_logger` writes to: one formatted record per `write` call, into the queue.
-struct Queue(&'static Bounded);
+/// What `env_logger` writes to: one formatted record per `write` call, written to stderr at
+/// once or queued for the writer thread.
+struct Lines;
 
-impl Write for Queue {
+impl Write for Lines {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        if !self.0.try_send(Message::Line(buf.to_vec())) {
+        let written = if AT_ONCE.load(Ordering::Acquire) {
+            std::io::stderr().write_all(buf).is_ok()
+        } else {
+            queue().try_send(Message::Line(buf.to_vec()))
+        };
+        if !written {
             DROPPED.fetch_add(1, Ordering::Relaxed);
         }
         Ok(buf.len())
@@ -67,15 +88,59 @@ impl Write for Queue {
     }
 }
 
-/// Sets the logger up and starts its writer thread.
+/// Sets the logger up, deciding how lines reach stderr.
 pub fn init() {
-    let (tx, rx) = mpsc::channel();
-    let queue = QUEUE.get_or_init(|| Bounded { tx, queued: AtomicUsize::new(0) });
-    std::thread::Builder::new().name("log-writer".into()).spawn(move || write_lines(&rx, &queue.queued)).ok();
+    stderr_replaced();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info,fuser=error,fuser::request=off"))
         .format(log_line)
-        .target(env_logger::Target::Pipe(Box::new(Queue(queue))))
+        .target(env_logger::Target::Pipe(Box::new(Lines)))
         .init();
+}
+
+/// Decides again how lines reach stderr, which the caller has just replaced (a spare takes the
+/// container's log as its stderr after [`init`]). Once a writer thread runs, lines stay queued.
+pub fn stderr_replaced() {
+    let _choice = CHOICE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if !STARTED.load(Ordering::Acquire) {
+        AT_ONCE.store(stderr_takes_lines_at_once(), Ordering::Release);
+    }
+}
+
+/// The queue, and its writer thread started with the first line that needs it.
+fn queue() -> &'static Bounded {
+    QUEUE.get_or_init(|| {
+        let _choice = CHOICE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        STARTED.store(true, Ordering::Release);
+        AT_ONCE.store(false, Ordering::Release);
+        let (tx, rx) = mpsc::channel();
+        let queued = Arc::new(AtomicUsize::new(0));
+        let counted = queued.clone();
+        std::thread::Builder::new().name("log-writer".into()).spawn(move || write_lines(&rx, &counted)).ok();
+        Bounded { tx, queued }
+    })
+}
+
+/// Whether stderr is a regular file on a local file system, which takes a line without making
+/// its writer wait on anything but memory (the page cache) or fail at once (a full disk). Not
+/// a file on a network or FUSE file system, which can hang; not a pipe, socket or terminal.
+/// The test hook `slow-log-writer` keeps the writer thread, whose pace it sets.
+fn stderr_takes_lines_at_once() -> bool {
+    use nix::sys::stat::{SFlag, fstat};
+    use nix::sys::statfs::fstatfs;
+    let stderr = std::io::stderr();
+    let regular =
+        fstat(&stderr).is_ok_and(|st| SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFREG);
+    regular && slow_writer().is_none() && fstatfs(&stderr).is_ok_and(|fs| local_file_system(fs.filesystem_type()))
+}
+
+/// The file systems whose files take a write from the page cache: memory and local disks.
+fn local_file_system(kind: nix::sys::statfs::FsType) -> bool {
+    use nix::sys::statfs::{
+        BTRFS_SUPER_MAGIC, EXT4_SUPER_MAGIC, F2FS_SUPER_MAGIC, OVERLAYFS_SUPER_MAGIC, TMPFS_MAGIC, XFS_SUPER_MAGIC,
+    };
+    // ext2 and ext3 share ext4's magic; an overlay's upper layer (a container's root) is local.
+    [TMPFS_MAGIC, EXT4_SUPER_MAGIC, XFS_SUPER_MAGIC, BTRFS_SUPER_MAGIC, F2FS_SUPER_MAGIC, OVERLAYFS_SUPER_MAGIC]
+        .contains(&kind)
 }
 
 /// One log record on one line, as env_logger's own format with millisecond timestamps, its
@@ -141,7 +206,8 @@ pub fn warn_if_dropped(target: &str) {
 /// must not be lost for it.
 const WRITABLE_PATIENCE: Duration = Duration::from_secs(10);
 
-/// Waits for the lines logged so far to reach stderr (before exiting): up to `patience` while
+/// Waits for the lines logged so far to reach stderr (before exiting; written at once, they
+/// have): up to `patience` while
 /// stderr cannot take a line (a pipe nobody reads), up to [`WRITABLE_PATIENCE`] while it can;
 /// gives up at once when the queue is full, since then stderr is not being read. Returns
 /// whether they did.
@@ -186,7 +252,7 @@ mod bounded_tests {
     #[test]
     fn the_queue_is_bounded_and_refuses_once_the_writer_is_gone() {
         let (tx, rx) = mpsc::channel();
-        let queue = Bounded { tx, queued: AtomicUsize::new(0) };
+        let queue = Bounded { tx, queued: Arc::new(AtomicUsize::new(0)) };
         for _ in 0..QUEUE_LINES {
             assert!(queue.try_send(Message::Line(b"x\n".to_vec())));
         }

@@ -115,6 +115,8 @@ pub fn run(started: Result<Started, ParkedError>) -> Result<(), Failure> {
     drop(socket);
     let log = fds.next().ok_or(ParkedError::Malformed)?;
     take_standard_fds(log).map_err(ParkedError::Log)?;
+    // The container's log, most often a file on /run: its lines may be written at once.
+    crate::logging::stderr_replaced();
     if let Some(ready) = fds.next() {
         // A keeper's ready pipe: its `--ready-fd`, claimed as when inherited.
         words.extend(["--ready-fd".into(), ready.into_raw_fd().to_string().into()]);

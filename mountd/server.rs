@@ -40,7 +40,7 @@ use nix::errno::Errno;
 use nix::sys::socket::{SockType, getsockopt, sockopt};
 use serde_json::Value;
 use std::io;
-use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
+use std::os::fd::{AsFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver, Sender};
@@ -216,7 +216,8 @@ pub fn run(args: &MountArgs) -> Result<(), Failure> {
     name_process();
     let (tx, rx) = mpsc::channel();
     let (fuse, control) = inherited()?;
-    signals::start(tx.clone(), act, " (signal the keeper, the pid in the pid file)").map_err(ServerError::from)?;
+    let signals =
+        signals::start(tx.clone(), act, " (signal the keeper, the pid in the pid file)").map_err(ServerError::from)?;
     let control = Arc::new(control);
     let sources = args.inputs.sources();
     // Until ready, every error goes to the keeper, which reports it as the error of the
@@ -235,7 +236,7 @@ pub fn run(args: &MountArgs) -> Result<(), Failure> {
         .and_then(|payload| Resume::parse(&payload).map_err(ServerError::FromKeeper))
         .map_err(fail)?;
     let resumed = (!resume.is_first()).then(|| devfs.resume(&resume.held, resume.generation));
-    let (answers, proceed) = read_control(&control, &tx).map_err(fail)?;
+    let (answers, proceed) = read_control(&signals, &control, &tx);
     let notifier = Invalidator { control: control.clone(), answers };
     let session_tx = tx.clone();
     std::thread::Builder::new()
@@ -306,31 +307,34 @@ fn handshake(
     fuser::Session::from_fd(adapter, fuse, SessionACL::All, config).map_err(ServerError::Handshake)
 }
 
-/// From now on one thread reads the control socket: the keeper's answers go to who waits for
-/// them (the invalidations' errnos, and its go-ahead to declare readiness), its requests become
-/// events.
-fn read_control(control: &Arc<OwnedFd>, events: &Sender<Event>) -> Result<(Receiver<i32>, Receiver<()>), ServerError> {
+/// From now on the signal thread reads the control socket too: the keeper's answers go to who
+/// waits for them (the invalidations' errnos, and its go-ahead to declare readiness), its
+/// requests become events. Until the socket ends, or the process does.
+fn read_control(
+    signals: &signals::Thread,
+    control: &Arc<OwnedFd>,
+    events: &Sender<Event>,
+) -> (Receiver<i32>, Receiver<()>) {
     let (answers_tx, answers) = mpsc::channel();
     let (proceed_tx, proceed) = mpsc::channel();
     let (control_tx, control_rx) = (events.clone(), control.clone());
-    std::thread::Builder::new()
-        .name("control".into())
-        .spawn(move || {
-            while let Ok(message) = receive(&control_rx) {
-                match message {
-                    Control::Invalidated(errno) => drop(answers_tx.send(errno)),
-                    Control::Proceed => drop(proceed_tx.send(())),
-                    Control::Refused(e) => drop(control_tx.send(Event::Refused(e))),
-                    // The daemon stops: the state file goes with it.
-                    Control::Stop => drop(control_tx.send(Event::Stop("the keeper stops the mount".into()))),
-                    // Replaced: end before the successor writes its state file.
-                    Control::Retire => drop(control_tx.send(Event::Ended(Ok(())))),
-                    _ => {}
-                }
+    signals.then(move |reader| {
+        while reader.wait_for(Some(control_rx.as_fd()), None) == signals::Waited::Ready
+            && let Ok(message) = receive(&control_rx)
+        {
+            match message {
+                Control::Invalidated(errno) => drop(answers_tx.send(errno)),
+                Control::Proceed => drop(proceed_tx.send(())),
+                Control::Refused(e) => drop(control_tx.send(Event::Refused(e))),
+                // The daemon stops: the state file goes with it.
+                Control::Stop => drop(control_tx.send(Event::Stop("the keeper stops the mount".into()))),
+                // Replaced: end before the successor writes its state file.
+                Control::Retire => drop(control_tx.send(Event::Ended(Ok(())))),
+                _ => {}
             }
-        })
-        .map_err(|source| ServerError::Thread { name: "control", source })?;
-    Ok((answers, proceed))
+        }
+    });
+    (answers, proceed)
 }
 
 /// Readiness, once the mount answers through us: the keeper writes the pid file, then says to

@@ -2,7 +2,9 @@
 //! first step on, every asynchronous signal whose default action ends or stops the process is
 //! blocked in every thread ([`block`], before the first thread starts) and read from a
 //! `signalfd` by one thread ([`start`]), which turns those a process acts on into its events and
-//! logs and ignores the others. One arriving in between waits, pending, for that thread.
+//! logs and ignores the others. One arriving in between waits, pending, for that thread. The
+//! same thread runs the process's other long waits ([`Thread::then`]: a keeper's watch of its
+//! container, a server's control socket), polling the `signalfd` beside what each waits for.
 //!
 //! Left at their default: SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGTRAP, SIGSYS (the kernel sends them
 //! as the fault of an instruction: this process is broken). SIGPIPE and SIGXFSZ are swallowed
@@ -19,13 +21,17 @@
 
 use log::info;
 use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{SigSet, SigmaskHow, Signal, pthread_sigmask};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use signal_hook::consts::{SIGPIPE, SIGXFSZ};
-use std::io;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::sync::mpsc::Sender;
+use std::sync::mpsc::{self, Sender};
+use std::time::{Duration, Instant};
 
 /// Why the signals cannot be taken: the process would then be ended by one it should act on.
 #[derive(Debug, thiserror::Error)]
@@ -155,11 +161,16 @@ fn ignore_glibcs_own() {}
 /// were blocked by [`block`] (it is called again here, for a caller that did not): those that
 /// arrived since wait in the `signalfd` and are handled now, and their events wait in the
 /// channel until the main loop runs.
+///
+/// The thread that reads them also runs the [`Thread::then`] jobs it is handed, one after
+/// another, each waiting through [`Reader::wait_for`], which goes on reading signals meanwhile:
+/// a keeper's watch of its container, a server's control socket. Each would otherwise be a
+/// thread of its own in each of a container's two processes (issue 31).
 pub fn start<E: Send + 'static>(
     events: Sender<E>,
     act: fn(i32) -> Option<E>,
     why_ignored: &'static str,
-) -> Result<(), SignalsError> {
+) -> Result<Thread, SignalsError> {
     // A handler that only sets a flag nobody reads, installed without `unsafe`: as with
     // SIG_IGN, the signal no longer ends the process.
     let swallowed = Arc::new(AtomicBool::new(false));
@@ -168,28 +179,135 @@ pub fn start<E: Send + 'static>(
             .map_err(|source| SignalsError::Ignore { signal: sig, source })?;
     }
     block()?;
-    let signals = SignalFd::with_flags(&handled_signals(), SfdFlags::SFD_CLOEXEC).map_err(SignalsError::Handle)?;
+    let fd = SignalFd::with_flags(&handled_signals(), SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
+        .map_err(SignalsError::Handle)?;
+    let (wake, woken) = UnixStream::pair().map_err(SignalsError::Thread)?;
+    woken.set_nonblocking(true).map_err(SignalsError::Thread)?;
+    let (jobs, queued) = mpsc::channel::<Job>();
+    let reader = Reader { fd, forward: Box::new(move |sig| forward(&events, act, why_ignored, sig)) };
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
-            loop {
-                let sig = match signals.read_signal() {
-                    Ok(Some(info)) => info.ssi_signo as i32,
-                    Ok(None) | Err(Errno::EINTR) => continue,
-                    Err(e) => {
-                        log::warn!("cannot read signals any more: {e}; they stay blocked");
-                        return;
+            while let Waited::Ready = reader.wait_for(Some(woken.as_fd()), None) {
+                // Drained before the jobs are taken, so that a wake-up after them is not lost.
+                let mut buf = [0; 64];
+                let handed_on = loop {
+                    match (&woken).read(&mut buf) {
+                        Ok(0) => break false,
+                        Ok(_) => {}
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(_) => break true,
                     }
                 };
-                let Some(event) = act(sig) else {
-                    info!("signal {}: ignored{why_ignored}", signal_name(sig));
-                    continue;
-                };
-                if events.send(event).is_err() {
-                    break;
+                while let Ok(job) = queued.try_recv() {
+                    job(&reader);
+                }
+                if !handed_on {
+                    // The `Thread` was dropped: no more jobs, the signals alone.
+                    reader.wait_for(None, None);
+                    return;
                 }
             }
         })
         .map_err(SignalsError::Thread)?;
-    Ok(())
+    Ok(Thread { jobs, wake })
+}
+
+/// Passes `sig` on as its event, or logs it as ignored; false once nobody takes events.
+fn forward<E>(events: &Sender<E>, act: fn(i32) -> Option<E>, why_ignored: &str, sig: i32) -> bool {
+    match act(sig) {
+        Some(event) => events.send(event).is_ok(),
+        None => {
+            info!("signal {}: ignored{why_ignored}", signal_name(sig));
+            true
+        }
+    }
+}
+
+type Job = Box<dyn FnOnce(&Reader) + Send>;
+
+/// The signal thread, to hand jobs to.
+pub struct Thread {
+    jobs: Sender<Job>,
+    wake: UnixStream,
+}
+
+impl Thread {
+    /// Runs `job` on the signal thread, after the jobs handed before it have returned.
+    pub fn then(&self, job: impl FnOnce(&Reader) + Send + 'static) {
+        if self.jobs.send(Box::new(job)).is_ok() {
+            // Full only if wake-ups are already waiting to be read, which is as good.
+            let _ = (&self.wake).write(&[1]);
+        }
+    }
+}
+
+/// The `signalfd`, and what a signal read from it becomes.
+pub struct Reader {
+    fd: SignalFd,
+    forward: Box<dyn Fn(i32) -> bool + Send>,
+}
+
+/// How [`Reader::wait_for`] ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Waited {
+    /// The descriptor is readable (or at its end, or in error: a read says which).
+    Ready,
+    /// The time was up first.
+    TimedOut,
+    /// Nobody takes the signals' events any more, or they can no longer be read: the process
+    /// is ending.
+    Gone,
+}
+
+impl Reader {
+    /// Waits up to `timeout` (forever with `None`) for `fd` to be readable (with no `fd`, for
+    /// the time alone), handling every signal that comes meanwhile.
+    pub fn wait_for(&self, fd: Option<BorrowedFd>, timeout: Option<Duration>) -> Waited {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            // A timeout past poll's range (24 days) is as good as forever.
+            let wait = left.map_or(PollTimeout::NONE, |t| PollTimeout::try_from(t).unwrap_or(PollTimeout::MAX));
+            let mut fds = [self.fd.as_fd(), fd.unwrap_or(self.fd.as_fd())].map(|fd| PollFd::new(fd, PollFlags::POLLIN));
+            let polled = if fd.is_some() { &mut fds[..] } else { &mut fds[..1] };
+            match poll(polled, wait) {
+                Ok(_) | Err(Errno::EINTR) => {}
+                Err(e) => {
+                    log::warn!("cannot wait for signals any more: {e}; they stay blocked");
+                    return Waited::Gone;
+                }
+            }
+            let woke = |p: &PollFd| p.revents().is_some_and(|r| !r.is_empty());
+            if woke(&polled[0]) && !self.take_pending() {
+                return Waited::Gone;
+            }
+            if polled.get(1).is_some_and(woke) {
+                return Waited::Ready;
+            }
+            if left.is_some_and(|l| l.is_zero()) {
+                return Waited::TimedOut;
+            }
+        }
+    }
+
+    /// Handles every signal pending; false once nobody takes their events, or the `signalfd`
+    /// fails.
+    fn take_pending(&self) -> bool {
+        loop {
+            match self.fd.read_signal() {
+                Ok(Some(info)) => {
+                    if !(self.forward)(info.ssi_signo as i32) {
+                        return false;
+                    }
+                }
+                Ok(None) => return true,
+                Err(Errno::EINTR) => {}
+                Err(e) => {
+                    log::warn!("cannot read signals any more: {e}; they stay blocked");
+                    return false;
+                }
+            }
+        }
+    }
 }

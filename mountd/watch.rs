@@ -6,7 +6,8 @@
 //! `--owner-pid PID` names the process that started the daemon (`devremap-runtime`): until
 //! the pid file appears, the daemon stops when that process exits, since then no one will
 //! start the container. Processes are watched through pidfds ([`crate::pidfd`]); the pid file
-//! is looked at every 100 ms until it appears.
+//! is looked at every 100 ms until it appears. The watch runs on the thread that reads the
+//! keeper's signals ([`crate::signals::Thread::then`]), which it goes on reading meanwhile.
 //!
 //! A pid file that is already there when the daemon starts is a previous run's: runc never
 //! removes its `--pid-file`, and Podman passes the same path to every start of a container
@@ -23,7 +24,9 @@ use std::time::Duration;
 
 const PID_FILE_POLL: Duration = Duration::from_millis(100);
 
+use crate::signals::{Reader, Thread, Waited};
 use devremap::pidfd::{exited, pidfd_open};
+use std::os::fd::{AsFd, OwnedFd};
 
 /// Which file a path names: device, inode and modification time.
 type FileIdentity = (u64, u64, i64, i64);
@@ -42,9 +45,15 @@ fn fresh_pid(path: &Path, stale: Option<FileIdentity>) -> Option<u32> {
     read_pid(path)
 }
 
-/// Starts the watchdog thread; `stop(reason)` is called once, when the daemon must stop.
-/// Called before the daemon reports ready, so before its caller starts the container.
-pub fn spawn(owner: Option<u32>, pid_file: Option<PathBuf>, stop: impl FnOnce(String) + Send + 'static) {
+/// Starts the watchdog on the signal thread `signals`; `stop(reason)` is called once, when the
+/// daemon must stop. Called before the daemon reports ready, so before its caller starts the
+/// container.
+pub fn spawn(
+    signals: &Thread,
+    owner: Option<u32>,
+    pid_file: Option<PathBuf>,
+    stop: impl FnOnce(String) + Send + 'static,
+) {
     if owner.is_none() && pid_file.is_none() {
         return;
     }
@@ -52,10 +61,20 @@ pub fn spawn(owner: Option<u32>, pid_file: Option<PathBuf>, stop: impl FnOnce(St
     if let (Some(path), Some(_)) = (&pid_file, stale) {
         info!("{}: left by an earlier run; waiting for the runtime to write it again", path.display());
     }
-    std::thread::spawn(move || stop(watch(owner, pid_file.as_deref(), stale)));
+    signals.then(move |reader| stop(watch(owner, pid_file.as_deref(), stale, reader)));
 }
 
-fn watch(owner: Option<u32>, pid_file: Option<&Path>, stale: Option<FileIdentity>) -> String {
+/// Whether the process behind `fd` exits within `timeout` (`None`: forever), the signals
+/// handled meanwhile; waited for without them where they can no longer be read.
+fn exits(reader: &Reader, fd: &OwnedFd, timeout: Option<Duration>) -> bool {
+    match reader.wait_for(Some(fd.as_fd()), timeout) {
+        Waited::Ready => true,
+        Waited::TimedOut => false,
+        Waited::Gone => exited(fd, timeout),
+    }
+}
+
+fn watch(owner: Option<u32>, pid_file: Option<&Path>, stale: Option<FileIdentity>, reader: &Reader) -> String {
     let read = || pid_file.and_then(|p| fresh_pid(p, stale));
     // An owner already gone (or one we may not watch) is as good as gone.
     let mut owner = owner.map(|pid| (pid, pidfd_open(pid).ok()));
@@ -64,7 +83,7 @@ fn watch(owner: Option<u32>, pid_file: Option<&Path>, stale: Option<FileIdentity
             info!("watching container process {pid}");
             return match pidfd_open(pid) {
                 Ok(fd) => {
-                    exited(&fd, None);
+                    exits(reader, &fd, None);
                     format!("container process {pid} exited")
                 }
                 Err(_) => format!("container process {pid} is gone"),
@@ -72,7 +91,7 @@ fn watch(owner: Option<u32>, pid_file: Option<&Path>, stale: Option<FileIdentity
         }
         match &owner {
             Some((pid, fd)) => {
-                let gone = fd.as_ref().is_none_or(|fd| exited(fd, Some(PID_FILE_POLL)));
+                let gone = fd.as_ref().is_none_or(|fd| exits(reader, fd, Some(PID_FILE_POLL)));
                 if gone {
                     // It may have exited right after the runtime wrote the pid file.
                     if read().is_some() {
@@ -82,7 +101,11 @@ fn watch(owner: Option<u32>, pid_file: Option<&Path>, stale: Option<FileIdentity
                     return format!("process {pid} that started us exited before the container started");
                 }
             }
-            None => std::thread::sleep(PID_FILE_POLL),
+            None => {
+                if reader.wait_for(None, Some(PID_FILE_POLL)) == Waited::Gone {
+                    std::thread::sleep(PID_FILE_POLL);
+                }
+            }
         }
     }
 }

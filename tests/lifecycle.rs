@@ -971,3 +971,82 @@ fn the_stop_warns_of_other_mounts_only_when_one_remains() {
     drop(bind);
     wait_for("the connection to go with its last mount", || (!conn.exists()).then_some(()));
 }
+
+/// A process standing for the one that started a daemon (`--owner-pid`): killed when dropped,
+/// even when the test fails.
+struct Owner(std::process::Child);
+
+impl Owner {
+    fn end(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
+/// The names of `pid`'s threads, sorted.
+fn thread_names(pid: u32) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter_map(|t| fs::read_to_string(t.path().join("comm")).ok())
+        .map(|c| c.trim().to_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Issue 31 (threads per container): a keeper and its server whose stderr is a regular file on
+/// a local file system (the node daemon's `<state-dir>/<id>/devremapd.log`) write their lines
+/// themselves, with no log-writer thread; the keeper watches its owner, and the server reads
+/// its control socket, on the thread that reads their signals. Each still acts on its signals
+/// meanwhile (a reload), its lines reach the log, and the owner's exit stops the keeper.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn a_daemon_logging_to_a_file_has_no_writer_thread_and_waits_on_its_signal_thread() {
+    need_fuse();
+    let mut owner = Owner(Command::new("sleep").arg("600").stdout(Stdio::null()).spawn().unwrap());
+    let owner_pid = owner.0.id().to_string();
+    let mut d = Daemon::start(&["--owner-pid", &owner_pid, "--host-root", EMPTY_ROOT]);
+    let keeper = d.child.id();
+    let server = d.server_pid();
+    // `spawner`: a keeper started directly spawns its first server (a spare's was forked).
+    let keeper_threads = ["control", "devremapd", "replies", "requests", "signals", "spawner"];
+    let server_threads = ["devremapd", "fuse-session", "fuser-0", "fuser-1", "signals"];
+    wait_for_or(
+        "the keeper's and the server's threads",
+        || format!("{:?} {:?}", thread_names(keeper), thread_names(server)),
+        || (thread_names(keeper) == keeper_threads && thread_names(server) == server_threads).then_some(()),
+    );
+    let generation = d.generation();
+    d.signal(libc::SIGHUP);
+    wait_for("the reload a SIGHUP asks for", || (d.generation() > generation).then_some(()));
+    wait_for_or("the reload's line in the log", || d.log_text(), || d.log_text().contains("reload").then_some(()));
+    assert!(!has_thread(keeper, "log-writer") && !has_thread(server, "log-writer"), "{}", d.log_text());
+    owner.end();
+    let status = wait_for("the keeper to stop when its owner exits", || d.child.try_wait().ok().flatten());
+    assert!(status.success(), "{status}: {}", d.log_text());
+    assert!(d.log_text().contains("that started us exited"), "{}", d.log_text());
+}
+
+/// The other side of the rule above: a keeper whose stderr is a pipe (which nobody may read)
+/// logs through a writer thread, so that no log line can make it wait.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn a_daemon_logging_to_a_pipe_writes_its_lines_from_a_thread_of_their_own() {
+    need_fuse();
+    let (dir, mountpoint) = private_mountpoint();
+    let d = Daemon::launch(dir, mountpoint, &NO_ROOT, &[], Stdio::piped());
+    wait_for_or(
+        "a log-writer thread in the keeper",
+        || format!("{:?}", thread_names(d.child.id())),
+        || has_thread(d.child.id(), "log-writer").then_some(()),
+    );
+    assert!(d.stop().success());
+}

@@ -33,7 +33,7 @@ impl Keeper<'_> {
         let link = self.link.clone();
         spawn_thread("requests", move || relay_requests(&link))?;
         let events = self.link.events.clone();
-        crate::watch::spawn(self.args.owner_pid, self.args.container_pid_file.clone(), move |why| {
+        crate::watch::spawn(&self.signals, self.args.owner_pid, self.args.container_pid_file.clone(), move |why| {
             let _ = events.send(super::Ev::Stop(why));
         });
         Ok(())

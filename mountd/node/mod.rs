@@ -104,7 +104,8 @@ struct Node {
 pub fn run(args: &NodeArgs) -> Result<(), NodeError> {
     let ready = args.ready_fd.map(crate::keeper::claim_ready_fd).transpose()?;
     let (tx, rx) = mpsc::channel();
-    signals::start(tx.clone(), act, "")?;
+    // Its jobs are the keepers' and servers': the node daemon's thread reads signals alone.
+    let _signals = signals::start(tx.clone(), act, "")?;
     if !nix::unistd::geteuid().is_root() {
         return Err(NodeError::NotRoot);
     }
