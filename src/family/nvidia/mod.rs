@@ -27,10 +27,8 @@ use super::facts::HostFacts;
 use crate::device::{Access, DevKind, MAX_DRIVER_VERSION_LEN, MAX_MODEL_LEN, Rdev, fact_fault};
 use crate::inputs::host::{DevDir, DevDirScan, HostError, small_text};
 use crate::inputs::pci::{bus_id, bus_name};
-use regex::Regex;
 use std::fs;
 use std::path::Path;
-use std::sync::LazyLock;
 
 /// The NVIDIA driver's character major (`NV_MAJOR_DEVICE_NUMBER`).
 pub const NV_MAJOR: u32 = 195;
@@ -50,7 +48,6 @@ pub fn hook_control_node(rel_path: &str) -> bool {
     PASSTHROUGH.contains(&rel_path)
 }
 
-static GPU_NAME: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^nvidia([0-9]+)$").expect("a valid regex"));
 
 /// The NVIDIA family ([`super::NVIDIA`]).
 pub struct Nvidia;
@@ -143,11 +140,17 @@ impl RestoredGpu {
     }
 }
 
+/// The digits of a GPU name, `nvidia` and one or more ASCII digits (`^nvidia([0-9]+)$`).
+/// Matched by hand, not with a `Regex`: a compiled one and its matching caches took about
+/// 30 KiB of every container's server, kept for its life (issue 31's memory per container).
+fn gpu_digits(name: &str) -> Option<&str> {
+    name.strip_prefix("nvidia").filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+}
+
 /// The GPU minor a device file name stands for: `Ok(None)` for a name that is not a GPU
 /// name, an error for one that is but names no valid regular minor.
 pub fn gpu_minor_of_name(name: &str) -> Result<Option<u32>, String> {
-    let Some(caps) = GPU_NAME.captures(name) else { return Ok(None) };
-    let digits = &caps[1];
+    let Some(digits) = gpu_digits(name) else { return Ok(None) };
     if digits.len() > 1 && digits.starts_with('0') {
         return Err(format!("GPU name {name:?} has a leading zero; the driver never makes one"));
     }
@@ -239,6 +242,10 @@ mod tests {
         assert_eq!(gpu_minor_of_name("nvidia-1"), Ok(None));
         assert_eq!(gpu_minor_of_name("nvidia\u{0663}"), Ok(None));
         assert_eq!(gpu_minor_of_name("nvidia"), Ok(None));
+        // Anchored at both ends, as the regular expression it replaces was (issue 31).
+        for name in ["nvidia1x", "xnvidia1", "nvidia 1", "nvidia1\n", "Nvidia1", "nvidia+1", "nvidia1.0"] {
+            assert_eq!(gpu_minor_of_name(name), Ok(None), "{name:?}");
+        }
     }
 
     /// Rule: a matched number above 247 is an error, not a skip (as in gVisor).
