@@ -184,7 +184,8 @@ pub fn start<E: Send + 'static>(
     let (wake, woken) = UnixStream::pair().map_err(SignalsError::Thread)?;
     woken.set_nonblocking(true).map_err(SignalsError::Thread)?;
     let (jobs, queued) = mpsc::channel::<Job>();
-    let reader = Reader { fd, forward: Box::new(move |sig| forward(&events, act, why_ignored, sig)) };
+    let ignored = parking_lot::Mutex::new(Ignored::default());
+    let reader = Reader { fd, forward: Box::new(move |sig| forward(&events, act, why_ignored, &ignored, sig)) };
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
@@ -214,12 +215,60 @@ pub fn start<E: Send + 'static>(
 }
 
 /// Passes `sig` on as its event, or logs it as ignored; false once nobody takes events.
-fn forward<E>(events: &Sender<E>, act: fn(i32) -> Option<E>, why_ignored: &str, sig: i32) -> bool {
+fn forward<E>(
+    events: &Sender<E>,
+    act: fn(i32) -> Option<E>,
+    why_ignored: &str,
+    ignored: &parking_lot::Mutex<Ignored>,
+    sig: i32,
+) -> bool {
     match act(sig) {
         Some(event) => events.send(event).is_ok(),
         None => {
-            info!("signal {}: ignored{why_ignored}", signal_name(sig));
+            match ignored.lock().note(sig, Instant::now()) {
+                Some(0) => info!("signal {}: ignored{why_ignored}", signal_name(sig)),
+                Some(unsaid) => {
+                    info!("signal {}: ignored{why_ignored} (and {unsaid} more before it, not logged)", signal_name(sig))
+                }
+                None => {}
+            }
             true
+        }
+    }
+}
+
+/// Lines said per second about each ignored signal: a flood of one (anyone who may signal the
+/// process may send 100,000) must not fill the log's disk, now that a log file on a local file
+/// system takes every line (`crate::logging`).
+const IGNORED_LINES_PER_SECOND: u32 = 5;
+
+/// For each ignored signal seen, the lines about it in the current second, and those not said.
+/// Empty (allocating nothing) until a signal is ignored.
+#[derive(Default)]
+struct Ignored(std::collections::HashMap<i32, Window>);
+
+#[derive(Clone, Copy)]
+struct Window {
+    second: Instant,
+    said: u32,
+    unsaid: u64,
+}
+
+impl Ignored {
+    /// Signal `sig` ignored at `now`: `Some(n)` if it is to be logged, `n` the times it was not
+    /// logged since its last line; `None` if it is only counted.
+    fn note(&mut self, sig: i32, now: Instant) -> Option<u64> {
+        let window = self.0.entry(sig).or_insert(Window { second: now, said: 0, unsaid: 0 });
+        if now.duration_since(window.second) >= Duration::from_secs(1) {
+            window.second = now;
+            window.said = 0;
+        }
+        if window.said < IGNORED_LINES_PER_SECOND {
+            window.said += 1;
+            Some(std::mem::take(&mut window.unsaid))
+        } else {
+            window.unsaid += 1;
+            None
         }
     }
 }
@@ -309,5 +358,30 @@ impl Reader {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod ignored_tests {
+    use super::*;
+
+    /// Rule: at most IGNORED_LINES_PER_SECOND lines a second about each ignored signal; the
+    /// rest are counted and the count said on its next line, in a later second. Another
+    /// signal has its own lines.
+    #[test]
+    fn a_flood_of_one_ignored_signal_is_logged_five_a_second_and_counted() {
+        let mut ignored = Ignored::default();
+        let start = Instant::now();
+        let said: Vec<Option<u64>> = (0..25).map(|_| ignored.note(libc::SIGUSR1, start)).collect();
+        let allowed = IGNORED_LINES_PER_SECOND as usize;
+        assert!(said[..allowed].iter().all(|s| *s == Some(0)) && said[allowed..].iter().all(Option::is_none));
+        assert_eq!(ignored.note(libc::SIGALRM, start), Some(0), "another signal is said");
+        assert_eq!(ignored.note(libc::SIGUSR1, start + Duration::from_millis(999)), None);
+        assert_eq!(
+            ignored.note(libc::SIGUSR1, start + Duration::from_secs(1)),
+            Some(21),
+            "the 21 not said, on the next line"
+        );
+        assert_eq!(ignored.note(libc::SIGUSR1, start + Duration::from_secs(1)), Some(0));
     }
 }

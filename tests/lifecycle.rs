@@ -1050,3 +1050,38 @@ fn a_daemon_logging_to_a_pipe_writes_its_lines_from_a_thread_of_their_own() {
     );
     assert!(d.stop().success());
 }
+
+/// Rule (found from outside, 2026-12-04: a flood of 100,000 real-time signals logged 80,000
+/// lines): lines about an ignored signal are at most five a second, the rest counted and the
+/// count said on its next line; with a log file taking every line at once, a flood cannot fill
+/// its disk. The daemon serves and reloads on after it.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn a_flood_of_ignored_signals_logs_a_few_lines_a_second() {
+    need_fuse();
+    let d = Daemon::start(&NO_ROOT);
+    let pid = d.child.id();
+    let sig = libc::SIGRTMIN() + 1;
+    let start = Instant::now();
+    for _ in 0..2000 {
+        d.signal(sig);
+    }
+    // Real-time signals queue: each of the 2,000 is read once the process has none pending.
+    let pending = || {
+        let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        status.lines().find_map(|l| l.strip_prefix("ShdPnd:")).map(|m| m.trim().trim_start_matches('0').to_owned())
+    };
+    wait_for_or(
+        "every signal to be read",
+        || fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default(),
+        || (pending().as_deref() == Some("")).then_some(()),
+    );
+    let seconds = start.elapsed().as_secs() + 1;
+    let name = "signal SIGRTMIN+1: ignored";
+    wait_for("the first line", || d.log_text().contains(name).then_some(()));
+    let lines = d.log_text().matches(name).count() as u64;
+    assert!(lines <= 5 * (seconds + 1), "{lines} lines in {seconds} s");
+    assert_eq!(d.reload()["generation"], 2, "{}", d.log_text());
+    assert!(fs::metadata(d.path("null")).is_ok());
+    assert!(d.stop().success());
+}

@@ -48,7 +48,6 @@ pub fn hook_control_node(rel_path: &str) -> bool {
     PASSTHROUGH.contains(&rel_path)
 }
 
-
 /// The NVIDIA family ([`super::NVIDIA`]).
 pub struct Nvidia;
 
