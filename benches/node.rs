@@ -43,6 +43,9 @@ const STARTS: usize = 41;
 /// How long the node daemon is left idle before an isolated start.
 const IDLE: Duration = Duration::from_millis(100);
 const SCALE: [usize; 4] = [1, 10, 100, 200];
+/// The pause before the memory and threads at each scale are read: three of the pid file's
+/// polls.
+const SETTLE: Duration = Duration::from_millis(300);
 /// The number of containers mounted for the second reload measurement.
 const MANY: usize = 100;
 /// Between two probes of a reload's device number.
@@ -59,10 +62,9 @@ fn main() {
     }
     let work =
         tempfile::Builder::new().permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700)).tempdir().unwrap();
-    // On tmpfs, as /run/devremap is.
-    let state_dir = tempfile::Builder::new().prefix("devremap-node-bench-").tempdir_in("/run").unwrap();
+    let state_dir = StateDir::new();
     let host = Host::new(work.path());
-    let node = NodeDaemon::start(DEVREMAPD, state_dir.path(), &work.path().join("node.log"));
+    let node = NodeDaemon::start(DEVREMAPD, state_dir.0.path(), &work.path().join("node.log"));
     let mut summary = serde_json::Map::new();
     let mut mounted = 0;
     let mut scale = Vec::new();
@@ -80,6 +82,10 @@ fn main() {
             println!("{n:4} containers: one more starts in {isolated:.2} ms after the node was idle for {IDLE:?}");
             summary.insert("isolated_start_ms".into(), round(isolated, 2));
         }
+        // What a container keeps, not what its start still holds: a keeper reads its
+        // container's pid file every 100 ms on a thread that ends once the file names the
+        // process, which the containers mounted last may not have yet.
+        std::thread::sleep(SETTLE);
         let (memory, starts) = (Memory::of(node.pid()), (0..STARTS).map(|k| start_one(&node, &host, k)).collect());
         let start_ms = median(starts);
         println!(
@@ -129,6 +135,31 @@ fn main() {
 /// A fake host: GPUs `nvidia0` and `nvidia1` (real char devices), a spec giving the container
 /// both, and a checkpoint that saved 100 and 101, so each container serves `nvidia100` as the
 /// host's `nvidia0` and `nvidia101` as `nvidia1`.
+/// The state dir on a tmpfs of its own, as `/run/devremap` is on a host (`/run` is a tmpfs
+/// under systemd; in a container it may be the root's file system): each container's log is
+/// a file there, which its keeper and server write from the thread that logs only on tmpfs.
+/// Unmounted (lazily) once the node daemon, dropped first, has gone.
+struct StateDir(tempfile::TempDir);
+
+impl StateDir {
+    fn new() -> StateDir {
+        let dir = tempfile::Builder::new().prefix("devremap-node-bench-").tempdir_in("/run").unwrap();
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "mode=0700", "devremap-node-bench"])
+            .arg(dir.path())
+            .status()
+            .unwrap();
+        assert!(status.success(), "mount -t tmpfs {}", dir.path().display());
+        StateDir(dir)
+    }
+}
+
+impl Drop for StateDir {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(self.0.path()).status();
+    }
+}
+
 struct Host {
     dir: PathBuf,
 }

@@ -3,15 +3,15 @@
 //! overrides), millisecond timestamps, the message escaped, written to stderr.
 //!
 //! Assumption: nobody may be reading stderr (a pipe whose reader stopped fills up, and then
-//! every write to it blocks). So where stderr is anything but a regular file on a local file
-//! system, a log call never writes: it hands its line to a bounded queue and returns; a writer
+//! every write to it blocks), and a file system may block writes (a frozen one). So where
+//! stderr is anything but a regular file on tmpfs, a log call never writes: it hands its line to a bounded queue and returns; a writer
 //! thread, started with the first line, is the only one that can block on stderr. A line that
 //! finds the queue full is dropped and counted ([`dropped`]), so serving, reloading and
-//! stopping never wait for a log line. A regular file on a local file system (the node daemon's
-//! `<state-dir>/<id>/devremapd.log`, on `/run`'s tmpfs) takes a line at once, as the page cache
-//! does: each line is written by the thread that logs it, and no writer thread is started (one
-//! thread fewer in each of a container's two processes, issue 31). A file a full disk refuses
-//! counts its lines dropped, as a pipe's do.
+//! stopping never wait for a log line. A regular file on tmpfs (the node daemon's
+//! `<state-dir>/<id>/devremapd.log`, on `/run`) takes a line at once, from memory: each line is
+//! written by the thread that logs it, and no writer thread is started (one thread fewer in
+//! each of a container's two processes, issue 31). A line a full tmpfs refuses is counted
+//! dropped, as a pipe's are.
 //!
 //! Which of the two is decided when stderr is known: at [`init`], and again by
 //! [`stderr_replaced`] (a spare, handed the container's log), unless a writer thread was
@@ -120,27 +120,19 @@ fn queue() -> &'static Bounded {
     })
 }
 
-/// Whether stderr is a regular file on a local file system, which takes a line without making
-/// its writer wait on anything but memory (the page cache) or fail at once (a full disk). Not
-/// a file on a network or FUSE file system, which can hang; not a pipe, socket or terminal.
-/// The test hook `slow-log-writer` keeps the writer thread, whose pace it sets.
+/// Whether stderr is a regular file on tmpfs, which takes a line without making its
+/// writer wait on anything but memory, or fail at once (a full file system). Not a file on a
+/// disk's file system: `fsfreeze` (a snapshot, a backup) blocks every write to one until it is
+/// thawed, which held a reload, a stop and a dead server's replacement for the whole freeze
+/// (found from outside); tmpfs cannot be frozen. Not a pipe, socket or terminal either. The
+/// test hook `slow-log-writer` keeps the writer thread, whose pace it sets.
 fn stderr_takes_lines_at_once() -> bool {
     use nix::sys::stat::{SFlag, fstat};
-    use nix::sys::statfs::fstatfs;
+    use nix::sys::statfs::{TMPFS_MAGIC, fstatfs};
     let stderr = std::io::stderr();
     let regular =
         fstat(&stderr).is_ok_and(|st| SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFREG);
-    regular && slow_writer().is_none() && fstatfs(&stderr).is_ok_and(|fs| local_file_system(fs.filesystem_type()))
-}
-
-/// The file systems whose files take a write from the page cache: memory and local disks.
-fn local_file_system(kind: nix::sys::statfs::FsType) -> bool {
-    use nix::sys::statfs::{
-        BTRFS_SUPER_MAGIC, EXT4_SUPER_MAGIC, F2FS_SUPER_MAGIC, OVERLAYFS_SUPER_MAGIC, TMPFS_MAGIC, XFS_SUPER_MAGIC,
-    };
-    // ext2 and ext3 share ext4's magic; an overlay's upper layer (a container's root) is local.
-    [TMPFS_MAGIC, EXT4_SUPER_MAGIC, XFS_SUPER_MAGIC, BTRFS_SUPER_MAGIC, F2FS_SUPER_MAGIC, OVERLAYFS_SUPER_MAGIC]
-        .contains(&kind)
+    regular && slow_writer().is_none() && fstatfs(&stderr).is_ok_and(|fs| fs.filesystem_type() == TMPFS_MAGIC)
 }
 
 /// One log record on one line, as env_logger's own format with millisecond timestamps, its

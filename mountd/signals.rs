@@ -237,6 +237,14 @@ fn forward<E>(
     }
 }
 
+/// `left` as poll's timeout: whole milliseconds, rounded up. Rounded down, the last one was
+/// polled for with no wait, over and over (found from outside: 20,000 polls a second while a
+/// keeper waited for its container). Past poll's range (24 days) is as good as forever.
+fn poll_timeout(left: Duration) -> PollTimeout {
+    let ms = left.as_micros().div_ceil(1000);
+    i32::try_from(ms).ok().and_then(|ms| PollTimeout::try_from(ms).ok()).unwrap_or(PollTimeout::MAX)
+}
+
 /// Lines said per second about each ignored signal: a flood of one (anyone who may signal the
 /// process may send 100,000) must not fill the log's disk, now that a log file on a local file
 /// system takes every line (`crate::logging`).
@@ -316,8 +324,7 @@ impl Reader {
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-            // A timeout past poll's range (24 days) is as good as forever.
-            let wait = left.map_or(PollTimeout::NONE, |t| PollTimeout::try_from(t).unwrap_or(PollTimeout::MAX));
+            let wait = left.map_or(PollTimeout::NONE, poll_timeout);
             let mut fds = [self.fd.as_fd(), fd.unwrap_or(self.fd.as_fd())].map(|fd| PollFd::new(fd, PollFlags::POLLIN));
             let polled = if fd.is_some() { &mut fds[..] } else { &mut fds[..1] };
             match poll(polled, wait) {
@@ -334,7 +341,7 @@ impl Reader {
             if polled.get(1).is_some_and(woke) {
                 return Waited::Ready;
             }
-            if left.is_some_and(|l| l.is_zero()) {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Waited::TimedOut;
             }
         }
@@ -364,6 +371,18 @@ impl Reader {
 #[cfg(test)]
 mod ignored_tests {
     use super::*;
+
+    /// Bug (found from outside, 2026-12-04): the time left was rounded down to whole
+    /// milliseconds, so under one millisecond before a deadline poll was asked to wait for
+    /// none, over and over: a keeper waiting for its container spun. It is rounded up.
+    #[test]
+    fn a_wait_under_a_millisecond_polls_for_a_whole_one() {
+        assert_eq!(poll_timeout(Duration::from_micros(1)), PollTimeout::from(1u16));
+        assert_eq!(poll_timeout(Duration::from_micros(999)), PollTimeout::from(1u16));
+        assert_eq!(poll_timeout(Duration::from_micros(99_001)), PollTimeout::from(100u16));
+        assert_eq!(poll_timeout(Duration::ZERO), PollTimeout::ZERO);
+        assert_eq!(poll_timeout(Duration::from_secs(100 * 86_400)), PollTimeout::MAX);
+    }
 
     /// Rule: at most IGNORED_LINES_PER_SECOND lines a second about each ignored signal; the
     /// rest are counted and the count said on its next line, in a later second. Another

@@ -6,8 +6,8 @@
 mod common;
 
 use common::daemon::{
-    Daemon, Spawned, children, has_exited, is_mounted, need_fuse, private_dir, private_mountpoint, wait_for,
-    wait_for_or,
+    Daemon, Spawned, Tmpfs, children, has_exited, is_mounted, need_fuse, private_dir, private_mountpoint, threads_of,
+    wait_for, wait_for_or,
 };
 use common::{arg, need_root};
 use std::fs;
@@ -1003,36 +1003,89 @@ fn thread_names(pid: u32) -> Vec<String> {
 }
 
 /// Issue 31 (threads per container): a keeper and its server whose stderr is a regular file on
-/// a local file system (the node daemon's `<state-dir>/<id>/devremapd.log`) write their lines
-/// themselves, with no log-writer thread; the keeper watches its owner, and the server reads
-/// its control socket, on the thread that reads their signals. Each still acts on its signals
-/// meanwhile (a reload), its lines reach the log, and the owner's exit stops the keeper.
+/// tmpfs (the node daemon's `<state-dir>/<id>/devremapd.log`, on `/run`) write their lines
+/// themselves, with no log-writer thread; the keeper reads its container's pid file on a
+/// thread that ends once the file names the process, which it then waits for on the thread
+/// that reads its signals, as the server reads its control socket there. Each still acts on
+/// its signals meanwhile (a reload), its lines reach the log, and the container's exit stops
+/// the keeper.
 #[test]
 #[ignore = "needs root and /dev/fuse"]
-fn a_daemon_logging_to_a_file_has_no_writer_thread_and_waits_on_its_signal_thread() {
+fn a_daemon_logging_to_a_tmpfs_file_has_no_writer_thread_and_waits_on_its_signal_thread() {
     need_fuse();
-    let mut owner = Owner(Command::new("sleep").arg("600").stdout(Stdio::null()).spawn().unwrap());
+    let (dir, mountpoint) = private_mountpoint();
+    let logs = Tmpfs::mount(&dir.path().join("logs"), "size=1m");
+    let log = logs.0.join("daemon.log");
+    let pid_file = dir.path().join("init.pid");
+    let owner = Owner(Command::new("sleep").arg("600").stdout(Stdio::null()).spawn().unwrap());
+    let mut container = Owner(Command::new("sleep").arg("600").stdout(Stdio::null()).spawn().unwrap());
     let owner_pid = owner.0.id().to_string();
-    let mut d = Daemon::start(&["--owner-pid", &owner_pid, "--host-root", EMPTY_ROOT]);
+    let args = ["--owner-pid", &owner_pid, "--container-pid-file", arg(&pid_file), "--host-root", EMPTY_ROOT];
+    let mut d = Daemon::launch(dir, mountpoint, &args, &[], fs::File::create(&log).unwrap().into());
+    let log_text = || fs::read_to_string(&log).unwrap_or_default();
     let keeper = d.child.id();
     let server = d.server_pid();
     // `spawner`: a keeper started directly spawns its first server (a spare's was forked).
     let keeper_threads = ["control", "devremapd", "replies", "requests", "signals", "spawner"];
     let server_threads = ["devremapd", "fuse-session", "fuser-0", "fuser-1", "signals"];
-    wait_for_or(
-        "the keeper's and the server's threads",
-        || format!("{:?} {:?}", thread_names(keeper), thread_names(server)),
-        || (thread_names(keeper) == keeper_threads && thread_names(server) == server_threads).then_some(()),
-    );
+    let threads = || format!("{:?} {:?}\n{}", thread_names(keeper), thread_names(server), log_text());
+    wait_for_or("the watch of the pid file", threads, || {
+        let watching = [&keeper_threads[..], &["watch"]].concat();
+        (thread_names(keeper) == watching && thread_names(server) == server_threads).then_some(())
+    });
+    let written = pid_file.with_extension("tmp");
+    fs::write(&written, container.0.id().to_string()).unwrap();
+    fs::rename(&written, &pid_file).unwrap();
+    wait_for_or("the watch thread to end once the pid file names the container", threads, || {
+        (thread_names(keeper) == keeper_threads).then_some(())
+    });
     let generation = d.generation();
     d.signal(libc::SIGHUP);
     wait_for("the reload a SIGHUP asks for", || (d.generation() > generation).then_some(()));
-    wait_for_or("the reload's line in the log", || d.log_text(), || d.log_text().contains("reload").then_some(()));
-    assert!(!has_thread(keeper, "log-writer") && !has_thread(server, "log-writer"), "{}", d.log_text());
-    owner.end();
-    let status = wait_for("the keeper to stop when its owner exits", || d.child.try_wait().ok().flatten());
+    wait_for_or("the reload's line in the log", log_text, || log_text().contains("reloaded").then_some(()));
+    assert!(!has_thread(keeper, "log-writer") && !has_thread(server, "log-writer"), "{}", log_text());
+    container.end();
+    let status = wait_for("the keeper to stop when its container exits", || d.child.try_wait().ok().flatten());
+    assert!(status.success(), "{status}: {}", log_text());
+    let exited = format!("container process {} exited", container.0.id());
+    assert!(log_text().contains(&exited), "{}", log_text());
+}
+
+/// Bug (found from outside, 2026-12-04): a keeper reading its container's pid file on its
+/// signal thread read no signal while that read hung (the file on a stopped FUSE daemon's
+/// mount): a SIGHUP and a SIGTERM waited for the daemon to be continued. The pid file is read
+/// on a thread of its own: the reload and the stop are done while the read hangs.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn a_pid_file_whose_read_hangs_keeps_no_signal_waiting() {
+    need_fuse();
+    let stuck = Daemon::start(&["--ttl", "0", "--host-root", EMPTY_ROOT]);
+    let pid_file = stuck.path("init.pid");
+    let d = Daemon::start(&["--container-pid-file", arg(&pid_file), "--host-root", EMPTY_ROOT]);
+    let frozen = Frozen::new(&stuck);
+    // The watch's next look at the file (every 100 ms) hangs in the frozen daemon.
+    wait_for_or(
+        "the watch to hang in the frozen mount",
+        || threads_of(d.child.id()),
+        || {
+            let task = fs::read_dir(format!("/proc/{}/task", d.child.id()))
+                .ok()?
+                .filter_map(Result::ok)
+                .find(|t| fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "watch"))?;
+            fs::read_to_string(task.path().join("wchan")).ok()?.contains("request_wait_answer").then_some(())
+        },
+    );
+    assert_eq!(d.reload()["generation"], 2, "{}", d.log_text());
+    d.signal(libc::SIGTERM);
+    wait_for_or(
+        "the stop's unmount while the watch hangs",
+        || d.log_text(),
+        || (!is_mounted(&d.mountpoint)).then_some(()),
+    );
+    drop(frozen);
+    let mut d = d;
+    let status = wait_for("the keeper to exit", || d.child.try_wait().ok().flatten());
     assert!(status.success(), "{status}: {}", d.log_text());
-    assert!(d.log_text().contains("that started us exited"), "{}", d.log_text());
 }
 
 /// The other side of the rule above: a keeper whose stderr is a pipe (which nobody may read)
@@ -1084,4 +1137,87 @@ fn a_flood_of_ignored_signals_logs_a_few_lines_a_second() {
     assert_eq!(d.reload()["generation"], 2, "{}", d.log_text());
     assert!(fs::metadata(d.path("null")).is_ok());
     assert!(d.stop().success());
+}
+
+/// A file system image mounted through a loop device, with `fsfreeze` at hand: unfrozen,
+/// unmounted and detached on drop, even when the test fails.
+struct LoopDisk {
+    dir: PathBuf,
+    device: String,
+}
+
+impl LoopDisk {
+    fn ext4(image: &Path, dir: &Path) -> LoopDisk {
+        fs::File::create(image).unwrap().set_len(64 << 20).unwrap();
+        let run = |cmd: &mut Command| {
+            let out = cmd.output().unwrap();
+            assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
+            String::from_utf8_lossy(&out.stdout).trim().to_owned()
+        };
+        run(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(image));
+        let device = run(Command::new("losetup").args(["-f", "--show"]).arg(image));
+        fs::create_dir_all(dir).unwrap();
+        let disk = LoopDisk { dir: dir.to_owned(), device };
+        run(Command::new("mount").arg(&disk.device).arg(dir));
+        disk
+    }
+
+    /// Freezes it until the guard is dropped.
+    fn freeze(&self) -> FrozenDisk<'_> {
+        let status = Command::new("fsfreeze").arg("-f").arg(&self.dir).status().unwrap();
+        assert!(status.success(), "fsfreeze -f {}", self.dir.display());
+        FrozenDisk(self)
+    }
+
+    fn thaw(&self) {
+        let _ = Command::new("fsfreeze").arg("-u").arg(&self.dir).status();
+    }
+}
+
+/// A frozen [`LoopDisk`], thawed on drop: declared after a daemon logging there, it is dropped
+/// first, so that a failing test's daemon can exit.
+struct FrozenDisk<'a>(&'a LoopDisk);
+
+impl Drop for FrozenDisk<'_> {
+    fn drop(&mut self) {
+        self.0.thaw();
+    }
+}
+
+impl Drop for LoopDisk {
+    fn drop(&mut self) {
+        self.thaw();
+        let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+        let _ = Command::new("losetup").arg("-d").arg(&self.device).status();
+    }
+}
+
+/// Bug (found from outside, 2026-12-04): with its log written at once by the thread that logs,
+/// a keeper whose log was a file on a frozen file system (`fsfreeze`, as a snapshot or a backup
+/// freezes one) held its reload, its stop and a dead server's replacement until the thaw, and
+/// lookups in its container's `/dev` with them. Only a file on tmpfs, which cannot be frozen, is
+/// written at once; this one goes through the writer thread, which alone waits: the reload is
+/// done and the stop unmounts during the freeze (the process itself exits at the thaw, its
+/// writer's write done).
+#[test]
+#[ignore = "needs root, /dev/fuse, a loop device, mkfs.ext4 and fsfreeze"]
+fn a_log_on_a_frozen_file_system_holds_no_reload_or_stop() {
+    need_fuse();
+    let (dir, mountpoint) = private_mountpoint();
+    let disk = LoopDisk::ext4(&dir.path().join("disk.img"), &dir.path().join("disk"));
+    let log = disk.dir.join("daemon.log");
+    let mut d = Daemon::launch(dir, mountpoint, &NO_ROOT, &[], fs::File::create(&log).unwrap().into());
+    let frozen = disk.freeze();
+    d.signal(libc::SIGHUP);
+    wait_for_or("the reload during the freeze", || threads_of(d.child.id()), || (d.generation() == 2).then_some(()));
+    d.signal(libc::SIGTERM);
+    wait_for_or(
+        "the stop's unmount during the freeze",
+        || threads_of(d.child.id()),
+        || (!is_mounted(&d.mountpoint)).then_some(()),
+    );
+    drop(frozen);
+    let status = wait_for("the keeper to exit after the thaw", || d.child.try_wait().ok().flatten());
+    assert!(status.success(), "{status}: {}", fs::read_to_string(&log).unwrap_or_default());
+    assert!(fs::read_to_string(&log).unwrap().contains("reloaded"));
 }

@@ -111,7 +111,7 @@ struct Keeper<'a> {
     exe_path: PathBuf,
     server_timeout: Duration,
     /// The thread reading the signals, which watches the container once mounted.
-    signals: signals::Thread,
+    signals: Arc<signals::Thread>,
     machine: Machine,
     /// The current server and the successor, by epoch.
     procs: HashMap<u64, Proc>,
@@ -149,7 +149,7 @@ pub fn run(args: &MountArgs, words: Vec<OsString>, parked: Option<ParkedServer>)
     let ready = args.ready_fd.map(claim_ready_fd).transpose()?;
     // Then: a SIGHUP or SIGTERM sent as soon as we were started must not end us.
     let (tx, rx) = mpsc::channel();
-    let signals = signals::start(tx.clone(), act, "")?;
+    let signals = Arc::new(signals::start(tx.clone(), act, "")?);
     let serve_args = without_ready_fd(words.into_iter());
     let exe = parked.as_ref().map(ParkedServer::exe);
     // Handed its command line first, so that its own start (its arguments, its threads) runs
