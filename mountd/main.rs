@@ -28,6 +28,10 @@ use std::time::Duration;
 
 fn main() -> ExitCode {
     memory::malloc_settings();
+    if let Err(e) = signals::swallow_write_faults() {
+        let _ = writeln!(std::io::stderr(), "error: {e}");
+        return ExitCode::FAILURE;
+    }
     // A request handler's panic is answered with EIO and logged in one line by the adapter;
     // any other panic keeps the default report.
     let default_hook = std::panic::take_hook();
@@ -58,7 +62,9 @@ fn main() -> ExitCode {
                 .map(str::trim)
                 .filter(|l| !l.is_empty())
                 .collect();
-            eprintln!("{}", escape(&words.join(" ")));
+            // Not eprintln!, which panics when stderr cannot be written (a file at its size
+            // limit, found from outside): the status says it.
+            let _ = writeln!(std::io::stderr(), "{}", escape(&words.join(" ")));
             return ExitCode::FAILURE;
         }
     };

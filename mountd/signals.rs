@@ -66,6 +66,26 @@ fn handled_signals() -> SigSet {
     set
 }
 
+/// Makes SIGPIPE and SIGXFSZ, which the kernel sends the writer of a pipe nobody reads or of a
+/// file past `RLIMIT_FSIZE`, leave the process running: the write fails with its error, which
+/// the writer handles. Called first thing in `main`, for every command (found from outside: a
+/// daemon whose log file was over the limit was ended by SIGXFSZ at its first error line, a
+/// bad flag's, before its signals were taken); once per process, as [`start`] calls it again.
+/// A handler that only sets a flag nobody reads, installed without `unsafe`: as with SIG_IGN,
+/// the signal no longer ends the process, and unlike SIG_IGN it is not passed on to a program
+/// exec'd.
+pub fn swallow_write_faults() -> Result<(), SignalsError> {
+    static SWALLOWED: std::sync::OnceLock<Result<(), (i32, io::ErrorKind)>> = std::sync::OnceLock::new();
+    let done = SWALLOWED.get_or_init(|| {
+        let swallowed = Arc::new(AtomicBool::new(false));
+        for sig in [SIGPIPE, SIGXFSZ] {
+            signal_hook::flag::register(sig, swallowed.clone()).map_err(|e| (sig, e.kind()))?;
+        }
+        Ok(())
+    });
+    done.map_err(|(signal, kind)| SignalsError::Ignore { signal, source: kind.into() })
+}
+
 /// Blocks every handled signal in the calling thread, and so in every thread it starts later:
 /// called on the main thread before any other starts (by `main`, for the daemon's commands).
 /// Until [`start`]'s thread reads them, they wait.
@@ -171,13 +191,7 @@ pub fn start<E: Send + 'static>(
     act: fn(i32) -> Option<E>,
     why_ignored: &'static str,
 ) -> Result<Thread, SignalsError> {
-    // A handler that only sets a flag nobody reads, installed without `unsafe`: as with
-    // SIG_IGN, the signal no longer ends the process.
-    let swallowed = Arc::new(AtomicBool::new(false));
-    for sig in [SIGPIPE, SIGXFSZ] {
-        signal_hook::flag::register(sig, swallowed.clone())
-            .map_err(|source| SignalsError::Ignore { signal: sig, source })?;
-    }
+    swallow_write_faults()?;
     block()?;
     let fd = SignalFd::with_flags(&handled_signals(), SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
         .map_err(SignalsError::Handle)?;

@@ -509,3 +509,29 @@ fn a_parked_devremapd_refuses_what_is_not_its_parcel() {
     let text = fs::read_to_string(tmp.path().join("log")).unwrap();
     assert_eq!(text, "error: parked: it runs `mount` or `serve`, not `plan`\n");
 }
+
+/// Bug (found from outside, 2026-12-04): a `devremapd` whose stderr was a file at its size limit
+/// (`RLIMIT_FSIZE`, `ulimit -f`) was ended by SIGXFSZ when it wrote its error line, if the error
+/// came before its signals were taken (a bad flag): exit by a signal, not status 1. SIGXFSZ is
+/// swallowed first thing: the write fails, and the status is 1.
+#[test]
+fn a_log_at_its_size_limit_never_ends_the_command_by_sigxfsz() {
+    use std::os::unix::process::{CommandExt, ExitStatusExt};
+    let dir = TempDir::new().unwrap();
+    let log = dir.path().join("log");
+    let mut command = std::process::Command::new(common::BIN);
+    command.args(["mount", "/nonexistent", "--bogus"]).stderr(fs::File::create(&log).unwrap());
+    // SAFETY: setrlimit in the child before exec, with a valid struct.
+    unsafe {
+        command.pre_exec(|| {
+            let limit = libc::rlimit { rlim_cur: 4, rlim_max: 4 };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let status = command.status().unwrap();
+    assert_eq!((status.code(), status.signal()), (Some(1), None), "{status}");
+    assert_eq!(fs::read(&log).unwrap(), b"erro", "the line, cut at the limit");
+}

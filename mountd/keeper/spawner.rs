@@ -21,7 +21,7 @@ use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
 use parking_lot::Mutex;
 use std::ffi::OsString;
 use std::fs::File;
-use std::io;
+use std::io::{self, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -175,7 +175,7 @@ pub(crate) fn park_server() -> Result<Parked, KeeperError> {
                 // The keeper's ends and its binary are the keeper's alone.
                 drop((socket, control, parcel, exe));
                 if let Err(e) = become_parked_server(keeper, [their_parcel, their_socket, their_control]) {
-                    eprintln!("error: parked: cannot take its sockets: {}", io_message(&e));
+                    let _ = writeln!(std::io::stderr(), "error: parked: cannot take its sockets: {}", io_message(&e));
                     // SAFETY: _exit ends this process only.
                     unsafe { libc::_exit(1) }
                 }
