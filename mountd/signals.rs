@@ -239,12 +239,16 @@ fn forward<E>(
     match act(sig) {
         Some(event) => events.send(event).is_ok(),
         None => {
+            let name = signal_name(sig);
             match ignored.lock().note(sig, Instant::now()) {
-                Some(0) => info!("signal {}: ignored{why_ignored}", signal_name(sig)),
-                Some(unsaid) => {
-                    info!("signal {}: ignored{why_ignored} (and {unsaid} more before it, not logged)", signal_name(sig))
+                Said::Line(0) => info!("signal {name}: ignored{why_ignored}"),
+                Said::Line(unsaid) => {
+                    info!("signal {name}: ignored{why_ignored} (and {unsaid} more before it, not logged)")
                 }
-                None => {}
+                Said::LastThisSecond => info!(
+                    "signal {name}: ignored{why_ignored}; {IGNORED_LINES_PER_SECOND} in a second: more this second are counted, not logged"
+                ),
+                Said::Counted => {}
             }
             true
         }
@@ -276,21 +280,38 @@ struct Window {
     unsaid: u64,
 }
 
+/// What is said of one more ignored signal.
+#[derive(Debug, PartialEq, Eq)]
+enum Said {
+    /// Its line, with the count of those not said since its last line.
+    Line(u64),
+    /// Its line, saying that the rest of this second's are counted, not said: so a burst that
+    /// ends before the next second shows in the log even if no later one comes to say its
+    /// count (found from outside).
+    LastThisSecond,
+    /// Counted only.
+    Counted,
+}
+
 impl Ignored {
-    /// Signal `sig` ignored at `now`: `Some(n)` if it is to be logged, `n` the times it was not
-    /// logged since its last line; `None` if it is only counted.
-    fn note(&mut self, sig: i32, now: Instant) -> Option<u64> {
+    /// Signal `sig` ignored at `now`: what of it is said.
+    fn note(&mut self, sig: i32, now: Instant) -> Said {
         let window = self.0.entry(sig).or_insert(Window { second: now, said: 0, unsaid: 0 });
         if now.duration_since(window.second) >= Duration::from_secs(1) {
             window.second = now;
             window.said = 0;
         }
-        if window.said < IGNORED_LINES_PER_SECOND {
-            window.said += 1;
-            Some(std::mem::take(&mut window.unsaid))
-        } else {
-            window.unsaid += 1;
-            None
+        window.said = window.said.saturating_add(1);
+        match window.said.cmp(&IGNORED_LINES_PER_SECOND) {
+            std::cmp::Ordering::Less => Said::Line(std::mem::take(&mut window.unsaid)),
+            std::cmp::Ordering::Equal => {
+                window.unsaid = 0;
+                Said::LastThisSecond
+            }
+            std::cmp::Ordering::Greater => {
+                window.unsaid += 1;
+                Said::Counted
+            }
         }
     }
 }
@@ -405,16 +426,14 @@ mod ignored_tests {
     fn a_flood_of_one_ignored_signal_is_logged_five_a_second_and_counted() {
         let mut ignored = Ignored::default();
         let start = Instant::now();
-        let said: Vec<Option<u64>> = (0..25).map(|_| ignored.note(libc::SIGUSR1, start)).collect();
+        let said: Vec<Said> = (0..25).map(|_| ignored.note(libc::SIGUSR1, start)).collect();
         let allowed = IGNORED_LINES_PER_SECOND as usize;
-        assert!(said[..allowed].iter().all(|s| *s == Some(0)) && said[allowed..].iter().all(Option::is_none));
-        assert_eq!(ignored.note(libc::SIGALRM, start), Some(0), "another signal is said");
-        assert_eq!(ignored.note(libc::SIGUSR1, start + Duration::from_millis(999)), None);
-        assert_eq!(
-            ignored.note(libc::SIGUSR1, start + Duration::from_secs(1)),
-            Some(21),
-            "the 21 not said, on the next line"
-        );
-        assert_eq!(ignored.note(libc::SIGUSR1, start + Duration::from_secs(1)), Some(0));
+        assert!(said[..allowed - 1].iter().all(|s| *s == Said::Line(0)), "{said:?}");
+        assert_eq!(said[allowed - 1], Said::LastThisSecond, "the last line says the rest are counted");
+        assert!(said[allowed..].iter().all(|s| *s == Said::Counted), "{said:?}");
+        assert_eq!(ignored.note(libc::SIGALRM, start), Said::Line(0), "another signal is said");
+        assert_eq!(ignored.note(libc::SIGUSR1, start + Duration::from_millis(999)), Said::Counted);
+        assert_eq!(ignored.note(libc::SIGUSR1, start + Duration::from_secs(1)), Said::Line(21), "the 21 counted");
+        assert_eq!(ignored.note(libc::SIGUSR1, start + Duration::from_secs(1)), Said::Line(0));
     }
 }
