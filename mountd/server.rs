@@ -319,7 +319,7 @@ fn read_control(
     let (proceed_tx, proceed) = mpsc::channel();
     let (control_tx, control_rx) = (events.clone(), control.clone());
     signals.then(move |reader| {
-        while reader.wait_for(Some(control_rx.as_fd()), None) == signals::Waited::Ready
+        while reader.wait_for(Some(control_rx.as_fd()), None) == signals::Waited::Ready(0)
             && let Ok(message) = receive(&control_rx)
         {
             match message {

@@ -203,7 +203,7 @@ pub fn start<E: Send + 'static>(
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
-            while let Waited::Ready = reader.wait_for(Some(woken.as_fd()), None) {
+            while let Waited::Ready(_) = reader.wait_for(Some(woken.as_fd()), None) {
                 // Drained before the jobs are taken, so that a wake-up after them is not lost.
                 let mut buf = [0; 64];
                 let handed_on = loop {
@@ -343,8 +343,9 @@ pub struct Reader {
 /// How [`Reader::wait_for`] ended.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Waited {
-    /// The descriptor is readable (or at its end, or in error: a read says which).
-    Ready,
+    /// The descriptor at this index is readable (or at its end, or in error: a read says
+    /// which).
+    Ready(usize),
     /// The time was up first.
     TimedOut,
     /// Nobody takes the signals' events any more, or they can no longer be read: the process
@@ -356,12 +357,24 @@ impl Reader {
     /// Waits up to `timeout` (forever with `None`) for `fd` to be readable (with no `fd`, for
     /// the time alone), handling every signal that comes meanwhile.
     pub fn wait_for(&self, fd: Option<BorrowedFd>, timeout: Option<Duration>) -> Waited {
+        match fd {
+            Some(fd) => self.wait_for_any(&[fd], timeout),
+            None => self.wait_for_any(&[], timeout),
+        }
+    }
+
+    /// Waits up to `timeout` (forever with `None`) for one of `fds` (at most two) to be
+    /// readable, handling every signal that comes meanwhile: `Ready(i)`, `fds[i]` the first
+    /// readable one.
+    pub fn wait_for_any(&self, fds: &[BorrowedFd], timeout: Option<Duration>) -> Waited {
         let deadline = timeout.map(|t| Instant::now() + t);
+        let n = fds.len().min(2);
         loop {
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
             let wait = left.map_or(PollTimeout::NONE, poll_timeout);
-            let mut fds = [self.fd.as_fd(), fd.unwrap_or(self.fd.as_fd())].map(|fd| PollFd::new(fd, PollFlags::POLLIN));
-            let polled = if fd.is_some() { &mut fds[..] } else { &mut fds[..1] };
+            let at = |i: usize| fds.get(i).copied().unwrap_or(self.fd.as_fd());
+            let mut polled = [self.fd.as_fd(), at(0), at(1)].map(|fd| PollFd::new(fd, PollFlags::POLLIN));
+            let polled = &mut polled[..=n];
             match poll(polled, wait) {
                 Ok(_) | Err(Errno::EINTR) => {}
                 Err(e) => {
@@ -373,8 +386,8 @@ impl Reader {
             if woke(&polled[0]) && !self.take_pending() {
                 return Waited::Gone;
             }
-            if polled.get(1).is_some_and(woke) {
-                return Waited::Ready;
+            if let Some(i) = polled[1..].iter().position(woke) {
+                return Waited::Ready(i);
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Waited::TimedOut;

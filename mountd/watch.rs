@@ -18,9 +18,12 @@
 
 use devremap::inputs::files::read_pid;
 use log::{info, warn};
+use std::io::Write;
 use std::os::unix::fs::MetadataExt;
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::Duration;
 
 const PID_FILE_POLL: Duration = Duration::from_millis(100);
@@ -54,88 +57,144 @@ enum Found {
     Process(u32, OwnedFd),
 }
 
+/// How long, after the owner exited, the pid file is given to answer its last read: a read that
+/// hangs longer (a file system that does not answer) no longer keeps the daemon from stopping.
+const LAST_READ_PATIENCE: Duration = Duration::from_secs(1);
+
 /// Starts the watchdog; `stop(reason)` is called once, when the daemon must stop. Called
 /// before the daemon reports ready, so before its caller starts the container.
 ///
-/// A process is waited for on the signal thread `signals` (a poll of its pidfd beside the
-/// signals): the owner alone, or the container's process, for the container's life. The pid
-/// file is read on a thread of its own, which ends once the file names the process: it may be
-/// on a file system whose reads hang (a stopped FUSE daemon's), which must not keep the signals
-/// from being read (found from outside).
+/// Processes are waited for on the signal thread `signals` (a poll of their pidfds beside the
+/// signals): the owner until the pid file names the container's process, then that process
+/// for the container's life. The pid file is looked at by a thread of its own, which ends once
+/// the file names the process: it may be on a file system whose reads hang (a stopped FUSE
+/// daemon's), which must keep neither the signals nor the owner's exit waiting (found from
+/// outside). Its first look (whether a file from an earlier run is there) is taken before the
+/// daemon says it is ready: the returned receiver hears when, for [`armed_within`].
 pub fn spawn(
     signals: &Arc<Thread>,
     owner: Option<u32>,
     pid_file: Option<PathBuf>,
     stop: impl FnOnce(String) + Send + 'static,
-) {
+) -> Option<Receiver<()>> {
+    // An owner already gone (or one we may not watch) is as good as gone.
+    let owner = owner.map(|pid| (pid, pidfd_open(pid).ok()));
     let Some(path) = pid_file else {
-        let Some(pid) = owner else { return };
-        // An owner already gone (or one we may not watch) is as good as gone.
-        let fd = pidfd_open(pid).ok();
+        let (pid, fd) = owner?;
         signals.then(move |reader| {
             if let Some(fd) = fd {
                 exits(reader, &fd, None);
             }
-            stop(format!("process {pid} that started us exited before the container started"));
+            stop(owner_exited(pid));
         });
-        return;
+        return None;
     };
-    let stale = identity(&path);
-    if stale.is_some() {
-        info!("{}: left by an earlier run; waiting for the runtime to write it again", path.display());
-    }
-    let signals = signals.clone();
-    let watching = std::thread::Builder::new().name("watch".into()).spawn(move || match find(owner, &path, stale) {
-        Found::Stop(why) => stop(why),
-        Found::Process(pid, fd) => signals.then(move |reader| {
-            exits(reader, &fd, None);
-            stop(format!("container process {pid} exited"));
-        }),
+    let (armed_tx, armed) = mpsc::channel();
+    let (found_tx, found) = mpsc::channel();
+    let (owner_gone, gone) = mpsc::channel();
+    let (ping, pinged) = match UnixStream::pair() {
+        Ok(pair) => pair,
+        Err(e) => return unwatched(&e),
+    };
+    let owner_pid = owner.as_ref().map(|(pid, _)| *pid);
+    let watching = std::thread::Builder::new().name("watch".into()).spawn(move || {
+        let stale = identity(&path);
+        if stale.is_some() {
+            info!("{}: left by an earlier run; waiting for the runtime to write it again", path.display());
+        }
+        let _ = armed_tx.send(());
+        let _ = found_tx.send(find(&path, stale, &gone, owner_pid));
+        let _ = (&ping).write(&[1]);
     });
     if let Err(e) = watching {
+        return unwatched(&e);
+    }
+    signals.then(move |reader| {
+        let owner_exited_first = match &owner {
+            None => {
+                reader.wait_for(Some(pinged.as_fd()), None);
+                false
+            }
+            // An owner without a pidfd is gone already.
+            Some((_, None)) => true,
+            Some((_, Some(fd))) => reader.wait_for_any(&[pinged.as_fd(), fd.as_fd()], None) == Waited::Ready(1),
+        };
+        let found = match owner {
+            Some((pid, _)) if owner_exited_first => {
+                let _ = owner_gone.send(());
+                // The pid file's last read says whether the container was started.
+                match reader.wait_for(Some(pinged.as_fd()), Some(LAST_READ_PATIENCE)) {
+                    Waited::Ready(_) => found.recv().ok(),
+                    _ => Some(Found::Stop(format!("{} (its pid file did not answer)", owner_exited(pid)))),
+                }
+            }
+            _ => found.recv().ok(),
+        };
+        match found {
+            Some(Found::Process(pid, fd)) => {
+                exits(reader, &fd, None);
+                stop(format!("container process {pid} exited"));
+            }
+            Some(Found::Stop(why)) => stop(why),
+            None => {}
+        }
+    });
+    Some(armed)
+}
+
+/// Waits up to `patience` for the watch's first look at the pid file, so that a file the
+/// runtime writes once we are ready is never taken for an earlier run's; a look that has not
+/// returned by then (a file system that does not answer) is warned of, and readiness goes on.
+pub fn armed_within(armed: &Receiver<()>, patience: Duration, pid_file: &Path) {
+    if let Err(RecvTimeoutError::Timeout) = armed.recv_timeout(patience) {
         warn!(
-            "cannot start the watch of the container ({e}): its exit will not stop this daemon; stop it with SIGTERM"
+            "{}: no answer within {patience:?} (a file system that hangs?): a pid file already there may not be told from the runtime's",
+            pid_file.display()
         );
     }
+}
+
+/// Says that the container cannot be watched (no socket pair or thread to be had).
+fn unwatched(e: &std::io::Error) -> Option<Receiver<()>> {
+    warn!("cannot watch the container ({e}): its exit will not stop this daemon; stop it with SIGTERM");
+    None
+}
+
+fn owner_exited(pid: u32) -> String {
+    format!("process {pid} that started us exited before the container started")
 }
 
 /// Whether the process behind `fd` exits within `timeout` (`None`: forever), the signals
 /// handled meanwhile; waited for without them where they can no longer be read.
 fn exits(reader: &Reader, fd: &OwnedFd, timeout: Option<Duration>) -> bool {
     match reader.wait_for(Some(fd.as_fd()), timeout) {
-        Waited::Ready => true,
+        Waited::Ready(_) => true,
         Waited::TimedOut => false,
         Waited::Gone => exited(fd, timeout),
     }
 }
 
-/// Reads the pid file every [`PID_FILE_POLL`] until it names the container's process, or the
-/// owner exits first.
-fn find(owner: Option<u32>, pid_file: &Path, stale: Option<FileIdentity>) -> Found {
-    let read = || fresh_pid(pid_file, stale);
-    // An owner already gone (or one we may not watch) is as good as gone.
-    let mut owner = owner.map(|pid| (pid, pidfd_open(pid).ok()));
+/// Reads the pid file every [`PID_FILE_POLL`] until it names the container's process, or,
+/// once `owner_gone` says the owner (`owner`) exited, once more.
+fn find(pid_file: &Path, stale: Option<FileIdentity>, owner_gone: &Receiver<()>, owner: Option<u32>) -> Found {
+    let mut gone = false;
     loop {
-        if let Some(pid) = read() {
+        // Said before this read: the owner may have exited right after the runtime wrote it.
+        let last = gone;
+        if let Some(pid) = fresh_pid(pid_file, stale) {
             info!("watching container process {pid}");
             return match pidfd_open(pid) {
                 Ok(fd) => Found::Process(pid, fd),
                 Err(_) => Found::Stop(format!("container process {pid} is gone")),
             };
         }
-        match &owner {
-            Some((pid, fd)) => {
-                let gone = fd.as_ref().is_none_or(|fd| exited(fd, Some(PID_FILE_POLL)));
-                if gone {
-                    // It may have exited right after the runtime wrote the pid file.
-                    if read().is_some() {
-                        owner = None;
-                        continue;
-                    }
-                    return Found::Stop(format!("process {pid} that started us exited before the container started"));
-                }
-            }
-            None => std::thread::sleep(PID_FILE_POLL),
+        if last {
+            return Found::Stop(owner.map_or_else(|| "its owner exited".to_owned(), owner_exited));
+        }
+        // Woken at once when the owner exits (or when nobody waits for the answer any more).
+        match owner_gone.recv_timeout(PID_FILE_POLL) {
+            Ok(()) | Err(RecvTimeoutError::Disconnected) => gone = true,
+            Err(RecvTimeoutError::Timeout) => {}
         }
     }
 }

@@ -1139,6 +1139,49 @@ fn a_flood_of_ignored_signals_logs_a_few_lines_a_second() {
     assert!(d.stop().success());
 }
 
+/// Bug (found from outside, 2026-12-04): the watch read the container's pid file and waited
+/// for the owner's exit on one thread, so a read that hung (the file on a stopped FUSE daemon's
+/// mount) hid the owner's exit, and the keeper served on for a container that would never
+/// start. The owner is waited for on the signal thread: its exit gives the pid file's last read
+/// a second, then stops the daemon.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn the_owners_exit_stops_the_daemon_while_its_pid_file_hangs() {
+    need_fuse();
+    let stuck = Daemon::start(&["--ttl", "0", "--host-root", EMPTY_ROOT]);
+    let pid_file = stuck.path("init.pid");
+    let mut owner = Owner(Command::new("sleep").arg("600").stdout(Stdio::null()).spawn().unwrap());
+    let owner_pid = owner.0.id().to_string();
+    let args = ["--owner-pid", &owner_pid, "--container-pid-file", arg(&pid_file), "--host-root", EMPTY_ROOT];
+    let mut d = Daemon::start(&args);
+    let frozen = Frozen::new(&stuck);
+    wait_for_or(
+        "the watch to hang in the frozen mount",
+        || threads_of(d.child.id()),
+        || {
+            let task = fs::read_dir(format!("/proc/{}/task", d.child.id()))
+                .ok()?
+                .filter_map(Result::ok)
+                .find(|t| fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "watch"))?;
+            fs::read_to_string(task.path().join("wchan")).ok()?.contains("request_wait_answer").then_some(())
+        },
+    );
+    owner.end();
+    let log = d.log.clone();
+    let status = wait_for_or(
+        "the keeper to stop once its owner exited",
+        || fs::read_to_string(&log).unwrap_or_default(),
+        || d.child.try_wait().ok().flatten(),
+    );
+    assert!(status.success(), "{status}: {}", d.log_text());
+    let said = format!(
+        "process {owner_pid} that started us exited before the container started (its pid file did not answer)"
+    );
+    assert!(d.log_text().contains(&said), "{}", d.log_text());
+    assert!(!is_mounted(&d.mountpoint));
+    drop(frozen);
+}
+
 /// A file system image mounted through a loop device, with `fsfreeze` at hand: unfrozen,
 /// unmounted and detached on drop, even when the test fails.
 struct LoopDisk {

@@ -112,6 +112,9 @@ struct Keeper<'a> {
     server_timeout: Duration,
     /// The thread reading the signals, which watches the container once mounted.
     signals: Arc<signals::Thread>,
+    /// Hears when the watch has had its first look at the container's pid file, until the
+    /// mount is said to be ready.
+    watch_armed: Option<std::sync::mpsc::Receiver<()>>,
     machine: Machine,
     /// The current server and the successor, by epoch.
     procs: HashMap<u64, Proc>,
@@ -203,6 +206,7 @@ pub fn run(args: &MountArgs, words: Vec<OsString>, parked: Option<ParkedServer>)
         exe_path,
         server_timeout: Duration::from_secs(args.server_timeout),
         signals,
+        watch_armed: None,
         machine,
         procs: HashMap::new(),
         pending: HashMap::new(),

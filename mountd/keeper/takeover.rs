@@ -15,6 +15,10 @@ use std::time::{Duration, Instant};
 const DRAIN: Duration = Duration::from_millis(500);
 /// How long a retired server has to end before it is killed.
 const RETIRE: Duration = Duration::from_secs(1);
+/// How long readiness waits for the watch's first look at the container's pid file: a look
+/// takes a `stat`, which only a file system that does not answer makes last (found from
+/// outside: taken on the main thread, it held the keeper, its pid file and its signals).
+const WATCH_ARMED_PATIENCE: Duration = Duration::from_secs(1);
 
 impl Keeper<'_> {
     /// The first server loaded its inputs: hand it the (empty) resume, mount, and relay. The
@@ -33,17 +37,22 @@ impl Keeper<'_> {
         let link = self.link.clone();
         spawn_thread("requests", move || relay_requests(&link))?;
         let events = self.link.events.clone();
-        crate::watch::spawn(&self.signals, self.args.owner_pid, self.args.container_pid_file.clone(), move |why| {
-            let _ = events.send(super::Ev::Stop(why));
-        });
+        self.watch_armed =
+            crate::watch::spawn(&self.signals, self.args.owner_pid, self.args.container_pid_file.clone(), move |why| {
+                let _ = events.send(super::Ev::Stop(why));
+            });
         Ok(())
     }
 
-    /// The mount answers: the pid file, once (a server taking over finds it written), then the
+    /// The mount answers: once the watch has had its first look at the container's pid file
+    /// ([`WATCH_ARMED_PATIENCE`]), the pid file, once (a server taking over finds it written), then the
     /// newline on `--ready-fd`, which is closed. A newline that cannot be written (the starter
     /// is gone, or never reads and the pipe is full) is warned of, and the mount serves on: the
     /// starter sees EOF and takes the start as failed, its own decision.
     pub(super) fn write_pid_file(&mut self) -> Result<(), KeeperError> {
+        if let (Some(armed), Some(path)) = (self.watch_armed.take(), &self.args.container_pid_file) {
+            crate::watch::armed_within(&armed, WATCH_ARMED_PATIENCE, path);
+        }
         if let Some(pid_file) = self.args.pid_file.as_ref().filter(|_| self.pid_written.is_none()) {
             let pid = format!("{}\n", std::process::id());
             let written = write_atomic_told(pid_file, pid.as_bytes(), None, Lasting::UntilReboot, |_| {})
