@@ -1051,6 +1051,22 @@ fn a_daemon_logging_to_a_tmpfs_file_has_no_writer_thread_and_waits_on_its_signal
     assert!(log_text().contains(&exited), "{}", log_text());
 }
 
+/// Waits until keeper `pid`'s `watch` thread hangs in a FUSE request (its pid file on a frozen
+/// daemon's mount).
+fn watch_hangs(pid: u32) {
+    wait_for_or(
+        "the watch to hang in the frozen mount",
+        || threads_of(pid),
+        || {
+            let task = fs::read_dir(format!("/proc/{pid}/task"))
+                .ok()?
+                .filter_map(Result::ok)
+                .find(|t| fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "watch"))?;
+            fs::read_to_string(task.path().join("wchan")).ok()?.contains("request_wait_answer").then_some(())
+        },
+    );
+}
+
 /// Bug (found from outside, 2026-12-04): a keeper reading its container's pid file on its
 /// signal thread read no signal while that read hung (the file on a stopped FUSE daemon's
 /// mount): a SIGHUP and a SIGTERM waited for the daemon to be continued. The pid file is read
@@ -1064,17 +1080,7 @@ fn a_pid_file_whose_read_hangs_keeps_no_signal_waiting() {
     let d = Daemon::start(&["--container-pid-file", arg(&pid_file), "--host-root", EMPTY_ROOT]);
     let frozen = Frozen::new(&stuck);
     // The watch's next look at the file (every 100 ms) hangs in the frozen daemon.
-    wait_for_or(
-        "the watch to hang in the frozen mount",
-        || threads_of(d.child.id()),
-        || {
-            let task = fs::read_dir(format!("/proc/{}/task", d.child.id()))
-                .ok()?
-                .filter_map(Result::ok)
-                .find(|t| fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "watch"))?;
-            fs::read_to_string(task.path().join("wchan")).ok()?.contains("request_wait_answer").then_some(())
-        },
-    );
+    watch_hangs(d.child.id());
     assert_eq!(d.reload()["generation"], 2, "{}", d.log_text());
     d.signal(libc::SIGTERM);
     wait_for_or(
@@ -1155,17 +1161,7 @@ fn the_owners_exit_stops_the_daemon_while_its_pid_file_hangs() {
     let args = ["--owner-pid", &owner_pid, "--container-pid-file", arg(&pid_file), "--host-root", EMPTY_ROOT];
     let mut d = Daemon::start(&args);
     let frozen = Frozen::new(&stuck);
-    wait_for_or(
-        "the watch to hang in the frozen mount",
-        || threads_of(d.child.id()),
-        || {
-            let task = fs::read_dir(format!("/proc/{}/task", d.child.id()))
-                .ok()?
-                .filter_map(Result::ok)
-                .find(|t| fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "watch"))?;
-            fs::read_to_string(task.path().join("wchan")).ok()?.contains("request_wait_answer").then_some(())
-        },
-    );
+    watch_hangs(d.child.id());
     owner.end();
     let log = d.log.clone();
     let status = wait_for_or(
