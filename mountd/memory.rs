@@ -43,18 +43,27 @@ const MMAP_THRESHOLD: i32 = 128 * 1024;
 
 /// The same settings for the node daemon's zygote and spares, as glibc tunables in their
 /// environment (`None` where the operator made settings of their own, which they inherit as
-/// they are), with one that only a tunable can make: no per-thread cache of freed blocks.
-/// A thread's cache keeps up to 7 blocks of each small size out of the heap's free lists, so
-/// [`give_back_start_memory`] cannot give their pages back: 92 KiB of every container's 587
-/// (`benches/node.rs`, 2026-12-04). Their processes allocate a few blocks a request; the
-/// cache's speed is not what a FUSE round trip waits for. Every process forked from the
-/// zygote, and every server a keeper spawns, inherits the environment and so the settings.
-pub fn malloc_tunables() -> Option<String> {
+/// they are), with two that only a tunable can make:
+///
+/// - No per-thread cache of freed blocks. A thread's cache keeps up to 7 blocks of each small
+///   size out of the heap's free lists, so [`give_back_start_memory`] cannot give their pages
+///   back: 92 KiB of every container's 587 (`benches/node.rs`, 2026-12-04). Their processes
+///   allocate a few blocks a request; the cache's speed is not what a FUSE round trip waits for.
+/// - No cache of the stacks of threads that ended (glibc keeps up to 40 MiB of them, touched
+///   pages and all, for the next thread): a stack is unmapped once its thread is joined. A
+///   keeper's `watch` thread, joined once it has found the container, left 8 KiB in every
+///   keeper (`benches/node.rs`, 2026-12-04, fifth session).
+///
+/// Every process forked from the zygote, and every server a keeper spawns, inherits the
+/// environment and so the settings.
+pub fn glibc_tunables() -> Option<String> {
     let operator = ["GLIBC_TUNABLES", "MALLOC_ARENA_MAX", "MALLOC_MMAP_THRESHOLD_"];
     if cfg!(not(target_env = "gnu")) || operator.iter().any(|var| std::env::var_os(var).is_some()) {
         return None;
     }
-    Some(format!("glibc.malloc.arena_max=1:glibc.malloc.mmap_threshold={MMAP_THRESHOLD}:glibc.malloc.tcache_count=0"))
+    Some(format!(
+        "glibc.malloc.arena_max=1:glibc.malloc.mmap_threshold={MMAP_THRESHOLD}:glibc.malloc.tcache_count=0:glibc.pthread.stack_cache_size=0"
+    ))
 }
 
 /// Gives the heap's free pages back to the kernel. A keeper's and a server's start (the

@@ -43,6 +43,7 @@ use std::io;
 use std::os::fd::{AsFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::time::Duration;
 
@@ -134,6 +135,25 @@ struct Server {
     handovers: u64,
     /// The generation whose plan the keeper has.
     handed: u64,
+    /// The threads loading the inputs for a reload, each with whether it has its result (and so
+    /// only sends it and returns), joined then ([`Server::join_loaders`]).
+    loaders: Vec<(std::thread::JoinHandle<()>, Arc<AtomicBool>)>,
+}
+
+impl Server {
+    /// Joins the reload threads that have their result, so that their stacks are
+    /// unmapped: one not joined leaves its stack's touched pages (the load's deep calls wrote
+    /// many) in glibc's cache of stacks ([`crate::memory::glibc_tunables`]). One still loading
+    /// (an input on a stuck file system, given up on by the reload's timeout) is left running.
+    fn join_loaders(&mut self) {
+        let (loaded, loading) = std::mem::take(&mut self.loaders)
+            .into_iter()
+            .partition(|(t, loaded)| loaded.load(Ordering::Acquire) || t.is_finished());
+        self.loaders = loading;
+        for (thread, _) in loaded {
+            let _ = thread.join();
+        }
+    }
 }
 
 /// The keeper's sockets, after checking that they are `SOCK_SEQPACKET` sockets: `devremapd
@@ -254,6 +274,7 @@ pub fn run(args: &MountArgs) -> Result<(), Failure> {
         control: control.clone(),
         handovers: resume.handovers,
         handed: 0,
+        loaders: Vec::new(),
     };
     let mut life = Lifecycle::new(devfs, loaded, Duration::from_secs(args.reload_timeout), notifier, server);
     if let Some(resumed) = &resumed {
@@ -458,10 +479,17 @@ fn raise_flushed(line: &str, signal: nix::sys::signal::Signal) {
 impl Session for Server {
     /// Loads the inputs on a worker thread: an input on a stuck filesystem blocks only it.
     fn load(&mut self, id: u64) -> io::Result<()> {
+        self.join_loaders();
         let (sources, events) = (self.sources.clone(), self.events.clone());
-        std::thread::Builder::new().name("reload".into()).spawn(move || {
-            let _ = events.send(Event::Loaded(id, Box::new(load::load(&sources))));
+        let loaded = Arc::new(AtomicBool::new(false));
+        let loaded_here = loaded.clone();
+        let loader = std::thread::Builder::new().name("reload".into()).spawn(move || {
+            let loaded = Box::new(load::load(&sources));
+            // Said before the result goes: the reload it ends may be published at once.
+            loaded_here.store(true, Ordering::Release);
+            let _ = events.send(Event::Loaded(id, loaded));
         })?;
+        self.loaders.push((loader, loaded));
         Ok(())
     }
 
@@ -476,7 +504,9 @@ impl Session for Server {
                 let _ = nix::unistd::write(&*self.control, &record);
             }
         }
-        // The generation before is gone (or this one was refused): what its load took goes back.
+        // The generation before is gone (or this one was refused): what its load took goes
+        // back, its thread's stack too once that has ended.
+        self.join_loaders();
         crate::memory::give_back_freed_heap();
         let Some(path) = &self.state_file else { return Ok(()) };
         let mut state = render::plan_json(&status.loaded.plan, status.loaded.metadata.as_ref());

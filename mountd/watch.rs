@@ -106,9 +106,10 @@ pub fn spawn(
         let _ = found_tx.send(find(&path, stale, &gone, owner_pid));
         let _ = (&ping).write(&[1]);
     });
-    if let Err(e) = watching {
-        return unwatched(&e);
-    }
+    let watching = match watching {
+        Ok(watching) => watching,
+        Err(e) => return unwatched(&e),
+    };
     signals.then(move |reader| {
         let owner_exited_first = match &owner {
             None => {
@@ -119,16 +120,25 @@ pub fn spawn(
             Some((_, None)) => true,
             Some((_, Some(fd))) => reader.wait_for_any(&[pinged.as_fd(), fd.as_fd()], None) == Waited::Ready(1),
         };
+        // The watch thread, once it has answered, is joined: a thread nobody joins leaves its
+        // stack's touched pages in glibc's cache of stacks, 8 KiB of every container's keeper
+        // (`benches/node.rs`); joined, it is unmapped (`glibc.pthread.stack_cache_size=0`,
+        // [`crate::memory::glibc_tunables`]). One whose read hangs is left to itself.
+        let answered = |found: &Receiver<Found>| {
+            let found = found.recv().ok();
+            let _ = watching.join();
+            found
+        };
         let found = match owner {
             Some((pid, _)) if owner_exited_first => {
                 let _ = owner_gone.send(());
                 // The pid file's last read says whether the container was started.
                 match reader.wait_for(Some(pinged.as_fd()), Some(LAST_READ_PATIENCE)) {
-                    Waited::Ready(_) => found.recv().ok(),
+                    Waited::Ready(_) => answered(&found),
                     _ => Some(Found::Stop(format!("{} (its pid file did not answer)", owner_exited(pid)))),
                 }
             }
-            _ => found.recv().ok(),
+            _ => answered(&found),
         };
         match found {
             Some(Found::Process(pid, fd)) => {

@@ -1456,6 +1456,75 @@ fn a_spare_keeper_and_its_server_are_forked_and_share_the_relocated_binary() {
     wait_for("its server to exit", || has_exited(parked).then_some(()));
 }
 
+/// Rule (issue 31, memory per container): a thread that has ended leaves no stack behind in a
+/// container's keeper or server. The keeper's `watch` thread, once it has found the container's
+/// process, and the server's `reload` thread, once its reload is published, are joined, and
+/// glibc keeps no stacks of ended threads for later ones (`glibc.pthread.stack_cache_size=0`
+/// in the zygote's environment): every thread stack (an anonymous read-write mapping of 2 MiB)
+/// in either is a live thread's. Bug: each keeper kept its ended watch thread's stack, 8 KiB of
+/// touched pages, and each server its last reload's.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs containers"]
+fn no_ended_thread_leaves_its_stack_in_a_keeper_or_its_server() {
+    let SpareNode { _serial, fleet, service, spare, parked, init, id } = SpareNode::start(None, "stacks");
+    mount_direct(&fleet, &id, &[3], &init).unwrap_or_else(|e| panic!("mount: {e}\n{}", service.log(&fleet)));
+    let environ = String::from_utf8_lossy(&fs::read(format!("/proc/{spare}/environ")).unwrap()).replace('\0', " ");
+    if std::env::var_os("GLIBC_TUNABLES").is_none() && std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+        assert!(environ.contains("glibc.pthread.stack_cache_size=0"), "the keeper's environment: {environ:?}");
+    }
+    // The pid file was there before the keeper started (an earlier run's, to the keeper): the
+    // runtime writes it again once the container runs, and the watch finds the process.
+    let pid_file = Container::new(&fleet.state_dir(), &id).default_container_pid_file();
+    let fresh = pid_file.with_extension("new");
+    fs::write(&fresh, init.0.id().to_string()).unwrap();
+    fs::rename(&fresh, &pid_file).unwrap();
+    wait_for("the keeper's watch thread to end", || (!thread_names(spare).contains("watch")).then_some(()));
+    let reloaded = ask(&fleet.socket(), &Request::Reload { id: Some(id.clone()) }, ASK).expect("reload");
+    for (what, pid) in [("keeper", spare), ("server", parked)] {
+        wait_for_or(
+            &format!("the {what} to keep no stack of an ended thread"),
+            || format!("{reloaded}\n{}", service.log(&fleet)),
+            || ended_threads_stacks(pid).filter(Vec::is_empty),
+        );
+    }
+    ask(&fleet.socket(), &Request::Unmount { id }, ASK).expect("unmount");
+}
+
+/// The names of process `pid`'s threads.
+fn thread_names(pid: u32) -> BTreeSet<String> {
+    let tasks = fs::read_dir(format!("/proc/{pid}/task")).unwrap();
+    tasks.flatten().filter_map(|t| Some(fs::read_to_string(t.path().join("comm")).ok()?.trim().to_owned())).collect()
+}
+
+/// The thread stacks of process `pid` (its anonymous read-write mappings of 2 MiB, the size of
+/// Rust's threads' stacks) that hold no thread's stack pointer, as `/proc/PID/maps` ranges;
+/// `None` while a thread runs (its stack pointer is not shown then).
+fn ended_threads_stacks(pid: u32) -> Option<Vec<String>> {
+    let maps = fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let stacks = maps.lines().filter_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let [range, "rw-p", "00000000", "00:00", "0"] = fields[..] else { return None };
+        let (start, end) = range.split_once('-')?;
+        let (start, end) = (u64::from_str_radix(start, 16).ok()?, u64::from_str_radix(end, 16).ok()?);
+        (end - start == 2 << 20).then_some((start, end, range.to_owned()))
+    });
+    let mut pointers = Vec::new();
+    for task in fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
+        // "NR ARG1 .. ARG6 SP PC" while the thread waits in a system call.
+        let syscall = fs::read_to_string(task.path().join("syscall")).unwrap_or_default();
+        let fields: Vec<&str> = syscall.split_whitespace().collect();
+        let sp =
+            fields.len().checked_sub(2).and_then(|i| u64::from_str_radix(fields[i].trim_start_matches("0x"), 16).ok());
+        pointers.push(sp?);
+    }
+    Some(
+        stacks
+            .filter(|(start, end, _)| !pointers.iter().any(|sp| (start..end).contains(&sp)))
+            .map(|(.., r)| r)
+            .collect(),
+    )
+}
+
 /// Bug (found from outside, 2026-12-04): once the daemon's signals were blocked from `main` on
 /// (read from a `signalfd`), a parked spare sent `SIGTERM` held it pending, and the container it
 /// was handed next stopped before its mount. Parked, a spare's main thread takes the default

@@ -262,7 +262,7 @@ impl Zygote {
         let (requests, theirs) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)?;
         let mut cmd = Command::new(exe);
         cmd.arg("zygote").env_remove("NOTIFY_SOCKET").stdin(Stdio::from(theirs)).stdout(Stdio::null());
-        cmd.envs(crate::memory::malloc_tunables().map(|t| ("GLIBC_TUNABLES", t)));
+        cmd.envs(crate::memory::glibc_tunables().map(|t| ("GLIBC_TUNABLES", t)));
         Host.detach(&mut cmd, 0);
         Ok(Zygote { child: cmd.spawn()?, requests, binary })
     }
@@ -326,7 +326,7 @@ fn spawn_spare(exe: &Path) -> io::Result<Spare> {
         .env_remove("NOTIFY_SOCKET")
         .stdin(Stdio::from(theirs))
         .stdout(Stdio::null())
-        .envs(crate::memory::malloc_tunables().map(|t| ("GLIBC_TUNABLES", t)));
+        .envs(crate::memory::glibc_tunables().map(|t| ("GLIBC_TUNABLES", t)));
     Host.detach(&mut cmd, 0);
     Ok(Spare { child: Child::Spawned(cmd.spawn()?), parcel, binary })
 }
