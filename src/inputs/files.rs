@@ -102,5 +102,33 @@ pub fn read_small_text(path: &Path, limit: u64) -> SmallText {
 /// (the daemon's).
 pub fn read_pid(path: &Path) -> Option<u32> {
     let SmallText::Text(text) = read_small_text(path, 64) else { return None };
-    text.trim().parse().ok().filter(|&pid| pid > 0)
+    parse_pid(&text)
+}
+
+/// The pid in a pid file's `text`: decimal digits alone (runc, crun, conmon and devremapd write
+/// nothing else; Rust's parse would also take `+5`), a positive number a pid can be (at most
+/// `i32::MAX`: the kernel's `pid_t`), blanks around it allowed.
+fn parse_pid(text: &str) -> Option<u32> {
+    let digits = text.trim();
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse::<i32>().ok().filter(|&pid| pid > 0).map(i32::unsigned_abs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_pid;
+
+    /// Rule: a pid file counts only when it holds a pid as the runtimes write one: digits, a
+    /// pid the kernel can have. Bug: `+5` was read as 5 (Rust's parse takes a sign).
+    #[test]
+    fn a_pid_is_digits_alone_and_within_pid_t() {
+        for (text, pid) in [("5", Some(5)), ("  42\n", Some(42)), ("2147483647", Some(2_147_483_647))] {
+            assert_eq!(parse_pid(text), pid, "{text:?}");
+        }
+        for text in ["", "\n", "+5", "-5", "0", "5 6", "0x10", "2147483648", "99999999999", "\u{0665}"] {
+            assert_eq!(parse_pid(text), None, "{text:?}");
+        }
+    }
 }
