@@ -43,7 +43,6 @@ use std::io;
 use std::os::fd::{AsFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::time::Duration;
 
@@ -135,25 +134,9 @@ struct Server {
     handovers: u64,
     /// The generation whose plan the keeper has.
     handed: u64,
-    /// The threads loading the inputs for a reload, each with whether it has its result (and so
-    /// only sends it and returns), joined then ([`Server::join_loaders`]).
-    loaders: Vec<(std::thread::JoinHandle<()>, Arc<AtomicBool>)>,
-}
-
-impl Server {
-    /// Joins the reload threads that have their result, so that their stacks are
-    /// unmapped: one not joined leaves its stack's touched pages (the load's deep calls wrote
-    /// many) in glibc's cache of stacks ([`crate::memory::glibc_tunables`]). One still loading
-    /// (an input on a stuck file system, given up on by the reload's timeout) is left running.
-    fn join_loaders(&mut self) {
-        let (loaded, loading) = std::mem::take(&mut self.loaders)
-            .into_iter()
-            .partition(|(t, loaded)| loaded.load(Ordering::Acquire) || t.is_finished());
-        self.loaders = loading;
-        for (thread, _) in loaded {
-            let _ = thread.join();
-        }
-    }
+    /// The threads loading the inputs for a reload, by their reload's id, joined once their
+    /// result has come back ([`Session::load_ended`]).
+    loaders: Vec<(u64, std::thread::JoinHandle<()>)>,
 }
 
 /// The keeper's sockets, after checking that they are `SOCK_SEQPACKET` sockets: `devremapd
@@ -479,18 +462,27 @@ fn raise_flushed(line: &str, signal: nix::sys::signal::Signal) {
 impl Session for Server {
     /// Loads the inputs on a worker thread: an input on a stuck filesystem blocks only it.
     fn load(&mut self, id: u64) -> io::Result<()> {
-        self.join_loaders();
         let (sources, events) = (self.sources.clone(), self.events.clone());
-        let loaded = Arc::new(AtomicBool::new(false));
-        let loaded_here = loaded.clone();
         let loader = std::thread::Builder::new().name("reload".into()).spawn(move || {
-            let loaded = Box::new(load::load(&sources));
-            // Said before the result goes: the reload it ends may be published at once.
-            loaded_here.store(true, Ordering::Release);
-            let _ = events.send(Event::Loaded(id, loaded));
+            let _ = events.send(Event::Loaded(id, Box::new(load::load(&sources))));
         })?;
-        self.loaders.push((loader, loaded));
+        self.loaders.push((id, loader));
         Ok(())
+    }
+
+    /// Joins the reload thread whose result came back (it only returns now), and any other that
+    /// has ended, so that their stacks are unmapped: one not joined leaves its stack's touched
+    /// pages (the load's deep calls wrote many) in glibc's cache of stacks
+    /// ([`crate::memory::glibc_tunables`]). An abandoned reload's thread is joined when its late
+    /// result comes (found from outside: until then it was joined only at the next reload).
+    /// One still loading, an input on a stuck file system, is left running.
+    fn load_ended(&mut self, id: u64) {
+        let (ended, loading) =
+            std::mem::take(&mut self.loaders).into_iter().partition(|(of, t)| *of == id || t.is_finished());
+        self.loaders = loading;
+        for (_, thread) in ended {
+            let _ = thread.join();
+        }
     }
 
     /// Replaces the state file, if there is one, and tells the keeper the generation served.
@@ -504,9 +496,7 @@ impl Session for Server {
                 let _ = nix::unistd::write(&*self.control, &record);
             }
         }
-        // The generation before is gone (or this one was refused): what its load took goes
-        // back, its thread's stack too once that has ended.
-        self.join_loaders();
+        // The generation before is gone (or this one was refused): what its load took goes back.
         crate::memory::give_back_freed_heap();
         let Some(path) = &self.state_file else { return Ok(()) };
         let mut state = render::plan_json(&status.loaded.plan, status.loaded.metadata.as_ref());

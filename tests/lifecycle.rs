@@ -6,8 +6,8 @@
 mod common;
 
 use common::daemon::{
-    Daemon, Spawned, Tmpfs, children, has_exited, is_mounted, need_fuse, private_dir, private_mountpoint, threads_of,
-    wait_for, wait_for_or,
+    Daemon, Spawned, Tmpfs, children, ended_threads_stacks, has_exited, has_thread, is_mounted, need_fuse, private_dir,
+    private_mountpoint, thread_names, threads_of, wait_for, wait_for_or,
 };
 use common::{arg, need_root};
 use std::fs;
@@ -297,15 +297,6 @@ fn spec_on_a_stuck_mount(dir: &Path) -> (Daemon, PathBuf) {
 /// busy with other work may make it slower, but never this slow.
 const STOP_BOUND: Duration = Duration::from_secs(5);
 
-/// Whether one of `pid`'s threads is named `name`.
-fn has_thread(pid: u32, name: &str) -> bool {
-    fs::read_dir(format!("/proc/{pid}/task"))
-        .into_iter()
-        .flatten()
-        .filter_map(Result::ok)
-        .any(|t| fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name))
-}
-
 /// Bug (issue 9.9): a reload blocked in the kernel (its spec's bind source under a stopped FUSE
 /// daemon) blocked SIGTERM with it, for ever. Now SIGTERM stops the daemon within one second
 /// whatever a reload is doing, and unmounts.
@@ -336,14 +327,18 @@ fn sigterm_stops_the_daemon_during_a_stuck_reload() {
 /// Bug (issue 9.9): a reload that does not finish is abandoned after `--reload-timeout`: the
 /// old tree keeps serving, `last_error` says the reload was abandoned, and once the input
 /// answers again the next reload succeeds. While 4 abandoned reloads are still blocked, a
-/// SIGHUP starts no fifth (each would hold a thread).
+/// SIGHUP starts no fifth (each would hold a thread). Bug (found from outside, 2026-12-04): the
+/// abandoned reloads' threads, once their late results came, were joined only at the next
+/// reload, so their stacks stayed mapped until then (the server run here with the node's
+/// `glibc.pthread.stack_cache_size=0`, so that a joined stack is unmapped).
 #[test]
 #[ignore = "needs root and /dev/fuse"]
 fn a_stuck_reload_is_abandoned_and_the_old_tree_serves() {
     need_fuse();
     let tmp = private_dir();
     let (stuck, spec) = spec_on_a_stuck_mount(tmp.path());
-    let d = Daemon::start(&["--spec", arg(&spec), "--host-root", EMPTY_ROOT, "--reload-timeout", "1"]);
+    let args = ["--spec", arg(&spec), "--host-root", EMPTY_ROOT, "--reload-timeout", "1"];
+    let d = Daemon::start_with_env(&args, &[("GLIBC_TUNABLES", "glibc.pthread.stack_cache_size=0")]);
     let frozen = Frozen::new(&stuck);
     let state = d.reload();
     let error = state["last_error"].as_str().unwrap_or_default().to_owned();
@@ -365,6 +360,12 @@ fn a_stuck_reload_is_abandoned_and_the_old_tree_serves() {
     assert_eq!(d.generation(), 1);
     drop(frozen);
     logged("an abandoned reload finished after all", 4);
+    let server = d.server_pid();
+    wait_for_or(
+        "the abandoned reloads' threads to leave no stack",
+        || format!("{:?}", thread_names(server)),
+        || ended_threads_stacks(server).filter(|ended| ended.is_empty() && !has_thread(server, "reload")),
+    );
     let state = d.reload();
     assert_eq!((state["generation"].as_u64(), state["last_error"].is_null()), (Some(2), true), "{state}");
     assert!(d.stop().success());
@@ -987,19 +988,6 @@ impl Drop for Owner {
     fn drop(&mut self) {
         self.end();
     }
-}
-
-/// The names of `pid`'s threads, sorted.
-fn thread_names(pid: u32) -> Vec<String> {
-    let mut names: Vec<String> = fs::read_dir(format!("/proc/{pid}/task"))
-        .into_iter()
-        .flatten()
-        .filter_map(Result::ok)
-        .filter_map(|t| fs::read_to_string(t.path().join("comm")).ok())
-        .map(|c| c.trim().to_owned())
-        .collect();
-    names.sort();
-    names
 }
 
 /// Issue 31 (threads per container): a keeper and its server whose stderr is a regular file on

@@ -16,7 +16,10 @@ mod common;
 
 use common::bundle::{Runtime, allow_char, need_containers, nvidia_hook, oci_config};
 use common::clients::{WRAPPER, busybox_rootfs};
-use common::daemon::{PATIENCE, container_dirs, has_exited, is_mounted, kill, proc_state, wait_for, wait_for_or};
+use common::daemon::{
+    PATIENCE, container_dirs, ended_threads_stacks, has_exited, has_thread, is_mounted, kill, proc_state, wait_for,
+    wait_for_or,
+};
 use common::{BIN, FakeHost, arg, fake_rdev, write_file};
 use devremap::node::client::{ask, ask_passing};
 use devremap::node::protocol::{MountRequest, Request};
@@ -1478,7 +1481,7 @@ fn no_ended_thread_leaves_its_stack_in_a_keeper_or_its_server() {
     let fresh = pid_file.with_extension("new");
     fs::write(&fresh, init.0.id().to_string()).unwrap();
     fs::rename(&fresh, &pid_file).unwrap();
-    wait_for("the keeper's watch thread to end", || (!thread_names(spare).contains("watch")).then_some(()));
+    wait_for("the keeper's watch thread to end", || (!has_thread(spare, "watch")).then_some(()));
     let reloaded = ask(&fleet.socket(), &Request::Reload { id: Some(id.clone()) }, ASK).expect("reload");
     for (what, pid) in [("keeper", spare), ("server", parked)] {
         wait_for_or(
@@ -1488,41 +1491,6 @@ fn no_ended_thread_leaves_its_stack_in_a_keeper_or_its_server() {
         );
     }
     ask(&fleet.socket(), &Request::Unmount { id }, ASK).expect("unmount");
-}
-
-/// The names of process `pid`'s threads.
-fn thread_names(pid: u32) -> BTreeSet<String> {
-    let tasks = fs::read_dir(format!("/proc/{pid}/task")).unwrap();
-    tasks.flatten().filter_map(|t| Some(fs::read_to_string(t.path().join("comm")).ok()?.trim().to_owned())).collect()
-}
-
-/// The thread stacks of process `pid` (its anonymous read-write mappings of 2 MiB, the size of
-/// Rust's threads' stacks) that hold no thread's stack pointer, as `/proc/PID/maps` ranges;
-/// `None` while a thread runs (its stack pointer is not shown then).
-fn ended_threads_stacks(pid: u32) -> Option<Vec<String>> {
-    let maps = fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-    let stacks = maps.lines().filter_map(|line| {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        let [range, "rw-p", "00000000", "00:00", "0"] = fields[..] else { return None };
-        let (start, end) = range.split_once('-')?;
-        let (start, end) = (u64::from_str_radix(start, 16).ok()?, u64::from_str_radix(end, 16).ok()?);
-        (end - start == 2 << 20).then_some((start, end, range.to_owned()))
-    });
-    let mut pointers = Vec::new();
-    for task in fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
-        // "NR ARG1 .. ARG6 SP PC" while the thread waits in a system call.
-        let syscall = fs::read_to_string(task.path().join("syscall")).unwrap_or_default();
-        let fields: Vec<&str> = syscall.split_whitespace().collect();
-        let sp =
-            fields.len().checked_sub(2).and_then(|i| u64::from_str_radix(fields[i].trim_start_matches("0x"), 16).ok());
-        pointers.push(sp?);
-    }
-    Some(
-        stacks
-            .filter(|(start, end, _)| !pointers.iter().any(|sp| (start..end).contains(&sp)))
-            .map(|(.., r)| r)
-            .collect(),
-    )
 }
 
 /// Bug (found from outside, 2026-12-04): once the daemon's signals were blocked from `main` on

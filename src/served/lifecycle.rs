@@ -252,6 +252,7 @@ impl<N: Notifier, S: Session> Lifecycle<N, S> {
 
     /// A worker's result: applied if it is the reload in flight, dropped if it was abandoned.
     fn loaded(&mut self, id: u64, result: Result<Loaded, LoadError>) {
+        self.session.load_ended(id);
         let Some(started) = self.reloading.as_ref().filter(|r| r.id == id).map(|r| r.started) else {
             self.stuck = self.stuck.saturating_sub(1);
             info!("an abandoned reload finished after all; its result was dropped");

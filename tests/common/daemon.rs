@@ -504,3 +504,54 @@ pub fn container_dirs(state_dir: &Path) -> Vec<String> {
     ids.sort();
     ids
 }
+
+/// The names of `pid`'s threads, sorted.
+pub fn thread_names(pid: u32) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter_map(|t| fs::read_to_string(t.path().join("comm")).ok())
+        .map(|c| c.trim().to_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Whether one of `pid`'s threads is named `name`.
+pub fn has_thread(pid: u32, name: &str) -> bool {
+    fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .any(|t| fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name))
+}
+
+/// The thread stacks of process `pid` (its anonymous read-write mappings of 2 MiB, the size of
+/// Rust's threads' stacks) that hold no thread's stack pointer, as `/proc/PID/maps` ranges;
+/// `None` while a thread runs (its stack pointer is not shown then).
+pub fn ended_threads_stacks(pid: u32) -> Option<Vec<String>> {
+    let maps = fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let stacks = maps.lines().filter_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let [range, "rw-p", "00000000", "00:00", "0"] = fields[..] else { return None };
+        let (start, end) = range.split_once('-')?;
+        let (start, end) = (u64::from_str_radix(start, 16).ok()?, u64::from_str_radix(end, 16).ok()?);
+        (end - start == 2 << 20).then_some((start, end, range.to_owned()))
+    });
+    let mut pointers = Vec::new();
+    for task in fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
+        // "NR ARG1 .. ARG6 SP PC" while the thread waits in a system call.
+        let syscall = fs::read_to_string(task.path().join("syscall")).unwrap_or_default();
+        let fields: Vec<&str> = syscall.split_whitespace().collect();
+        let sp =
+            fields.len().checked_sub(2).and_then(|i| u64::from_str_radix(fields[i].trim_start_matches("0x"), 16).ok());
+        pointers.push(sp?);
+    }
+    Some(
+        stacks
+            .filter(|(start, end, _)| !pointers.iter().any(|sp| (start..end).contains(&sp)))
+            .map(|(.., r)| r)
+            .collect(),
+    )
+}

@@ -54,6 +54,9 @@ pub enum PublishError {
 pub trait Session {
     /// Starts loading the inputs on a worker, whose result comes back as `Event::Loaded(id, ..)`.
     fn load(&mut self, id: u64) -> io::Result<()>;
+    /// Worker `id`'s result has come back (to be applied, or dropped as abandoned): the worker
+    /// has ended or is ending, and what it holds can go.
+    fn load_ended(&mut self, id: u64);
     /// Publishes the daemon's state (the state file); the error is one line for the log.
     fn publish(&mut self, status: &Status<'_>) -> Result<(), PublishError>;
     /// Tells the service manager.

@@ -12,6 +12,7 @@ use std::rc::Rc;
 #[derive(Debug, Default)]
 struct World {
     loads: Vec<u64>,
+    ended: Vec<u64>,
     published: Vec<(u64, Option<String>, usize)>,
     reloads: Vec<u64>,
     notices: Vec<Notice>,
@@ -41,6 +42,9 @@ impl Session for Fake {
         }
         w.loads.push(id);
         Ok(())
+    }
+    fn load_ended(&mut self, id: u64) {
+        self.0.borrow_mut().ended.push(id);
     }
     fn publish(&mut self, s: &Status<'_>) -> Result<(), PublishError> {
         let mut w = self.0.borrow_mut();
@@ -246,7 +250,8 @@ fn every_finished_reload_counts_even_with_the_same_error() {
 }
 
 /// Rule: a reload past its deadline is abandoned (the tree stays, the error says why), and
-/// its late result is dropped, never applied over a newer state.
+/// its late result is dropped, never applied over a newer state; the session hears that its
+/// worker has ended all the same (its thread is joined then: found from outside, it was not).
 #[test]
 fn abandoned_reload_result_is_dropped() {
     let (mut lc, world, devfs) = ready();
@@ -256,7 +261,9 @@ fn abandoned_reload_result_is_dropped() {
     assert_eq!(lc.deadline(), None);
     assert_eq!(lc.state(), State::Serving);
     assert!(world.0.borrow().published.last().unwrap().1.as_deref().unwrap().starts_with("reload abandoned"));
+    assert!(world.0.borrow().ended.is_empty(), "the abandoned worker is still loading");
     lc.handle([Event::Loaded(1, ok(loaded(9)))]);
+    assert_eq!(world.0.borrow().ended, [1], "the late result's worker has ended");
     assert_eq!(devfs.snapshot().generation, 1, "the late result is not served");
     assert_eq!(devfs.snapshot().tree.get("nvidia0"), loaded(5).plan.tree.get("nvidia0"));
 }
