@@ -91,6 +91,11 @@ pub struct NodeArgs {
     /// (two processes, started ahead so that a mount does not wait for their execs).
     #[arg(long)]
     pub no_spare: bool,
+    /// Threads answering the kernel in each container's server (`devremapd mount --threads`).
+    /// One: a container's `/dev` is answered from the kernel's cache once listed, and a
+    /// second thread only waited, 14 KiB and a thread in every container.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub threads: u16,
     /// Write a newline to FD once the socket answers, and close it.
     #[arg(long, value_name = "FD", hide = true)]
     pub ready_fd: Option<i32>,

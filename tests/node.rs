@@ -17,8 +17,8 @@ mod common;
 use common::bundle::{Runtime, allow_char, need_containers, nvidia_hook, oci_config};
 use common::clients::{WRAPPER, busybox_rootfs};
 use common::daemon::{
-    PATIENCE, container_dirs, ended_threads_stacks, has_exited, has_thread, is_mounted, kill, proc_state, wait_for,
-    wait_for_or,
+    PATIENCE, container_dirs, ended_threads_stacks, has_exited, has_thread, is_mounted, kill, proc_state, thread_names,
+    wait_for, wait_for_or,
 };
 use common::{BIN, FakeHost, arg, fake_rdev, write_file};
 use devremap::node::client::{ask, ask_passing};
@@ -1491,6 +1491,33 @@ fn no_ended_thread_leaves_its_stack_in_a_keeper_or_its_server() {
         );
     }
     ask(&fleet.socket(), &Request::Unmount { id }, ASK).expect("unmount");
+}
+
+/// Rule (issue 31, threads per container): each container's server answers the kernel on
+/// `devremapd node --threads` threads, one unless the operator says otherwise (a container's
+/// `/dev` is answered from the kernel's cache once listed, and a second thread only waited:
+/// 14 KiB and a thread in every container); the `/dev` is right either way.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs containers"]
+fn a_containers_server_answers_on_the_node_daemons_threads() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    for (flags, workers) in [(&[][..], 1), (&["--threads", "2"][..], 2)] {
+        let fleet = Fleet::new();
+        let service = Service::start(&fleet, &fleet.state_dir().join("node.pid"), flags);
+        let init = Init::start();
+        let id = format!("threads{workers}-{}", std::process::id());
+        mount_direct(&fleet, &id, &[1], &init).unwrap_or_else(|e| panic!("mount: {e}\n{}", service.log(&fleet)));
+        let server = server_of(&fleet, &id);
+        let fuser = || thread_names(server).into_iter().filter(|n| n.starts_with("fuser-")).count();
+        wait_for_or(
+            &format!("{flags:?}: {workers} fuser threads"),
+            || format!("{:?}", thread_names(server)),
+            || (fuser() == workers).then_some(()),
+        );
+        assert_gpus(&fleet.dev(&id), &[1], &format!("{flags:?}"));
+        ask(&fleet.socket(), &Request::Unmount { id }, ASK).expect("unmount");
+    }
 }
 
 /// Bug (found from outside, 2026-12-04): once the daemon's signals were blocked from `main` on

@@ -99,6 +99,8 @@ struct Node {
     exits: exits::Exits,
     /// Started by a wrapper (`--idle-exit`): it makes way for a service when asked.
     yields: bool,
+    /// `--threads`, given to every container's server.
+    threads: u16,
 }
 
 pub fn run(args: &NodeArgs) -> Result<(), NodeError> {
@@ -132,6 +134,7 @@ pub fn run(args: &NodeArgs) -> Result<(), NodeError> {
         holds: Arc::default(),
         exits: exits::Exits::start().map_err(NodeError::Thread)?,
         yields: args.idle_exit.is_some(),
+        threads: args.threads,
     });
     node.adopt();
     // Made before the daemon says it serves: a bad runtime config fails the start, naming it.
@@ -462,6 +465,7 @@ impl Node {
             extra: m.extra.clone(),
             container_pid_file: (!m.until_unmount).then_some(m.container_pid_file.as_path()),
             owner_pid: (!m.until_unmount).then_some(m.owner_pid),
+            threads: self.threads,
         };
         match container.start_daemon(&args, &self.spares) {
             Ok(child) => {

@@ -84,6 +84,8 @@ pub struct DaemonArgs<'a> {
     /// The process that starts the container: until the pid file appears, the daemon stops
     /// when it exits (no one will start the container then).
     pub owner_pid: Option<u32>,
+    /// Threads answering the kernel in its server (`--threads`).
+    pub threads: u16,
 }
 
 impl Container {
@@ -98,6 +100,7 @@ impl Container {
         flag("--host-root", &a.host_root);
         flag("--pid-file", &self.pid_file());
         flag("--state-file", &self.state_file());
+        flag("--threads", &a.threads.to_string());
         if let Some(dev) = a.host_dev {
             flag("--host-dev", &dev);
         }
