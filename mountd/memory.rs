@@ -51,8 +51,8 @@ const MMAP_THRESHOLD: i32 = 128 * 1024;
 ///   allocate a few blocks a request; the cache's speed is not what a FUSE round trip waits for.
 /// - No cache of the stacks of threads that ended (glibc keeps up to 40 MiB of them, touched
 ///   pages and all, for the next thread): a stack is unmapped once its thread is joined. A
-///   keeper's `watch` thread, joined once it has found the container, left 8 KiB in every
-///   keeper (`benches/node.rs`, 2026-12-04, fifth session).
+///   keeper's `watch` thread, ended once it has found the container and never joined, left
+///   8 KiB in every keeper (`/proc/PID/maps`, 2026-12-04, fifth session).
 ///
 /// Every process forked from the zygote, and every server a keeper spawns, inherits the
 /// environment and so the settings.
