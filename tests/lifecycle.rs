@@ -327,7 +327,9 @@ fn sigterm_stops_the_daemon_during_a_stuck_reload() {
 /// Bug (issue 9.9): a reload that does not finish is abandoned after `--reload-timeout`: the
 /// old tree keeps serving, `last_error` says the reload was abandoned, and once the input
 /// answers again the next reload succeeds. While 4 abandoned reloads are still blocked, a
-/// SIGHUP starts no fifth (each would hold a thread). Bug (found from outside, 2026-12-04): the
+/// SIGHUP starts no fifth (each would hold a thread); that reload was asked for, so it is made
+/// on its own once the input answers (before, the table stayed old and `last_error` said the
+/// reloads were still blocked until another SIGHUP). Bug (found from outside, 2026-12-04): the
 /// abandoned reloads' threads, once their late results came, were joined only at the next
 /// reload, so their stacks stayed mapped until then (the server run here with the node's
 /// `glibc.pthread.stack_cache_size=0`, so that a joined stack is unmapped).
@@ -360,6 +362,13 @@ fn a_stuck_reload_is_abandoned_and_the_old_tree_serves() {
     assert_eq!(d.generation(), 1);
     drop(frozen);
     logged("an abandoned reload finished after all", 4);
+    // The reload refused while they were stuck was asked for: it is made now, with no SIGHUP.
+    let state = wait_for("the refused reload to be made once the input answers", || {
+        let state = d.state();
+        (state["generation"] == 2).then_some(state)
+    });
+    assert!(state["last_error"].is_null(), "{state}");
+    logged("an abandoned reload's inputs answer again: reloading, as was asked", 1);
     let server = d.server_pid();
     wait_for_or(
         "the abandoned reloads' threads to leave no stack",
@@ -367,7 +376,7 @@ fn a_stuck_reload_is_abandoned_and_the_old_tree_serves() {
         || ended_threads_stacks(server).filter(|ended| ended.is_empty() && !has_thread(server, "reload")),
     );
     let state = d.reload();
-    assert_eq!((state["generation"].as_u64(), state["last_error"].is_null()), (Some(2), true), "{state}");
+    assert_eq!((state["generation"].as_u64(), state["last_error"].is_null()), (Some(3), true), "{state}");
     assert!(d.stop().success());
     assert!(stuck.stop().success());
 }

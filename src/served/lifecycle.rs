@@ -15,6 +15,10 @@
 //! - a reload whose inputs have not loaded by its deadline is abandoned, its late result
 //!   dropped, and while [`MAX_STUCK_RELOADS`] abandoned reloads are still blocked no new one
 //!   starts (each holds a thread until its input answers);
+//! - a reload asked for that did not happen (abandoned, or not started while reloads were
+//!   stuck) is made once, anew, when an abandoned reload's input answers after all: the user's
+//!   `SIGHUP` is not lost to a filesystem that hung for a while (its late result itself is
+//!   still dropped: it may have read its inputs before a newer change);
 //! - a refused reload keeps the served tree and records the error; a good one swaps the tree,
 //!   invalidates exactly the changed names, and clears the error; each ends with "ready".
 //!
@@ -63,6 +67,9 @@ pub enum State {
 struct InFlight {
     id: u64,
     started: Instant,
+    /// Made on its own for a reload asked for that did not happen ([`Lifecycle::owed`]): if
+    /// it is abandoned in turn, none is made again for it.
+    retry: bool,
 }
 
 /// The daemon's life: the served [`Devfs`], the inputs it was built from, and the reload state.
@@ -80,6 +87,9 @@ pub struct Lifecycle<N, S> {
     next_reload: u64,
     /// Abandoned reloads whose worker has not returned yet.
     stuck: usize,
+    /// The last reload asked for did not happen (abandoned, or not started while reloads were
+    /// stuck): one is made when an abandoned reload's worker returns (its input answers).
+    owed: bool,
     /// Reloads finished (applied, refused or abandoned), published as `reloads`.
     finished: u64,
 }
@@ -99,6 +109,7 @@ impl<N: Notifier, S: Session> Lifecycle<N, S> {
             reload_again: false,
             next_reload: 1,
             stuck: 0,
+            owed: false,
             finished: 0,
         }
     }
@@ -160,6 +171,7 @@ impl<N: Notifier, S: Session> Lifecycle<N, S> {
     /// or the session's end wins over everything after it. Returns how serving ended, if it did.
     pub fn handle(&mut self, batch: impl IntoIterator<Item = Event>) -> Option<End> {
         let (mut reload, mut retired) = (false, false);
+        let stuck_before = self.stuck;
         for event in batch {
             match event {
                 Event::Ended(result) => {
@@ -179,8 +191,12 @@ impl<N: Notifier, S: Session> Lifecycle<N, S> {
             }
         }
         self.reload_again |= reload;
+        let retry = self.reloading.is_none() && self.owed && !self.reload_again && self.stuck < stuck_before;
         if self.reloading.is_none() && std::mem::take(&mut self.reload_again) {
-            self.start_reload();
+            self.start_reload(false);
+        } else if retry {
+            info!("an abandoned reload's inputs answer again: reloading, as was asked");
+            self.start_reload(true);
         } else if retired {
             self.update_state();
         }
@@ -190,9 +206,8 @@ impl<N: Notifier, S: Session> Lifecycle<N, S> {
     /// The reload in flight did not load by its deadline: the served tree stays, and its
     /// worker is left to finish (or not) on its own.
     pub fn expire(&mut self) {
-        if self.reloading.take().is_none() {
-            return;
-        }
+        let Some(abandoned) = self.reloading.take() else { return };
+        self.owed = !abandoned.retry;
         self.state = State::Serving;
         self.stuck += 1;
         self.finished += 1;
@@ -221,9 +236,13 @@ impl<N: Notifier, S: Session> Lifecycle<N, S> {
         self.update_state();
     }
 
-    /// Starts loading the inputs; the result comes back as an event.
-    fn start_reload(&mut self) {
+    /// Starts loading the inputs (`retry`: on its own, for a reload asked for that did not
+    /// happen); the result comes back as an event.
+    fn start_reload(&mut self, retry: bool) {
+        // Asked for now, or made now: either way the reload owed is this one.
+        self.owed = false;
         if self.stuck >= MAX_STUCK_RELOADS {
+            self.owed = !retry;
             self.finished += 1;
             self.refused(
                 "",
@@ -239,7 +258,7 @@ impl<N: Notifier, S: Session> Lifecycle<N, S> {
         self.next_reload += 1;
         match self.session.load(id) {
             Ok(()) => {
-                self.reloading = Some(InFlight { id, started: Instant::now() });
+                self.reloading = Some(InFlight { id, started: Instant::now(), retry });
                 self.state = State::Reloading;
             }
             Err(e) => {

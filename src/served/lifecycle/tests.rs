@@ -268,8 +268,51 @@ fn abandoned_reload_result_is_dropped() {
     assert_eq!(devfs.snapshot().tree.get("nvidia0"), loaded(5).plan.tree.get("nvidia0"));
 }
 
+/// Rule: a reload asked for that was abandoned is made again, once, when the abandoned one's
+/// input answers after all (its late result comes back): a `SIGHUP` sent while a filesystem
+/// hung is not lost (before, the table stayed old, and `last_error` said the
+/// reload was abandoned, until another `SIGHUP`). If that reload is abandoned in turn, its
+/// own late result starts none.
+#[test]
+fn an_abandoned_reload_is_made_again_when_its_input_answers() {
+    let (mut lc, world, devfs) = ready();
+    lc.handle([Event::Reload]);
+    lc.expire();
+    lc.handle([Event::Loaded(1, ok(loaded(7)))]);
+    assert_eq!(world.0.borrow().loads, [1, 2], "the reload is made anew");
+    assert_eq!(lc.state(), State::Reloading);
+    lc.handle([Event::Loaded(2, ok(loaded(9)))]);
+    assert_eq!(devfs.snapshot().generation, 2);
+    assert_eq!(devfs.snapshot().tree.get("nvidia0"), loaded(9).plan.tree.get("nvidia0"));
+    assert_eq!(world.0.borrow().published.last().unwrap().1, None, "the abandonment is no longer the last error");
+
+    // The remade reload abandoned in turn: once is all.
+    lc.handle([Event::Reload]);
+    lc.expire();
+    lc.handle([Event::Loaded(3, ok(loaded(7)))]);
+    assert_eq!(world.0.borrow().loads, [1, 2, 3, 4]);
+    lc.expire();
+    lc.handle([Event::Loaded(4, ok(loaded(7)))]);
+    assert_eq!(world.0.borrow().loads, [1, 2, 3, 4], "no third try");
+    assert_eq!(lc.state(), State::Serving);
+}
+
+/// Rule: nothing is owed once a reload asked for later has been made: an abandoned reload's
+/// late result after that starts none.
+#[test]
+fn a_later_reload_settles_what_an_abandoned_one_owed() {
+    let (mut lc, world, _) = ready();
+    lc.handle([Event::Reload]);
+    lc.expire();
+    lc.handle([Event::Reload]);
+    lc.handle([Event::Loaded(2, ok(loaded(9)))]);
+    lc.handle([Event::Loaded(1, ok(loaded(7)))]);
+    assert_eq!(world.0.borrow().loads, [1, 2]);
+    assert_eq!(lc.state(), State::Serving);
+}
+
 /// Rule: while four abandoned reloads are still blocked, no fifth starts; one that comes
-/// back frees a place.
+/// back frees a place, and the reload refused meanwhile is made then (it was asked for).
 #[test]
 fn stuck_reloads_hold_off_new_ones() {
     let (mut lc, world, _) = ready();
@@ -281,9 +324,13 @@ fn stuck_reloads_hold_off_new_ones() {
     lc.handle([Event::Reload]);
     assert_eq!(world.0.borrow().loads.len(), 4);
     assert!(world.0.borrow().published.last().unwrap().1.as_deref().unwrap().starts_with("not reloading: 4"));
+    // The refused reload is made as soon as one comes back and frees a place.
     lc.handle([Event::Loaded(2, refused())]);
-    lc.handle([Event::Reload]);
     assert_eq!(world.0.borrow().loads, [1, 2, 3, 4, 5]);
+    lc.handle([Event::Loaded(5, ok(loaded(9)))]);
+    assert_eq!(world.0.borrow().published.last().unwrap().1, None, "the refusal is no longer the last error");
+    lc.handle([Event::Reload]);
+    assert_eq!(world.0.borrow().loads, [1, 2, 3, 4, 5, 6]);
 }
 
 /// Rule: a reload that cannot start is a refused reload: recorded, and ready again.
