@@ -357,10 +357,7 @@ impl Reader {
     /// Waits up to `timeout` (forever with `None`) for `fd` to be readable (with no `fd`, for
     /// the time alone), handling every signal that comes meanwhile.
     pub fn wait_for(&self, fd: Option<BorrowedFd>, timeout: Option<Duration>) -> Waited {
-        match fd {
-            Some(fd) => self.wait_for_any(&[fd], timeout),
-            None => self.wait_for_any(&[], timeout),
-        }
+        self.wait_for_any(fd.as_slice(), timeout)
     }
 
     /// Waits up to `timeout` (forever with `None`) for one of `fds` (at most two) to be

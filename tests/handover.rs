@@ -13,9 +13,12 @@
 mod common;
 
 use common::bundle::{Bundle, Container, Runtime, allow_char, need_containers, oci_config};
-use common::daemon::{Daemon, children, freeze, has_exited, is_mounted, kill, need_fuse, wait_for, wait_for_or};
+use common::daemon::{
+    Daemon, Frozen, children, freeze, has_exited, is_mounted, kill, need_fuse, spec_on_a_stuck_mount, wait_for,
+    wait_for_or,
+};
 use common::readers::{Expect, Load, Reader, quantile, stall_per_period};
-use common::{BIN, FakeHost, arg, fake_rdev, mknod_char, saved_devices, spec_asking_for_all_gpus};
+use common::{BIN, FakeHost, arg, empty_root, fake_rdev, mknod_char, saved_devices, spec_asking_for_all_gpus};
 use serde_json::Value;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
@@ -655,6 +658,45 @@ fn racing_upgrades_reloads_and_kills_fail_no_request_and_leave_one_server() {
     let readers = load.finish();
     no_failures(&d, "the races", &readers);
     stop(d);
+}
+
+/// Rule: SIGUSR2s during an upgrade make one more upgrade after it. With the binary replaced
+/// again while an upgrade's server is still loading (its spec's bind source under a frozen FUSE
+/// daemon), as two package upgrades in a row do, the last SIGUSR2 ends with the newest binary
+/// serving (before, it was ignored, and the keeper served on from the binary in between).
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn an_upgrade_asked_during_an_upgrade_runs_the_newest_binary() {
+    need_fuse();
+    let tmp = TempDir::new().unwrap();
+    let (stuck, spec) = spec_on_a_stuck_mount(tmp.path());
+    let binary = Binary::new();
+    let d = Daemon::start_program(
+        &binary.path(),
+        &["--spec", arg(&spec), "--host-root", &empty_root(), "--reload-timeout", "120"],
+    );
+    let first = d.server_pid();
+    binary.replace_with_copy();
+    let between = binary.identity();
+    let frozen = Frozen::new(&stuck);
+    d.signal(libc::SIGUSR2);
+    let loading = wait_on(&d, "the upgrade's server to start", || {
+        children(d.child.id()).into_iter().find(|&c| c != first && running(c) == between)
+    });
+    binary.replace_with_copy();
+    let newest = binary.identity();
+    d.signal(libc::SIGUSR2);
+    // Logged as deferred (`signal SIGUSR2 during an upgrade: ...`; it was `signal SIGUSR2:
+    // ignored, ...`).
+    wait_on(&d, "the second SIGUSR2 to be taken", || d.log_text().contains("signal SIGUSR2").then_some(()));
+    drop(frozen);
+    let state = wait_new_server(&d, first, 2);
+    let server = state_pid(&state, "server_pid");
+    assert_ne!(server, loading);
+    assert_eq!(running(server), newest, "the last SIGUSR2's binary serves");
+    assert!(fs::metadata(d.path("held")).is_ok());
+    stop(d);
+    assert!(stuck.stop().success());
 }
 
 /// Rule (issue 13): a crash restart runs the binary the dead server ran, not what is on disk

@@ -6,8 +6,8 @@
 mod common;
 
 use common::daemon::{
-    Daemon, Spawned, Tmpfs, children, ended_threads_stacks, has_exited, has_thread, is_mounted, need_fuse, private_dir,
-    private_mountpoint, thread_names, threads_of, wait_for, wait_for_or,
+    Daemon, Frozen, Spawned, Tmpfs, children, ended_threads_stacks, has_exited, has_thread, is_mounted, need_fuse,
+    private_dir, private_mountpoint, spec_on_a_stuck_mount, thread_names, threads_of, wait_for, wait_for_or,
 };
 use common::{arg, need_root};
 use std::fs;
@@ -247,50 +247,6 @@ fn a_daemon_removes_only_what_it_wrote() {
     );
     assert!(second.stop().success());
     assert!(!shared.exists() && !second_state.exists() && !is_mounted(&second_mnt));
-}
-
-/// A daemon stopped with SIGSTOP, continued when the guard is dropped (even when a test fails).
-struct Frozen<'a>(&'a Daemon);
-
-impl<'a> Frozen<'a> {
-    /// Stops `d` and waits until every one of its threads is stopped (`T` in its stat): until
-    /// then a thread could still answer a request.
-    fn new(d: &'a Daemon) -> Frozen<'a> {
-        d.signal(libc::SIGSTOP);
-        let frozen = Frozen(d);
-        let state = |task: &Path| {
-            let stat = fs::read_to_string(task.join("stat")).unwrap_or_default();
-            stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next())
-        };
-        wait_for("every thread to stop", || {
-            let tasks = fs::read_dir(format!("/proc/{}/task", d.child.id())).ok()?;
-            tasks.filter_map(Result::ok).all(|t| state(&t.path()) == Some('T')).then_some(())
-        });
-        frozen
-    }
-}
-
-impl Drop for Frozen<'_> {
-    fn drop(&mut self) {
-        self.0.signal(libc::SIGCONT);
-    }
-}
-
-/// A daemon `stuck` (`--ttl 0`, so every stat reaches it) and a spec whose bind source lies on
-/// it: reading that spec's inputs blocks while `stuck` is frozen.
-fn spec_on_a_stuck_mount(dir: &Path) -> (Daemon, PathBuf) {
-    let stuck = Daemon::start(&["--ttl", "0", "--host-root", EMPTY_ROOT]);
-    let spec = dir.join("config.json");
-    fs::write(
-        &spec,
-        serde_json::json!({
-            "ociVersion": "1.0.2", "root": {"path": "rootfs"},
-            "mounts": [{"destination": "/dev/held", "type": "bind", "source": arg(&stuck.path("null")), "options": ["bind"]}]
-        })
-        .to_string(),
-    )
-    .unwrap();
-    (stuck, spec)
 }
 
 /// How long a SIGTERM may take in these tests: the daemon stops within a second, and a machine

@@ -116,7 +116,7 @@ impl Machine {
             (state, Event::Failed { epoch, why }) => self.failed_said(state, epoch, why),
             (state, Event::Answering(epoch)) => self.answering(state, epoch),
             (state, Event::Notice(epoch, notice)) => self.notice(state, epoch, notice, now),
-            (state, Event::Probed { epoch, same }) => self.probed(state, epoch, same),
+            (state, Event::Probed { epoch, same }) => self.probed(state, epoch, same, now),
             (state, Event::Gone { epoch, status }) => self.gone(state, epoch, &status, now),
             (state, Event::Overrun { epoch, why }) => self.overrun(state, epoch, &why, now),
             (state, Event::Hung { epoch, since }) => self.hung(state, epoch, since, now),

@@ -555,3 +555,39 @@ pub fn ended_threads_stacks(pid: u32) -> Option<Vec<String>> {
             .collect(),
     )
 }
+
+/// A daemon stopped with `SIGSTOP` ([`freeze`]: every thread of it stopped), continued when the
+/// guard is dropped (even when a test fails).
+pub struct Frozen<'a>(&'a Daemon);
+
+impl<'a> Frozen<'a> {
+    pub fn new(d: &'a Daemon) -> Frozen<'a> {
+        // The guard first: a wait that fails still continues the daemon.
+        let frozen = Frozen(d);
+        freeze(d.child.id());
+        frozen
+    }
+}
+
+impl Drop for Frozen<'_> {
+    fn drop(&mut self) {
+        self.0.signal(libc::SIGCONT);
+    }
+}
+
+/// A daemon `stuck` (`--ttl 0`, so every stat reaches it) and a spec in `dir` whose bind source
+/// lies on it: reading that spec's inputs blocks while `stuck` is [`Frozen`].
+pub fn spec_on_a_stuck_mount(dir: &Path) -> (Daemon, PathBuf) {
+    let stuck = Daemon::start(&["--ttl", "0", "--host-root", &super::empty_root()]);
+    let spec = dir.join("config.json");
+    fs::write(
+        &spec,
+        serde_json::json!({
+            "ociVersion": "1.0.2", "root": {"path": "rootfs"},
+            "mounts": [{"destination": "/dev/held", "type": "bind", "source": super::arg(&stuck.path("null")), "options": ["bind"]}]
+        })
+        .to_string(),
+    )
+    .unwrap();
+    (stuck, spec)
+}

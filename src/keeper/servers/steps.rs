@@ -59,15 +59,18 @@ impl Machine {
     }
 
     /// `SIGUSR2` (or one deferred): a ready server is upgraded; while a server starts, once it
-    /// serves; during an upgrade it is ignored.
+    /// serves; during an upgrade, once more when it ends.
     pub(super) fn upgrade(&mut self, state: State, now: Instant) -> State {
         match state {
             State::Serving { current } if current.ready => {
                 let successor = self.spawn(Binary::Path, false, now);
                 State::Upgrading { current, successor }
             }
+            // The binary at the path may have been replaced since this upgrade's server was
+            // started (a second package upgrade): one more follows it, as for reloads.
             State::Upgrading { .. } => {
-                self.info("signal SIGUSR2: ignored, an upgrade is under way");
+                self.upgrade_when_ready = true;
+                self.info("signal SIGUSR2 during an upgrade: upgrading again once it is done");
                 state
             }
             state => {
@@ -101,12 +104,14 @@ impl Machine {
     }
 
     /// An upgrade that did not happen: logged, and recorded by the serving server, which
-    /// serves on. A reload deferred to the new server is moot: the old one did it.
-    fn refuse(&mut self, current: Server, why: String) -> State {
+    /// serves on. A reload deferred to the new server is moot: the old one did it. An upgrade
+    /// asked for meanwhile is tried now (the binary at the path may have been replaced since).
+    fn refuse(&mut self, current: Server, why: String, now: Instant) -> State {
         self.warn(format!("{why}; the running server serves on"));
         self.out.push(Action::Tell(current.epoch, Control::Refused(why)));
         self.reload_when_ready = false;
-        State::Serving { current }
+        let state = State::Serving { current };
+        if std::mem::take(&mut self.upgrade_when_ready) { self.upgrade(state, now) } else { state }
     }
 
     /// Successor `s` cannot take over (`why`, a sentence for a crash's log; `refusal`, the
@@ -120,7 +125,7 @@ impl Machine {
             }
             State::Upgrading { current, successor } => {
                 self.out.push(Action::Kill(successor.server.epoch));
-                self.refuse(current, refusal)
+                self.refuse(current, refusal, now)
             }
             state => state,
         }
@@ -136,7 +141,7 @@ impl Machine {
                 self.retry_later(now)
             }
             State::Upgrading { current, successor } if successor.server.epoch == epoch => {
-                self.refuse(current, format!("upgrade refused: {why}"))
+                self.refuse(current, format!("upgrade refused: {why}"), now)
             }
             state => state,
         }
@@ -250,7 +255,7 @@ impl Machine {
 
     /// A successor answered the INIT replay: it takes over, unless an upgrade disagrees (after
     /// a crash there is no server to keep, so it serves anyway, with a warning).
-    pub(super) fn probed(&mut self, state: State, epoch: u64, same: bool) -> State {
+    pub(super) fn probed(&mut self, state: State, epoch: u64, same: bool, now: Instant) -> State {
         match state {
             State::Replacing { successor: Some(s), .. } if s.server.epoch == epoch => {
                 if !same {
@@ -271,7 +276,7 @@ impl Machine {
                 self.out.push(Action::Kill(epoch));
                 let why = "upgrade refused: the new binary negotiates other FUSE parameters with the kernel; restart \
                            the daemon to use it";
-                self.refuse(current, why.into())
+                self.refuse(current, why.into(), now)
             }
             State::Upgrading { current, successor } if successor.server.epoch == epoch => {
                 let from = format!("from server pid {} (an upgrade)", current.pid);

@@ -268,8 +268,8 @@ fn a_sighup_during_a_takeover_is_done_once_a_server_serves() {
 }
 
 /// Rule (issue 13): SIGUSR2 starts the binary at the keeper's path from a ready server; while a
-/// server starts it waits for one to be ready; during an upgrade, and once stopping, it does
-/// nothing.
+/// server starts it waits for one to be ready; during an upgrade it waits for the upgrade's end
+/// ([`an_upgrade_asked_during_an_upgrade_follows_it`]); once stopping it does nothing.
 #[test]
 fn an_upgrade_is_started_deferred_or_ignored_by_phase() {
     let mut r = Run::serving();
@@ -380,6 +380,38 @@ fn the_time_the_keeper_was_away_is_not_the_successors() {
     assert_eq!(r.m.deadline(), Some(r.t0 + late + TIMEOUT), "a crash successor's too");
     r.on(Event::Away);
     assert_eq!(r.m.deadline(), Some(r.t0 + late + TIMEOUT), "never earlier");
+}
+
+/// Rule: a SIGUSR2 during an upgrade makes one more upgrade after it, however many come, as
+/// SIGHUPs during a reload do: the binary at the path may have been replaced again since the
+/// upgrade's server was started (two package upgrades in a row), and the last SIGUSR2 must end
+/// with that binary serving (before, it was ignored, and the keeper served on from the binary
+/// in between). After an upgrade that took over, once the new server is ready; after one that
+/// was refused, at once.
+#[test]
+fn an_upgrade_asked_during_an_upgrade_follows_it() {
+    let mut r = Run::serving();
+    assert_eq!(spawns(&r.on(Event::Sigusr2)), [(2, Binary::Path, false)]);
+    for _ in 0..3 {
+        assert_eq!(spawns(&r.on(Event::Sigusr2)), [], "deferred, and coalesced");
+    }
+    r.on(Event::Spawned { epoch: 2, pid: 200, handed_plan: false });
+    r.on(Event::Loaded { epoch: 2, protocol: PROTOCOL });
+    r.on(Event::Probed { epoch: 2, same: true });
+    r.on(Event::Answering(2));
+    assert_eq!(spawns(&r.on(Event::Notice(2, Notice::Ready))), [(3, Binary::Path, false)], "once more");
+    assert_eq!(r.m.phase(), Phase::Upgrading);
+
+    r.on(Event::Sigusr2);
+    r.on(Event::Spawned { epoch: 3, pid: 300, handed_plan: false });
+    r.on(Event::Loaded { epoch: 3, protocol: PROTOCOL });
+    let refused = r.on(Event::Probed { epoch: 3, same: false });
+    let told = refused.iter().any(|a| matches!(a, Action::Tell(2, Control::Refused(_))));
+    assert!(told && refused.contains(&Action::Kill(3)), "{refused:?}");
+    assert_eq!(spawns(&refused), [(4, Binary::Path, false)], "the one asked meanwhile is tried at once");
+    let refused = r.on(Event::Probed { epoch: 4, same: false });
+    assert_eq!(spawns(&refused), [], "and once only");
+    assert_eq!((r.m.phase(), r.m.current()), (Phase::Serving, Some(2)));
 }
 
 /// Rule (issue 13): a server that dies during an upgrade is replaced from its own binary and
