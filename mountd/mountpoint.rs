@@ -10,6 +10,7 @@
 //!   must keep out every user but root. Only mode bits and owners are read: POSIX ACLs on the
 //!   directories above are not, and must not open them to others.
 
+use devremap::inputs::files::is_mount_root;
 use devremap::io_message;
 use log::warn;
 use nix::errno::Errno;
@@ -238,16 +239,6 @@ fn mounted_at(path: &Path) -> Option<Mounted> {
         }
         Some(Mounted { fstype: unescape(fields.get(dash + 1)?), source: unescape(fields.get(dash + 2)?) })
     })
-}
-
-/// Whether `path` is the root of a mount (`STATX_ATTR_MOUNT_ROOT`, Linux 5.8+), asking no
-/// daemon (`AT_STATX_DONT_SYNC`: a FUSE mount's cached attributes, so a stuck or dead one does
-/// not hang us); `None` where the kernel does not say, or the call fails (a dead FUSE mount).
-fn is_mount_root(path: &Path) -> Option<bool> {
-    use rustix::fs::{AtFlags, CWD, StatxAttributes, StatxFlags, statx};
-    let st = statx(CWD, path, AtFlags::SYMLINK_NOFOLLOW | AtFlags::STATX_DONT_SYNC, StatxFlags::empty()).ok()?;
-    let root = StatxAttributes::MOUNT_ROOT;
-    st.stx_attributes_mask.contains(root).then(|| st.stx_attributes.contains(root))
 }
 
 /// Whether anything is mounted exactly at `path` (canonical), read from the mount table without

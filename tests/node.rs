@@ -17,8 +17,8 @@ mod common;
 use common::bundle::{Runtime, allow_char, need_containers, nvidia_hook, oci_config};
 use common::clients::{WRAPPER, busybox_rootfs};
 use common::daemon::{
-    PATIENCE, container_dirs, ended_threads_stacks, has_exited, has_thread, is_mounted, kill, proc_state, thread_names,
-    wait_for, wait_for_or,
+    PATIENCE, Tmpfs, container_dirs, ended_threads_stacks, has_exited, has_thread, is_mounted, kill, proc_state,
+    thread_names, wait_for, wait_for_or,
 };
 use common::{BIN, FakeHost, arg, fake_rdev, write_file};
 use devremap::node::client::{ask, ask_passing};
@@ -1023,6 +1023,51 @@ fn a_service_takes_over_from_the_node_daemon_a_wrapper_started() {
 /// served container as it was. A peer that is not root is refused: by the socket's mode, and
 /// by the daemon itself when it reaches the socket anyway (`CAP_DAC_OVERRIDE` as `nobody`),
 /// whose refusal reaches it even when it writes its request late. A second `devremapd node` on the same state dir, or on a socket where one answers, exits 1
+/// Bug (found from outside): a node daemon's start tore down every directory in its state dir
+/// that named no live keeper, and removed it across the mounts inside it: with the state dir a
+/// shared one (`/run`), a start removed `/run/systemd` and emptied a tmpfs mounted under
+/// `/run/user/1000`. Now a directory without a live keeper is torn down only when marked as a
+/// node daemon's container, and a teardown never crosses into a mount: it leaves the mount,
+/// and what holds it, in place and says so.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static"]
+fn a_node_daemons_start_tears_down_only_its_containers_and_no_mount_inside() {
+    need_containers(Runtime::Runc);
+    let fleet = Fleet::new();
+    let state = fleet.state_dir();
+    fs::create_dir(&state).unwrap();
+    fs::set_permissions(&state, fs::Permissions::from_mode(0o700)).unwrap();
+    fs::create_dir_all(state.join("systemd")).unwrap();
+    fs::write(state.join("systemd/data"), "kept").unwrap();
+    let session = Tmpfs::mount(&state.join("user/1000"), "size=1m");
+    fs::write(session.0.join("session"), "kept").unwrap();
+    // A container of ours whose keeper is gone, with a mount planted inside it.
+    let planted = state.join("gone-planted");
+    fs::create_dir_all(planted.join("dev")).unwrap();
+    fs::write(planted.join("node"), "").unwrap();
+    let inside = Tmpfs::mount(&planted.join("bundle"), "size=1m");
+    fs::write(inside.0.join("data"), "kept").unwrap();
+    // And one with nothing mounted inside: torn down, as before.
+    let plain = state.join("gone-plain");
+    fs::create_dir_all(plain.join("dev")).unwrap();
+    fs::write(plain.join("node"), "").unwrap();
+
+    let id = format!("adopting-{}", std::process::id());
+    fleet.start(&id, &[0]);
+    wait_for_or("the plain leftover to be torn down", || fleet.node_log(), || (!plain.exists()).then_some(()));
+    wait_for_or(
+        "the planted mount to be refused",
+        || fleet.node_log(),
+        || fleet.node_log().contains("is a mount point; left in place").then_some(()),
+    );
+    assert_eq!(fs::read_to_string(state.join("systemd/data")).unwrap(), "kept", "{}", fleet.node_log());
+    assert_eq!(fs::read_to_string(session.0.join("session")).unwrap(), "kept");
+    assert_eq!(fs::read_to_string(inside.0.join("data")).unwrap(), "kept");
+    assert!(is_mounted(&inside.0) && is_mounted(&session.0));
+    assert!(!fleet.node_log().contains("container systemd") && !fleet.node_log().contains("container user"));
+    fleet.delete(&id);
+}
+
 /// with one clear line.
 #[test]
 #[ignore = "needs root, /dev/fuse, runc and busybox-static: runs containers"]

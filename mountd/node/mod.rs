@@ -285,6 +285,13 @@ impl Node {
                 let id = e.file_name().into_string().ok()?;
                 let container = self.container(&id).ok()?;
                 let keeper = container.daemon_pid();
+                // One with no live keeper is torn down only if a wrapper or the NRI plugin
+                // marked it for a node daemon: the state dir may be a shared one (`/run`),
+                // whose other directories are not ours (found from outside: a start removed
+                // `/run/systemd`), and an earlier version's leftover is its wrapper's.
+                if keeper.is_none() && !container.is_node() {
+                    return None;
+                }
                 let busy = container.is_busy().unwrap_or(true);
                 Some(Found { id, keeper, busy })
             })

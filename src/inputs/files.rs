@@ -27,6 +27,16 @@ impl std::fmt::Display for FileError {
     }
 }
 
+/// Whether `path` is the root of a mount (`STATX_ATTR_MOUNT_ROOT`, Linux 5.8+), asking no
+/// daemon (`AT_STATX_DONT_SYNC`: a FUSE mount's cached attributes, so a stuck or dead one does
+/// not hang us); `None` where the kernel does not say, or the call fails (a dead FUSE mount).
+pub fn is_mount_root(path: &Path) -> Option<bool> {
+    use rustix::fs::{AtFlags, CWD, StatxAttributes, StatxFlags, statx};
+    let st = statx(CWD, path, AtFlags::SYMLINK_NOFOLLOW | AtFlags::STATX_DONT_SYNC, StatxFlags::empty()).ok()?;
+    let root = StatxAttributes::MOUNT_ROOT;
+    st.stx_attributes_mask.contains(root).then(|| st.stx_attributes.contains(root))
+}
+
 /// What a file of mode `mode` (`st_mode`) is, with its article, for messages: `a FIFO`,
 /// `a symlink`, ...
 pub fn describe(mode: u32) -> &'static str {

@@ -184,7 +184,8 @@ impl Container {
     /// Stops the daemon (if it still runs) and waits for its exit, detaches whatever is left
     /// mounted on `dev/`, and removes the directory. A daemon that is our child (the node
     /// daemon's) is reaped by whoever waits on it. Something other than a directory in the
-    /// directory's place (a planted symlink) is refused, never followed.
+    /// directory's place (a planted symlink) is refused, never followed; so is a mount found
+    /// inside it ([`super::remove_within_its_mount`]).
     pub fn teardown(&self, procs: &dyn Processes) -> Result<(), DaemonError> {
         self.check_directory()?;
         if let Some(pid) = self.daemon_pid() {
@@ -194,7 +195,7 @@ impl Container {
         // EINVAL when nothing is mounted there; a symlink planted as `dev/` is not followed.
         let _ =
             nix::mount::umount2(&self.dev(), nix::mount::MntFlags::MNT_DETACH | nix::mount::MntFlags::UMOUNT_NOFOLLOW);
-        match fs::remove_dir_all(&self.dir) {
+        match super::remove_within_its_mount(&self.dir) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => {
                 Err(DaemonError::Remove { path: self.dir.clone(), source: e })
             }

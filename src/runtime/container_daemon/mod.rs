@@ -259,7 +259,7 @@ impl Container {
         });
         // Made partway (a full disk): no one's, so not left for the next front end to find.
         if made.is_err() {
-            let _ = fs::remove_dir_all(&self.dir);
+            let _ = remove_within_its_mount(&self.dir);
         }
         made
     }
@@ -316,6 +316,30 @@ impl Container {
     }
 }
 
+/// Removes directory `dir` and everything in it, never crossing into another mount: a mount
+/// at `dir` or inside it (one planted there, or one a runtime left behind) is an error naming
+/// it, and it, what it holds and the directories above it stay (`std::fs::remove_dir_all`
+/// would have emptied the mounted filesystem). Symlinks are removed, never followed. Assumes
+/// `dir` is private to root (in the state dir), so nothing is swapped under the walk.
+fn remove_within_its_mount(dir: &Path) -> io::Result<()> {
+    let meta = fs::symlink_metadata(dir)?;
+    // Unknown (a kernel before 5.8, or a dead FUSE mount that statx cannot reach): a mount
+    // unless it is on its parent's filesystem.
+    let on_parents = || dir.parent().and_then(|p| fs::symlink_metadata(p).ok()).is_some_and(|p| p.dev() == meta.dev());
+    if crate::inputs::files::is_mount_root(dir).unwrap_or_else(|| !on_parents()) {
+        return Err(io::Error::other(format!("{} is a mount point; left in place", dir.display())));
+    }
+    for entry in fs::read_dir(dir)? {
+        let path = entry?.path();
+        if fs::symlink_metadata(&path)?.is_dir() {
+            remove_within_its_mount(&path)?;
+        } else {
+            fs::remove_file(&path)?;
+        }
+    }
+    fs::remove_dir(dir)
+}
+
 /// Makes `dir` (and its missing parents) a directory of mode 0700, or checks that it is one
 /// owned by us: never a symlink, never a directory another user could write into. An existing
 /// directory is never changed: the config may name a shared one (`/run`, even `/tmp`).
@@ -337,4 +361,30 @@ pub fn ensure_private_dir(dir: &Path) -> Result<(), DaemonError> {
         return Err(refused(format!("writable by group or others; refused: {FIX}")));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rule: a container's directory is removed whole, and a symlink in it is removed, never
+    /// followed: what it names outside stays. (A mount inside it is refused: tests/node.rs
+    /// `a_node_daemons_start_tears_down_only_its_containers_and_no_mount_inside`, which needs
+    /// root.)
+    #[test]
+    fn removal_takes_symlinks_not_what_they_name() {
+        let tmp = tempfile::tempdir().unwrap();
+        let outside = tmp.path().join("outside");
+        fs::create_dir(&outside).unwrap();
+        fs::write(outside.join("kept"), "kept").unwrap();
+        let dir = tmp.path().join("c1");
+        fs::create_dir_all(dir.join("bundle/deep")).unwrap();
+        fs::write(dir.join("bundle/deep/config.json"), "{}").unwrap();
+        std::os::unix::fs::symlink(&outside, dir.join("dev")).unwrap();
+        std::os::unix::fs::symlink(outside.join("kept"), dir.join("bundle/state.json")).unwrap();
+        remove_within_its_mount(&dir).unwrap();
+        assert!(!dir.exists());
+        assert_eq!(fs::read_to_string(outside.join("kept")).unwrap(), "kept");
+        assert_eq!(remove_within_its_mount(&dir).unwrap_err().kind(), io::ErrorKind::NotFound);
+    }
 }
