@@ -1017,12 +1017,6 @@ fn a_service_takes_over_from_the_node_daemon_a_wrapper_started() {
     wait_for_or("the service to tear the container down", || fleet.keeper_log(&id), || (!dir.exists()).then_some(()));
 }
 
-/// Rule (issue 31): a request names only its own container. An id that is not one (`../x`,
-/// empty, a path) is refused by `ctl` and by the protocol; an id no container has is "no such
-/// container"; a mount of a served id, or naming another state dir, is refused and leaves the
-/// served container as it was. A peer that is not root is refused: by the socket's mode, and
-/// by the daemon itself when it reaches the socket anyway (`CAP_DAC_OVERRIDE` as `nobody`),
-/// whose refusal reaches it even when it writes its request late. A second `devremapd node` on the same state dir, or on a socket where one answers, exits 1
 /// Bug (found from outside): a node daemon's start tore down every directory in its state dir
 /// that named no live keeper, and removed it across the mounts inside it: with the state dir a
 /// shared one (`/run`), a start removed `/run/systemd` and emptied a tmpfs mounted under
@@ -1068,7 +1062,15 @@ fn a_node_daemons_start_tears_down_only_its_containers_and_no_mount_inside() {
     fleet.delete(&id);
 }
 
-/// with one clear line.
+/// Rule (issue 31): a request names only its own container. An id that is not one (`../x`,
+/// empty, a path) is refused by `ctl` and by the protocol; an id no container has is "no such
+/// container"; a mount of a served id, or naming another state dir, is refused and leaves the
+/// served container as it was. A peer that is not root is refused: by the socket's mode, and
+/// by the daemon itself when it reaches the socket anyway (`CAP_DAC_OVERRIDE` as `nobody`),
+/// whose refusal reaches it even when it writes its request late. A second `devremapd node` on the same state dir, or on a socket where one answers, exits 1
+/// with one clear line. A mount request through a symlink planted as the container's directory
+/// or as its `dev/` is refused, and nothing is written or mounted where it points (found from
+/// outside: the keeper mounted there and wrote its files there).
 #[test]
 #[ignore = "needs root, /dev/fuse, runc and busybox-static: runs containers"]
 fn requests_name_only_their_own_container() {
@@ -1121,6 +1123,30 @@ fn requests_name_only_their_own_container() {
     // A served id: its directory is taken by the running container.
     let e = ask(&socket, &Request::Mount(request.clone()), ASK).unwrap_err().to_string();
     assert!(e.contains(&format!("container {id}: served already")), "{e}");
+    // Symlinks planted as a container's directory, and as its mountpoint: refused, and
+    // nothing lands where they point.
+    let target = TempDir::new().unwrap();
+    fs::create_dir(target.path().join("dev")).unwrap();
+    fs::write(target.path().join("devremapd.log"), "kept").unwrap();
+    let planted_dir = format!("planted-{}", std::process::id());
+    std::os::unix::fs::symlink(target.path(), fleet.state_dir().join(&planted_dir)).unwrap();
+    let planted_dev = format!("planted-dev-{}", std::process::id());
+    fs::create_dir(fleet.state_dir().join(&planted_dev)).unwrap();
+    std::os::unix::fs::symlink(target.path().join("dev"), fleet.state_dir().join(&planted_dev).join("dev")).unwrap();
+    for (planted, says) in [(&planted_dir, "is a symlink"), (&planted_dev, "no mountpoint")] {
+        let e = ask(&socket, &Request::Mount(MountRequest { id: planted.clone(), ..request.clone() }), ASK)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&format!("container {planted}: ")) && e.contains(says), "{e}");
+    }
+    assert!(!is_mounted(&target.path().join("dev")), "mounted through the symlink");
+    let names: BTreeSet<String> =
+        fs::read_dir(target.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert_eq!(names, BTreeSet::from(["dev".to_owned(), "devremapd.log".to_owned()]));
+    assert_eq!(fs::read_to_string(target.path().join("devremapd.log")).unwrap(), "kept");
+    fs::remove_file(fleet.state_dir().join(&planted_dir)).unwrap();
+    fs::remove_dir_all(fleet.state_dir().join(&planted_dev)).unwrap();
+
     let elsewhere = TempDir::new().unwrap();
     request.state_dir = elsewhere.path().to_owned();
     let e = ask(&socket, &Request::Mount(request), ASK).unwrap_err().to_string();

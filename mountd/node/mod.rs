@@ -455,9 +455,12 @@ impl Node {
                 self.state_dir.display()
             ));
         }
-        if !container.dev().is_dir() {
+        // Neither the directory nor its mountpoint through a symlink planted in its place: the
+        // keeper's files and mount would land where it names (found from outside).
+        container.check_directory().map_err(|e| format!("container {}: {e}", m.id))?;
+        if !std::fs::symlink_metadata(container.dev()).is_ok_and(|d| d.is_dir()) {
             return Err(format!(
-                "container {}: {}: no mountpoint (the wrapper makes it)",
+                "container {}: {}: no mountpoint (the wrapper makes it; a symlink is refused)",
                 m.id,
                 container.dev().display()
             ));
