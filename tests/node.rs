@@ -1017,6 +1017,55 @@ fn a_service_takes_over_from_the_node_daemon_a_wrapper_started() {
     wait_for_or("the service to tear the container down", || fleet.keeper_log(&id), || (!dir.exists()).then_some(()));
 }
 
+/// Bug (found from outside): `ctl list` and `status` read each container's state file whole,
+/// following symlinks: one planted as a symlink to /dev/zero grew the node daemon by 500 MB/s
+/// until killed, and a FIFO in its place hung the request's thread for good. And the wrapper
+/// read a dead keeper's whole log for its last line: a log planted as a symlink to /dev/zero
+/// had `delete` read until the OOM killer ended it. Now such a file is not followed, a FIFO
+/// not waited on, and only a bounded part of one is read.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs containers"]
+fn planted_state_files_and_logs_are_not_followed_or_read_without_end() {
+    need_containers(Runtime::Runc);
+    let fleet = Fleet::new();
+    let tag = std::process::id();
+    let (linked, fifo, dead) = (format!("linked-{tag}"), format!("fifo-{tag}"), format!("dead-{tag}"));
+    for id in [&linked, &fifo, &dead] {
+        fleet.start(id, &[0]);
+    }
+    let state_file = |id: &str| fleet.state_dir().join(id).join("state.json");
+    fs::remove_file(state_file(&linked)).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", state_file(&linked)).unwrap();
+    fs::remove_file(state_file(&fifo)).unwrap();
+    nix::unistd::mkfifo(&state_file(&fifo), nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let node = fleet.node_pid();
+    let threads = usage(node).1;
+    let listed = fleet.list();
+    for id in [&linked, &fifo] {
+        assert_eq!(listed[id]["state"], Value::Null, "{id}: {}", listed[id]);
+        let (code, stdout, stderr) = fleet.ctl(&["status", id]);
+        assert_eq!(code, 0, "{stderr}");
+        assert!(stdout.contains(&format!("\"id\":\"{id}\"")), "{stdout}");
+    }
+    assert!(usage(node).2 < 64 << 10, "the node daemon's resident memory grew: {} KiB", usage(node).2);
+    wait_for_or(
+        "no request's thread to be left waiting on the FIFO",
+        || format!("{:?}", thread_names(node)),
+        || (usage(node).1 <= threads).then_some(()),
+    );
+
+    // A keeper killed, its log replaced by a symlink to /dev/zero: `delete` still ends.
+    let keeper = fleet.list()[&dead]["pid"].as_u64().unwrap() as u32;
+    kill(keeper, libc::SIGKILL);
+    wait_for("the keeper to be gone", || has_exited(keeper).then_some(()));
+    let log = fleet.state_dir().join(&dead).join("devremapd.log");
+    fs::remove_file(&log).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", &log).unwrap();
+    for id in [&linked, &fifo, &dead] {
+        fleet.delete(id);
+    }
+}
+
 /// Bug (found from outside): a node daemon's start tore down every directory in its state dir
 /// that named no live keeper, and removed it across the mounts inside it: with the state dir a
 /// shared one (`/run`), a start removed `/run/systemd` and emptied a tmpfs mounted under

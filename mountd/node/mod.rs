@@ -746,9 +746,19 @@ impl Holds {
 
 /// A daemon's state file as JSON, `Null` when it cannot be read (not written yet, or being
 /// replaced: it is renamed into place whole).
+/// A container's state file, `Null` until it is written. Read as a file of our own, and only up
+/// to [`MAX_STATE`]: one planted in its place (a symlink to /dev/zero, a FIFO) is never
+/// followed or read without end (found from outside: `ctl list` grew the daemon by 500 MB/s,
+/// or hung one of its threads).
 fn read_state(path: &Path) -> Value {
-    std::fs::read(path).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or(Value::Null)
+    use devremap::inputs::files::{open_own_regular, read_at_most};
+    let bytes = open_own_regular(path).ok().and_then(|mut f| read_at_most(&mut f, MAX_STATE).ok().flatten());
+    bytes.and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or(Value::Null)
 }
+
+/// The largest state file read: a server writes a few KiB (its plan's summary, even for
+/// thousands of devices).
+const MAX_STATE: u64 = 16 << 20;
 
 fn peer_is_root(stream: &UnixStream) -> bool {
     nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::PeerCredentials).is_ok_and(|c| c.uid() == 0)

@@ -54,11 +54,24 @@ pub fn describe(mode: u32) -> &'static str {
 
 /// Opens `path` for reading if it is a regular file (symlinks followed).
 pub fn open_regular(path: &Path) -> Result<File, FileError> {
-    let before = std::fs::metadata(path).map_err(FileError::Io)?;
+    open_regular_at(path, true)
+}
+
+/// Opens `path` for reading if it is a regular file and not a symlink: a file of our own (a
+/// container's state file or log in the state dir), where a symlink, a FIFO or a device was
+/// planted in its place by someone else, never followed, opened or read without end.
+pub fn open_own_regular(path: &Path) -> Result<File, FileError> {
+    open_regular_at(path, false)
+}
+
+fn open_regular_at(path: &Path, follow: bool) -> Result<File, FileError> {
+    let before = if follow { std::fs::metadata(path) } else { std::fs::symlink_metadata(path) };
+    let before = before.map_err(FileError::Io)?;
     if !before.is_file() {
         return Err(FileError::NotRegular(describe(before.mode())));
     }
-    let file = OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path).map_err(FileError::Io)?;
+    let flags = libc::O_NONBLOCK | if follow { 0 } else { libc::O_NOFOLLOW };
+    let file = OpenOptions::new().read(true).custom_flags(flags).open(path).map_err(FileError::Io)?;
     let after = file.metadata().map_err(FileError::Io)?;
     if !after.is_file() {
         return Err(FileError::NotRegular(describe(after.mode())));
@@ -99,7 +112,16 @@ pub enum SmallText {
 
 /// A small regular file of at most `limit` bytes, as text.
 pub fn read_small_text(path: &Path, limit: u64) -> SmallText {
-    let Ok(mut file) = open_regular(path) else { return SmallText::Unreadable };
+    small_text(open_regular(path), limit)
+}
+
+/// [`read_small_text`] of a file of our own ([`open_own_regular`]: no symlink followed).
+pub fn read_own_small_text(path: &Path, limit: u64) -> SmallText {
+    small_text(open_own_regular(path), limit)
+}
+
+fn small_text(file: Result<File, FileError>, limit: u64) -> SmallText {
+    let Ok(mut file) = file else { return SmallText::Unreadable };
     match read_at_most(&mut file, limit) {
         Ok(Some(buf)) => String::from_utf8(buf).map_or(SmallText::Unreadable, SmallText::Text),
         Ok(None) => SmallText::TooLarge,

@@ -22,6 +22,8 @@ use std::time::{Duration, Instant};
 
 /// How long a daemon may take to answer, and to stop.
 const PATIENCE: Duration = Duration::from_secs(30);
+/// How much of the end of a daemon's log is read for its last line: a line is far shorter.
+const LOG_TAIL: u64 = 64 << 10;
 
 /// What the library needs done that takes `unsafe`, which it forbids: given by the front end.
 pub trait Processes {
@@ -165,7 +167,16 @@ impl Container {
 
     /// The daemon log's last line that is not blank, if any.
     fn log_tail(&self) -> Option<String> {
-        let text = fs::read_to_string(self.log()).ok()?;
+        use std::io::{Seek, SeekFrom};
+        // Its end alone: a log may be large, and one planted in its place (a symlink to
+        // /dev/zero) is not read (found from outside: a `delete` read it until the OOM killer
+        // ended it).
+        let mut file = crate::inputs::files::open_own_regular(&self.log()).ok()?;
+        let len = file.metadata().ok()?.len();
+        file.seek(SeekFrom::Start(len.saturating_sub(LOG_TAIL))).ok()?;
+        let mut tail = Vec::new();
+        crate::inputs::files::read_up_to(&mut file, LOG_TAIL, &mut tail).ok()?;
+        let text = String::from_utf8_lossy(&tail);
         text.lines().rev().find(|l| !l.trim().is_empty()).map(str::to_owned)
     }
 

@@ -204,7 +204,11 @@ impl Container {
 
     /// The init [`Container::mark_nri_init`] recorded, if any.
     pub fn nri_init(&self) -> Option<(u32, u64)> {
-        let text = fs::read_to_string(self.dir.join("nri")).ok()?;
+        let crate::inputs::files::SmallText::Text(text) =
+            crate::inputs::files::read_own_small_text(&self.dir.join("nri"), 64)
+        else {
+            return None;
+        };
         let (pid, start) = text.trim_end().split_once(' ')?;
         Some((pid.parse().ok()?, start.parse().ok()?))
     }
