@@ -383,9 +383,7 @@ impl Node {
             }
             if self.clients.fetch_add(1, Ordering::SeqCst) >= MAX_CLIENTS {
                 self.clients.fetch_sub(1, Ordering::SeqCst);
-                let _ = (&stream).write_all(
-                    protocol::answer_line(&Answer::refused("busy: too many requests at once; ask again")).as_bytes(),
-                );
+                let _ = (&stream).write_all(protocol::answer_line(&Answer::refused(protocol::BUSY)).as_bytes());
                 continue;
             }
             let node = self.clone();
@@ -765,14 +763,50 @@ fn peer_is_root(stream: &UnixStream) -> bool {
 }
 
 /// The request on `stream`, and the descriptor its client handed over with it, if any.
+/// Reads of a client's request, each given only what is left of the time for the whole.
+struct Deadline<'a> {
+    stream: &'a UnixStream,
+    until: Instant,
+}
+
+impl Deadline<'_> {
+    /// Sets the socket's read timeout to the time left; `TimedOut` once none is.
+    fn arm(&self) -> io::Result<()> {
+        let left = self.until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        self.stream.set_read_timeout(Some(left))
+    }
+}
+
+impl Read for Deadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.arm()?;
+        (&mut &*self.stream).read(buf)
+    }
+}
+
 fn read_request(stream: &UnixStream) -> Result<(Request, Option<OwnedFd>), String> {
     use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
-    let reading = |e: io::Error| format!("reading the request: {}", devremap::io_message(&e));
-    stream.set_read_timeout(Some(REQUEST_TIMEOUT)).map_err(reading)?;
+    let reading = |e: io::Error| match e.kind() {
+        // The socket's timeout, which the deadline sets to the time left.
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+            format!("reading the request: no whole request within {} s", REQUEST_TIMEOUT.as_secs())
+        }
+        _ => format!("reading the request: {}", devremap::io_message(&e)),
+    };
+    // The whole request within REQUEST_TIMEOUT, not each read (found from outside: a client
+    // sending a byte every 5 s held its place, and 256 such held every place).
+    let mut request = Deadline { stream, until: Instant::now() + REQUEST_TIMEOUT };
+    request.arm().map_err(reading)?;
     // The first part with its descriptors (a client sends them with its first bytes), the
-    // rest as it comes.
+    // rest as it comes. Room for as many descriptors as one message can carry (the kernel's
+    // SCM_MAX_FD): with room for fewer, the kernel put in those that fit and said the rest
+    // was cut, nix then gave none of them, and they stayed open (found from outside: two
+    // leaked with each request that passed three, until no container could start).
     let mut first = vec![0u8; 64 << 10];
-    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 253]);
     let (len, mut passed) = loop {
         let mut iov = [std::io::IoSliceMut::new(&mut first)];
         match recvmsg::<()>(stream.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC) {
@@ -793,7 +827,7 @@ fn read_request(stream: &UnixStream) -> Result<(Request, Option<OwnedFd>), Strin
     };
     let mut line = first[..len].to_vec();
     if !line.contains(&b'\n') && len > 0 {
-        BufReader::new(stream.take((protocol::MAX_LINE + 1).saturating_sub(len) as u64))
+        BufReader::new((&mut request).take((protocol::MAX_LINE + 1).saturating_sub(len) as u64))
             .read_until(b'\n', &mut line)
             .map_err(reading)?;
     }

@@ -11,7 +11,7 @@ use devremap::runtime::container_daemon::daemon::Processes;
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Longer than the daemon's own wait for a container's keeper (30 s).
 const MOUNT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -29,6 +29,8 @@ pub fn mount(config: &Config, devremapd: &Path, request: MountRequest, hold: Bor
     let socket = config.node_socket();
     let request = Request::Mount(request);
     let mut tries = 0;
+    let busy_until = Instant::now() + MOUNT_TIMEOUT;
+    let mut pause = BUSY_PAUSE;
     loop {
         match ask_passing(&socket, &request, Some(hold), MOUNT_TIMEOUT) {
             Ok(_) => return Ok(()),
@@ -36,13 +38,25 @@ pub fn mount(config: &Config, devremapd: &Path, request: MountRequest, hold: Bor
                 tries += 1;
                 start_daemon(config, devremapd, &socket)?;
             }
-            Err(e) => return Err(node_failure(e)),
+            // Every place taken (a burst of starts, or clients that hold theirs): asked
+            // again, as the daemon says, until the mount's own timeout.
+            Err(e) if e.busy() && Instant::now() + pause < busy_until => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            Err(e) => return Err(node_failure(&socket, e)),
         }
     }
 }
 
-fn node_failure(e: ClientError) -> Failure {
-    Failure::Node(e.to_string())
+/// The first wait before a request the daemon was too busy for is asked again; it doubles,
+/// up to a second.
+const BUSY_PAUSE: Duration = Duration::from_millis(20);
+
+/// Why the mount failed; a daemon still busy after every try is named by its socket (its
+/// other refusals name the container and the file at fault).
+fn node_failure(socket: &Path, e: ClientError) -> Failure {
+    if e.busy() { Failure::Node(format!("{}: {e}", socket.display())) } else { Failure::Node(e.to_string()) }
 }
 
 /// Starts `devremapd node` on the config's state dir and socket, detached (its own session, its

@@ -14,6 +14,9 @@ pub const PROTOCOL: u32 = 1;
 pub const MAX_LINE: usize = 1 << 20;
 /// The longest answer line a client reads (a `list` of thousands of containers).
 pub const MAX_ANSWER: usize = 64 << 20;
+/// The refusal of a daemon with every place for a request taken: nothing was done, and the
+/// client may ask again.
+pub const BUSY: &str = "busy: too many requests at once; ask again";
 
 /// Why a line is not a request or an answer of ours.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
