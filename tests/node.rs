@@ -1090,6 +1090,41 @@ fn a_request_has_its_time_and_leaves_no_descriptor() {
     fleet.delete(&id);
 }
 
+/// Bug (found from outside): a FIFO planted in the state dir as a container's directory hung
+/// `create` and `delete` of that id in the open of the directory to lock it (a device's open
+/// could act on it), and `delete` held the state dir's lock meanwhile, so every other
+/// container's start on the host waited behind it. Now it is refused without being opened, as
+/// a symlink is, and the other containers start.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs containers"]
+fn a_fifo_or_device_planted_as_a_containers_directory_is_refused_unopened() {
+    need_containers(Runtime::Runc);
+    let fleet = Fleet::new();
+    let tag = std::process::id();
+    let other = format!("other-{tag}");
+    fleet.start(&other, &[0]);
+    let (fifo, device) = (format!("fifo-{tag}"), format!("device-{tag}"));
+    nix::unistd::mkfifo(&fleet.state_dir().join(&fifo), nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    common::mknod_char(&fleet.state_dir().join(&device), (1, 3), 0o600);
+    let bundle = fleet.tmp.path().join("bundles").join(&other);
+    for (id, what) in [(&fifo, "a FIFO"), (&device, "a char device")] {
+        for args in [vec!["create", "--bundle", arg(&bundle), id.as_str()], vec!["delete", "--force", id.as_str()]] {
+            let mut child = fleet.wrapper(&args).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+            let status =
+                wait_for_or(&format!("{args:?} to end"), || "it hangs".to_owned(), || child.try_wait().unwrap());
+            let mut stderr = String::new();
+            std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+            assert_eq!(status.code(), Some(1), "{args:?}: {stderr}");
+            assert!(stderr.contains(&format!("is {what}, not a container's directory; refused")), "{args:?}: {stderr}");
+        }
+    }
+    let next = format!("next-{tag}");
+    fleet.start(&next, &[1]);
+    for id in [&other, &next] {
+        fleet.delete(id);
+    }
+}
+
 /// Bug (found from outside): `ctl list` and `status` read each container's state file whole,
 /// following symlinks: one planted as a symlink to /dev/zero grew the node daemon by 500 MB/s
 /// until killed, and a FIFO in its place hung the request's thread for good. And the wrapper

@@ -97,7 +97,17 @@ impl Lock {
 /// Locks directory `dir`: waits for the lock when `wait`, else `None` when another process
 /// holds it.
 fn lock_dir(dir: &Path, wait: bool) -> Result<Option<Lock>, DaemonError> {
-    let file = fs::File::open(dir).map_err(io_at(dir))?;
+    use std::os::unix::fs::OpenOptionsExt;
+    // A directory, never what is planted in its place: a FIFO's open would wait for a writer
+    // for ever (with the state dir's lock held, every start on the host behind it: found from
+    // outside), a device's could act on the device, a symlink's would lock elsewhere.
+    let opened = fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW).open(dir);
+    let file = opened.map_err(|e| match (e.raw_os_error(), fs::symlink_metadata(dir)) {
+        (Some(libc::ENOTDIR | libc::ELOOP), Ok(meta)) => {
+            DaemonError::NotDirectory { path: dir.to_owned(), what: crate::inputs::files::describe(meta.mode()) }
+        }
+        _ => io_at(dir)(e),
+    })?;
     let how = if wait { FlockArg::LockExclusive } else { FlockArg::LockExclusiveNonblock };
     match Flock::lock(file, how) {
         Ok(held) => Ok(Some(Lock { held })),
