@@ -129,17 +129,52 @@ pub fn parse_json(bytes: &[u8]) -> Result<Value, serde_json::Error> {
 /// pass checks the syntax as the parse does, with its errors, but keeps nothing, so a refused
 /// input never takes more memory than its text.
 pub fn check_json(bytes: &[u8]) -> Result<(), serde_json::Error> {
+    check(bytes, Keys::Unchecked)
+}
+
+/// [`check_json`] for an OCI spec, which runc and the other Go tools also read: refuses an
+/// object with two keys that differ only in case. Go's `encoding/json` matches a struct's
+/// field names without regard to case, and the last of such keys wins, where serde takes the
+/// exact key: `"devices": [X], "Devices": []` gave devremap device X and runc none (found from
+/// outside: a container got a device runc would not have made). The maps of the spec (its
+/// `annotations`, `linux.sysctl`, `linux.resources.unified`), whose keys Go keeps as written,
+/// are not checked.
+pub fn check_spec_json(bytes: &[u8]) -> Result<(), serde_json::Error> {
+    check(bytes, Keys::Struct)
+}
+
+fn check(bytes: &[u8], keys: Keys) -> Result<(), serde_json::Error> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
-    Counted::deserialize(&mut de, &mut 0)?;
+    Counted::deserialize(&mut de, &mut 0, keys)?;
     de.end()
 }
 
+/// What an object's keys are to the Go tools that read the same text.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Keys {
+    /// Not checked (an input only devremap reads).
+    Unchecked,
+    /// A struct's fields: keys that differ only in case are one field to Go.
+    Struct,
+    /// A map's keys, kept as written; the objects inside it are structs again.
+    Map,
+}
+
+/// The fields of an OCI spec that are maps (`map[string]string` in Go), whose keys are data.
+const SPEC_MAPS: [&str; 3] = ["annotations", "sysctl", "unified"];
+
+/// A key as Go's `encoding/json` compares field names: case folded, with the Kelvin sign and
+/// the long s, which fold to `k` and `s`.
+fn folded(key: &str) -> String {
+    key.to_uppercase().to_lowercase()
+}
+
 /// One JSON value, counted into `seen`; fails once more than [`MAX_JSON_VALUES`] are seen.
-struct Counted<'a>(&'a mut usize);
+struct Counted<'a>(&'a mut usize, Keys);
 
 impl Counted<'_> {
-    fn deserialize<'de, D: Deserializer<'de>>(de: D, seen: &mut usize) -> Result<(), D::Error> {
-        de.deserialize_any(Counted(seen))
+    fn deserialize<'de, D: Deserializer<'de>>(de: D, seen: &mut usize, keys: Keys) -> Result<(), D::Error> {
+        de.deserialize_any(Counted(seen, keys))
     }
 
     fn count<E: de::Error>(self) -> Result<(), E> {
@@ -152,12 +187,12 @@ impl Counted<'_> {
 }
 
 /// Seeds the count into the elements of an array or object.
-struct Seed<'a>(&'a mut usize);
+struct Seed<'a>(&'a mut usize, Keys);
 
 impl<'de> de::DeserializeSeed<'de> for Seed<'_> {
     type Value = ();
     fn deserialize<D: Deserializer<'de>>(self, de: D) -> Result<(), D::Error> {
-        Counted::deserialize(de, self.0)
+        Counted::deserialize(de, self.0, self.1)
     }
 }
 
@@ -188,18 +223,38 @@ impl<'de> Visitor<'de> for Counted<'_> {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        let seen = self.0;
-        Counted(seen).count()?;
-        while seq.next_element_seed(Seed(seen))?.is_some() {}
+        let (seen, keys) = (self.0, self.1);
+        Counted(seen, keys).count()?;
+        while seq.next_element_seed(Seed(seen, keys))?.is_some() {}
         Ok(())
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        let seen = self.0;
-        Counted(seen).count()?;
-        // Keys are strings the parser checks; only values count.
-        while map.next_key::<IgnoredAny>()?.is_some() {
-            map.next_value_seed(Seed(seen))?;
+        let (seen, keys) = (self.0, self.1);
+        Counted(seen, keys).count()?;
+        if keys == Keys::Unchecked {
+            // Keys are strings the parser checks; only values count.
+            while map.next_key::<IgnoredAny>()?.is_some() {
+                map.next_value_seed(Seed(seen, keys))?;
+            }
+            return Ok(());
+        }
+        // Each key folded, with the key as written; as many as the values counted.
+        let mut fields: std::collections::HashMap<String, String> = std::collections::HashMap::new();
+        while let Some(key) = map.next_key::<String>()? {
+            let fold = folded(&key);
+            let inner = if keys == Keys::Struct && SPEC_MAPS.contains(&fold.as_str()) { Keys::Map } else { Keys::Struct };
+            if keys == Keys::Struct {
+                match fields.get(&fold) {
+                    Some(other) if *other != key => {
+                        return Err(de::Error::custom(format_args!(
+                            "keys {other:?} and {key:?} differ only in case: runc and the other Go tools read them as one field, the last; refused"
+                        )));
+                    }
+                    _ => drop(fields.insert(fold, key)),
+                }
+            }
+            map.next_value_seed(Seed(seen, inner))?;
         }
         Ok(())
     }

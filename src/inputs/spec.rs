@@ -97,7 +97,7 @@ pub fn parse(bytes: &[u8], file_source: &dyn Fn(&str) -> bool) -> Result<SpecVie
     if let Some(encoding) = crate::inputs::limits::byte_order_mark(bytes) {
         return Err(SpecError::Parse(format!("the text is {encoding}; JSON is UTF-8 without a byte-order mark")));
     }
-    crate::inputs::limits::check_json(bytes).map_err(parse_error)?;
+    crate::inputs::limits::check_spec_json(bytes).map_err(parse_error)?;
     if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         return Err(SpecError::Parse("expected a JSON object".into()));
     }
@@ -536,6 +536,33 @@ mod tests {
         let v = parse(s.to_string().as_bytes(), &is_file).unwrap();
         assert_eq!(v.dev_mounts.iter().map(|m| m.onto_file).collect::<Vec<_>>(), [true, false, false]);
         assert_eq!(*asked.borrow(), ["log", "data"]);
+    }
+
+    /// Bug (found from outside): Go's `encoding/json`, which runc and the NVIDIA hook read the
+    /// spec with, takes a struct's field without regard to case, the last key winning; serde
+    /// takes the exact key. `"devices": [X], "Devices": []` gave devremap X and runc nothing, and
+    /// `"env"`/`"Env"` gave it other GPUs than the hook's. Such a spec is refused, at any depth,
+    /// the Kelvin sign and long s folded as Go folds them; keys of the spec's maps
+    /// (annotations, sysctl, unified), which Go keeps as written, may differ in case.
+    #[test]
+    fn keys_that_differ_only_in_case_are_refused_outside_the_maps() {
+        let dev = json!({"path": "/dev/xmem", "type": "c", "major": 10, "minor": 229});
+        let mut twice = spec(json!([dev]), json!([]));
+        twice["linux"]["Devices"] = json!([]);
+        let e = parse(twice.to_string().as_bytes(), &no_files).unwrap_err().to_string();
+        assert!(e.contains(r#"keys "devices" and "Devices" differ only in case"#), "{e}");
+        let mut env = spec(json!([]), json!([]));
+        env["process"] = json!({"env": ["NVIDIA_VISIBLE_DEVICES=all"], "ENV": ["NVIDIA_VISIBLE_DEVICES=void"]});
+        assert!(parse(env.to_string().as_bytes(), &no_files).is_err());
+        let mut kelvin = spec(json!([]), json!([]));
+        kelvin["linux"]["\u{212a}ernelMemory"] = json!(1);
+        kelvin["linux"]["kernelMemory"] = json!(1);
+        assert!(parse(kelvin.to_string().as_bytes(), &no_files).is_err(), "the Kelvin sign folds to k");
+        let mut maps = spec(json!([dev]), json!([]));
+        maps["annotations"] = json!({"a.example/Key": "1", "a.example/key": "2"});
+        maps["linux"]["sysctl"] = json!({"net.X": "1", "net.x": "2"});
+        maps["linux"]["resources"] = json!({"unified": {"io.Max": "1", "io.max": "2"}});
+        assert!(parse(maps.to_string().as_bytes(), &no_files).is_ok());
     }
 
     /// Bad specs are refused: not a spec, wrong types, numbers out of range, `..` escapes.
