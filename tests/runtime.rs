@@ -591,6 +591,46 @@ fn a_restore_failing_a_check_is_refused_before_the_runtime_runs() {
     s.wait_gone(&id); // the runtime failed: everything is undone
 }
 
+/// Bug (found from outside): a checkpoint image whose record (`devremap-gpus.json`) is not a
+/// regular file (a FIFO, a directory) was passed over as if absent, and the container restored
+/// with nothing remapped; one that is a symlink was followed and its target copied into the
+/// state dir. The image is untrusted: each is refused, naming the file, before the runtime
+/// runs, and nothing is left.
+#[test]
+#[ignore = "needs root and /dev/fuse: starts the daemon"]
+fn a_record_that_is_not_a_regular_file_refuses_the_restore() {
+    need_fuse();
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Setup::new(Runtime::Runc, Value::Null);
+    s.ask_for_gpus();
+    let ran = s.tmp.path().join("runtime-ran");
+    let runtime = write_file(s.tmp.path(), "mark.sh", format!("#!/bin/sh\ntouch {}\nexit 1\n", ran.display()));
+    fs::set_permissions(&runtime, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    s.set_config("runtime", arg(&runtime));
+    let outside = write_file(s.tmp.path(), "outside.json", json!([{"minor": 0}]).to_string());
+    let bundle = arg(s.bundle.dir()).to_owned();
+    for (kind, what) in [("fifo", "is a FIFO"), ("dir", "is a directory"), ("symlink", "is a symlink")] {
+        let image = s.tmp.path().join(format!("image-{kind}"));
+        fs::create_dir(&image).unwrap();
+        let record = image.join("devremap-gpus.json");
+        match kind {
+            "fifo" => nix::unistd::mkfifo(&record, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap(),
+            "dir" => fs::create_dir(&record).unwrap(),
+            _ => std::os::unix::fs::symlink(&outside, &record).unwrap(),
+        }
+        let id = format!("record-{kind}-{}", std::process::id());
+        let delete = Deleting(&s, id.clone());
+        let out = s.run(&["restore", "--image-path", arg(&image), "--bundle", &bundle, &id]);
+        assert_eq!(out.status.code(), Some(1), "{kind}: {}", out.stderr);
+        assert!(out.stderr.contains(&format!("{}: {what}", record.display())), "{kind}: {}", out.stderr);
+        assert!(!ran.exists(), "{kind}: the runtime ran: {}", out.stderr);
+        s.wait_gone(&id);
+        // The guard's `delete` runs the runtime, which leaves its mark.
+        drop(delete);
+        let _ = fs::remove_file(&ran);
+    }
+}
+
 /// Bug (issue 29.1): the image's `ENV` (in `process.env`, merged with `-e`) relaxed the checks:
 /// `DEVREMAP_RELAX=mode` plus a record claiming 0666 restored a 0600 GPU as `crw-rw-rw-` under
 /// its checkpoint name. Now the variable is not obeyed, only named in a warning, and the

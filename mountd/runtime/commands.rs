@@ -25,7 +25,10 @@ pub fn restore(
     image_path: Option<&str>,
 ) -> Result<u8, Failure> {
     let image = image_dir(image_path)?;
-    let metadata = [RECORD_FILE, "checkpoint.img"].iter().map(|f| image.join(f)).find(|p| p.is_file());
+    // The first that is there at all: one that is not a regular file (a symlink, a FIFO, a
+    // directory in a hostile image) is refused when it is kept, naming it, rather than passed
+    // over for the next, or for none (found from outside: the restore went on unremapped).
+    let metadata = [RECORD_FILE, "checkpoint.img"].iter().map(|f| image.join(f)).find(|p| p.symlink_metadata().is_ok());
     start(config, inv, container, Some(Restoring { metadata }))
 }
 

@@ -243,7 +243,8 @@ impl<'de> Visitor<'de> for Counted<'_> {
         let mut fields: std::collections::HashMap<String, String> = std::collections::HashMap::new();
         while let Some(key) = map.next_key::<String>()? {
             let fold = folded(&key);
-            let inner = if keys == Keys::Struct && SPEC_MAPS.contains(&fold.as_str()) { Keys::Map } else { Keys::Struct };
+            let inner =
+                if keys == Keys::Struct && SPEC_MAPS.contains(&fold.as_str()) { Keys::Map } else { Keys::Struct };
             if keys == Keys::Struct {
                 match fields.get(&fold) {
                     Some(other) if *other != key => {

@@ -312,7 +312,8 @@ impl Container {
     /// byte past the metadata limit is copied, so the daemon still refuses a file too large.
     pub fn keep_metadata(&self, from: &Path) -> Result<PathBuf, DaemonError> {
         let read = |why| DaemonError::Read { path: from.to_owned(), why };
-        let mut file = crate::inputs::files::open_regular(from).map_err(read)?;
+        // A checkpoint image is untrusted: a symlink in it is not followed.
+        let mut file = crate::inputs::files::open_own_regular(from).map_err(read)?;
         let mut bytes = Vec::new();
         crate::inputs::files::read_up_to(&mut file, crate::inputs::metadata::MAX_METADATA_LEN + 1, &mut bytes)
             .map_err(io_at(from))?;
