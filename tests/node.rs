@@ -1125,6 +1125,26 @@ fn a_fifo_or_device_planted_as_a_containers_directory_is_refused_unopened() {
     }
 }
 
+/// Bug (found from outside): `ctl reload ID` of a container that finished no reload within the
+/// node daemon's 30 s (its keeper stopped) printed the old entry, `last_error` null, and exited
+/// 0. Now it exits 1 naming the container, and the entry says `reload_unfinished`.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs containers"]
+fn ctl_reload_fails_when_no_reload_finishes() {
+    need_containers(Runtime::Runc);
+    let fleet = Fleet::new();
+    let id = format!("stopped-{}", std::process::id());
+    fleet.start(&id, &[0]);
+    let keeper = fleet.list()[&id]["pid"].as_u64().unwrap() as u32;
+    kill(keeper, libc::SIGSTOP);
+    let (code, stdout, stderr) = fleet.ctl(&["reload", &id]);
+    kill(keeper, libc::SIGCONT);
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    assert!(stderr.contains(&format!("container {id}: no reload finished within 30 s")), "{stderr}");
+    assert_eq!(entries(&stdout)[&id]["reload_unfinished"], "no reload finished within 30 s", "{stdout}");
+    fleet.delete(&id);
+}
+
 /// Bug (found from outside): `ctl list` and `status` read each container's state file whole,
 /// following symlinks: one planted as a symlink to /dev/zero grew the node daemon by 500 MB/s
 /// until killed, and a FIFO in its place hung the request's thread for good. And the wrapper

@@ -1,6 +1,7 @@
 //! `devremapd ctl`: the operator's client of the node daemon. `list` prints one JSON object per
-//! container, `reload [ID]` one per container reloaded (exit status 1 when one was refused,
-//! with an error line naming it), `status ID` one object: the entry and its state file.
+//! container, `reload [ID]` one per container reloaded (exit status 1 when one was refused or
+//! did not finish in time, with an error line naming it), `status ID` one object: the entry
+//! and its state file.
 
 use crate::cli::{CtlArgs, CtlCommand};
 use devremap::node::client::ask;
@@ -26,7 +27,9 @@ pub fn run(args: &CtlArgs) -> Result<(), Failure> {
     let mut refused = Vec::new();
     for entry in &entries {
         println!("{entry}");
-        if let (CtlCommand::Reload { .. }, Some(why)) = (&args.command, entry["last_error"].as_str()) {
+        // A reload refused, or none finished (the keeper stopped, its state dir full).
+        let why = entry["reload_unfinished"].as_str().or(entry["last_error"].as_str());
+        if let (CtlCommand::Reload { .. }, Some(why)) = (&args.command, why) {
             refused.push(format!("container {}: {why}", entry["id"].as_str().unwrap_or_default()));
         }
     }

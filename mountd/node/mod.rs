@@ -642,7 +642,7 @@ impl Node {
         for (id, pid, reloads) in before {
             let file = Container::new(&self.state_dir, &id).state_file();
             let mut pause = Duration::from_micros(50);
-            let mut gone = false;
+            let (mut gone, mut unfinished) = (false, None);
             loop {
                 let now = read_state(&file)["reloads"].as_u64();
                 if now.is_some() && now > reloads {
@@ -654,7 +654,9 @@ impl Node {
                     break;
                 }
                 if Instant::now() >= deadline {
-                    warn!("container {id}: no reload finished within {} s", RELOAD_TIMEOUT.as_secs());
+                    let why = format!("no reload finished within {} s", RELOAD_TIMEOUT.as_secs());
+                    warn!("container {id}: {why}");
+                    unfinished = Some(why);
                     break;
                 }
                 std::thread::sleep(pause);
@@ -665,7 +667,15 @@ impl Node {
                     return Err(format!("container {id}: torn down while it reloaded (its container ended)"));
                 }
                 (true, false) => {}
-                (false, _) => done.push(json!(self.entry(&id, pid).0)),
+                (false, _) => {
+                    let mut entry = json!(self.entry(&id, pid).0);
+                    // Said apart from `last_error`, which is the last reload that did finish
+                    // (found from outside: `ctl reload` printed the old entry and exited 0).
+                    if let Some(why) = unfinished {
+                        entry["reload_unfinished"] = json!(why);
+                    }
+                    done.push(entry);
+                }
             }
         }
         Ok(Value::Array(done))
