@@ -631,6 +631,33 @@ fn a_record_that_is_not_a_regular_file_refuses_the_restore() {
     }
 }
 
+/// Bug (found from outside): a spec over the 16 MiB devremap reads, asking for devremap,
+/// ran without it and without a word (the wrapper took the cut text for a spec it cannot
+/// parse, the runtime's to refuse). It still runs as the runtime takes it, since devremap
+/// cannot tell whether it was asked for, but the wrapper says why it did not serve `/dev`.
+#[test]
+#[ignore = "needs root and /dev/fuse: starts the daemon"]
+fn a_spec_too_large_to_read_runs_without_devremap_saying_so() {
+    need_fuse();
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Setup::new(Runtime::Runc, Value::Null);
+    s.ask_for_gpus();
+    let ran = s.tmp.path().join("runtime-ran");
+    let runtime = write_file(s.tmp.path(), "mark.sh", format!("#!/bin/sh\ntouch {}\nexit 0\n", ran.display()));
+    fs::set_permissions(&runtime, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    s.set_config("runtime", arg(&runtime));
+    let mut spec = s.bundle.config();
+    spec["annotations"] = json!({"devremap.io/enable": "true", "padding": "x".repeat(17 << 20)});
+    s.bundle.write_config(&spec);
+    let id = format!("large-{}", std::process::id());
+    let out = s.run(&["create", "--bundle", arg(s.bundle.dir()), &id]);
+    assert!(ran.exists(), "the runtime runs it: {}", out.stderr);
+    let said =
+        format!("{}: over 16 MiB, the most devremap reads; running without devremap", s.bundle.config_path().display());
+    assert!(out.stderr.contains(&said), "{}", out.stderr);
+    s.wait_gone(&id);
+}
+
 /// Bug (issue 29.1): the image's `ENV` (in `process.env`, merged with `-e`) relaxed the checks:
 /// `DEVREMAP_RELAX=mode` plus a record claiming 0666 restored a 0600 GPU as `crw-rw-rw-` under
 /// its checkpoint name. Now the variable is not obeyed, only named in a warning, and the

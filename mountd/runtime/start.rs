@@ -90,6 +90,15 @@ fn decide(
     let bundle = absolute(new.bundle.as_deref().unwrap_or("."))?;
     let spec_path = bundle.join("config.json");
     let Some(original) = read_spec(&spec_path) else { return Ok(None) };
+    // Larger than devremap reads: it cannot tell whether devremap was asked for, so the
+    // runtime runs it as it is, saying so (found from outside: it ran without a word).
+    let Some(original) = original else {
+        let limit = devremap::inputs::metadata::MAX_METADATA_LEN >> 20;
+        return Ok(without_devremap(
+            inv,
+            &format!("{}: over {limit} MiB, the most devremap reads", spec_path.display()),
+        ));
+    };
     let Ok(value) = serde_json::from_slice::<Value>(&original) else { return Ok(None) };
     if annotations::is_sandbox(&value) {
         return Ok(None);
@@ -202,9 +211,9 @@ fn undo(container: &Container, why: Failure) -> Failure {
     if cleanup.is_empty() { why } else { Failure::Undone { why: Box::new(why), cleanup } }
 }
 
-fn read_spec(path: &Path) -> Option<Vec<u8>> {
+/// The spec's bytes, `Some(None)` when it holds more than devremap reads; `None` when it
+/// cannot be read (the runtime's to refuse, in its own words).
+fn read_spec(path: &Path) -> Option<Option<Vec<u8>>> {
     let mut file = devremap::inputs::files::open_regular(path).ok()?;
-    let mut buf = Vec::new();
-    devremap::inputs::files::read_up_to(&mut file, devremap::inputs::metadata::MAX_METADATA_LEN, &mut buf).ok()?;
-    Some(buf)
+    devremap::inputs::files::read_at_most(&mut file, devremap::inputs::metadata::MAX_METADATA_LEN).ok()
 }
