@@ -9,10 +9,13 @@
 //! earlier install's backup, or the operator's file of that name, are both kept as they are).
 //! Something other than a regular file there is refused before anything is written.
 
+use devremap::inputs::files::SmallText;
 use devremap::install::containerd::{self, ConfigError, Entry};
 use devremap::report::Failure;
+use rustix::fs::{Mode, OFlags, ResolveFlags};
 use std::ffi::OsString;
 use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -24,11 +27,24 @@ pub fn run(args: &crate::cli::ContainerdConfigArgs) -> Result<(), Failure> {
         )
         .into());
     }
-    let on_host = |p: &Path| args.host_root.join(p.strip_prefix("/").unwrap_or(p));
-    let path = on_host(&args.config);
+    let root = &args.host_root;
+    if let Err(e) = std::fs::metadata(root) {
+        return Err(format!("--host-root {}: {}", root.display(), devremap::io_message(&e)).into());
+    }
+    let path =
+        on_host(root, &args.config).map_err(|e| format!("{}: {}", args.config.display(), devremap::io_message(&e)))?;
     let shown = path.display().to_string();
-    let entry_text = std::fs::read_to_string(&args.entry)
-        .map_err(|e| format!("{}: {}", args.entry.display(), devremap::io_message(&e)))?;
+    // A regular file, read up to 64 KiB (the package's is a few lines): a FIFO named by
+    // mistake is refused, not waited on.
+    let entry_text = match devremap::inputs::files::read_small_text(&args.entry, 64 << 10) {
+        SmallText::Text(text) => text,
+        SmallText::TooLarge => return Err(format!("{}: over 64 KiB; not a containerd entry", args.entry.display()).into()),
+        SmallText::Unreadable => {
+            let why = devremap::inputs::files::open_regular(&args.entry)
+                .map_or_else(|e| e.to_string(), |_| "cannot be read as UTF-8 text".to_owned());
+            return Err(format!("{}: {why}", args.entry.display()).into());
+        }
+    };
     let entry = Entry::parse(&args.entry.display().to_string(), &entry_text, args.runtime.as_deref()).map_err(line)?;
     let by_hand = || format!("add the tables of {} to the file containerd reads by hand", entry.path);
     let old = match std::fs::symlink_metadata(&path) {
@@ -53,14 +69,16 @@ pub fn run(args: &crate::cli::ContainerdConfigArgs) -> Result<(), Failure> {
     let edited = containerd::add_handler(&shown, text, &entry).map_err(line)?;
     if let Some(text) = text {
         let read = |p: &Path| {
-            let p = on_host(p);
-            if !std::fs::metadata(&p)?.is_file() {
+            let mut file = std::fs::File::from(open_in_root(root, p, OFlags::RDONLY | OFlags::NONBLOCK)?);
+            if !file.metadata()?.is_file() {
                 return Err(io::Error::other("not a regular file"));
             }
-            std::fs::read_to_string(p)
+            let mut text = String::new();
+            io::Read::read_to_string(&mut file, &mut text).map(|_| text)
         };
         let list = |d: &Path| -> io::Result<Vec<OsString>> {
-            std::fs::read_dir(on_host(d))?.map(|e| e.map(|e| e.file_name())).collect()
+            let dir = open_in_root(root, d, OFlags::RDONLY | OFlags::DIRECTORY)?;
+            std::fs::read_dir(format!("/proc/self/fd/{}", dir.as_raw_fd()))?.map(|e| e.map(|e| e.file_name())).collect()
         };
         containerd::check_imports(&args.config, text, &entry, read, list).map_err(line)?;
     }
@@ -114,6 +132,43 @@ pub fn run(args: &crate::cli::ContainerdConfigArgs) -> Result<(), Failure> {
     log::info!("{did} {shown}");
     println!("changed");
     Ok(())
+}
+
+/// Opens `p`, a path as the host sees it, under `root` (`--host-root`), every symlink on the
+/// way resolved there as the host would resolve it (`RESOLVE_IN_ROOT`): an absolute symlink
+/// in the host's tree (`/etc/containerd -> /opt/ctd`) names the host's `/opt/ctd`, not ours
+/// (found from outside: the setup rewrote a config outside `--host-root` and said `changed`).
+fn open_in_root(root: &Path, p: &Path, flags: OFlags) -> io::Result<OwnedFd> {
+    let top = rustix::fs::open(root, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?;
+    let rel = p.strip_prefix("/").unwrap_or(p);
+    let rel = if rel.as_os_str().is_empty() { Path::new(".") } else { rel };
+    Ok(rustix::fs::openat2(&top, rel, flags | OFlags::CLOEXEC, Mode::empty(), ResolveFlags::IN_ROOT)?)
+}
+
+/// Where the host's file `p` is here: its directory resolved under `root` ([`open_in_root`]),
+/// then its name, not followed (the config itself is refused when it is a symlink). Where the
+/// directory, or some directories above it, do not exist yet, the nearest one that does is
+/// resolved and the rest added to it (they are made later, where nothing can redirect them
+/// but another root process).
+fn on_host(root: &Path, p: &Path) -> io::Result<PathBuf> {
+    let name = p.file_name().ok_or_else(|| io::Error::other("names no file"))?;
+    let mut dir = p.parent().unwrap_or(Path::new("/")).to_path_buf();
+    let mut missing = Vec::new();
+    loop {
+        match open_in_root(root, &dir, OFlags::PATH | OFlags::DIRECTORY) {
+            Ok(fd) => {
+                let mut here = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
+                here.extend(missing.iter().rev());
+                return Ok(here.join(name));
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                let Some(last) = dir.file_name().map(OsString::from) else { return Err(e) };
+                missing.push(last);
+                dir.pop();
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 fn line(e: ConfigError) -> Failure {

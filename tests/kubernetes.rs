@@ -338,6 +338,44 @@ fn node_setup_refuses_what_it_cannot_add_to() {
     assert_eq!(fs::read_to_string(&target).unwrap(), "version = 2\n");
 }
 
+/// Bug (found from outside): `containerd-config --host-root H` resolved symlinks in the host's
+/// tree against the tool's own root: with the host's `/etc/containerd` an absolute symlink
+/// (`-> /some/dir`, as a host may have it), the tool rewrote `/some/dir/config.toml` of its
+/// own filesystem (a pod's, in node-setup) and said `changed`, and the host's config stayed as
+/// it was. Every path is now resolved under the host root as the host resolves it
+/// (`RESOLVE_IN_ROOT`), imports too.
+#[test]
+fn containerd_config_resolves_the_hosts_symlinks_under_its_root() {
+    let tmp = TempDir::new().unwrap();
+    let (host, outside) = (tmp.path().join("host"), tmp.path().join("outside"));
+    // The host's /etc/containerd -> <outside>, which on the host is H/<outside>.
+    let on_host = host.join(outside.strip_prefix("/").unwrap());
+    for dir in [&on_host, &outside, &host.join("etc")] {
+        fs::create_dir_all(dir).unwrap();
+    }
+    let config = "version = 2\nimports = [\"/etc/containerd/conf.d/*.toml\"]\n";
+    for dir in [&on_host, &outside] {
+        fs::write(dir.join("config.toml"), config).unwrap();
+        fs::create_dir_all(dir.join("conf.d")).unwrap();
+    }
+    // The host's import is harmless; the tool's own would be refused (it holds CRI settings).
+    fs::write(on_host.join("conf.d/debug.toml"), "version = 2\n[debug]\n  level = \"debug\"\n").unwrap();
+    fs::write(outside.join("conf.d/cri.toml"), "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\"]\n").unwrap();
+    std::os::unix::fs::symlink(&outside, host.join("etc/containerd")).unwrap();
+    let out = Command::new(BIN)
+        .args(["containerd-config", "--host-root", arg(&host), "--entry", ENTRY])
+        .args(["--runtime", "/usr/local/bin/devremap-runtime"])
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "changed\n");
+    assert!(fs::read_to_string(on_host.join("config.toml")).unwrap().contains("runtimes.devremap]"));
+    assert_eq!(fs::read_to_string(outside.join("config.toml")).unwrap(), config, "the tool's own file is untouched");
+    assert!(!outside.join("config.toml.before-devremap").exists());
+}
+
 /// Rule (issue 30.2, held when attacked from outside): a config.toml written in another style
 /// (CRLF line endings, tab indentation, no newline at its end, comments that hold a table
 /// header and the word `runtimes`) gets one block after the operator's lines, kept as they
