@@ -266,7 +266,7 @@ impl MountArgs {
 
 /// Where `path` puts its file: its directory resolved (`dir/./x`, a symlinked directory), then
 /// its name. A directory that cannot be resolved is compared as written (the write fails later).
-fn place(path: &Path) -> PathBuf {
+pub(crate) fn place(path: &Path) -> PathBuf {
     let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else { return path.to_path_buf() };
     let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
     dir.canonicalize().map_or_else(|_| path.to_path_buf(), |d| d.join(name))

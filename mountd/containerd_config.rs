@@ -38,7 +38,9 @@ pub fn run(args: &crate::cli::ContainerdConfigArgs) -> Result<(), Failure> {
     // mistake is refused, not waited on.
     let entry_text = match devremap::inputs::files::read_small_text(&args.entry, 64 << 10) {
         SmallText::Text(text) => text,
-        SmallText::TooLarge => return Err(format!("{}: over 64 KiB; not a containerd entry", args.entry.display()).into()),
+        SmallText::TooLarge => {
+            return Err(format!("{}: over 64 KiB; not a containerd entry", args.entry.display()).into());
+        }
         SmallText::Unreadable => {
             let why = devremap::inputs::files::open_regular(&args.entry)
                 .map_or_else(|e| e.to_string(), |_| "cannot be read as UTF-8 text".to_owned());

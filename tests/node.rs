@@ -1394,6 +1394,19 @@ s.sendall(b'{"protocol":1,"op":"list"}\n'); print(s.makefile().readline(), end="
     assert_eq!(code, 1, "{stderr}");
     assert_eq!(stderr.trim_end(), format!("error: {}: a node daemon answers there already", arg(&socket)));
     assert!(!other_socket.exists() && !other_pid.exists());
+    // A pid file on the daemon's own lock (found from outside: written over the held lock, it
+    // let a second daemon take the state dir), and a start that fails after its bind (a pid
+    // file it cannot write), which leaves no socket behind.
+    let lock = state_dir.join("node.lock");
+    let node = |socket: &Path, state: &Path, pid_file: &Path| {
+        common::devremapd(&["node", "--socket", arg(socket), "--state-dir", arg(state), "--pid-file", arg(pid_file)])
+    };
+    let (code, _, stderr) = node(&other_socket, &state_dir, &lock);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("is the node daemon's lock; give it a path of its own"), "{stderr}");
+    let (code, _, stderr) = node(&other_socket, &other.path().join("state"), &other.path().join("no/such/node.pid"));
+    assert_eq!(code, 1, "{stderr}");
+    assert!(!other_socket.exists(), "the socket of a failed start is left: {stderr}");
 
     let listed = fleet.list();
     assert_eq!(listed.keys().collect::<Vec<_>>(), vec![&id]);

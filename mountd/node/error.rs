@@ -26,6 +26,9 @@ pub enum NodeError {
     SocketAnswers(PathBuf),
     #[error("{}: is {what}, not a socket; refused (give --socket a path of its own)", path.display())]
     NotSocket { path: PathBuf, what: &'static str },
+    /// `--pid-file` names the daemon's own lock or socket: writing it would replace that file.
+    #[error("--pid-file {}: is the node daemon's {what}; give it a path of its own", path.display())]
+    PidFileTaken { path: PathBuf, what: &'static str },
     #[error("cannot find our own binary (the path we were started from), which every container's keeper runs")]
     OwnBinary,
     #[error("cannot start a thread: {}", io_message(.0))]

@@ -113,13 +113,21 @@ pub fn run(args: &NodeArgs) -> Result<(), NodeError> {
     }
     devremap::runtime::container_daemon::ensure_private_dir(&args.state_dir)?;
     let state_dir = args.state_dir.canonicalize().map_err(NodeError::at(&args.state_dir))?;
+    // Found from outside: a pid file written over the held node.lock let a second daemon take
+    // the state dir.
+    let pid_place = crate::cli::place(&args.pid_file);
+    for (taken, what) in [(state_dir.join("node.lock"), "lock"), (crate::cli::place(&args.socket), "socket")] {
+        if pid_place == taken {
+            return Err(NodeError::PidFileTaken { path: args.pid_file.clone(), what });
+        }
+    }
     let _lock = match lock_node(&state_dir) {
         // A service takes over from a daemon a wrapper started (at boot, or in an upgrade's
         // restart): that one goes, its keepers serve on, and this one adopts them.
         Err(NodeError::Running { .. }) if args.idle_exit.is_none() => take_over(&state_dir, &args.socket)?,
         held => held?,
     };
-    let listener = bind(&args.socket)?;
+    let (listener, _bound) = bind(&args.socket)?;
     let running = std::fs::File::open("/proc/self/exe").map_err(NodeError::at(Path::new("/proc/self/exe")))?;
     let exe = crate::keeper::procs::started_as(&running).ok_or(NodeError::OwnBinary)?;
     let spares = spare::Spares::start(exe.clone(), !args.no_spare).map_err(NodeError::Thread)?;
@@ -194,8 +202,8 @@ pub fn run(args: &NodeArgs) -> Result<(), NodeError> {
         }
     };
     node.spares.stop();
-    // The keepers serve on: a daemon started again adopts them.
-    let _ = std::fs::remove_file(&args.socket);
+    // The keepers serve on: a daemon started again adopts them. The socket goes with
+    // `_bound`.
     pid_written.remove_if_ours();
     info!("node daemon stopping ({why}); {} containers' keepers serve on", node.registry.lock().serving_all().len());
     Ok(())
@@ -244,9 +252,33 @@ fn take_over(state_dir: &Path, socket: &Path) -> Result<nix::fcntl::Flock<std::f
     }
 }
 
+/// The socket this daemon bound: removed when it is dropped (the daemon's end, or a start
+/// that failed after the bind: found from outside, it was left), only if the file at the path
+/// is still the one bound, never a socket another daemon bound there since, nor one that was
+/// there before.
+struct Bound {
+    path: PathBuf,
+    id: Option<(u64, u64)>,
+}
+
+impl Drop for Bound {
+    fn drop(&mut self) {
+        let now = identity(&self.path);
+        if now.is_some() && now == self.id {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// The device and inode of the file at `path` (not followed).
+fn identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
 /// Binds the socket, replacing a socket a dead daemon left (never anything else), in a
 /// directory of root's alone.
-fn bind(socket: &Path) -> Result<UnixListener, NodeError> {
+fn bind(socket: &Path) -> Result<(UnixListener, Bound), NodeError> {
     let dir = socket.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     devremap::runtime::container_daemon::ensure_private_dir(dir)?;
     match std::fs::symlink_metadata(socket) {
@@ -265,8 +297,9 @@ fn bind(socket: &Path) -> Result<UnixListener, NodeError> {
         Err(_) => {}
     }
     let listener = UnixListener::bind(socket).map_err(NodeError::at(socket))?;
+    let bound = Bound { path: socket.to_owned(), id: identity(socket) };
     std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600)).map_err(NodeError::at(socket))?;
-    Ok(listener)
+    Ok((listener, bound))
 }
 
 impl Node {
