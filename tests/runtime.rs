@@ -1081,6 +1081,24 @@ fn runtime_that_is_the_wrapper_itself_is_refused() {
     }
 }
 
+/// Bug (found from outside): a config whose `runtime` is an absolute path where nothing is, or
+/// holds a NUL byte, failed every command with `cannot run /nonexistent/runc: ...`, naming no
+/// file: the operator was not told which config to fix. Now the error names the config.
+#[test]
+fn a_runtime_that_cannot_be_is_named_with_its_config() {
+    let tmp = TempDir::new().unwrap();
+    for (runtime, says) in [
+        ("/nonexistent/runc", "runtime: /nonexistent/runc: no such file or directory"),
+        ("ru\u{0}nc", "runtime: holds a NUL byte"),
+    ] {
+        let config = write_file(tmp.path(), "runtime.json", json!({"runtime": runtime}).to_string());
+        let out = Command::new(WRAPPER).env(devremap_config_env(), &config).args(["state", "x"]).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains(&format!("{}: {says}", config.display())), "{stderr}");
+    }
+}
+
 /// A child killed (and reaped) when dropped, so a failing test leaves no process behind.
 struct Killed(std::process::Child);
 

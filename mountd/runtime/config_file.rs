@@ -67,6 +67,17 @@ pub fn read(path: &Path, required: bool) -> Result<Config, ConfigFileError> {
     if is_this_program(&config.runtime) {
         return Err(at(&format!("runtime: {} is devremap-runtime itself", config.runtime.display())));
     }
+    // Said here, naming the config, rather than as a `cannot run` that names no file (found
+    // from outside). A bare name is looked up on PATH when it runs.
+    let runtime = config.runtime.as_os_str().as_encoded_bytes();
+    if runtime.contains(&0) {
+        return Err(at(&"runtime: holds a NUL byte, which no path can"));
+    }
+    if config.runtime.is_absolute()
+        && let Err(e) = std::fs::metadata(&config.runtime)
+    {
+        return Err(at(&format!("runtime: {}: {}", config.runtime.display(), io_message(&e))));
+    }
     Ok(config)
 }
 
