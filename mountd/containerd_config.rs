@@ -27,6 +27,11 @@ pub fn run(args: &crate::cli::ContainerdConfigArgs) -> Result<(), Failure> {
         )
         .into());
     }
+    // containerd runs BinaryName as written, from its own directory: an empty or relative one
+    // would run something else, or the plain runtime (found from outside).
+    if let Some(runtime) = args.runtime.as_deref().filter(|r| !Path::new(r).is_absolute()) {
+        return Err(format!("--runtime {runtime:?}: not an absolute path (containerd runs it as written)").into());
+    }
     let root = &args.host_root;
     if let Err(e) = std::fs::metadata(root) {
         return Err(format!("--host-root {}: {}", root.display(), devremap::io_message(&e)).into());

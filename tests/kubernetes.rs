@@ -343,7 +343,8 @@ fn node_setup_refuses_what_it_cannot_add_to() {
 /// (`-> /some/dir`, as a host may have it), the tool rewrote `/some/dir/config.toml` of its
 /// own filesystem (a pod's, in node-setup) and said `changed`, and the host's config stayed as
 /// it was. Every path is now resolved under the host root as the host resolves it
-/// (`RESOLVE_IN_ROOT`), imports too.
+/// (`RESOLVE_IN_ROOT`), imports too. And an empty or relative `--runtime` (the handler's
+/// `BinaryName`, which containerd runs as written) is refused.
 #[test]
 fn containerd_config_resolves_the_hosts_symlinks_under_its_root() {
     let tmp = TempDir::new().unwrap();
@@ -374,6 +375,18 @@ fn containerd_config_resolves_the_hosts_symlinks_under_its_root() {
     assert!(fs::read_to_string(on_host.join("config.toml")).unwrap().contains("runtimes.devremap]"));
     assert_eq!(fs::read_to_string(outside.join("config.toml")).unwrap(), config, "the tool's own file is untouched");
     assert!(!outside.join("config.toml.before-devremap").exists());
+
+    // And a BinaryName containerd would run as written: refused when it is not absolute.
+    for runtime in ["", "bin/devremap-runtime"] {
+        let out = Command::new(BIN)
+            .args(["containerd-config", "--host-root", arg(&host), "--entry", ENTRY, "--runtime", runtime])
+            .env_remove("RUST_LOG")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains("not an absolute path (containerd runs it as written)"), "{stderr}");
+    }
 }
 
 /// Rule (issue 30.2, held when attacked from outside): a config.toml written in another style
