@@ -1198,30 +1198,50 @@ fn planted_state_files_and_logs_are_not_followed_or_read_without_end() {
 /// that named no live keeper, and removed it across the mounts inside it: with the state dir a
 /// shared one (`/run`), a start removed `/run/systemd` and emptied a tmpfs mounted under
 /// `/run/user/1000`. Now a directory without a live keeper is torn down only when marked as a
-/// node daemon's container, and a teardown never crosses into a mount: it leaves the mount,
-/// and what holds it, in place and says so.
+/// node daemon's container and ours (root's, written by no one else, holding its
+/// runtime-root; a `node` that is a directory, or one in `/run/lock`, which anyone may write
+/// into, is no mark: found from outside, a second time), and a teardown never crosses into a
+/// mount: it removes nothing once it finds one, leaving the mount and what holds it, and says
+/// so.
 #[test]
 #[ignore = "needs root, /dev/fuse, runc and busybox-static"]
 fn a_node_daemons_start_tears_down_only_its_containers_and_no_mount_inside() {
     need_containers(Runtime::Runc);
     let fleet = Fleet::new();
+    // Shared, as `/run` is: root's, others may enter it.
     let state = fleet.state_dir();
     fs::create_dir(&state).unwrap();
-    fs::set_permissions(&state, fs::Permissions::from_mode(0o700)).unwrap();
+    fs::set_permissions(&state, fs::Permissions::from_mode(0o755)).unwrap();
     fs::create_dir_all(state.join("systemd")).unwrap();
     fs::write(state.join("systemd/data"), "kept").unwrap();
     let session = Tmpfs::mount(&state.join("user/1000"), "size=1m");
     fs::write(session.0.join("session"), "kept").unwrap();
-    // A container of ours whose keeper is gone, with a mount planted inside it.
+    // A container of ours (marked, with its runtime-root) whose keeper is gone, with a mount
+    // planted inside it.
+    let ours = |dir: &Path| {
+        fs::create_dir_all(dir.join("dev")).unwrap();
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).unwrap();
+        fs::write(dir.join("node"), "").unwrap();
+        fs::write(dir.join("runtime-root"), "").unwrap();
+    };
     let planted = state.join("gone-planted");
-    fs::create_dir_all(planted.join("dev")).unwrap();
-    fs::write(planted.join("node"), "").unwrap();
+    ours(&planted);
     let inside = Tmpfs::mount(&planted.join("bundle"), "size=1m");
     fs::write(inside.0.join("data"), "kept").unwrap();
     // And one with nothing mounted inside: torn down, as before.
     let plain = state.join("gone-plain");
-    fs::create_dir_all(plain.join("dev")).unwrap();
-    fs::write(plain.join("node"), "").unwrap();
+    ours(&plain);
+    // Not ours, though named so (found from outside): a `node` that is a directory; one in a
+    // directory anyone may write into (`/run/lock`), another user's; no runtime-root.
+    let not_ours = ["node-is-a-dir", "anyone-writes", "no-runtime-root"].map(|n| state.join(n));
+    for dir in &not_ours {
+        ours(dir);
+        fs::write(dir.join("data"), "kept").unwrap();
+    }
+    fs::remove_file(not_ours[0].join("node")).unwrap();
+    fs::create_dir(not_ours[0].join("node")).unwrap();
+    fs::set_permissions(&not_ours[1], fs::Permissions::from_mode(0o1777)).unwrap();
+    fs::remove_file(not_ours[2].join("runtime-root")).unwrap();
 
     let id = format!("adopting-{}", std::process::id());
     fleet.start(&id, &[0]);
@@ -1232,6 +1252,18 @@ fn a_node_daemons_start_tears_down_only_its_containers_and_no_mount_inside() {
         || fleet.node_log().contains("is a mount point; left in place").then_some(()),
     );
     assert_eq!(fs::read_to_string(state.join("systemd/data")).unwrap(), "kept", "{}", fleet.node_log());
+    for dir in &not_ours {
+        assert_eq!(fs::read_to_string(dir.join("data")).unwrap(), "kept", "{}: {}", dir.display(), fleet.node_log());
+    }
+    // The refused teardown removed nothing: not the mark, not the files beside the mount.
+    assert!(planted.join("node").exists() && planted.join("dev").exists(), "{}", fleet.node_log());
+    // A create whose id names another's directory there does not take it for a leftover.
+    let bundle = fleet.tmp.path().join("bundles").join(&id);
+    let out = fleet.wrapper(&["create", "--bundle", arg(&bundle), "systemd"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("not a container's directory of devremap's"), "{stderr}");
+    assert_eq!(fs::read_to_string(state.join("systemd/data")).unwrap(), "kept");
     assert_eq!(fs::read_to_string(session.0.join("session")).unwrap(), "kept");
     assert_eq!(fs::read_to_string(inside.0.join("data")).unwrap(), "kept");
     assert!(is_mounted(&inside.0) && is_mounted(&session.0));

@@ -319,10 +319,11 @@ impl Node {
                 let container = self.container(&id).ok()?;
                 let keeper = container.daemon_pid();
                 // One with no live keeper is torn down only if a wrapper or the NRI plugin
-                // marked it for a node daemon: the state dir may be a shared one (`/run`),
+                // marked it for a node daemon, and it is ours (root's, written by no one
+                // else, with its runtime-root): the state dir may be a shared one (`/run`),
                 // whose other directories are not ours (found from outside: a start removed
                 // `/run/systemd`), and an earlier version's leftover is its wrapper's.
-                if keeper.is_none() && !container.is_node() {
+                if keeper.is_none() && !(container.is_node() && container.check_ours().is_ok()) {
                     return None;
                 }
                 let busy = container.is_busy().unwrap_or(true);

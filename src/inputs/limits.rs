@@ -160,8 +160,10 @@ enum Keys {
     Map,
 }
 
-/// The fields of an OCI spec that are maps (`map[string]string` in Go), whose keys are data.
-const SPEC_MAPS: [&str; 3] = ["annotations", "sysctl", "unified"];
+/// The fields of an OCI spec that are maps in Go (`map[string]...`), whose keys are data,
+/// folded: `annotations`, `linux.sysctl`, `linux.resources.unified`, `linux.resources.rdma`,
+/// `linux.netDevices`.
+const SPEC_MAPS: [&str; 5] = ["annotations", "sysctl", "unified", "rdma", "netdevices"];
 
 /// A key as Go's `encoding/json` compares field names: case folded, with the Kelvin sign and
 /// the long s, which fold to `k` and `s`.

@@ -543,7 +543,8 @@ mod tests {
     /// takes the exact key. `"devices": [X], "Devices": []` gave devremap X and runc nothing, and
     /// `"env"`/`"Env"` gave it other GPUs than the hook's. Such a spec is refused, at any depth,
     /// the Kelvin sign and long s folded as Go folds them; keys of the spec's maps
-    /// (annotations, sysctl, unified), which Go keeps as written, may differ in case.
+    /// (annotations, sysctl, unified, rdma, netDevices: the last two found from outside),
+    /// which Go keeps as written, may differ in case.
     #[test]
     fn keys_that_differ_only_in_case_are_refused_outside_the_maps() {
         let dev = json!({"path": "/dev/xmem", "type": "c", "major": 10, "minor": 229});
@@ -561,7 +562,9 @@ mod tests {
         let mut maps = spec(json!([dev]), json!([]));
         maps["annotations"] = json!({"a.example/Key": "1", "a.example/key": "2"});
         maps["linux"]["sysctl"] = json!({"net.X": "1", "net.x": "2"});
-        maps["linux"]["resources"] = json!({"unified": {"io.Max": "1", "io.max": "2"}});
+        maps["linux"]["resources"] =
+            json!({"unified": {"io.Max": "1", "io.max": "2"}, "rdma": {"mlx5_0": {}, "MLX5_0": {}}});
+        maps["linux"]["netDevices"] = json!({"eth0": {}, "ETH0": {}});
         assert!(parse(maps.to_string().as_bytes(), &no_files).is_ok());
     }
 

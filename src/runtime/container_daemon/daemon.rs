@@ -195,10 +195,11 @@ impl Container {
     /// Stops the daemon (if it still runs) and waits for its exit, detaches whatever is left
     /// mounted on `dev/`, and removes the directory. A daemon that is our child (the node
     /// daemon's) is reaped by whoever waits on it. Something other than a directory in the
-    /// directory's place (a planted symlink) is refused, never followed; so is a mount found
-    /// inside it ([`super::remove_within_its_mount`]).
+    /// directory's place (a planted symlink) is refused, never followed, and so is a directory
+    /// no front end made ([`Container::check_ours`]); a mount found inside it is refused
+    /// before anything is removed ([`super::remove_within_its_mount`]).
     pub fn teardown(&self, procs: &dyn Processes) -> Result<(), DaemonError> {
-        self.check_directory()?;
+        self.check_ours()?;
         if let Some(pid) = self.daemon_pid() {
             stop(pid, procs);
         }

@@ -69,6 +69,9 @@ pub enum DaemonError {
     /// never followed, never removed.
     #[error("{}: is {what}, not a container's directory; refused (not followed)", path.display())]
     NotDirectory { path: PathBuf, what: &'static str },
+    /// A directory that no devremap front end made ([`Container::check_ours`]): left as it is.
+    #[error("{}: not a container's directory of devremap's ({why}); left as it is", path.display())]
+    NotOurs { path: PathBuf, why: String },
 }
 
 fn io_at(path: &Path) -> impl FnOnce(io::Error) -> DaemonError + '_ {
@@ -223,6 +226,33 @@ impl Container {
         Some((pid.parse().ok()?, start.parse().ok()?))
     }
 
+    /// Refuses a directory no devremap front end made, before it is torn down: one that is not
+    /// a directory ([`Container::check_directory`]), one another user owns or may write into
+    /// (its entries could be swapped under the removal), or, in a state dir others share, one
+    /// without the `runtime-root` every front end writes first, ours. The state dir may be a shared
+    /// one (`/run`), whose other directories (`/run/lock`, `/run/lvm`) are not ours, whatever
+    /// id names them (found from outside: a node daemon's start removed such a directory
+    /// holding a file named `node`).
+    pub fn check_ours(&self) -> Result<(), DaemonError> {
+        self.check_directory()?;
+        let not_ours = |why: String| DaemonError::NotOurs { path: self.dir.clone(), why };
+        let me = nix::unistd::geteuid().as_raw();
+        let meta = fs::symlink_metadata(&self.dir).map_err(io_at(&self.dir))?;
+        if meta.uid() != me || meta.mode() & 0o022 != 0 {
+            return Err(not_ours(format!("owned by uid {} with mode {:o}", meta.uid(), meta.mode() & 0o7777)));
+        }
+        // In a state dir of devremap's alone (mode 0700, as it makes one) every directory is a
+        // front end's; in a shared one, only one holding its runtime-root, ours, whatever it is
+        // now (a leftover's entries may have been swapped for symlinks, which the removal
+        // takes without following).
+        let shared = fs::metadata(self.state_dir()).map_or(true, |d| d.mode() & 0o077 != 0);
+        match fs::symlink_metadata(self.root_file()) {
+            _ if !shared => Ok(()),
+            Ok(m) if m.uid() == me => Ok(()),
+            _ => Err(not_ours("holds no runtime-root of ours, in a state dir others share".into())),
+        }
+    }
+
     /// Refuses a directory that is not one (a symlink planted in its place): what is written,
     /// read or stopped through it would be outside the state dir.
     pub fn check_directory(&self) -> Result<(), DaemonError> {
@@ -240,9 +270,11 @@ impl Container {
         fs::symlink_metadata(self.dir.join("nri")).is_ok()
     }
 
-    /// Whether [`Container::mark_node`] marked it.
+    /// Whether [`Container::mark_node`] marked it: a regular file of ours (a directory or a
+    /// symlink named `node`, or another user's file, is no mark).
     pub fn is_node(&self) -> bool {
-        fs::symlink_metadata(self.dir.join("node")).is_ok()
+        let me = nix::unistd::geteuid().as_raw();
+        fs::symlink_metadata(self.dir.join("node")).is_ok_and(|m| m.is_file() && m.uid() == me)
     }
 
     /// Whether a front end holds this directory's lock (setting it up, or running its
@@ -337,17 +369,44 @@ impl Container {
 /// would have emptied the mounted filesystem). Symlinks are removed, never followed. Assumes
 /// `dir` is private to root (in the state dir), so nothing is swapped under the walk.
 fn remove_within_its_mount(dir: &Path) -> io::Result<()> {
+    // Looked for first, so that a refusal removes nothing (found from outside: the mark and the
+    // files before the mount went, and the directory, no longer marked, was never retried).
+    if let Some(mount) = mount_within(dir)? {
+        return Err(io::Error::other(format!("{} is a mount point; left in place", mount.display())));
+    }
+    remove_tree(dir)
+}
+
+/// The first mount at `dir` or below it, if any.
+fn mount_within(dir: &Path) -> io::Result<Option<PathBuf>> {
     let meta = fs::symlink_metadata(dir)?;
     // Unknown (a kernel before 5.8, or a dead FUSE mount that statx cannot reach): a mount
     // unless it is on its parent's filesystem.
     let on_parents = || dir.parent().and_then(|p| fs::symlink_metadata(p).ok()).is_some_and(|p| p.dev() == meta.dev());
     if crate::inputs::files::is_mount_root(dir).unwrap_or_else(|| !on_parents()) {
-        return Err(io::Error::other(format!("{} is a mount point; left in place", dir.display())));
+        return Ok(Some(dir.to_owned()));
     }
     for entry in fs::read_dir(dir)? {
         let path = entry?.path();
+        let found = match fs::symlink_metadata(&path)? {
+            m if m.is_dir() => mount_within(&path)?,
+            // A file bind-mounted over another.
+            _ if crate::inputs::files::is_mount_root(&path) == Some(true) => Some(path),
+            _ => None,
+        };
+        if found.is_some() {
+            return Ok(found);
+        }
+    }
+    Ok(None)
+}
+
+/// Removes `dir` and what it holds, symlinks removed, never followed.
+fn remove_tree(dir: &Path) -> io::Result<()> {
+    for entry in fs::read_dir(dir)? {
+        let path = entry?.path();
         if fs::symlink_metadata(&path)?.is_dir() {
-            remove_within_its_mount(&path)?;
+            remove_tree(&path)?;
         } else {
             fs::remove_file(&path)?;
         }
