@@ -1094,7 +1094,8 @@ fn a_request_has_its_time_and_leaves_no_descriptor() {
 /// `create` and `delete` of that id in the open of the directory to lock it (a device's open
 /// could act on it), and `delete` held the state dir's lock meanwhile, so every other
 /// container's start on the host waited behind it. Now it is refused without being opened, as
-/// a symlink is, and the other containers start.
+/// a symlink is, and the other containers start. A FIFO named `nri` in a leftover is no NRI
+/// mark (found from outside: the container ran without devremap).
 #[test]
 #[ignore = "needs root, /dev/fuse, runc and busybox-static: runs containers"]
 fn a_fifo_or_device_planted_as_a_containers_directory_is_refused_unopened() {
@@ -1120,7 +1121,16 @@ fn a_fifo_or_device_planted_as_a_containers_directory_is_refused_unopened() {
     }
     let next = format!("next-{tag}");
     fleet.start(&next, &[1]);
-    for id in [&other, &next] {
+    // A leftover whose NRI mark is a FIFO: no mark (the wrapper ran the runtime unchanged for
+    // it, without devremap); the leftover is torn down and the container served.
+    let marked = format!("nri-fifo-{tag}");
+    let leftover = fleet.state_dir().join(&marked);
+    fs::create_dir(&leftover).unwrap();
+    fs::write(leftover.join("runtime-root"), arg(&fleet.tmp.path().join("runc"))).unwrap();
+    nix::unistd::mkfifo(&leftover.join("nri"), nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    fleet.start(&marked, &[2]);
+    assert!(fleet.list().contains_key(&marked), "{}", fleet.node_log());
+    for id in [&other, &next, &marked] {
         fleet.delete(id);
     }
 }

@@ -358,7 +358,15 @@ fn parse(path: &str, text: &str) -> Result<DocumentMut, ConfigError> {
 
 /// Refuses a config that is not version 2 (none written is version 1).
 fn check_version(path: &str, doc: &DocumentMut, entry: &Entry) -> Result<(), ConfigError> {
-    let version = doc.get("version").and_then(Item::as_integer);
+    let written = doc.get("version");
+    let version = written.and_then(Item::as_integer);
+    // Written, but not as an integer (`2.0`, `"2"`): containerd refuses it; said as written
+    // (found from outside: it was called "no version").
+    if let (Some(item), None) = (written, version) {
+        let found = format!("version = {}, not an integer", item.to_string().trim());
+        let todo = "write it as version = 2, an integer, as containerd reads it";
+        return Err(ConfigError::Version { path: path.to_owned(), found, entry: entry.path.clone(), todo });
+    }
     let (found, todo) = match version {
         Some(2) => return Ok(()),
         Some(3) => (

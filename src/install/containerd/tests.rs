@@ -169,6 +169,8 @@ fn refuses_other_versions_and_broken_toml() {
         ("version = 3\n", "version = 3: containerd 2's"),
         ("version = 1\n", "containerd config migrate"),
         ("[plugins.cri]\n", "no version: version 1"),
+        ("version = 2.0\n", "version = 2.0, not an integer"),
+        ("version = \"2\"\n", "version = \"2\", not an integer"),
         ("", "no version"),
         ("version = 2\nversion = 2\n", "not valid TOML (line 2, column 1)"),
         (&format!("version = 2\n{RT}.runc]\n{RT}.runc]\n"), "not valid TOML (line 3"),

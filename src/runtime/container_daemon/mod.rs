@@ -265,16 +265,22 @@ impl Container {
         }
     }
 
-    /// Whether [`Container::mark_nri`] marked it.
+    /// Whether [`Container::mark_nri`] marked it (see [`Container::is_node`]): the wrapper
+    /// then runs the runtime unchanged (found from outside: a FIFO named `nri` in a leftover
+    /// did so, and the container ran without devremap).
     pub fn is_nri(&self) -> bool {
-        fs::symlink_metadata(self.dir.join("nri")).is_ok()
+        self.marked("nri")
     }
 
     /// Whether [`Container::mark_node`] marked it: a regular file of ours (a directory or a
     /// symlink named `node`, or another user's file, is no mark).
     pub fn is_node(&self) -> bool {
+        self.marked("node")
+    }
+
+    fn marked(&self, mark: &str) -> bool {
         let me = nix::unistd::geteuid().as_raw();
-        fs::symlink_metadata(self.dir.join("node")).is_ok_and(|m| m.is_file() && m.uid() == me)
+        fs::symlink_metadata(self.dir.join(mark)).is_ok_and(|m| m.is_file() && m.uid() == me)
     }
 
     /// Whether a front end holds this directory's lock (setting it up, or running its
