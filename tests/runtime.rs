@@ -161,6 +161,17 @@ impl Setup {
         fs::write(&self.config, config.to_string()).unwrap();
     }
 
+    /// Makes the real runtime a script that leaves the returned file as its mark, then exits
+    /// with `status`: whether the runtime ran at all.
+    fn marking_runtime(&self, status: u8) -> PathBuf {
+        let ran = self.tmp.path().join("runtime-ran");
+        let script = format!("#!/bin/sh\ntouch {}\nexit {status}\n", ran.display());
+        let runtime = write_file(self.tmp.path(), "mark.sh", script);
+        fs::set_permissions(&runtime, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        self.set_config("runtime", arg(&runtime));
+        ran
+    }
+
     /// Makes the real runtime a script that writes what container `id`'s `/dev` serves for
     /// `names` (`name major:minor mode`, hex numbers, octal mode) to the returned file, then
     /// fails: the wrapper undoes everything, and no container runs.
@@ -561,10 +572,7 @@ fn a_restore_failing_a_check_is_refused_before_the_runtime_runs() {
     fs::create_dir(&image).unwrap();
     write_file(&image, "devremap-gpus.json", json!([{"minor": 0, "driver_version": "535.129.03"}]).to_string());
     // The runtime leaves a mark when it runs.
-    let ran = s.tmp.path().join("runtime-ran");
-    let runtime = write_file(s.tmp.path(), "mark.sh", format!("#!/bin/sh\ntouch {}\nexit 1\n", ran.display()));
-    fs::set_permissions(&runtime, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    s.set_config("runtime", arg(&runtime));
+    let ran = s.marking_runtime(1);
     let id = format!("wrapped-check-{}", std::process::id());
     let _delete = Deleting(&s, id.clone());
     let bundle = arg(s.bundle.dir()).to_owned();
@@ -603,10 +611,7 @@ fn a_record_that_is_not_a_regular_file_refuses_the_restore() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let s = Setup::new(Runtime::Runc, Value::Null);
     s.ask_for_gpus();
-    let ran = s.tmp.path().join("runtime-ran");
-    let runtime = write_file(s.tmp.path(), "mark.sh", format!("#!/bin/sh\ntouch {}\nexit 1\n", ran.display()));
-    fs::set_permissions(&runtime, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    s.set_config("runtime", arg(&runtime));
+    let ran = s.marking_runtime(1);
     let outside = write_file(s.tmp.path(), "outside.json", json!([{"minor": 0}]).to_string());
     let bundle = arg(s.bundle.dir()).to_owned();
     for (kind, what) in [("fifo", "is a FIFO"), ("dir", "is a directory"), ("symlink", "is a symlink")] {
@@ -642,10 +647,7 @@ fn a_spec_too_large_to_read_runs_without_devremap_saying_so() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let s = Setup::new(Runtime::Runc, Value::Null);
     s.ask_for_gpus();
-    let ran = s.tmp.path().join("runtime-ran");
-    let runtime = write_file(s.tmp.path(), "mark.sh", format!("#!/bin/sh\ntouch {}\nexit 0\n", ran.display()));
-    fs::set_permissions(&runtime, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    s.set_config("runtime", arg(&runtime));
+    let ran = s.marking_runtime(0);
     let mut spec = s.bundle.config();
     spec["annotations"] = json!({"devremap.io/enable": "true", "padding": "x".repeat(17 << 20)});
     s.bundle.write_config(&spec);

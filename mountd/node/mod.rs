@@ -31,7 +31,6 @@ mod exits;
 mod procs;
 
 use crate::signals::{self, Acted};
-use devremap::node::client::ClientError;
 use devremap::node::protocol::{self, Answer, Entry, MountRequest, Request};
 use devremap::node::registry::{Adopt, Found, Registry};
 use devremap::pidfd::Child;
@@ -233,7 +232,7 @@ fn take_over(state_dir: &Path, socket: &Path) -> Result<nix::fcntl::Flock<std::f
     loop {
         match devremap::node::client::ask(socket, &Request::Yield, REQUEST_TIMEOUT) {
             Ok(_) => break,
-            Err(ClientError::Refused { why }) if why.starts_with("busy") && Instant::now() < deadline => {
+            Err(e) if e.busy() && Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(10));
             }
             Err(_) => return Err(running()),
