@@ -4,8 +4,8 @@
 //! (`benches/node.rs`, docs/performance.md).
 //!
 //! Assumptions: glibc's allocator (elsewhere these do nothing); pages are 4 KiB or larger;
-//! [`give_back_start_memory`] is called on the main thread, whose stack is the `[stack]`
-//! mapping.
+//! [`give_back_start_memory`] and [`give_back_unused_stack`] are called on the main thread,
+//! whose stack is the `[stack]` mapping.
 
 /// The allocator's settings, made before any thread starts (an operator's own, in
 /// `MALLOC_ARENA_MAX`, `MALLOC_MMAP_THRESHOLD_` or `GLIBC_TUNABLES`, are left as they are):
@@ -81,9 +81,8 @@ pub fn give_back_freed_heap() {
 #[cfg(not(target_env = "gnu"))]
 pub fn give_back_freed_heap() {}
 
-/// Gives back what a keeper's or a server's start left behind, once it serves (a keeper: after
-/// it has said ready and told its server to proceed, and again after each takeover; a server:
-/// on its main thread once it serves): the heap's free pages ([`give_back_freed_heap`]) and the
+/// Gives back what a keeper's start left behind, once it serves (after it has said ready and
+/// told its server to proceed, and again after each takeover): the heap's free pages ([`give_back_freed_heap`]) and the
 /// main thread's stack below where it now runs ([`give_back_unused_stack`]). Off the start's
 /// path; each takes some microseconds.
 pub fn give_back_start_memory() {
@@ -105,8 +104,11 @@ const STACK_KEPT_BELOW: usize = 4 * 1024;
 /// shallower, never uses again, and which a process forked from the zygote had copied from it.
 /// Below the stack pointer nothing is live; a later deep call gets zeroed pages again, as the
 /// first did. A stack that cannot be found in `/proc/self/maps` is left as it is.
+/// A server's main thread calls it alone, before it runs fuser's session (which only waits for
+/// fuser's threads), its lifecycle giving the heap's pages back once it serves, on the signal
+/// thread.
 #[inline(never)]
-fn give_back_unused_stack() {
+pub fn give_back_unused_stack() {
     if nix::unistd::gettid() != nix::unistd::getpid() {
         return;
     }

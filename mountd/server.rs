@@ -13,6 +13,11 @@
 //! ids are the kernel's. Readiness (the state file, `READY=1` through the keeper) is declared
 //! once the mount answers through us.
 //!
+//! Threads (issue 31: a container's server costs as few as can be): the main thread runs
+//! fuser's session, which answers on `fuser-N` threads of its own (`--threads`) and only waits
+//! for them; the signal thread runs the lifecycle ([`serve`]), beside the signals and the
+//! control socket, which only it reads once serving; a reload loads on a thread of its own.
+//!
 //! Assumptions: started by the keeper with fds 3 and 4 its `SOCK_SEQPACKET` sockets (checked:
 //! run by hand, it refuses); the keeper is its parent for its whole life (the state file's
 //! `pid` is the parent's pid). The session ends when the keeper closes the socket: the daemon
@@ -22,7 +27,7 @@
 use crate::cli::MountArgs;
 use crate::logging;
 use crate::mountpoint::{MountpointError, wait_answering};
-use crate::signals::{self, SignalsError};
+use crate::signals::{self, SignalsError, Waited, Waking, Woken};
 use devremap::atomic::{Lasting, Written, write_atomic_told};
 use devremap::decision::{plan, render};
 use devremap::inputs::load::{self, LoadError, Loaded, Sources};
@@ -40,11 +45,11 @@ use nix::errno::Errno;
 use nix::sys::socket::{SockType, getsockopt, sockopt};
 use serde_json::Value;
 use std::io;
-use std::os::fd::{AsFd, FromRawFd, IntoRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::mpsc::{self, Receiver, Sender};
-use std::time::Duration;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 /// Why a server cannot start serving: sent to the keeper, which reports it as the error of the
 /// command the user ran (run by hand: printed).
@@ -92,10 +97,11 @@ const CONTROL_FD: i32 = 4;
 
 /// Invalidations, sent to the keeper over the control socket, all of a change at once; the
 /// keeper answers each once the kernel has dropped what it cached (so a reload's state file is
-/// written after, as it always was), in order. Only the lifecycle's thread invalidates.
+/// written after, as it always was), in order. Only the lifecycle's thread invalidates, and it
+/// is the thread that reads the control socket: what else comes meanwhile becomes its events.
 struct Invalidator {
     control: Arc<OwnedFd>,
-    answers: Receiver<i32>,
+    events: Woken<Event>,
 }
 
 impl Notifier for Invalidator {
@@ -113,7 +119,12 @@ impl Notifier for Invalidator {
         }
         let mut refused = Vec::new();
         for i in 0..sent {
-            let Ok(errno) = self.answers.recv() else { break };
+            let Some(errno) = answer(&self.control, &self.events, |m| match m {
+                Control::Invalidated(errno) => Some(*errno),
+                _ => None,
+            }) else {
+                break;
+            };
             // ENOENT: nothing was cached there. A listing's invalidation may fail harmlessly.
             if let Some((_, name)) = entries.get(i).filter(|_| errno != 0 && errno != libc::ENOENT) {
                 refused.push((name.clone(), io::Error::from_raw_os_error(errno)));
@@ -129,7 +140,7 @@ struct Server {
     mountpoint: PathBuf,
     state_file: Option<PathBuf>,
     state_written: Option<Written>,
-    events: Sender<Event>,
+    events: Woken<Event>,
     control: Arc<OwnedFd>,
     handovers: u64,
     /// The generation whose plan the keeper has.
@@ -217,8 +228,8 @@ fn act(sig: i32) -> Option<Event> {
 
 pub fn run(args: &MountArgs) -> Result<(), Failure> {
     name_process();
-    let (tx, rx) = mpsc::channel();
     let (fuse, control) = inherited()?;
+    let (tx, rx) = signals::woken().map_err(|source| ServerError::Thread { name: "signals", source })?;
     let signals =
         signals::start(tx.clone(), act, " (signal the keeper, the pid in the pid file)").map_err(ServerError::from)?;
     let control = Arc::new(control);
@@ -233,21 +244,15 @@ pub fn run(args: &MountArgs) -> Result<(), Failure> {
     tell(&control, &Control::Loaded(protocol()));
 
     let devfs = Arc::new(Devfs::new(loaded.plan.tree.clone()));
+    // Kept to end the session from the lifecycle's thread ([`EndSession`]).
+    let session_end = nix::unistd::dup(&fuse).map_err(|e| fail(ServerError::ReadControl(e)))?;
     let session = handshake(args, &devfs, fuse, &tx).map_err(fail)?;
     stall_before_resume();
     let resume = read_payload(&control, None)
         .and_then(|payload| Resume::parse(&payload).map_err(ServerError::FromKeeper))
         .map_err(fail)?;
     let resumed = (!resume.is_first()).then(|| devfs.resume(&resume.held, resume.generation));
-    let (answers, proceed) = read_control(&signals, &control, &tx);
-    let notifier = Invalidator { control: control.clone(), answers };
-    let session_tx = tx.clone();
-    std::thread::Builder::new()
-        .name("fuse-session".into())
-        .spawn(move || {
-            let _ = session_tx.send(Event::Ended(session.run()));
-        })
-        .map_err(|source| fail(ServerError::Thread { name: "session", source }))?;
+    let notifier = Invalidator { control: control.clone(), events: tx.clone() };
     let server = Server {
         sources,
         mountpoint: args.mountpoint.clone(),
@@ -268,19 +273,121 @@ pub fn run(args: &MountArgs) -> Result<(), Failure> {
         let last_error = resume.last_error.clone().filter(|_| !loaded_now);
         life.resumed(resumed, &resume.from, last_error, previous.as_ref());
     }
-    become_ready(&mut life, args, &control, &proceed, resumed.is_some()).map_err(fail)?;
-    crate::memory::give_back_start_memory();
+    // The lifecycle runs on the signal thread, beside the control socket and the signals; this
+    // thread runs fuser's session (which answers on threads of its own and only waits for
+    // them): a thread of its own per container was one only waiting (issue 31).
+    let (done_tx, done) = mpsc::channel();
+    let (mountpoint, resumed) = (args.mountpoint.clone(), resumed.is_some());
+    signals.then(move |reader| {
+        let _ending = EndSession(session_end);
+        let _ = done_tx.send(live(reader, &mut life, &mountpoint, &control, &rx, resumed));
+    });
+    // The start's deep calls (the flags' parser, the load) are over on this thread, which now
+    // only waits: what they wrote of its stack goes back (docs/performance.md).
+    crate::memory::give_back_unused_stack();
+    let ended = session.run();
+    tx.send(Event::Ended(ended));
+    let lived = done.recv().unwrap_or(Err(Failure::Message("the server's lifecycle thread ended early".into())));
+    logging::warn_if_dropped(module_path!());
+    lived
+}
+
+/// The session's end, made from the lifecycle's thread when serving ended there first (a stop,
+/// a retirement, a failure before readiness): a shutdown of the relay socket's reading side,
+/// which fuser's session reads as the keeper's close, and ends.
+struct EndSession(OwnedFd);
+
+impl Drop for EndSession {
+    fn drop(&mut self) {
+        let _ = nix::sys::socket::shutdown(self.0.as_raw_fd(), nix::sys::socket::Shutdown::Read);
+    }
+}
+
+/// The server's life on the signal thread: readiness, then serving until the keeper says the
+/// daemon stops, or retires us, or the session ends (the keeper closed the socket: an upgrade,
+/// its death). Until ready, every error goes to the keeper, which reports it as the error of
+/// the command the user ran (and `main` prints nothing more).
+fn live(
+    reader: &signals::Reader,
+    life: &mut Lifecycle<Invalidator, Server>,
+    mountpoint: &Path,
+    control: &Arc<OwnedFd>,
+    events: &Waking<Event>,
+    resumed: bool,
+) -> Result<(), Failure> {
+    if let Err(e) = become_ready(life, mountpoint, control, resumed) {
+        tell(control, &Control::Failed(e.to_string()));
+        return Err(Failure::Reported);
+    }
+    crate::memory::give_back_freed_heap();
     let keeper = nix::unistd::getppid();
-    // Ends when the keeper says the daemon stops, or retires us, or when the session does (the
-    // keeper closed the socket: an upgrade, its death).
-    let end = life.serve(&rx);
+    let end = serve(reader, life, control, events);
     // The state file goes with the daemon: when the keeper said it stops, or died (we were
     // handed to another parent). A server replaced by an upgrade leaves it to its successor.
     if matches!(end, End::Stop) || nix::unistd::getppid() != keeper {
         life.session().state_written.iter().for_each(Written::remove_if_ours);
     }
-    logging::warn_if_dropped(module_path!());
     Ok(())
+}
+
+/// Serves: the lifecycle's events (signals, the loads' results, the session's end, the kernel's
+/// forgetting of a retired node) and the keeper's control messages, as they come, with the
+/// lifecycle's deadline (a reload's), until serving ends.
+fn serve(
+    reader: &signals::Reader,
+    life: &mut Lifecycle<Invalidator, Server>,
+    control: &OwnedFd,
+    events: &Waking<Event>,
+) -> End {
+    let mut control_open = true;
+    loop {
+        let timeout = life.deadline().map(|d| d.saturating_duration_since(Instant::now()));
+        // The events first: `Ready` names the first readable one.
+        let fds = [events.fd(), control.as_fd()];
+        let mut batch = Vec::new();
+        match reader.wait_for_any(&fds[..1 + usize::from(control_open)], timeout) {
+            Waited::Ready(1) => match receive(control) {
+                Ok(message) => batch.extend(control_event(message)),
+                // The keeper is gone, or closed it: the session's end says so.
+                Err(_) => control_open = false,
+            },
+            Waited::Ready(_) => {}
+            Waited::TimedOut => life.expire(),
+            Waited::Gone => return End::Ended(Err(io::Error::other("cannot wait for signals any more"))),
+        }
+        batch.extend(events.take());
+        if !batch.is_empty()
+            && let Some(end) = life.handle(batch)
+        {
+            return end;
+        }
+    }
+}
+
+/// What a control message from the keeper asks of the lifecycle, if anything.
+fn control_event(message: Control) -> Option<Event> {
+    match message {
+        Control::Refused(e) => Some(Event::Refused(e)),
+        // The daemon stops: the state file goes with it.
+        Control::Stop => Some(Event::Stop("the keeper stops the mount".into())),
+        // Replaced: end before the successor writes its state file.
+        Control::Retire => Some(Event::Ended(Ok(()))),
+        _ => None,
+    }
+}
+
+/// Reads control messages until one that `wanted` takes; those that ask something of the
+/// lifecycle meanwhile become its events. None once the socket ends.
+fn answer<T>(control: &OwnedFd, events: &Woken<Event>, wanted: impl Fn(&Control) -> Option<T>) -> Option<T> {
+    loop {
+        let message = receive(control).ok()?;
+        if let Some(answer) = wanted(&message) {
+            return Some(answer);
+        }
+        if let Some(event) = control_event(message) {
+            events.send(event);
+        }
+    }
 }
 
 /// The FUSE session on the keeper's relay: answers the INIT the keeper sends (the kernel's, or
@@ -298,7 +405,7 @@ fn handshake(
     args: &MountArgs,
     devfs: &Arc<Devfs>,
     fuse: OwnedFd,
-    events: &Sender<Event>,
+    events: &Woken<Event>,
 ) -> Result<fuser::Session<Adapter>, ServerError> {
     let retired_tx = events.clone();
     let on_retired = Box::new(move || {
@@ -311,50 +418,20 @@ fn handshake(
     fuser::Session::from_fd(adapter, fuse, SessionACL::All, config).map_err(ServerError::Handshake)
 }
 
-/// From now on the signal thread reads the control socket too: the keeper's answers go to who
-/// waits for them (the invalidations' errnos, and its go-ahead to declare readiness), its
-/// requests become events. Until the socket ends, or the process does.
-fn read_control(
-    signals: &signals::Thread,
-    control: &Arc<OwnedFd>,
-    events: &Sender<Event>,
-) -> (Receiver<i32>, Receiver<()>) {
-    let (answers_tx, answers) = mpsc::channel();
-    let (proceed_tx, proceed) = mpsc::channel();
-    let (control_tx, control_rx) = (events.clone(), control.clone());
-    signals.then(move |reader| {
-        while reader.wait_for(Some(control_rx.as_fd()), None) == signals::Waited::Ready(0)
-            && let Ok(message) = receive(&control_rx)
-        {
-            match message {
-                Control::Invalidated(errno) => drop(answers_tx.send(errno)),
-                Control::Proceed => drop(proceed_tx.send(())),
-                Control::Refused(e) => drop(control_tx.send(Event::Refused(e))),
-                // The daemon stops: the state file goes with it.
-                Control::Stop => drop(control_tx.send(Event::Stop("the keeper stops the mount".into()))),
-                // Replaced: end before the successor writes its state file.
-                Control::Retire => drop(control_tx.send(Event::Ended(Ok(())))),
-                _ => {}
-            }
-        }
-    });
-    (answers, proceed)
-}
-
 /// Readiness, once the mount answers through us: the keeper writes the pid file, then says to
 /// proceed, and the state file is written (taking over: as the resumed generation was).
 fn become_ready(
     life: &mut Lifecycle<Invalidator, Server>,
-    args: &MountArgs,
-    control: &OwnedFd,
-    proceed: &Receiver<()>,
+    mountpoint: &Path,
+    control: &Arc<OwnedFd>,
     resumed: bool,
 ) -> Result<(), ServerError> {
-    wait_answering(&args.mountpoint)?;
+    wait_answering(mountpoint)?;
     stop_before_answering();
     // The keeper writes the pid file now, before the state file is.
     tell(control, &Control::Answering);
-    proceed.recv().map_err(|_| ServerError::KeeperSilent)?;
+    let events = &life.session().events.clone();
+    answer(control, events, |m| matches!(m, Control::Proceed).then_some(())).ok_or(ServerError::KeeperSilent)?;
     if resumed {
         life.ready_after_takeover();
         return Ok(());
@@ -363,7 +440,7 @@ fn become_ready(
     let current = life.current();
     info!(
         "serving {}: generation 1, nodes: {}, remapped GPUs: {} (keeper pid {}, server pid {}){}",
-        args.mountpoint.display(),
+        mountpoint.display(),
         current.plan.tree.len() - 1,
         plan::served_names(&current.plan),
         nix::unistd::getppid(),

@@ -187,7 +187,7 @@ fn ignore_glibcs_own() {}
 /// a keeper's watch of its container, a server's control socket. Each would otherwise be a
 /// thread of its own in each of a container's two processes (issue 31).
 pub fn start<E: Send + 'static>(
-    events: Sender<E>,
+    events: impl Events<E>,
     act: fn(i32) -> Option<E>,
     why_ignored: &'static str,
 ) -> Result<Thread, SignalsError> {
@@ -228,16 +228,89 @@ pub fn start<E: Send + 'static>(
     Ok(Thread { jobs, wake })
 }
 
+/// Where a process's events go: its main loop's channel, or a [`Woken`] queue.
+pub trait Events<E>: Send + 'static {
+    /// False once nobody takes them.
+    fn send_event(&self, event: E) -> bool;
+}
+
+impl<E: Send + 'static> Events<E> for Sender<E> {
+    fn send_event(&self, event: E) -> bool {
+        self.send(event).is_ok()
+    }
+}
+
+/// A channel whose receiver also waits on descriptors (a server's lifecycle, run on the signal
+/// thread beside its control socket: issue 31's threads per container): each event sent makes
+/// [`Woken::fd`] readable, so a [`Reader::wait_for_any`] on it returns. Sent from any thread.
+pub struct Woken<E> {
+    events: Sender<E>,
+    wake: Arc<UnixStream>,
+}
+
+impl<E> Clone for Woken<E> {
+    fn clone(&self) -> Self {
+        Woken { events: self.events.clone(), wake: self.wake.clone() }
+    }
+}
+
+/// The receiving end of a [`Woken`] queue.
+pub struct Waking<E> {
+    events: mpsc::Receiver<E>,
+    woken: UnixStream,
+}
+
+/// A [`Woken`] queue and its receiving end.
+pub fn woken<E>() -> io::Result<(Woken<E>, Waking<E>)> {
+    let (wake, woken) = UnixStream::pair()?;
+    wake.set_nonblocking(true)?;
+    woken.set_nonblocking(true)?;
+    let (events, received) = mpsc::channel();
+    Ok((Woken { events, wake: Arc::new(wake) }, Waking { events: received, woken }))
+}
+
+impl<E: Send + 'static> Events<E> for Woken<E> {
+    fn send_event(&self, event: E) -> bool {
+        let sent = self.events.send(event).is_ok();
+        // Full only if wake-ups are already waiting to be read, which is as good.
+        let _ = (&*self.wake).write(&[1]);
+        sent
+    }
+}
+
+impl<E> Woken<E> {
+    pub fn send(&self, event: E) -> bool
+    where
+        E: Send + 'static,
+    {
+        self.send_event(event)
+    }
+}
+
+impl<E> Waking<E> {
+    /// What to wait on for the next event.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.woken.as_fd()
+    }
+
+    /// Every event sent so far; the wake-ups are read first, so that one sent after is not lost.
+    pub fn take(&self) -> Vec<E> {
+        let mut buf = [0; 64];
+        while (&self.woken).read(&mut buf).is_ok_and(|n| n > 0) {}
+        self.events.try_iter().collect()
+    }
+}
+
 /// Passes `sig` on as its event, or logs it as ignored; false once nobody takes events.
 fn forward<E>(
-    events: &Sender<E>,
+    events: &impl Events<E>,
     act: fn(i32) -> Option<E>,
     why_ignored: &str,
     ignored: &parking_lot::Mutex<Ignored>,
     sig: i32,
 ) -> bool {
     match act(sig) {
-        Some(event) => events.send(event).is_ok(),
+        Some(event) => events.send_event(event),
         None => {
             let name = signal_name(sig);
             match ignored.lock().note(sig, Instant::now()) {

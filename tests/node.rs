@@ -1778,13 +1778,7 @@ fn no_ended_thread_leaves_its_stack_in_a_keeper_or_its_server() {
     if std::env::var_os("GLIBC_TUNABLES").is_none() && std::env::var_os("MALLOC_ARENA_MAX").is_none() {
         assert!(environ.contains("glibc.pthread.stack_cache_size=0"), "the keeper's environment: {environ:?}");
     }
-    // The pid file was there before the keeper started (an earlier run's, to the keeper): the
-    // runtime writes it again once the container runs, and the watch finds the process.
-    let pid_file = Container::new(&fleet.state_dir(), &id).default_container_pid_file();
-    let fresh = pid_file.with_extension("new");
-    fs::write(&fresh, init.0.id().to_string()).unwrap();
-    fs::rename(&fresh, &pid_file).unwrap();
-    wait_for("the keeper's watch thread to end", || (!has_thread(spare, "watch")).then_some(()));
+    container_runs(&fleet, &id, &init, spare);
     let reloaded = ask(&fleet.socket(), &Request::Reload { id: Some(id.clone()) }, ASK).expect("reload");
     for (what, pid) in [("keeper", spare), ("server", parked)] {
         wait_for_or(
@@ -1821,6 +1815,58 @@ fn a_containers_server_answers_on_the_node_daemons_threads() {
         assert_gpus(&fleet.dev(&id), &[1], &format!("{flags:?}"));
         ask(&fleet.socket(), &Request::Unmount { id }, ASK).expect("unmount");
     }
+}
+
+/// Writes container `id`'s pid file as the runtime does once the container runs (the one there
+/// before the keeper started is an earlier run's, to the keeper), and waits for `keeper`'s watch
+/// to find the process and end.
+fn container_runs(fleet: &Fleet, id: &str, init: &Init, keeper: u32) {
+    let pid_file = Container::new(&fleet.state_dir(), id).default_container_pid_file();
+    let fresh = pid_file.with_extension("new");
+    fs::write(&fresh, init.0.id().to_string()).unwrap();
+    fs::rename(&fresh, &pid_file).unwrap();
+    wait_for("the keeper's watch thread to end", || (!has_thread(keeper, "watch")).then_some(()));
+}
+
+/// Rule (issue 31, threads per container): a serving keeper waits on four threads, its main
+/// one, its signals', the one reading `/dev/fuse` and the one reading its server's two sockets
+/// (the control socket had a thread of its own, waiting in every keeper for the few messages a
+/// reload sends). A reload that changes names still has each invalidated before its state file
+/// says the new generation (the kernel forgets the name gone, cached for a day otherwise), by a
+/// thread that ends once they are written, leaving no stack.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs containers"]
+fn a_keeper_waits_on_four_threads_and_its_invalidations_end_theirs() {
+    let SpareNode { _serial, fleet, service, spare, init, id, .. } = SpareNode::start(None, "invalidate");
+    mount_direct(&fleet, &id, &[1], &init).unwrap_or_else(|e| panic!("mount: {e}\n{}", service.log(&fleet)));
+    let keeper = wait_for("the state file's keeper", || read_state(&fleet, &id)["pid"].as_u64()) as u32;
+    assert_eq!(keeper, spare, "the spare became the keeper");
+    container_runs(&fleet, &id, &init, keeper);
+    let waiting = || {
+        let mut names = thread_names(keeper);
+        // A log on a disk's file system has its writer (crate::logging); tmpfs has none.
+        names.retain(|n| n != "log-writer");
+        names
+    };
+    wait_for_or(
+        "the keeper to wait on four threads",
+        || format!("{:?}", waiting()),
+        || (waiting() == ["devremapd", "replies", "requests", "signals"]).then_some(()),
+    );
+    let dev = fleet.dev(&id);
+    assert_gpus(&dev, &[1], "before the reload");
+    let generation = read_state(&fleet, &id)["generation"].as_u64();
+    fs::write(fleet.state_dir().join(&id).join("bundle/config.json"), fleet.spec(&[2]).to_string()).unwrap();
+    let reloaded = ask(&fleet.socket(), &Request::Reload { id: Some(id.clone()) }, ASK).expect("reload");
+    assert_ne!(read_state(&fleet, &id)["generation"].as_u64(), generation, "{reloaded}");
+    // Cached for a day: only the invalidation makes the kernel ask again.
+    assert_gpus(&dev, &[2], "after the reload");
+    wait_for_or(
+        "the invalidations' thread to end, leaving no stack",
+        || format!("{:?}\n{}", waiting(), service.log(&fleet)),
+        || (waiting().len() == 4 && ended_threads_stacks(keeper).is_some_and(|s| s.is_empty())).then_some(()),
+    );
+    ask(&fleet.socket(), &Request::Unmount { id }, ASK).expect("unmount");
 }
 
 /// Bug (found from outside, 2026-12-04): once the daemon's signals were blocked from `main` on

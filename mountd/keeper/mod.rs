@@ -23,10 +23,11 @@
 //! the child has exec'd), and one whose spawn has not returned within `--reload-timeout` failed
 //! to start; a server whose sockets ended is reaped by a thread of its own; what it writes to a
 //! server's socket is written without waiting, or by a thread of its own. A server's invalidations come over its
-//! control socket and are written to `/dev/fuse` by that socket's thread, which answers each
-//! with the write's result: the write returns once the kernel has dropped the entry, so a
-//! reload's state file is written after it, as before; and the kernel may hold a directory lock
-//! for an invalidation until a reply has passed, which the reply thread must stay free to write.
+//! control socket, read by the thread that reads its replies, and are written to `/dev/fuse` by
+//! a thread that lives while some wait, which answers each with the write's result: the write
+//! returns once the kernel has dropped the entry, so a reload's state file is written after it,
+//! as before; and the kernel may hold a directory lock for an invalidation until a reply has
+//! passed, which the reply thread must stay free to write.
 //! Only the keeper ever holds `/dev/fuse`: a `SIGKILL` of the keeper ends the connection at
 //! once, as it always did. Assumption: one daemon per mountpoint, enforced by the [`MountLock`]
 //! held for the keeper's whole life.

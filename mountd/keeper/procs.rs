@@ -1,9 +1,9 @@
 //! The keeper's server processes: starting one (its sockets, its spawn on a spawner thread,
-//! its reader threads, the plan or the order to load), telling it something, killing and
+//! its reader thread, the plan or the order to load), telling it something, killing and
 //! reaping it.
 
 use super::spawner::{Exe, Job, Started};
-use super::threads::{Readers, read_control, relay_replies, seqpacket_pair};
+use super::threads::{Readers, ServerSockets, read_server, seqpacket_pair};
 use super::{Keeper, spawn_thread};
 use crate::signals;
 use devremap::io_message;
@@ -23,7 +23,7 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU8};
+use std::sync::atomic::AtomicBool;
 
 /// A server process.
 pub(super) struct Proc {
@@ -149,20 +149,16 @@ impl Keeper<'_> {
         self.pending.remove(&epoch);
     }
 
-    /// Starts the threads that read a spawned server's sockets, and hands it its plan (or the
+    /// Starts the thread that reads a spawned server's sockets, and hands it its plan (or the
     /// order to load).
     fn connect(&mut self, epoch: u64, child: ServerChild, exe: Arc<File>, pending: Pending) -> Result<Proc, String> {
         let (socket, control) = (Arc::new(pending.socket), Arc::new(pending.control));
         self.link.shared.lock().sockets.insert(epoch, socket.clone());
-        let readers = Arc::new(AtomicU8::new(2));
-        let done = || Readers(readers.clone(), epoch, self.link.events.clone());
         let passing = Arc::new(AtomicBool::new(false));
-        let (link, reader, replies_done, flag) = (self.link.clone(), socket.clone(), done(), passing.clone());
-        let spawned = spawn_thread("replies", move || relay_replies(&link, epoch, &reader, &flag, replies_done))
-            .and_then(|()| {
-                let (link, control, control_done) = (self.link.clone(), control.clone(), done());
-                spawn_thread("control", move || read_control(&link, epoch, &control, control_done))
-            });
+        let sockets =
+            ServerSockets { epoch, relay: socket.clone(), control: control.clone(), passing: passing.clone() };
+        let (link, done) = (self.link.clone(), Readers(epoch, self.link.events.clone()));
+        let spawned = spawn_thread("replies", move || read_server(&link, &sockets, done));
         let proc = Proc { epoch, child, socket, control, exe, passing };
         if let Err(e) = spawned {
             self.kill(proc);

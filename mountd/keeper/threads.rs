@@ -1,7 +1,7 @@
 //! The keeper's relay threads and what they share: one reads `/dev/fuse` and forwards each
-//! request as the [`Relay`] says; for each server, one reads its replies and writes them to
-//! `/dev/fuse`, and one reads its control socket (and writes its invalidations, answered
-//! synchronously); and the socket pairs and the mount they run on.
+//! request as the [`Relay`] says; for each server, one reads its replies (and writes them to
+//! `/dev/fuse`) and its control messages, and one more, while a reload's invalidations wait,
+//! writes them (each answered synchronously); and the socket pairs and the mount they run on.
 //!
 //! Assumption: every decision is the relay's, taken under `Link::shared`; no write to a server
 //! or to the kernel is made under that lock (a full socket would block whoever waits for it).
@@ -25,7 +25,7 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::time::Instant;
 
@@ -51,7 +51,7 @@ pub(super) struct Link {
     /// every page).
     pub(super) buffers: Mutex<Vec<Vec<u8>>>,
     /// The `(device, inode)` of the last two state files a server said it was renaming into
-    /// place, newest last: kept by the control thread itself, so that a stop knows them even
+    /// place, newest last: kept by the server's reader thread itself, so that a stop knows them even
     /// with events still queued for the main thread.
     pub(super) state_files: Mutex<Vec<(u64, u64)>>,
 }
@@ -112,20 +112,18 @@ pub(super) fn relay_requests(link: &Link) {
     }
 }
 
-/// Says `Gone` once both of a server's reader threads have ended: every reply and every control
-/// message it sent has been handled by then (a load error is read before the exit it causes).
-pub(super) struct Readers(pub(super) Arc<AtomicU8>, pub(super) u64, pub(super) Sender<Ev>);
+/// Says `Gone` once a server's reader thread has ended: every reply and every control message
+/// it sent has been handled by then (a load error is read before the exit it causes).
+pub(super) struct Readers(pub(super) u64, pub(super) Sender<Ev>);
 
 impl Drop for Readers {
     fn drop(&mut self) {
-        if self.0.fetch_sub(1, Ordering::AcqRel) == 1 {
-            let _ = self.2.send(Ev::Gone(self.1));
-        }
+        let _ = self.1.send(Ev::Gone(self.0));
     }
 }
 
 /// Whether replies from a server have arrived that the relay has not yet counted: one still in
-/// its socket, or one [`relay_replies`] has read and not yet passed to the relay (`passing`).
+/// its socket, or one [`read_server`] has read and not yet passed to the relay (`passing`).
 /// A server is never called hung while this holds: after the keeper itself was stopped
 /// (`SIGSTOP`) or starved of CPU, its main thread can wake before the reply thread, with every
 /// answer the server gave meanwhile waiting to be read.
@@ -138,87 +136,230 @@ pub(super) fn replies_waiting(socket: &OwnedFd, passing: &AtomicBool) -> bool {
         && fds[0].revents().is_some_and(|r| r.contains(PollFlags::POLLIN))
 }
 
-/// Reads server `epoch`'s messages and passes them on, until it exits. `passing` is set from
-/// the moment a message is readable until the relay has it, so that an arrived reply is always
-/// seen by [`replies_waiting`]: in the socket, or passing.
-pub(super) fn relay_replies(link: &Link, epoch: u64, socket: &OwnedFd, passing: &AtomicBool, _done: Readers) {
+/// One server's two sockets, as [`read_server`] reads them.
+pub(super) struct ServerSockets {
+    pub(super) epoch: u64,
+    pub(super) relay: Arc<OwnedFd>,
+    pub(super) control: Arc<OwnedFd>,
+    pub(super) passing: Arc<AtomicBool>,
+}
+
+/// Reads server `epoch`'s replies and control messages, on one thread, until it exits: passes
+/// each reply on as the relay says, and each control message as [`on_control`] does. `passing`
+/// is set from the moment a reply is readable until the relay has it, so that an arrived reply
+/// is always seen by [`replies_waiting`]: in the socket, or passing.
+///
+/// Issue 31 (threads per container): the control socket had a thread of its own, which waited
+/// for ever in every keeper for the few messages a reload sends. Nothing handled here waits on
+/// anything but this process's locks: an invalidation, whose write can wait for a lookup's
+/// reply that only this thread passes, goes to [`Invalidations`]' thread.
+pub(super) fn read_server(link: &Arc<Link>, sockets: &ServerSockets, _done: Readers) {
+    let ServerSockets { epoch, relay, control, passing } = sockets;
     let mut buf = link.buffers.lock().pop().unwrap_or_else(|| vec![0u8; READ_BUFFER]);
-    loop {
-        let mut fds = [PollFd::new(socket.as_fd(), PollFlags::POLLIN)];
+    let mut plan = Parts::new(MAX_PLAN);
+    let invalidations = Invalidations::new(link.clone(), control.clone());
+    let (mut relay_open, mut control_open) = (true, true);
+    while relay_open || control_open {
+        let mut fds = Vec::with_capacity(2);
+        if relay_open {
+            fds.push(PollFd::new(relay.as_fd(), PollFlags::POLLIN));
+        }
+        if control_open {
+            fds.push(PollFd::new(control.as_fd(), PollFlags::POLLIN));
+        }
         match poll(&mut fds, PollTimeout::NONE) {
             Ok(_) => {}
             Err(Errno::EINTR) => continue,
             Err(_) => break,
         }
-        passing.store(true, Ordering::Release);
-        let n = match nix::unistd::read(socket, &mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(Errno::EINTR | Errno::EAGAIN) => {
-                passing.store(false, Ordering::Release);
-                continue;
-            }
-            Err(_) => break,
-        };
-        let msg = &buf[..n];
-        let action = link.shared.lock().relay.from_server(epoch, msg);
-        passing.store(false, Ordering::Release);
-        link.answered.notify_all();
-        match action {
-            Ok(FromServer::ToKernel(added)) => {
-                // ENOENT: the kernel no longer waits for it (answered already by a server that
-                // died, or interrupted); what it counted is taken back.
-                if nix::unistd::write(&link.dev, msg).is_err() && !added.is_empty() {
-                    link.shared.lock().relay.undo(&added);
-                }
-            }
-            Ok(FromServer::Probed { epoch, same }) => drop(link.events.send(Ev::Probed(epoch, same))),
-            Ok(FromServer::Stale) => {}
-            Err(e) => warn!("server {epoch}: a message that cannot be read: {e}"),
+        let ready: Vec<bool> = fds.iter().map(|fd| fd.revents().is_some_and(|r| !r.is_empty())).collect();
+        let mut ready = ready.into_iter();
+        if relay_open && ready.next() == Some(true) {
+            relay_open = pass_reply(link, *epoch, relay, passing, &mut buf);
+        }
+        if control_open && ready.next() == Some(true) {
+            control_open = on_control(link, *epoch, control, &mut plan, &invalidations);
         }
     }
     passing.store(false, Ordering::Release);
     link.buffers.lock().push(buf);
+    invalidations.leave();
 }
 
-/// Reads server `epoch`'s control messages until it exits; writes its invalidations, and puts
-/// the plan it serves back together from its parts, up to [`MAX_PLAN`] bytes: one that sends
-/// more is reported (`Overrun`) and the rest of that plan ignored.
-pub(super) fn read_control(link: &Link, epoch: u64, control: &OwnedFd, _done: Readers) {
-    let mut plan = Parts::new(MAX_PLAN);
-    loop {
-        match crate::record::read(control) {
-            Ok(record) if record.is_empty() => return,
-            Ok(record) => match Control::decode(&record) {
-                Ok(Control::Invalidate(note)) => {
-                    let errno = nix::unistd::write(&link.dev, &note).map_or_else(|e| e as i32, |_| 0);
-                    let _ = nix::unistd::write(control, &Control::Invalidated(errno).encode());
-                }
-                Ok(Control::StateFile(dev, ino)) => {
-                    let mut known = link.state_files.lock();
-                    known.push((dev, ino));
-                    let excess = known.len().saturating_sub(2);
-                    known.drain(..excess);
-                }
-                Ok(Control::Part(part)) => {
-                    if let Err(why) = plan.push(&part) {
-                        let _ = link.events.send(Ev::Overrun(epoch, why));
-                    }
-                }
-                Ok(Control::End) => {
-                    if let Some(plan) = plan.end() {
-                        let _ = link.events.send(Ev::Served(epoch, plan));
-                    }
-                }
-                Ok(message) => {
-                    if link.events.send(Ev::Control(epoch, message)).is_err() {
-                        return;
-                    }
-                }
-                Err(e) => warn!("server {epoch}: {e}"),
-            },
-            Err(_) => return,
+/// Reads one reply of server `epoch` and passes it to the kernel as the relay says; false once
+/// the socket has ended.
+fn pass_reply(link: &Link, epoch: u64, socket: &OwnedFd, passing: &AtomicBool, buf: &mut [u8]) -> bool {
+    passing.store(true, Ordering::Release);
+    let n = match nix::unistd::read(socket, buf) {
+        Ok(0) => return false,
+        Ok(n) => n,
+        Err(Errno::EINTR | Errno::EAGAIN) => {
+            passing.store(false, Ordering::Release);
+            return true;
         }
+        Err(_) => return false,
+    };
+    let msg = &buf[..n];
+    let action = link.shared.lock().relay.from_server(epoch, msg);
+    passing.store(false, Ordering::Release);
+    link.answered.notify_all();
+    match action {
+        Ok(FromServer::ToKernel(added)) => {
+            // ENOENT: the kernel no longer waits for it (answered already by a server that
+            // died, or interrupted); what it counted is taken back.
+            if nix::unistd::write(&link.dev, msg).is_err() && !added.is_empty() {
+                link.shared.lock().relay.undo(&added);
+            }
+        }
+        Ok(FromServer::Probed { epoch, same }) => drop(link.events.send(Ev::Probed(epoch, same))),
+        Ok(FromServer::Stale) => {}
+        Err(e) => warn!("server {epoch}: a message that cannot be read: {e}"),
+    }
+    true
+}
+
+/// Handles one control message of server `epoch`: its invalidations go to `invalidations`, the
+/// plan it serves is put back together from its parts, up to [`MAX_PLAN`] bytes (one that
+/// sends more is reported, `Overrun`, and the rest of that plan ignored), the rest become the
+/// main thread's events. False once the socket has ended (or nobody takes events).
+fn on_control(link: &Link, epoch: u64, control: &OwnedFd, plan: &mut Parts, invalidations: &Invalidations) -> bool {
+    let record = match crate::record::read(control) {
+        Ok(record) if record.is_empty() => return false,
+        Ok(record) => record,
+        Err(_) => return false,
+    };
+    let message = match Control::decode(&record) {
+        Ok(Control::Invalidate(note)) => {
+            invalidations.push(note);
+            return true;
+        }
+        other => other,
+    };
+    invalidations.settle();
+    match message {
+        Ok(Control::StateFile(dev, ino)) => {
+            let mut known = link.state_files.lock();
+            known.push((dev, ino));
+            let excess = known.len().saturating_sub(2);
+            known.drain(..excess);
+        }
+        Ok(Control::Part(part)) => {
+            if let Err(why) = plan.push(&part) {
+                let _ = link.events.send(Ev::Overrun(epoch, why));
+            }
+        }
+        Ok(Control::End) => {
+            if let Some(plan) = plan.end() {
+                let _ = link.events.send(Ev::Served(epoch, plan));
+            }
+        }
+        Ok(message) => return link.events.send(Ev::Control(epoch, message)).is_ok(),
+        Err(e) => warn!("server {epoch}: {e}"),
+    }
+    true
+}
+
+/// One server's invalidations, written to `/dev/fuse` in order, each answered on its control
+/// socket with the write's result, by a thread of their own: not the thread that reads the
+/// server's replies, since the kernel takes a directory's lock for an entry's invalidation, and
+/// a lookup in that directory holds it until its reply has passed. That thread lives only
+/// through a reload's invalidations (issue 31's threads per container): the server sends
+/// nothing else until it has every answer, so its next message (the reload's status) finds the
+/// writer idle, and it is ended and joined then (its stack unmapped).
+struct Invalidations {
+    link: Arc<Link>,
+    control: Arc<OwnedFd>,
+    queue: Arc<(Mutex<Queue>, Condvar)>,
+    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+#[derive(Default)]
+struct Queue {
+    notes: std::collections::VecDeque<Vec<u8>>,
+    /// The writer holds a note whose write to the kernel has not returned.
+    writing: bool,
+    /// The writer is to end once no note is left.
+    stop: bool,
+}
+
+impl Invalidations {
+    fn new(link: Arc<Link>, control: Arc<OwnedFd>) -> Invalidations {
+        Invalidations { link, control, queue: Arc::default(), writer: Mutex::new(None) }
+    }
+
+    /// Queues `note`, starting the writer if none runs. One that cannot start (no thread left
+    /// to the process) answers the note with its errno, which the server reports as a name the
+    /// kernel may still cache.
+    fn push(&self, note: Vec<u8>) {
+        let (queue, wake) = &*self.queue;
+        queue.lock().notes.push_back(note);
+        let mut writer = self.writer.lock();
+        if writer.is_some() {
+            wake.notify_one();
+            return;
+        }
+        let (link, control, shared) = (self.link.clone(), self.control.clone(), self.queue.clone());
+        match std::thread::Builder::new().name("invalidate".into()).spawn(move || write_all(&link, &control, &shared)) {
+            Ok(started) => *writer = Some(started),
+            Err(e) => {
+                let errno = e.raw_os_error().unwrap_or(libc::EAGAIN);
+                for _ in queue.lock().notes.drain(..) {
+                    let _ = nix::unistd::write(&*self.control, &Control::Invalidated(errno).encode());
+                }
+            }
+        }
+    }
+
+    /// The server sent something else: its invalidations are answered, and an idle writer is
+    /// ended and joined. One still writing (a server that did not wait for its answers) is left
+    /// to the next message: joining it here could wait for a reply only this thread passes.
+    fn settle(&self) {
+        let mut writer = self.writer.lock();
+        if writer.is_none() {
+            return;
+        }
+        let (queue, wake) = &*self.queue;
+        {
+            let mut queue = queue.lock();
+            if !queue.notes.is_empty() || queue.writing {
+                return;
+            }
+            queue.stop = true;
+        }
+        wake.notify_one();
+        if let Some(idle) = writer.take() {
+            let _ = idle.join();
+        }
+        queue.lock().stop = false;
+    }
+
+    /// The server is gone: the writer is joined if idle; one still waiting on the kernel ends
+    /// by itself once its write returns (its answers then go nowhere).
+    fn leave(&self) {
+        self.settle();
+        self.queue.0.lock().stop = true;
+        self.queue.1.notify_one();
+    }
+}
+
+/// The writer: each queued note, in order, waiting for more until told to stop.
+fn write_all(link: &Link, control: &OwnedFd, shared: &(Mutex<Queue>, Condvar)) {
+    let (queue, wake) = shared;
+    loop {
+        let note = {
+            let mut queue = queue.lock();
+            while queue.notes.is_empty() && !queue.stop {
+                wake.wait(&mut queue);
+            }
+            let Some(note) = queue.notes.pop_front() else { return };
+            queue.writing = true;
+            note
+        };
+        let errno = nix::unistd::write(&link.dev, &note).map_or_else(|e| e as i32, |_| 0);
+        // Not writing before the answer goes: the server's next message, sent once it has the
+        // answer, must find the writer idle.
+        queue.lock().writing = false;
+        let _ = nix::unistd::write(control, &Control::Invalidated(errno).encode());
     }
 }
 
