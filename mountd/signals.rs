@@ -1,10 +1,12 @@
 //! Signals for the daemon's processes (the keeper, the server, the node daemon): from their
 //! first step on, every asynchronous signal whose default action ends or stops the process is
 //! blocked in every thread ([`block`], before the first thread starts) and read from a
-//! `signalfd` by one thread ([`start`]), which turns those a process acts on into its events and
-//! logs and ignores the others. One arriving in between waits, pending, for that thread. The
-//! same thread runs the process's other long waits ([`Thread::then`]: a keeper's watch of its
-//! container, a server's control socket), polling the `signalfd` beside what each waits for.
+//! `signalfd` by one thread, which turns those a process acts on into its events and logs and
+//! ignores the others: a thread of their own ([`start`]: the node daemon's, a server's), or the
+//! thread that waits for the events ([`reader`]: a keeper's main thread, beside its container's
+//! process). One arriving in between waits, pending, for that thread. A signal thread runs the
+//! process's other long waits ([`Thread::then`]: a server's lifecycle and control socket),
+//! polling the `signalfd` beside what each waits for.
 //!
 //! Left at their default: SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGTRAP, SIGSYS (the kernel sends them
 //! as the fault of an instruction: this process is broken). SIGPIPE and SIGXFSZ are swallowed
@@ -191,15 +193,10 @@ pub fn start<E: Send + 'static>(
     act: fn(i32) -> Option<E>,
     why_ignored: &'static str,
 ) -> Result<Thread, SignalsError> {
-    swallow_write_faults()?;
-    block()?;
-    let fd = SignalFd::with_flags(&handled_signals(), SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
-        .map_err(SignalsError::Handle)?;
+    let reader = reader(events, act, why_ignored)?;
     let (wake, woken) = UnixStream::pair().map_err(SignalsError::Thread)?;
     woken.set_nonblocking(true).map_err(SignalsError::Thread)?;
     let (jobs, queued) = mpsc::channel::<Job>();
-    let ignored = parking_lot::Mutex::new(Ignored::default());
-    let reader = Reader { fd, forward: Box::new(move |sig| forward(&events, act, why_ignored, &ignored, sig)) };
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
@@ -299,6 +296,23 @@ impl<E> Waking<E> {
         while (&self.woken).read(&mut buf).is_ok_and(|n| n > 0) {}
         self.events.try_iter().collect()
     }
+}
+
+/// The signals, read by the thread that waits with the returned [`Reader`] (a keeper's main
+/// thread, which waits for its events and its container there: issue 31's threads per
+/// container), each passed to `events` as `act` makes it, or logged as ignored, as [`start`]'s
+/// thread does. They were blocked by [`block`] (called again here) and wait until then.
+pub fn reader<E: Send + 'static>(
+    events: impl Events<E>,
+    act: fn(i32) -> Option<E>,
+    why_ignored: &'static str,
+) -> Result<Reader, SignalsError> {
+    swallow_write_faults()?;
+    block()?;
+    let fd = SignalFd::with_flags(&handled_signals(), SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
+        .map_err(SignalsError::Handle)?;
+    let ignored = parking_lot::Mutex::new(Ignored::default());
+    Ok(Reader { fd, forward: Box::new(move |sig| forward(&events, act, why_ignored, &ignored, sig)) })
 }
 
 /// Passes `sig` on as its event, or logs it as ignored; false once nobody takes events.
@@ -433,19 +447,18 @@ impl Reader {
         self.wait_for_any(fd.as_slice(), timeout)
     }
 
-    /// Waits up to `timeout` (forever with `None`) for one of `fds` (at most two) to be
-    /// readable, handling every signal that comes meanwhile: `Ready(i)`, `fds[i]` the first
-    /// readable one.
+    /// Waits up to `timeout` (forever with `None`) for one of `fds` to be readable, handling
+    /// every signal that comes meanwhile: `Ready(i)`, `fds[i]` the first readable one.
     pub fn wait_for_any(&self, fds: &[BorrowedFd], timeout: Option<Duration>) -> Waited {
         let deadline = timeout.map(|t| Instant::now() + t);
-        let n = fds.len().min(2);
+        let mut polled: Vec<PollFd> = std::iter::once(self.fd.as_fd())
+            .chain(fds.iter().copied())
+            .map(|fd| PollFd::new(fd, PollFlags::POLLIN))
+            .collect();
         loop {
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
             let wait = left.map_or(PollTimeout::NONE, poll_timeout);
-            let at = |i: usize| fds.get(i).copied().unwrap_or(self.fd.as_fd());
-            let mut polled = [self.fd.as_fd(), at(0), at(1)].map(|fd| PollFd::new(fd, PollFlags::POLLIN));
-            let polled = &mut polled[..=n];
-            match poll(polled, wait) {
+            match poll(&mut polled, wait) {
                 Ok(_) | Err(Errno::EINTR) => {}
                 Err(e) => {
                     log::warn!("cannot wait for signals any more: {e}; they stay blocked");

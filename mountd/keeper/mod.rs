@@ -18,7 +18,10 @@
 //!
 //! The relay runs on threads of its own ([`threads`]); the main thread runs the life below:
 //! starting and replacing servers, signals, timers (a restart's backoff, an upgrade's deadline,
-//! a hung server), readiness and the end of the mount. It waits on nothing but the kernel
+//! a hung server), readiness and the end of the mount. It waits for its threads' events, the
+//! signals (read from a `signalfd` there, [`signals::reader`]) and the container's process
+//! ([`crate::watch::Watch`]) in one `poll` ([`Keeper::wait`]): each had a thread of its own, in
+//! every container (issue 31). It waits on nothing but the kernel
 //! (issue 31): a server is spawned by a spawner thread ([`spawner`]: a spawn returns only once
 //! the child has exec'd), and one whose spawn has not returned within `--reload-timeout` failed
 //! to start; a server whose sockets ended is reaped by a thread of its own; what it writes to a
@@ -42,11 +45,12 @@ mod threads;
 use crate::cli::MountArgs;
 use crate::mountpoint::{MountLock, check_private, prepare_mountpoint, resolve};
 use crate::signals;
+use crate::signals::Waking;
 use devremap::atomic::Written;
 use devremap::keeper::control::{Control, HandoverError};
 use devremap::keeper::relay::Relay;
 use devremap::keeper::servers::{Action, Event, Exit, Hang, Machine, away, hang};
-use devremap::served::lifecycle::{Waited, wait};
+use devremap::served::lifecycle::Waited;
 pub use error::KeeperError;
 use log::{info, warn};
 use parking_lot::{Condvar, Mutex};
@@ -55,12 +59,12 @@ use spawner::Handed;
 pub(crate) use spawner::{Parked, ParkedServer, park_server};
 use spawner::{Spawners, Started};
 use std::collections::HashMap;
+use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::fs::File;
 use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::mpsc::{self, Receiver};
 use std::time::{Duration, Instant};
 use threads::{Link, Shared, replies_waiting};
 
@@ -111,8 +115,12 @@ struct Keeper<'a> {
     /// The path the keeper was started from: an upgrade runs what is there now.
     exe_path: PathBuf,
     server_timeout: Duration,
-    /// The thread reading the signals, which watches the container once mounted.
-    signals: Arc<signals::Thread>,
+    /// The signals, read by the main thread as it waits ([`Keeper::wait`]).
+    signals: signals::Reader,
+    /// The container's watch, once mounted.
+    watch: Option<crate::watch::Watch>,
+    /// Events taken from the queue and not yet handled.
+    queued: VecDeque<Ev>,
     /// Hears when the watch has had its first look at the container's pid file, until the
     /// mount is said to be ready.
     watch_armed: Option<std::sync::mpsc::Receiver<()>>,
@@ -149,11 +157,11 @@ struct Keeper<'a> {
 /// The keeper's life. `words` are its arguments after `mount` (every server gets them, but
 /// `--ready-fd`); `parked`, the first server, started already (by a spare keeper).
 pub fn run(args: &MountArgs, words: Vec<OsString>, parked: Option<ParkedServer>) -> Result<(), KeeperError> {
-    // Before the signal thread's socket pair takes 3 and 4, which a server's sockets replace.
+    // Before the event queue's socket pair takes 3 and 4, which a server's sockets replace.
     let ready = args.ready_fd.map(claim_ready_fd).transpose()?;
     // Then: a SIGHUP or SIGTERM sent as soon as we were started must not end us.
-    let (tx, rx) = mpsc::channel();
-    let signals = Arc::new(signals::start(tx.clone(), act, "")?);
+    let (tx, rx) = signals::woken().map_err(|source| KeeperError::Thread { name: "signals", source })?;
+    let signals = signals::reader(tx.clone(), act, "")?;
     let serve_args = without_ready_fd(words.into_iter());
     let exe = parked.as_ref().map(ParkedServer::exe);
     // Handed its command line first, so that its own start (its arguments, its threads) runs
@@ -207,6 +215,8 @@ pub fn run(args: &MountArgs, words: Vec<OsString>, parked: Option<ParkedServer>)
         exe_path,
         server_timeout: Duration::from_secs(args.server_timeout),
         signals,
+        watch: None,
+        queued: VecDeque::new(),
         watch_armed: None,
         machine,
         procs: HashMap::new(),
@@ -230,7 +240,7 @@ pub fn run(args: &MountArgs, words: Vec<OsString>, parked: Option<ParkedServer>)
 }
 
 /// Takes the starter's `--ready-fd`: moved to 10 or above and closed on exec, so that no server
-/// inherits it and it never holds 3 or 4 (a server's sockets; the signal thread's socket pair
+/// inherits it and it never holds 3 or 4 (a server's sockets; the event queue's socket pair
 /// takes them, for the keeper's life, and a spawn refuses a binary's fd there). Refused unless
 /// it is the write end of a pipe other than stdin, stdout or stderr: a number that names nothing
 /// inherited must never make us write into a file or socket of our own, nor leave a standard fd
@@ -295,10 +305,10 @@ type End = Result<(), KeeperError>;
 
 impl Keeper<'_> {
     /// The keeper's life, from the first server's start to the end of the mount.
-    fn serve(&mut self, rx: &Receiver<Ev>) -> End {
+    fn serve(&mut self, rx: &Waking<Ev>) -> End {
         loop {
             let deadline = self.deadline();
-            let waited = wait(rx, deadline);
+            let waited = self.wait(rx, deadline);
             let now = Instant::now();
             if let Some(away) = self.woke(deadline, now)
                 && let Err(end) = self.feed(away, rx)
@@ -326,6 +336,45 @@ impl Keeper<'_> {
             // After the event's actions: the server is told to proceed first.
             if std::mem::take(&mut self.trim_due) {
                 crate::memory::give_back_start_memory();
+            }
+        }
+    }
+
+    /// The next event, or `Deadline` once `deadline` has passed: the queue's, the signals' (read
+    /// here, on the main thread), and the container's watch's, which says when the daemon must
+    /// stop (a thread waited for each, in every container: issue 31). `Closed` once the signals
+    /// cannot be waited for any more.
+    fn wait(&mut self, rx: &Waking<Ev>, deadline: Option<Instant>) -> Waited<Ev> {
+        loop {
+            if let Some(ev) = self.queued.pop_front() {
+                return Waited::Event(ev);
+            }
+            let watch_deadline = self.watch.as_ref().and_then(crate::watch::Watch::deadline);
+            let until = [deadline, watch_deadline].into_iter().flatten().min();
+            let now = Instant::now();
+            let waited = {
+                let fds: Vec<_> = std::iter::once(rx.fd()).chain(self.watch.iter().flat_map(|w| w.fds())).collect();
+                self.signals.wait_for_any(&fds, until.map(|u| u.saturating_duration_since(now)))
+            };
+            let stop = match waited {
+                signals::Waited::Ready(0) => {
+                    self.queued.extend(rx.take());
+                    None
+                }
+                signals::Waited::Ready(i) => self.watch.as_mut().and_then(|w| w.ready(i - 1)),
+                signals::Waited::TimedOut => {
+                    let now = Instant::now();
+                    let stop = self.watch.as_mut().and_then(|w| w.timed_out(now));
+                    if stop.is_none() && deadline.is_some_and(|d| now >= d) {
+                        return Waited::Deadline;
+                    }
+                    stop
+                }
+                signals::Waited::Gone => return Waited::Closed,
+            };
+            if let Some(why) = stop {
+                self.watch = None;
+                self.queued.push_back(Ev::Stop(why));
             }
         }
     }
@@ -408,12 +457,12 @@ impl Keeper<'_> {
     }
 
     /// Feeds the machine an event and does what it says; `Err` ends the keeper's life.
-    fn feed(&mut self, event: Event, rx: &Receiver<Ev>) -> Result<(), End> {
+    fn feed(&mut self, event: Event, rx: &Waking<Ev>) -> Result<(), End> {
         let actions = self.machine.handle(event, Instant::now());
         self.perform_all(actions, rx)
     }
 
-    fn perform_all(&mut self, actions: Vec<Action>, rx: &Receiver<Ev>) -> Result<(), End> {
+    fn perform_all(&mut self, actions: Vec<Action>, rx: &Waking<Ev>) -> Result<(), End> {
         for action in actions {
             // A spawn that failed at once goes back to the machine before the next action.
             if let Some(event) = self.perform(action, rx)? {
@@ -423,7 +472,7 @@ impl Keeper<'_> {
         Ok(())
     }
 
-    fn perform(&mut self, action: Action, rx: &Receiver<Ev>) -> Result<Option<Event>, End> {
+    fn perform(&mut self, action: Action, rx: &Waking<Ev>) -> Result<Option<Event>, End> {
         match action {
             Action::Spawn { epoch, binary, plan } => return Ok(self.start(epoch, binary, plan)),
             Action::Mount(epoch) => self.mount_now(epoch).map_err(|why| Err(self.start_failed(why)))?,

@@ -237,7 +237,7 @@ pub(super) fn set_up_child(cmd: &mut Command, fds: [i32; 2], exe_fd: i32) {
     // prctl, dup2, close) on fds it owns in the child. The copies above 10 keep one source from
     // being overwritten by the other's dup2 to 3 or 4; dup2 clears close-on-exec. The binary's
     // fd stays open across exec (an interpreter of a script reads it by that name) and is
-    // never 3 or 4 (the signal thread's, for the keeper's life).
+    // never 3 or 4 (the event queue's pair, for the keeper's life).
     unsafe {
         cmd.pre_exec(move || {
             if exe_fd == 3 || exe_fd == 4 || libc::fcntl(exe_fd, libc::F_SETFD, 0) < 0 {

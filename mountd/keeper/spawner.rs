@@ -15,6 +15,7 @@
 use super::procs::set_up_child;
 use super::threads::seqpacket_pair;
 use super::{Ev, KeeperError, spawn_thread};
+use crate::signals::Woken;
 use devremap::io_message;
 use devremap::pidfd::Child as ServerChild;
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
@@ -52,14 +53,14 @@ pub(super) type Started = Result<(ServerChild, Arc<File>), String>;
 pub(super) struct Spawners {
     jobs: Sender<Job>,
     queue: Arc<Mutex<Receiver<Job>>>,
-    events: Sender<Ev>,
+    events: Woken<Ev>,
     threads: usize,
     busy: usize,
 }
 
 impl Spawners {
     /// No thread yet: the first job starts one.
-    pub(super) fn new(events: Sender<Ev>) -> Spawners {
+    pub(super) fn new(events: Woken<Ev>) -> Spawners {
         let (jobs, queue) = mpsc::channel();
         Spawners { jobs, queue: Arc::new(Mutex::new(queue)), events, threads: 0, busy: 0 }
     }
@@ -84,7 +85,7 @@ impl Spawners {
     }
 }
 
-fn run_jobs(queue: &Mutex<Receiver<Job>>, events: &Sender<Ev>) {
+fn run_jobs(queue: &Mutex<Receiver<Job>>, events: &Woken<Ev>) {
     // Ends only with the keeper's queue, when the keeper itself ends.
     while let Ok(job) = queue.lock().recv() {
         let epoch = job.epoch;
@@ -119,7 +120,7 @@ fn server_command(exe: &File, sockets: &[OwnedFd; 2]) -> Command {
 }
 
 /// Opens the binary at `path` at fd 10 or above: a spawn refuses a binary at 3 or 4, the fds a
-/// server's sockets take. A keeper started directly has its signal thread's pair there for
+/// server's sockets take. A keeper started directly has its event queue's pair there for
 /// life; one started as a spare (`devremapd parked`) has its fds laid out otherwise, so a
 /// number freed meanwhile (an old server's socket) could be 4 at an upgrade's open.
 fn open_high(path: &Path) -> io::Result<File> {

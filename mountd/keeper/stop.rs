@@ -4,15 +4,16 @@
 use super::procs::Proc;
 use super::{End, Ev, Keeper, KeeperError};
 use crate::mountpoint::{connection_remains, detach, is_dead_mount};
+use crate::signals::Waking;
 use devremap::atomic::Written;
 use devremap::io_message;
 use devremap::keeper::control::Control;
 use devremap::keeper::control::Notice;
+use devremap::served::lifecycle::Waited;
 use log::{info, warn};
 use nix::mount::MntFlags;
 use sd_notify::NotifyState;
 use std::io;
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 impl Keeper<'_> {
@@ -33,7 +34,7 @@ impl Keeper<'_> {
 
     /// SIGTERM, SIGINT, or the watched container gone (logged, and told to systemd, by the
     /// machine's actions): unmount, stop the server.
-    pub(super) fn stop(&mut self, rx: &Receiver<Ev>) -> End {
+    pub(super) fn stop(&mut self, rx: &Waking<Ev>) -> End {
         if self.mounted {
             match nix::mount::umount2(&self.mountpoint, MntFlags::empty()) {
                 // Unmounted here; the connection ends once no other mount holds it. A
@@ -45,7 +46,7 @@ impl Keeper<'_> {
                     // fusectl): a busy machine may take longer, and then the warning is false.
                     let ended = match self.connection.and_then(connection_remains) {
                         Some(remains) => !remains,
-                        None => connection_ends_within(rx, Duration::from_millis(500)),
+                        None => self.connection_ends_within(rx, Duration::from_millis(500)),
                     };
                     if ended {
                         info!("unmounted {}", self.m);
@@ -69,6 +70,18 @@ impl Keeper<'_> {
         }
         self.end_servers();
         Ok(())
+    }
+
+    /// Whether the kernel ends the connection (the relay reads its end) within `patience`.
+    fn connection_ends_within(&mut self, rx: &Waking<Ev>, patience: Duration) -> bool {
+        let deadline = Instant::now() + patience;
+        loop {
+            match self.wait(rx, Some(deadline)) {
+                Waited::Event(Ev::KernelEnded(_)) | Waited::Closed => return true,
+                Waited::Event(_) => {}
+                Waited::Deadline => return false,
+            }
+        }
     }
 
     /// Tells the server that the daemon stops (it removes the state file) and waits a little
@@ -130,17 +143,5 @@ pub(super) fn notify(notice: Notice) {
     };
     if let Err(e) = sd_notify::notify(&states) {
         warn!("cannot notify systemd: {}", io_message(&e));
-    }
-}
-
-/// Whether the kernel ends the connection (the relay reads its end) within `patience`.
-fn connection_ends_within(rx: &Receiver<Ev>, patience: Duration) -> bool {
-    let deadline = Instant::now() + patience;
-    loop {
-        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok(Ev::KernelEnded(_)) | Err(RecvTimeoutError::Disconnected) => return true,
-            Ok(_) => {}
-            Err(RecvTimeoutError::Timeout) => return false,
-        }
     }
 }

@@ -36,11 +36,12 @@ impl Keeper<'_> {
         self.connection = crate::mountpoint::connection_of(&self.mountpoint);
         let link = self.link.clone();
         spawn_thread("requests", move || relay_requests(&link))?;
-        let events = self.link.events.clone();
-        self.watch_armed =
-            crate::watch::spawn(&self.signals, self.args.owner_pid, self.args.container_pid_file.clone(), move |why| {
-                let _ = events.send(super::Ev::Stop(why));
-            });
+        if let Some((watch, armed)) =
+            crate::watch::Watch::start(self.args.owner_pid, self.args.container_pid_file.clone())
+        {
+            self.watch = Some(watch);
+            self.watch_armed = armed;
+        }
         Ok(())
     }
 

@@ -11,6 +11,7 @@
 
 use super::Ev;
 use crate::mountpoint::FSNAME;
+use crate::signals::Woken;
 use devremap::keeper::control::{Control, MAX_PLAN, Parts};
 use devremap::keeper::relay::{FromKernel, FromServer, Relay};
 use log::warn;
@@ -26,7 +27,6 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::Sender;
 use std::time::Instant;
 
 /// One read of `/dev/fuse`: the kernel refuses a buffer smaller than `max_write` plus the
@@ -45,7 +45,7 @@ pub(super) struct Link {
     /// Signalled whenever a server's reply passes, for an upgrade waiting for the old server.
     pub(super) answered: Condvar,
     pub(super) dev: File,
-    pub(super) events: Sender<Ev>,
+    pub(super) events: Woken<Ev>,
     /// Reply buffers of servers that ended, for the next: a fresh 16 MiB block per handover
     /// grew the keeper by that much each time (glibc served later ones from an arena, zeroing
     /// every page).
@@ -85,8 +85,12 @@ pub(super) fn relay_requests(link: &Link) {
             Ok(n) => n,
             // Interrupted, or a request the kernel took back before we read it.
             Err(Errno::EINTR | Errno::EAGAIN | Errno::ENOENT) => continue,
-            Err(Errno::ENODEV) => break drop(link.events.send(Ev::KernelEnded(Ok(())))),
-            Err(e) => break drop(link.events.send(Ev::KernelEnded(Err(e.into())))),
+            Err(e) => {
+                // ENODEV: unmounted; anything else, aborted (ECONNABORTED) or broken.
+                let ended = if e == Errno::ENODEV { Ok(()) } else { Err(e.into()) };
+                let _ = link.events.send(Ev::KernelEnded(ended));
+                break;
+            }
         };
         let msg = &buf[..n];
         let target = {
@@ -114,7 +118,7 @@ pub(super) fn relay_requests(link: &Link) {
 
 /// Says `Gone` once a server's reader thread has ended: every reply and every control message
 /// it sent has been handled by then (a load error is read before the exit it causes).
-pub(super) struct Readers(pub(super) u64, pub(super) Sender<Ev>);
+pub(super) struct Readers(pub(super) u64, pub(super) Woken<Ev>);
 
 impl Drop for Readers {
     fn drop(&mut self) {
@@ -211,7 +215,9 @@ fn pass_reply(link: &Link, epoch: u64, socket: &OwnedFd, passing: &AtomicBool, b
                 link.shared.lock().relay.undo(&added);
             }
         }
-        Ok(FromServer::Probed { epoch, same }) => drop(link.events.send(Ev::Probed(epoch, same))),
+        Ok(FromServer::Probed { epoch, same }) => {
+            let _ = link.events.send(Ev::Probed(epoch, same));
+        }
         Ok(FromServer::Stale) => {}
         Err(e) => warn!("server {epoch}: a message that cannot be read: {e}"),
     }
@@ -253,7 +259,7 @@ fn on_control(link: &Link, epoch: u64, control: &OwnedFd, plan: &mut Parts, inva
                 let _ = link.events.send(Ev::Served(epoch, plan));
             }
         }
-        Ok(message) => return link.events.send(Ev::Control(epoch, message)).is_ok(),
+        Ok(message) => return link.events.send(Ev::Control(epoch, message)),
         Err(e) => warn!("server {epoch}: {e}"),
     }
     true
