@@ -789,6 +789,44 @@ fn a_cdi_spec_gets_only_the_gpus_it_lists_whatever_the_images_env() {
     }
 }
 
+/// Bug (found reading libnvidia-container, 2026-12-04): hook mode served `nvidia-modeset` and
+/// `nvidia-uvm(-tools)` whatever the container's driver capabilities, where the toolkit's hook
+/// gives `nvidia-uvm(-tools)` only with `compute` and `nvidia-modeset` only with `display`.
+/// `plan --spec` of Docker's legacy-hook spec asking for the control nodes (`none`), with each
+/// of several capabilities: the control nodes served are the hook's.
+#[test]
+#[ignore = "needs root (makes device nodes)"]
+fn hook_mode_serves_the_control_nodes_the_hooks_capabilities_give() {
+    need_root();
+    let host = FakeHost::with_gpus(&[0, 1]);
+    for (name, rdev) in
+        [("nvidiactl", (1, 3)), ("nvidia-uvm", (1, 5)), ("nvidia-uvm-tools", (1, 7)), ("nvidia-modeset", (1, 8))]
+    {
+        host.node(name, rdev);
+    }
+    let tmp = TempDir::new().unwrap();
+    let docker: Value =
+        serde_json::from_str(&fs::read_to_string(fixture("specs/docker-legacy-hook.json")).unwrap()).unwrap();
+    let served = |capabilities: &str| {
+        let mut spec = docker.clone();
+        let env = spec["process"]["env"].as_array_mut().unwrap();
+        env.retain(|e| !e.as_str().unwrap().starts_with("NVIDIA_"));
+        // `none`: the control nodes alone (this host's driver describes no GPU).
+        env.push(json!("NVIDIA_VISIBLE_DEVICES=none"));
+        env.push(json!(format!("NVIDIA_DRIVER_CAPABILITIES={capabilities}")));
+        let path = write_file(tmp.path(), "spec.json", spec.to_string());
+        let plan = plan_json(&with(&host.args(), &["--spec", arg(&path)]));
+        ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"]
+            .into_iter()
+            .filter(|n| node(&plan, n).is_some())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(served("compute,utility"), ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]);
+    assert_eq!(served("utility"), ["nvidiactl"]);
+    assert_eq!(served("display,graphics"), ["nvidiactl", "nvidia-modeset"]);
+    assert_eq!(served("all"), ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"]);
+}
+
 /// Bug (issue 29, attack 2 B6): `plan --spec` ignored the spec's `devremap.io/device-map`, which
 /// `cuda-device-map` and the wrapper's daemon obey: the preview paired 0 -> 2, 1 -> 3 where the
 /// daemon serves 0 -> 3, 1 -> 2. It reads the annotations as `cuda-device-map` does: a

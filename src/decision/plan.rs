@@ -54,10 +54,11 @@ pub struct Plan {
 /// Whether pass-through node `node`, which the spec does not list, is served. Without a spec
 /// (the operator's own `--host-dev`) the whole directory is. With one, the container gets what
 /// runc makes from it and what a family's hook adds where the spec asks for it (issue 29.3: the
-/// NVIDIA hook's control nodes); nothing else adds an unlisted node, AMD's `kfd` included.
+/// NVIDIA hook's control nodes, as its driver capabilities give them); nothing else adds an
+/// unlisted node, AMD's `kfd` included.
 fn unlisted_passthrough(inputs: &Inputs, node: &HostNode) -> bool {
     let Some(spec) = &inputs.spec else { return true };
-    spec.hook.is_some() && FAMILIES.iter().any(|f| f.hook_gives(&node.rel_path))
+    spec.hook.is_some() && FAMILIES.iter().any(|f| f.hook_gives(&node.rel_path, spec))
 }
 
 /// Computes the remap table and the tree: every family's checks and pairing first, then the

@@ -43,7 +43,7 @@ pub trait Family: Sync {
     fn gpu_name(&self, minor: u32) -> String;
     /// The GPU minor a spec's device entry grants, if it is one of this family's GPUs.
     fn gpu_minor_of_device(&self, kind: DevKind, rdev: Rdev) -> Option<u32>;
-    /// Whether the family's runtime hook, where a spec asks for it, gives the container this
+    /// Whether the family's runtime hook, where `spec` asks for it, gives the container this
     /// pass-through node (`rel_path` under `/dev`) though the spec does not list it.
-    fn hook_gives(&self, rel_path: &str) -> bool;
+    fn hook_gives(&self, rel_path: &str, spec: &crate::inputs::spec::SpecView) -> bool;
 }

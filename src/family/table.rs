@@ -30,6 +30,9 @@ pub type HookRequest = nvidia::visible::Visible;
 /// Why a spec's request of that hook is refused.
 pub type HookError = nvidia::visible::VisibleError;
 pub use nvidia::hook::request as hook_request;
+/// Which of the family's control nodes that hook gives (`NVIDIA_DRIVER_CAPABILITIES`).
+pub type HookCapabilities = nvidia::hook::Capabilities;
+pub use nvidia::hook::capabilities as hook_capabilities;
 
 /// Every family, in the order they are asked.
 pub static FAMILIES: &[&dyn Family] = &[NVIDIA, AMD];

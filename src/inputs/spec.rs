@@ -9,7 +9,7 @@
 //! reported, not refused.
 
 use crate::device::{Access, DevKind, Rdev};
-use crate::family::table::{HOOK_FAMILY, HookError, HookRequest, hook_request};
+use crate::family::table::{HOOK_FAMILY, HookCapabilities, HookError, HookRequest, hook_capabilities, hook_request};
 use oci_spec::runtime::{LinuxDeviceType, Spec};
 use thiserror::Error;
 
@@ -55,6 +55,9 @@ pub struct SpecView {
     /// What the spec asks for through the NVIDIA hook (`NVIDIA_VISIBLE_DEVICES`), so the
     /// host's `/dev` names GPUs too; `None` when it asks for nothing that way.
     pub hook: Option<HookRequest>,
+    /// Which of its control nodes the hook gives (`NVIDIA_DRIVER_CAPABILITIES`); every one in a
+    /// view built by hand.
+    pub hook_capabilities: HookCapabilities,
     /// `process.terminal`: the runtime bind-mounts the console onto `/dev/console`.
     pub terminal: bool,
 }
@@ -104,6 +107,7 @@ pub fn parse(bytes: &[u8], file_source: &dyn Fn(&str) -> bool) -> Result<SpecVie
     let mut spec: Spec = serde_json::from_slice(bytes).map_err(parse_error)?;
     let mut view = SpecView {
         hook: hook_request(&spec).map_err(SpecError::Visible)?,
+        hook_capabilities: hook_capabilities(&spec),
         terminal: spec.process().as_ref().and_then(|p| p.terminal()).unwrap_or(false),
         ..SpecView::default()
     };
@@ -381,6 +385,33 @@ mod tests {
         assert_eq!(with(&["CUDA_VERSION=11", "CUDA_VERSION="]), Ok(None), "the last CUDA_VERSION is empty");
         assert_eq!(with(&["CUDA_VERSIONX=1"]), Ok(None));
         assert_eq!(with(&["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_VISIBLE_DEVICES=,"]), Ok(None));
+    }
+
+    /// Rule (the toolkit hook's `getDriverCapabilities`): `NVIDIA_DRIVER_CAPABILITIES` set and
+    /// not empty gives what it lists (`all`: every capability; its last value counts); unset
+    /// in a legacy CUDA image, every capability; otherwise (unset, or empty) the default,
+    /// `compute,utility`: `compute` without `display`.
+    #[test]
+    fn the_hooks_driver_capabilities_are_read_as_the_toolkit_reads_them() {
+        let caps = |env: &[&str]| {
+            let mut s = spec(json!([]), json!([]));
+            s["hooks"] = json!({"prestart": [{"path": "/usr/bin/nvidia-container-runtime-hook"}]});
+            s["process"]["env"] = json!(env);
+            let view = parse(s.to_string().as_bytes(), &no_files).unwrap();
+            (view.hook_capabilities.compute, view.hook_capabilities.display)
+        };
+        let (none, compute, display, all) = ((false, false), (true, false), (false, true), (true, true));
+        assert_eq!(caps(&[]), compute, "unset: the default");
+        assert_eq!(caps(&["NVIDIA_DRIVER_CAPABILITIES="]), compute, "empty: the default");
+        assert_eq!(caps(&["NVIDIA_DRIVER_CAPABILITIES=utility"]), none);
+        assert_eq!(caps(&["NVIDIA_DRIVER_CAPABILITIES=compute,utility"]), compute);
+        assert_eq!(caps(&["NVIDIA_DRIVER_CAPABILITIES=graphics, display"]), display);
+        assert_eq!(caps(&["NVIDIA_DRIVER_CAPABILITIES=all"]), all);
+        assert_eq!(caps(&["NVIDIA_DRIVER_CAPABILITIES=all", "NVIDIA_DRIVER_CAPABILITIES=utility"]), none, "the last");
+        assert_eq!(caps(&["NVIDIA_DRIVER_CAPABILITIES=displayx,compute2"]), none, "names, not prefixes");
+        assert_eq!(caps(&["CUDA_VERSION=12.4.1"]), all, "a legacy image without it");
+        assert_eq!(caps(&["CUDA_VERSION=12.4.1", "NVIDIA_DRIVER_CAPABILITIES=utility"]), none);
+        assert_eq!(caps(&["CUDA_VERSION=12.4.1", "NVIDIA_DRIVER_CAPABILITIES="]), compute, "set, empty: the default");
     }
 
     /// Rule (toolkit's map of the environment, held when attacked from outside): the last

@@ -185,6 +185,30 @@ fn a_spec_that_names_its_devices_gets_no_other_passthrough_node() {
     assert_eq!(with(None), ["nvidiactl", "nvidia-uvm", "kfd"], "--host-dev alone");
 }
 
+/// Bug (found reading libnvidia-container, 2026-12-04): hook mode served `nvidia-modeset` and
+/// `nvidia-uvm` to every container asking the hook for GPUs, where the hook mounts
+/// `nvidia-uvm(-tools)` only with the `compute` driver capability and `nvidia-modeset` only
+/// with `display` (`nvc_mount.c`): a container asking for `utility` alone had two nodes the
+/// hook never gives it. The control nodes follow `NVIDIA_DRIVER_CAPABILITIES`; `nvidiactl` and
+/// the selected GPUs are given whatever it says.
+#[test]
+fn the_hooks_control_nodes_follow_its_driver_capabilities() {
+    use crate::family::table::HookCapabilities;
+    let with = |compute: bool, display: bool| {
+        let mut inp = full_dev_dir();
+        inp.spec = Some(SpecView {
+            hook: Some(Visible::Devices(vec![Selector::Index(1)])),
+            hook_capabilities: HookCapabilities { compute, display },
+            ..SpecView::default()
+        });
+        gpu_family_nodes(&build(&inp).unwrap()).into_iter().map(str::to_owned).collect::<Vec<_>>()
+    };
+    assert_eq!(with(false, false), ["nvidia1", "nvidiactl"], "utility alone");
+    assert_eq!(with(true, false), ["nvidia-uvm", "nvidia1", "nvidiactl"], "compute");
+    assert_eq!(with(false, true), ["nvidia-modeset", "nvidia1", "nvidiactl"], "display");
+    assert_eq!(with(true, true), ["nvidia-modeset", "nvidia-uvm", "nvidia1", "nvidiactl"], "all");
+}
+
 /// Bug (issue 29.3): with a device directory, a spec was given nodes runc never makes from
 /// it: one asking the hook for nothing (`void`, empty, `,`, the variable unset: no hook
 /// request) or listing no device got every `nvidiaN`, `nvidiactl`, `nvidia-uvm` and

@@ -86,7 +86,7 @@ impl Family for Amd {
     }
 
     /// No hook of AMD's adds a node: `kfd` is given only where the spec lists it.
-    fn hook_gives(&self, _rel_path: &str) -> bool {
+    fn hook_gives(&self, _rel_path: &str, _spec: &crate::inputs::spec::SpecView) -> bool {
         false
     }
 }

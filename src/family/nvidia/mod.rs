@@ -41,11 +41,17 @@ const PASSTHROUGH: &[&str] = &["nvidiactl", "nvidia-modeset", "nvidia-uvm", "nvi
 const CAPS_DIR: &str = "nvidia-caps";
 
 /// Whether the NVIDIA hook gives pass-through node `rel_path` to a container that asks for GPU
-/// support: the driver's control nodes. Not `nvidia-caps/*`, which the toolkit gives only for
-/// MIG devices (libnvidia-container's MIG capability mounts; the CDI spec's MIG devices), and
-/// devremap serves no MIG device.
-pub fn hook_control_node(rel_path: &str) -> bool {
-    PASSTHROUGH.contains(&rel_path)
+/// support with `capabilities`: `nvidiactl` always, `nvidia-uvm` and `nvidia-uvm-tools` with
+/// `compute`, `nvidia-modeset` with `display` ([`hook::Capabilities`]). Not `nvidia-caps/*`,
+/// which the toolkit gives only for MIG devices (libnvidia-container's MIG capability mounts;
+/// the CDI spec's MIG devices), and devremap serves no MIG device.
+pub fn hook_control_node(rel_path: &str, capabilities: hook::Capabilities) -> bool {
+    match rel_path {
+        "nvidiactl" => true,
+        "nvidia-uvm" | "nvidia-uvm-tools" => capabilities.compute,
+        "nvidia-modeset" => capabilities.display,
+        _ => false,
+    }
 }
 
 /// The NVIDIA family ([`super::NVIDIA`]).
@@ -108,9 +114,9 @@ impl Family for Nvidia {
     }
 
     /// The NVIDIA hook (`NVIDIA_VISIBLE_DEVICES`) gives the driver's control nodes whenever it
-    /// asks for GPU support, `none` included ([`hook_control_node`]).
-    fn hook_gives(&self, rel_path: &str) -> bool {
-        hook_control_node(rel_path)
+    /// asks for GPU support, `none` included, as its capabilities say ([`hook_control_node`]).
+    fn hook_gives(&self, rel_path: &str, spec: &crate::inputs::spec::SpecView) -> bool {
+        hook_control_node(rel_path, spec.hook_capabilities)
     }
 }
 
