@@ -225,6 +225,33 @@ pub fn write_atomic_told(
 /// the files replaced here, never through a symlink, and never a node, FIFO or directory
 /// that is there (refused, left as it is).
 pub fn create_log(path: &Path) -> Result<std::fs::File, WriteError> {
+    let file = open_log(path)?;
+    file.set_len(0).map_err(|source| WriteError { path: path.to_owned(), source })?;
+    Ok(file)
+}
+
+/// Opens the log file `path` for appending, as [`create_log`] does, keeping what it holds: a
+/// log that every start of a daemon opens (the node daemon's, which each wrapper that finds
+/// none answering starts), so that one start never empties the lines of the one before, nor
+/// of one racing it. Once over `keep` bytes, its lines are moved to `<path>.1` (replacing an
+/// older one; a daemon still writing there goes on) and a new file is begun: it never grows
+/// past about `keep` and one daemon's life.
+pub fn append_log(path: &Path, keep: u64) -> Result<std::fs::File, WriteError> {
+    let file = open_log(path)?;
+    if file.metadata().map_err(|source| WriteError { path: path.to_owned(), source })?.len() <= keep {
+        return Ok(file);
+    }
+    let mut older = path.as_os_str().to_owned();
+    older.push(".1");
+    // A rename moves the name alone: whatever was put at either since is not followed.
+    match std::fs::rename(path, &older) {
+        Ok(()) => open_log(path),
+        Err(_) => create_log(path),
+    }
+}
+
+/// `path` opened for appending, created if missing, refused unless a regular file of ours.
+fn open_log(path: &Path) -> Result<std::fs::File, WriteError> {
     let at = |source| WriteError { path: path.to_owned(), source };
     check_destination(path).map_err(at)?;
     // O_NONBLOCK: a FIFO put there since is not waited on (ENXIO without a reader).
@@ -236,7 +263,6 @@ pub fn create_log(path: &Path) -> Result<std::fs::File, WriteError> {
         .open(path)
         .map_err(at)?;
     check_mode(file.metadata().map_err(at)?.mode()).map_err(at)?;
-    file.set_len(0).map_err(at)?;
     Ok(file)
 }
 
@@ -276,6 +302,28 @@ pub fn remove_left_temporaries(path: &Path, pid: u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Bug (noticed in stop 45, left then): each wrapper that started a node daemon emptied
+    /// `node.log`, so a daemon's start lost the lines of the one before it (one that idled out,
+    /// or one racing it for the state dir). The log is appended to, and moved to `node.log.1`
+    /// once over its size; a symlink there is refused as before.
+    #[test]
+    fn a_shared_log_is_appended_to_and_moved_aside_once_large() {
+        use std::io::Write;
+        let dir = tempfile::TempDir::new().unwrap();
+        let path = dir.path().join("node.log");
+        writeln!(append_log(&path, 100).unwrap(), "first start").unwrap();
+        writeln!(append_log(&path, 100).unwrap(), "second start").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "first start\nsecond start\n");
+        std::fs::write(&path, "x".repeat(101)).unwrap();
+        writeln!(append_log(&path, 100).unwrap(), "third start").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "third start\n");
+        assert_eq!(std::fs::read_to_string(dir.path().join("node.log.1")).unwrap(), "x".repeat(101));
+        std::fs::remove_file(&path).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("node.log.1"), &path).unwrap();
+        assert!(append_log(&path, 100).is_err(), "a symlink is refused");
+        assert_eq!(std::fs::read_to_string(dir.path().join("node.log.1")).unwrap(), "x".repeat(101));
+    }
 
     /// Bug (attack A2 on issue 29.4): `record --output dir/out/` wrote a regular file `dir/out`
     /// (`Path::file_name` drops the slash): a path ending in `/` names a directory, refused.

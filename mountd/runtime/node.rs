@@ -59,12 +59,16 @@ fn node_failure(socket: &Path, e: ClientError) -> Failure {
     if e.busy() { Failure::Node(format!("{}: {e}", socket.display())) } else { Failure::Node(e.to_string()) }
 }
 
+/// How large `node.log` grows, over the daemons the wrappers start, before it is moved to
+/// `node.log.1` at the next start.
+const NODE_LOG_KEPT: u64 = 1 << 20;
+
 /// Starts `devremapd node` on the config's state dir and socket, detached (its own session, its
-/// log `<state_dir>/node.log`), and waits until it answers or exits (it lost the state dir to
+/// log `<state_dir>/node.log`, appended to), and waits until it answers or exits (it lost the state dir to
 /// another daemon, which answers then).
 fn start_daemon(config: &Config, devremapd: &Path, socket: &Path) -> Result<(), Failure> {
     devremap::runtime::container_daemon::ensure_private_dir(&config.state_dir)?;
-    let log = devremap::atomic::create_log(&config.state_dir.join("node.log"))?;
+    let log = devremap::atomic::append_log(&config.state_dir.join("node.log"), NODE_LOG_KEPT)?;
     let log2 = log
         .try_clone()
         .map_err(|e| Failure::at(config.state_dir.join("node.log").display(), devremap::io_message(&e)))?;
