@@ -39,6 +39,7 @@ use devremap::report::Failure;
 use devremap::served::adapter::Adapter;
 use devremap::served::devfs::Devfs;
 use devremap::served::lifecycle::{End, Event, Lifecycle, Notifier, PublishError, Session, Status, warnings};
+use devremap::served::takeover::Resumed;
 use fuser::{Config, SessionACL};
 use log::info;
 use nix::errno::Errno;
@@ -265,22 +266,23 @@ pub fn run(args: &MountArgs) -> Result<(), Failure> {
         loaders: Vec::new(),
     };
     let mut life = Lifecycle::new(devfs, loaded, Duration::from_secs(args.reload_timeout), notifier, server);
-    if let Some(resumed) = &resumed {
-        let previous = resume.previous_plan.as_deref().and_then(|p| Loaded::from_bytes(p.as_bytes()).ok());
+    let takeover = resumed.map(|resumed| Takeover {
+        resumed,
+        from: resume.from.clone(),
         // A server that loaded the inputs itself (an upgrade's) succeeded where the last error
         // (a refused reload, or upgrade) failed: as a successful reload, it clears it (issue
         // 29.7). One serving the dead server's plan keeps it: the inputs were not read.
-        let last_error = resume.last_error.clone().filter(|_| !loaded_now);
-        life.resumed(resumed, &resume.from, last_error, previous.as_ref());
-    }
+        last_error: resume.last_error.clone().filter(|_| !loaded_now),
+        previous: resume.previous_plan.as_deref().and_then(|p| Loaded::from_bytes(p.as_bytes()).ok()),
+    });
     // The lifecycle runs on the signal thread, beside the control socket and the signals; this
     // thread runs fuser's session (which answers on threads of its own and only waits for
     // them): a thread of its own per container was one only waiting (issue 31).
     let (done_tx, done) = mpsc::channel();
-    let (mountpoint, resumed) = (args.mountpoint.clone(), resumed.is_some());
+    let mountpoint = args.mountpoint.clone();
     signals.then(move |reader| {
         let _ending = EndSession(session_end);
-        let _ = done_tx.send(live(reader, &mut life, &mountpoint, &control, &rx, resumed));
+        let _ = done_tx.send(live(reader, &mut life, &mountpoint, &control, &rx, takeover));
     });
     // The start's deep calls (the flags' parser, the load) are over on this thread, which now
     // only waits: what they wrote of its stack goes back (docs/performance.md).
@@ -303,18 +305,36 @@ impl Drop for EndSession {
     }
 }
 
-/// The server's life on the signal thread: readiness, then serving until the keeper says the
-/// daemon stops, or retires us, or the session ends (the keeper closed the socket: an upgrade,
-/// its death). Until ready, every error goes to the keeper, which reports it as the error of
-/// the command the user ran (and `main` prints nothing more).
+/// What a server taking over is handed: the kernel's nodes as it kept them, and the last
+/// server's state.
+struct Takeover {
+    resumed: Resumed,
+    from: String,
+    last_error: Option<String>,
+    previous: Option<Loaded>,
+}
+
+/// The server's life on the signal thread: a takeover's invalidations, readiness, then serving
+/// until the keeper says the daemon stops, or retires us, or the session ends (the keeper
+/// closed the socket: an upgrade, its death). Until ready, every error goes to the keeper,
+/// which reports it as the error of the command the user ran (and `main` prints nothing more).
+///
+/// Bug (found from outside): the takeover was made on the main thread before it ran fuser's
+/// session, and its invalidations wait for the kernel, which waits for a lookup in flight in
+/// the same directory, which only the session answers: every successor hung until killed three
+/// times and the lookup answered EIO. It is made here, while the session answers.
 fn live(
     reader: &signals::Reader,
     life: &mut Lifecycle<Invalidator, Server>,
     mountpoint: &Path,
     control: &Arc<OwnedFd>,
     events: &Waking<Event>,
-    resumed: bool,
+    takeover: Option<Takeover>,
 ) -> Result<(), Failure> {
+    let resumed = takeover.is_some();
+    if let Some(t) = takeover {
+        life.resumed(&t.resumed, &t.from, t.last_error, t.previous.as_ref());
+    }
     if let Err(e) = become_ready(life, mountpoint, control, resumed) {
         tell(control, &Control::Failed(e.to_string()));
         return Err(Failure::Reported);

@@ -478,10 +478,10 @@ impl Reader {
         }
     }
 
-    /// Handles every signal pending; false once nobody takes their events, or the `signalfd`
-    /// fails.
+    /// Handles the signals pending, at most [`SIGNALS_PER_WAKE`] of them; false once nobody
+    /// takes their events, or the `signalfd` fails.
     fn take_pending(&self) -> bool {
-        loop {
+        for _ in 0..SIGNALS_PER_WAKE {
             match self.fd.read_signal() {
                 Ok(Some(info)) => {
                     if !(self.forward)(info.ssi_signo as i32) {
@@ -496,12 +496,39 @@ impl Reader {
                 }
             }
         }
+        true
     }
 }
+
+/// Signals handled per wake-up before the descriptors waited on beside them are looked at:
+/// real-time signals queue (up to the user's `RLIMIT_SIGPENDING`, about 100,000), and a
+/// sender that keeps the queue full kept a keeper's main thread reading them, its events
+/// (a server's death, its own stop) waiting for the flood's end (found from outside).
+const SIGNALS_PER_WAKE: usize = 64;
 
 #[cfg(test)]
 mod ignored_tests {
     use super::*;
+
+    /// Bug (found from outside, 2026-12-04, once a keeper read its signals on its main
+    /// thread): real-time signals queue (about 100,000 deep), and a wake-up read them until
+    /// none was left: a sender keeping the queue full kept the keeper's events (a server's
+    /// death, its own `SIGTERM`) waiting for the flood's end, 5 to 14 s. A wake-up handles at
+    /// most [`SIGNALS_PER_WAKE`], then the descriptors beside them are looked at.
+    #[test]
+    fn a_wake_up_handles_a_bounded_number_of_signals() {
+        let (events, taken) = mpsc::channel();
+        let reader = reader(events, Some, "").unwrap();
+        let sig = libc::SIGRTMIN() + 5;
+        for _ in 0..2 * SIGNALS_PER_WAKE + 1 {
+            // SAFETY: a real-time signal to this thread, which blocks it (`reader` did).
+            assert_eq!(unsafe { libc::pthread_kill(libc::pthread_self(), sig) }, 0);
+        }
+        for expected in [SIGNALS_PER_WAKE, SIGNALS_PER_WAKE, 1, 0] {
+            assert!(reader.take_pending());
+            assert_eq!(taken.try_iter().count(), expected);
+        }
+    }
 
     /// Bug (found from outside, 2026-12-04): the time left was rounded down to whole
     /// milliseconds, so under one millisecond before a deadline poll was asked to wait for

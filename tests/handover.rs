@@ -703,6 +703,55 @@ fn an_upgrade_asked_during_an_upgrade_runs_the_newest_binary() {
 /// now: with the file at the keeper's path replaced by bytes that are no program (a package
 /// upgrade half done), a killed server is replaced, and after a good upgrade a killed server
 /// is replaced by the upgraded binary even though the file on disk was replaced again since.
+/// Bug (found from outside, 2026-12-04, by the change that put a server's lifecycle on its
+/// signal thread): a server taking over made the takeover's invalidations (every name the
+/// kernel does not hold) before it ran fuser's session; an invalidation waits for the kernel,
+/// which waits for a lookup in flight in the same directory, which only the session answers.
+/// Each successor hung until killed, three of them, and the lookup answered EIO after a minute
+/// and a half. A crash and an upgrade while a process looks names up that were never cached
+/// (each lookup holding the directory's lock) take over at once, and no lookup fails.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn a_takeover_while_lookups_hold_the_directory_fails_none() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    need_fuse();
+    let inputs = Inputs::new();
+    let d = Daemon::start(&strs(&inputs.args(&["--server-timeout", "5"])));
+    let (mnt, done, lookups) = (d.path(""), Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+    let looking = {
+        let (done, lookups) = (done.clone(), lookups.clone());
+        std::thread::spawn(move || {
+            let mut failures = Vec::new();
+            while !done.load(Ordering::Relaxed) {
+                let n = lookups.fetch_add(1, Ordering::Relaxed);
+                match fs::symlink_metadata(mnt.join(format!("never-{n}"))) {
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    other => failures.push(format!("never-{n}: {other:?}")),
+                }
+            }
+            failures
+        })
+    };
+    let mut server = d.server_pid();
+    for handover in 1..=6 {
+        // Looking up meanwhile, so that a lookup is in flight at the handover.
+        let seen = lookups.load(Ordering::Relaxed);
+        wait_on(&d, "lookups", || (lookups.load(Ordering::Relaxed) > seen + 100).then_some(()));
+        if handover % 2 == 1 {
+            kill(server, libc::SIGKILL);
+        } else {
+            kill(d.child.id(), libc::SIGUSR2);
+        }
+        server = state_pid(&wait_new_server(&d, server, handover), "server_pid");
+    }
+    done.store(true, Ordering::Relaxed);
+    let failures = looking.join().unwrap();
+    assert_eq!(failures, Vec::<String>::new(), "{}", d.log_text());
+    assert!(!d.log_text().contains("hung"), "a successor was taken for hung:\n{}", d.log_text());
+    stop(d);
+}
+
 #[test]
 #[ignore = "needs root and /dev/fuse"]
 fn a_crash_restart_runs_the_binary_the_dead_server_ran() {
