@@ -119,8 +119,7 @@ fn mount_refuses_one_file_for_two_flags() {
 fn runtime_help_and_version_come_before_the_real_runtimes() {
     let tmp = TempDir::new().unwrap();
     let runtime = tmp.path().join("runtime");
-    fs::write(&runtime, "#!/bin/sh\necho \"runtime: $*\"\n").unwrap();
-    fs::set_permissions(&runtime, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    common::write_executable(&runtime, "#!/bin/sh\necho \"runtime: $*\"\n".as_bytes());
     let config = tmp.path().join("runtime.json");
     fs::write(&config, format!(r#"{{"runtime": "{}"}}"#, arg(&runtime))).unwrap();
     let version = env!("CARGO_PKG_VERSION");
@@ -153,8 +152,7 @@ fn runtime_help_and_version_come_before_the_real_runtimes() {
 fn marking_runtime(dir: &TempDir) -> (std::path::PathBuf, std::path::PathBuf) {
     let marker = dir.path().join("ran");
     let runtime = dir.path().join("runtime");
-    fs::write(&runtime, format!("#!/bin/sh\ntouch {}\n", arg(&marker))).unwrap();
-    fs::set_permissions(&runtime, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    common::write_executable(&runtime, format!("#!/bin/sh\ntouch {}\n", arg(&marker)).as_bytes());
     (marker, runtime)
 }
 

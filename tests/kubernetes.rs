@@ -86,8 +86,10 @@ impl Setup {
         fs::write(host.join("etc/containerd/config.toml"), containerd_config).unwrap();
         fs::create_dir_all(source.join("bin")).unwrap();
         fs::create_dir_all(source.join("containerd")).unwrap();
-        fs::copy(BIN, source.join("bin/devremapd")).unwrap();
-        fs::copy(env!("CARGO_BIN_EXE_devremap-runtime"), source.join("bin/devremap-runtime")).unwrap();
+        // Executed by node-setup: written by a child process (ETXTBSY otherwise).
+        common::write_executable(&source.join("bin/devremapd"), &fs::read(BIN).unwrap());
+        let runtime = fs::read(env!("CARGO_BIN_EXE_devremap-runtime")).unwrap();
+        common::write_executable(&source.join("bin/devremap-runtime"), &runtime);
         fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/dist/runtime.json"), source.join("runtime.json")).unwrap();
         fs::copy(ENTRY, source.join("containerd/devremap.toml")).unwrap();
         fs::create_dir_all(source.join("systemd")).unwrap();
@@ -107,8 +109,7 @@ esac
 "#,
             tmp.path().display()
         );
-        fs::write(&nsenter, script).unwrap();
-        fs::set_permissions(&nsenter, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        common::write_executable(&nsenter, script.as_bytes());
         Setup { _tmp: tmp, host, source, fake_bin }
     }
 

@@ -2076,8 +2076,7 @@ fn spares_refused_by_one_binary_are_tried_again_once_it_is_replaced() {
     let script = format!(
         "#!/bin/sh\ncase \"$1\" in parked|zygote) echo \"error: unrecognized subcommand '$1'\" >&2; exit 1;; esac\nexec {BIN} \"$@\"\n"
     );
-    fs::write(&refusing, script).unwrap();
-    fs::set_permissions(&refusing, fs::Permissions::from_mode(0o755)).unwrap();
+    common::write_executable(&refusing, script.as_bytes());
     fs::rename(&refusing, &program).unwrap();
     let init = Init::start();
     let mount = |id: &str| {

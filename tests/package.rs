@@ -225,8 +225,7 @@ fn scratch_root(dir: &Path) -> PathBuf {
     std::os::unix::fs::symlink("busybox", root.join("usr/bin/sh")).unwrap();
     for fake in ["systemctl", "deb-systemd-helper", "deb-systemd-invoke"] {
         let path = root.join("usr/sbin").join(fake);
-        fs::write(&path, format!("#!/bin/sh\necho \"{fake} $*\" >> /{ASKED}\n")).unwrap();
-        fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        common::write_executable(&path, format!("#!/bin/sh\necho \"{fake} $*\" >> /{ASKED}\n").as_bytes());
     }
     root
 }

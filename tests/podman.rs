@@ -40,12 +40,11 @@ impl Podman {
         // environment, and Podman's cleanup process (conmon's exit command, which deletes the
         // container) passes no `--runtime-flag`, so only the default path or such a script reach
         // every call. A flag alone left the container's directory behind at `podman stop`.
-        let script = common::write_file(
-            dir,
-            "devremap-runtime",
-            format!("#!/bin/sh\nexec {WRAPPER} --devremap-config={} \"$@\"\n", wrapper_config.display()),
+        let script = dir.join("devremap-runtime");
+        common::write_executable(
+            &script,
+            format!("#!/bin/sh\nexec {WRAPPER} --devremap-config={} \"$@\"\n", wrapper_config.display()).as_bytes(),
         );
-        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
         common::write_file(dir, "containers.conf", conf.replace(WRAPPER, arg(&script)));
         // The NVIDIA toolkit's hook config (its `oci-nvidia-hook.json`): a prestart hook for
         // every container, which gives GPUs where `NVIDIA_VISIBLE_DEVICES` asks.

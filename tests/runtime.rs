@@ -166,8 +166,8 @@ impl Setup {
     fn marking_runtime(&self, status: u8) -> PathBuf {
         let ran = self.tmp.path().join("runtime-ran");
         let script = format!("#!/bin/sh\ntouch {}\nexit {status}\n", ran.display());
-        let runtime = write_file(self.tmp.path(), "mark.sh", script);
-        fs::set_permissions(&runtime, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let runtime = self.tmp.path().join("mark.sh");
+        common::write_executable(&runtime, script.as_bytes());
         self.set_config("runtime", arg(&runtime));
         ran
     }
@@ -180,20 +180,19 @@ impl Setup {
         let dev = self.state_dir().join(id).join("dev");
         let paths: Vec<String> = names.iter().map(|n| arg(&dev.join(n)).to_owned()).collect();
         let script = format!("#!/bin/sh\nstat -c '%n %t:%T %a' {} > {}\nexit 1\n", paths.join(" "), arg(&out));
-        let runtime = write_file(self.tmp.path(), "probe.sh", script);
-        fs::set_permissions(&runtime, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let runtime = self.tmp.path().join("probe.sh");
+        common::write_executable(&runtime, script.as_bytes());
         self.set_config("runtime", arg(&runtime));
         out
     }
 
     /// Makes the real runtime a script that hangs in `create` and knows no containers.
     fn hanging_runtime(&self) {
-        let hang = write_file(
-            self.tmp.path(),
-            "hang.sh",
-            "#!/bin/sh\ncase \"$*\" in *create*) exec sleep 600;; esac\nexit 1\n",
+        let hang = self.tmp.path().join("hang.sh");
+        common::write_executable(
+            &hang,
+            "#!/bin/sh\ncase \"$*\" in *create*) exec sleep 600;; esac\nexit 1\n".as_bytes(),
         );
-        fs::set_permissions(&hang, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
         self.set_config("runtime", arg(&hang));
     }
 }
@@ -229,15 +228,11 @@ fn runtime_binary(runtime: Runtime, dir: &Path) -> PathBuf {
     if runtime != Runtime::Crun || !is_mount_point(Path::new(HYBRID_UNIFIED)) {
         return bin;
     }
-    let script = write_file(
-        dir,
-        "crun.sh",
-        format!(
+    let script = dir.join("crun.sh");
+    common::write_executable(&script, format!(
             "#!/bin/sh\nexec unshare -m --propagation private sh -c 'umount {HYBRID_UNIFIED} && exec \"$0\" \"$@\"' {} \"$@\"\n",
             bin.display()
-        ),
-    );
-    fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        ).as_bytes());
     script
 }
 
@@ -388,16 +383,16 @@ fn a_runtime_that_outlives_its_container_still_leaves_nothing() {
     let s = Setup::new(Runtime::Runc, json!({"devremap.io/enable": "true"}));
     // runc, then a while before it exits: the keeper is gone well before the runtime is.
     let runc = Runtime::Runc.binary().unwrap();
-    let lingering = write_file(
-        s.tmp.path(),
-        "lingering-runc.sh",
+    let lingering = s.tmp.path().join("lingering-runc.sh");
+    common::write_executable(
+        &lingering,
         format!(
             "#!/bin/sh
 {} \"$@\"; status=$?; sleep 1; exit $status\n",
             runc.display()
-        ),
+        )
+        .as_bytes(),
     );
-    fs::set_permissions(&lingering, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     s.set_config("runtime", arg(&lingering));
     let id = format!("wrapped-linger-{}", std::process::id());
     let _delete = Deleting(&s, id.clone());

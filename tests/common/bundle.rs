@@ -250,8 +250,7 @@ pub fn nvidia_hook(config: &mut Value, dir: &Path, visible: Option<&str>) {
 /// would run the toolkit's, and a client that adds the hook finds it where it looks.
 pub fn nvidia_hook_script(dir: &Path) -> PathBuf {
     let hook = dir.join("nvidia-container-runtime-hook");
-    fs::write(&hook, "#!/bin/sh\ncat > /dev/null\n").unwrap();
-    fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    super::write_executable(&hook, b"#!/bin/sh\ncat > /dev/null\n");
     hook
 }
 

@@ -136,6 +136,22 @@ pub fn plan_error(args: &[&str], needle: &str) -> String {
 }
 
 /// Makes a char device at `path` with mode `mode` (umask not applied).
+/// Writes the executable `path` (mode 0755) with `content` from a child process: a descriptor
+/// open for writing in the test process would be inherited by a child another test thread
+/// forks meanwhile, and executing the file would fail with ETXTBSY ("Text file busy") until
+/// that child execs (found in CI: node-setup could not run its copy of devremapd).
+pub fn write_executable(path: &Path, content: &[u8]) {
+    use std::io::Write;
+    let mut sh = Command::new("/bin/sh")
+        .args(["-c", "cat > \"$0\" && chmod 755 \"$0\"", arg(path)])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("/bin/sh runs");
+    sh.stdin.as_mut().unwrap().write_all(content).unwrap();
+    drop(sh.stdin.take());
+    assert!(sh.wait().unwrap().success(), "writing {}", path.display());
+}
+
 pub fn mknod_char(path: &Path, (major, minor): (u32, u32), mode: u32) {
     let c = CString::new(path.as_os_str().as_bytes()).expect("no NUL in a temp path");
     // SAFETY: `c` is a valid NUL-terminated path; mknod only reads it.
