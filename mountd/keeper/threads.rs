@@ -164,24 +164,21 @@ pub(super) fn read_server(link: &Arc<Link>, sockets: &ServerSockets, _done: Read
     let invalidations = Invalidations::new(link.clone(), control.clone());
     let (mut relay_open, mut control_open) = (true, true);
     while relay_open || control_open {
-        let mut fds = Vec::with_capacity(2);
-        if relay_open {
-            fds.push(PollFd::new(relay.as_fd(), PollFlags::POLLIN));
-        }
-        if control_open {
-            fds.push(PollFd::new(control.as_fd(), PollFlags::POLLIN));
-        }
-        match poll(&mut fds, PollTimeout::NONE) {
+        let mut fds = [PollFd::new(relay.as_fd(), PollFlags::POLLIN), PollFd::new(control.as_fd(), PollFlags::POLLIN)];
+        // A socket at its end is polled no more (it would say so for ever); no allocation on
+        // a reply's way.
+        let (from, to) = (usize::from(!relay_open), 1 + usize::from(control_open));
+        match poll(&mut fds[from..to], PollTimeout::NONE) {
             Ok(_) => {}
             Err(Errno::EINTR) => continue,
             Err(_) => break,
         }
-        let ready: Vec<bool> = fds.iter().map(|fd| fd.revents().is_some_and(|r| !r.is_empty())).collect();
-        let mut ready = ready.into_iter();
-        if relay_open && ready.next() == Some(true) {
+        let ready = |i: usize| fds[i].revents().is_some_and(|r| !r.is_empty());
+        let (reply, message) = (relay_open && ready(0), control_open && ready(1));
+        if reply {
             relay_open = pass_reply(link, *epoch, relay, passing, &mut buf);
         }
-        if control_open && ready.next() == Some(true) {
+        if message {
             control_open = on_control(link, *epoch, control, &mut plan, &invalidations);
         }
     }
