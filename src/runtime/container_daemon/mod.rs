@@ -25,6 +25,7 @@ use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
+use std::time::{Duration, Instant};
 
 /// What to do about a refused state dir, said after every refusal: the operator's fix.
 const FIX: &str =
@@ -125,6 +126,11 @@ fn wait_lock_dir(dir: &Path) -> Result<Lock, DaemonError> {
     lock_dir(dir, true)?.ok_or(DaemonError::Lock { path: dir.to_owned(), errno: Errno::EWOULDBLOCK })
 }
 
+/// How long a busy container directory is given to be let go before [`Container::found`] calls
+/// it busy, and how often it is looked at meanwhile.
+const LET_GO_PATIENCE: Duration = Duration::from_millis(500);
+const LET_GO_POLL: Duration = Duration::from_millis(5);
+
 /// What a container directory found in the state dir is to the front end that finds it.
 pub enum Found {
     /// A front end is setting it up, or running its container in the foreground.
@@ -186,12 +192,26 @@ impl Container {
     }
 
     /// What this existing directory is to a front end of runtime root `root` (under the state
-    /// dir's lock).
+    /// dir's lock). Another root's is said to be so, busy or not: its `runtime-root` was written
+    /// under both locks, so it is there and final. A busy one is given [`LET_GO_PATIENCE`] to be
+    /// let go, since a node daemon lets a wrapper's lock go when the runtime that replaced the
+    /// wrapper exits, which it sees a moment after that runtime's caller does (found in CI, on a
+    /// busy machine: a `create` under another root, made as the first `create` returned, was
+    /// told the id was being set up; a foreground `run` of an id just run could be refused).
     pub fn found(&self, root: Option<&str>) -> Result<Found, DaemonError> {
-        if self.is_busy()? {
-            return Ok(Found::Busy);
+        if let Some(theirs) = self.other_root(root) {
+            return Ok(Found::OtherRoot(theirs));
         }
-        Ok(self.other_root(root).map_or(Found::Idle, Found::OtherRoot))
+        let deadline = Instant::now() + LET_GO_PATIENCE;
+        while self.is_busy()? {
+            if Instant::now() >= deadline {
+                return Ok(Found::Busy);
+            }
+            // flock has no timed wait; the state dir's lock this is called under keeps every
+            // other front end out meanwhile, so the wait is short.
+            std::thread::sleep(LET_GO_POLL);
+        }
+        Ok(Found::Idle)
     }
 
     /// Marks this container's daemon as the node daemon's (issue 31), which tears its
@@ -466,5 +486,36 @@ mod tests {
         assert!(!dir.exists());
         assert_eq!(fs::read_to_string(outside.join("kept")).unwrap(), "kept");
         assert_eq!(remove_within_its_mount(&dir).unwrap_err().kind(), io::ErrorKind::NotFound);
+    }
+
+    /// Bug (CI, a busy machine): a node daemon lets a wrapper's lock go only when it sees the
+    /// runtime that replaced the wrapper exit, a moment after that runtime's caller sees it; a
+    /// front end that looked once in that moment refused the id as being set up. A directory
+    /// let go within the patience is idle; one held beyond it is busy.
+    #[test]
+    fn a_directory_let_go_a_moment_later_is_idle_and_one_held_is_busy() {
+        let tmp = tempfile::tempdir().unwrap();
+        let c = Container::new(tmp.path(), "c1");
+        let held = c.prepare(None).unwrap();
+        let letting_go = std::thread::spawn(move || {
+            std::thread::sleep(LET_GO_PATIENCE / 5);
+            drop(held);
+        });
+        assert!(matches!(c.found(None).unwrap(), Found::Idle));
+        letting_go.join().unwrap();
+
+        let _held = wait_lock_dir(&c.dir).unwrap();
+        assert!(matches!(c.found(None).unwrap(), Found::Busy));
+    }
+
+    /// Rule: a directory of another runtime root is said to be so, busy or not (ids are unique
+    /// per root only): the refusal names the root, not a front end setting the id up.
+    #[test]
+    fn another_roots_directory_is_named_busy_or_not() {
+        let tmp = tempfile::tempdir().unwrap();
+        let c = Container::new(tmp.path(), "c1");
+        let _held = c.prepare(Some("/run/theirs")).unwrap();
+        assert!(matches!(c.found(Some("/run/mine")).unwrap(), Found::OtherRoot(r) if r == "/run/theirs"));
+        assert!(matches!(c.found(None).unwrap(), Found::OtherRoot(r) if r == "/run/theirs"));
     }
 }
