@@ -2164,3 +2164,44 @@ fn a_mount_waits_for_the_spare_being_kept() {
     ask(&fleet.socket(), &Request::Unmount { id }, ASK).expect("unmount");
     wait_for("the keeper to exit", || has_exited(spare).then_some(()));
 }
+
+/// Bug (found from outside): a start that failed once the process that asked for it was gone
+/// (a runtime killed as its container started, once in 20) left the container's directory
+/// until `delete --force`: the front end that asks undoes a start that failed, and it was gone.
+/// The node daemon tears the directory down once that process has exited. Here the asker has
+/// let go of its lock and exited before its start fails (its spec cannot be read).
+#[test]
+#[ignore = "needs root, /dev/fuse and runc"]
+fn a_failed_start_whose_asker_is_gone_leaves_no_directory() {
+    need_containers(Runtime::Runc);
+    let fleet = Fleet::new();
+    let service = Service::start(&fleet, &fleet.state_dir().join("node.pid"), &[]);
+    let id = format!("orphaned-{}", std::process::id());
+    let mut asker = Init::start();
+    let (request, mine) = mount_request(&fleet, &id, &[0], &asker).unwrap();
+    let Request::Mount(m) = &request else { unreachable!() };
+    fs::write(&m.spec, "{").unwrap();
+    drop(mine);
+    asker.end();
+
+    let refused = ask_passing(&fleet.socket(), &request, None, ASK).unwrap_err().to_string();
+    assert!(refused.contains(&format!("container {id}")), "{refused}");
+    let dir = fleet.state_dir().join(&id);
+    wait_for_or(
+        "the node daemon to remove the failed start's directory",
+        || {
+            format!(
+                "{}: {:?}",
+                dir.display(),
+                fs::read_dir(&dir).map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
+            )
+        },
+        || (!dir.exists()).then_some(()),
+    );
+    // Logged once removed.
+    let said = format!(
+        "container {id}: its start failed and the process that asked for it (pid {}) exited; torn down",
+        m.owner_pid
+    );
+    wait_for_or("the teardown's line", || service.log(&fleet), || service.log(&fleet).contains(&said).then_some(()));
+}

@@ -358,11 +358,14 @@ impl Node {
 
     fn exited(self: &Arc<Self>, pid: u32) {
         let Some(id) = self.registry.lock().exited(pid) else { return };
+        self.tear_down_apart(id, format!("its keeper (pid {pid}) exited"));
+    }
+
+    /// [`Node::tear_down`] on a thread of its own: the state dir's lock may be held by a
+    /// wrapper setting a container up, and the caller must not wait for it.
+    fn tear_down_apart(self: &Arc<Self>, id: String, why: String) {
         let node = self.clone();
-        // The state dir's lock may be held by a wrapper setting a container up: not here.
-        let _ = std::thread::Builder::new().name("teardown".into()).spawn(move || {
-            node.tear_down(&id, &format!("its keeper (pid {pid}) exited"));
-        });
+        let _ = std::thread::Builder::new().name("teardown".into()).spawn(move || node.tear_down(&id, &why));
     }
 
     /// Removes container `id`'s directory, unless a front end holds it or a new start of the id
@@ -475,7 +478,7 @@ impl Node {
     /// Starts container `m.id`'s keeper. `hold` is the wrapper's lock on the container's
     /// directory: kept until the wrapper, which the runtime replaces, has exited, so that until
     /// the runtime knows the container no other wrapper takes the directory for a leftover.
-    fn mount(&self, m: MountRequest, hold: Option<OwnedFd>) -> Result<Value, String> {
+    fn mount(self: &Arc<Self>, m: MountRequest, hold: Option<OwnedFd>) -> Result<Value, String> {
         let container = self.container(&m.id)?;
         let theirs = m.state_dir.canonicalize().unwrap_or_else(|_| m.state_dir.clone());
         if theirs != self.state_dir {
@@ -523,6 +526,18 @@ impl Node {
             Err(e) => {
                 self.registry.lock().failed(&m.id, serial);
                 warn!("container {}: not served: {e}", m.id);
+                // The front end that asked undoes its half-made start, unless it is gone (found
+                // from outside: a runtime killed as its container started left the directory
+                // until `delete --force`, once in 20): once the process that asked has exited,
+                // what it left is torn down here, if no start of the id holds it by then.
+                if !m.until_unmount {
+                    // Ours let go first: the exit may be seen before this returns.
+                    drop(hold);
+                    let (node, id) = (self.clone(), m.id.clone());
+                    let why =
+                        format!("its start failed and the process that asked for it (pid {}) exited", m.owner_pid);
+                    self.exits.watch(m.owner_pid, Box::new(move || node.tear_down_apart(id, why)));
+                }
                 Err(format!("container {}: {e}", m.id))
             }
         }
