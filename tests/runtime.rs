@@ -1022,6 +1022,87 @@ fn one_id_under_two_runtime_roots() {
     assert!(s.run(&["state", &id]).status.success());
 }
 
+/// Bug (found from outside): the runtime resolves a relative `--root` against its working
+/// directory, but the wrapper recorded and compared it as typed, so `--root rr` from two
+/// directories was taken for one root: the second `create` of an id, finding the first's
+/// container unknown to its own runc, took its directory for a leftover and tore down the
+/// running container's `/dev` (7 times in 7). Now roots are keyed absolute and cleaned: the
+/// second is refused, naming the first's root, and the same root spelled otherwise is one.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs a container"]
+fn a_relative_runtime_root_is_the_callers() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Setup::new(Runtime::Runc, json!({"devremap.io/enable": "true"}));
+    let id = format!("wrapped-relative-{}", std::process::id());
+    let bundle = arg(s.bundle.dir()).to_owned();
+    let (a, b) = (s.tmp.path().join("a"), s.tmp.path().join("b"));
+    fs::create_dir(&a).unwrap();
+    fs::create_dir(&b).unwrap();
+    let run_in = |dir: &Path, args: &[&str]| {
+        let err_path = s.tmp.path().join("wrapper.stderr");
+        let status = s
+            .wrapper(&[&["--root", "rr"], args].concat())
+            .current_dir(dir)
+            .stdout(append(&s.bundle.dir().join("stdout")))
+            .stderr(fs::File::create(&err_path).unwrap())
+            .status()
+            .unwrap();
+        Ran { status, stderr: fs::read_to_string(&err_path).unwrap() }
+    };
+    struct DeleteIn<'a>(&'a dyn Fn(&Path, &[&str]) -> Ran, &'a Path, &'a str);
+    impl Drop for DeleteIn<'_> {
+        fn drop(&mut self) {
+            (self.0)(self.1, &["delete", "--force", self.2]);
+        }
+    }
+    let _delete = DeleteIn(&run_in, &a, &id);
+    let out = run_in(&a, &["create", "--bundle", &bundle, &id]);
+    assert_ok(&out, "create", &s, &id);
+    let dir = s.state_dir().join(&id);
+    let daemon = s.daemon_pid(&id);
+
+    let out = run_in(&b, &["create", "--bundle", &bundle, &id]);
+    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
+    let theirs = format!("runtime root {:?}", arg(&a.join("rr")));
+    assert!(out.stderr.contains(&theirs), "{}", out.stderr);
+    assert!(alive(daemon) && is_mounted(&dir.join("dev")), "the running container's daemon is left alone");
+    assert!(fs::read_dir(dir.join("dev")).is_ok(), "and its /dev answers");
+
+    // The same root, spelled otherwise: the runtime's own refusal, not another root's.
+    let out = s.run(&["--root", &format!("{}/./rr/", arg(&a)), "create", "--bundle", &bundle, &id]);
+    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
+    assert!(!out.stderr.contains("runtime root"), "{}", out.stderr);
+    assert!(alive(daemon) && is_mounted(&dir.join("dev")));
+}
+
+/// Bug (found from outside): a node daemon removes a container's directory a moment after the
+/// runtime's caller has seen the container go (its keeper sees the init exit, then the runtime
+/// holding the lock), and a `create` of the id under another runtime root in that moment was
+/// refused as in use by the first root's container (16 times in 20 after a foreground `run`).
+/// Now such a claim looks again for a moment, with the state dir's lock let go, and the
+/// directory's removal lets it through.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs containers"]
+fn an_id_is_free_for_another_root_as_soon_as_its_container_is_gone() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Setup::new(Runtime::Runc, json!({"devremap.io/enable": "true"}));
+    let id = format!("wrapped-handed-on-{}", std::process::id());
+    let bundle = arg(s.bundle.dir()).to_owned();
+    let other = s.tmp.path().join("other-root");
+    fs::write(s.bundle.xchg().join("go"), "").unwrap();
+    for round in 0..5 {
+        let out = s.run(&["run", "--bundle", &bundle, &id]);
+        assert_ok(&out, &format!("round {round}: run"), &s, &id);
+        let out = s.run(&["--root", arg(&other), "create", "--bundle", &bundle, &id]);
+        assert_ok(&out, &format!("round {round}: create under another root"), &s, &id);
+        let out = s.run(&["--root", arg(&other), "delete", "--force", &id]);
+        assert_ok(&out, &format!("round {round}: delete"), &s, &id);
+        s.wait_gone(&id);
+    }
+}
+
 /// Bug (found from outside): a bundle whose `config.json` is a symlink (runc follows it) lost
 /// the link when the wrapper patched the spec in place; then such specs were refused. Now the
 /// caller's spec is never written: a linked spec runs as runc runs it, and the link stays.

@@ -84,15 +84,23 @@ impl Keeper<'_> {
         }
     }
 
-    /// Tells the server that the daemon stops (it removes the state file) and waits a little
-    /// for it; kills whatever is left. A state file no server removed (none was serving, or it
+    /// Tells a ready server that the daemon stops (it removes the state file) and waits a
+    /// little for it; kills whatever is left. A state file no server removed (none was serving, or it
     /// was stopped and killed) is removed here if it is still a file one of them wrote (the
     /// temporary file a killed one left goes as it is reaped, [`super::procs::reap`]).
     fn end_servers(&mut self) {
+        let ready = self.machine.current_ready();
         if let Some(p) = self.machine.current().and_then(|epoch| self.procs.remove(&epoch)) {
-            p.tell(&Control::Stop);
-            // It removes the state file and exits; whatever is left then is killed.
-            devremap::pidfd::exits_within(p.pid(), Duration::from_secs(2));
+            // A ready one removes its state file and exits; whatever is left then is killed.
+            // One not ready has no state file of its own (one it was writing is known here, and
+            // removed below) and may be waiting for the mount to answer, which it no longer
+            // does: it would read the stop only once that wait gave up (found from outside: a
+            // stop just after the mount took 2 s, and a node daemon held the killed wrapper's
+            // lock on the container's directory meanwhile).
+            if ready {
+                p.tell(&Control::Stop);
+                devremap::pidfd::exits_within(p.pid(), Duration::from_secs(2));
+            }
             self.kill(p);
         }
         let rest: Vec<Proc> = self.procs.drain().map(|(_, p)| p).chain(self.leaving.drain(..)).collect();

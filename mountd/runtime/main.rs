@@ -55,7 +55,14 @@ fn main() -> ExitCode {
     // Arguments that are not UTF-8 are carried through, each byte standing in (issue 17.8).
     let argv: Option<Vec<String>> = std::env::args_os().skip(1).map(|a| osarg::encode(&a)).collect();
     // The command line, decoded once: everything below acts on what it says.
-    let inv = argv::decode(argv.as_deref().unwrap_or_default());
+    let mut inv = argv::decode(argv.as_deref().unwrap_or_default());
+    // The runtime resolves a relative `--root` against its working directory, which is ours:
+    // recorded and compared so. A directory that cannot be named leaves it as given.
+    if let (Some(root), Some(cwd)) =
+        (&inv.global.root, std::env::current_dir().ok().and_then(|d| osarg::encode(d.as_os_str())))
+    {
+        inv.global.root = Some(argv::absolute_root(root, &cwd));
+    }
     // `--help`, `--version`: our lines first, then the real runtime's (run below, unchanged).
     if let Some(ask) = devremap::runtime::about::asked(&inv.line) {
         let text = devremap::runtime::about::text(ask, std::env::var_os(config::ENV).as_deref());

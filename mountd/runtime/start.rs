@@ -187,13 +187,11 @@ fn devremapd_path(config: &Config) -> Result<PathBuf, Failure> {
 /// uses. Replaces this process with the runtime when the runtime already knows the id (it
 /// refuses it in its own words).
 fn claim(config: &Config, inv: &Invocation, container: &Container) -> Result<Lock, Failure> {
-    let lock = container.lock_state_dir()?;
-    if !container.exists() {
-        return Ok(lock);
-    }
+    let (lock, found) = container.claim(inv.global.root.as_deref())?;
+    let Some(found) = found else { return Ok(lock) };
     let id = container.dir.file_name().unwrap_or_default().to_string_lossy().into_owned();
     let refused = |what: String| Err(Failure::Container { id: id.clone(), what });
-    match container.found(inv.global.root.as_deref())? {
+    match found {
         Found::Busy => refused("another devremap-runtime is setting it up or running it".into()),
         Found::OtherRoot(theirs) => refused(format!(
             "the id is in use by a devremap container of runtime root {theirs:?} (ids are unique per root only)"

@@ -24,6 +24,10 @@ pub enum ClientError {
     NoAnswer { socket: PathBuf },
     #[error("{}: the node daemon {source}", socket.display())]
     Protocol { socket: PathBuf, source: ProtocolError },
+    /// The daemon took the connection and did not answer in time: stopped (`SIGSTOP`, a
+    /// debugger), or stuck. What it did with the request is not known.
+    #[error("{}: the node daemon did not answer within {} s (stopped, or stuck?)", socket.display(), timeout.as_secs_f64())]
+    Timeout { socket: PathBuf, timeout: Duration },
     #[error(transparent)]
     Unsendable(ProtocolError),
     /// The daemon's own refusal, in its words.
@@ -57,7 +61,14 @@ pub fn ask_passing(
     pass: Option<BorrowedFd>,
     timeout: Duration,
 ) -> Result<serde_json::Value, ClientError> {
-    let io = |source| ClientError::Io { socket: socket.to_owned(), source };
+    // A read or write that timed out says so (found from outside: a stopped daemon left a
+    // start waiting its minute, then said "resource temporarily unavailable").
+    let io = |source: io::Error| match source.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+            ClientError::Timeout { socket: socket.to_owned(), timeout }
+        }
+        _ => ClientError::Io { socket: socket.to_owned(), source },
+    };
     let line = protocol::request_line(request).map_err(ClientError::Unsendable)?;
     let stream = UnixStream::connect(socket).map_err(|source| match source.kind() {
         io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused => {
@@ -134,5 +145,22 @@ mod tests {
         let e = ask(&socket, &request, Duration::from_secs(60)).unwrap_err();
         daemon.join().unwrap();
         assert!(e.busy(), "{e}");
+    }
+
+    /// Bug (found from outside): a daemon that took the connection and never answered (it was
+    /// stopped) made the client say "resource temporarily unavailable" after its wait; it says
+    /// that the daemon did not answer, and in how long.
+    #[test]
+    fn a_daemon_that_does_not_answer_is_said_to_be_silent() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let socket = dir.path().join("node.sock");
+        // Listening, never accepting: the connection is taken by the kernel's backlog.
+        let _listener = UnixListener::bind(&socket).unwrap();
+        let e = ask(&socket, &Request::List, Duration::from_millis(100)).unwrap_err();
+        assert!(matches!(e, ClientError::Timeout { .. }), "{e:?}");
+        assert!(
+            e.to_string().ends_with("node.sock: the node daemon did not answer within 0.1 s (stopped, or stuck?)"),
+            "{e}"
+        );
     }
 }

@@ -362,6 +362,30 @@ impl Line {
     }
 }
 
+/// `--root` as the runtime takes it: against `cwd` when relative (runc's `filepath.Abs`),
+/// cleaned of `.`, `..` and repeated `/` as Go's `filepath.Clean` does, so that one root is one
+/// key however it is spelled, and two roots spelled alike from two directories are two keys
+/// (found from outside: `--root rr` from two directories was taken for one root, and the second
+/// `create` of an id tore down the first's running container's `/dev`). Lexical: the root may
+/// not exist yet (the runtime makes it). The empty root (the runtime's default) stays empty.
+pub fn absolute_root(root: &str, cwd: &str) -> String {
+    if root.is_empty() {
+        return String::new();
+    }
+    let joined = if root.starts_with('/') { root.to_owned() } else { format!("{cwd}/{root}") };
+    let mut parts: Vec<&str> = Vec::new();
+    for part in joined.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            part => parts.push(part),
+        }
+    }
+    format!("/{}", parts.join("/"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -582,5 +606,18 @@ mod tests {
         for bad in ["", ".", "..", "a/b", "../x", "a b", "é"] {
             assert_eq!(ContainerId::new(bad), Err(BadId(bad.into())));
         }
+    }
+
+    /// Rule (found from outside): a runtime root is one key however it is spelled, and a
+    /// relative one is resolved against the caller's directory, as the runtime resolves it.
+    #[test]
+    fn a_runtime_root_is_keyed_as_the_runtime_resolves_it() {
+        assert_eq!(absolute_root("rr", "/tmp/a"), "/tmp/a/rr");
+        assert_eq!(absolute_root("rr", "/tmp/b"), "/tmp/b/rr");
+        assert_eq!(absolute_root("/tmp/a/rr/", "/"), "/tmp/a/rr");
+        assert_eq!(absolute_root("./x/../rr//", "/tmp/a/"), "/tmp/a/rr");
+        assert_eq!(absolute_root("../../..", "/tmp/a"), "/");
+        assert_eq!(absolute_root("/run/containerd/runc/k8s.io", "/somewhere"), "/run/containerd/runc/k8s.io");
+        assert_eq!(absolute_root("", "/tmp/a"), "");
     }
 }

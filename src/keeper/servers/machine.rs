@@ -233,6 +233,11 @@ impl Machine {
     pub fn current(&self) -> Option<u64> {
         self.state.current().map(|s| s.epoch)
     }
+
+    /// Whether the current server has said it is ready (it serves, and wrote its state file).
+    pub fn current_ready(&self) -> bool {
+        self.state.current().is_some_and(|s| s.ready)
+    }
 }
 
 impl State {

@@ -126,8 +126,8 @@ fn wait_lock_dir(dir: &Path) -> Result<Lock, DaemonError> {
     lock_dir(dir, true)?.ok_or(DaemonError::Lock { path: dir.to_owned(), errno: Errno::EWOULDBLOCK })
 }
 
-/// How long a busy container directory is given to be let go before [`Container::found`] calls
-/// it busy, and how often it is looked at meanwhile.
+/// How long a busy container directory, or another root's, is given to be let go or removed
+/// before [`Container::claim`] says what it is, and how often it is looked at meanwhile.
 const LET_GO_PATIENCE: Duration = Duration::from_millis(500);
 const LET_GO_POLL: Duration = Duration::from_millis(5);
 
@@ -193,25 +193,37 @@ impl Container {
 
     /// What this existing directory is to a front end of runtime root `root` (under the state
     /// dir's lock). Another root's is said to be so, busy or not: its `runtime-root` was written
-    /// under both locks, so it is there and final. A busy one is given [`LET_GO_PATIENCE`] to be
-    /// let go, since a node daemon lets a wrapper's lock go when the runtime that replaced the
-    /// wrapper exits, which it sees a moment after that runtime's caller does (found in CI, on a
-    /// busy machine: a `create` under another root, made as the first `create` returned, was
-    /// told the id was being set up; a foreground `run` of an id just run could be refused).
+    /// under both locks, so it is there and final.
     pub fn found(&self, root: Option<&str>) -> Result<Found, DaemonError> {
         if let Some(theirs) = self.other_root(root) {
             return Ok(Found::OtherRoot(theirs));
         }
+        Ok(if self.is_busy()? { Found::Busy } else { Found::Idle })
+    }
+
+    /// Locks the state dir for a front end of runtime root `root` claiming this id, and says
+    /// what its directory is ([`Container::found`]; `None`: there is none). A busy directory,
+    /// or another root's, is looked at again for up to [`LET_GO_PATIENCE`], with the state
+    /// dir's lock let go in between: a node daemon lets a wrapper's lock go when the runtime
+    /// that replaced the wrapper exits, and removes a directory once its container is gone (under
+    /// the state dir's lock), each a moment after the runtime's caller has seen the runtime exit
+    /// (found in CI, on a busy machine, and from outside: a `create` under another root, made as
+    /// the first `create` or a foreground `run` of the id returned, was refused, 16 times in 20).
+    pub fn claim(&self, root: Option<&str>) -> Result<(Lock, Option<Found>), DaemonError> {
         let deadline = Instant::now() + LET_GO_PATIENCE;
-        while self.is_busy()? {
-            if Instant::now() >= deadline {
-                return Ok(Found::Busy);
+        loop {
+            let lock = self.lock_state_dir()?;
+            if !self.exists() {
+                return Ok((lock, None));
             }
-            // flock has no timed wait; the state dir's lock this is called under keeps every
-            // other front end out meanwhile, so the wait is short.
+            let found = self.found(root)?;
+            if matches!(found, Found::Idle) || Instant::now() >= deadline {
+                return Ok((lock, Some(found)));
+            }
+            drop(lock);
+            // flock has no timed wait, and the directory's end has no event to wait for.
             std::thread::sleep(LET_GO_POLL);
         }
-        Ok(Found::Idle)
     }
 
     /// Marks this container's daemon as the node daemon's (issue 31), which tears its
@@ -488,12 +500,14 @@ mod tests {
         assert_eq!(remove_within_its_mount(&dir).unwrap_err().kind(), io::ErrorKind::NotFound);
     }
 
-    /// Bug (CI, a busy machine): a node daemon lets a wrapper's lock go only when it sees the
-    /// runtime that replaced the wrapper exit, a moment after that runtime's caller sees it; a
-    /// front end that looked once in that moment refused the id as being set up. A directory
-    /// let go within the patience is idle; one held beyond it is busy.
+    /// Bug (CI, a busy machine; and from outside): a node daemon lets a wrapper's lock go only
+    /// when it sees the runtime that replaced the wrapper exit, and removes a directory once its
+    /// container is gone, each a moment after the runtime's caller sees it exit; a front end
+    /// that looked once in that moment refused the id. A directory let go within the patience
+    /// is idle, and one removed (another root's) is none; one held, or of another root, beyond
+    /// it is said to be so. The state dir's lock is let go while it waits (the removal takes it).
     #[test]
-    fn a_directory_let_go_a_moment_later_is_idle_and_one_held_is_busy() {
+    fn a_claim_waits_a_moment_for_a_directory_to_be_let_go_or_removed() {
         let tmp = tempfile::tempdir().unwrap();
         let c = Container::new(tmp.path(), "c1");
         let held = c.prepare(None).unwrap();
@@ -501,11 +515,30 @@ mod tests {
             std::thread::sleep(LET_GO_PATIENCE / 5);
             drop(held);
         });
-        assert!(matches!(c.found(None).unwrap(), Found::Idle));
+        assert!(matches!(c.claim(None).unwrap(), (_, Some(Found::Idle))));
         letting_go.join().unwrap();
+        let held = wait_lock_dir(&c.dir).unwrap();
+        assert!(matches!(c.claim(None).unwrap(), (_, Some(Found::Busy))));
+        drop(held);
 
-        let _held = wait_lock_dir(&c.dir).unwrap();
-        assert!(matches!(c.found(None).unwrap(), Found::Busy));
+        let theirs = Container::new(tmp.path(), "c2");
+        drop(theirs.prepare(Some("/run/theirs")).unwrap());
+        let removing = {
+            let dir = theirs.dir.clone();
+            let state_dir = tmp.path().to_owned();
+            std::thread::spawn(move || {
+                std::thread::sleep(LET_GO_PATIENCE / 5);
+                // As a node daemon removes one: under the state dir's lock.
+                let _lock = wait_lock_dir(&state_dir).unwrap();
+                remove_within_its_mount(&dir).unwrap();
+            })
+        };
+        assert!(matches!(theirs.claim(Some("/run/mine")).unwrap(), (_, None)));
+        removing.join().unwrap();
+        drop(theirs.prepare(Some("/run/theirs")).unwrap());
+        assert!(
+            matches!(theirs.claim(Some("/run/mine")).unwrap(), (_, Some(Found::OtherRoot(r))) if r == "/run/theirs")
+        );
     }
 
     /// Rule: a directory of another runtime root is said to be so, busy or not (ids are unique
