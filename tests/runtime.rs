@@ -207,6 +207,15 @@ impl Drop for Deleting<'_> {
     }
 }
 
+/// [`Deleting`] under runtime root `.1`.
+struct DeletingUnder<'a>(&'a Setup, PathBuf, String);
+
+impl Drop for DeletingUnder<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.run(&["--root", arg(&self.1), "delete", "--force", &self.2]);
+    }
+}
+
 /// A wrapper's exit status and stderr.
 struct Ran {
     status: ExitStatus,
@@ -1050,13 +1059,7 @@ fn a_relative_runtime_root_is_the_callers() {
             .unwrap();
         Ran { status, stderr: fs::read_to_string(&err_path).unwrap() }
     };
-    struct DeleteIn<'a>(&'a dyn Fn(&Path, &[&str]) -> Ran, &'a Path, &'a str);
-    impl Drop for DeleteIn<'_> {
-        fn drop(&mut self) {
-            (self.0)(self.1, &["delete", "--force", self.2]);
-        }
-    }
-    let _delete = DeleteIn(&run_in, &a, &id);
+    let _delete = DeletingUnder(&s, a.join("rr"), id.clone());
     let out = run_in(&a, &["create", "--bundle", &bundle, &id]);
     assert_ok(&out, "create", &s, &id);
     let dir = s.state_dir().join(&id);
@@ -1074,6 +1077,50 @@ fn a_relative_runtime_root_is_the_callers() {
     assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
     assert!(!out.stderr.contains("runtime root"), "{}", out.stderr);
     assert!(alive(daemon) && is_mounted(&dir.join("dev")));
+}
+
+/// Bug (found from outside): runc resolves a relative `--root` against the shell's logical
+/// `$PWD` (Go's `os.Getwd`), the wrapper against the physical working directory: from a
+/// directory reached through a symlink, `--root ../rr` named two roots, and a `create` of the
+/// id under the one the wrapper had recorded (another, empty runc root) took the running
+/// container's directory for a leftover and tore its `/dev` down (3 of 3; crun, which resolves
+/// physically, the same with `SYMLINK/../root`). Whatever a root's spelling, a directory whose
+/// keeper still serves is never torn down: the claim waits for a stopping keeper, then refuses.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs a container"]
+fn a_running_containers_dev_is_never_torn_down_for_a_root_spelled_otherwise() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Setup::new(Runtime::Runc, json!({"devremap.io/enable": "true"}));
+    let id = format!("wrapped-spelled-{}", std::process::id());
+    let bundle = arg(s.bundle.dir()).to_owned();
+    let deep = s.tmp.path().join("deep/a/b");
+    fs::create_dir_all(&deep).unwrap();
+    let link = s.tmp.path().join("link");
+    std::os::unix::fs::symlink(&deep, &link).unwrap();
+    let err_path = s.tmp.path().join("wrapper.stderr");
+    // As a shell in `link` runs it: its `$PWD` is the logical path.
+    let status = s
+        .wrapper(&["--root", "../rr", "create", "--bundle", &bundle, &id])
+        .current_dir(&link)
+        .env("PWD", &link)
+        .stdout(append(&s.bundle.dir().join("stdout")))
+        .stderr(fs::File::create(&err_path).unwrap())
+        .status()
+        .unwrap();
+    let out = Ran { status, stderr: fs::read_to_string(&err_path).unwrap() };
+    let runc_root = s.tmp.path().join("rr");
+    let _delete = DeletingUnder(&s, runc_root.clone(), id.clone());
+    assert_ok(&out, "create", &s, &id);
+    assert!(runc_root.join(&id).exists(), "runc keeps it under the logical path");
+    let dir = s.state_dir().join(&id);
+    let daemon = s.daemon_pid(&id);
+
+    // The root the wrapper resolved, another runc root, empty: the runtime does not know the id.
+    let out = s.run(&["--root", arg(&s.tmp.path().join("deep/a/rr")), "create", "--bundle", &bundle, &id]);
+    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
+    assert!(out.stderr.contains(&format!("its devremap /dev is still served (keeper pid {daemon})")), "{}", out.stderr);
+    assert!(alive(daemon) && is_mounted(&dir.join("dev")), "the running container's keeper is left alone");
 }
 
 /// Bug (found from outside): a node daemon removes a container's directory a moment after the

@@ -15,6 +15,7 @@ use devremap::runtime::container_daemon::{Container, DaemonError, Found, Lock};
 use devremap::runtime::oci_patch::{self, PatchError};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 /// What `start` needs to know beyond the command line.
 pub struct Restoring {
@@ -187,20 +188,42 @@ fn devremapd_path(config: &Config) -> Result<PathBuf, Failure> {
 /// uses. Replaces this process with the runtime when the runtime already knows the id (it
 /// refuses it in its own words).
 fn claim(config: &Config, inv: &Invocation, container: &Container) -> Result<Lock, Failure> {
-    let (lock, found) = container.claim(inv.global.root.as_deref())?;
-    let Some(found) = found else { return Ok(lock) };
     let id = container.dir.file_name().unwrap_or_default().to_string_lossy().into_owned();
     let refused = |what: String| Err(Failure::Container { id: id.clone(), what });
-    match found {
-        Found::Busy => refused("another devremap-runtime is setting it up or running it".into()),
-        Found::OtherRoot(theirs) => refused(format!(
-            "the id is in use by a devremap container of runtime root {theirs:?} (ids are unique per root only)"
-        )),
-        Found::Idle if runtime_knows(config, &inv.line, &id).is_some() => Err(exec(config, inv.line.original())),
-        // Left by a wrapper killed mid-way: its container never ran or is gone.
-        Found::Idle => Ok(container.teardown(&Host).map(|()| lock)?),
+    let keeper_gone_by = Instant::now() + KEEPER_PATIENCE;
+    loop {
+        let (lock, found) = container.claim(inv.global.root.as_deref())?;
+        let Some(found) = found else { return Ok(lock) };
+        return match found {
+            Found::Busy => refused("another devremap-runtime is setting it up or running it".into()),
+            Found::OtherRoot(theirs) => refused(format!(
+                "the id is in use by a devremap container of runtime root {theirs:?} (ids are unique per root only)"
+            )),
+            Found::Idle if runtime_knows(config, &inv.line, &id).is_some() => Err(exec(config, inv.line.original())),
+            // Left by a wrapper killed mid-way, its container never ran or is gone; but a keeper
+            // that still serves watches a container that runs, whatever this root's runtime
+            // says (found from outside: a root the runtime resolves otherwise than the wrapper,
+            // through a symlink, had a running container's `/dev` torn down). One that is
+            // stopping (its owner gone) is waited for, the state dir's lock let go meanwhile.
+            Found::Idle => match container.daemon_pid() {
+                Some(pid) if Instant::now() < keeper_gone_by => {
+                    drop(lock);
+                    devremap::pidfd::exits_within(pid, keeper_gone_by.saturating_duration_since(Instant::now()));
+                    continue;
+                }
+                Some(pid) => refused(format!(
+                    "its devremap /dev is still served (keeper pid {pid}) for a container the runtime does not know \
+                     under this root: it runs under another runtime root, or one spelled otherwise; delete it there"
+                )),
+                None => Ok(container.teardown(&Host).map(|()| lock)?),
+            },
+        };
     }
 }
+
+/// How long a keeper still serving a directory the runtime does not know is given to stop (its
+/// owner gone, it stops within a few seconds) before the id is refused as still served.
+const KEEPER_PATIENCE: Duration = Duration::from_secs(5);
 
 /// Undoes a half-made start: stops the daemon and removes the directory; returns `why`, with
 /// what could not be undone.
