@@ -346,10 +346,12 @@ impl Machine {
         // Dropped: the dead server's binary and plan take over at once, rather than waiting for
         // an untried binary still loading its inputs.
         if let Some(s) = upgrade {
-            self.warn(format!(
-                "upgrade abandoned: the serving server died while server pid {} was starting",
-                s.server.pid
-            ));
+            // Its pid is known once its spawn returned (found from outside: "server pid 0").
+            let which = match s.server.pid {
+                0 => "its successor".to_owned(),
+                pid => format!("server pid {pid}"),
+            };
+            self.warn(format!("upgrade abandoned: the serving server died while {which} was starting"));
             self.out.push(Action::Kill(s.server.epoch));
         }
         if current.ready { self.restart(now) } else { self.retry_later(now) }

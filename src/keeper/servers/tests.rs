@@ -421,7 +421,7 @@ fn an_upgrade_asked_during_an_upgrade_follows_it() {
 }
 
 /// Rule (issue 13): a server that dies during an upgrade is replaced from its own binary and
-/// plan; the untried upgrade is dropped.
+/// plan; the untried upgrade is dropped, and the warning names it by its pid once known.
 #[test]
 fn a_death_during_an_upgrade_drops_it() {
     let mut r = Run::serving();
@@ -431,6 +431,16 @@ fn a_death_during_an_upgrade_drops_it() {
     assert!(died.contains(&Action::Kill(2)), "{died:?}");
     assert_eq!(spawns(&died), [(3, Binary::Good, true)]);
     assert_eq!(r.on(Event::Probed { epoch: 2, same: true }), [], "the dropped one never takes over");
+
+    // Found from outside: one whose spawn had not returned was named "server pid 0".
+    let mut r = Run::serving();
+    r.on(Event::Sigusr2);
+    let died = r.on(gone(1));
+    let said = died.iter().find_map(|a| match a {
+        Action::Warn(w) if w.starts_with("upgrade abandoned") => Some(w.as_str()),
+        _ => None,
+    });
+    assert_eq!(said, Some("upgrade abandoned: the serving server died while its successor was starting"), "{died:?}");
 }
 
 /// Rule (issue 18): the server requests go to is checked for a hang once it took over, ready or
