@@ -1060,6 +1060,8 @@ fn a_relative_runtime_root_is_the_callers() {
         Ran { status, stderr: fs::read_to_string(&err_path).unwrap() }
     };
     let _delete = DeletingUnder(&s, a.join("rr"), id.clone());
+    // A failing run (the bug) makes the id's container under b's root too.
+    let _delete_b = DeletingUnder(&s, b.join("rr"), id.clone());
     let out = run_in(&a, &["create", "--bundle", &bundle, &id]);
     assert_ok(&out, "create", &s, &id);
     let dir = s.state_dir().join(&id);
@@ -1111,13 +1113,16 @@ fn a_running_containers_dev_is_never_torn_down_for_a_root_spelled_otherwise() {
     let out = Ran { status, stderr: fs::read_to_string(&err_path).unwrap() };
     let runc_root = s.tmp.path().join("rr");
     let _delete = DeletingUnder(&s, runc_root.clone(), id.clone());
+    // A failing run (the bug) makes the id's container under the other root too.
+    let other_root = s.tmp.path().join("deep/a/rr");
+    let _delete_other = DeletingUnder(&s, other_root.clone(), id.clone());
     assert_ok(&out, "create", &s, &id);
     assert!(runc_root.join(&id).exists(), "runc keeps it under the logical path");
     let dir = s.state_dir().join(&id);
     let daemon = s.daemon_pid(&id);
 
     // The root the wrapper resolved, another runc root, empty: the runtime does not know the id.
-    let out = s.run(&["--root", arg(&s.tmp.path().join("deep/a/rr")), "create", "--bundle", &bundle, &id]);
+    let out = s.run(&["--root", arg(&other_root), "create", "--bundle", &bundle, &id]);
     assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
     assert!(out.stderr.contains(&format!("its devremap /dev is still served (keeper pid {daemon})")), "{}", out.stderr);
     assert!(alive(daemon) && is_mounted(&dir.join("dev")), "the running container's keeper is left alone");
