@@ -46,9 +46,14 @@ impl Machine {
                 self.reload_when_ready = true;
                 self.out.push(Action::Reload(current.epoch));
             }
-            State::Starting { .. } => self.defer_reload("signal SIGHUP while starting: reloading once serving"),
+            State::Starting { .. } => {
+                self.defer(|m| &mut m.reload_when_ready, "signal SIGHUP while starting: reloading once serving")
+            }
             State::Serving { .. } | State::Replacing { .. } => {
-                self.defer_reload("signal SIGHUP while a server takes over: reloading once it serves");
+                self.defer(
+                    |m| &mut m.reload_when_ready,
+                    "signal SIGHUP while a server takes over: reloading once it serves",
+                );
             }
             State::Stopping { .. } => {}
         }
@@ -65,29 +70,28 @@ impl Machine {
             // The binary at the path may have been replaced since this upgrade's server was
             // started (a second package upgrade): one more follows it, as for reloads.
             State::Upgrading { .. } => {
-                self.defer_upgrade("signal SIGUSR2 during an upgrade: upgrading again once it is done");
+                self.defer(
+                    |m| &mut m.upgrade_when_ready,
+                    "signal SIGUSR2 during an upgrade: upgrading again once it is done",
+                );
                 state
             }
             state => {
-                self.defer_upgrade("signal SIGUSR2 while a server starts: upgrading once it serves");
+                self.defer(
+                    |m| &mut m.upgrade_when_ready,
+                    "signal SIGUSR2 while a server starts: upgrading once it serves",
+                );
                 state
             }
         }
     }
 
-    /// A reload for when a server serves, said once however many signals ask for it meanwhile:
-    /// anyone who may signal the keeper may send thousands (found from outside: a flood of
-    /// `SIGUSR2`s during an upgrade wrote a line each, 222,672 in 8 s).
-    fn defer_reload(&mut self, line: &str) {
-        if !std::mem::replace(&mut self.reload_when_ready, true) {
-            self.info(line);
-        }
-    }
-
-    /// An upgrade for when a server serves (or this upgrade ends), said once, as
-    /// [`Machine::defer_reload`] is.
-    fn defer_upgrade(&mut self, line: &str) {
-        if !std::mem::replace(&mut self.upgrade_when_ready, true) {
+    /// Marks `due` (a reload or an upgrade for when a server serves) and says `line`, once
+    /// however many signals ask for it meanwhile: anyone who may signal the keeper may send
+    /// thousands (found from outside: a flood of `SIGUSR2`s during an upgrade wrote a line each,
+    /// 222,672 in 8 s).
+    fn defer(&mut self, due: fn(&mut Machine) -> &mut bool, line: &str) {
+        if !std::mem::replace(due(self), true) {
             self.info(line);
         }
     }
