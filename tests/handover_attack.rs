@@ -300,7 +300,7 @@ fn a_hung_server_is_replaced_after_the_server_timeout() {
     assert!(!has_exited(pid));
     wait_for_or("the statfs waiting on the hung server", || d.log_text(), || waiter.is_finished().then_some(()));
     assert!(waiter.join().unwrap().is_ok(), "the statfs failed: {}", d.log_text());
-    assert!(d.log_text().contains("hung; killing it"), "{}", d.log_text());
+    d.log_with("hung; killing it");
     wait_for("the hung server to be gone", || (has_exited(old)).then_some(()));
 }
 
@@ -491,8 +491,8 @@ fn a_full_state_file_filesystem_does_not_kill_every_successor() {
         let m = fs::metadata(d.path("null"));
         assert!(m.is_ok(), "stat {i} through the mount failed ({m:?}): {}", d.log_text());
     }
-    assert!(d.log_text().contains(&format!("took over from server pid {first}")), "{}", d.log_text());
-    assert!(!d.log_text().contains("(exit status 1)"), "a successor died: {}", d.log_text());
+    let log = d.log_with(&format!("took over from server pid {first}"));
+    assert!(!log.contains("(exit status 1)"), "a successor died: {log}");
     drop(fill);
     drop(d);
 }

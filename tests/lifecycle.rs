@@ -170,7 +170,7 @@ fn a_non_root_mount_says_it_needs_root() {
 fn mount_without_a_spec_warns_that_the_runtime_has_no_mount_points() {
     need_fuse();
     let d = Daemon::start(&NO_ROOT);
-    let first = d.log_text().lines().next().unwrap_or_default().to_owned();
+    let first = d.log_with("\n").lines().next().unwrap_or_default().to_owned();
     assert!(first.contains("WARN") && first.contains("no --spec") && first.contains("pts"), "{}", d.log_text());
     assert!(d.stop().success());
 }

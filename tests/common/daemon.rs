@@ -304,6 +304,20 @@ impl Daemon {
         fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The log once it holds `text`. The daemon's processes write their lines from a thread of
+    /// their own, so a line can come after what the state file or the mount already shows
+    /// (seen in CI): a test that checks a line waits for it.
+    pub fn log_with(&self, text: &str) -> String {
+        wait_for_or(
+            &format!("the log line {text:?}"),
+            || self.log_text(),
+            || {
+                let log = self.log_text();
+                log.contains(text).then_some(log)
+            },
+        )
+    }
+
     /// The state file, parsed.
     pub fn state(&self) -> Value {
         let text = fs::read_to_string(&self.state_file).expect("the state file is readable");
@@ -344,10 +358,14 @@ impl Daemon {
         })
     }
 
-    /// Sends SIGTERM and waits for the exit status.
+    /// Sends SIGTERM and waits for the exit status; one that is not success is shown with the
+    /// daemon's log (its error line comes last), which goes with the daemon's directory.
     pub fn stop(mut self) -> ExitStatus {
         self.signal(libc::SIGTERM);
         let status = wait_for("devremapd to exit", || self.child.try_wait().unwrap());
+        if !status.success() {
+            eprintln!("devremapd exited with {status} on SIGTERM; its log:\n{}", self.log_text());
+        }
         assert!(!is_mounted(&self.mountpoint), "SIGTERM left the mount behind");
         status
     }
