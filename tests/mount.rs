@@ -515,7 +515,7 @@ fn dead_mount_is_reused_after_a_reload_changed_the_root() {
     first.child.wait().unwrap();
     let second = Daemon::start_at(tempfile::TempDir::new().unwrap(), first.mountpoint.clone(), &strs(&args));
     assert_eq!(identify(&second.path("zero")).unwrap(), "zero");
-    assert!(second.log_text().contains("dead FUSE mount"), "{}", second.log_text());
+    second.log_with("dead FUSE mount");
     assert!(second.stop().success());
     drop(first);
 }

@@ -17,8 +17,8 @@ mod common;
 use common::bundle::{Runtime, allow_char, need_containers, nvidia_hook, oci_config};
 use common::clients::{WRAPPER, busybox_rootfs};
 use common::daemon::{
-    PATIENCE, Tmpfs, container_dirs, ended_threads_stacks, has_exited, has_thread, is_mounted, kill, proc_state,
-    thread_names, wait_for, wait_for_or,
+    PATIENCE, Tmpfs, container_dirs, ended_threads_stacks, has_exited, has_thread, is_mounted, kill, logged,
+    proc_state, thread_names, wait_for, wait_for_or,
 };
 use common::{BIN, FakeHost, arg, fake_rdev, write_file};
 use devremap::node::client::{ask, ask_passing};
@@ -1617,7 +1617,7 @@ fn a_stale_or_dead_spare_is_never_used() {
     let keeper = answer["pid"].as_u64().unwrap() as u32;
     assert_ne!(keeper, stale, "the stale spare was used");
     let said = format!("the spare keeper (pid {stale}) is not used (its binary was replaced since it started)");
-    assert!(service.log(&fleet).contains(&said), "{}", service.log(&fleet));
+    logged(&said, || service.log(&fleet));
     let running = fs::metadata(format!("/proc/{keeper}/exe")).unwrap();
     assert_eq!(running.ino(), fs::metadata(&program).unwrap().ino(), "the keeper runs the replaced binary");
     wait_for("the stale spare to be stopped", || has_exited(stale).then_some(()));
@@ -1649,7 +1649,7 @@ fn a_stale_or_dead_spare_is_never_used() {
     assert_gpus(&fleet.dev(&id), &[0], "after the spare was stopped");
     wait_for("the stopped spare to be killed", || has_exited(stopped).then_some(()));
     let said = format!("the spare keeper (pid {stopped}) is not used (it is stopped)");
-    assert!(service.log(&fleet).contains(&said), "{}", service.log(&fleet));
+    logged(&said, || service.log(&fleet));
     ask(&fleet.socket(), &Request::Unmount { id: id.clone() }, ASK).expect("unmount");
 
     // A command line no exec takes (a NUL in an argument, which a parcel would split into
@@ -1916,7 +1916,7 @@ fn a_stopped_or_killed_zygote_never_costs_a_spare() {
     assert_eq!(mount(&id), spare, "the first container's keeper is the spare");
     wait_for("the stopped zygote to be killed", || has_exited(zygote).then_some(()));
     let next = wait_for("a spare started by exec", || parked_children_of(node).into_iter().find(|&p| p != spare));
-    assert!(service.log(&fleet).contains("cannot fork a spare keeper"), "{}", service.log(&fleet));
+    logged("cannot fork a spare keeper", || service.log(&fleet));
     assert_eq!(mount(&format!("{id}-2")), next, "the second container's keeper is the exec'd spare");
     let second = wait_for("a zygote again", || zygotes_of(node).into_iter().find(|&z| z != zygote));
     let third = wait_for("a spare forked again", || parked_children_of(node).into_iter().find(|&p| p != next));
@@ -1954,7 +1954,7 @@ fn a_stopped_parked_server_is_never_handed_a_container() {
     assert_ne!(server_of(&fleet, &id), parked, "the stopped parked server serves");
     wait_for("the stopped parked server to be killed", || has_exited(parked).then_some(()));
     let said = format!("the parked server (pid {parked}) is not used (it is stopped, or gone)");
-    assert!(fleet.keeper_log(&id).contains(&said), "{}", fleet.keeper_log(&id));
+    logged(&said, || fleet.keeper_log(&id));
     ask(&fleet.socket(), &Request::Unmount { id }, ASK).expect("unmount");
     wait_for("the keeper to exit", || has_exited(spare).then_some(()));
 }
@@ -2048,7 +2048,7 @@ fn a_keeper_from_the_spare_restarts_upgrades_and_is_adopted_as_any_other() {
     drop(service);
     let service = Service::start_from(&program, &fleet, &fleet.state_dir().join("node.pid"), &[]);
     assert_eq!(fleet.list()[&id]["pid"], json!(keeper), "{}", service.log(&fleet));
-    assert!(service.log(&fleet).contains(&format!("container {id}: adopted (keeper pid {keeper})")));
+    logged(&format!("container {id}: adopted (keeper pid {keeper})"), || service.log(&fleet));
 
     init.end();
     wait_for("the keeper to end with its container's init", || has_exited(keeper).then_some(()));
@@ -2092,7 +2092,7 @@ fn spares_refused_by_one_binary_are_tried_again_once_it_is_replaced() {
         || service.log(&fleet).contains("unrecognized subcommand 'parked'").then_some(()),
     );
     mount("refused-spare");
-    assert!(service.log(&fleet).contains("the spare keeper refused to start"), "{}", service.log(&fleet));
+    logged("the spare keeper refused to start", || service.log(&fleet));
     assert!(parked_children_of(node).is_empty(), "a spare after one refused");
 
     install_over(&program);
@@ -2100,7 +2100,7 @@ fn spares_refused_by_one_binary_are_tried_again_once_it_is_replaced() {
     let (spare, _) = spare_of(node);
     assert_eq!(mount("from-spare-again"), spare, "the container's keeper is a spare again");
     let said = "the binary at the node daemon's path was replaced since a spare keeper refused";
-    assert!(service.log(&fleet).contains(said), "{}", service.log(&fleet));
+    logged(said, || service.log(&fleet));
 }
 
 /// Rule (the spare keeper): a burst of mounts at once (20) while the spare is being replaced:

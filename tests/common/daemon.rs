@@ -34,6 +34,16 @@ pub fn wait_for<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
     wait_for_or(what, String::new, f)
 }
 
+/// The text `log()` reads once it holds `text`. A daemon's processes write their lines from a
+/// thread of their own, so a line can come after what the state file, the mount or an answer
+/// already shows (seen in CI): a test that checks a line waits for it.
+pub fn logged(text: &str, log: impl Fn() -> String) -> String {
+    wait_for_or(&format!("the log line {text:?}"), &log, || {
+        let text_now = log();
+        text_now.contains(text).then_some(text_now)
+    })
+}
+
 /// Like [`wait_for`]; a timeout's message ends with `context()` (a daemon's log, say).
 pub fn wait_for_or<T>(what: &str, context: impl Fn() -> String, f: impl FnMut() -> Option<T>) -> T {
     wait_within(PATIENCE, Duration::from_micros(200), what, context, f)
@@ -304,18 +314,9 @@ impl Daemon {
         fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// The log once it holds `text`. The daemon's processes write their lines from a thread of
-    /// their own, so a line can come after what the state file or the mount already shows
-    /// (seen in CI): a test that checks a line waits for it.
+    /// The log once it holds `text` ([`logged`]).
     pub fn log_with(&self, text: &str) -> String {
-        wait_for_or(
-            &format!("the log line {text:?}"),
-            || self.log_text(),
-            || {
-                let log = self.log_text();
-                log.contains(text).then_some(log)
-            },
-        )
+        logged(text, || self.log_text())
     }
 
     /// The state file, parsed.
