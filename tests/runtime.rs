@@ -1031,6 +1031,28 @@ fn one_id_under_two_runtime_roots() {
     assert!(s.run(&["state", &id]).status.success());
 }
 
+/// Bug (found from outside): runc takes `--root ''` for its working directory, which for a
+/// devremap container is the wrapper's own bundle, so the container's runtime state went into
+/// `<state_dir>/<id>/bundle/<id>` and with devremap's directory. The wrapper refuses an empty
+/// root for a devremap container, naming the flag, and leaves nothing behind.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs a container"]
+fn an_empty_runtime_root_is_refused() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Setup::new(Runtime::Runc, json!({"devremap.io/enable": "true"}));
+    let id = format!("wrapped-empty-root-{}", std::process::id());
+    let bundle = arg(s.bundle.dir()).to_owned();
+    // Where the runtime kept the container made before the refusal.
+    let _delete = DeletingUnder(&s, s.state_dir().join(&id).join("bundle"), id.clone());
+    for root in [&["--root", ""][..], &["--root="]] {
+        let out = s.run(&[root, &["create", "--bundle", &bundle, &id]].concat());
+        assert_eq!(out.status.code(), Some(1), "{root:?}: {}", out.stderr);
+        assert!(out.stderr.contains("--root: empty; name the runtime's state directory"), "{}", out.stderr);
+        assert!(!s.state_dir().join(&id).exists(), "{root:?}: the id's directory is left");
+    }
+}
+
 /// Bug (found from outside): the runtime resolves a relative `--root` against its working
 /// directory, but the wrapper recorded and compared it as typed, so `--root rr` from two
 /// directories was taken for one root: the second `create` of an id, finding the first's

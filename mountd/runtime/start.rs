@@ -54,6 +54,14 @@ pub fn start(
     let Some((container, wanted)) = decide(config, inv, new, container, restoring)? else {
         return Err(exec(config, inv.line.original()));
     };
+    // The runtime takes an empty root for its working directory, which is our bundle: its
+    // state of the container would go with our directory (found from outside).
+    if inv.global.root.as_deref() == Some("") {
+        return Err(Failure::at(
+            "--root",
+            "empty; name the runtime's state directory, or leave --root out for the runtime's default",
+        ));
+    }
     // Claiming the id and tearing down a leftover happen under the state dir's lock; the
     // container's own lock, held until this wrapper ends, tells others it is not a leftover.
     let claiming = match claimed {
