@@ -67,6 +67,8 @@ const RELOAD_TIMEOUT: Duration = Duration::from_secs(30);
 const TAKE_OVER_PATIENCE: Duration = Duration::from_secs(10);
 /// How long a teardown waits for the runtime holding a container's lock to exit.
 const TEARDOWN_PATIENCE: Duration = Duration::from_secs(30);
+/// How often directories no one has are looked for ([`Node::sweep_every`]).
+const SWEEP_EVERY: Duration = Duration::from_secs(10);
 
 enum Ev {
     Signal(Acted),
@@ -144,6 +146,7 @@ pub fn run(args: &NodeArgs) -> Result<(), NodeError> {
         threads: args.threads,
     });
     node.adopt();
+    node.sweep_every().map_err(NodeError::Thread)?;
     // Made before the daemon says it serves: a bad runtime config fails the start, naming it.
     let nri_handler = match args.nri {
         true => Some(nri_handler::NriHandler::new(
@@ -309,8 +312,42 @@ impl Node {
 
     /// Takes in what an earlier daemon served: the state dir's container directories.
     fn adopt(self: &Arc<Self>) {
-        let Ok(entries) = std::fs::read_dir(&self.state_dir) else { return };
-        let found: Vec<Found> = entries
+        let decisions = self.registry.lock().adopt(self.found());
+        for decision in decisions {
+            match decision {
+                Adopt::Watch { id, pid } => {
+                    info!("container {id}: adopted (keeper pid {pid})");
+                    self.watch(pid, None);
+                }
+                Adopt::TearDown { id } => self.tear_down(&id, "left by a container that is gone"),
+                Adopt::Leave { .. } => {}
+            }
+        }
+    }
+
+    /// Tears down, every [`SWEEP_EVERY`], the directories no one has (see
+    /// [`Registry::left_over`]): a front end killed before its request reached us left them,
+    /// and nothing else would remove them before the id's next start or this daemon's restart.
+    /// On a thread of its own: looking at a directory may wait on its mount.
+    fn sweep_every(self: &Arc<Self>) -> std::io::Result<()> {
+        let node = self.clone();
+        std::thread::Builder::new().name("sweep".into()).spawn(move || {
+            loop {
+                std::thread::sleep(SWEEP_EVERY);
+                let left = node.registry.lock().left_over(node.found());
+                for id in left {
+                    node.tear_down(&id, "left by a front end that was gone before it asked for its mount");
+                }
+            }
+        })?;
+        Ok(())
+    }
+
+    /// The state dir's container directories a node daemon may act on: those with a live
+    /// keeper, and those a front end marked for a node daemon that are ours.
+    fn found(&self) -> Vec<Found> {
+        let Ok(entries) = std::fs::read_dir(&self.state_dir) else { return Vec::new() };
+        entries
             .flatten()
             .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
             .filter_map(|e| {
@@ -328,18 +365,7 @@ impl Node {
                 let busy = container.is_busy().unwrap_or(true);
                 Some(Found { id, keeper, busy })
             })
-            .collect();
-        let decisions = self.registry.lock().adopt(found);
-        for decision in decisions {
-            match decision {
-                Adopt::Watch { id, pid } => {
-                    info!("container {id}: adopted (keeper pid {pid})");
-                    self.watch(pid, None);
-                }
-                Adopt::TearDown { id } => self.tear_down(&id, "left by a container that is gone"),
-                Adopt::Leave { .. } => {}
-            }
-        }
+            .collect()
     }
 
     /// Has keeper `pid`'s exit said to the main loop, reaping it when it is our child.

@@ -77,6 +77,9 @@ pub fn start(
     // Held until the runtime replaces this process (the lock's descriptor is close-on-exec,
     // so the container never gets it), and by the node daemon's copy until the runtime exits.
     let mine = container.prepare(inv.global.root.as_deref()).map_err(|e| undo(&container, e.into()))?;
+    // Marked at once: a wrapper killed before its request reaches the node daemon leaves the
+    // directory, which only a mark lets the node daemon take for one of its own to sweep.
+    container.mark_node().map_err(|e| undo(&container, e.into()))?;
     drop(claiming);
     let args = arg_of(&container.bundle()).map(|b| new.line_for_bundle(&b, &pid_file_arg));
     set_up(config, &container, wanted, &devremapd, &pid_file, &mine).map_err(|e| undo(&container, e))?;
@@ -172,7 +175,6 @@ fn set_up(
         owner_pid: std::process::id(),
         until_unmount: false,
     };
-    container.mark_node()?;
     crate::node::mount(config, devremapd, request, mine.as_fd())
 }
 
