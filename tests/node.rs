@@ -2169,7 +2169,8 @@ fn a_mount_waits_for_the_spare_being_kept() {
 /// container's directory and before its request reached the node daemon, left the directory
 /// until the id's next start or the node daemon's restart (1 to 3 in 40; random ids pile up).
 /// The running node daemon sweeps a marked directory no one has, and leaves one a front end
-/// holds.
+/// holds, and a killed keeper's, whose dead mount stays until `delete` (said once, not every
+/// sweep).
 #[test]
 #[ignore = "needs root, /dev/fuse and runc"]
 fn a_directory_left_before_its_request_is_swept() {
@@ -2177,15 +2178,22 @@ fn a_directory_left_before_its_request_is_swept() {
     let fleet = Fleet::new();
     let service = Service::start(&fleet, &fleet.state_dir().join("node.pid"), &[]);
     let init = Init::start();
-    let (held, killed) = (format!("held-{}", std::process::id()), format!("killed-{}", std::process::id()));
+    let [held, killed, dead] = ["held", "killed", "dead"].map(|what| format!("{what}-{}", std::process::id()));
+    let keeper = mount_direct(&fleet, &dead, &[2], &init).unwrap()["pid"].as_u64().unwrap() as u32;
+    kill(keeper, libc::SIGKILL);
+    logged(&format!("container {dead}: its keeper (pid {keeper}) exited and left its mount dead"), || {
+        service.log(&fleet)
+    });
     let (_, holding) = mount_request(&fleet, &held, &[0], &init).unwrap();
     let (_, gone) = mount_request(&fleet, &killed, &[1], &init).unwrap();
     drop(gone);
     let said =
         format!("container {killed}: left by a front end that was gone before it asked for its mount; torn down");
-    logged(&said, || service.log(&fleet));
+    let log = logged(&said, || service.log(&fleet));
     assert!(!fleet.state_dir().join(&killed).exists());
     assert!(fleet.state_dir().join(&held).join("node").exists(), "a held directory is swept");
+    assert!(fleet.state_dir().join(&dead).join("node").exists(), "a dead mount's directory is swept");
+    assert_eq!(log.matches("left its mount dead").count(), 1, "{log}");
     drop(holding);
 }
 

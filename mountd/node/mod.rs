@@ -335,7 +335,12 @@ impl Node {
             loop {
                 std::thread::sleep(SWEEP_EVERY);
                 let left = node.registry.lock().left_over(node.found());
-                for id in left {
+                // A killed keeper's dead mount stays until the container's delete: said once,
+                // when the keeper exited, not every sweep.
+                let unmounted = left
+                    .into_iter()
+                    .filter(|id| node.container(id).is_ok_and(|c| !crate::mountpoint::is_mounted(&c.dev())));
+                for id in unmounted {
                     node.tear_down(&id, "left by a front end that was gone before it asked for its mount");
                 }
             }
