@@ -2169,8 +2169,8 @@ fn a_mount_waits_for_the_spare_being_kept() {
 /// container's directory and before its request reached the node daemon, left the directory
 /// until the id's next start or the node daemon's restart (1 to 3 in 40; random ids pile up).
 /// The running node daemon sweeps a marked directory no one has, and leaves one a front end
-/// holds, and a killed keeper's, whose dead mount stays until `delete` (said once, not every
-/// sweep).
+/// holds, a killed keeper's, whose dead mount stays until `delete`, and one with a mount
+/// inside (each said once, not every sweep: found from outside).
 #[test]
 #[ignore = "needs root, /dev/fuse and runc"]
 fn a_directory_left_before_its_request_is_swept() {
@@ -2178,13 +2178,21 @@ fn a_directory_left_before_its_request_is_swept() {
     let fleet = Fleet::new();
     let service = Service::start(&fleet, &fleet.state_dir().join("node.pid"), &[]);
     let init = Init::start();
-    let [held, killed, dead] = ["held", "killed", "dead"].map(|what| format!("{what}-{}", std::process::id()));
+    let [held, killed, dead, mounted] =
+        ["held", "killed", "dead", "mounted"].map(|what| format!("{what}-{}", std::process::id()));
     let keeper = mount_direct(&fleet, &dead, &[2], &init).unwrap()["pid"].as_u64().unwrap() as u32;
     kill(keeper, libc::SIGKILL);
     logged(&format!("container {dead}: its keeper (pid {keeper}) exited and left its mount dead"), || {
         service.log(&fleet)
     });
     let (_, holding) = mount_request(&fleet, &held, &[0], &init).unwrap();
+    // One no teardown can remove: a mount inside it.
+    let (_, planted) = mount_request(&fleet, &mounted, &[3], &init).unwrap();
+    let inside = fleet.state_dir().join(&mounted).join("inside");
+    let _tmpfs = Tmpfs::mount(&inside, "size=64k");
+    drop(planted);
+    let kept = format!("container {mounted}: left by a front end that was gone before it asked for its mount; cannot");
+    logged(&kept, || service.log(&fleet));
     let (_, gone) = mount_request(&fleet, &killed, &[1], &init).unwrap();
     drop(gone);
     let said =
@@ -2194,6 +2202,7 @@ fn a_directory_left_before_its_request_is_swept() {
     assert!(fleet.state_dir().join(&held).join("node").exists(), "a held directory is swept");
     assert!(fleet.state_dir().join(&dead).join("node").exists(), "a dead mount's directory is swept");
     assert_eq!(log.matches("left its mount dead").count(), 1, "{log}");
+    assert_eq!(log.matches(&kept).count(), 1, "{log}");
     drop(holding);
 }
 

@@ -1034,7 +1034,8 @@ fn one_id_under_two_runtime_roots() {
 /// Bug (found from outside): runc takes `--root ''` for its working directory, which for a
 /// devremap container is the wrapper's own bundle, so the container's runtime state went into
 /// `<state_dir>/<id>/bundle/<id>` and with devremap's directory. The wrapper refuses an empty
-/// root for a devremap container, naming the flag, and leaves nothing behind.
+/// root for a devremap container, naming the flag, and leaves nothing behind; for an id whose
+/// container runs, before it looks at the id's directory.
 #[test]
 #[ignore = "needs root, /dev/fuse, runc and busybox-static: runs a container"]
 fn an_empty_runtime_root_is_refused() {
@@ -1050,6 +1051,17 @@ fn an_empty_runtime_root_is_refused() {
         assert_eq!(out.status.code(), Some(1), "{root:?}: {}", out.stderr);
         assert!(out.stderr.contains("--root: empty; name the runtime's state directory"), "{}", out.stderr);
         assert!(!s.state_dir().join(&id).exists(), "{root:?}: the id's directory is left");
+    }
+    // An id with a directory: refused before the claim, which waited 5 s for its keeper and
+    // then refused it as still served (found from outside).
+    let _delete_made = Deleting(&s, id.clone());
+    assert_ok(&s.run(&["create", "--bundle", &bundle, &id]), "create", &s, &id);
+    let daemon = s.daemon_pid(&id);
+    for root in [&["--root", ""][..], &["--root="]] {
+        let out = s.run(&[root, &["create", "--bundle", &bundle, &id]].concat());
+        assert_eq!(out.status.code(), Some(1), "{root:?}: {}", out.stderr);
+        assert!(out.stderr.contains("--root: empty; name the runtime's state directory"), "{}", out.stderr);
+        assert!(alive(daemon) && is_mounted(&s.state_dir().join(&id).join("dev")), "{root:?}");
     }
 }
 

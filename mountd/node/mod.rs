@@ -44,10 +44,10 @@ use nix::unistd::Pid;
 use parking_lot::{Condvar, Mutex};
 use procs::Host;
 use serde_json::{Value, json};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -312,7 +312,8 @@ impl Node {
 
     /// Takes in what an earlier daemon served: the state dir's container directories.
     fn adopt(self: &Arc<Self>) {
-        let decisions = self.registry.lock().adopt(self.found());
+        let found = self.found_locked();
+        let decisions = self.registry.lock().adopt(found);
         for decision in decisions {
             match decision {
                 Adopt::Watch { id, pid } => {
@@ -325,27 +326,58 @@ impl Node {
         }
     }
 
-    /// Tears down, every [`SWEEP_EVERY`], the directories no one has (see
-    /// [`Registry::left_over`]): a front end killed before its request reached us left them,
-    /// and nothing else would remove them before the id's next start or this daemon's restart.
-    /// On a thread of its own: looking at a directory may wait on its mount.
+    /// Sweeps every [`SWEEP_EVERY`] ([`Node::sweep`]), on a thread of its own.
     fn sweep_every(self: &Arc<Self>) -> std::io::Result<()> {
         let node = self.clone();
         std::thread::Builder::new().name("sweep".into()).spawn(move || {
+            let mut kept = HashSet::new();
             loop {
                 std::thread::sleep(SWEEP_EVERY);
-                let left = node.registry.lock().left_over(node.found());
-                // A killed keeper's dead mount stays until the container's delete: said once,
-                // when the keeper exited, not every sweep.
-                let unmounted = left
-                    .into_iter()
-                    .filter(|id| node.container(id).is_ok_and(|c| !crate::mountpoint::is_mounted(&c.dev())));
-                for id in unmounted {
-                    node.tear_down(&id, "left by a front end that was gone before it asked for its mount");
-                }
+                node.sweep(&mut kept);
             }
         })?;
         Ok(())
+    }
+
+    /// Tears down the directories no one has (see [`Registry::left_over`]): a front end killed
+    /// before its request reached us left them, and nothing else would remove them before the
+    /// id's next start or this daemon's restart. Passed over, so that nothing is said every
+    /// sweep: a killed keeper's, whose dead mount stays until the container's delete (said as
+    /// the keeper exited), and one a teardown left in place (`kept`: a mount inside it).
+    fn sweep(&self, kept: &mut HashSet<(String, (u64, u64))>) {
+        let left = {
+            let found = self.found_locked();
+            self.registry.lock().left_over(found)
+        };
+        let identity = |c: &Container| std::fs::symlink_metadata(&c.dir).ok().map(|m| (m.dev(), m.ino()));
+        let left: Vec<(String, Container, (u64, u64))> = left
+            .into_iter()
+            .filter_map(|id| {
+                let container = self.container(&id).ok()?;
+                let identity = identity(&container)?;
+                Some((id, container, identity))
+            })
+            .collect();
+        kept.retain(|(id, at)| left.iter().any(|(i, _, a)| i == id && a == at));
+        for (id, container, at) in left {
+            if kept.contains(&(id.clone(), at)) || crate::mountpoint::is_mounted(&container.dev()) {
+                continue;
+            }
+            self.tear_down(&id, "left by a front end that was gone before it asked for its mount");
+            if identity(&container) == Some(at) {
+                kept.insert((id, at));
+            }
+        }
+    }
+
+    /// [`Node::found`] under the state dir's lock, under which front ends look at a directory
+    /// too: our probe of a directory's lock would otherwise look to a `delete` like a front end
+    /// holding it, and the delete left the directory for good (found from outside).
+    fn found_locked(&self) -> Vec<Found> {
+        match devremap::runtime::container_daemon::lock_state_dir(&self.state_dir) {
+            Ok(_claims) => self.found(),
+            Err(_) => Vec::new(),
+        }
     }
 
     /// The state dir's container directories a node daemon may act on: those with a live

@@ -48,20 +48,16 @@ pub fn start(
     }
     // A killed wrapper's leftover for this id is torn down before anything is set up.
     let claimed = match container.as_ref().ok().filter(|c| c.exists()) {
-        Some(container) => Some(claim(config, inv, container)?),
+        Some(container) => {
+            no_empty_root(inv)?;
+            Some(claim(config, inv, container)?)
+        }
         None => None,
     };
     let Some((container, wanted)) = decide(config, inv, new, container, restoring)? else {
         return Err(exec(config, inv.line.original()));
     };
-    // The runtime takes an empty root for its working directory, which is our bundle: its
-    // state of the container would go with our directory (found from outside).
-    if inv.global.root.as_deref() == Some("") {
-        return Err(Failure::at(
-            "--root",
-            "empty; name the runtime's state directory, or leave --root out for the runtime's default",
-        ));
-    }
+    no_empty_root(inv)?;
     // Claiming the id and tearing down a leftover happen under the state dir's lock; the
     // container's own lock, held until this wrapper ends, tells others it is not a leftover.
     let claiming = match claimed {
@@ -176,6 +172,20 @@ fn set_up(
         until_unmount: false,
     };
     crate::node::mount(config, devremapd, request, mine.as_fd())
+}
+
+/// Refuses an empty `--root` for a devremap container, before its id is claimed (a claim with
+/// it would wait for, or tear down, the id's directory first: found from outside). The
+/// runtime takes an empty root for its working directory, which is our bundle: its state of
+/// the container would go with our directory.
+fn no_empty_root(inv: &Invocation) -> Result<(), Failure> {
+    match inv.global.root.as_deref() {
+        Some("") => Err(Failure::at(
+            "--root",
+            "empty; name the runtime's state directory, or leave --root out for the runtime's default",
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// The runtime alone, saying why: devremap was not asked for by name and the spec cannot have

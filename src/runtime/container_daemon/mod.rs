@@ -187,8 +187,7 @@ impl Container {
     /// Makes `<state_dir>` (root-owned, 0700) if missing and locks it: the lock serialises
     /// front ends claiming ids (`claim`, `prepare`) and tearing down leftovers.
     pub fn lock_state_dir(&self) -> Result<Lock, DaemonError> {
-        ensure_private_dir(self.state_dir())?;
-        wait_lock_dir(self.state_dir())
+        lock_state_dir(self.state_dir())
     }
 
     /// What this existing directory is to a front end of runtime root `root` (under the state
@@ -450,6 +449,13 @@ fn remove_tree(dir: &Path) -> io::Result<()> {
         }
     }
     fs::remove_dir(dir)
+}
+
+/// Makes `state_dir` (root-owned, 0700) if missing and locks it ([`Container::lock_state_dir`]):
+/// a node daemon looks at every directory in it under this lock.
+pub fn lock_state_dir(state_dir: &Path) -> Result<Lock, DaemonError> {
+    ensure_private_dir(state_dir)?;
+    wait_lock_dir(state_dir)
 }
 
 /// Makes `dir` (and its missing parents) a directory of mode 0700, or checks that it is one
