@@ -33,6 +33,7 @@ mod procs;
 use crate::signals::{self, Acted};
 use devremap::node::protocol::{self, Answer, Entry, MountRequest, Request};
 use devremap::node::registry::{Adopt, Found, Registry};
+use devremap::node::sweep::{Leftover, Sweep};
 use devremap::pidfd::Child;
 use devremap::runtime::argv::ContainerId;
 use devremap::runtime::container_daemon::Container;
@@ -44,7 +45,7 @@ use nix::unistd::Pid;
 use parking_lot::{Condvar, Mutex};
 use procs::Host;
 use serde_json::{Value, json};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
@@ -330,42 +331,35 @@ impl Node {
     fn sweep_every(self: &Arc<Self>) -> std::io::Result<()> {
         let node = self.clone();
         std::thread::Builder::new().name("sweep".into()).spawn(move || {
-            let mut kept = HashSet::new();
+            let mut sweep = Sweep::default();
             loop {
                 std::thread::sleep(SWEEP_EVERY);
-                node.sweep(&mut kept);
+                node.sweep(&mut sweep);
             }
         })?;
         Ok(())
     }
 
-    /// Tears down the directories no one has (see [`Registry::left_over`]): a front end killed
-    /// before its request reached us left them, and nothing else would remove them before the
-    /// id's next start or this daemon's restart. Passed over, so that nothing is said every
-    /// sweep: a killed keeper's, whose dead mount stays until the container's delete (said as
-    /// the keeper exited), and one a teardown left in place (`kept`: a mount inside it).
-    fn sweep(&self, kept: &mut HashSet<(String, (u64, u64))>) {
+    /// Tears down the directories no one has, as `sweep` says (see [`devremap::node::sweep`]).
+    fn sweep(&self, sweep: &mut Sweep) {
         let left = {
             let found = self.found_locked();
             self.registry.lock().left_over(found)
         };
         let identity = |c: &Container| std::fs::symlink_metadata(&c.dir).ok().map(|m| (m.dev(), m.ino()));
-        let left: Vec<(String, Container, (u64, u64))> = left
+        let left: Vec<Leftover> = left
             .into_iter()
             .filter_map(|id| {
-                let container = self.container(&id).ok()?;
-                let identity = identity(&container)?;
-                Some((id, container, identity))
+                let c = self.container(&id).ok()?;
+                Some(Leftover { at: identity(&c)?, mounted: crate::mountpoint::is_mounted(&c.dev()), id })
             })
             .collect();
-        kept.retain(|(id, at)| left.iter().any(|(i, _, a)| i == id && a == at));
-        for (id, container, at) in left {
-            if kept.contains(&(id.clone(), at)) || crate::mountpoint::is_mounted(&container.dev()) {
-                continue;
-            }
+        for id in sweep.round(&left) {
             self.tear_down(&id, "left by a front end that was gone before it asked for its mount");
-            if identity(&container) == Some(at) {
-                kept.insert((id, at));
+            if let Ok(c) = self.container(&id)
+                && let Some(at) = identity(&c).filter(|at| left.iter().any(|l| l.id == id && l.at == *at))
+            {
+                sweep.kept(&id, at);
             }
         }
     }

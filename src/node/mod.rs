@@ -15,3 +15,4 @@
 pub mod client;
 pub mod protocol;
 pub mod registry;
+pub mod sweep;
