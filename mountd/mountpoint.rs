@@ -19,7 +19,7 @@ use nix::mount::MntFlags;
 use nix::sys::stat::Mode;
 use nix::sys::statfs::{FUSE_SUPER_MAGIC, Statfs};
 use std::fs::File;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -326,6 +326,14 @@ pub fn connection_remains(connection: u64) -> Option<bool> {
     let dir = Path::new("/sys/fs/fuse/connections");
     let fusectl = statfs(dir).ok()?.filesystem_type().0 as i64 == FUSECTL_SUPER_MAGIC;
     fusectl.then(|| dir.join(connection.to_string()).exists())
+}
+
+/// The `abort` file of FUSE connection `connection` (fusectl), open for writing: opened while
+/// the connection is ours (its mount held), it names that connection for as long as it lives
+/// and nothing once it has ended, whatever later takes the number. `None` without fusectl.
+pub fn abort_handle(connection: u64) -> Option<File> {
+    let path = Path::new("/sys/fs/fuse/connections").join(connection.to_string()).join("abort");
+    std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(path).ok()
 }
 
 /// Whether a FUSE mount whose daemon is gone sits at `path` (statfs answers ENOTCONN).

@@ -476,10 +476,21 @@ fn failpoint() -> Option<String> {
     std::env::var("DEVREMAPD_FAILPOINT").ok()
 }
 
-/// `DEVREMAPD_FAILPOINT=lookup-panic:NAME` makes every lookup of NAME panic.
+/// `DEVREMAPD_FAILPOINT=lookup-panic:NAME` makes every lookup of NAME panic,
+/// `lookup-stall:NAME` never return.
 #[cfg(feature = "test-hooks")]
 fn hooks(adapter: Adapter) -> Adapter {
-    adapter.panic_on_lookup(failpoint().and_then(|f| f.strip_prefix("lookup-panic:").map(str::to_owned)))
+    use devremap::served::adapter::LookupFault;
+    let fault = failpoint().and_then(|f| {
+        let (kind, name) = f.split_once(':')?;
+        let kind = match kind {
+            "lookup-panic" => LookupFault::Panic,
+            "lookup-stall" => LookupFault::Stall,
+            _ => return None,
+        };
+        Some((kind, name.to_owned()))
+    });
+    adapter.fault_on_lookup(fault)
 }
 
 #[cfg(not(feature = "test-hooks"))]

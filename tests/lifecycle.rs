@@ -6,8 +6,9 @@
 mod common;
 
 use common::daemon::{
-    Daemon, Frozen, Spawned, Tmpfs, children, ended_threads_stacks, has_exited, has_thread, is_mounted, need_fuse,
-    private_dir, private_mountpoint, spec_on_a_stuck_mount, thread_names, threads_of, wait_for, wait_for_or,
+    Daemon, Frozen, Spawned, Tmpfs, children, ended_threads_stacks, fuse_connection, has_exited, has_thread,
+    is_mounted, need_fuse, private_dir, private_mountpoint, spec_on_a_stuck_mount, thread_names, threads_of, wait_for,
+    wait_for_or,
 };
 use common::{arg, need_root};
 use std::fs;
@@ -476,18 +477,6 @@ fn an_unread_stderr_never_blocks_the_daemon() {
     assert!(status.success());
     assert!(!is_mounted(&d.mountpoint));
     drop(reader);
-}
-
-/// The FUSE connection number of the mount at `path` (its device's minor), for
-/// `/sys/fs/fuse/connections/N`; mounts fusectl there if nobody has.
-fn fuse_connection(path: &Path) -> PathBuf {
-    let dev = fs::metadata(path).unwrap().dev();
-    let conn = Path::new("/sys/fs/fuse/connections").join(libc::minor(dev).to_string());
-    if !conn.exists() {
-        let _ = Command::new("mount").args(["-t", "fusectl", "fusectl", "/sys/fs/fuse/connections"]).status();
-    }
-    assert!(conn.exists(), "{} is missing (fusectl not mounted?)", conn.display());
-    conn
 }
 
 /// Waits for `d` to exit after its connection was aborted, and checks that it exited 1 with the
@@ -1119,10 +1108,10 @@ fn the_owners_exit_stops_the_daemon_while_its_pid_file_hangs() {
     let frozen = Frozen::new(&stuck);
     watch_hangs(d.child.id());
     owner.end();
-    let log = d.log.clone();
+    let (log, keeper) = (d.log.clone(), d.child.id());
     let status = wait_for_or(
         "the keeper to stop once its owner exited",
-        || fs::read_to_string(&log).unwrap_or_default(),
+        || fs::read_to_string(&log).unwrap_or_default() + &threads_of(keeper),
         || d.child.try_wait().ok().flatten(),
     );
     assert!(status.success(), "{status}: {}", d.log_text());

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::daemon::{Daemon, is_mounted, need_fuse, unmount, wait_for, wait_for_or};
+use common::daemon::{Daemon, fuse_connection, is_mounted, need_fuse, threads_of, unmount, wait_for, wait_for_or};
 use common::{FakeHost, empty_root, fake_rdev, need_test_hooks};
 use serde_json::Value;
 use std::ffi::CString;
@@ -81,6 +81,60 @@ fn settled_generation(d: &Daemon, quiet: Duration) -> u64 {
 
 fn cpath(p: &Path) -> CString {
     CString::new(p.as_os_str().as_bytes()).unwrap()
+}
+
+/// Bug pinned: a keeper stopped while one of its invalidations waited for a directory's lock,
+/// held by a lookup its server never answered, never ended: the exit left the writing thread
+/// in the kernel, holding `/dev/fuse` and so the connection, and the lookup (unkillable by
+/// then) and the keeper (a zombie) waited on each other for good. The keeper's end must give
+/// every user of the mount an error, never a hang: it now ends the connection before it exits.
+#[test]
+#[ignore = "needs root, /dev/fuse and --features test-hooks"]
+fn a_keeper_stopped_behind_an_unanswered_lookup_still_ends_and_frees_it() {
+    need_fuse();
+    need_test_hooks();
+    let host = FakeHost::with_gpus(&[0]);
+    let args = host.args();
+    let mut all = strs(&args);
+    // Long enough that the hang check never replaces the server during the test.
+    all.extend(["--server-timeout", "3600"]);
+    let mut d = Daemon::start_with_env(&all, &[("DEVREMAPD_FAILPOINT", "lookup-stall:stalled")]);
+    let fusectl = fuse_connection(&d.mountpoint);
+    let keeper = d.child.id();
+    // Whatever the outcome, the connection ends before the daemon is dropped (declared after
+    // it, so dropped first: a drop waits for the keeper, which without the fix never ends).
+    let _abort = Abort(fusectl.join("abort"));
+    let mut stat = std::process::Command::new("stat")
+        .arg(d.path("stalled"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let waiting = || fs::read_to_string(fusectl.join("waiting")).ok().and_then(|w| w.trim().parse::<u32>().ok());
+    wait_for("the stalled lookup to be in flight", || waiting().filter(|&n| n >= 1));
+    // A reload that adds a name to the directory the lookup holds: its invalidation waits.
+    host.node("nvidia1", fake_rdev(1));
+    d.signal(libc::SIGHUP);
+    wait_for_or(
+        "an invalidation to wait in the kernel",
+        || threads_of(keeper),
+        || threads_of(keeper).lines().any(|l| l.contains("(invalidate): D")).then_some(()),
+    );
+    d.signal(libc::SIGTERM);
+    wait_for_or("the keeper to end", || threads_of(keeper), || d.child.try_wait().unwrap());
+    let status = wait_for("the lookup to end", || stat.try_wait().unwrap());
+    assert!(!status.success(), "the lookup of a name the server never answered failed");
+    assert!(!is_mounted(&d.mountpoint), "the mount is gone");
+    assert!(d.log_text().contains("an invalidation still waits on the kernel; aborting the FUSE connection"));
+}
+
+/// Ends a FUSE connection through its fusectl `abort` file when dropped.
+struct Abort(PathBuf);
+
+impl Drop for Abort {
+    fn drop(&mut self) {
+        let _ = fs::write(&self.0, "1");
+    }
 }
 
 /// Rule: no panic in a request path can end the daemon. A lookup that panics (fault injected

@@ -65,6 +65,7 @@ use std::fs::File;
 use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use threads::{Link, Shared, replies_waiting};
 
@@ -138,6 +139,8 @@ struct Keeper<'a> {
     mounted: bool,
     /// The mount's FUSE connection ([`crate::mountpoint::connection_of`]), read once mounted.
     connection: Option<u64>,
+    /// Its `abort` file, opened once mounted ([`crate::mountpoint::abort_handle`]).
+    abort: Option<File>,
     pid_written: Option<Written>,
     /// The mount answers (again): the heap's freed pages are given back once the actions that
     /// said so are done ([`crate::memory::give_back_start_memory`]).
@@ -198,6 +201,8 @@ pub fn run(args: &MountArgs, words: Vec<OsString>, parked: Option<ParkedServer>)
         dev,
         events: tx,
         buffers: Mutex::new(Vec::new()),
+        invalidating: AtomicUsize::new(0),
+        readers: (Mutex::new(0), Condvar::new()),
         state_files: Mutex::new(Vec::new()),
     });
     let (machine, first) = Machine::new(
@@ -226,6 +231,7 @@ pub fn run(args: &MountArgs, words: Vec<OsString>, parked: Option<ParkedServer>)
         leaving: Vec::new(),
         mounted: false,
         connection: None,
+        abort: None,
         pid_written: None,
         trim_due: false,
         ready,
@@ -235,6 +241,16 @@ pub fn run(args: &MountArgs, words: Vec<OsString>, parked: Option<ParkedServer>)
     };
     let result = keeper.perform_all(first, &rx).map_or_else(|end| end, |()| keeper.serve(&rx));
     keeper.pid_written.iter().for_each(Written::remove_if_ours);
+    // An invalidation still in its write to `/dev/fuse` (waiting for a directory's lock, held
+    // by a lookup no server answers now) would keep this process, `/dev/fuse` with it, from
+    // ever ending: a zombie keeper, and lookups in the mount that hang for good instead of
+    // ENOTCONN (found from outside). The connection is ended first, as our exit would end it.
+    if keeper.link.invalidating.load(Ordering::Acquire) > 0
+        && let Some(mut abort) = keeper.abort.take()
+    {
+        warn!("{}: an invalidation still waits on the kernel; aborting the FUSE connection before we exit", keeper.m);
+        let _ = std::io::Write::write_all(&mut abort, b"1");
+    }
     crate::logging::warn_if_dropped(module_path!());
     result
 }

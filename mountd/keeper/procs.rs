@@ -157,7 +157,7 @@ impl Keeper<'_> {
         let passing = Arc::new(AtomicBool::new(false));
         let sockets =
             ServerSockets { epoch, relay: socket.clone(), control: control.clone(), passing: passing.clone() };
-        let (link, done) = (self.link.clone(), Readers(epoch, self.link.events.clone()));
+        let (link, done) = (self.link.clone(), Readers::new(epoch, &self.link));
         let spawned = spawn_thread("replies", move || read_server(&link, &sockets, done));
         let proc = Proc { epoch, child, socket, control, exe, passing };
         if let Err(e) = spawned {

@@ -16,6 +16,9 @@ use sd_notify::NotifyState;
 use std::io;
 use std::time::{Duration, Instant};
 
+/// How long a stop waits for the reader threads of the servers it ended.
+const READERS_PATIENCE: Duration = Duration::from_secs(2);
+
 impl Keeper<'_> {
     /// A start that failed: nothing is left behind (no server, no mount); returns `why`.
     pub(super) fn start_failed(&mut self, why: KeeperError) -> KeeperError {
@@ -108,8 +111,18 @@ impl Keeper<'_> {
             self.kill(p);
         }
         // Never read: a file at the path is removed only if it is one our servers wrote (a
-        // file another user put there may be of any size, and is theirs).
+        // file another user put there may be of any size, and is theirs). What a killed server
+        // said last (the state file it was putting in place) is read by its reader thread, so
+        // those end first (found in CI's way: a stop as the first server wrote its state file
+        // left the file).
         if let Some(path) = &self.args.state_file {
+            if !self.link.readers_end_within(READERS_PATIENCE) {
+                warn!(
+                    "{}: a server's messages were not all read within {} s of its end",
+                    self.m,
+                    READERS_PATIENCE.as_secs()
+                );
+            }
             for identity in self.link.state_files.lock().drain(..) {
                 Written::known(path, identity).remove_if_ours();
             }

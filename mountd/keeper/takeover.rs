@@ -34,6 +34,7 @@ impl Keeper<'_> {
         }
         self.mounted = true;
         self.connection = crate::mountpoint::connection_of(&self.mountpoint);
+        self.abort = self.connection.and_then(crate::mountpoint::abort_handle);
         let link = self.link.clone();
         spawn_thread("requests", move || relay_requests(&link))?;
         if let Some((watch, armed)) =

@@ -26,8 +26,8 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 /// One read of `/dev/fuse`: the kernel refuses a buffer smaller than `max_write` plus the
 /// headers, and fuser offers a `max_write` of up to 16 MiB. A server's records are read into a
@@ -54,6 +54,10 @@ pub(super) struct Link {
     /// place, newest last: kept by the server's reader thread itself, so that a stop knows them even
     /// with events still queued for the main thread.
     pub(super) state_files: Mutex<Vec<(u64, u64)>>,
+    /// Invalidations whose write to `/dev/fuse` has not returned, over every server.
+    pub(super) invalidating: AtomicUsize,
+    /// Server reader threads alive ([`Readers`]), and their ends.
+    pub(super) readers: (Mutex<usize>, Condvar),
 }
 
 pub(super) struct Shared {
@@ -117,12 +121,42 @@ pub(super) fn relay_requests(link: &Link) {
 }
 
 /// Says `Gone` once a server's reader thread has ended: every reply and every control message
-/// it sent has been handled by then (a load error is read before the exit it causes).
-pub(super) struct Readers(pub(super) u64, pub(super) Woken<Ev>);
+/// it sent has been handled by then (a load error is read before the exit it causes). Counted
+/// in [`Link::readers`] while it lives.
+pub(super) struct Readers {
+    epoch: u64,
+    link: Arc<Link>,
+}
+
+impl Readers {
+    pub(super) fn new(epoch: u64, link: &Arc<Link>) -> Readers {
+        *link.readers.0.lock() += 1;
+        Readers { epoch, link: link.clone() }
+    }
+}
 
 impl Drop for Readers {
     fn drop(&mut self) {
-        let _ = self.1.send(Ev::Gone(self.0));
+        let (count, ended) = &self.link.readers;
+        *count.lock() -= 1;
+        ended.notify_all();
+        let _ = self.link.events.send(Ev::Gone(self.epoch));
+    }
+}
+
+impl Link {
+    /// Waits up to `patience` for every server's reader thread to end (each ends once its
+    /// server's sockets are shut and what they held is read); whether they all did.
+    pub(super) fn readers_end_within(&self, patience: Duration) -> bool {
+        let (count, ended) = &self.readers;
+        let until = Instant::now() + patience;
+        let mut live = count.lock();
+        while *live > 0 {
+            if ended.wait_until(&mut live, until).timed_out() {
+                return *live == 0;
+            }
+        }
+        true
     }
 }
 
@@ -358,7 +392,9 @@ fn write_all(link: &Link, control: &OwnedFd, shared: &(Mutex<Queue>, Condvar)) {
             queue.writing = true;
             note
         };
+        link.invalidating.fetch_add(1, Ordering::AcqRel);
         let errno = nix::unistd::write(&link.dev, &note).map_or_else(|e| e as i32, |_| 0);
+        link.invalidating.fetch_sub(1, Ordering::AcqRel);
         // Not writing before the answer goes: the server's next message, sent once it has the
         // answer, must find the writer idle.
         queue.lock().writing = false;

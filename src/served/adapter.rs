@@ -30,15 +30,23 @@ pub struct Adapter {
     no_opendir: bool,
     /// Called whenever a retired node is let go, so the state file can be brought up to date.
     on_retired: Option<Box<dyn Fn() + Send + Sync>>,
-    /// Fault injection for tests: a lookup of this name panics.
+    /// Fault injection for tests: a lookup of this name panics, or never returns.
     #[cfg(feature = "test-hooks")]
-    panic_on_lookup: Option<String>,
+    lookup_fault: Option<(LookupFault, String)>,
 }
 
 impl std::fmt::Debug for Adapter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Adapter").field("fs", &self.fs).field("ttl", &self.ttl).finish_non_exhaustive()
     }
+}
+
+/// What [`Adapter::fault_on_lookup`] does to a lookup of its name.
+#[cfg(feature = "test-hooks")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LookupFault {
+    Panic,
+    Stall,
 }
 
 impl Adapter {
@@ -49,16 +57,17 @@ impl Adapter {
             no_opendir: false,
             on_retired,
             #[cfg(feature = "test-hooks")]
-            panic_on_lookup: None,
+            lookup_fault: None,
         }
     }
 
-    /// Makes every lookup of `name` panic, to test that a panicking request cannot end the
-    /// daemon (the daemon sets it from `DEVREMAPD_FAILPOINT=lookup-panic:NAME`). Only in a
-    /// build with the `test-hooks` feature.
+    /// Makes every lookup of `name` panic (a panicking request cannot end the daemon) or never
+    /// return (a server that leaves one request unanswered, holding the kernel's lock on the
+    /// directory); the daemon sets it from `DEVREMAPD_FAILPOINT=lookup-panic:NAME` or
+    /// `lookup-stall:NAME`. Only in a build with the `test-hooks` feature.
     #[cfg(feature = "test-hooks")]
-    pub fn panic_on_lookup(mut self, name: Option<String>) -> Adapter {
-        self.panic_on_lookup = name;
+    pub fn fault_on_lookup(mut self, fault: Option<(LookupFault, String)>) -> Adapter {
+        self.lookup_fault = fault;
         self
     }
 
@@ -178,8 +187,14 @@ impl Filesystem for Adapter {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         guard("lookup", || {
             #[cfg(feature = "test-hooks")]
-            if self.panic_on_lookup.as_deref().is_some_and(|n| name == OsStr::new(n)) {
-                panic!("fault injected on lookup of {name:?}");
+            match &self.lookup_fault {
+                Some((LookupFault::Panic, n)) if name == OsStr::new(n) => {
+                    panic!("fault injected on lookup of {name:?}")
+                }
+                Some((LookupFault::Stall, n)) if name == OsStr::new(n) => loop {
+                    std::thread::park();
+                },
+                _ => {}
             }
             match self.fs.lookup(parent.0, name) {
                 Ok(entry) => reply.entry(&self.ttl, &attr(&entry), Generation(0)),

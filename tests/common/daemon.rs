@@ -8,6 +8,7 @@ use serde_json::Value;
 use std::ffi::CString;
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -158,6 +159,18 @@ pub fn threads_of(pid: u32) -> String {
         }
     }
     out
+}
+
+/// The FUSE connection number of the mount at `path` (its device's minor), for
+/// `/sys/fs/fuse/connections/N`; mounts fusectl there if nobody has.
+pub fn fuse_connection(path: &Path) -> PathBuf {
+    let dev = fs::metadata(path).unwrap().dev();
+    let conn = Path::new("/sys/fs/fuse/connections").join(libc::minor(dev).to_string());
+    if !conn.exists() {
+        let _ = Command::new("mount").args(["-t", "fusectl", "fusectl", "/sys/fs/fuse/connections"]).status();
+    }
+    assert!(conn.exists(), "{} is missing (fusectl not mounted?)", conn.display());
+    conn
 }
 
 /// Lazily unmounts `path` and waits until the mount table no longer shows it.
