@@ -1335,6 +1335,12 @@ fn requests_name_only_their_own_container() {
             assert_eq!(e, format!("container id {bad:?}: only letters, digits and _+-. are allowed"));
         }
     }
+    // A control character in an id is shown escaped once (it was escaped twice: `a\\nb`).
+    let (code, _, stderr) = fleet.ctl(&["status", "a\nb"]);
+    assert_eq!(
+        (code, stderr.as_str()),
+        (1, "error: container id \"a\\nb\": only letters, digits and _+-. are allowed\n")
+    );
     let (code, _, stderr) = fleet.ctl(&["status", "nosuch"]);
     assert_eq!(code, 1);
     assert!(stderr.contains("no such container: nosuch"), "{stderr}");
@@ -2169,8 +2175,8 @@ fn a_mount_waits_for_the_spare_being_kept() {
 /// container's directory and before its request reached the node daemon, left the directory
 /// until the id's next start or the node daemon's restart (1 to 3 in 40; random ids pile up).
 /// The running node daemon sweeps a marked directory no one has, and leaves one a front end
-/// holds, a killed keeper's, whose dead mount stays until `delete`, and one with a mount
-/// inside (each said once, not every sweep: found from outside).
+/// holds, a killed keeper's, whose dead mount stays until `delete` (and which `ctl status`
+/// names so), and one with a mount inside (each said once, not every sweep: found from outside).
 #[test]
 #[ignore = "needs root, /dev/fuse and runc"]
 fn a_directory_left_before_its_request_is_swept() {
@@ -2185,6 +2191,12 @@ fn a_directory_left_before_its_request_is_swept() {
     logged(&format!("container {dead}: its keeper (pid {keeper}) exited and left its mount dead"), || {
         service.log(&fleet)
     });
+    // Asked after (found from outside: "no such container"): named as what it is.
+    for op in ["status", "reload"] {
+        let (code, _, stderr) = fleet.ctl(&[op, &dead]);
+        assert_eq!(code, 1, "{stderr}");
+        assert!(stderr.contains(&format!("container {dead}: its keeper exited and left its /dev dead")), "{stderr}");
+    }
     let (_, holding) = mount_request(&fleet, &held, &[0], &init).unwrap();
     // One no teardown can remove: a mount inside it.
     let (_, planted) = mount_request(&fleet, &mounted, &[3], &init).unwrap();

@@ -712,12 +712,32 @@ impl Node {
     }
 
     fn status(&self, id: &str) -> Result<Value, String> {
-        self.container(id)?;
-        let pid = self.registry.lock().keeper(id).map_err(|e| e.to_string())?;
+        let pid = self.keeper_of(id)?;
         let (entry, state) = self.entry(id, pid);
         let mut value = json!(entry);
         value["state"] = state;
         Ok(value)
+    }
+
+    /// The keeper of container `id`, which this daemon serves; or why not, naming a directory
+    /// whose keeper died and left its mount (found from outside: "no such container" for a
+    /// container that was there, whose `/dev` answered ENOTCONN).
+    fn keeper_of(&self, id: &str) -> Result<u32, String> {
+        let container = self.container(id)?;
+        let served = self.registry.lock().keeper(id);
+        served.map_err(|e| {
+            let dead = container.exists()
+                && container.daemon_pid().is_none()
+                && crate::mountpoint::is_mounted(&container.dev());
+            if dead {
+                format!(
+                    "container {id}: its keeper exited and left its /dev dead (ENOTCONN); the node daemon \
+                     no longer serves it: delete the container (or restart it) to tear it down"
+                )
+            } else {
+                e.to_string()
+            }
+        })
     }
 
     /// Reloads `id` (every container with `None`), each on its own, and waits until each has
@@ -726,10 +746,7 @@ impl Node {
     fn reload(&self, id: Option<&str>) -> Result<Value, String> {
         let one = id.is_some();
         let targets = match id {
-            Some(id) => {
-                self.container(id)?;
-                vec![(id.to_owned(), self.registry.lock().keeper(id).map_err(|e| e.to_string())?)]
-            }
+            Some(id) => vec![(id.to_owned(), self.keeper_of(id)?)],
             None => self.registry.lock().serving_all(),
         };
         let before: Vec<(String, u32, Option<u64>)> = targets

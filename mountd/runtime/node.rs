@@ -31,12 +31,20 @@ pub fn mount(config: &Config, devremapd: &Path, request: MountRequest, hold: Bor
     let mut tries = 0;
     let busy_until = Instant::now() + MOUNT_TIMEOUT;
     let mut pause = BUSY_PAUSE;
+    // What the last daemon we started said as it exited without answering.
+    let mut said = None;
     loop {
         match ask_passing(&socket, &request, Some(hold), MOUNT_TIMEOUT) {
             Ok(_) => return Ok(()),
             Err(e) if e.untaken() && tries < TRIES => {
                 tries += 1;
-                start_daemon(config, devremapd, &socket)?;
+                said = start_daemon(config, devremapd, &socket)?.or(said);
+            }
+            // Found from outside: the reason was only in node.log, which the client's user
+            // (`docker run`) never sees.
+            Err(e) if e.untaken() && said.is_some() => {
+                let said = said.unwrap_or_default();
+                return Err(Failure::Node(format!("{e}; the node daemon started for it exited: {said}")));
             }
             // Every place taken (a burst of starts, or clients that hold theirs): asked
             // again, as the daemon says, until the mount's own timeout.
@@ -65,10 +73,13 @@ const NODE_LOG_KEPT: u64 = 1 << 20;
 
 /// Starts `devremapd node` on the config's state dir and socket, detached (its own session, its
 /// log `<state_dir>/node.log`, appended to), and waits until it answers or exits (it lost the state dir to
-/// another daemon, which answers then).
-fn start_daemon(config: &Config, devremapd: &Path, socket: &Path) -> Result<(), Failure> {
+/// another daemon, which answers then, or it could not start); returns the `error:` line it
+/// wrote to its log if it exited.
+fn start_daemon(config: &Config, devremapd: &Path, socket: &Path) -> Result<Option<String>, Failure> {
     devremap::runtime::container_daemon::ensure_private_dir(&config.state_dir)?;
-    let log = devremap::atomic::append_log(&config.state_dir.join("node.log"), NODE_LOG_KEPT)?;
+    let log_path = config.state_dir.join("node.log");
+    let log = devremap::atomic::append_log(&log_path, NODE_LOG_KEPT)?;
+    let logged_before = log.metadata().map_or(0, |m| m.len());
     let log2 = log
         .try_clone()
         .map_err(|e| Failure::at(config.state_dir.join("node.log").display(), devremap::io_message(&e)))?;
@@ -107,8 +118,19 @@ fn start_daemon(config: &Config, devremapd: &Path, socket: &Path) -> Result<(), 
     });
     drop(ready_write);
     let _ = spawned?.wait();
-    // A newline: it answers; EOF: it exited (another daemon holds the state dir). Either way
-    // the caller asks again.
-    let _ = nix::unistd::read(&ready, &mut [0u8; 1]);
-    Ok(())
+    // A newline: it answers; EOF: it exited (another daemon holds the state dir, or it could
+    // not start). Either way the caller asks again.
+    let mut answer = [0u8; 1];
+    let exited = matches!(nix::unistd::read(&ready, &mut answer), Ok(0));
+    Ok(exited.then(|| error_line(&log_path, logged_before)).flatten())
+}
+
+/// The last `error:` line of the log at `path` after its first `from` bytes (read up to 64 KiB).
+fn error_line(path: &Path, from: u64) -> Option<String> {
+    use std::io::{Seek, SeekFrom};
+    let mut file = devremap::inputs::files::open_regular(path).ok()?;
+    file.seek(SeekFrom::Start(from)).ok()?;
+    let text = devremap::inputs::files::read_at_most(&mut file, 64 << 10).ok().flatten()?;
+    let text = String::from_utf8_lossy(&text);
+    text.lines().rev().find_map(|l| l.strip_prefix("error: ")).map(str::to_owned)
 }

@@ -72,7 +72,9 @@ pub fn start(
     let devremapd = devremapd_path(config)?;
     // Held until the runtime replaces this process (the lock's descriptor is close-on-exec,
     // so the container never gets it), and by the node daemon's copy until the runtime exits.
-    let mine = container.prepare(inv.global.root.as_deref()).map_err(|e| undo(&container, e.into()))?;
+    // A prepare that fails removes what it made (found from outside: an undo after it, finding
+    // nothing, added "no such file or directory" to a full disk's error).
+    let mine = container.prepare(inv.global.root.as_deref()).map_err(Failure::from)?;
     // Marked at once: a wrapper killed before its request reaches the node daemon leaves the
     // directory, which only a mark lets the node daemon take for one of its own to sweep.
     container.mark_node().map_err(|e| undo(&container, e.into()))?;

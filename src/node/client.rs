@@ -22,7 +22,7 @@ pub enum ClientError {
     /// ask again.
     #[error("{}: the node daemon closed the connection without an answer", socket.display())]
     NoAnswer { socket: PathBuf },
-    #[error("{}: the node daemon {source}", socket.display())]
+    #[error("{}: the node daemon's answer: {source}", socket.display())]
     Protocol { socket: PathBuf, source: ProtocolError },
     /// The daemon took the connection and did not answer in time: stopped (`SIGSTOP`, a
     /// debugger), or stuck. What it did with the request is not known.
@@ -162,5 +162,22 @@ mod tests {
             e.to_string().ends_with("node.sock: the node daemon did not answer within 0.1 s (stopped, or stuck?)"),
             "{e}"
         );
+    }
+
+    /// Bug (found from outside): an answer that is not the protocol's read "the node daemon
+    /// not a node protocol message", a verb short; it names it as the daemon's answer.
+    #[test]
+    fn an_answer_that_is_not_the_protocol_is_named_so() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let socket = dir.path().join("node.sock");
+        let listener = UnixListener::bind(&socket).unwrap();
+        let daemon = std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            stream.write_all(b"garbage\n").unwrap();
+        });
+        let e = ask(&socket, &Request::List, Duration::from_secs(60)).unwrap_err();
+        daemon.join().unwrap();
+        let text = e.to_string();
+        assert!(text.contains("node.sock: the node daemon's answer: not a node protocol message: "), "{text}");
     }
 }
