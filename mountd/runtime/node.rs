@@ -132,5 +132,10 @@ fn error_line(path: &Path, from: u64) -> Option<String> {
     file.seek(SeekFrom::Start(from)).ok()?;
     let text = devremap::inputs::files::read_at_most(&mut file, 64 << 10).ok().flatten()?;
     let text = String::from_utf8_lossy(&text);
-    text.lines().rev().find_map(|l| l.strip_prefix("error: ")).map(str::to_owned)
+    // Escaped as it was written; the wrapper's own line escapes it again (found from outside:
+    // each backslash doubled).
+    text.lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("error: "))
+        .map(|l| devremap::decision::escape::unescape(l).into_owned())
 }

@@ -37,6 +37,50 @@ pub fn escape(s: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// The text [`escape`] was given, from what it wrote: a line read back from a log, which is
+/// escaped again where it is shown (each backslash would double). A backslash that starts
+/// none of [`escape`]'s escapes is kept.
+pub fn unescape(s: &str) -> Cow<'_, str> {
+    if !s.contains('\\') {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(at) = rest.find('\\') {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 1..];
+        let (c, used) = match after.chars().next() {
+            Some('\\') => (Some('\\'), 1),
+            Some('n') => (Some('\n'), 1),
+            Some('t') => (Some('\t'), 1),
+            Some('r') => (Some('\r'), 1),
+            Some('x') => (after.get(1..3).and_then(code), 3),
+            Some('u') => match after.strip_prefix("u{").and_then(|t| t.split_once('}')) {
+                Some((hex, _)) => (code(hex), hex.len() + 3),
+                None => (None, 0),
+            },
+            _ => (None, 0),
+        };
+        match c {
+            Some(c) => {
+                out.push(c);
+                rest = &after[used..];
+            }
+            None => {
+                out.push('\\');
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    Cow::Owned(out)
+}
+
+/// The character hex digits `hex` name, if they do.
+fn code(hex: &str) -> Option<char> {
+    u32::from_str_radix(hex, 16).ok().and_then(char::from_u32)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -63,5 +107,16 @@ mod tests {
         assert_ne!(escape("a\\nb"), escape("a\nb"));
         assert_eq!(escape("\\"), "\\\\");
         assert_eq!(escape("C:\\x1b"), "C:\\\\x1b");
+    }
+
+    /// What [`unescape`] gives back is what [`escape`] was given, for every kind of escape; a
+    /// backslash starting none is kept (a line read back from a log is shown once escaped).
+    #[test]
+    fn unescape_undoes_escape() {
+        for s in ["plain", "a\nb", "a\\nb", "\x1b[31m\u{9b}\r\t\x00\x7f", "C:\\x1b", "\\", "café\n"] {
+            assert_eq!(unescape(&escape(s)), s, "{s:?}");
+        }
+        assert!(matches!(unescape("no escapes"), Cow::Borrowed(_)));
+        assert_eq!(unescape("odd \\q and \\x1 and \\u{zz}"), "odd \\q and \\x1 and \\u{zz}");
     }
 }
