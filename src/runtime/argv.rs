@@ -114,7 +114,7 @@ pub struct ContainerId(String);
 
 /// A container id that is not runc's kind.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("container id \"{0}\": only letters, digits and _+-. are allowed")]
+#[error("container id {0:?}: only letters, digits and _+-. are allowed")]
 pub struct BadId(pub String);
 
 impl ContainerId {
