@@ -105,8 +105,29 @@ struct Node {
     threads: u16,
 }
 
+/// The starter's `--ready-fd`: a newline once the socket answers; a start that fails leaves
+/// it open until the process exits, after its `error:` line (found in CI: closed as the start
+/// failed, the pipe's end let the wrapper read the log before the line was in it).
+struct Ready(Option<std::fs::File>);
+
+impl Ready {
+    fn say(mut self) {
+        if let Some(mut ready) = self.0.take() {
+            let _ = ready.write_all(b"\n");
+        }
+    }
+}
+
+impl Drop for Ready {
+    fn drop(&mut self) {
+        if let Some(unsaid) = self.0.take() {
+            std::mem::forget(unsaid);
+        }
+    }
+}
+
 pub fn run(args: &NodeArgs) -> Result<(), NodeError> {
-    let ready = args.ready_fd.map(crate::keeper::claim_ready_fd).transpose()?;
+    let ready = Ready(args.ready_fd.map(crate::keeper::claim_ready_fd).transpose()?);
     let (tx, rx) = mpsc::channel();
     // Its jobs are the keepers' and servers': the node daemon's thread reads signals alone.
     let _signals = signals::start(tx.clone(), act, "")?;
@@ -176,9 +197,7 @@ pub fn run(args: &NodeArgs) -> Result<(), NodeError> {
             .map_err(NodeError::Thread)?;
     }
     info!("node daemon serving {} on {} (pid {})", node.state_dir.display(), args.socket.display(), std::process::id());
-    if let Some(mut ready) = ready {
-        let _ = ready.write_all(b"\n");
-    }
+    ready.say();
     // Under `devremap.service` (Type=notify): the socket answers.
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
     let idle_exit = args.idle_exit.map(Duration::from_secs);
