@@ -1031,6 +1031,48 @@ fn one_id_under_two_runtime_roots() {
     assert!(s.run(&["state", &id]).status.success());
 }
 
+/// Bug (found from outside): `runc create ID` (runc's default root) and `runc --root
+/// /run/runc start ID` name one container to runc, but the wrapper keyed the first by no root
+/// and took the second for another root's: it did not check the container's `/dev` before the
+/// start, wrote no record at a checkpoint, and left a dead keeper's directory at `delete`.
+/// `--root` naming the runtime's default is now no root given.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs a container"]
+fn the_runtimes_default_root_named_is_the_same_root() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Setup::new(Runtime::Runc, json!({"devremap.io/enable": "true"}));
+    let id = format!("wrapped-default-root-{}", std::process::id());
+    let default = Path::new("/run/runc");
+    let _delete = DeletingUnder(&s, default.to_owned(), id.clone());
+    let err_path = s.tmp.path().join("wrapper.stderr");
+    let status = Command::new(WRAPPER)
+        .env(devremap_config_env(), &s.config)
+        .env_remove("RUST_LOG")
+        .env_remove("XDG_RUNTIME_DIR")
+        .args(["create", "--bundle", arg(s.bundle.dir()), &id])
+        .stdin(Stdio::null())
+        .stdout(append(&s.bundle.dir().join("stdout")))
+        .stderr(fs::File::create(&err_path).unwrap())
+        .status()
+        .unwrap();
+    assert_ok(&Ran { status, stderr: fs::read_to_string(&err_path).unwrap() }, "create", &s, &id);
+    assert!(default.join(&id).exists(), "runc keeps it under its default root");
+    let dir = s.state_dir().join(&id);
+    let daemon = s.daemon_pid(&id);
+    // SAFETY: kill(2) of the keeper this test's create started.
+    assert_eq!(unsafe { libc::kill(daemon as i32, libc::SIGKILL) }, 0);
+    wait_for("the killed keeper to be gone", || (!alive(daemon)).then_some(()));
+
+    let out = s.run(&["--root", arg(default), "start", &id]);
+    assert_eq!(out.status.code(), Some(1), "start of a container on a dead /dev: {}", out.stderr);
+    assert!(out.stderr.contains("its devremap daemon is gone"), "{}", out.stderr);
+    let out = s.run(&["--root", arg(default), "delete", "--force", &id]);
+    assert_ok(&out, "delete under the default root named", &s, &id);
+    assert!(!default.join(&id).exists(), "runc deleted it");
+    assert!(!dir.exists() && !is_mounted(&dir.join("dev")), "delete left {}", dir.display());
+}
+
 /// Bug (found from outside): runc takes `--root ''` for its working directory, which for a
 /// devremap container is the wrapper's own bundle, so the container's runtime state went into
 /// `<state_dir>/<id>/bundle/<id>` and with devremap's directory. The wrapper refuses an empty

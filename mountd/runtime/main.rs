@@ -68,10 +68,13 @@ fn main() -> ExitCode {
         let text = devremap::runtime::about::text(ask, std::env::var_os(config::ENV).as_deref());
         let _ = std::io::Write::write_all(&mut std::io::stdout(), text.as_bytes());
     }
-    let result = load_config(&inv.global).and_then(|config| match argv {
-        Some(_) => dispatch(&config, &inv),
-        // Not ours to understand: the runtime judges it.
-        None => Err(exec_unchanged(&config)),
+    let result = load_config(&inv.global).and_then(|config| {
+        inv.global.root = argv::root_key(inv.global.root.take(), default_root(&config).as_deref());
+        match argv {
+            Some(_) => dispatch(&config, &inv),
+            // Not ours to understand: the runtime judges it.
+            None => Err(exec_unchanged(&config)),
+        }
     });
     match result {
         Ok(code) => ExitCode::from(code),
@@ -108,6 +111,17 @@ fn load_config(global: &argv::Global) -> Result<Config, Failure> {
         (None, None) => (PathBuf::from(config::DEFAULT_PATH), false),
     };
     config_file::read(&path, required).map_err(|e| Failure::at(e.at, e.what))
+}
+
+/// The root the config's runtime takes without `--root`, where its rule is known.
+fn default_root(config: &Config) -> Option<String> {
+    let name = config.runtime.file_name()?.to_str()?;
+    let xdg = std::env::var("XDG_RUNTIME_DIR").ok();
+    // A user namespace maps some ids only; the host's is the identity.
+    let in_userns = std::fs::read_to_string("/proc/self/uid_map")
+        .map_or(true, |map| map.split_whitespace().collect::<Vec<_>>() != ["0", "0", "4294967295"]);
+    let facts = argv::RootFacts { euid: nix::unistd::geteuid().as_raw(), in_userns, xdg_runtime_dir: xdg.as_deref() };
+    argv::default_root(name, facts)
 }
 
 fn absolute(p: &str) -> Result<PathBuf, Failure> {

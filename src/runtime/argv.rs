@@ -386,6 +386,42 @@ pub fn absolute_root(root: &str, cwd: &str) -> String {
     format!("/{}", parts.join("/"))
 }
 
+/// What decides where a runtime keeps its state when given no `--root`.
+#[derive(Debug, Clone, Copy)]
+pub struct RootFacts<'a> {
+    pub euid: u32,
+    /// Whether the process runs in a user namespace (its uid map is not the identity).
+    pub in_userns: bool,
+    /// `XDG_RUNTIME_DIR`, when set.
+    pub xdg_runtime_dir: Option<&'a str>,
+}
+
+/// The root runc or crun takes without `--root`, as each works it out (runc's `main.go`:
+/// `/run/runc`, or `$XDG_RUNTIME_DIR/runc` for a user other than root; crun's
+/// `get_run_directory`: `$XDG_RUNTIME_DIR/crun` whenever that is set, even for root, else
+/// `/run/crun` for root); `None` for another runtime, or where the rule is not this simple (a
+/// user namespace, where runc asks `$USER`; a user without `$XDG_RUNTIME_DIR`).
+pub fn default_root(runtime: &str, facts: RootFacts) -> Option<String> {
+    let xdg = facts.xdg_runtime_dir.filter(|d| !d.is_empty());
+    let root = facts.euid == 0 && !facts.in_userns;
+    match runtime {
+        "runc" if root => Some("/run/runc".to_owned()),
+        "crun" if root || xdg.is_some() => {
+            Some(xdg.map_or_else(|| "/run/crun".to_owned(), |d| absolute_root("crun", d)))
+        }
+        "runc" if facts.euid != 0 => xdg.map(|d| absolute_root("runc", d)),
+        _ => None,
+    }
+}
+
+/// The runtime root as the wrapper keys its containers: `--root` naming the runtime's own
+/// default is no root given, so that `runc run ID` and `runc --root /run/runc delete ID` name
+/// one container (found from outside: the second was refused as another root's). `root` is
+/// already [`absolute_root`]'s; an empty one stays, to be refused.
+pub fn root_key(root: Option<String>, default: Option<&str>) -> Option<String> {
+    root.filter(|r| Some(r.as_str()) != default)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -606,6 +642,32 @@ mod tests {
         for bad in ["", ".", "..", "a/b", "../x", "a b", "é"] {
             assert_eq!(ContainerId::new(bad), Err(BadId(bad.into())));
         }
+    }
+
+    /// Rule (found from outside): runc's and crun's default root and `--root` naming it are
+    /// one root to the wrapper, as they are to the runtime; another runtime's, or a rule we do
+    /// not know (a user namespace), leaves `--root` as given.
+    #[test]
+    fn a_runtimes_default_root_is_no_root_given() {
+        let root = RootFacts { euid: 0, in_userns: false, xdg_runtime_dir: None };
+        let xdg = RootFacts { xdg_runtime_dir: Some("/run/user/0/"), ..root };
+        assert_eq!(default_root("runc", root).as_deref(), Some("/run/runc"));
+        assert_eq!(default_root("runc", xdg).as_deref(), Some("/run/runc"), "runc's root ignores XDG_RUNTIME_DIR");
+        assert_eq!(default_root("crun", root).as_deref(), Some("/run/crun"));
+        assert_eq!(default_root("crun", xdg).as_deref(), Some("/run/user/0/crun"), "crun's does not");
+        assert_eq!(default_root("crun", RootFacts { xdg_runtime_dir: Some(""), ..root }).as_deref(), Some("/run/crun"));
+        let user = RootFacts { euid: 1000, in_userns: false, xdg_runtime_dir: Some("/run/user/1000") };
+        assert_eq!(default_root("runc", user).as_deref(), Some("/run/user/1000/runc"));
+        assert_eq!(default_root("runc", RootFacts { xdg_runtime_dir: None, ..user }), None);
+        assert_eq!(default_root("runc", RootFacts { in_userns: true, ..root }), None);
+        assert_eq!(default_root("runsc", root), None);
+
+        let default = default_root("runc", root);
+        assert_eq!(root_key(Some("/run/runc".into()), default.as_deref()), None);
+        assert_eq!(root_key(Some("/run/runc2".into()), default.as_deref()).as_deref(), Some("/run/runc2"));
+        assert_eq!(root_key(Some(String::new()), default.as_deref()).as_deref(), Some(""));
+        assert_eq!(root_key(None, default.as_deref()), None);
+        assert_eq!(root_key(Some("/run/runc".into()), None).as_deref(), Some("/run/runc"));
     }
 
     /// Rule (found from outside): a runtime root is one key however it is spelled, and a
