@@ -1411,6 +1411,14 @@ echo done
 /// only when it builds `/dev`). Bug (issue 17.10): the daemon read its metadata from the
 /// client's checkpoint directory, which containerd removes: with the image gone, a reload
 /// still loads every input.
+/// A container of [`CRIU_SCRIPT`] that asks for GPUs, on a host with GPU 1 (zero, 1:5) alone.
+fn criu_setup() -> Setup {
+    let s = Setup::with_script(Runtime::Runc, json!({"devremap.io/enable": "true"}), CRIU_SCRIPT);
+    s.ask_for_gpus();
+    fs::remove_file(s.host.dev().join("nvidia0")).unwrap();
+    s
+}
+
 /// Container `id` of `s` run detached through the wrapper with CRIU at `criu`, checkpointed
 /// into `image` and restored from it, each step asserted to succeed.
 struct Criu<'a> {
@@ -1445,6 +1453,17 @@ impl Criu<'_> {
         serde_json::from_slice(&fs::read(self.image.join("devremap-gpus.json")).unwrap()).unwrap()
     }
 
+    /// [`Criu::checkpoint`], once the keeper has ended with its container; then the restore
+    /// host: GPU 1 is gone, GPU 2 (full, 1:7) is there. Returns the record.
+    fn checkpoint_for_gpu_2(&self) -> Value {
+        let daemon = self.s.daemon_pid(self.id);
+        let recorded = self.checkpoint();
+        wait_for("the daemon to stop with its checkpointed container", || (!alive(daemon)).then_some(()));
+        fs::remove_file(self.s.host.dev().join("nvidia1")).unwrap();
+        self.s.host.node("nvidia2", fake_rdev(2));
+        recorded
+    }
+
     /// `restore --detach`; returns the restored container's stdin's writer.
     fn restore(&self) -> std::process::Child {
         let (s, id) = (self.s, self.id);
@@ -1473,27 +1492,18 @@ fn runc_checkpoint_restore_onto_another_device() {
     need_containers(Runtime::Runc);
     let criu = need_criu();
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let s = Setup::with_script(Runtime::Runc, json!({"devremap.io/enable": "true"}), CRIU_SCRIPT);
-    s.ask_for_gpus();
-    fs::remove_file(s.host.dev().join("nvidia0")).unwrap();
+    let s = criu_setup();
     let id = format!("wrapped-criu-{}", std::process::id());
     let _delete = Deleting(&s, id.clone());
     let c = Criu { s: &s, id: &id, criu: &criu, image: s.tmp.path().join("image") };
     let cat1 = c.run();
     assert!(s.stdout().contains("before fd3: 1:5\n"), "{}", s.stdout());
-    let daemon = s.daemon_pid(&id);
-
-    let recorded = c.checkpoint();
+    let recorded = c.checkpoint_for_gpu_2();
     assert_eq!(
         recorded.as_array().map(|a| a.iter().map(|d| d["minor"].clone()).collect::<Vec<_>>()),
         Some(vec![json!(1)])
     );
     assert_eq!(recorded[0]["mode"], 0o666);
-    wait_for("the daemon to stop with its checkpointed container", || (!alive(daemon)).then_some(()));
-
-    // The restore host: GPU 1 is gone, GPU 2 is there.
-    fs::remove_file(s.host.dev().join("nvidia1")).unwrap();
-    s.host.node("nvidia2", fake_rdev(2));
     let cat2 = c.restore();
     let state_file = s.state_dir().join(&id).join("state.json");
     let state: Value = serde_json::from_slice(&fs::read(&state_file).unwrap()).unwrap();
@@ -1520,6 +1530,56 @@ fn runc_checkpoint_restore_onto_another_device() {
         let _ = cat.kill();
         let _ = cat.wait();
     }
+}
+
+/// Bug (found from outside): runc and crun open a restore's `--image-path` and `--work-path`
+/// after changing into the bundle, and the wrapper's bundle replaced the caller's: `restore
+/// --image-path ck` failed (`open ck: no such file or directory`), and CRIU's `restore.log`
+/// under a relative `--work-path` went into the wrapper's bundle and was deleted with it. Both
+/// are now the caller's bundle's, as with runc alone, from whatever directory the restore runs.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc, busybox-static and CRIU: checkpoints a container"]
+fn a_restores_relative_paths_are_the_callers_bundles() {
+    need_containers(Runtime::Runc);
+    let criu = need_criu();
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = criu_setup();
+    let id = format!("wrapped-criu-rel-{}", std::process::id());
+    let _delete = Deleting(&s, id.clone());
+    let c = Criu { s: &s, id: &id, criu: &criu, image: s.bundle.dir().join("ck") };
+    let cat1 = c.run();
+    c.checkpoint_for_gpu_2();
+
+    let elsewhere = s.tmp.path().join("elsewhere");
+    fs::create_dir(&elsewhere).unwrap();
+    let args = c.with_criu(&[
+        "restore",
+        "--detach",
+        "--image-path",
+        "ck",
+        "--work-path=wp",
+        "--bundle",
+        arg(s.bundle.dir()),
+        &id,
+    ]);
+    let out = append(&s.bundle.dir().join("stdout"));
+    let status = s
+        .wrapper(&args.iter().map(String::as_str).collect::<Vec<_>>())
+        .current_dir(&elsewhere)
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .status()
+        .unwrap();
+    assert!(status.success(), "restore: {status}\n{}\n{}", s.stdout(), s.daemon_log(&id));
+    let state: Value = serde_json::from_slice(&fs::read(s.state_dir().join(&id).join("state.json")).unwrap()).unwrap();
+    assert_eq!(state["remap"][0]["new_name"], "nvidia2", "the record in the bundle's ck was read: {}", state["remap"]);
+    assert!(s.bundle.dir().join("wp/restore.log").exists(), "CRIU's log is in the caller's bundle");
+    let out = s.run(&["delete", "--force", &id]);
+    assert_ok(&out, "delete", &s, &id);
+    s.wait_gone(&id);
+    let mut cat1 = cat1;
+    let _ = cat1.kill();
+    let _ = cat1.wait();
 }
 
 /// A fake AMD host: the MI300X fixture's KFD topology under the host root, render node

@@ -4,16 +4,16 @@
 use crate::error::Failure;
 use crate::procs::Host;
 use crate::runner::{exec, note, report, run_runtime, runtime_knows};
-use crate::start::{Restoring, start};
-use crate::{RECORD_FILE, absolute};
+use crate::start::{Restoring, callers_bundle, start};
+use crate::{RECORD_FILE, absolute, arg_of};
 use devremap::io_message;
-use devremap::runtime::argv::{ContainerId, Invocation, NewContainer};
+use devremap::runtime::argv::{self, ContainerId, Invocation, NewContainer};
 use devremap::runtime::config::Config;
 use devremap::runtime::container_daemon::{Container, Found};
 use std::path::{Path, PathBuf};
 
-/// The image directory of a checkpoint or restore: `--image-path`, else runc's default
-/// `./checkpoint`.
+/// The image directory of a checkpoint, or of a restore given an absolute one or none:
+/// `--image-path`, else runc's default `./checkpoint`.
 fn image_dir(image_path: Option<&str>) -> Result<PathBuf, Failure> {
     absolute(image_path.unwrap_or("checkpoint"))
 }
@@ -24,7 +24,11 @@ pub fn restore(
     container: &NewContainer,
     image_path: Option<&str>,
 ) -> Result<u8, Failure> {
-    let image = image_dir(image_path)?;
+    // Where the runtime opens it: in the caller's bundle, when relative.
+    let image = match image_path.filter(|p| !p.starts_with('/')) {
+        Some(relative) => absolute(&argv::in_dir(&arg_of(&callers_bundle(container)?)?, relative))?,
+        None => image_dir(image_path)?,
+    };
     // The first that is there at all: one that is not a regular file (a symlink, a FIFO, a
     // directory in a hostile image) is refused when it is kept, naming it, rather than passed
     // over for the next, or for none (found from outside: the restore went on unremapped).

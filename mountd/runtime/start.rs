@@ -79,13 +79,21 @@ pub fn start(
     // directory, which only a mark lets the node daemon take for one of its own to sweep.
     container.mark_node().map_err(|e| undo(&container, e.into()))?;
     drop(claiming);
-    let args = arg_of(&container.bundle()).map(|b| new.line_for_bundle(&b, &pid_file_arg));
+    let args = arg_of(&container.bundle()).and_then(|ours| {
+        let callers = arg_of(&callers_bundle(new)?)?;
+        Ok(new.line_for_bundle(&ours, &pid_file_arg, &callers))
+    });
     set_up(config, &container, wanted, &devremapd, &pid_file, &mine).map_err(|e| undo(&container, e))?;
     // The runtime replaces this process: no wrapper stays behind, and a foreground `run` is
     // the runtime itself. The container's keeper ends with the container's init (or with this
     // process, the runtime, when it exits before the container was made), and the node daemon
     // then removes the directory.
     Err(undo(&container, args.map_or_else(|e| e, |args| exec_container(config, &args))))
+}
+
+/// The caller's bundle directory: `--bundle`, else the working directory, as the runtime takes it.
+pub fn callers_bundle(new: &NewContainer) -> Result<PathBuf, Failure> {
+    absolute(new.bundle.as_deref().unwrap_or("."))
 }
 
 /// Whether the spec gets devremap, and the container and patched spec if so; `None` for the
@@ -97,7 +105,7 @@ fn decide(
     container: Result<Container, &BadId>,
     restoring: Option<Restoring>,
 ) -> Result<Option<(Container, Wanted)>, Failure> {
-    let bundle = absolute(new.bundle.as_deref().unwrap_or("."))?;
+    let bundle = callers_bundle(new)?;
     let spec_path = bundle.join("config.json");
     let Some(original) = read_spec(&spec_path) else { return Ok(None) };
     // Larger than devremap reads: it cannot tell whether devremap was asked for, so the

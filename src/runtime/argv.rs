@@ -43,6 +43,11 @@ const COMMAND_VALUE_FLAGS: &[&str] = &[
     "criu",
 ];
 
+/// The flags of `create`, `run` and `restore` whose path the runtime opens after it has changed
+/// into the bundle directory (runc and crun alike): a relative one names a file in the caller's
+/// bundle, which the wrapper's own bundle replaces.
+const BUNDLE_RELATIVE_FLAGS: &[&str] = &["console-socket", "pidfd-socket", "image-path", "work-path"];
+
 /// One invocation of the runtime, decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Invocation {
@@ -105,6 +110,17 @@ pub struct NewContainer {
     pub gone_on_return: bool,
     /// The command line without its bundle flags, split where the wrapper's flags go.
     ours: (Vec<String>, Vec<String>),
+    /// Where in `ours` a [`BUNDLE_RELATIVE_FLAGS`] value stands.
+    bundle_paths: Vec<PathSlot>,
+}
+
+/// An argument holding a flag's path: in the first or second half of [`NewContainer::ours`],
+/// at `at`, alone or as `--flag=path` (`inline`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PathSlot {
+    after: bool,
+    at: usize,
+    inline: bool,
 }
 
 /// A container id that is safe as one path component: runc's own rule (`^[\w+\-.]+$`), and not
@@ -226,6 +242,8 @@ struct Args {
     keep: bool,
     /// The arguments less every bundle flag (and its value).
     kept: Vec<String>,
+    /// Where in `kept` a [`BUNDLE_RELATIVE_FLAGS`] value stands, and whether inline.
+    bundle_paths: Vec<(usize, bool)>,
     /// Where in `kept` the wrapper's flags go: after the command's leading flags, before the
     /// `--` that ends them or the id.
     at: usize,
@@ -284,6 +302,9 @@ fn walk_command(args: &[String]) -> Args {
                 "keep" => a.keep = on,
                 _ => {}
             }
+            if BUNDLE_RELATIVE_FLAGS.contains(&name) && value.is_some() {
+                a.bundle_paths.push((a.kept.len() + usize::from(takes_next), inline.is_some()));
+            }
         }
         if !is_bundle {
             a.kept.extend_from_slice(&args[i..end]);
@@ -318,29 +339,59 @@ fn new_container(line: &Line, name: &str, mut a: Args) -> Option<NewContainer> {
     let id = a.id?;
     let after = a.kept.split_off(a.at);
     let before = [&line.global[..], std::slice::from_ref(&name.to_owned()), &a.kept].concat();
+    let bundle_paths = a
+        .bundle_paths
+        .iter()
+        .map(|&(at, inline)| match at.checked_sub(a.at) {
+            Some(at) => PathSlot { after: true, at, inline },
+            None => PathSlot { after: false, at: at + line.global.len() + 1, inline },
+        })
+        .collect();
     Some(NewContainer {
         id: ContainerId::new(&id),
         bundle: a.bundle,
         pid_file: a.pid_file,
         gone_on_return: name != "create" && !a.detach && !a.keep,
         ours: (before, after),
+        bundle_paths,
     })
 }
 
 impl NewContainer {
     /// The whole command line for the wrapper's own bundle: every `--bundle`/`-b` given is
     /// replaced by `--bundle BUNDLE`, and `--pid-file PID_FILE` is added when there is none,
-    /// after the command's flags (before a `--` that ends them, or the id).
-    pub fn line_for_bundle(&self, bundle: &str, pid_file: &str) -> Vec<String> {
-        let (before, after) = &self.ours;
-        let mut v = before.clone();
+    /// after the command's flags (before a `--` that ends them, or the id). A relative path
+    /// the runtime would open in the caller's bundle (`--image-path ck`, found from outside: a
+    /// restore so named failed, `open ck: no such file or directory`, and a relative
+    /// `--work-path` went into the wrapper's bundle and with it) is made `CALLERS_BUNDLE/ck`.
+    pub fn line_for_bundle(&self, bundle: &str, pid_file: &str, callers_bundle: &str) -> Vec<String> {
+        let (mut before, mut after) = self.ours.clone();
+        for slot in &self.bundle_paths {
+            let half = if slot.after { &mut after } else { &mut before };
+            if let Some(arg) = half.get_mut(slot.at) {
+                let (flag, path) = match arg.split_once('=').filter(|_| slot.inline) {
+                    Some((flag, path)) => (format!("{flag}="), path),
+                    None => (String::new(), arg.as_str()),
+                };
+                if !path.is_empty() && !path.starts_with('/') {
+                    *arg = format!("{flag}{}", in_dir(callers_bundle, path));
+                }
+            }
+        }
+        let mut v = before;
         v.extend(["--bundle".to_owned(), bundle.to_owned()]);
         if self.pid_file.is_none() {
             v.extend(["--pid-file".to_owned(), pid_file.to_owned()]);
         }
-        v.extend_from_slice(after);
+        v.extend(after);
         v
     }
+}
+
+/// Relative `path` in directory `dir`, as an open after `chdir(dir)` finds it: joined, not
+/// cleaned (a `..` after a symlink is the kernel's to resolve).
+pub fn in_dir(dir: &str, path: &str) -> String {
+    format!("{}/{path}", dir.trim_end_matches('/'))
 }
 
 impl Line {
@@ -444,7 +495,7 @@ mod tests {
 
     /// What the runtime gets for `line` on the wrapper's bundle `/ours` with pid file `/p`.
     fn ours(line: &str) -> Vec<String> {
-        new_container(line).line_for_bundle("/ours", "/p")
+        new_container(line).line_for_bundle("/ours", "/p", "/cb")
     }
 
     /// Rule (issue 17.3): `--devremap-config` (either spelling) names the wrapper's config and
@@ -533,7 +584,7 @@ mod tests {
         assert!(!c.gone_on_return);
         assert_eq!(inv.line.original(), argv);
         assert_eq!(
-            c.line_for_bundle("/ours", "/x"),
+            c.line_for_bundle("/ours", "/x", "/cb"),
             v("--root /run/containerd/runc/k8s.io --log /b/log.json --log-format json --systemd-cgroup \
                create --pid-file /b/init.pid --console-socket /tmp/c.sock --bundle /ours abc123"),
             "a pid file given is kept"
@@ -550,7 +601,7 @@ mod tests {
         let Command::Run(c) = &inv.command else { panic!("{:?}", inv.command) };
         assert_eq!((&c.id, c.bundle.as_deref()), (&Ok(id("my-id")), Some("/bun")));
         assert_eq!(
-            c.line_for_bundle("/ours", "/p"),
+            c.line_for_bundle("/ours", "/p", "/cb"),
             v("-root=/r --debug run -d --no-pivot --keep --bundle /ours --pid-file /p -- my-id")
         );
     }
@@ -620,7 +671,10 @@ mod tests {
     fn flags_after_the_id() {
         let c = new_container("--root /r create c1 --bundle /b -pid-file=/p --no-pivot");
         assert_eq!((&c.id, c.bundle.as_deref(), c.pid_file.as_deref()), (&Ok(id("c1")), Some("/b"), Some("/p")));
-        assert_eq!(c.line_for_bundle("/ours", "/x"), v("--root /r create --bundle /ours c1 -pid-file=/p --no-pivot"));
+        assert_eq!(
+            c.line_for_bundle("/ours", "/x", "/cb"),
+            v("--root /r create --bundle /ours c1 -pid-file=/p --no-pivot")
+        );
         let c = new_container("run c2 -d -b /b --keep");
         assert_eq!((&c.id, c.bundle.as_deref(), c.gone_on_return), (&Ok(id("c2")), Some("/b"), false));
         let inv = decode(&v("restore c3 --image-path /img --bundle /b"));
@@ -642,6 +696,30 @@ mod tests {
         for bad in ["", ".", "..", "a/b", "../x", "a b", "é"] {
             assert_eq!(ContainerId::new(bad), Err(BadId(bad.into())));
         }
+    }
+
+    /// Bug (found from outside): runc and crun change into the bundle before they open a
+    /// restore's images, its work directory and the console socket, so a relative one named a
+    /// file in the wrapper's bundle (`open ck: no such file or directory`). The wrapper's line
+    /// names them in the caller's bundle; absolute ones, flags of other commands' and values
+    /// after the flags end are left as given.
+    #[test]
+    fn paths_the_runtime_opens_in_the_bundle_stay_the_callers() {
+        let c = new_container("restore --image-path ck --work-path=wp -console-socket ../s -d --pidfd-socket /abs r1");
+        assert_eq!(
+            c.line_for_bundle("/ours", "/p", "/home/u/b/"),
+            v("restore --image-path /home/u/b/ck --work-path=/home/u/b/wp -console-socket /home/u/b/../s -d \
+               --pidfd-socket /abs --bundle /ours --pid-file /p r1")
+        );
+        let c = new_container("--root /r run r1 --console-socket cs -- --image-path x");
+        assert_eq!(
+            c.line_for_bundle("/ours", "/p", "/"),
+            v("--root /r run --bundle /ours --pid-file /p r1 --console-socket /cs -- --image-path x")
+        );
+        assert_eq!(
+            new_container("create --console-socket= c1").line_for_bundle("/ours", "/p", "/b"),
+            v("create --console-socket= --bundle /ours --pid-file /p c1")
+        );
     }
 
     /// Rule (found from outside): runc's and crun's default root and `--root` naming it are
