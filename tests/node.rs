@@ -1090,6 +1090,55 @@ fn a_request_has_its_time_and_leaves_no_descriptor() {
     fleet.delete(&id);
 }
 
+/// Bug (found from outside): a FIFO planted as `<state_dir>/node.lock` held the node daemon in
+/// its open for good, deaf to `SIGTERM` (its signals wait for a thread that never read them),
+/// and every wrapper's start behind it; a char device there was opened for writing and locked.
+/// Each is refused, exit status 1, naming the file, and left as it was.
+#[test]
+#[ignore = "needs root: plants nodes in a state dir"]
+fn a_node_lock_that_is_not_a_regular_file_is_refused() {
+    common::need_root();
+    let tmp = TempDir::new().unwrap();
+    let state = tmp.path().join("state");
+    fs::create_dir(&state).unwrap();
+    fs::set_permissions(&state, fs::Permissions::from_mode(0o700)).unwrap();
+    let lock = state.join("node.lock");
+    let plants: [(&str, &dyn Fn()); 2] = [
+        ("a FIFO", &|| nix::unistd::mkfifo(&lock, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap()),
+        ("a char device", &|| common::mknod_char(&lock, (1, 3), 0o600)),
+    ];
+    for (what, plant) in plants {
+        plant();
+        let child = common::daemon::spawn_piped(&[
+            "node",
+            "--socket",
+            arg(&state.join("node.sock")),
+            "--state-dir",
+            arg(&state),
+            "--pid-file",
+            arg(&state.join("node.pid")),
+            "--idle-exit",
+            "1",
+        ]);
+        let mut daemon = common::daemon::Spawned::new(child, &tmp.path().join("no-mount"));
+        let status = wait_for(&format!("the node daemon on {what} to exit"), || daemon.child.try_wait().unwrap());
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut daemon.child.stderr.take().unwrap(), &mut stderr).unwrap();
+        assert_eq!(status.code(), Some(1), "{what}: {stderr}");
+        assert_eq!(
+            stderr,
+            format!(
+                "error: {}: is {what}, not a regular file; refused: devremap replaces its output files\n",
+                lock.display()
+            )
+        );
+        let kind = fs::symlink_metadata(&lock).unwrap().file_type();
+        assert!(kind.is_fifo() || kind.is_char_device(), "{what}: left as it was");
+        assert!(!state.join("node.sock").exists() && !state.join("node.pid").exists(), "{what}: nothing made");
+        fs::remove_file(&lock).unwrap();
+    }
+}
+
 /// Bug (found from outside): a FIFO planted in the state dir as a container's directory hung
 /// `create` and `delete` of that id in the open of the directory to lock it (a device's open
 /// could act on it), and `delete` held the state dir's lock meanwhile, so every other

@@ -231,18 +231,23 @@ pub fn run(args: &NodeArgs) -> Result<(), NodeError> {
     Ok(())
 }
 
-/// The lock that makes this the state dir's one node daemon.
+/// The lock that makes this the state dir's one node daemon. Opened without waiting and only
+/// kept if a regular file (found from outside: a FIFO planted as `node.lock` held the daemon,
+/// deaf to `SIGTERM`, and every start behind it in its open; a device's open may act).
 fn lock_node(state_dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, NodeError> {
-    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     let path = state_dir.join("node.lock");
+    devremap::atomic::check_destination(&path).map_err(NodeError::at(&path))?;
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
         .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(&path)
         .map_err(NodeError::at(&path))?;
+    // Swapped in between the check and the open: opened, but never locked or written.
+    file.metadata().and_then(|m| devremap::atomic::check_mode(m.mode())).map_err(NodeError::at(&path))?;
     nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
         .map_err(|_| NodeError::Running { state_dir: state_dir.to_owned() })
 }
