@@ -560,8 +560,9 @@ fn bad_annotations_and_config_leave_nothing() {
 
 /// Rule (issue 20): a restore whose record fails a check here (the `driver` check: recorded
 /// under 535.129.03, this host runs 570.86.15) is refused before the runtime runs, in one line
-/// naming the check, and leaves nothing behind: no state directory, no daemon, the spec as it
-/// was. `devremap.io/relax: driver` lets the same restore reach the runtime.
+/// naming the check and the image's record, and leaves nothing behind: no state directory, no
+/// daemon, the spec as it was. `devremap.io/relax: driver` lets the same restore reach the
+/// runtime.
 #[test]
 #[ignore = "needs root and /dev/fuse: starts the daemon"]
 fn a_restore_failing_a_check_is_refused_before_the_runtime_runs() {
@@ -587,6 +588,14 @@ fn a_restore_failing_a_check_is_refused_before_the_runtime_runs() {
     assert!(
         out.stderr
             .contains("driver: saved nvidia0 was under driver 535.129.03, restored nvidia0 is under driver 570.86.15"),
+        "{}",
+        out.stderr
+    );
+    // The image's record, not the copy the node daemon read (found from outside: the copy was
+    // named, and removed with the refusal).
+    assert!(
+        out.stderr.contains(&format!("error: {}: ", image.join("devremap-gpus.json").display()))
+            && !out.stderr.contains(arg(&s.state_dir())),
         "{}",
         out.stderr
     );

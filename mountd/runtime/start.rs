@@ -28,6 +28,8 @@ struct Wanted {
     request: Request,
     /// The caller's spec, its `/dev` pointed at the mount and its paths made absolute.
     patched: Value,
+    /// The caller's spec file.
+    spec: PathBuf,
     metadata: Option<PathBuf>,
 }
 
@@ -147,7 +149,7 @@ fn decide(
         Ok(p)
     });
     match patched {
-        Ok(patched) => Ok(Some((container, Wanted { request, patched, metadata }))),
+        Ok(patched) => Ok(Some((container, Wanted { request, patched, spec: spec_path, metadata }))),
         Err(e @ (PatchError::DevBound { .. } | PatchError::BundleNotUtf8(_))) if request.enable != Some(true) => {
             Ok(without_devremap(inv, &format!("{s}: {e}")))
         }
@@ -166,7 +168,14 @@ fn set_up(
     mine: &Lock,
 ) -> Result<(), Failure> {
     let ours = container.write_bundle(&format!("{:#}\n", wanted.patched))?;
-    let metadata = wanted.metadata.map(|m| container.keep_metadata(&m)).transpose()?;
+    let metadata = wanted.metadata.as_ref().map(|m| container.keep_metadata(m)).transpose()?;
+    // The node daemon names the copies it reads; the caller knows the files they were made
+    // from (found from outside: a refused record was named by its copy, which the undo removes).
+    let copies = [(Some(&ours), Some(&wanted.spec)), (metadata.as_ref(), wanted.metadata.as_ref())];
+    let copies: Vec<(String, String)> = copies
+        .into_iter()
+        .filter_map(|(copy, original)| Some((copy?.display().to_string(), original?.display().to_string())))
+        .collect();
     let id = container.dir.file_name().unwrap_or_default().to_string_lossy().into_owned();
     let request = MountRequest {
         id,
@@ -181,7 +190,12 @@ fn set_up(
         owner_pid: std::process::id(),
         until_unmount: false,
     };
-    crate::node::mount(config, devremapd, request, mine.as_fd())
+    crate::node::mount(config, devremapd, request, mine.as_fd()).map_err(|e| match e {
+        Failure::Node(why) => {
+            Failure::Node(copies.iter().fold(why, |why, (copy, original)| why.replace(copy.as_str(), original)))
+        }
+        other => other,
+    })
 }
 
 /// Refuses an empty `--root` for a devremap container, before its id is claimed (a claim with
