@@ -612,6 +612,28 @@ fn a_restore_failing_a_check_is_refused_before_the_runtime_runs() {
     s.wait_gone(&id); // the runtime failed: everything is undone
 }
 
+/// Bug (found from outside): the node daemon's refusal quotes its keeper's error line as the
+/// keeper logged it, escaped, and the wrapper's line escaped it again: serde's `(\u0000-\u001F)`
+/// for a record holding a raw NUL showed each backslash doubled twice. Escaped once, as
+/// `devremapd plan` says it.
+#[test]
+#[ignore = "needs root and /dev/fuse: starts the daemon"]
+fn a_refusal_quoting_a_keeper_is_escaped_once() {
+    need_fuse();
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Setup::new(Runtime::Runc, Value::Null);
+    s.ask_for_gpus();
+    let image = s.tmp.path().join("image");
+    fs::create_dir(&image).unwrap();
+    write_file(&image, "devremap-gpus.json", b"[{\"minor\": 0, \"model\": \"a\0b\"}]");
+    let id = format!("wrapped-escaped-{}", std::process::id());
+    let _delete = Deleting(&s, id.clone());
+    let out = s.run(&["restore", "--image-path", arg(&image), "--bundle", arg(s.bundle.dir()), &id]);
+    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
+    assert!(out.stderr.contains("control character (\\\\u0000-\\\\u001F)"), "{}", out.stderr);
+    s.wait_gone(&id);
+}
+
 /// Bug (found from outside): a checkpoint image whose record (`devremap-gpus.json`) is not a
 /// regular file (a FIFO, a directory) was passed over as if absent, and the container restored
 /// with nothing remapped; one that is a symlink was followed and its target copied into the

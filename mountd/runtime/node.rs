@@ -64,7 +64,13 @@ const BUSY_PAUSE: Duration = Duration::from_millis(20);
 /// Why the mount failed; a daemon still busy after every try is named by its socket (its
 /// other refusals name the container and the file at fault).
 fn node_failure(socket: &Path, e: ClientError) -> Failure {
-    if e.busy() { Failure::Node(format!("{}: {e}", socket.display())) } else { Failure::Node(e.to_string()) }
+    match e {
+        _ if e.busy() => Failure::Node(format!("{}: {e}", socket.display())),
+        // Its words quote its keepers' error lines, escaped as they were logged; the wrapper's
+        // own line escapes them again (found from outside: each backslash doubled).
+        ClientError::Refused { why } => Failure::Node(devremap::decision::escape::unescape(&why).into_owned()),
+        e => Failure::Node(e.to_string()),
+    }
 }
 
 /// How large `node.log` grows, over the daemons the wrappers start, before it is moved to
