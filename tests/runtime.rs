@@ -341,9 +341,9 @@ fn crun_create_start_delete() {
 }
 
 /// Bug (attack s4, F3): a container whose daemon was SIGKILLed between `create` and `start`
-/// was started on a dead `/dev` (ENOTCONN). `start` refuses it, exit status 1, naming the
-/// container and its gone daemon, without running the runtime's start (the container stays
-/// created); `delete` still cleans everything up.
+/// was started on a dead `/dev` (ENOTCONN). `start` (and `checkpoint`) refuses it, exit status
+/// 1, naming the container and its gone daemon, without running the runtime's start (the
+/// container stays created); `delete` still cleans everything up.
 #[test]
 #[ignore = "needs root, /dev/fuse, runc and busybox-static: runs a container"]
 fn start_refuses_a_container_whose_daemon_was_killed_after_create() {
@@ -360,6 +360,19 @@ fn start_refuses_a_container_whose_daemon_was_killed_after_create() {
     // SAFETY: kill(2) of the daemon this test's create started.
     assert_eq!(unsafe { libc::kill(daemon as i32, libc::SIGKILL) }, 0);
     wait_for("the killed daemon to be gone", || (!alive(daemon)).then_some(()));
+
+    // Nor checkpointed (found from outside: CRIU failed on the dead mount, `Can't statfs fd`,
+    // after the record was written into the image).
+    let image = s.tmp.path().join("image");
+    let out = s.run(&["checkpoint", "--image-path", arg(&image), &id]);
+    assert_eq!(out.status.code(), Some(1), "checkpoint of a container on a dead /dev: {}", out.stderr);
+    assert!(
+        out.stderr.contains(&format!("container {id}: its devremap daemon is gone ("))
+            && out.stderr.contains("not checkpointed"),
+        "{}",
+        out.stderr
+    );
+    assert!(!image.join("devremap-gpus.json").exists(), "a record was written");
 
     let out = s.run(&["start", &id]);
     assert_eq!(out.status.code(), Some(1), "start of a container on a dead /dev: {}", out.stderr);

@@ -50,6 +50,12 @@ pub fn checkpoint(
     image_path: Option<&str>,
 ) -> Result<u8, Failure> {
     if let Some(container) = devremap_container(config, inv, id) {
+        // Found from outside: CRIU then failed on the dead mount (`Can't statfs fd`), after
+        // the record was written.
+        container.check_daemon().map_err(|e| Failure::Container {
+            id: id.as_str().to_owned(),
+            what: format!("{e}; not checkpointed (its /dev is dead; delete the container)"),
+        })?;
         record(config, inv, id, &container, image_path)?;
     }
     Err(exec(config, inv.line.original()))
