@@ -420,7 +420,8 @@ fn node_setup_keeps_an_operators_runtimes() {
 /// runtimes as an inline table, as dotted keys, a `runc` inline table under a runtimes header
 /// (the shell version then added a table containerd refused: "could not re-define exist inline
 /// table"), quoted headers and a CRLF file whose default runtime uses the systemd cgroup driver
-/// (the shell version dropped SystemdCgroup from the handler), devremap's own handler as an
+/// (the shell version dropped SystemdCgroup from the handler), the deprecated `default_runtime`
+/// table with it (found from outside: not seen), devremap's own handler as an
 /// inline table (replaced in place), and an old block whose end marker the operator deleted,
 /// with a registry setting after it (the shell version dropped it).
 #[test]
@@ -428,6 +429,7 @@ fn node_setup_keeps_an_operators_runtimes() {
 fn node_setup_adds_to_configs_of_every_form() {
     const CRI: &str = "[plugins.\"io.containerd.grpc.v1.cri\".containerd]";
     const RT: &str = "[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes";
+    const DEPRECATED: &str = "[plugins.\"io.containerd.grpc.v1.cri\".containerd.default_runtime";
     let cases: Vec<(String, bool)> = vec![
         (format!("version = 2\n{CRI}\n  runtimes = {{ runc = {{ runtime_type = \"io.containerd.runc.v2\" }} }}\n"), false),
         (format!("version = 2\n{CRI}\n  runtimes.runc.runtime_type = \"io.containerd.runc.v2\"\n  runtimes.runc.options.SystemdCgroup = true\n"), true),
@@ -438,6 +440,10 @@ fn node_setup_adds_to_configs_of_every_form() {
         ),
         (
             "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".\"containerd\".\"runtimes\".\"runc\"]\n  runtime_type = \"io.containerd.runc.v2\"\n[plugins.\"io.containerd.grpc.v1.cri\".\"containerd\".\"runtimes\".\"runc\".options]\n  SystemdCgroup = true\n".into(),
+            true,
+        ),
+        (
+            format!("version = 2\n{DEPRECATED}]\n  runtime_type = \"io.containerd.runc.v2\"\n{DEPRECATED}.options]\n  SystemdCgroup = true\n"),
             true,
         ),
         (

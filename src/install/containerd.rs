@@ -11,7 +11,8 @@
 //! - A `runtimes` table replaces the CRI plugin's default runtimes (`runc`), so a config with
 //!   none gets `runc` back as containerd's defaults have it.
 //! - The shim passes `SystemdCgroup` to the runtime; the kubelet's cgroup driver must match, so
-//!   the handler gets `SystemdCgroup = true` when the default runtime has it.
+//!   the handler gets `SystemdCgroup = true` when the default runtime has it (the deprecated
+//!   `default_runtime` table when it has a `runtime_type`, else `default_runtime_name`'s).
 //!
 //! The TOML is edited with `toml_edit`, which reads every form TOML allows (quoted and dotted
 //! keys, inline tables, CRLF) and writes back what it read byte for byte but line ends, which it
@@ -129,14 +130,21 @@ pub fn add_handler(path: &str, text: Option<&str>, entry: &Entry) -> Result<Edit
     let mut doc = parse(path, text)?;
     check_version(path, &doc, entry)?;
     let runtimes_key = format!("plugins.\"{CRI}\".containerd.runtimes");
-    // Read before anything changes: the default runtime's cgroup driver.
-    let default = at(doc.as_item(), &["plugins", CRI, "containerd", "default_runtime_name"])
+    // Read before anything changes: the default runtime's cgroup driver. The deprecated
+    // `default_runtime` table, given a `runtime_type`, is the default whatever
+    // `default_runtime_name` says (the CRI plugin's config validation; found from outside: its
+    // `SystemdCgroup` was not seen).
+    let deprecated = ["plugins", CRI, "containerd", "default_runtime"];
+    let default_options = if at(doc.as_item(), &[&deprecated[..], &["runtime_type"]].concat())
         .and_then(Item::as_str)
-        .unwrap_or("runc")
-        .to_owned();
-    let systemd = at(doc.as_item(), &runtime_path(&default, &["options", "SystemdCgroup"]))
-        .and_then(Item::as_bool)
-        .unwrap_or(false);
+        .is_some_and(|t| !t.is_empty())
+    {
+        [&deprecated[..], &["options", "SystemdCgroup"]].concat()
+    } else {
+        let name = at(doc.as_item(), &["plugins", CRI, "containerd", "default_runtime_name"]).and_then(Item::as_str);
+        runtime_path(name.unwrap_or("runc"), &["options", "SystemdCgroup"])
+    };
+    let systemd = at(doc.as_item(), &default_options).and_then(Item::as_bool).unwrap_or(false);
 
     let (runtimes, style) = table_at(doc.as_table_mut(), &["plugins", CRI, "containerd", "runtimes"], path, entry)?;
     let mut kept_decor = None;

@@ -131,7 +131,8 @@ fn adds_and_replaces_in_every_form() {
 }
 
 /// Bug (attack 1, B3): SystemdCgroup on the default runtime is seen in a CRLF file and under
-/// quoted headers; the shell version missed it, and devremap pods used cgroupfs.
+/// quoted headers; the shell version missed it, and devremap pods used cgroupfs. And in the
+/// deprecated `default_runtime` table (found from outside).
 #[test]
 fn sees_systemd_cgroup_however_it_is_written() {
     for text in [
@@ -142,6 +143,15 @@ fn sees_systemd_cgroup_however_it_is_written() {
         assert_eq!(systemd(&edited(&text)), Some(true), "{text}");
     }
     assert_eq!(systemd(&edited(&format!("version = 2\n{RT}.runc.options]\n  SystemdCgroup = false\n"))), None);
+    // The deprecated `default_runtime` table, the default when it has a type (found from
+    // outside: its driver was not seen, and devremap's pods got cgroupfs).
+    let deprecated = "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.default_runtime]\n  runtime_type = \"io.containerd.runc.v2\"\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.default_runtime.options]\n  SystemdCgroup = true\n";
+    assert_eq!(systemd(&edited(deprecated)), Some(true));
+    assert_eq!(
+        systemd(&edited(&deprecated.replace("\"io.containerd.runc.v2\"", "\"\""))),
+        None,
+        "no type: not the default"
+    );
 }
 
 /// Bug (attack 1, B5): an old shell block without its end marker (the operator deleted it)
