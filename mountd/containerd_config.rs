@@ -67,7 +67,8 @@ pub fn run(args: &crate::cli::ContainerdConfigArgs) -> Result<(), Failure> {
             return Err(format!("{shown}: is {what}, not a regular file; {}", by_hand()).into());
         }
         Ok(meta) => {
-            Some((std::fs::read_to_string(&path).map_err(|e| format!("{shown}: {}", devremap::io_message(&e)))?, meta))
+            let text = std::fs::File::open(&path).and_then(|mut f| read_config(&mut f));
+            Some((text.map_err(|e| format!("{shown}: {}", devremap::io_message(&e)))?, meta))
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => None,
         Err(e) => return Err(format!("{shown}: {}", devremap::io_message(&e)).into()),
@@ -80,8 +81,7 @@ pub fn run(args: &crate::cli::ContainerdConfigArgs) -> Result<(), Failure> {
             if !file.metadata()?.is_file() {
                 return Err(io::Error::other("not a regular file"));
             }
-            let mut text = String::new();
-            io::Read::read_to_string(&mut file, &mut text).map(|_| text)
+            read_config(&mut file)
         };
         let list = |d: &Path| -> io::Result<Vec<OsString>> {
             let dir = open_in_root(root, d, OFlags::RDONLY | OFlags::DIRECTORY)?;
@@ -180,4 +180,21 @@ fn on_host(root: &Path, p: &Path) -> io::Result<PathBuf> {
 
 fn line(e: ConfigError) -> Failure {
     Failure::Message(e.to_string())
+}
+
+/// The most of a containerd config, or of a file it imports, read: a node's are a few KiB.
+const CONFIG_LIMIT: u64 = 16 << 20;
+
+/// A config's text, refused past [`CONFIG_LIMIT`] rather than read whole (found from outside: a
+/// 4 GiB sparse `config.toml` ended the command with an allocation failure).
+fn read_config(file: &mut std::fs::File) -> io::Result<String> {
+    let mut text = String::new();
+    io::Read::read_to_string(&mut io::Read::take(file, CONFIG_LIMIT + 1), &mut text)?;
+    if text.len() as u64 > CONFIG_LIMIT {
+        return Err(io::Error::other(format!(
+            "over {} MiB, more than a containerd config holds; refused",
+            CONFIG_LIMIT >> 20
+        )));
+    }
+    Ok(text)
 }

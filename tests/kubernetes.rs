@@ -305,6 +305,27 @@ fn node_setup_reads_imports_as_containerd_does() {
     }
 }
 
+/// Bug (found from outside): a 4 GiB sparse `config.toml` was read whole and ended the command
+/// with an allocation failure (signal 6, 8 GB resident). A config or import over 16 MiB is
+/// refused, naming it, and nothing is written.
+#[test]
+fn a_config_too_large_for_containerd_is_refused_unread() {
+    for (config, import) in [(true, false), (false, true)] {
+        let setup = Setup::new("version = 2\nimports = [\"/etc/containerd/conf.d/*.toml\"]\n");
+        setup.write("etc/containerd/conf.d/big.toml", "version = 2\n");
+        let huge =
+            setup.host.join(if config { "etc/containerd/config.toml" } else { "etc/containerd/conf.d/big.toml" });
+        // Sparse, and only just too large: `refused` reads the config before and after.
+        fs::OpenOptions::new().write(true).open(&huge).unwrap().set_len((16 << 20) + 1).unwrap();
+        let stderr = setup.refused();
+        assert!(
+            stderr.contains("over 16 MiB, more than a containerd config holds; refused"),
+            "{config} {import}: {stderr}"
+        );
+        assert!(!setup.host.join("etc/containerd/config.toml.before-devremap").exists());
+    }
+}
+
 /// Rule (issue 30.1): what the setup cannot add without guessing is refused, with the reason:
 /// a config of another version (containerd 2's version 3, 1.x's version 1), a config.toml that
 /// is a symlink (its target is not the setup's to rewrite), a config that is not TOML, and a
