@@ -1176,6 +1176,56 @@ fn a_node_daemon_that_cannot_start_says_why_through_the_wrapper() {
     assert!(!s.state_dir().join(&id).exists(), "the id's directory is left");
 }
 
+/// Bug (found from outside): the wrapper waited for the node daemon it started with no
+/// deadline, so one that never got to answer (a FIFO as its lock; stopped; stuck on its state
+/// dir's file system) held the start, and `docker run`, for good. After the mount's patience
+/// (60 s) the start fails, naming the socket and the daemon's log, and leaves no directory.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs a container"]
+fn a_node_daemon_that_never_answers_fails_the_start_in_time() {
+    need_containers(Runtime::Runc);
+    common::need_test_hooks();
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Setup::new(Runtime::Runc, json!({"devremap.io/enable": "true"}));
+    let id = format!("wrapped-stalled-node-{}", std::process::id());
+    let _stalled = NodeDaemonsOf(s.state_dir());
+    let err_path = s.tmp.path().join("wrapper.stderr");
+    let status = s
+        .wrapper(&["create", "--bundle", arg(s.bundle.dir()), &id])
+        .env("DEVREMAPD_FAILPOINT", "node-start-stall")
+        .stdout(append(&s.bundle.dir().join("stdout")))
+        .stderr(fs::File::create(&err_path).unwrap())
+        .status()
+        .unwrap();
+    let stderr = fs::read_to_string(&err_path).unwrap();
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(
+            "node.sock: the node daemon started for it did not answer within 60 s (stopped, or stuck?); see "
+        ) && stderr.contains("node.log"),
+        "{stderr}"
+    );
+    assert!(!s.state_dir().join(&id).exists(), "the id's directory is left");
+}
+
+/// SIGKILLs, on drop, every `devremapd node` of state dir `.0`.
+struct NodeDaemonsOf(PathBuf);
+
+impl Drop for NodeDaemonsOf {
+    fn drop(&mut self) {
+        let state_dir = arg(&self.0).to_owned();
+        for entry in fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
+            let cmdline = fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            if args.get(1) == Some(&&b"node"[..]) && args.contains(&state_dir.as_bytes()) {
+                // SAFETY: kill(2) of a node daemon this test's wrapper started.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+    }
+}
+
 /// Bug (found from outside): a start on a full state dir failed with "cannot write: no space
 /// left on device; and <dir>: no such file or directory": the directory the start made was
 /// removed twice, and the second try's error was added to the first (whose "no such file or

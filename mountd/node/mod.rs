@@ -128,6 +128,14 @@ impl Drop for Ready {
 
 pub fn run(args: &NodeArgs) -> Result<(), NodeError> {
     let ready = Ready(args.ready_fd.map(crate::keeper::claim_ready_fd).transpose()?);
+    // The test hook `DEVREMAPD_FAILPOINT=node-start-stall`: a start that never ends (as one
+    // stopped, or stuck on its state dir's file system), for its starter's patience.
+    #[cfg(feature = "test-hooks")]
+    if std::env::var("DEVREMAPD_FAILPOINT").is_ok_and(|f| f == "node-start-stall") {
+        loop {
+            std::thread::park();
+        }
+    }
     let (tx, rx) = mpsc::channel();
     // Its jobs are the keepers' and servers': the node daemon's thread reads signals alone.
     let _signals = signals::start(tx.clone(), act, "")?;

@@ -8,7 +8,7 @@ use devremap::node::client::{ClientError, ask_passing};
 use devremap::node::protocol::{MountRequest, Request};
 use devremap::runtime::config::Config;
 use devremap::runtime::container_daemon::daemon::Processes;
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -125,7 +125,22 @@ fn start_daemon(config: &Config, devremapd: &Path, socket: &Path) -> Result<Opti
     drop(ready_write);
     let _ = spawned?.wait();
     // A newline: it answers; EOF: it exited (another daemon holds the state dir, or it could
-    // not start). Either way the caller asks again.
+    // not start). Either way the caller asks again. Neither in time: it hangs where nothing
+    // else would end the wait (found from outside: a FIFO as its lock held it, and `docker
+    // run` with it, for good).
+    let mut pollfd = [nix::poll::PollFd::new(ready.as_fd(), nix::poll::PollFlags::POLLIN)];
+    let waited = nix::poll::poll(
+        &mut pollfd,
+        nix::poll::PollTimeout::try_from(MOUNT_TIMEOUT).unwrap_or(nix::poll::PollTimeout::MAX),
+    );
+    if waited.is_ok_and(|n| n == 0) {
+        return Err(Failure::Node(format!(
+            "{}: the node daemon started for it did not answer within {} s (stopped, or stuck?); see {}",
+            socket.display(),
+            MOUNT_TIMEOUT.as_secs(),
+            log_path.display()
+        )));
+    }
     let mut answer = [0u8; 1];
     let exited = matches!(nix::unistd::read(&ready, &mut answer), Ok(0));
     Ok(exited.then(|| error_line(&log_path, logged_before)).flatten())
