@@ -69,7 +69,10 @@ fn main() -> ExitCode {
         let _ = std::io::Write::write_all(&mut std::io::stdout(), text.as_bytes());
     }
     let result = load_config(&inv.global).and_then(|config| {
-        inv.global.root = argv::root_key(inv.global.root.take(), default_root(&config).as_deref());
+        // Only a root given can name the default (the rule's facts read only then).
+        if inv.global.root.is_some() {
+            inv.global.root = argv::root_key(inv.global.root.take(), default_root(&config).as_deref());
+        }
         match argv {
             Some(_) => dispatch(&config, &inv),
             // Not ours to understand: the runtime judges it.
