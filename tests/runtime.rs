@@ -616,6 +616,24 @@ fn a_restore_failing_a_check_is_refused_before_the_runtime_runs() {
     s.wait_gone(&id);
     assert_eq!(fs::read(s.bundle.config_path()).unwrap(), original);
 
+    // `--image-path=`, empty, is runc's default `./checkpoint` (found from outside: the record
+    // was read from the bundle).
+    fs::rename(&image, s.tmp.path().join("checkpoint")).unwrap();
+    let err_path = s.tmp.path().join("wrapper.stderr");
+    let status = s
+        .wrapper(&["restore", "--image-path=", "--bundle", &bundle, &id])
+        .current_dir(s.tmp.path())
+        .stderr(fs::File::create(&err_path).unwrap())
+        .status()
+        .unwrap();
+    let stderr = fs::read_to_string(&err_path).unwrap();
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    let record = s.tmp.path().join("checkpoint/devremap-gpus.json");
+    assert!(stderr.contains(&format!("error: {}: driver: ", record.display())), "{stderr}");
+    assert!(!ran.exists(), "the runtime ran");
+    s.wait_gone(&id);
+    fs::rename(s.tmp.path().join("checkpoint"), &image).unwrap();
+
     let mut spec = s.bundle.config();
     spec["annotations"] = json!({"devremap.io/relax": "driver"});
     s.bundle.write_config(&spec);
@@ -1079,7 +1097,8 @@ fn one_id_under_two_runtime_roots() {
 /// /run/runc start ID` name one container to runc, but the wrapper keyed the first by no root
 /// and took the second for another root's: it did not check the container's `/dev` before the
 /// start, wrote no record at a checkpoint, and left a dead keeper's directory at `delete`.
-/// `--root` naming the runtime's default is now no root given.
+/// `--root` naming the runtime's default is now no root given, however spelled (a second
+/// attack: `/var/run/runc`, through `/var/run -> /run`, still was another).
 #[test]
 #[ignore = "needs root, /dev/fuse, runc and busybox-static: runs a container"]
 fn the_runtimes_default_root_named_is_the_same_root() {
@@ -1108,7 +1127,10 @@ fn the_runtimes_default_root_named_is_the_same_root() {
     assert_eq!(unsafe { libc::kill(daemon as i32, libc::SIGKILL) }, 0);
     wait_for("the killed keeper to be gone", || (!alive(daemon)).then_some(()));
 
-    let out = s.run(&["--root", arg(default), "start", &id]);
+    // Spelled through a symlink too, as Debian's `/var/run -> /run` makes it.
+    let spelled =
+        if fs::canonicalize("/var/run/runc").is_ok_and(|p| p == default) { "/var/run/runc" } else { "/run/runc" };
+    let out = s.run(&["--root", spelled, "start", &id]);
     assert_eq!(out.status.code(), Some(1), "start of a container on a dead /dev: {}", out.stderr);
     assert!(out.stderr.contains("its devremap daemon is gone"), "{}", out.stderr);
     let out = s.run(&["--root", arg(default), "delete", "--force", &id]);
@@ -1373,7 +1395,8 @@ fn an_id_is_free_for_another_root_as_soon_as_its_container_is_gone() {
 
 /// Bug (found from outside): a bundle whose `config.json` is a symlink (runc follows it) lost
 /// the link when the wrapper patched the spec in place; then such specs were refused. Now the
-/// caller's spec is never written: a linked spec runs as runc runs it, and the link stays.
+/// caller's spec is never written: a linked spec runs as runc runs it, and the link stays. A
+/// linked bundle directory runs too.
 #[test]
 #[ignore = "needs root, /dev/fuse, runc and busybox-static: runs a container"]
 fn symlinked_spec_runs_and_is_kept() {
@@ -1393,6 +1416,14 @@ fn symlinked_spec_runs_and_is_kept() {
     assert!(s.stdout().contains("dev.fs: fuse\n"), "{}", s.stdout());
     assert!(fs::symlink_metadata(s.bundle.config_path()).unwrap().file_type().is_symlink(), "the link is kept");
     assert_eq!(fs::read(&real).unwrap(), original);
+    s.wait_gone(&id);
+
+    // A bundle reached through a symlink (found from outside: runc refused the rootfs the
+    // wrapper wrote through the link, `invalid rootfs: not an absolute path, or a symlink`).
+    let link = s.tmp.path().join("bundle-link");
+    std::os::unix::fs::symlink(s.bundle.dir(), &link).unwrap();
+    let out = s.run(&["run", "--bundle", arg(&link), &id]);
+    assert_ok(&out, "run through a linked bundle", &s, &id);
     s.wait_gone(&id);
 }
 
@@ -1630,7 +1661,8 @@ fn runc_checkpoint_restore_onto_another_device() {
 /// after changing into the bundle, and the wrapper's bundle replaced the caller's: `restore
 /// --image-path ck` failed (`open ck: no such file or directory`), and CRIU's `restore.log`
 /// under a relative `--work-path` went into the wrapper's bundle and was deleted with it. Both
-/// are now the caller's bundle's, as with runc alone, from whatever directory the restore runs.
+/// are now the caller's bundle's, as with runc alone, from whatever directory the restore runs
+/// and however the bundle is named.
 #[test]
 #[ignore = "needs root, /dev/fuse, runc, busybox-static and CRIU: checkpoints a container"]
 fn a_restores_relative_paths_are_the_callers_bundles() {
@@ -1644,22 +1676,15 @@ fn a_restores_relative_paths_are_the_callers_bundles() {
     let cat1 = c.run();
     c.checkpoint_for_gpu_2();
 
-    let elsewhere = s.tmp.path().join("elsewhere");
-    fs::create_dir(&elsewhere).unwrap();
-    let args = c.with_criu(&[
-        "restore",
-        "--detach",
-        "--image-path",
-        "ck",
-        "--work-path=wp",
-        "--bundle",
-        arg(s.bundle.dir()),
-        &id,
-    ]);
+    // The bundle named from a sibling directory, `..` and all (found from outside: the
+    // `root.path` the wrapper wrote kept the `..`, and runc's restore panicked on it).
+    let elsewhere = TempDir::new_in(s.bundle.dir().parent().unwrap()).unwrap();
+    let bundle = format!("../{}", s.bundle.dir().file_name().unwrap().to_str().unwrap());
+    let args = c.with_criu(&["restore", "--detach", "--image-path", "ck", "--work-path=wp", "--bundle", &bundle, &id]);
     let out = append(&s.bundle.dir().join("stdout"));
     let status = s
         .wrapper(&args.iter().map(String::as_str).collect::<Vec<_>>())
-        .current_dir(&elsewhere)
+        .current_dir(elsewhere.path())
         .stdout(out.try_clone().unwrap())
         .stderr(out)
         .status()

@@ -15,7 +15,13 @@ use std::path::{Path, PathBuf};
 /// The image directory of a checkpoint, or of a restore given an absolute one or none:
 /// `--image-path`, else runc's default `./checkpoint`.
 fn image_dir(image_path: Option<&str>) -> Result<PathBuf, Failure> {
-    absolute(image_path.unwrap_or("checkpoint"))
+    absolute(given(image_path).unwrap_or("checkpoint"))
+}
+
+/// A path flag's value as the runtime takes it: an empty one is none (found from outside:
+/// `--image-path=` read the record from the bundle, where runc restores from `./checkpoint`).
+fn given(value: Option<&str>) -> Option<&str> {
+    value.filter(|v| !v.is_empty())
 }
 
 pub fn restore(
@@ -25,7 +31,7 @@ pub fn restore(
     image_path: Option<&str>,
 ) -> Result<u8, Failure> {
     // Where the runtime opens it: in the caller's bundle, when relative.
-    let image = match image_path.filter(|p| !p.starts_with('/')) {
+    let image = match given(image_path).filter(|p| !p.starts_with('/')) {
         Some(relative) => absolute(&argv::in_dir(&arg_of(&callers_bundle(container)?)?, relative))?,
         None => image_dir(image_path)?,
     };

@@ -42,6 +42,7 @@ mod start;
 use devremap::io_message;
 use devremap::runtime::argv::{self, Command, Invocation};
 use devremap::runtime::config::{self, Config};
+use devremap::runtime::container_daemon::same_root;
 use devremap::runtime::osarg;
 use error::Failure;
 use runner::{exec, exec_unchanged, report};
@@ -71,7 +72,8 @@ fn main() -> ExitCode {
     let result = load_config(&inv.global).and_then(|config| {
         // Only a root given can name the default (the rule's facts read only then).
         if inv.global.root.is_some() {
-            inv.global.root = argv::root_key(inv.global.root.take(), default_root(&config).as_deref());
+            let default = default_root(&config);
+            inv.global.root = argv::root_key(inv.global.root.take(), default.as_deref(), same_root);
         }
         match argv {
             Some(_) => dispatch(&config, &inv),

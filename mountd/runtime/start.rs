@@ -93,9 +93,14 @@ pub fn start(
     Err(undo(&container, args.map_or_else(|e| e, |args| exec_container(config, &args))))
 }
 
-/// The caller's bundle directory: `--bundle`, else the working directory, as the runtime takes it.
+/// The caller's bundle directory: `--bundle`, else the working directory, as the runtime takes
+/// it: it changes into the directory and works from there, so the physical path, `..` and
+/// symlinks resolved (found from outside: the spec's `root.path` under `-b ../b` made runc
+/// panic at a restore, and under a symlinked bundle runc refused it, `invalid rootfs`). One
+/// that cannot be resolved (missing) is the runtime's to refuse, named as given.
 pub fn callers_bundle(new: &NewContainer) -> Result<PathBuf, Failure> {
-    absolute(new.bundle.as_deref().unwrap_or("."))
+    let given = absolute(new.bundle.as_deref().unwrap_or("."))?;
+    Ok(std::fs::canonicalize(&given).unwrap_or(given))
 }
 
 /// Whether the spec gets devremap, and the container and patched spec if so; `None` for the

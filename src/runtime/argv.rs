@@ -466,11 +466,12 @@ pub fn default_root(runtime: &str, facts: RootFacts) -> Option<String> {
 }
 
 /// The runtime root as the wrapper keys its containers: `--root` naming the runtime's own
-/// default is no root given, so that `runc run ID` and `runc --root /run/runc delete ID` name
-/// one container (found from outside: the second was refused as another root's). `root` is
-/// already [`absolute_root`]'s; an empty one stays, to be refused.
-pub fn root_key(root: Option<String>, default: Option<&str>) -> Option<String> {
-    root.filter(|r| Some(r.as_str()) != default)
+/// default (by `same`, which says whether two roots are one directory) is no root given, so
+/// that `runc run ID` and `runc --root /run/runc delete ID` name one container (found from
+/// outside: the second was refused as another root's). `root` is already [`absolute_root`]'s;
+/// an empty one stays, to be refused.
+pub fn root_key(root: Option<String>, default: Option<&str>, same: impl Fn(&str, &str) -> bool) -> Option<String> {
+    root.filter(|r| r.is_empty() || !default.is_some_and(|d| same(r, d)))
 }
 
 #[cfg(test)]
@@ -741,11 +742,12 @@ mod tests {
         assert_eq!(default_root("runsc", root), None);
 
         let default = default_root("runc", root);
-        assert_eq!(root_key(Some("/run/runc".into()), default.as_deref()), None);
-        assert_eq!(root_key(Some("/run/runc2".into()), default.as_deref()).as_deref(), Some("/run/runc2"));
-        assert_eq!(root_key(Some(String::new()), default.as_deref()).as_deref(), Some(""));
-        assert_eq!(root_key(None, default.as_deref()), None);
-        assert_eq!(root_key(Some("/run/runc".into()), None).as_deref(), Some("/run/runc"));
+        let eq = |a: &str, b: &str| a == b;
+        assert_eq!(root_key(Some("/run/runc".into()), default.as_deref(), eq), None);
+        assert_eq!(root_key(Some("/run/runc2".into()), default.as_deref(), eq).as_deref(), Some("/run/runc2"));
+        assert_eq!(root_key(Some(String::new()), default.as_deref(), |_, _| true).as_deref(), Some(""));
+        assert_eq!(root_key(None, default.as_deref(), eq), None);
+        assert_eq!(root_key(Some("/run/runc".into()), None, eq).as_deref(), Some("/run/runc"));
     }
 
     /// Rule (found from outside): a runtime root is one key however it is spelled, and a

@@ -324,7 +324,9 @@ impl Container {
     pub fn other_root(&self, root: Option<&str>) -> Option<String> {
         // A directory without the file was left by a front end killed before writing it.
         match crate::inputs::files::read_small_text(&self.root_file(), 4096) {
-            crate::inputs::files::SmallText::Text(theirs) if theirs != root.unwrap_or_default() => Some(theirs),
+            crate::inputs::files::SmallText::Text(theirs) if !same_root(&theirs, root.unwrap_or_default()) => {
+                Some(theirs)
+            }
             _ => None,
         }
     }
@@ -398,6 +400,16 @@ impl Container {
         crate::atomic::replace_runtime_file(&to, bytes)?;
         Ok(to)
     }
+}
+
+/// Whether runtime roots `a` and `b` (absolute, or empty for the runtime's default) are one
+/// directory: spelled alike, or both there and resolving to one (found from outside:
+/// `/var/run/runc` was another root than `/run/runc`, through `/var/run -> /run`).
+pub fn same_root(a: &str, b: &str) -> bool {
+    a == b
+        || (!a.is_empty()
+            && !b.is_empty()
+            && matches!((fs::canonicalize(a), fs::canonicalize(b)), (Ok(x), Ok(y)) if x == y))
 }
 
 /// Removes directory `dir` and everything in it, never crossing into another mount: a mount
