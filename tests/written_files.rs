@@ -7,6 +7,7 @@ mod common;
 use common::daemon::{Spawned, Tmpfs, is_mounted, need_fuse, private_dir, private_mountpoint, wait_for, wait_for_or};
 use common::{arg, empty_root, need_root, need_test_hooks};
 use std::fs;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -165,9 +166,19 @@ fn spawn_mount(mnt: &Path, files: &Path, log: &Path) -> Spawned {
 }
 
 fn spawn_mount_with(mnt: &Path, files: &Path, log: &Path, env: &[(&str, &str)]) -> Spawned {
+    spawn_mount_command(mnt, files, log, env, &[])
+}
+
+/// [`spawn_mount`] with `extra` arguments.
+fn spawn_mount_with_args(mnt: &Path, files: &Path, log: &Path, extra: &[&str]) -> Spawned {
+    spawn_mount_command(mnt, files, log, &[], extra)
+}
+
+fn spawn_mount_command(mnt: &Path, files: &Path, log: &Path, env: &[(&str, &str)], extra: &[&str]) -> Spawned {
     let child = Command::new(common::BIN)
         .args(["mount", arg(mnt), "--host-root", &empty_root()])
         .args(["--state-file", arg(&files.join("state.json")), "--pid-file", arg(&files.join("d.pid"))])
+        .args(extra)
         .env_remove("RUST_LOG")
         .envs(env.iter().copied())
         .stderr(fs::File::create(log).unwrap())
@@ -181,6 +192,7 @@ fn spawn_mount_with(mnt: &Path, files: &Path, log: &Path, env: &[(&str, &str)]) 
 /// tiny tmpfs: a start whose state file does not fit fails (exit 1, no mount) and leaves only
 /// what was there; a running daemon whose state file no longer fits (full disk, then a
 /// read-only filesystem) logs it, keeps the old state file whole and leaves no temporary file.
+/// The failed start never tells its starter it is ready.
 #[test]
 #[ignore = "needs root and /dev/fuse"]
 fn a_failed_write_leaves_no_temporary_file() {
@@ -195,13 +207,26 @@ fn a_failed_write_leaves_no_temporary_file() {
     let filler = files.join("filler");
     let full = fs::metadata(&filler).unwrap().len();
     fs::File::options().write(true).open(&filler).unwrap().set_len(full - 4096).unwrap();
-    let mut mount = spawn_mount(&mnt, &files, &log);
+    // Its starter's `--ready-fd` (inherited: no close-on-exec).
+    let (ready, ready_write) = nix::unistd::pipe().unwrap();
+    let ready_arg = ready_write.as_raw_fd().to_string();
+    let mut mount = spawn_mount_with_args(&mnt, &files, &log, &["--ready-fd", &ready_arg]);
+    drop(ready_write);
     let status = wait_for("the start to fail", || mount.child.try_wait().unwrap());
     let text = fs::read_to_string(&log).unwrap();
     assert_eq!(status.code(), Some(1), "{text}");
     assert!(text.contains("cannot write the state file: no space left on device\n"), "{text}");
     assert!(!is_mounted(&mnt));
     assert_eq!(listing(&files), ["filler"], "a failed start left files");
+    // Never told it was ready (found from outside: told at the pid file, the node daemon let
+    // the runtime run the container on the directory the failed start then unmounted).
+    // Read without waiting: a process another test started meanwhile may hold the pipe too.
+    nix::fcntl::fcntl(&ready, nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK)).unwrap();
+    let said = nix::unistd::read(&ready, &mut [0u8; 8]);
+    assert!(
+        matches!(said, Ok(0) | Err(nix::errno::Errno::EAGAIN)),
+        "the starter was told the start was done: {said:?}"
+    );
 
     // Later: a running daemon, then a full disk, then a read-only filesystem.
     fs::remove_file(&filler).unwrap();

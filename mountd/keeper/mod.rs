@@ -496,6 +496,7 @@ impl Keeper<'_> {
                 self.write_pid_file().map_err(|why| Err(self.start_failed(why)))?;
                 self.trim_due = true;
             }
+            Action::SayReady => self.say_ready(),
             Action::Tell(epoch, message) => self.procs.get(&epoch).iter().for_each(|p| p.tell(&message)),
             Action::Reload(epoch) => {
                 if let Some(p) = self.procs.get(&epoch) {

@@ -47,10 +47,8 @@ impl Keeper<'_> {
     }
 
     /// The mount answers: once the watch has had its first look at the container's pid file
-    /// ([`WATCH_ARMED_PATIENCE`]), the pid file, once (a server taking over finds it written), then the
-    /// newline on `--ready-fd`, which is closed. A newline that cannot be written (the starter
-    /// is gone, or never reads and the pipe is full) is warned of, and the mount serves on: the
-    /// starter sees EOF and takes the start as failed, its own decision.
+    /// ([`WATCH_ARMED_PATIENCE`]), the pid file, once (a server taking over finds it written).
+    /// The starter is told later, by [`Keeper::say_ready`].
     pub(super) fn write_pid_file(&mut self) -> Result<(), KeeperError> {
         if let (Some(armed), Some(path)) = (self.watch_armed.take(), &self.args.container_pid_file) {
             crate::watch::armed_within(&armed, WATCH_ARMED_PATIENCE, path);
@@ -61,12 +59,18 @@ impl Keeper<'_> {
                 .map_err(|source| KeeperError::PidFile { path: pid_file.clone(), source })?;
             self.pid_written = Some(written);
         }
+        Ok(())
+    }
+
+    /// The newline on `--ready-fd`, which is closed; once. One that cannot be written (the
+    /// starter is gone, or never reads and the pipe is full) is warned of, and the mount serves
+    /// on: the starter sees EOF and takes the start as failed, its own decision.
+    pub(super) fn say_ready(&mut self) {
         if let Some(mut ready) = self.ready.take()
             && let Err(e) = std::io::Write::write_all(&mut ready, b"\n")
         {
             warn!("--ready-fd: cannot say ready ({}): the starter will take the start as failed", io_message(&e));
         }
-        Ok(())
     }
 
     /// Replays the kernel's INIT to successor `epoch`; it takes over once it answers alike.

@@ -63,6 +63,11 @@ pub enum Action {
     Mount(u64),
     /// Write the pid file, unless it is written already.
     WritePidFile,
+    /// Say the start is done (`--ready-fd`): the first server has written its state file and
+    /// declared the daemon ready. Not at the pid file: a state file that then cannot be
+    /// written fails the start (found from outside: on a full state dir, the starter had
+    /// already been told the mount served, and runc ran on its unmounted directory).
+    SayReady,
     Tell(u64, Control),
     /// Send `SIGHUP` to server `epoch` (a reload).
     Reload(u64),

@@ -226,7 +226,8 @@ impl Machine {
     }
 
     /// The mount answers through the current server: the pid file first, then it may declare
-    /// the daemon ready (the state file). From now on a server that dies is replaced.
+    /// the daemon ready (the state file), which is when the starter is told ([`Action::SayReady`]).
+    /// From now on a server that dies is replaced.
     pub(super) fn answering(&mut self, state: State, epoch: u64) -> State {
         if state.current().is_none_or(|c| c.epoch != epoch) {
             return state;
@@ -257,6 +258,9 @@ impl Machine {
             return State::Serving { current };
         }
         current.ready = true;
+        if current.epoch == FIRST_EPOCH {
+            self.out.push(Action::SayReady);
+        }
         self.failures = 0;
         let mut state = State::Serving { current };
         if std::mem::take(&mut self.reload_when_ready) {

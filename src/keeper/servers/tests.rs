@@ -82,6 +82,10 @@ fn the_start_mounts_then_writes_the_pid_file_and_fails_with_the_servers_error() 
     assert_eq!(r.m.hang_checked(), Some(1), "checked once mounted: the kernel's requests go to it");
     assert_eq!(r.on(Event::Answering(1)), [Action::WritePidFile, Action::Tell(1, Control::Proceed)]);
     assert_eq!(r.m.phase(), Phase::Serving);
+    // The starter is told once the state file is written (found from outside: told at the
+    // pid file, it ran the container though the state file then could not be written).
+    assert_eq!(r.on(Event::Notice(1, Notice::Ready)), [Action::Notify(Notice::Ready), Action::SayReady]);
+    assert_eq!(r.on(Event::Notice(1, Notice::Ready)), [Action::Notify(Notice::Ready)], "once");
 
     let (mut r, _) = Run::new();
     r.on(Event::Failed { epoch: 1, why: "spec.json: not JSON".into() });
@@ -245,7 +249,10 @@ fn a_sighup_during_a_takeover_is_done_once_a_server_serves() {
     assert_eq!(r.on(Event::Sighup), [], "said once");
     r.on(Event::Loaded { epoch: 1, protocol: PROTOCOL });
     r.on(Event::Answering(1));
-    assert_eq!(r.on(Event::Notice(1, Notice::Ready)), [Action::Notify(Notice::Ready), Action::Reload(1)]);
+    assert_eq!(
+        r.on(Event::Notice(1, Notice::Ready)),
+        [Action::Notify(Notice::Ready), Action::SayReady, Action::Reload(1)]
+    );
     assert_eq!(r.on(Event::Notice(1, Notice::Ready)), [Action::Notify(Notice::Ready)], "once");
 
     let mut r = Run::serving();
