@@ -959,7 +959,9 @@ impl Drop for Owner {
 fn a_daemon_logging_to_a_tmpfs_file_has_no_writer_thread_and_waits_on_its_signal_thread() {
     need_fuse();
     let (dir, mountpoint) = private_mountpoint();
-    let logs = Tmpfs::mount(&dir.path().join("logs"), "size=1m");
+    // Outside `dir`, which the daemon's guard removes before this mount is gone.
+    let logs_dir = TempDir::new().unwrap();
+    let logs = Tmpfs::mount(&logs_dir.path().join("logs"), "size=1m");
     let log = logs.0.join("daemon.log");
     let pid_file = dir.path().join("init.pid");
     let owner = Owner(Command::new("sleep").arg("600").stdout(Stdio::null()).spawn().unwrap());
@@ -1188,7 +1190,9 @@ impl Drop for LoopDisk {
 fn a_log_on_a_frozen_file_system_holds_no_reload_or_stop() {
     need_fuse();
     let (dir, mountpoint) = private_mountpoint();
-    let disk = LoopDisk::ext4(&dir.path().join("disk.img"), &dir.path().join("disk"));
+    // Outside `dir`, which the daemon's guard removes before this disk is unmounted.
+    let disk_dir = TempDir::new().unwrap();
+    let disk = LoopDisk::ext4(&disk_dir.path().join("disk.img"), &disk_dir.path().join("disk"));
     let log = disk.dir.join("daemon.log");
     let mut d = Daemon::launch(dir, mountpoint, &NO_ROOT, &[], fs::File::create(&log).unwrap().into());
     let frozen = disk.freeze();
