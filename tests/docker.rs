@@ -37,6 +37,8 @@ impl Dockerd {
     fn start(dir: &Path, wrapper_config: &Path) -> Dockerd {
         let config = common::write_file(dir, "daemon.json", shipped("docker/daemon.json", wrapper_config));
         let log = fs::File::create(dir.join("dockerd.log")).unwrap();
+        let tmp = dir.join("tmp");
+        fs::create_dir(&tmp).unwrap();
         let child = Command::new("dockerd")
             .arg("--data-root")
             .arg(dir.join("root"))
@@ -53,6 +55,11 @@ impl Dockerd {
             // runc checkpoints with the `criu` it finds on the PATH dockerd hands down; dockerd
             // gives `--gpus` with the NVIDIA hook it finds on its own.
             .env("PATH", path_with_nvidia_hook(dir, &path_with_criu(dir)))
+            // containerd unpacks a checkpoint for `start --checkpoint` into a temporary
+            // directory it never removes (`ctrd-checkpoint*`, under `$XDG_RUNTIME_DIR` or else
+            // the temporary directory): in the test's directory, it goes with it.
+            .env("TMPDIR", &tmp)
+            .env_remove("XDG_RUNTIME_DIR")
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
