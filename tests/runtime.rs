@@ -1098,7 +1098,8 @@ fn one_id_under_two_runtime_roots() {
 /// and took the second for another root's: it did not check the container's `/dev` before the
 /// start, wrote no record at a checkpoint, and left a dead keeper's directory at `delete`.
 /// `--root` naming the runtime's default is now no root given, however spelled (a second
-/// attack: `/var/run/runc`, through `/var/run -> /run`, still was another).
+/// attack: `/var/run/runc`, through `/var/run -> /run`, still was another). And another root's
+/// create of the id names the default root in words, not as `runtime root ""`.
 #[test]
 #[ignore = "needs root, /dev/fuse, runc and busybox-static: runs a container"]
 fn the_runtimes_default_root_named_is_the_same_root() {
@@ -1123,6 +1124,16 @@ fn the_runtimes_default_root_named_is_the_same_root() {
     assert!(default.join(&id).exists(), "runc keeps it under its default root");
     let dir = s.state_dir().join(&id);
     let daemon = s.daemon_pid(&id);
+    // Another root's create of the id names the default root in words (it read `runtime root
+    // ""`, found from outside).
+    let other = s.tmp.path().join("other-root");
+    let out = s.run(&["--root", arg(&other), "create", "--bundle", arg(s.bundle.dir()), &id]);
+    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("the id is in use by a devremap container of the runtime's default root (no --root)"),
+        "{}",
+        out.stderr
+    );
     // SAFETY: kill(2) of the keeper this test's create started.
     assert_eq!(unsafe { libc::kill(daemon as i32, libc::SIGKILL) }, 0);
     wait_for("the killed keeper to be gone", || (!alive(daemon)).then_some(()));

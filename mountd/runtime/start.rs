@@ -11,7 +11,7 @@ use devremap::node::protocol::MountRequest;
 use devremap::runtime::annotations::{self, Request};
 use devremap::runtime::argv::{BadId, Invocation, NewContainer};
 use devremap::runtime::config::Config;
-use devremap::runtime::container_daemon::{Container, DaemonError, Found, Lock};
+use devremap::runtime::container_daemon::{Container, DaemonError, Found, Lock, root_in_words};
 use devremap::runtime::oci_patch::{self, PatchError};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -246,7 +246,8 @@ fn claim(config: &Config, inv: &Invocation, container: &Container) -> Result<Loc
         return match found {
             Found::Busy => refused("another devremap-runtime is setting it up or running it".into()),
             Found::OtherRoot(theirs) => refused(format!(
-                "the id is in use by a devremap container of runtime root {theirs:?} (ids are unique per root only)"
+                "the id is in use by a devremap container of {} (ids are unique per root only)",
+                root_in_words(&theirs)
             )),
             Found::Idle if runtime_knows(config, &inv.line, &id).is_some() => Err(exec(config, inv.line.original())),
             // Left by a wrapper killed mid-way, its container never ran or is gone; but a keeper

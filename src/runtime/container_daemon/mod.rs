@@ -142,6 +142,12 @@ pub enum Found {
     Idle,
 }
 
+/// How a refusal names runtime root `root` (as [`Found::OtherRoot`] holds it): the default
+/// root is stored empty, which read `runtime root ""` (found from outside).
+pub fn root_in_words(root: &str) -> String {
+    if root.is_empty() { "the runtime's default root (no --root)".into() } else { format!("runtime root {root:?}") }
+}
+
 impl Container {
     pub fn new(state_dir: &Path, id: &str) -> Container {
         Container { dir: state_dir.join(id) }
@@ -568,5 +574,12 @@ mod tests {
         let _held = c.prepare(Some("/run/theirs")).unwrap();
         assert!(matches!(c.found(Some("/run/mine")).unwrap(), Found::OtherRoot(r) if r == "/run/theirs"));
         assert!(matches!(c.found(None).unwrap(), Found::OtherRoot(r) if r == "/run/theirs"));
+    }
+
+    /// Rule: the default root, stored empty, is named in words, never as `""`.
+    #[test]
+    fn the_default_root_is_named_in_words() {
+        assert_eq!(root_in_words(""), "the runtime's default root (no --root)");
+        assert_eq!(root_in_words("/run/theirs"), "runtime root \"/run/theirs\"");
     }
 }
