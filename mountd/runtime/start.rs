@@ -28,7 +28,7 @@ struct Wanted {
     request: Request,
     /// The caller's spec, its `/dev` pointed at the mount and its paths made absolute.
     patched: Value,
-    /// The caller's spec file.
+    /// The caller's spec file, in the caller's bundle ([`callers_bundle`]).
     spec: PathBuf,
     metadata: Option<PathBuf>,
 }
@@ -81,10 +81,10 @@ pub fn start(
     // directory, which only a mark lets the node daemon take for one of its own to sweep.
     container.mark_node().map_err(|e| undo(&container, e.into()))?;
     drop(claiming);
-    let args = arg_of(&container.bundle()).and_then(|ours| {
-        let callers = arg_of(&callers_bundle(new)?)?;
-        Ok(new.line_for_bundle(&ours, &pid_file_arg, &callers))
-    });
+    // The caller's bundle as `decide` resolved it: the directory of the spec it read.
+    let callers = wanted.spec.parent().unwrap_or(Path::new("/"));
+    let args =
+        arg_of(&container.bundle()).and_then(|ours| Ok(new.line_for_bundle(&ours, &pid_file_arg, &arg_of(callers)?)));
     set_up(config, &container, wanted, &devremapd, &pid_file, &mine).map_err(|e| undo(&container, e))?;
     // The runtime replaces this process: no wrapper stays behind, and a foreground `run` is
     // the runtime itself. The container's keeper ends with the container's init (or with this
