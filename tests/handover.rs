@@ -505,6 +505,38 @@ fn an_upgrade_through_a_switched_symlink_runs_the_binary_it_names_now() {
     stop(d);
 }
 
+/// Bug (found from outside): a package manager renames the new binary over the old one; a
+/// keeper started from the old one in that moment found its `argv[0]` naming the new file and
+/// took `/proc/self/exe`, `<path> (deleted)`, for its own path: every later upgrade was refused
+/// ("<path> (deleted): no such file or directory"), for good. The moment is made here at will:
+/// the binary is replaced before the keeper is executed from the old file, still open.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn a_keeper_started_while_its_binary_is_replaced_upgrades_to_the_new_one() {
+    need_fuse();
+    let inputs = Inputs::new();
+    let binary = Binary::new();
+    let launcher = binary.dir.path().join("launch");
+    fs::write(
+        &launcher,
+        "#!/bin/bash\nexec 9< \"$0.bin\"\ncp \"$0.bin\" \"$0.bin.next\" && mv -f \"$0.bin.next\" \"$0.bin\"\n\
+         exec -a \"$0.bin\" /proc/self/fd/9 \"$@\"\n",
+    )
+    .unwrap();
+    fs::set_permissions(&launcher, fs::Permissions::from_mode(0o755)).unwrap();
+    fs::rename(binary.path(), binary.dir.path().join("launch.bin")).unwrap();
+    let d = Daemon::start_program(&launcher, &strs(&inputs.args(&[])));
+    let installed = fs::metadata(binary.dir.path().join("launch.bin")).unwrap();
+    let old = d.server_pid();
+    assert_ne!(running(d.child.id()), (installed.dev(), installed.ino()), "the keeper runs the replaced file");
+    kill(d.child.id(), libc::SIGUSR2);
+    let state = wait_new_server(&d, old, 1);
+    check_new_server(&d, &state, old);
+    assert!(state["last_error"].is_null(), "the upgrade was refused: {}", state["last_error"]);
+    assert_eq!(running(state_pid(&state, "server_pid")), (installed.dev(), installed.ino()));
+    stop(d);
+}
+
 /// Rule (issue 18): an upgrade to a build that speaks another keeper protocol is refused, never
 /// misread: the old server serves on and `last_error` names both versions. The other build is
 /// this one made to claim the next protocol by a test hook (`DEVREMAPD_FAILPOINT=protocol:N`,

@@ -54,7 +54,7 @@ use devremap::served::lifecycle::Waited;
 pub use error::KeeperError;
 use log::{info, warn};
 use parking_lot::{Condvar, Mutex};
-use procs::{Pending, Proc, started_as, status_text};
+use procs::{Pending, Proc, own_path, status_text};
 use spawner::Handed;
 pub(crate) use spawner::{Parked, ParkedServer, park_server};
 use spawner::{Spawners, Started};
@@ -193,7 +193,7 @@ pub fn run(args: &MountArgs, words: Vec<OsString>, parked: Option<ParkedServer>)
         Some(exe) => exe,
         None => Arc::new(File::open("/proc/self/exe").map_err(KeeperError::OpenOwnBinary)?),
     };
-    let exe_path = started_as(&exe).map_or_else(std::env::current_exe, Ok).map_err(KeeperError::FindOwnBinary)?;
+    let exe_path = own_path(&exe).map_err(KeeperError::FindOwnBinary)?;
     let dev = File::options().read(true).write(true).open("/dev/fuse").map_err(KeeperError::DevFuse)?;
     let link = Arc::new(Link {
         shared: Mutex::new(Shared { relay: Relay::default(), sockets: HashMap::new() }),

@@ -277,6 +277,27 @@ pub(crate) fn started_as(running: &File) -> Option<PathBuf> {
     (named.dev() == ours.dev() && named.ino() == ours.ino()).then(|| std::path::absolute(&path).ok()).flatten()
 }
 
+/// The path an upgrade opens: [`started_as`], else the link `/proc/self/exe`, without the
+/// ` (deleted)` the kernel adds once the file it names was replaced. A package manager renames
+/// the new binary over the old one; a daemon started from the old one in that moment found its
+/// `argv[0]` naming the new file, took `<path> (deleted)` for its own, and refused every later
+/// upgrade, for good (found from outside; a node daemon started then did not start at all).
+pub(crate) fn own_path(running: &File) -> io::Result<PathBuf> {
+    match started_as(running) {
+        Some(path) => Ok(path),
+        None => std::env::current_exe().map(without_deleted),
+    }
+}
+
+/// `link` (what `/proc/self/exe` reads) without the kernel's ` (deleted)`.
+fn without_deleted(link: PathBuf) -> PathBuf {
+    use std::os::unix::ffi::OsStrExt;
+    match link.as_os_str().as_bytes().strip_suffix(b" (deleted)") {
+        Some(path) => PathBuf::from(std::ffi::OsStr::from_bytes(path)),
+        None => link,
+    }
+}
+
 /// A server's exit status in words: `exit status 1`, `signal 9 (SIGKILL)`.
 pub(super) fn status_text(status: io::Result<ExitStatus>) -> String {
     match status {
@@ -285,5 +306,17 @@ pub(super) fn status_text(status: io::Result<ExitStatus>) -> String {
             None => format!("exit status {}", s.code().unwrap_or(-1)),
         },
         Err(e) => format!("unknown status: {}", io_message(&e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rule: a replaced binary's link names the path the new binary is at now.
+    #[test]
+    fn a_replaced_binarys_link_names_its_path() {
+        assert_eq!(without_deleted("/usr/bin/devremapd (deleted)".into()), Path::new("/usr/bin/devremapd"));
+        assert_eq!(without_deleted("/usr/bin/devremapd".into()), Path::new("/usr/bin/devremapd"));
     }
 }
