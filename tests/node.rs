@@ -2301,3 +2301,32 @@ fn a_failed_start_whose_asker_is_gone_leaves_no_directory() {
     );
     wait_for_or("the teardown's line", || service.log(&fleet), || service.log(&fleet).contains(&said).then_some(()));
 }
+
+/// Bug (found from outside): `ctl reload ID` while the container's server was being upgraded
+/// (`SIGUSR2` to its keeper, as the node daemon's own `SIGUSR2` sends to all) waited for the
+/// state file's `reloads` to pass the old server's count, which the new server starts again
+/// from 0: it waited its 30 s and said `no reload finished`, though the new server had
+/// reloaded. A reload finished by the server that took over now ends the wait.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs containers"]
+fn a_reload_asked_during_an_upgrade_ends_with_the_new_servers_reload() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let fleet = Fleet::new();
+    let id = fleet.start_many("upgrade-reload", 1).remove(0);
+    for round in 0..20 {
+        for _ in 0..3 {
+            let (code, _, stderr) = fleet.ctl(&["reload", &id]);
+            assert_eq!(code, 0, "round {round}: ctl reload: {stderr}");
+        }
+        let keeper = fleet.list()[&id]["pid"].as_u64().expect("the keeper's pid") as u32;
+        kill(keeper, libc::SIGUSR2);
+        let (code, stdout, stderr) = fleet.ctl(&["reload", &id]);
+        let entry = entries(&stdout).remove(&id).unwrap_or_else(|| panic!("round {round}: {stdout} {stderr}"));
+        assert!(
+            code == 0 && entry["reload_unfinished"].is_null(),
+            "round {round}: ctl reload during an upgrade: {entry} {stderr}\n{}",
+            fleet.keeper_log(&id)
+        );
+    }
+}

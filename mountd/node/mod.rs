@@ -33,6 +33,7 @@ mod procs;
 use crate::signals::{self, Acted};
 use devremap::node::protocol::{self, Answer, Entry, MountRequest, Request};
 use devremap::node::registry::{Adopt, Found, Registry};
+use devremap::node::reload::Reloads;
 use devremap::node::sweep::{Leftover, Sweep};
 use devremap::pidfd::Child;
 use devremap::runtime::argv::ContainerId;
@@ -160,7 +161,7 @@ pub fn run(args: &NodeArgs) -> Result<(), NodeError> {
     };
     let (listener, _bound) = bind(&args.socket)?;
     let running = std::fs::File::open("/proc/self/exe").map_err(NodeError::at(Path::new("/proc/self/exe")))?;
-    let exe = crate::keeper::procs::started_as(&running).ok_or(NodeError::OwnBinary)?;
+    let exe = crate::keeper::procs::own_path(&running).map_err(|_| NodeError::OwnBinary)?;
     let spares = spare::Spares::start(exe.clone(), !args.no_spare).map_err(NodeError::Thread)?;
     let node = Arc::new(Node {
         state_dir,
@@ -781,10 +782,10 @@ impl Node {
             Some(id) => vec![(id.to_owned(), self.keeper_of(id)?)],
             None => self.registry.lock().serving_all(),
         };
-        let before: Vec<(String, u32, Option<u64>)> = targets
+        let before: Vec<(String, u32, Reloads)> = targets
             .into_iter()
             .map(|(id, pid)| {
-                let reloads = read_state(&Container::new(&self.state_dir, &id).state_file())["reloads"].as_u64();
+                let reloads = Reloads::of(&read_state(&Container::new(&self.state_dir, &id).state_file()));
                 (id, pid, reloads)
             })
             .collect();
@@ -798,8 +799,7 @@ impl Node {
             let mut pause = Duration::from_micros(50);
             let (mut gone, mut unfinished) = (false, None);
             loop {
-                let now = read_state(&file)["reloads"].as_u64();
-                if now.is_some() && now > reloads {
+                if reloads.finished_by(Reloads::of(&read_state(&file))) {
                     break;
                 }
                 // Torn down meanwhile (its container ended): no reload of it will finish.

@@ -15,4 +15,5 @@
 pub mod client;
 pub mod protocol;
 pub mod registry;
+pub mod reload;
 pub mod sweep;

@@ -1,0 +1,69 @@
+//! When a reload the node daemon asked of a container's keeper (`SIGHUP`, for `ctl reload` and
+//! the daemon's own `SIGHUP`) has finished, read from the container's state file: its
+//! `server_pid` and `reloads`, the reloads the serving server finished (applied, refused or
+//! abandoned).
+//!
+//! Assumptions: `reloads` counts from 0 in each server, so a server that took over (a crash,
+//! an upgrade) starts again at 0; a keeper given `SIGHUP` while a server takes over has the
+//! server that then serves reload once it does, so a new server's first finished reload
+//! follows the request.
+
+use serde_json::Value;
+
+/// What a state file says of the reloads of the server serving then.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reloads {
+    server_pid: Option<u64>,
+    reloads: Option<u64>,
+}
+
+impl Reloads {
+    /// From a state file's JSON (`Value::Null` when it cannot be read).
+    pub fn of(state: &Value) -> Reloads {
+        Reloads { server_pid: state["server_pid"].as_u64(), reloads: state["reloads"].as_u64() }
+    }
+
+    /// Whether `now` shows a reload finished since `self`, read before it was asked for: one
+    /// more by the same server, or one by a server that took over meanwhile.
+    pub fn finished_by(self, now: Reloads) -> bool {
+        match now.reloads {
+            None => false,
+            Some(n) if now.server_pid == self.server_pid => self.reloads.is_none_or(|before| n > before),
+            Some(n) => n >= 1,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn at(server_pid: u64, reloads: u64) -> Reloads {
+        Reloads::of(&json!({"server_pid": server_pid, "reloads": reloads}))
+    }
+
+    /// Bug (found from outside): `ctl reload ID` while the container's server was upgraded
+    /// waited for `reloads` to pass the old server's count, which the new server starts again
+    /// from 0: it waited its 30 s and said the reload unfinished, though the new server had
+    /// reloaded.
+    #[test]
+    fn a_reload_by_a_server_that_took_over_is_finished() {
+        let before = at(10, 5);
+        assert!(!before.finished_by(at(10, 5)));
+        assert!(before.finished_by(at(10, 6)));
+        assert!(!before.finished_by(at(11, 0)), "the new server has not reloaded yet");
+        assert!(before.finished_by(at(11, 1)));
+    }
+
+    /// Rule: a state file not yet written, or unreadable, is no reload finished; one written
+    /// after it was read before is.
+    #[test]
+    fn an_unreadable_state_file_is_no_finished_reload() {
+        let unread = Reloads::of(&Value::Null);
+        assert!(!unread.finished_by(unread));
+        assert!(!at(10, 5).finished_by(unread));
+        assert!(unread.finished_by(at(10, 1)));
+        assert!(!unread.finished_by(at(10, 0)));
+    }
+}
