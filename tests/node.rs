@@ -108,7 +108,19 @@ impl Fleet {
 
     /// `devremap-runtime --root <runc state> <args>`.
     fn wrapper(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(WRAPPER);
+        self.wrapper_under(&[], args)
+    }
+
+    /// [`Fleet::wrapper`] run by the command `under` (`unshare -m`), when not empty.
+    fn wrapper_under(&self, under: &[&str], args: &[&str]) -> Command {
+        let mut c = match under.split_first() {
+            Some((program, first)) => {
+                let mut c = Command::new(program);
+                c.args(first).arg(WRAPPER);
+                c
+            }
+            None => Command::new(WRAPPER),
+        };
         c.env("DEVREMAP_RUNTIME_CONFIG", &self.config)
             .env_remove("RUST_LOG")
             .arg("--root")
@@ -121,6 +133,18 @@ impl Fleet {
     /// Starts container `id` (`run --detach`) with GPUs `visible`, through the wrapper; fails
     /// the test if it does not start.
     fn start(&self, id: &str, visible: &[u32]) {
+        let (status, stderr) = self.try_start_under(&[], id, visible);
+        assert!(
+            status.success(),
+            "run {id}: {stderr}\n--- node log ---\n{}\n--- keeper log ---\n{}",
+            self.node_log(),
+            self.keeper_log(id)
+        );
+    }
+
+    /// Runs container `id` (`run --detach`) with GPUs `visible` through the wrapper run by
+    /// `under` ([`Fleet::wrapper_under`]): its exit status and stderr.
+    fn try_start_under(&self, under: &[&str], id: &str, visible: &[u32]) -> (std::process::ExitStatus, String) {
         let bundle = self.tmp.path().join("bundles").join(id);
         fs::create_dir_all(&bundle).unwrap();
         fs::write(bundle.join("config.json"), self.spec(visible).to_string()).unwrap();
@@ -132,18 +156,12 @@ impl Fleet {
         // A file, not a pipe: the container's process keeps the runtime's stdio.
         let stderr = bundle.join("stderr");
         let status = self
-            .wrapper(&["run", "--detach", "--bundle", arg(&bundle), id])
+            .wrapper_under(under, &["run", "--detach", "--bundle", arg(&bundle), id])
             .stdout(Stdio::null())
             .stderr(fs::File::create(&stderr).unwrap())
             .status()
             .expect("the wrapper runs");
-        assert!(
-            status.success(),
-            "run {id}: {}\n--- node log ---\n{}\n--- keeper log ---\n{}",
-            fs::read_to_string(&stderr).unwrap_or_default(),
-            self.node_log(),
-            self.keeper_log(id)
-        );
+        (status, fs::read_to_string(&stderr).unwrap_or_default())
     }
 
     /// Starts containers `<prefix>-<test pid>-<i>` for `i` in `0..n`, container `i` with GPUs
@@ -2329,4 +2347,65 @@ fn a_reload_asked_during_an_upgrade_ends_with_the_new_servers_reload() {
             fleet.keeper_log(&id)
         );
     }
+}
+
+/// The mount namespace process `pid` is in (`/proc/<pid>/ns/mnt`).
+fn mount_namespace(pid: u32) -> PathBuf {
+    fs::read_link(format!("/proc/{pid}/ns/mnt")).expect("a mount namespace")
+}
+
+/// Bug (found from outside): Podman runs the runtime of a user-namespace container in a mount
+/// namespace of its own; a wrapper there that found no node daemon started one in that
+/// namespace, which then mounted every container's `/dev` there, unseen by every other runtime
+/// on the host (Docker's: `stat /dev/null: no such file or directory`) for as long as it ran.
+/// The daemon a wrapper starts now enters the host's mount namespace (the init's, or where that
+/// is hidden, the outermost ancestor's it may enter). Here the state dir is a
+/// shared mount, as `/run` is under systemd, and the first wrapper runs in a namespace of its
+/// own whose mounts are slaves of it (as Podman makes them): its container runs, and so does
+/// one started from the host after it.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc, busybox-static and unshare: runs containers"]
+fn a_node_daemon_started_from_a_mount_namespace_of_its_own_mounts_on_the_host() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let fleet = Fleet::new();
+    let state = fleet.state_dir();
+    fs::create_dir(&state).unwrap();
+    fs::set_permissions(&state, fs::Permissions::from_mode(0o700)).unwrap();
+    for args in [&["--bind", arg(&state), arg(&state)][..], &["--make-shared", arg(&state)]] {
+        assert!(Command::new("mount").args(args).status().unwrap().success(), "mount {args:?}");
+    }
+    let tag = std::process::id();
+    let (first, second) = (format!("ns-first-{tag}"), format!("ns-second-{tag}"));
+    fleet.ids.lock().unwrap().push(first.clone());
+    let (status, stderr) = fleet.try_start_under(&["unshare", "-m", "--propagation", "slave"], &first, &[0]);
+    assert!(status.success(), "run {first} in a namespace of its own: {stderr}\n{}", fleet.node_log());
+    // The host's is the init's; this machine may hide the init's, and then it is the
+    // outermost the wrapper may enter: this test's.
+    let host = mount_namespace(std::process::id());
+    assert_eq!(mount_namespace(fleet.node_pid()), host, "the node daemon is in the host's namespace");
+    fleet.start(&second, &[1]);
+    assert_gpus(&fleet.dev(&second), &[1], &second);
+}
+
+/// Bug (found from outside): a wrapper in a mount namespace the node daemon's mounts do not
+/// reach (Podman's for a user-namespace container, on a host whose mounts are private) had the
+/// runtime bind the bare mountpoint as `/dev`, which failed far from the cause (`lstat
+/// .../dev/pts: permission denied`). The wrapper now refuses it, saying why, and leaves nothing.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc, busybox-static and unshare: runs containers"]
+fn a_runtime_the_node_daemons_mount_does_not_reach_is_refused() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let fleet = Fleet::new();
+    let tag = std::process::id();
+    fleet.start(&format!("ns-host-{tag}"), &[0]);
+    let id = format!("ns-private-{tag}");
+    fleet.ids.lock().unwrap().push(id.clone());
+    let (status, stderr) = fleet.try_start_under(&["unshare", "-m", "--propagation", "private"], &id, &[1]);
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("but not where this runtime sees it"), "{stderr}");
+    assert!(stderr.contains(arg(&fleet.dev(&id))), "{stderr}");
+    wait_for("the refused container's directory to go", || (!fleet.state_dir().join(&id).exists()).then_some(()));
+    assert!(!fleet.mounts().iter().any(|m| m.contains(&id)), "{:?}", fleet.mounts());
 }
