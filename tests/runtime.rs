@@ -2033,3 +2033,24 @@ fn arguments_that_are_not_utf8_keep_devremap() {
     let out = s.run(&["delete", "--force", &id]);
     assert_ok(&out, "delete", &s, &id);
 }
+
+/// Bug (found from outside): a working directory under /dev (`docker run -w /dev/work/dir`)
+/// failed under devremap (`mkdir /dev/work: read-only file system`), where runc makes it in
+/// its own /dev and runs the container there. The tree holds it now, as runc makes it.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs a container"]
+fn a_working_directory_under_dev_is_made_as_runc_makes_it() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let script = "#!/bin/sh\necho \"cwd: $(pwd)\"\necho \"mode: $(stat -c '%A %u' /dev/work/dir)\"\n";
+    let s = Setup::with_script(Runtime::Runc, json!({"devremap.io/enable": "true"}), script);
+    let mut spec = s.bundle.config();
+    spec["process"]["cwd"] = json!("/dev/work/dir");
+    s.bundle.write_config(&spec);
+    let id = format!("wrapped-cwd-{}", std::process::id());
+    let _delete = Deleting(&s, id.clone());
+    let out = s.run(&["run", "--bundle", arg(s.bundle.dir()), &id]);
+    assert_ok(&out, "run with its working directory under /dev", &s, &id);
+    assert!(s.stdout().contains("cwd: /dev/work/dir\nmode: drwxr-xr-x 0\n"), "{}", s.stdout());
+    s.wait_gone(&id);
+}

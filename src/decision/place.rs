@@ -152,5 +152,14 @@ pub(super) fn mounts(b: &mut TreeBuilder, spec: &SpecView, warnings: &mut Vec<St
     if spec.terminal && b.get("console").is_none() {
         b.insert("console", placeholder()).map_err(PlanError::SpecMount)?;
     }
+    // A working directory under /dev, which runc makes (0755) before it changes into it: the
+    // read-only tree must hold it (found from outside: `docker run -w /dev/work` failed,
+    // `mkdir /dev/work: read-only file system`). One a node is in the way of, or past the
+    // tree's limits, is left for the runtime to fail on, as it does on its own /dev.
+    if let Some(cwd) = &spec.cwd
+        && b.get(cwd).is_none()
+    {
+        let _ = b.mkdir_all(cwd);
+    }
     Ok(())
 }

@@ -60,6 +60,9 @@ pub struct SpecView {
     pub hook_capabilities: HookCapabilities,
     /// `process.terminal`: the runtime bind-mounts the console onto `/dev/console`.
     pub terminal: bool,
+    /// `process.cwd` relative to `/dev`, when it lies under it: runc makes the working
+    /// directory (`MkdirAll`, 0755) before it changes into it.
+    pub cwd: Option<String>,
 }
 
 impl SpecView {
@@ -109,6 +112,12 @@ pub fn parse(bytes: &[u8], file_source: &dyn Fn(&str) -> bool) -> Result<SpecVie
         hook: hook_request(&spec).map_err(SpecError::Visible)?,
         hook_capabilities: hook_capabilities(&spec),
         terminal: spec.process().as_ref().and_then(|p| p.terminal()).unwrap_or(false),
+        // One that `/dev` cannot hold is the runtime's to refuse, as under its own `/dev`.
+        cwd: spec
+            .process()
+            .as_ref()
+            .and_then(|p| dev_relative(&p.cwd().to_string_lossy()).ok().flatten())
+            .filter(|rel| !rel.is_empty()),
         ..SpecView::default()
     };
     // Taken out of the spec, each path moved rather than copied: memory holds one copy of them.
@@ -255,6 +264,22 @@ mod tests {
                "mounts": mounts, "linux": {"devices": linux_devices}})
     }
 
+    /// Rule: `process.cwd` under /dev is kept relative to it (runc makes it there); /dev
+    /// itself, a path elsewhere, and one /dev cannot hold are not ours.
+    #[test]
+    fn a_working_directory_under_dev_is_kept() {
+        let cwd_of = |cwd: &str| {
+            let mut s = spec(json!([]), json!([]));
+            s["process"]["cwd"] = json!(cwd);
+            parse(s.to_string().as_bytes(), &no_files).unwrap().cwd
+        };
+        assert_eq!(cwd_of("/dev/work/dir").as_deref(), Some("work/dir"));
+        assert_eq!(cwd_of("/dev/work/"), Some("work".into()));
+        for outside in ["/dev", "/dev/", "/work", "/dev/../etc"] {
+            assert_eq!(cwd_of(outside), None, "{outside}");
+        }
+    }
+
     /// runc's /dev: spec devices keep type, numbers, mode (0666 default), uid and gid; mounts
     /// under /dev become directories; /dev itself and mounts elsewhere are not ours.
     #[test]
@@ -275,6 +300,7 @@ mod tests {
         assert_eq!(v.dev_mounts[2].bind_source.as_deref(), Some("/var/log/t"));
         assert_eq!(v.dev_mounts[0].bind_source, None);
         assert!(v.terminal && v.hook.is_none());
+        assert_eq!(v.cwd, None, "/ is not under /dev");
         assert_eq!(v.devices[0].rel_path.as_deref(), Some("fuse"));
         assert_eq!(v.devices[0].access, Access { mode: 0o600, uid: 7, gid: 8 });
         assert_eq!((v.devices[1].kind, v.devices[1].rdev), (DevKind::Block, Rdev::new(8, 0)));

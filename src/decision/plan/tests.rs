@@ -100,6 +100,22 @@ fn a_node_under_a_mount_is_warned_about() {
     assert_eq!(plan.warnings, ["/dev/shm/x lies under the mount /dev/shm, which hides it in the container"]);
 }
 
+/// Bug (found from outside): a working directory under /dev (`docker run -w /dev/work/dir`)
+/// failed under devremap (`mkdir /dev/work: read-only file system`) where runc makes it in its
+/// own /dev: the tree holds it, as runc makes it (0755, root's). One a node is in the way of is
+/// left for the runtime to fail on, as it does on its own /dev, and fails no plan.
+#[test]
+fn a_working_directory_under_dev_is_in_the_tree() {
+    let with_cwd = |cwd: &str| SpecView { cwd: Some(cwd.into()), ..SpecView::default() };
+    let plan = build(&Inputs { spec: Some(with_cwd("work/dir")), ..Inputs::default() }).unwrap();
+    for dir in ["work", "work/dir"] {
+        let node = plan.tree.get(dir).unwrap_or_else(|| panic!("no /dev/{dir}"));
+        assert_eq!((&node.kind, node.access), (&NodeKind::Dir, Access { mode: 0o755, uid: 0, gid: 0 }), "{dir}");
+    }
+    let blocked = build(&Inputs { spec: Some(with_cwd("null/x")), ..Inputs::default() }).unwrap();
+    assert!(blocked.tree.get("null/x").is_none() && blocked.warnings.is_empty());
+}
+
 /// Nothing enters the tree that no input asked for: every node is a default, a spec node,
 /// a pass-through node, or a GPU name.
 #[test]
