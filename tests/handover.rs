@@ -354,20 +354,10 @@ impl Binary {
     }
 
     /// Puts `content` (mode `mode`) at the binary's path as a new file, renamed over the old one
-    /// as a package manager does: a new inode, the running one untouched. A child process
-    /// writes it: a descriptor open for writing in this process would be copied into any child
-    /// another test thread forks meanwhile, and while that child holds it, executing the file
-    /// fails with ETXTBSY.
+    /// as a package manager does: a new inode, the running one untouched ([`write_executable`]).
     fn replace(&self, content: &[u8], mode: u32) {
         let next = self.dir.path().join("devremapd.next");
-        let mut writer = Command::new("/bin/sh")
-            .args(["-c", "cat > \"$0\"", arg(&next)])
-            .stdin(Stdio::piped())
-            .spawn()
-            .expect("sh starts");
-        writer.stdin.take().unwrap().write_all(content).unwrap();
-        assert!(writer.wait().unwrap().success(), "writing {}", next.display());
-        fs::set_permissions(&next, fs::Permissions::from_mode(mode)).unwrap();
+        write_executable(&next, content, mode);
         fs::rename(&next, self.path()).unwrap();
     }
 
@@ -381,6 +371,20 @@ impl Binary {
         let m = fs::metadata(self.path()).unwrap();
         (m.dev(), m.ino())
     }
+}
+
+/// Writes `content` (mode `mode`) to a new file at `path`, by a child process: a descriptor
+/// open for writing in this process would be copied into any child another test thread forks
+/// meanwhile, and while that child holds it, executing the file fails with ETXTBSY.
+fn write_executable(path: &Path, content: &[u8], mode: u32) {
+    let mut writer = Command::new("/bin/sh")
+        .args(["-c", "cat > \"$0\"", arg(path)])
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("sh starts");
+    writer.stdin.take().unwrap().write_all(content).unwrap();
+    assert!(writer.wait().unwrap().success(), "writing {}", path.display());
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
 }
 
 /// The file process `pid` runs: (device, inode) of `/proc/<pid>/exe`.
@@ -517,13 +521,9 @@ fn a_keeper_started_while_its_binary_is_replaced_upgrades_to_the_new_one() {
     let inputs = Inputs::new();
     let binary = Binary::new();
     let launcher = binary.dir.path().join("launch");
-    fs::write(
-        &launcher,
-        "#!/bin/bash\nexec 9< \"$0.bin\"\ncp \"$0.bin\" \"$0.bin.next\" && mv -f \"$0.bin.next\" \"$0.bin\"\n\
-         exec -a \"$0.bin\" /proc/self/fd/9 \"$@\"\n",
-    )
-    .unwrap();
-    fs::set_permissions(&launcher, fs::Permissions::from_mode(0o755)).unwrap();
+    let script = "#!/bin/bash\nexec 9< \"$0.bin\"\ncp \"$0.bin\" \"$0.bin.next\" && mv -f \"$0.bin.next\" \"$0.bin\"\n\
+                  exec -a \"$0.bin\" /proc/self/fd/9 \"$@\"\n";
+    write_executable(&launcher, script.as_bytes(), 0o755);
     fs::rename(binary.path(), binary.dir.path().join("launch.bin")).unwrap();
     let d = Daemon::start_program(&launcher, &strs(&inputs.args(&[])));
     let installed = fs::metadata(binary.dir.path().join("launch.bin")).unwrap();
