@@ -281,6 +281,34 @@ fn sigterm_stops_the_daemon_during_a_stuck_reload() {
     assert!(stuck.stop().success());
 }
 
+/// Bug (found from outside): a first load that never ended (the spec's bind source on a
+/// stopped FUSE daemon) kept the keeper and its server for good, with no deadline once whoever
+/// asked for the mount was gone (a node daemon SIGKILLed meanwhile). The first server must be
+/// mounted within `--reload-timeout`, as a successor must take over: the start fails, exit 1,
+/// naming the server, with nothing left (no mount, no server).
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn a_first_load_on_a_stuck_input_fails_the_start_in_time() {
+    need_fuse();
+    let tmp = private_dir();
+    let (stuck, spec) = spec_on_a_stuck_mount(tmp.path());
+    let frozen = Frozen::new(&stuck);
+    let (_dir, mountpoint) = private_mountpoint();
+    let (code, stderr) =
+        refused(&mountpoint, &["--spec", arg(&spec), "--host-root", EMPTY_ROOT, "--reload-timeout", "1"]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("did not load its inputs within 1 s (an input on a stuck filesystem?)"), "{stderr}");
+    let servers = |name: &str| {
+        fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .any(|p| fs::read(p.path().join("cmdline")).is_ok_and(|c| String::from_utf8_lossy(&c).contains(name)))
+    };
+    wait_for("its server to be gone", || (!servers(arg(&mountpoint))).then_some(()));
+    drop(frozen);
+    assert!(stuck.stop().success());
+}
+
 /// Bug (issue 9.9): a reload that does not finish is abandoned after `--reload-timeout`: the
 /// old tree keeps serving, `last_error` says the reload was abandoned, and once the input
 /// answers again the next reload succeeds. While 4 abandoned reloads are still blocked, a

@@ -122,7 +122,8 @@ pub(super) struct Successor {
 pub(super) enum State {
     Starting {
         first: Server,
-        /// Its spawn must have returned by then (`first.pid` is 0 until it has).
+        /// Its spawn must have returned (`first.pid` is 0 until it has), and its inputs loaded
+        /// (it is mounted then), by then: `--reload-timeout` from the start, as a successor gets.
         spawn_by: Instant,
         /// Mounted, and the first server must say the mount answers through it by then.
         mounted: Option<Instant>,
@@ -220,7 +221,7 @@ impl Machine {
     /// server's to start or to answer through the mount.
     pub fn deadline(&self) -> Option<Instant> {
         match &self.state {
-            State::Starting { first, spawn_by, .. } if !first.started() => Some(*spawn_by),
+            State::Starting { spawn_by, mounted: None, .. } => Some(*spawn_by),
             State::Starting { mounted, .. } => *mounted,
             State::Replacing { successor: Some(s), .. } | State::Upgrading { successor: s, .. } => Some(s.deadline),
             State::Replacing { successor: None, retry_at } => *retry_at,

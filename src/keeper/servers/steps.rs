@@ -393,8 +393,9 @@ impl Machine {
             State::Starting { first, spawn_by, mounted: Some(by), error } => {
                 State::Starting { first, spawn_by, mounted: Some(by.max(now + self.server_timeout)), error }
             }
-            // Its spawn runs on a thread of the keeper's, which did not run either.
-            State::Starting { first, spawn_by, mounted: None, error } if !first.started() => {
+            // Its spawn runs on a thread of the keeper's, which did not run either, and its load
+            // may have waited unread.
+            State::Starting { first, spawn_by, mounted: None, error } => {
                 State::Starting { first, spawn_by: spawn_by.max(now + self.reload_timeout), mounted: None, error }
             }
             State::Replacing { successor: Some(mut s), retry_at } => {
@@ -445,8 +446,18 @@ impl Machine {
             _ => None,
         };
         match (state, overdue) {
-            (State::Starting { first, spawn_by, .. }, _) if !first.started() && spawn_by <= now => {
-                self.stop(None, Exit::StartFailed(format!("cannot start the server: it {not_started}")), None)
+            (State::Starting { first, spawn_by, mounted: None, .. }, _) if spawn_by <= now => {
+                // A load that never ends (an input on a stuck filesystem) kept the keeper and its
+                // server for good, whoever had asked for the mount gone (found from outside).
+                let why = if first.started() {
+                    format!(
+                        "server pid {} did not load its inputs within {secs} s (an input on a stuck filesystem?)",
+                        first.pid
+                    )
+                } else {
+                    format!("cannot start the server: it {not_started}")
+                };
+                self.stop(None, Exit::StartFailed(why), None)
             }
             (State::Starting { first, mounted: Some(by), .. }, _) if by <= now => {
                 let why = format!(

@@ -103,13 +103,13 @@ fn the_start_mounts_then_writes_the_pid_file_and_fails_with_the_servers_error() 
 /// had no hang check and no bound, so `devremapd mount` and every request waited for ever.
 /// Now a request it leaves unanswered for `--server-timeout`, or no word within it of the
 /// mount, fails the start (exit 1, nothing left behind); a keeper that was away gets the time
-/// back, and before the mount nothing is due (a load is bounded by the server itself).
+/// back. Before the mount, the load is bounded ([`a_first_load_that_does_not_end_in_time_fails_the_start`]).
 #[test]
 fn a_first_server_that_hangs_once_mounted_fails_the_start() {
     let loaded = || {
         let (mut r, _) = Run::new();
         r.on(Event::Spawned { epoch: 1, pid: 100, handed_plan: false });
-        assert_eq!((r.m.deadline(), r.m.hang_checked()), (None, None), "not mounted: nothing is due");
+        assert_eq!((r.m.deadline(), r.m.hang_checked()), (Some(r.t0 + TIMEOUT), None), "not mounted: its load is due");
         r.on(Event::Loaded { epoch: 1, protocol: PROTOCOL });
         r
     };
@@ -532,6 +532,21 @@ fn a_stop_in_each_phase_ends_everything() {
     }
     let mut r = Run::serving();
     assert_eq!(r.on(Event::KernelEnded), [Action::Exit(Exit::Ended)]);
+}
+
+/// Bug (found from outside): a first server whose inputs never loaded (the spec's bind source
+/// on a stopped FUSE mount) kept the keeper and itself for good, with nothing to end them once
+/// whoever asked for the mount had gone: the first server must be mounted (its inputs loaded)
+/// within `--reload-timeout` of the start, as a successor must take over, or the start fails.
+#[test]
+fn a_first_load_that_does_not_end_in_time_fails_the_start() {
+    let (mut r, _) = Run::new();
+    assert_eq!(r.on(Event::Spawned { epoch: 1, pid: 100, handed_plan: false }), []);
+    assert_eq!(r.m.deadline(), Some(r.t0 + TIMEOUT), "the first server's load is bounded");
+    assert_eq!(r.at(TIMEOUT / 2, Event::Tick), []);
+    let exit = r.at(TIMEOUT, Event::Tick);
+    let why = "server pid 100 did not load its inputs within 10 s (an input on a stuck filesystem?)";
+    assert_eq!(exit, [Action::Exit(Exit::StartFailed(why.into()))]);
 }
 
 /// Rule (issue 31): the keeper never waits on a spawn. A server whose spawn has not returned
