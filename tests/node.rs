@@ -17,8 +17,8 @@ mod common;
 use common::bundle::{Runtime, allow_char, need_containers, nvidia_hook, oci_config};
 use common::clients::{WRAPPER, busybox_rootfs};
 use common::daemon::{
-    PATIENCE, Tmpfs, container_dirs, ended_threads_stacks, has_exited, has_thread, is_mounted, kill, logged,
-    proc_state, thread_names, wait_for, wait_for_or,
+    Daemon, Frozen, PATIENCE, Tmpfs, container_dirs, ended_threads_stacks, has_exited, has_thread, is_mounted, kill,
+    logged, proc_state, thread_names, wait_for, wait_for_or,
 };
 use common::{BIN, FakeHost, arg, fake_rdev, write_file};
 use devremap::node::client::{ask, ask_passing};
@@ -2408,4 +2408,51 @@ fn a_runtime_the_node_daemons_mount_does_not_reach_is_refused() {
     assert!(stderr.contains(arg(&fleet.dev(&id))), "{stderr}");
     wait_for("the refused container's directory to go", || (!fleet.state_dir().join(&id).exists()).then_some(()));
     assert!(!fleet.mounts().iter().any(|m| m.contains(&id)), "{:?}", fleet.mounts());
+}
+
+/// Bug (found from outside): a service started while the node daemon a wrapper started had a
+/// container's start under way exited at once, `another node daemon serves it (its node.lock is
+/// held)`: that daemon answered its request to make way with a refusal to ask again, which the
+/// service took for a final one. It asks again now, until the start is over (here it fails: its
+/// spec's bind source is on a stopped FUSE daemon), and takes over, adopting the containers.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs containers"]
+fn a_service_takes_over_once_the_wrappers_daemon_has_finished_a_start() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let fleet = Fleet::new();
+    let running = fleet.start_many("before-service", 1).remove(0);
+    let wrappers_daemon = fleet.node_pid();
+    let stuck = Daemon::start(&["--ttl", "0", "--host-root", &common::empty_root()]);
+    let frozen = Frozen::new(&stuck);
+    let slow = format!("slow-start-{}", std::process::id());
+    let bundle = fleet.tmp.path().join("bundles").join(&slow);
+    fs::create_dir_all(&bundle).unwrap();
+    let mut spec = fleet.spec(&[1]);
+    spec["mounts"].as_array_mut().unwrap().push(
+        json!({"destination": "/dev/held", "type": "bind", "source": arg(&stuck.path("null")), "options": ["bind"]}),
+    );
+    fs::write(bundle.join("config.json"), spec.to_string()).unwrap();
+    fleet.ids.lock().unwrap().push(slow.clone());
+    let mut start = fleet
+        .wrapper(&["run", "--detach", "--bundle", arg(&bundle), &slow])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let dir = arg(&fleet.state_dir().join(&slow)).to_owned();
+    wait_for("the slow start's keeper", || processes(|args| args.iter().any(|a| a.contains(&dir))).first().map(|_| ()));
+    let service = Service::start(&fleet, &fleet.state_dir().join("node.pid"), &[]);
+    // The wrapper's daemon answered (`hello`) while it finished the start; the service answers
+    // once it has taken over.
+    wait_for("the wrapper's daemon to make way", || has_exited(wrappers_daemon).then_some(()));
+    let serving = || {
+        fleet.ctl(&["list"]).0 == 0
+            && fs::read_to_string(fleet.state_dir().join("node.pid"))
+                .is_ok_and(|p| p.trim() == service.pid().to_string())
+    };
+    wait_for_or("the service to serve", || service.log(&fleet), || serving().then_some(()));
+    assert!(fleet.list().contains_key(&running), "the service adopted {running}: {}", service.log(&fleet));
+    assert!(!start.wait().unwrap().success(), "the start on a stuck input failed");
+    drop(frozen);
 }

@@ -65,8 +65,9 @@ const MAX_CLIENTS: usize = 256;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a reload may take before `reload` answers without it.
 const RELOAD_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long a service waits for a wrapper's daemon to go.
-const TAKE_OVER_PATIENCE: Duration = Duration::from_secs(10);
+/// How long a service waits for a wrapper's daemon to go: longer than a start under way there
+/// may take (its wait for a keeper, 30 s), which that daemon finishes first.
+const TAKE_OVER_PATIENCE: Duration = Duration::from_secs(40);
 /// How long a teardown waits for the runtime holding a container's lock to exit.
 const TEARDOWN_PATIENCE: Duration = Duration::from_secs(30);
 /// How often directories no one has are looked for ([`Node::sweep_every`]).
@@ -708,7 +709,7 @@ impl Node {
         // A start under way finishes here first: its client is waiting for this daemon's answer.
         let registry = self.registry.lock();
         if registry.starting() {
-            return Err("busy: a container is being set up; ask again".into());
+            return Err(protocol::SETTING_UP.into());
         }
         *self.closing.lock() = true;
         drop(registry);

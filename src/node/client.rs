@@ -41,10 +41,13 @@ impl ClientError {
         matches!(self, ClientError::NoDaemon { .. } | ClientError::NoAnswer { .. })
     }
 
-    /// Whether the daemon had no place for the request ([`protocol::BUSY`]): it did nothing,
-    /// and asking again later is safe.
+    /// Whether the daemon had no place for the request ([`protocol::BUSY`]), or was asked to
+    /// make way while it sets a container up ([`protocol::SETTING_UP`]): it did nothing, and
+    /// asking again later is safe (found from outside: a service started beside a wrapper's
+    /// daemon with a start under way took the second for a refusal and exited, `another node
+    /// daemon serves it`).
     pub fn busy(&self) -> bool {
-        matches!(self, ClientError::Refused { why } if why == protocol::BUSY)
+        matches!(self, ClientError::Refused { why } if why == protocol::BUSY || why == protocol::SETTING_UP)
     }
 }
 

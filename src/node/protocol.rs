@@ -17,6 +17,8 @@ pub const MAX_ANSWER: usize = 64 << 20;
 /// The refusal of a daemon with every place for a request taken: nothing was done, and the
 /// client may ask again.
 pub const BUSY: &str = "busy: too many requests at once; ask again";
+/// A daemon asked to make way while it sets a container up: it finishes that first.
+pub const SETTING_UP: &str = "busy: a container is being set up; ask again";
 
 /// Why a line is not a request or an answer of ours.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
