@@ -2349,45 +2349,6 @@ fn a_reload_asked_during_an_upgrade_ends_with_the_new_servers_reload() {
     }
 }
 
-/// The mount namespace process `pid` is in (`/proc/<pid>/ns/mnt`).
-fn mount_namespace(pid: u32) -> PathBuf {
-    fs::read_link(format!("/proc/{pid}/ns/mnt")).expect("a mount namespace")
-}
-
-/// Bug (found from outside): Podman runs the runtime of a user-namespace container in a mount
-/// namespace of its own; a wrapper there that found no node daemon started one in that
-/// namespace, which then mounted every container's `/dev` there, unseen by every other runtime
-/// on the host (Docker's: `stat /dev/null: no such file or directory`) for as long as it ran.
-/// The daemon a wrapper starts now enters the host's mount namespace (the init's, or where that
-/// is hidden, the outermost ancestor's it may enter). Here the state dir is a
-/// shared mount, as `/run` is under systemd, and the first wrapper runs in a namespace of its
-/// own whose mounts are slaves of it (as Podman makes them): its container runs, and so does
-/// one started from the host after it.
-#[test]
-#[ignore = "needs root, /dev/fuse, runc, busybox-static and unshare: runs containers"]
-fn a_node_daemon_started_from_a_mount_namespace_of_its_own_mounts_on_the_host() {
-    need_containers(Runtime::Runc);
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let fleet = Fleet::new();
-    let state = fleet.state_dir();
-    fs::create_dir(&state).unwrap();
-    fs::set_permissions(&state, fs::Permissions::from_mode(0o700)).unwrap();
-    for args in [&["--bind", arg(&state), arg(&state)][..], &["--make-shared", arg(&state)]] {
-        assert!(Command::new("mount").args(args).status().unwrap().success(), "mount {args:?}");
-    }
-    let tag = std::process::id();
-    let (first, second) = (format!("ns-first-{tag}"), format!("ns-second-{tag}"));
-    fleet.ids.lock().unwrap().push(first.clone());
-    let (status, stderr) = fleet.try_start_under(&["unshare", "-m", "--propagation", "slave"], &first, &[0]);
-    assert!(status.success(), "run {first} in a namespace of its own: {stderr}\n{}", fleet.node_log());
-    // The host's is the init's; this machine may hide the init's, and then it is the
-    // outermost the wrapper may enter: this test's.
-    let host = mount_namespace(std::process::id());
-    assert_eq!(mount_namespace(fleet.node_pid()), host, "the node daemon is in the host's namespace");
-    fleet.start(&second, &[1]);
-    assert_gpus(&fleet.dev(&second), &[1], &second);
-}
-
 /// Bug (found from outside): a wrapper in a mount namespace the node daemon's mounts do not
 /// reach (Podman's for a user-namespace container, on a host whose mounts are private) had the
 /// runtime bind the bare mountpoint as `/dev`, which failed far from the cause (`lstat

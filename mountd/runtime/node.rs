@@ -126,33 +126,21 @@ fn start_daemon(config: &Config, devremapd: &Path, socket: &Path) -> Result<Opti
         .stdout(log)
         .stderr(log2);
     Host.detach(&mut cmd, ready_write.as_raw_fd());
-    // In the host's mount namespace, not this one: a wrapper run in a namespace of its own
-    // (Podman's, for a user-namespace container) started a daemon that mounted every later
-    // container's `/dev` there, unseen by every other runtime on the host, for as long as it
-    // ran (found from outside).
-    let host_mounts = outermost_mount_namespace();
-    let host_mounts_fd = host_mounts.as_ref().map(AsRawFd::as_raw_fd);
     // Not our child: this process becomes the runtime, which would never reap it. The child
     // forks once more and exits; its child, the daemon, is the init's (or a subreaper's).
-    // SAFETY: runs in the forked child before exec; fork, setns and _exit are
-    // async-signal-safe and allocate nothing; the grandchild is single-threaded, as entering a
-    // mount namespace requires.
+    // SAFETY: runs in the forked child before exec; fork and _exit are async-signal-safe and
+    // allocate nothing.
     unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || match libc::fork() {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || match libc::fork() {
             -1 => Err(std::io::Error::last_os_error()),
-            0 => {
-                if let Some(fd) = host_mounts_fd {
-                    libc::setns(fd, libc::CLONE_NEWNS);
-                }
-                Ok(())
-            }
+            0 => Ok(()),
             _ => libc::_exit(0),
         });
     }
     let spawned = cmd.spawn().map_err(|source| {
         Failure::Daemon(devremap::runtime::container_daemon::DaemonError::Spawn { path: devremapd.to_owned(), source })
     });
-    drop((ready_write, host_mounts));
+    drop(ready_write);
     let _ = spawned?.wait();
     // A newline: it answers; EOF: it exited (another daemon holds the state dir, or it could
     // not start). Either way the caller asks again. Neither in time: it hangs where nothing
@@ -174,38 +162,6 @@ fn start_daemon(config: &Config, devremapd: &Path, socket: &Path) -> Result<Opti
     let mut answer = [0u8; 1];
     let exited = matches!(nix::unistd::read(&ready, &mut answer), Ok(0));
     Ok(exited.then(|| error_line(&log_path, logged_before)).flatten())
-}
-
-/// The mount namespace of this process's outermost ancestor whose namespace we may enter: the
-/// init's on a host (its runtimes' namespace, whose mounts systemd makes shared, so that
-/// Podman's namespaces, slaves of it, receive them); where the init's cannot be read (a
-/// sandbox that hides it), the outermost one that can. `None` when none can be read: ours.
-fn outermost_mount_namespace() -> Option<std::fs::File> {
-    let mut outermost = None;
-    let mut pid = nix::unistd::getppid().as_raw();
-    // Bounded: a parent's pid is read, not trusted to end the walk.
-    for _ in 0..4096 {
-        if pid <= 0 {
-            break;
-        }
-        if let Ok(ns) = std::fs::File::open(format!("/proc/{pid}/ns/mnt")) {
-            outermost = Some(ns);
-        }
-        if pid == 1 {
-            break;
-        }
-        match parent_of(pid) {
-            Some(parent) => pid = parent,
-            None => break,
-        }
-    }
-    outermost
-}
-
-/// The parent of process `pid`, from `/proc/<pid>/stat` (the field after the command's `)`).
-fn parent_of(pid: i32) -> Option<i32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// The last `error:` line of the log at `path` after its first `from` bytes (read up to 64 KiB).
