@@ -8,6 +8,7 @@ use devremap::node::client::ask;
 use devremap::node::protocol::Request;
 use devremap::report::Failure;
 use serde_json::Value;
+use std::io::Write;
 use std::time::Duration;
 
 /// Longer than the daemon's own wait for a reload.
@@ -25,8 +26,16 @@ pub fn run(args: &CtlArgs) -> Result<(), Failure> {
         one => vec![one],
     };
     let mut refused = Vec::new();
+    let (mut out, mut reader_gone) = (std::io::stdout().lock(), false);
     for entry in &entries {
-        println!("{entry}");
+        // A reader that has had enough (`| head`) ends the printing quietly, not the command
+        // (found from outside: `println!` panicked, `failed printing to stdout: Broken pipe`).
+        match writeln!(out, "{entry}") {
+            _ if reader_gone => {}
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => reader_gone = true,
+            Err(e) => return Err(Failure::Message(format!("stdout: {}", devremap::io_message(&e)))),
+            Ok(()) => {}
+        }
         // A reload refused, or none finished (the keeper stopped, its state dir full).
         let why = entry["reload_unfinished"].as_str().or(entry["last_error"].as_str());
         if let (CtlCommand::Reload { .. }, Some(why)) = (&args.command, why) {
