@@ -2417,3 +2417,44 @@ fn a_service_takes_over_once_the_wrappers_daemon_has_finished_a_start() {
     assert!(!start.wait().unwrap().success(), "the start on a stuck input failed");
     drop(frozen);
 }
+
+/// Bug (found from outside): `devremapd ctl list | true` panicked (`failed printing to stdout:
+/// Broken pipe`, a backtrace, exit status 101). A reader gone ends the printing quietly.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs containers"]
+fn ctl_whose_reader_is_gone_ends_quietly() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let fleet = Fleet::new();
+    fleet.start_many("closed-pipe", 2);
+    let (read, write) = nix::unistd::pipe().unwrap();
+    drop(read);
+    let socket = fleet.socket();
+    let out = Command::new(BIN)
+        .args(["ctl", "--socket", arg(&socket), "list"])
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::from(write))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && stderr.is_empty(), "{:?}: {stderr}", out.status);
+}
+
+/// Bug (found from outside): the node daemon holds a descriptor for each container and kept
+/// the soft limit of open files it was given (systemd's 1024): about the thousandth container
+/// failed, `too many open files`. It raises the soft limit to the hard one; here a wrapper run
+/// with 256 (hard 4096) starts it.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc, busybox-static and prlimit: runs containers"]
+fn the_node_daemon_raises_its_open_files_limit() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let fleet = Fleet::new();
+    let id = format!("nofile-{}", std::process::id());
+    fleet.ids.lock().unwrap().push(id.clone());
+    let (status, stderr) = fleet.try_start_under(&["prlimit", "--nofile=256:4096"], &id, &[0]);
+    assert!(status.success(), "{stderr}");
+    let limits = fs::read_to_string(format!("/proc/{}/limits", fleet.node_pid())).unwrap();
+    let open_files = limits.lines().find(|l| l.starts_with("Max open files")).unwrap();
+    assert_eq!(open_files.split_whitespace().collect::<Vec<_>>()[3..5], ["4096", "4096"], "{open_files}");
+}

@@ -130,6 +130,7 @@ impl Drop for Ready {
 
 pub fn run(args: &NodeArgs) -> Result<(), NodeError> {
     let ready = Ready(args.ready_fd.map(crate::keeper::claim_ready_fd).transpose()?);
+    raise_open_files_limit();
     // The test hook `DEVREMAPD_FAILPOINT=node-start-stall`: a start that never ends (as one
     // stopped, or stuck on its state dir's file system), for its starter's patience.
     #[cfg(feature = "test-hooks")]
@@ -239,6 +240,21 @@ pub fn run(args: &NodeArgs) -> Result<(), NodeError> {
     pid_written.remove_if_ours();
     info!("node daemon stopping ({why}); {} containers' keepers serve on", node.registry.lock().serving_all().len());
     Ok(())
+}
+
+/// Raises the soft limit of open files to the hard one: the daemon holds a descriptor for each
+/// container (its keeper's pidfd, its hold), and systemd's soft 1024 refused the thousandth
+/// container `too many open files` (found from outside; the hard limit, 512K under systemd,
+/// is the operator's). Its keepers inherit the raise.
+fn raise_open_files_limit() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        let raised = rustix::process::Rlimit { current: limit.maximum, ..limit };
+        if let Err(e) = setrlimit(Resource::Nofile, raised) {
+            warn!("cannot raise the limit of open files to {:?}: {e}", limit.maximum);
+        }
+    }
 }
 
 /// The lock that makes this the state dir's one node daemon. Opened without waiting and only
