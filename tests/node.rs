@@ -21,7 +21,7 @@ use common::daemon::{
     logged, proc_state, thread_names, wait_for, wait_for_or,
 };
 use common::{BIN, FakeHost, arg, fake_rdev, write_file};
-use devremap::node::client::{ask, ask_passing};
+use devremap::node::client::{ask, ask_passing, ask_receiving};
 use devremap::node::protocol::{MountRequest, Request};
 use devremap::runtime::container_daemon::{Container, Lock};
 use serde_json::{Value, json};
@@ -1398,13 +1398,21 @@ fn requests_name_only_their_own_container() {
         let why = |r: Request| ask(&socket, &r, ASK).map(|_| ()).unwrap_err().to_string();
         let unmount = why(Request::Unmount { id: bad.to_owned() });
         let mount = why(Request::Mount(MountRequest { id: bad.to_owned(), ..request.clone() }));
-        for e in [unmount, mount] {
+        let attach = why(Request::Attach { id: bad.to_owned() });
+        for e in [unmount, mount, attach] {
             assert_eq!(e, format!("container id {bad:?}: only letters, digits and _+-. are allowed"));
         }
     }
     let (code, _, stderr) = fleet.ctl(&["status", "nosuch"]);
     assert_eq!(code, 1);
     assert!(stderr.contains("no such container: nosuch"), "{stderr}");
+    // A copy of a mount is handed over for a served container only, and is its FUSE mount.
+    let e = ask_receiving(&socket, &Request::Attach { id: "nosuch".into() }, ASK).unwrap_err().to_string();
+    assert!(e.contains("no such container: nosuch"), "{e}");
+    let (_, tree) = ask_receiving(&socket, &Request::Attach { id: id.clone() }, ASK).unwrap();
+    let tree = tree.expect("a copy of the mount");
+    assert_eq!(nix::sys::statfs::fstatfs(&tree).unwrap().filesystem_type(), nix::sys::statfs::FUSE_SUPER_MAGIC);
+    drop(tree);
 
     // A served id: its directory is taken by the running container.
     let e = ask(&socket, &Request::Mount(request.clone()), ASK).unwrap_err().to_string();
@@ -2349,26 +2357,98 @@ fn a_reload_asked_during_an_upgrade_ends_with_the_new_servers_reload() {
     }
 }
 
+/// The pid of container `id`'s init, as the runtime's `state` says.
+fn init_of(fleet: &Fleet, id: &str) -> u32 {
+    let out = fleet.wrapper(&["state", id]).output().unwrap();
+    let state: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("state {id}: {e}: {}", String::from_utf8_lossy(&out.stderr)));
+    state["pid"].as_u64().filter(|&p| p > 0).unwrap_or_else(|| panic!("state {id}: no pid: {state}")) as u32
+}
+
+/// The mount points under the fleet's directory in process `pid`'s mount namespace.
+fn mounts_seen_by(fleet: &Fleet, pid: u32) -> Vec<String> {
+    let dir = arg(fleet.tmp.path()).to_owned();
+    fs::read_to_string(format!("/proc/{pid}/mountinfo"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4).filter(|m| m.starts_with(&dir)).map(str::to_owned))
+        .collect()
+}
+
+/// Checks container `id`'s own `/dev` (through its init's root): the devremap mount, with GPUs
+/// `visible`.
+fn assert_container_dev(fleet: &Fleet, id: &str, visible: &[u32]) {
+    let dev = PathBuf::from(format!("/proc/{}/root/dev", init_of(fleet, id)));
+    let fs = nix::sys::statfs::statfs(&dev).unwrap_or_else(|e| panic!("{}: {e}", dev.display()));
+    assert_eq!(fs.filesystem_type(), nix::sys::statfs::FUSE_SUPER_MAGIC, "container {id}'s /dev is devremap's");
+    assert_gpus(&dev, visible, &format!("container {id}"));
+}
+
 /// Bug (found from outside): a wrapper in a mount namespace the node daemon's mounts do not
 /// reach (Podman's for a user-namespace container, on a host whose mounts are private) had the
 /// runtime bind the bare mountpoint as `/dev`, which failed far from the cause (`lstat
-/// .../dev/pts: permission denied`). The wrapper now refuses it, saying why, and leaves nothing.
+/// .../dev/pts: permission denied`); then it was refused. The node daemon now hands the wrapper
+/// a copy of the mount, which it moves onto the mountpoint in its own namespace: the container
+/// runs with its `/dev`, and nothing is left once it is deleted.
 #[test]
 #[ignore = "needs root, /dev/fuse, runc, busybox-static and unshare: runs containers"]
-fn a_runtime_the_node_daemons_mount_does_not_reach_is_refused() {
+fn a_runtime_the_node_daemons_mount_does_not_reach_is_handed_a_copy() {
     need_containers(Runtime::Runc);
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let fleet = Fleet::new();
     let tag = std::process::id();
-    fleet.start(&format!("ns-host-{tag}"), &[0]);
-    let id = format!("ns-private-{tag}");
-    fleet.ids.lock().unwrap().push(id.clone());
-    let (status, stderr) = fleet.try_start_under(&["unshare", "-m", "--propagation", "private"], &id, &[1]);
-    assert_eq!(status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("but not where this runtime sees it"), "{stderr}");
-    assert!(stderr.contains(arg(&fleet.dev(&id))), "{stderr}");
-    wait_for("the refused container's directory to go", || (!fleet.state_dir().join(&id).exists()).then_some(()));
-    assert!(!fleet.mounts().iter().any(|m| m.contains(&id)), "{:?}", fleet.mounts());
+    let host = format!("ns-host-{tag}");
+    fleet.start(&host, &[0]);
+    let private = format!("ns-private-{tag}");
+    let (status, stderr) = fleet.try_start_under(&["unshare", "-m", "--propagation", "private"], &private, &[1, 2]);
+    assert!(status.success(), "{stderr}\n--- node log ---\n{}", fleet.node_log());
+    assert_container_dev(&fleet, &private, &[1, 2]);
+    assert_container_dev(&fleet, &host, &[0]);
+    assert!(fleet.node_log().contains(&format!("container {private}: its mount handed")), "{}", fleet.node_log());
+    fleet.delete(&private);
+    wait_for("the container's directory to go", || (!fleet.state_dir().join(&private).exists()).then_some(()));
+    let node = fleet.node_pid();
+    assert!(!mounts_seen_by(&fleet, node).iter().any(|m| m.contains(&private)), "{:?}", fleet.mounts());
+    assert_container_dev(&fleet, &host, &[0]);
+}
+
+/// Bug (found from outside, the helper's most serious): with no node daemon running, a first
+/// start from a mount namespace of its own (a Podman user-namespace container) had the wrapper
+/// start the daemon there, and every other runtime's container was refused (before the
+/// refusal, `stat /dev/null: no such file or directory`) until that daemon went idle. A runtime
+/// on the host is now handed a copy of its mount; and when its container ends, removing its
+/// directory in the daemon's namespace takes the copy on the host with it.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc, busybox-static and unshare: runs containers"]
+fn a_node_daemon_started_from_a_private_namespace_serves_the_hosts_runtimes() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let fleet = Fleet::new();
+    let tag = std::process::id();
+    let private = format!("first-private-{tag}");
+    let (status, stderr) = fleet.try_start_under(&["unshare", "-m", "--propagation", "private"], &private, &[3]);
+    assert!(status.success(), "{stderr}\n--- node log ---\n{}", fleet.node_log());
+    let node = fleet.node_pid();
+    assert_ne!(
+        fs::read_link(format!("/proc/{node}/ns/mnt")).unwrap(),
+        fs::read_link("/proc/self/ns/mnt").unwrap(),
+        "the wrapper started the node daemon in its private namespace"
+    );
+    let host = format!("then-host-{tag}");
+    fleet.start(&host, &[0, 5]);
+    assert_container_dev(&fleet, &host, &[0, 5]);
+    assert_container_dev(&fleet, &private, &[3]);
+    assert!(fleet.mounts().iter().any(|m| m.contains(&host)), "the copy is on the host: {:?}", fleet.mounts());
+    // The container's end, not a delete: the node daemon tears it down from its namespace.
+    kill(init_of(&fleet, &host), libc::SIGKILL);
+    wait_for_or(
+        "the ended container's directory to go",
+        || fleet.node_log(),
+        || (!fleet.state_dir().join(&host).exists()).then_some(()),
+    );
+    assert!(!fleet.mounts().iter().any(|m| m.contains(&host)), "{:?}", fleet.mounts());
+    assert!(!mounts_seen_by(&fleet, node).iter().any(|m| m.contains(&host)));
+    assert_container_dev(&fleet, &private, &[3]);
 }
 
 /// Bug (found from outside): a service started while the node daemon a wrapper started had a

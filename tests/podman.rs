@@ -160,3 +160,39 @@ fn podman_run_restart_checkpoint_restore() {
     p.ok(&["rm", "-f", &name]);
     w.wait_clean("rm");
 }
+
+/// Bug (found from outside): Podman runs the runtime of a user-namespace container
+/// (`--uidmap`) in a mount namespace of its own, which the node daemon's mounts do not reach
+/// where the host's mounts are private (this machine's), nor the other runtimes the mounts of a
+/// node daemon a wrapper started from there: runc bound the bare mountpoint as `/dev` and failed
+/// (`lstat .../dev/pts: permission denied`, exit 126; or `stat /dev/null: no such file or
+/// directory`), and later the wrapper refused it. The node daemon now hands the wrapper a copy
+/// of the mount. A user-namespace container first (the daemon starts in Podman's namespace),
+/// then a plain one, then another user-namespace one: each gets the devremap `/dev` with its
+/// GPU, and `rm` leaves nothing.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc, busybox-static and podman: runs podman"]
+fn podman_user_namespace_containers_beside_others_get_their_dev() {
+    need_client("podman", &["podman", "conmon"]);
+    let tmp = TempDir::new().unwrap();
+    let w = WrappedHost::new(tmp.path());
+    let p = Podman::new(tmp.path(), &w.config);
+    p.ok(&["import", arg(&busybox_rootfs_tar(tmp.path())), IMAGE]);
+    let gpus = ["-e", "NVIDIA_VISIBLE_DEVICES=all", "-e", "DEVREMAP_ENABLE=true"];
+    let userns = ["--uidmap", "0:200000:65536", "--gidmap", "0:200000:65536"];
+    let tag = std::process::id();
+    let runs = [("userns-first", true), ("plain-then", false), ("userns-again", true)];
+    for (what, in_userns) in runs {
+        let name = format!("devremap-podman-{what}-{tag}");
+        let mapped: &[&str] = if in_userns { &userns } else { &[] };
+        p.ok(&[&["run", "-d", "--network", "none"][..], mapped, &gpus, &["--name", &name, IMAGE, "sh", "-c", HOLDER]]
+            .concat());
+        wait_client("the container's report", || p.logs(&name), || p.logs(&name).contains("ready").then_some(()));
+        let logs = p.logs(&name);
+        assert!(logs.contains("dev.fs: fuse\n") && logs.contains("fd3: 1:5\n"), "{name}: {logs}");
+        let map = p.ok(&["exec", &name, "cat", "/proc/self/uid_map"]);
+        assert_eq!(map.split_whitespace().nth(1) == Some("200000"), in_userns, "{name}: {map}");
+    }
+    p.ok(&["rm", "-f", "-a"]);
+    w.wait_clean("rm");
+}

@@ -48,7 +48,7 @@ use procs::Host;
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::io::{self, BufRead, BufReader, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -545,16 +545,18 @@ impl Node {
         // Read (bounded) even from a peer that is refused: a socket closed with the peer's
         // request unread resets the connection, and the peer would read no answer at all.
         let request = read_request(&stream);
-        let answer = match (peer_is_root(&stream), request) {
-            (false, _) => Answer::refused("only root may ask the node daemon"),
+        let (answer, handed) = match (peer_is_root(&stream), request) {
+            (false, _) => (Answer::refused("only root may ask the node daemon"), None),
             (true, Ok((request, passed))) => self.answer(request, passed),
-            (true, Err(why)) => Answer::refused(why),
+            (true, Err(why)) => (Answer::refused(why), None),
         };
         let _ = stream.set_write_timeout(Some(REQUEST_TIMEOUT));
-        let _ = (&stream).write_all(protocol::answer_line(&answer).as_bytes());
+        let line = protocol::answer_line(&answer);
+        let _ = devremap::node::client::send(&stream, line.as_bytes(), handed.as_ref().map(|fd| fd.as_fd()));
     }
 
-    fn answer(self: &Arc<Self>, request: Request, passed: Option<OwnedFd>) -> Answer {
+    /// The answer to `request`, and the descriptor handed over with it (`attach`'s).
+    fn answer(self: &Arc<Self>, request: Request, passed: Option<OwnedFd>) -> (Answer, Option<OwnedFd>) {
         let result = match request {
             Request::Hello => Ok(json!({
                 "pid": std::process::id(),
@@ -571,14 +573,20 @@ impl Node {
             Request::Reload { id } => self.reload(id.as_deref()),
             Request::Yield => self.make_way(),
             Request::Status { id } => self.status(&id),
+            Request::Attach { id } => {
+                return match self.attach(&id) {
+                    Ok(tree) => (Answer::done(Value::Null), Some(tree)),
+                    Err(why) => (Answer::refused(why), None),
+                };
+            }
             #[cfg(feature = "test-hooks")]
             Request::NriEvent { config, event, pod, containers } => {
                 self.nri_event(config.as_deref(), &event, pod, containers)
             }
         };
         match result {
-            Ok(data) => Answer::done(data),
-            Err(why) => Answer::refused(why),
+            Ok(data) => (Answer::done(data), None),
+            Err(why) => (Answer::refused(why), None),
         }
     }
 
@@ -767,6 +775,29 @@ impl Node {
         let mut value = json!(entry);
         value["state"] = state;
         Ok(value)
+    }
+
+    /// A detached copy of container `id`'s mount, for a front end whose mount namespace ours do
+    /// not reach ([`Request::Attach`]): only a container this daemon serves, and only its FUSE
+    /// mount (a symlink planted for its directory or mountpoint is not followed).
+    fn attach(&self, id: &str) -> Result<OwnedFd, String> {
+        use rustix::mount::{OpenTreeFlags, open_tree};
+        let container = self.container(id)?;
+        self.keeper_of(id)?;
+        container.check_directory().map_err(|e| format!("container {id}: {e}"))?;
+        let dev = container.dev();
+        let flags =
+            OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC | OpenTreeFlags::AT_SYMLINK_NOFOLLOW;
+        let tree = open_tree(rustix::fs::CWD, &dev, flags).map_err(|e| {
+            format!("container {id}: {}: cannot copy its mount: {}", dev.display(), devremap::io_message(&e.into()))
+        })?;
+        match nix::sys::statfs::fstatfs(&tree) {
+            Ok(fs) if fs.filesystem_type() == nix::sys::statfs::FUSE_SUPER_MAGIC => {
+                info!("container {id}: its mount handed to a front end in another mount namespace");
+                Ok(tree)
+            }
+            _ => Err(format!("container {id}: {}: not mounted (its keeper is starting or stopping)", dev.display())),
+        }
     }
 
     /// The keeper of container `id`, which this daemon serves; or why not, naming a directory
@@ -969,7 +1000,6 @@ impl Read for Deadline<'_> {
 }
 
 fn read_request(stream: &UnixStream) -> Result<(Request, Option<OwnedFd>), String> {
-    use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
     let reading = |e: io::Error| match e.kind() {
         // The socket's timeout, which the deadline sets to the time left.
         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
@@ -982,30 +1012,9 @@ fn read_request(stream: &UnixStream) -> Result<(Request, Option<OwnedFd>), Strin
     let mut request = Deadline { stream, until: Instant::now() + REQUEST_TIMEOUT };
     request.arm().map_err(reading)?;
     // The first part with its descriptors (a client sends them with its first bytes), the
-    // rest as it comes. Room for as many descriptors as one message can carry (the kernel's
-    // SCM_MAX_FD): with room for fewer, the kernel put in those that fit and said the rest
-    // was cut, nix then gave none of them, and they stayed open (found from outside: two
-    // leaked with each request that passed three, until no container could start).
+    // rest as it comes.
     let mut first = vec![0u8; 64 << 10];
-    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 253]);
-    let (len, mut passed) = loop {
-        let mut iov = [std::io::IoSliceMut::new(&mut first)];
-        match recvmsg::<()>(stream.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC) {
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(e) => return Err(reading(e.into())),
-            Ok(msg) => {
-                let mut fds = Vec::new();
-                for cmsg in msg.cmsgs().into_iter().flatten() {
-                    if let ControlMessageOwned::ScmRights(raw) = cmsg {
-                        // SAFETY: SCM_RIGHTS gave this process these new descriptors, which
-                        // nothing else here knows: each is owned once.
-                        fds.extend(raw.into_iter().map(|fd| unsafe { <OwnedFd as FromRawFd>::from_raw_fd(fd) }));
-                    }
-                }
-                break (msg.bytes, fds);
-            }
-        }
-    };
+    let (len, mut passed) = devremap::node::client::receive_with_fds(stream, &mut first).map_err(reading)?;
     let mut line = first[..len].to_vec();
     if !line.contains(&b'\n') && len > 0 {
         BufReader::new((&mut request).take((protocol::MAX_LINE + 1).saturating_sub(len) as u64))

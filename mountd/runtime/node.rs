@@ -4,7 +4,7 @@
 
 use crate::error::Failure;
 use crate::procs::Host;
-use devremap::node::client::{ClientError, ask_passing};
+use devremap::node::client::{ClientError, ask_passing, ask_receiving};
 use devremap::node::protocol::{MountRequest, Request};
 use devremap::runtime::config::Config;
 use devremap::runtime::container_daemon::daemon::Processes;
@@ -57,22 +57,50 @@ pub fn mount(config: &Config, devremapd: &Path, request: MountRequest, hold: Bor
     }
 }
 
-/// Refuses a container whose `/dev` the node daemon mounted where this runtime cannot see it:
-/// the wrapper, and the runtime it becomes, run in a mount namespace of their own (Podman's, for
-/// a user-namespace container) that the daemon's mounts do not reach. The runtime would bind
-/// the bare mountpoint as `/dev` and fail far from the cause (found from outside: runc's
-/// `lstat .../dev/pts: permission denied`, or `stat /dev/null: no such file or directory`).
-pub fn seen_here(dev: &Path) -> Result<(), Failure> {
-    match nix::sys::statfs::statfs(dev) {
-        Ok(fs) if fs.filesystem_type() == nix::sys::statfs::FUSE_SUPER_MAGIC => Ok(()),
-        _ => Err(Failure::Node(format!(
-            "{}: the node daemon mounted the container's /dev, but not where this runtime sees it: it runs in a \
-             mount namespace of its own, which mounts made on the host do not reach (make the state dir's \
-             mount shared, `mount --make-rshared`, as systemd makes /run; Podman's namespace for a \
-             user-namespace container then receives them)",
-            dev.display()
-        ))),
+/// Makes the container's `/dev`, which the node daemon has mounted, seen where this runtime
+/// runs. The wrapper, and the runtime it becomes, may run in a mount namespace of their own
+/// (Podman's, for a user-namespace container) that the daemon's mounts do not reach, or the
+/// daemon in one that ours do not (a wrapper started it from there): the runtime would bind the
+/// bare mountpoint as `/dev` and fail far from the cause (found from outside: runc's `lstat
+/// .../dev/pts: permission denied`, or `stat /dev/null: no such file or directory`). Then the
+/// daemon hands over a detached copy of the mount ([`Request::Attach`]), which is moved onto the
+/// mountpoint here; it goes with the container's directory (removing a mountpoint detaches the
+/// mounts other namespaces have on it). Refused, saying why, where that cannot be done.
+pub fn seen_here(config: &Config, id: &str, dev: &Path) -> Result<(), Failure> {
+    if is_fuse(dev) {
+        return Ok(());
     }
+    let attached = attach(config, id, dev);
+    match attached {
+        Ok(()) if is_fuse(dev) => Ok(()),
+        Ok(()) => Err(unseen(dev, "its copy, moved here, does not answer")),
+        Err(why) => Err(unseen(dev, &why)),
+    }
+}
+
+fn is_fuse(dev: &Path) -> bool {
+    nix::sys::statfs::statfs(dev).is_ok_and(|fs| fs.filesystem_type() == nix::sys::statfs::FUSE_SUPER_MAGIC)
+}
+
+/// Asks the node daemon for a copy of container `id`'s mount and moves it onto `dev` (not
+/// through a symlink in its place).
+fn attach(config: &Config, id: &str, dev: &Path) -> Result<(), String> {
+    use rustix::mount::{MoveMountFlags, move_mount};
+    let request = Request::Attach { id: id.to_owned() };
+    let (_, tree) = ask_receiving(&config.node_socket(), &request, MOUNT_TIMEOUT).map_err(|e| e.to_string())?;
+    let tree = tree.ok_or("the node daemon answered without a copy of the mount")?;
+    move_mount(tree.as_fd(), "", rustix::fs::CWD, dev, MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
+        .map_err(|e| format!("moving the node daemon's copy of the mount here: {}", devremap::io_message(&e.into())))
+}
+
+fn unseen(dev: &Path, why: &str) -> Failure {
+    Failure::Node(format!(
+        "{}: the node daemon mounted the container's /dev, but not where this runtime sees it, and it cannot be \
+         moved here ({why}): this runtime runs in a mount namespace of its own, or the node daemon does, which \
+         mounts made on the host do not reach (run the node daemon as the service, in the host's namespace, and \
+         make the state dir's mount shared, `mount --make-rshared`, as systemd makes /run)",
+        dev.display()
+    ))
 }
 
 /// The first wait before a request the daemon was too busy for is asked again; it doubles,

@@ -195,15 +195,15 @@ fn set_up(
         owner_pid: std::process::id(),
         until_unmount: false,
     };
-    let dev = container.dev();
-    crate::node::mount(config, devremapd, request, mine.as_fd()).and_then(|()| crate::node::seen_here(&dev)).map_err(
-        |e| match e {
+    let (dev, id) = (container.dev(), request.id.clone());
+    crate::node::mount(config, devremapd, request, mine.as_fd())
+        .and_then(|()| crate::node::seen_here(config, &id, &dev))
+        .map_err(|e| match e {
             Failure::Node(why) => {
                 Failure::Node(copies.iter().fold(why, |why, (copy, original)| why.replace(copy.as_str(), original)))
             }
             other => other,
-        },
-    )
+        })
 }
 
 /// Refuses an empty `--root` for a devremap container, before its id is claimed (a claim with

@@ -5,7 +5,7 @@
 use super::protocol::{self, Answer, MAX_ANSWER, ProtocolError, Request};
 use crate::io_message;
 use std::io::{self, BufRead, BufReader, IoSlice, Read, Write};
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -64,6 +64,27 @@ pub fn ask_passing(
     pass: Option<BorrowedFd>,
     timeout: Duration,
 ) -> Result<serde_json::Value, ClientError> {
+    // A descriptor the daemon should not have sent is closed here.
+    exchange(socket, request, pass, timeout).map(|(data, _)| data)
+}
+
+/// [`ask`], with the descriptor the daemon handed over with its answer, if any (`attach`).
+pub fn ask_receiving(
+    socket: &Path,
+    request: &Request,
+    timeout: Duration,
+) -> Result<(serde_json::Value, Option<OwnedFd>), ClientError> {
+    exchange(socket, request, None, timeout)
+}
+
+/// One request, with `pass` if given, and the answer's data with the descriptor that came with
+/// it.
+fn exchange(
+    socket: &Path,
+    request: &Request,
+    pass: Option<BorrowedFd>,
+    timeout: Duration,
+) -> Result<(serde_json::Value, Option<OwnedFd>), ClientError> {
     // A read or write that timed out says so (found from outside: a stopped daemon left a
     // start waiting its minute, then said "resource temporarily unavailable").
     let io = |source: io::Error| match source.kind() {
@@ -87,26 +108,71 @@ pub fn ask_passing(
         Err(e) if matches!(e.kind(), io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset) => {}
         sent => sent.map_err(io)?,
     }
-    let mut line = Vec::new();
-    let mut reader = BufReader::new(stream.take(MAX_ANSWER as u64 + 1));
-    match reader.read_until(b'\n', &mut line) {
-        Ok(0) => return Err(ClientError::NoAnswer { socket: socket.to_owned() }),
+    let (mut line, received) = match receive(&stream) {
+        Ok((first, _)) if first.is_empty() => return Err(ClientError::NoAnswer { socket: socket.to_owned() }),
         Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
             return Err(ClientError::NoAnswer { socket: socket.to_owned() });
         }
         Err(e) => return Err(io(e)),
-        Ok(_) => {}
+        Ok(first) => first,
+    };
+    if !line.contains(&b'\n') {
+        let mut reader = BufReader::new((&stream).take((MAX_ANSWER + 1).saturating_sub(line.len()) as u64));
+        match reader.read_until(b'\n', &mut line) {
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
+                return Err(ClientError::NoAnswer { socket: socket.to_owned() });
+            }
+            Err(e) => return Err(io(e)),
+            Ok(_) => {}
+        }
     }
     let answer: Answer = protocol::parse_answer(line.strip_suffix(b"\n").unwrap_or(&line))
         .map_err(|source| ClientError::Protocol { socket: socket.to_owned(), source })?;
     match answer.error {
         Some(why) => Err(ClientError::Refused { why }),
-        None => Ok(answer.data),
+        None => Ok((answer.data, received)),
     }
 }
 
-/// Writes `bytes`, the first part with a copy of `pass` (one `sendmsg`), the rest as it goes.
-fn send(stream: &UnixStream, bytes: &[u8], pass: Option<BorrowedFd>) -> io::Result<()> {
+/// One `recvmsg` of `stream` into `buf`: the bytes read, and the descriptors sent with them
+/// (a peer sends them with its first bytes; both sides of the protocol read them so), each
+/// close-on-exec. Room is made for as many as one message can carry (the kernel's
+/// `SCM_MAX_FD`): with less, the kernel drops what does not fit and nix gives none of them
+/// (found from outside: two leaked with each request that passed three, until no container
+/// could start).
+pub fn receive_with_fds(stream: &UnixStream, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
+    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, recvmsg};
+    let mut space = vec![std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(253))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    loop {
+        let mut iov = [io::IoSliceMut::new(buf)];
+        match recvmsg(stream, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC) {
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+            Ok(msg) => {
+                let mut fds = Vec::new();
+                for message in control.drain() {
+                    if let RecvAncillaryMessage::ScmRights(passed) = message {
+                        fds.extend(passed);
+                    }
+                }
+                return Ok((msg.bytes, fds));
+            }
+        }
+    }
+}
+
+/// The answer's first part and the first descriptor sent with it; any more are closed.
+fn receive(stream: &UnixStream) -> io::Result<(Vec<u8>, Option<OwnedFd>)> {
+    let mut first = vec![0u8; 64 << 10];
+    let (len, fds) = receive_with_fds(stream, &mut first)?;
+    first.truncate(len);
+    Ok((first, fds.into_iter().next()))
+}
+
+/// Writes `bytes`, the first part with a copy of `pass` (one `sendmsg`), the rest as it goes:
+/// how both sides of the protocol hand a descriptor over.
+pub fn send(stream: &UnixStream, bytes: &[u8], pass: Option<BorrowedFd>) -> io::Result<()> {
     use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
     let Some(fd) = pass else { return (&mut &*stream).write_all(bytes) };
     let fds = [fd.as_raw_fd()];

@@ -54,6 +54,12 @@ pub enum Request {
     Reload { id: Option<String> },
     /// Container `id`'s entry and its daemon's state file.
     Status { id: String },
+    /// A detached copy of container `id`'s mount (`open_tree(OPEN_TREE_CLONE)`), handed over
+    /// with the answer (`SCM_RIGHTS`): for a client in a mount namespace the daemon's mounts do
+    /// not reach (Podman's, for a user-namespace container), which moves it onto the
+    /// container's mountpoint in its own (`move_mount`). A daemon of an earlier build refuses
+    /// it as a line it cannot read, and the client says why it cannot go on.
+    Attach { id: String },
     /// From a node daemon started as a service to one a wrapper started on the same state dir:
     /// make way (stop taking requests and exit; the keepers serve on, and the service adopts
     /// them). A service refuses.
@@ -261,6 +267,7 @@ mod tests {
             Request::List,
             Request::Reload { id: None },
             Request::Status { id: "a".into() },
+            Request::Attach { id: "a".into() },
             Request::Yield,
         ] {
             let line = request_line(&request).unwrap();
