@@ -227,8 +227,14 @@ pub fn run(args: &NodeArgs) -> Result<(), NodeError> {
             Err(mpsc::RecvTimeoutError::Disconnected) => break "the signal thread ended".to_owned(),
         };
         match ev {
-            Ev::Signal(Acted::Reload) => node.signal_all(Signal::SIGHUP, "reloading"),
-            Ev::Signal(Acted::Upgrade) => node.signal_all(Signal::SIGUSR2, "upgrading the servers of"),
+            Ev::Signal(Acted::Reload) => {
+                let all = node.registry.lock().reload_all();
+                signal_all(&all, Signal::SIGHUP, "reloading");
+            }
+            Ev::Signal(Acted::Upgrade) => {
+                let all = node.registry.lock().serving_all();
+                signal_all(&all, Signal::SIGUSR2, "upgrading the servers of");
+            }
             Ev::Signal(Acted::Stop(why)) => break why,
             Ev::Exited(pid) => node.exited(pid),
             Ev::Yield => break "making way for a node daemon started as a service".to_owned(),
@@ -499,14 +505,6 @@ impl Node {
         }
     }
 
-    fn signal_all(&self, signal: Signal, doing: &str) {
-        let all = self.registry.lock().serving_all();
-        info!("{doing} {} containers", all.len());
-        for (_, pid) in all {
-            let _ = kill(Pid::from_raw(pid as i32), signal);
-        }
-    }
-
     fn idle(&self) -> bool {
         self.registry.lock().is_empty() && self.clients.load(Ordering::SeqCst) == 0
     }
@@ -629,12 +627,16 @@ impl Node {
         match container.start_daemon(&args, &self.spares) {
             Ok(child) => {
                 let pid = child.id();
-                self.registry.lock().serving(&m.id, serial, pid);
+                let reload = self.registry.lock().serving(&m.id, serial, pid);
                 self.watch(pid, Some(child));
                 if let Some(hold) = hold.filter(|fd| same_file(fd, &container.dir)) {
                     self.holds.keep(&self.exits, &m.id, m.owner_pid, hold);
                 }
                 info!("container {}: serving {} (keeper pid {pid})", m.id, container.dev().display());
+                if reload {
+                    info!("container {}: reloading, as asked of every container while it started", m.id);
+                    let _ = kill(Pid::from_raw(pid as i32), Signal::SIGHUP);
+                }
                 warm(container.dev());
                 Ok(json!({"pid": pid, "mountpoint": container.dev(), "state_file": container.state_file()}))
             }
@@ -828,7 +830,7 @@ impl Node {
         let one = id.is_some();
         let targets = match id {
             Some(id) => vec![(id.to_owned(), self.keeper_of(id)?)],
-            None => self.registry.lock().serving_all(),
+            None => self.registry.lock().reload_all(),
         };
         let before: Vec<(String, u32, Reloads)> = targets
             .into_iter()
@@ -899,6 +901,14 @@ fn warm(dev: PathBuf) {
             entries.for_each(drop);
         }
     });
+}
+
+/// Sends `signal` to each keeper of `all`, saying what for.
+fn signal_all(all: &[(String, u32)], signal: Signal, doing: &str) {
+    info!("{doing} {} containers", all.len());
+    for (_, pid) in all {
+        let _ = kill(Pid::from_raw(*pid as i32), signal);
+    }
 }
 
 /// Whether `fd` is the file at `path`.
