@@ -145,14 +145,7 @@ impl Fleet {
     /// Runs container `id` (`run --detach`) with GPUs `visible` through the wrapper run by
     /// `under` ([`Fleet::wrapper_under`]): its exit status and stderr.
     fn try_start_under(&self, under: &[&str], id: &str, visible: &[u32]) -> (std::process::ExitStatus, String) {
-        let bundle = self.tmp.path().join("bundles").join(id);
-        fs::create_dir_all(&bundle).unwrap();
-        fs::write(bundle.join("config.json"), self.spec(visible).to_string()).unwrap();
-        let mut ids = self.ids.lock().unwrap();
-        if !ids.iter().any(|i| i == id) {
-            ids.push(id.to_owned());
-        }
-        drop(ids);
+        let bundle = self.bundle(id, &self.spec(visible));
         // A file, not a pipe: the container's process keeps the runtime's stdio.
         let stderr = bundle.join("stderr");
         let status = self
@@ -162,6 +155,31 @@ impl Fleet {
             .status()
             .expect("the wrapper runs");
         (status, fs::read_to_string(&stderr).unwrap_or_default())
+    }
+
+    /// Writes container `id`'s bundle with `spec` (on the shared rootfs), and has the fleet
+    /// delete the container at its end; returns the bundle's directory.
+    fn bundle(&self, id: &str, spec: &Value) -> PathBuf {
+        let bundle = self.tmp.path().join("bundles").join(id);
+        fs::create_dir_all(&bundle).unwrap();
+        fs::write(bundle.join("config.json"), spec.to_string()).unwrap();
+        let mut ids = self.ids.lock().unwrap();
+        if !ids.iter().any(|i| i == id) {
+            ids.push(id.to_owned());
+        }
+        bundle
+    }
+
+    /// Starts container `id` (`run --detach`, GPUs `visible`) through the wrapper run by
+    /// `under`, with the test hook `DEVREMAPD_FAILPOINT=<failpoint>`; does not wait.
+    fn spawn_start_under(&self, under: &[&str], id: &str, visible: &[u32], failpoint: &str, stderr: Stdio) -> Child {
+        let bundle = self.bundle(id, &self.spec(visible));
+        self.wrapper_under(under, &["run", "--detach", "--bundle", arg(&bundle), id])
+            .env("DEVREMAPD_FAILPOINT", failpoint)
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .unwrap()
     }
 
     /// Starts containers `<prefix>-<test pid>-<i>` for `i` in `0..n`, container `i` with GPUs
@@ -2412,6 +2430,96 @@ fn a_runtime_the_node_daemons_mount_does_not_reach_is_handed_a_copy() {
     assert_container_dev(&fleet, &host, &[0]);
 }
 
+/// Bug (found from outside): a node daemon restarted (a service's restart, a crash and a new
+/// start) between its answer to a wrapper in a namespace of its own and that wrapper's request
+/// for a copy of the mount failed the start: the wrapper did not ask again while no daemon
+/// answered, and the new daemon, which left alone the directory the wrapper held, said `no such
+/// container`. It asks again, and a node daemon's keeper whose directory a front end holds is
+/// adopted.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc, busybox-static and unshare: runs containers"]
+fn a_copy_of_the_mount_is_handed_over_across_a_node_daemon_restart() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let fleet = Fleet::new();
+    let tag = std::process::id();
+    fleet.start(&format!("before-restart-{tag}"), &[0]);
+    let first = fleet.node_pid();
+    let id = format!("across-restart-{tag}");
+    let go = fleet.tmp.path().join("attach-now");
+    let stderr = fleet.tmp.path().join("stderr");
+    let mut start = fleet.spawn_start_under(
+        &["unshare", "-m", "--propagation", "private"],
+        &id,
+        &[4],
+        &format!("attach-wait:{}", go.display()),
+        fs::File::create(&stderr).unwrap().into(),
+    );
+    wait_for_or(
+        "the mount",
+        || fleet.node_log(),
+        || fleet.node_log().contains(&format!("container {id}: serving")).then_some(()),
+    );
+    kill(first, libc::SIGTERM);
+    wait_for("the node daemon to exit", || has_exited(first).then_some(()));
+    // Asked while no daemon answers, then of the service.
+    fs::write(&go, "").unwrap();
+    let service = Service::start(&fleet, &fleet.state_dir().join("node.pid"), &[]);
+    let status = start.wait().unwrap();
+    assert!(status.success(), "{}\n--- service ---\n{}", fs::read_to_string(&stderr).unwrap(), service.log(&fleet));
+    assert!(fleet.list().contains_key(&id), "the service adopted it: {}", service.log(&fleet));
+    assert_container_dev(&fleet, &id, &[4]);
+}
+
+/// Bug (found from outside): the copy of the mount was moved onto the mountpoint by its path:
+/// a container directory swapped for a symlink between the node daemon's answer and the move
+/// put the copy where the symlink pointed, in the wrapper's namespace, where no teardown
+/// reached it. It is moved onto the `dev` of the directory the wrapper holds locked.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc, busybox-static and unshare: runs containers"]
+fn the_copy_of_the_mount_never_lands_through_a_planted_symlink() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let fleet = Fleet::new();
+    let tag = std::process::id();
+    fleet.start(&format!("beside-{tag}"), &[0]);
+    let id = format!("swapped-{tag}");
+    let (go, done) = (fleet.tmp.path().join("move-now"), fleet.tmp.path().join("wrapper-done"));
+    // The namespace outlives the wrapper (its shell waits), so that what it holds can be seen.
+    let keep = format!("\"$@\"; touch {}; exec sleep 1000", done.display());
+    let mut holder = fleet.spawn_start_under(
+        &["unshare", "-m", "--propagation", "private", "--", "sh", "-c", &keep, "sh"],
+        &id,
+        &[4],
+        &format!("move-wait:{}", go.display()),
+        Stdio::null(),
+    );
+    struct Ends<'a>(&'a mut Child);
+    impl Drop for Ends<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let ns = holder.id();
+    let _ends = Ends(&mut holder);
+    wait_for_or(
+        "the mount",
+        || fleet.node_log(),
+        || fleet.node_log().contains(&format!("container {id}: serving")).then_some(()),
+    );
+    let target = fleet.tmp.path().join("elsewhere");
+    fs::create_dir_all(target.join("dev")).unwrap();
+    let dir = fleet.state_dir().join(&id);
+    fs::rename(&dir, fleet.state_dir().join(format!("{id}.moved"))).unwrap();
+    std::os::unix::fs::symlink(&target, &dir).unwrap();
+    fs::write(&go, "").unwrap();
+    wait_for("the wrapper to end", || done.exists().then_some(()));
+    let held = mounts_seen_by(&fleet, ns);
+    assert!(!held.iter().any(|m| m.starts_with(arg(&target))), "a copy landed through the symlink: {held:?}");
+    fs::remove_file(&dir).unwrap();
+}
+
 /// Bug (found from outside, the helper's most serious): with no node daemon running, a first
 /// start from a mount namespace of its own (a Podman user-namespace container) had the wrapper
 /// start the daemon there, and every other runtime's container was refused (before the
@@ -2455,14 +2563,11 @@ fn a_node_daemon_started_from_a_private_namespace_serves_the_hosts_runtimes() {
 /// of `stuck` into its `/dev`: while `stuck` is [`Frozen`], the start waits in its keeper's
 /// first load. Returns once its keeper runs; the wrapper's exit is the start's end.
 fn slow_start(fleet: &Fleet, stuck: &Daemon, id: &str) -> Child {
-    let bundle = fleet.tmp.path().join("bundles").join(id);
-    fs::create_dir_all(&bundle).unwrap();
     let mut spec = fleet.spec(&[1]);
     spec["mounts"].as_array_mut().unwrap().push(
         json!({"destination": "/dev/held", "type": "bind", "source": arg(&stuck.path("null")), "options": ["bind"]}),
     );
-    fs::write(bundle.join("config.json"), spec.to_string()).unwrap();
-    fleet.ids.lock().unwrap().push(id.to_owned());
+    let bundle = fleet.bundle(id, &spec);
     let start = fleet
         .wrapper(&["run", "--detach", "--bundle", arg(&bundle), id])
         .stdout(Stdio::null())

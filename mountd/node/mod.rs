@@ -450,7 +450,7 @@ impl Node {
                     return None;
                 }
                 let busy = container.is_busy().unwrap_or(true);
-                Some(Found { id, keeper, busy })
+                Some(Found { id, keeper, busy, node: container.is_node() })
             })
             .collect()
     }
@@ -798,7 +798,11 @@ impl Node {
                 info!("container {id}: its mount handed to a front end in another mount namespace");
                 Ok(tree)
             }
-            _ => Err(format!("container {id}: {}: not mounted (its keeper is starting or stopping)", dev.display())),
+            _ => Err(format!(
+                "container {id}: {}: not mounted where the node daemon runs (its keeper is starting or stopping, or \
+                 mounted it from an earlier node daemon's mount namespace)",
+                dev.display()
+            )),
         }
     }
 
@@ -1031,8 +1035,8 @@ fn read_request(stream: &UnixStream) -> Result<(Request, Option<OwnedFd>), Strin
             .read_until(b'\n', &mut line)
             .map_err(reading)?;
     }
-    let request =
-        protocol::parse_request(line.strip_suffix(b"\n").unwrap_or(&line)).map_err(|e| format!("the client {e}"))?;
+    let request = protocol::parse_request(line.strip_suffix(b"\n").unwrap_or(&line))
+        .map_err(|e| format!("the client's request: {e}"))?;
     // One descriptor at most is taken; any more are closed here.
     Ok((request, passed.drain(..).next()))
 }

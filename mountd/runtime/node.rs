@@ -66,30 +66,68 @@ pub fn mount(config: &Config, devremapd: &Path, request: MountRequest, hold: Bor
 /// daemon hands over a detached copy of the mount ([`Request::Attach`]), which is moved onto the
 /// mountpoint here; it goes with the container's directory (removing a mountpoint detaches the
 /// mounts other namespaces have on it). Refused, saying why, where that cannot be done.
-pub fn seen_here(config: &Config, id: &str, dev: &Path) -> Result<(), Failure> {
-    if is_fuse(dev) {
+///
+/// `dir` is the container's directory, which this wrapper holds locked: its `dev` is looked at
+/// and mounted on through it, never through a symlink planted in its path (found from outside:
+/// a directory swapped for a symlink put the copy where it pointed, and no teardown reached it).
+pub fn seen_here(config: &Config, id: &str, dir: BorrowedFd, dev: &Path) -> Result<(), Failure> {
+    if is_fuse(dir) {
         return Ok(());
     }
-    let attached = attach(config, id, dev);
-    match attached {
-        Ok(()) if is_fuse(dev) => Ok(()),
+    wait_at("attach");
+    match attach(config, id, dir) {
+        Ok(()) if is_fuse(dir) => Ok(()),
         Ok(()) => Err(unseen(dev, "its copy, moved here, does not answer")),
         Err(why) => Err(unseen(dev, &why)),
     }
 }
 
-fn is_fuse(dev: &Path) -> bool {
-    nix::sys::statfs::statfs(dev).is_ok_and(|fs| fs.filesystem_type() == nix::sys::statfs::FUSE_SUPER_MAGIC)
+/// Whether `dev` in directory `dir` (not followed) is a FUSE mount.
+fn is_fuse(dir: BorrowedFd) -> bool {
+    use rustix::fs::{Mode, OFlags, openat};
+    let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let Ok(dev) = openat(dir, "dev", flags, Mode::empty()) else { return false };
+    nix::sys::statfs::fstatfs(&dev).is_ok_and(|fs| fs.filesystem_type() == nix::sys::statfs::FUSE_SUPER_MAGIC)
 }
 
-/// Asks the node daemon for a copy of container `id`'s mount and moves it onto `dev` (not
-/// through a symlink in its place).
-fn attach(config: &Config, id: &str, dev: &Path) -> Result<(), String> {
+/// The test hooks `DEVREMAPD_FAILPOINT=attach-wait:PATH` and `move-wait:PATH`: the wrapper
+/// waits (up to a minute) for PATH to exist before it asks for a copy of its mount, or before it
+/// moves the copy, so that a test can act in between (restart the node daemon, swap a path).
+#[cfg(feature = "test-hooks")]
+fn wait_at(step: &str) {
+    let hook = std::env::var("DEVREMAPD_FAILPOINT").unwrap_or_default();
+    let Some(path) = hook.strip_prefix(step).and_then(|h| h.strip_prefix("-wait:")) else { return };
+    let until = Instant::now() + Duration::from_secs(60);
+    while !Path::new(path).exists() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[cfg(not(feature = "test-hooks"))]
+fn wait_at(_: &str) {}
+
+/// How long an `attach` is asked again while no node daemon takes it (a service restarting
+/// between the mount and this request: found from outside, the start failed at once).
+const ATTACH_PATIENCE: Duration = Duration::from_secs(30);
+
+/// Asks the node daemon for a copy of container `id`'s mount and moves it onto `dev` in `dir`.
+fn attach(config: &Config, id: &str, dir: BorrowedFd) -> Result<(), String> {
     use rustix::mount::{MoveMountFlags, move_mount};
     let request = Request::Attach { id: id.to_owned() };
-    let (_, tree) = ask_receiving(&config.node_socket(), &request, MOUNT_TIMEOUT).map_err(|e| e.to_string())?;
-    let tree = tree.ok_or("the node daemon answered without a copy of the mount")?;
-    move_mount(tree.as_fd(), "", rustix::fs::CWD, dev, MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
+    let until = Instant::now() + ATTACH_PATIENCE;
+    let mut pause = BUSY_PAUSE;
+    let tree = loop {
+        match ask_receiving(&config.node_socket(), &request, MOUNT_TIMEOUT) {
+            Ok((_, tree)) => break tree.ok_or("the node daemon answered without a copy of the mount")?,
+            Err(e) if (e.untaken() || e.busy()) && Instant::now() + pause < until => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    };
+    wait_at("move");
+    move_mount(tree.as_fd(), "", dir, "dev", MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
         .map_err(|e| format!("moving the node daemon's copy of the mount here: {}", devremap::io_message(&e.into())))
 }
 

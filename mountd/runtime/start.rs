@@ -197,7 +197,7 @@ fn set_up(
     };
     let (dev, id) = (container.dev(), request.id.clone());
     crate::node::mount(config, devremapd, request, mine.as_fd())
-        .and_then(|()| crate::node::seen_here(config, &id, &dev))
+        .and_then(|()| crate::node::seen_here(config, &id, mine.as_fd(), &dev))
         .map_err(|e| match e {
             Failure::Node(why) => {
                 Failure::Node(copies.iter().fold(why, |why, (copy, original)| why.replace(copy.as_str(), original)))

@@ -40,6 +40,8 @@ pub struct Found {
     pub keeper: Option<u32>,
     /// A front end holds its lock (setting it up, or an earlier wrapper running it).
     pub busy: bool,
+    /// Marked for a node daemon (by a wrapper or the NRI plugin), not an earlier version's.
+    pub node: bool,
 }
 
 /// What the daemon does about an entry found at its start.
@@ -167,7 +169,13 @@ impl Registry {
         found
             .into_iter()
             .map(|f| match f {
-                Found { id, busy: true, .. } => Adopt::Leave { id },
+                // A node daemon's container with a front end at it: the wrapper between the
+                // last daemon's answer and its runtime's exec (which may still ask for a copy
+                // of the mount: found from outside, it was refused as unknown), or a
+                // foreground runtime. Its keeper serves: watched as any other.
+                Found { id, busy: true, keeper: None, .. } | Found { id, busy: true, node: false, .. } => {
+                    Adopt::Leave { id }
+                }
                 Found { id, keeper: Some(pid), .. } => {
                     self.next_serial += 1;
                     self.slots.insert(id.clone(), Slot::Serving { serial: self.next_serial, pid });
@@ -245,15 +253,19 @@ mod tests {
     }
 
     /// Rule (issue 31): a daemon restarted finds what its predecessor served: a live keeper is
-    /// watched, a dead one's directory torn down, one a front end holds left alone.
+    /// watched, a dead one's directory torn down, one a front end holds left alone unless a
+    /// node daemon's keeper serves it (bug found from outside: a wrapper whose start had its
+    /// answer just before a restart, and then asked for a copy of the mount, was refused it as
+    /// unknown).
     #[test]
     fn a_restart_adopts_what_it_finds() {
         let mut r = Registry::default();
         let found = vec![
-            Found { id: "live".into(), keeper: Some(7), busy: false },
-            Found { id: "dead".into(), keeper: None, busy: false },
-            Found { id: "setting-up".into(), keeper: None, busy: true },
-            Found { id: "old-wrapper".into(), keeper: Some(8), busy: true },
+            Found { id: "live".into(), keeper: Some(7), busy: false, node: true },
+            Found { id: "dead".into(), keeper: None, busy: false, node: true },
+            Found { id: "setting-up".into(), keeper: None, busy: true, node: true },
+            Found { id: "old-wrapper".into(), keeper: Some(8), busy: true, node: false },
+            Found { id: "about-to-exec".into(), keeper: Some(9), busy: true, node: true },
         ];
         assert_eq!(
             r.adopt(found),
@@ -262,11 +274,13 @@ mod tests {
                 Adopt::TearDown { id: "dead".into() },
                 Adopt::Leave { id: "setting-up".into() },
                 Adopt::Leave { id: "old-wrapper".into() },
+                Adopt::Watch { id: "about-to-exec".into(), pid: 9 },
             ]
         );
         assert_eq!(r.keeper("live"), Ok(7));
         assert!(r.is_free("dead") && r.is_free("setting-up"));
         assert_eq!(r.exited(7), Some("live".into()));
+        assert_eq!(r.exited(9), Some("about-to-exec".into()));
         assert!(r.is_empty());
     }
 
@@ -279,14 +293,17 @@ mod tests {
         let served = r.begin("served").unwrap();
         r.serving("served", served, 10);
         let found = vec![
-            Found { id: "starting".into(), keeper: None, busy: false },
-            Found { id: "served".into(), keeper: None, busy: false },
-            Found { id: "held".into(), keeper: None, busy: true },
-            Found { id: "earlier-version".into(), keeper: Some(8), busy: false },
-            Found { id: "killed-wrapper".into(), keeper: None, busy: false },
+            Found { id: "starting".into(), keeper: None, busy: false, node: true },
+            Found { id: "served".into(), keeper: None, busy: false, node: true },
+            Found { id: "held".into(), keeper: None, busy: true, node: true },
+            Found { id: "earlier-version".into(), keeper: Some(8), busy: false, node: false },
+            Found { id: "killed-wrapper".into(), keeper: None, busy: false, node: true },
         ];
         assert_eq!(r.left_over(found), vec!["killed-wrapper".to_owned()]);
         r.failed("starting", starting);
-        assert_eq!(r.left_over(vec![Found { id: "starting".into(), keeper: None, busy: false }]), vec!["starting"]);
+        assert_eq!(
+            r.left_over(vec![Found { id: "starting".into(), keeper: None, busy: false, node: true }]),
+            vec!["starting"]
+        );
     }
 }
