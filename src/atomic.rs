@@ -250,12 +250,46 @@ pub fn append_log(path: &Path, keep: u64) -> Result<std::fs::File, WriteError> {
     }
 }
 
+/// Keeps the log at `path`, which running daemons append to, at about `keep` bytes: once over
+/// it, its last `keep` bytes (from the first whole line) replace `<path>.1`, and the log is
+/// emptied in place (its writers append, so they go on at its new end; a line written between
+/// the copy and the emptying is lost). A log of a container that lives for months, reloaded
+/// every minute, grew without bound on `/run`, which is memory (found from outside: about 108
+/// bytes a reload). Returns whether it was trimmed; a log that is missing is not.
+pub fn trim_log(path: &Path, keep: u64) -> Result<bool, WriteError> {
+    use std::io::{Read, Seek, SeekFrom};
+    let at = |source| WriteError { path: path.to_owned(), source };
+    if std::fs::symlink_metadata(path).is_err() {
+        return Ok(false);
+    }
+    let mut file = open_log_to(path, true)?;
+    let len = file.metadata().map_err(at)?.len();
+    if len <= keep {
+        return Ok(false);
+    }
+    let mut tail = Vec::new();
+    file.seek(SeekFrom::Start(len - keep)).map_err(at)?;
+    (&mut file).take(keep).read_to_end(&mut tail).map_err(at)?;
+    let whole = tail.iter().position(|&b| b == b'\n').map_or(0, |i| i + 1);
+    let mut older = path.as_os_str().to_owned();
+    older.push(".1");
+    replace_runtime_file(Path::new(&older), &tail[whole..])?;
+    file.set_len(0).map_err(at)?;
+    Ok(true)
+}
+
 /// `path` opened for appending, created if missing, refused unless a regular file of ours.
 fn open_log(path: &Path) -> Result<std::fs::File, WriteError> {
+    open_log_to(path, false)
+}
+
+/// [`open_log`], also for reading with `read`.
+fn open_log_to(path: &Path, read: bool) -> Result<std::fs::File, WriteError> {
     let at = |source| WriteError { path: path.to_owned(), source };
     check_destination(path).map_err(at)?;
     // O_NONBLOCK: a FIFO put there since is not waited on (ENXIO without a reader).
     let file = std::fs::File::options()
+        .read(read)
         .append(true)
         .create(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
@@ -323,6 +357,29 @@ mod tests {
         std::os::unix::fs::symlink(dir.path().join("node.log.1"), &path).unwrap();
         assert!(append_log(&path, 100).is_err(), "a symlink is refused");
         assert_eq!(std::fs::read_to_string(dir.path().join("node.log.1")).unwrap(), "x".repeat(101));
+    }
+
+    /// Bug (found from outside): a container's log grew without bound on `/run` (about 108
+    /// bytes a reload). Trimmed, its last whole lines go to `<log>.1` and it is emptied in
+    /// place: a writer that holds it open (appending) goes on at its start; one under the
+    /// size, or missing, is left alone; a symlink is refused.
+    #[test]
+    fn a_log_over_its_size_is_trimmed_in_place() {
+        use std::io::Write;
+        let dir = tempfile::TempDir::new().unwrap();
+        let path = dir.path().join("devremapd.log");
+        assert!(!trim_log(&path, 20).unwrap(), "missing");
+        let mut writer = append_log(&path, u64::MAX).unwrap();
+        writer.write_all(b"line one\nline two\n").unwrap();
+        assert!(!trim_log(&path, 20).unwrap(), "under the size");
+        writer.write_all(b"line three\n").unwrap();
+        assert!(trim_log(&path, 20).unwrap());
+        assert_eq!(std::fs::read_to_string(dir.path().join("devremapd.log.1")).unwrap(), "line three\n");
+        writer.write_all(b"line four\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "line four\n");
+        std::fs::remove_file(&path).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("devremapd.log.1"), &path).unwrap();
+        assert!(trim_log(&path, 0).is_err(), "a symlink is refused");
     }
 
     /// Bug (attack A2 on issue 29.4): `record --output dir/out/` wrote a regular file `dir/out`

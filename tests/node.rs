@@ -2616,6 +2616,48 @@ fn a_node_wide_reload_during_a_start_reaches_that_container() {
     );
 }
 
+/// Bug (found from outside): a container's `devremapd.log` grew without bound on `/run`, which
+/// is memory (about 108 bytes a reload, for the container's life). The node daemon keeps it
+/// at about 256 KiB: its last lines go to `devremapd.log.1`, and the keeper and server go on
+/// appending to the emptied log.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs containers"]
+fn a_containers_log_is_kept_at_its_size() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let fleet = Fleet::new();
+    let id = fleet.start_many("long-lived", 1).remove(0);
+    let log = fleet.state_dir().join(&id).join("devremapd.log");
+    {
+        use std::io::Write;
+        let mut file = fs::OpenOptions::new().append(true).open(&log).unwrap();
+        for i in 0..4000 {
+            writeln!(file, "[filler line {i:05} standing for months of reloads .................]").unwrap();
+        }
+    }
+    assert!(fs::metadata(&log).unwrap().len() > 256 << 10);
+    wait_for_or(
+        "the log to be trimmed",
+        || fleet.node_log(),
+        || (fs::metadata(&log).unwrap().len() < 256 << 10).then_some(()),
+    );
+    let older = fs::read_to_string(fleet.state_dir().join(&id).join("devremapd.log.1")).unwrap();
+    assert!(
+        older.len() <= 256 << 10
+            && older.ends_with("filler line 03999 standing for months of reloads .................]\n")
+    );
+    assert!(older.starts_with("[filler line "), "whole lines: {}", &older[..80]);
+    let said = format!("container {id}: its log passed 256 KiB");
+    wait_for_or("the node daemon to say so", || fleet.node_log(), || fleet.node_log().contains(&said).then_some(()));
+    let (code, _, stderr) = fleet.ctl(&["reload", &id]);
+    assert_eq!(code, 0, "{stderr}");
+    wait_for_or(
+        "the reload's line in the emptied log",
+        || fleet.keeper_log(&id),
+        || fs::read_to_string(&log).unwrap().contains("reload").then_some(()),
+    );
+}
+
 /// Bug (found from outside): a service started while the node daemon a wrapper started had a
 /// container's start under way exited at once, `another node daemon serves it (its node.lock is
 /// held)`: that daemon answered its request to make way with a refusal to ask again, which the

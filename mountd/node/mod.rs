@@ -70,6 +70,9 @@ const RELOAD_TIMEOUT: Duration = Duration::from_secs(30);
 const TAKE_OVER_PATIENCE: Duration = Duration::from_secs(40);
 /// How long a teardown waits for the runtime holding a container's lock to exit.
 const TEARDOWN_PATIENCE: Duration = Duration::from_secs(30);
+/// How large a container's log grows before its last lines are moved to `devremapd.log.1` (so
+/// at most about twice this, and a sweep's worth, on `/run` for each container).
+const LOG_KEPT: u64 = 256 << 10;
 /// How often directories no one has are looked for ([`Node::sweep_every`]).
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
 
@@ -383,7 +386,8 @@ impl Node {
         }
     }
 
-    /// Sweeps every [`SWEEP_EVERY`] ([`Node::sweep`]), on a thread of its own.
+    /// Sweeps every [`SWEEP_EVERY`] ([`Node::sweep`]), and keeps each served container's log
+    /// at about [`LOG_KEPT`], on a thread of its own.
     fn sweep_every(self: &Arc<Self>) -> std::io::Result<()> {
         let node = self.clone();
         std::thread::Builder::new().name("sweep".into()).spawn(move || {
@@ -391,9 +395,27 @@ impl Node {
             loop {
                 std::thread::sleep(SWEEP_EVERY);
                 node.sweep(&mut sweep);
+                node.trim_logs();
             }
         })?;
         Ok(())
+    }
+
+    /// Trims the log of each container served ([`devremap::atomic::trim_log`]): its keeper and
+    /// server append to it for the container's life, on `/run`, which is memory.
+    fn trim_logs(&self) {
+        let served = self.registry.lock().serving_all();
+        for (id, _) in served {
+            let Ok(container) = self.container(&id) else { continue };
+            match devremap::atomic::trim_log(&container.log(), LOG_KEPT) {
+                Ok(true) => info!(
+                    "container {id}: its log passed {} KiB; its last lines moved to devremapd.log.1",
+                    LOG_KEPT >> 10
+                ),
+                Ok(false) => {}
+                Err(e) => warn!("container {id}: cannot trim its log: {e}"),
+            }
+        }
     }
 
     /// Tears down the directories no one has, as `sweep` says (see [`devremap::node::sweep`]).

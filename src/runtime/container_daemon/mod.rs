@@ -167,7 +167,8 @@ impl Container {
         self.dir.join("devremapd.pid")
     }
 
-    fn log(&self) -> PathBuf {
+    /// Its daemon's log (the keeper's and its servers' stderr).
+    pub fn log(&self) -> PathBuf {
         self.dir.join("devremapd.log")
     }
 
