@@ -2658,6 +2658,67 @@ fn a_containers_log_is_kept_at_its_size() {
     );
 }
 
+/// Bug (found from outside): a node daemon stopped (a restart) after it started a container's
+/// keeper and before it answered failed that start: the wrapper asked again, and the daemon
+/// that answered started a second keeper, which refused the mountpoint (`another devremapd
+/// serves it`), or had adopted the first (its directory held by the wrapper, marked as a node
+/// daemon's) and said `served already`. The first keeper, started for this request, is the
+/// answer: here once while it still loads, once ready and adopted by a service.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs containers"]
+fn a_start_under_way_when_the_node_daemon_restarts_succeeds() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let fleet = Fleet::new();
+    fleet.start_many("before", 1);
+    let mut service = None;
+    for adopted in [false, true] {
+        let daemon = fleet.node_pid();
+        let stuck = Daemon::start(&["--ttl", "0", "--host-root", &common::empty_root()]);
+        let frozen = Frozen::new(&stuck);
+        let id = format!("under-way-{adopted}-{}", std::process::id());
+        let mut start = slow_start(&fleet, &stuck, &id);
+        if adopted {
+            // The wrapper held still while the keeper finishes and a service adopts it.
+            kill(start.id(), libc::SIGSTOP);
+        }
+        kill(daemon, libc::SIGTERM);
+        wait_for("the node daemon to exit", || has_exited(daemon).then_some(()));
+        if adopted {
+            drop(frozen);
+            wait_for("the keeper to answer", || {
+                fleet.state_dir().join(&id).join("devremapd.pid").exists().then_some(())
+            });
+            let started = Service::start(&fleet, &fleet.state_dir().join("node.pid"), &[]);
+            wait_for_or(
+                "the service to adopt it",
+                || started.log(&fleet),
+                || fleet.list().contains_key(&id).then_some(()),
+            );
+            service = Some(started);
+            kill(start.id(), libc::SIGCONT);
+        } else {
+            // The wrapper starts another daemon and asks it again while the keeper loads.
+            wait_for_or(
+                "another node daemon",
+                || fleet.node_log(),
+                || {
+                    fs::read_to_string(fleet.state_dir().join("node.pid"))
+                        .ok()
+                        .filter(|p| p.trim() != daemon.to_string())
+                },
+            );
+            drop(frozen);
+        }
+        let logs = || format!("{}\n{}", fleet.node_log(), service.as_ref().map(|s| s.log(&fleet)).unwrap_or_default());
+        assert!(start.wait().unwrap().success(), "{}\n{}", logs(), fleet.keeper_log(&id));
+        assert!(!fleet.keeper_log(&id).contains("another devremapd serves it"), "{}", fleet.keeper_log(&id));
+        assert!(logs().contains(&format!("container {id}: serving")), "{}", logs());
+        assert_container_dev(&fleet, &id, &[1]);
+    }
+    assert_eq!(fleet.list().len(), 3);
+}
+
 /// Bug (found from outside): a service started while the node daemon a wrapper started had a
 /// container's start under way exited at once, `another node daemon serves it (its node.lock is
 /// held)`: that daemon answered its request to make way with a refusal to ask again, which the

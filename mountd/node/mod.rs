@@ -634,6 +634,22 @@ impl Node {
                 container.dev().display()
             ));
         }
+        // The wrapper that holds the directory asks again: the node daemon it asked first stopped
+        // (a restart) after it started the keeper and before it answered (found from outside:
+        // 3 of 125 starts failed across restarts in bursts, `served already` or `another
+        // devremapd serves it`). That keeper was started for this request: it is the answer.
+        let asker_holds = hold.as_ref().is_some_and(|fd| same_file(fd, &container.dir));
+        if asker_holds && let Ok(pid) = self.registry.lock().keeper(&m.id) {
+            info!(
+                "container {}: serving {} (keeper pid {pid}, started before a node daemon's restart)",
+                m.id,
+                container.dev().display()
+            );
+            if let Some(hold) = hold {
+                self.holds.keep(&self.exits, &m.id, m.owner_pid, hold);
+            }
+            return Ok(json!({"pid": pid, "mountpoint": container.dev(), "state_file": container.state_file()}));
+        }
         let serial = self.registry.lock().begin(&m.id).map_err(|e| e.to_string())?;
         let args = DaemonArgs {
             devremapd: &self.exe,
@@ -646,11 +662,14 @@ impl Node {
             owner_pid: (!m.until_unmount).then_some(m.owner_pid),
             threads: self.threads,
         };
-        match container.start_daemon(&args, &self.spares) {
-            Ok(child) => {
-                let pid = child.id();
+        let started = match asker_holds.then(|| keeper_under_way(&container)).flatten() {
+            Some(pid) => Ok((pid, None)),
+            None => container.start_daemon(&args, &self.spares).map(|child| (child.id(), Some(child))),
+        };
+        match started {
+            Ok((pid, child)) => {
                 let reload = self.registry.lock().serving(&m.id, serial, pid);
-                self.watch(pid, Some(child));
+                self.watch(pid, child);
                 if let Some(hold) = hold.filter(|fd| same_file(fd, &container.dir)) {
                     self.holds.keep(&self.exits, &m.id, m.owner_pid, hold);
                 }
@@ -927,6 +946,33 @@ fn warm(dev: PathBuf) {
             entries.for_each(drop);
         }
     });
+}
+
+/// How long a keeper that another node daemon started is waited for ([`keeper_under_way`]):
+/// as long as the daemon's own wait for a keeper it starts.
+const UNDER_WAY_PATIENCE: Duration = Duration::from_secs(30);
+
+/// The keeper of `container` that a node daemon which has since stopped was starting, once its
+/// mount answers (its pid file written); `None` when there is none (its mountpoint's lock is
+/// free), or it has not answered within [`UNDER_WAY_PATIENCE`] (a second keeper then refuses
+/// the mountpoint, saying that one holds it).
+fn keeper_under_way(container: &Container) -> Option<u32> {
+    use nix::fcntl::{Flock, FlockArg};
+    let lock = container.dir.join(".dev.lock");
+    let held = || {
+        let Ok(file) = devremap::inputs::files::open_own_regular(&lock) else { return false };
+        matches!(Flock::lock(file, FlockArg::LockSharedNonblock), Err((_, nix::errno::Errno::EWOULDBLOCK)))
+    };
+    let deadline = Instant::now() + UNDER_WAY_PATIENCE;
+    loop {
+        if let Some(pid) = container.daemon_pid() {
+            return Some(pid);
+        }
+        if !held() || Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// Sends `signal` to each keeper of `all`, saying what for.
