@@ -226,8 +226,19 @@ pub fn write_atomic_told(
 /// that is there (refused, left as it is).
 pub fn create_log(path: &Path) -> Result<std::fs::File, WriteError> {
     let file = open_log(path)?;
+    one_link(&file).map_err(|source| WriteError { path: path.to_owned(), source })?;
     file.set_len(0).map_err(|source| WriteError { path: path.to_owned(), source })?;
     Ok(file)
+}
+
+/// Refuses a file with another name than ours: emptying it would empty the file a hard link
+/// planted in the log's place names (found from outside: a trim emptied it).
+fn one_link(file: &std::fs::File) -> io::Result<()> {
+    let links = file.metadata()?.nlink();
+    if links != 1 {
+        return Err(io::Error::other(format!("has {links} names (a hard link); refused (not emptied)")));
+    }
+    Ok(())
 }
 
 /// Opens the log file `path` for appending, as [`create_log`] does, keeping what it holds: a
@@ -263,6 +274,7 @@ pub fn trim_log(path: &Path, keep: u64) -> Result<bool, WriteError> {
         return Ok(false);
     }
     let mut file = open_log_to(path, true)?;
+    one_link(&file).map_err(at)?;
     let len = file.metadata().map_err(at)?.len();
     if len <= keep {
         return Ok(false);
@@ -362,7 +374,8 @@ mod tests {
     /// Bug (found from outside): a container's log grew without bound on `/run` (about 108
     /// bytes a reload). Trimmed, its last whole lines go to `<log>.1` and it is emptied in
     /// place: a writer that holds it open (appending) goes on at its start; one under the
-    /// size, or missing, is left alone; a symlink is refused.
+    /// size, or missing, is left alone; a symlink is refused, and so is a hard link planted in
+    /// its place (found from outside: the file it named was emptied).
     #[test]
     fn a_log_over_its_size_is_trimmed_in_place() {
         use std::io::Write;
@@ -380,6 +393,15 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
         std::os::unix::fs::symlink(dir.path().join("devremapd.log.1"), &path).unwrap();
         assert!(trim_log(&path, 0).is_err(), "a symlink is refused");
+        // A hard link to another file: refused, that file left whole.
+        std::fs::remove_file(&path).unwrap();
+        let other = dir.path().join("other");
+        std::fs::write(&other, "x".repeat(100)).unwrap();
+        std::fs::hard_link(&other, &path).unwrap();
+        let e = trim_log(&path, 10).unwrap_err().to_string();
+        assert!(e.contains("has 2 names (a hard link); refused"), "{e}");
+        assert!(create_log(&path).is_err());
+        assert_eq!(std::fs::read_to_string(&other).unwrap(), "x".repeat(100));
     }
 
     /// Bug (attack A2 on issue 29.4): `record --output dir/out/` wrote a regular file `dir/out`

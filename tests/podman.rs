@@ -193,6 +193,15 @@ fn podman_user_namespace_containers_beside_others_get_their_dev() {
         let map = p.ok(&["exec", &name, "cat", "/proc/self/uid_map"]);
         assert_eq!(map.split_whitespace().nth(1) == Some("200000"), in_userns, "{name}: {map}");
     }
-    p.ok(&["rm", "-f", "-a"]);
+    // Podman 4.3's removal of a user-namespace container on vfs fails now and then, after the
+    // container is gone from its list (`unlinkat .../userdata/shm: device or resource busy`),
+    // with runc alone as well (1 of 6 runs here): taken for done then.
+    for (what, _) in runs {
+        let name = format!("devremap-podman-{what}-{tag}");
+        let out = p.podman(&["rm", "-f", &name]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let gone = !p.podman(&["container", "exists", &name]).status.success();
+        assert!(out.status.success() || (gone && stderr.contains("device or resource busy")), "rm {name}: {stderr}");
+    }
     w.wait_clean("rm");
 }

@@ -958,6 +958,7 @@ const UNDER_WAY_PATIENCE: Duration = Duration::from_secs(30);
 /// the mountpoint, saying that one holds it).
 fn keeper_under_way(container: &Container) -> Option<u32> {
     use nix::fcntl::{Flock, FlockArg};
+    // The lock a keeper holds on its mountpoint for its life (`mountpoint::MountLock`).
     let lock = container.dir.join(".dev.lock");
     let held = || {
         let Ok(file) = devremap::inputs::files::open_own_regular(&lock) else { return false };

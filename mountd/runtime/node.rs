@@ -71,20 +71,27 @@ pub fn mount(config: &Config, devremapd: &Path, request: MountRequest, hold: Bor
 /// and mounted on through it, never through a symlink planted in its path (found from outside:
 /// a directory swapped for a symlink put the copy where it pointed, and no teardown reached it).
 pub fn seen_here(config: &Config, id: &str, dir: BorrowedFd, dev: &Path) -> Result<(), Failure> {
-    if is_fuse(dir) {
+    if mounted_here(dir) {
         return Ok(());
     }
     wait_at("attach");
     match attach(config, id, dir) {
-        Ok(()) if is_fuse(dir) => Ok(()),
+        Ok(()) if mounted_here(dir) => Ok(()),
         Ok(()) => Err(unseen(dev, "its copy, moved here, does not answer")),
         Err(why) => Err(unseen(dev, &why)),
     }
 }
 
-/// Whether `dev` in directory `dir` (not followed) is a FUSE mount.
-fn is_fuse(dir: BorrowedFd) -> bool {
+/// Whether something is mounted on `dev` in directory `dir` (not followed) where this process
+/// sees it: the directory the wrapper made is only ever mounted on by the node daemon. Asked of
+/// the kernel without a request to the mount (`AT_STATX_DONT_SYNC`): its keeper stopped there
+/// held the wrapper, and the client's start, in a `statfs` without end (found from outside).
+/// Where the kernel does not say (before Linux 5.8), the file system's type, which asks it.
+fn mounted_here(dir: BorrowedFd) -> bool {
     use rustix::fs::{Mode, OFlags, openat};
+    if let Some(mounted) = devremap::inputs::files::is_mount_root_at(dir, Path::new("dev")) {
+        return mounted;
+    }
     let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::DIRECTORY | OFlags::CLOEXEC;
     let Ok(dev) = openat(dir, "dev", flags, Mode::empty()) else { return false };
     nix::sys::statfs::fstatfs(&dev).is_ok_and(|fs| fs.filesystem_type() == nix::sys::statfs::FUSE_SUPER_MAGIC)

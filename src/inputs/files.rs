@@ -31,8 +31,13 @@ impl std::fmt::Display for FileError {
 /// daemon (`AT_STATX_DONT_SYNC`: a FUSE mount's cached attributes, so a stuck or dead one does
 /// not hang us); `None` where the kernel does not say, or the call fails (a dead FUSE mount).
 pub fn is_mount_root(path: &Path) -> Option<bool> {
-    use rustix::fs::{AtFlags, CWD, StatxAttributes, StatxFlags, statx};
-    let st = statx(CWD, path, AtFlags::SYMLINK_NOFOLLOW | AtFlags::STATX_DONT_SYNC, StatxFlags::empty()).ok()?;
+    is_mount_root_at(rustix::fs::CWD, path)
+}
+
+/// [`is_mount_root`] of `path` in directory `dir` (not followed).
+pub fn is_mount_root_at(dir: std::os::fd::BorrowedFd, path: &Path) -> Option<bool> {
+    use rustix::fs::{AtFlags, StatxAttributes, StatxFlags, statx};
+    let st = statx(dir, path, AtFlags::SYMLINK_NOFOLLOW | AtFlags::STATX_DONT_SYNC, StatxFlags::empty()).ok()?;
     let root = StatxAttributes::MOUNT_ROOT;
     st.stx_attributes_mask.contains(root).then(|| st.stx_attributes.contains(root))
 }
