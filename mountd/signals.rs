@@ -345,7 +345,7 @@ fn forward<E>(
 /// `left` as poll's timeout: whole milliseconds, rounded up. Rounded down, the last one was
 /// polled for with no wait, over and over (found from outside: 20,000 polls a second while a
 /// keeper waited for its container). Past poll's range (24 days) is as good as forever.
-fn poll_timeout(left: Duration) -> PollTimeout {
+pub(crate) fn poll_timeout(left: Duration) -> PollTimeout {
     let ms = left.as_micros().div_ceil(1000);
     i32::try_from(ms).ok().and_then(|ms| PollTimeout::try_from(ms).ok()).unwrap_or(PollTimeout::MAX)
 }
@@ -447,29 +447,33 @@ impl Reader {
         self.wait_for_any(fd.as_slice(), timeout)
     }
 
+    /// Polls `fds` (each for what it asks) and the signals once, up to `timeout` (forever with
+    /// `None`), handling every signal that came: the caller reads each one's `revents`. False
+    /// once the signals can no longer be waited for (see [`Waited::Gone`]).
+    pub fn poll_with<'a>(&'a self, fds: &mut Vec<PollFd<'a>>, timeout: Option<Duration>) -> bool {
+        fds.push(PollFd::new(self.fd.as_fd(), PollFlags::POLLIN));
+        let polled = poll(fds, timeout.map_or(PollTimeout::NONE, poll_timeout));
+        let signalled = fds.pop().and_then(|p| p.revents()).is_some_and(|r| !r.is_empty());
+        match polled {
+            Ok(_) | Err(Errno::EINTR) => !signalled || self.take_pending(),
+            Err(e) => {
+                log::warn!("cannot wait for signals any more: {e}; they stay blocked");
+                false
+            }
+        }
+    }
+
     /// Waits up to `timeout` (forever with `None`) for one of `fds` to be readable, handling
     /// every signal that comes meanwhile: `Ready(i)`, `fds[i]` the first readable one.
     pub fn wait_for_any(&self, fds: &[BorrowedFd], timeout: Option<Duration>) -> Waited {
         let deadline = timeout.map(|t| Instant::now() + t);
-        let mut polled: Vec<PollFd> = std::iter::once(self.fd.as_fd())
-            .chain(fds.iter().copied())
-            .map(|fd| PollFd::new(fd, PollFlags::POLLIN))
-            .collect();
         loop {
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-            let wait = left.map_or(PollTimeout::NONE, poll_timeout);
-            match poll(&mut polled, wait) {
-                Ok(_) | Err(Errno::EINTR) => {}
-                Err(e) => {
-                    log::warn!("cannot wait for signals any more: {e}; they stay blocked");
-                    return Waited::Gone;
-                }
-            }
-            let woke = |p: &PollFd| p.revents().is_some_and(|r| !r.is_empty());
-            if woke(&polled[0]) && !self.take_pending() {
+            let mut polled: Vec<PollFd> = fds.iter().map(|fd| PollFd::new(*fd, PollFlags::POLLIN)).collect();
+            if !self.poll_with(&mut polled, left) {
                 return Waited::Gone;
             }
-            if let Some(i) = polled[1..].iter().position(woke) {
+            if let Some(i) = polled.iter().position(|p| p.revents().is_some_and(|r| !r.is_empty())) {
                 return Waited::Ready(i);
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {

@@ -16,31 +16,31 @@
 //! start, load its inputs or agree on INIT, the old one serves on and its state file's
 //! `last_error` says why.
 //!
-//! The relay runs on threads of its own ([`threads`]); the main thread runs the life below:
-//! starting and replacing servers, signals, timers (a restart's backoff, an upgrade's deadline,
-//! a hung server), readiness and the end of the mount. It waits for its threads' events, the
-//! signals (read from a `signalfd` there, [`signals::reader`]) and the container's process
-//! ([`crate::watch::Watch`]) in one `poll` ([`Keeper::wait`]): each had a thread of its own, in
-//! every container (issue 31). It waits on nothing but the kernel
-//! (issue 31): a server is spawned by a spawner thread ([`spawner`]: a spawn returns only once
-//! the child has exec'd), and one whose spawn has not returned within `--reload-timeout` failed
-//! to start; a server whose sockets ended is reaped by a thread of its own; what it writes to a
-//! server's socket is written without waiting, or by a thread of its own. A server's invalidations come over its
-//! control socket, read by the thread that reads its replies, and are written to `/dev/fuse` by
-//! a thread that lives while some wait, which answers each with the write's result: the write
-//! returns once the kernel has dropped the entry, so a reload's state file is written after it,
-//! as before; and the kernel may hold a directory lock for an invalidation until a reply has
-//! passed, which the reply thread must stay free to write.
+//! One thread, the main one, relays ([`relaying`]) and runs the life below: starting and
+//! replacing servers, signals, timers (a restart's backoff, an upgrade's deadline, a hung
+//! server), readiness and the end of the mount. It waits for `/dev/fuse`, every server's two
+//! sockets, its threads' events, the signals (read from a `signalfd` there,
+//! [`signals::reader`]) and the container's process ([`crate::watch::Watch`]) in one `poll`
+//! ([`Keeper::wait`]): each had a thread of its own, in every container (issue 31). It waits on
+//! nothing but the kernel (issue 31): a server is spawned by a spawner thread ([`spawner`]: a
+//! spawn returns only once the child has exec'd), and one whose spawn has not returned within
+//! `--reload-timeout` failed to start; a server whose sockets ended is reaped by a thread of its
+//! own; what it writes to a server's socket is written without waiting, kept until the socket
+//! takes it, or written by a thread of its own. A server's invalidations come over its control
+//! socket and are written to `/dev/fuse` by a thread that lives while some wait, which answers
+//! each with the write's result: the write returns once the kernel has dropped the entry, so a
+//! reload's state file is written after it, as before; and the kernel may hold a directory lock
+//! for an invalidation until a reply has passed, which the main thread must stay free to write.
 //! Only the keeper ever holds `/dev/fuse`: a `SIGKILL` of the keeper ends the connection at
 //! once, as it always did. Assumption: one daemon per mountpoint, enforced by the [`MountLock`]
 //! held for the keeper's whole life.
 
 mod error;
 pub(crate) mod procs;
+mod relaying;
 mod spawner;
 mod stop;
 mod takeover;
-mod threads;
 
 use crate::cli::MountArgs;
 use crate::mountpoint::{MountLock, check_private, prepare_mountpoint, resolve};
@@ -48,13 +48,13 @@ use crate::signals;
 use crate::signals::Waking;
 use devremap::atomic::Written;
 use devremap::keeper::control::{Control, HandoverError};
-use devremap::keeper::relay::Relay;
 use devremap::keeper::servers::{Action, Event, Exit, Hang, Machine, away, hang};
 use devremap::served::lifecycle::Waited;
 pub use error::KeeperError;
 use log::{info, warn};
-use parking_lot::{Condvar, Mutex};
+use nix::poll::{PollFd, PollFlags};
 use procs::{Pending, Proc, own_path, status_text};
+use relaying::{Link, Relaying, ready_of, replies_waiting};
 use spawner::Handed;
 pub(crate) use spawner::{Parked, ParkedServer, park_server};
 use spawner::{Spawners, Started};
@@ -63,11 +63,12 @@ use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::fs::File;
 use std::io;
+use std::os::fd::BorrowedFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
-use threads::{Link, Shared, replies_waiting};
 
 /// How long the hang check waits for replies that have arrived to be passed on before it looks
 /// again at the next wake-up.
@@ -109,6 +110,9 @@ fn act(sig: i32) -> Option<Ev> {
 struct Keeper<'a> {
     args: &'a MountArgs,
     link: Arc<Link>,
+    /// The relay, and the reading and writing of `/dev/fuse` and the servers' sockets, done by
+    /// the main thread as it waits.
+    relaying: Relaying,
     mountpoint: PathBuf,
     m: String,
     /// The arguments after `mount`, given to every server after `serve` (but `--ready-fd`).
@@ -194,17 +198,15 @@ pub fn run(args: &MountArgs, words: Vec<OsString>, parked: Option<ParkedServer>)
         None => Arc::new(File::open("/proc/self/exe").map_err(KeeperError::OpenOwnBinary)?),
     };
     let exe_path = own_path(&exe).map_err(KeeperError::FindOwnBinary)?;
-    let dev = File::options().read(true).write(true).open("/dev/fuse").map_err(KeeperError::DevFuse)?;
-    let link = Arc::new(Link {
-        shared: Mutex::new(Shared { relay: Relay::default(), sockets: HashMap::new() }),
-        answered: Condvar::new(),
-        dev,
-        events: tx,
-        buffers: Mutex::new(Vec::new()),
-        invalidating: AtomicUsize::new(0),
-        readers: (Mutex::new(0), Condvar::new()),
-        state_files: Mutex::new(Vec::new()),
-    });
+    // Read only once poll says a request waits; one the kernel took back meanwhile must not
+    // hold the main thread in the read.
+    let dev = File::options()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open("/dev/fuse")
+        .map_err(KeeperError::DevFuse)?;
+    let link = Arc::new(Link { dev, events: tx, invalidating: AtomicUsize::new(0) });
     let (machine, first) = Machine::new(
         Duration::from_secs(args.reload_timeout),
         Duration::from_secs(args.server_timeout),
@@ -214,6 +216,7 @@ pub fn run(args: &MountArgs, words: Vec<OsString>, parked: Option<ParkedServer>)
     let mut keeper = Keeper {
         args,
         link,
+        relaying: Relaying::new(),
         mountpoint,
         m,
         serve_args,
@@ -359,36 +362,50 @@ impl Keeper<'_> {
     /// The next event, or `Deadline` once `deadline` has passed: the queue's, the signals' (read
     /// here, on the main thread), and the container's watch's, which says when the daemon must
     /// stop (a thread waited for each, in every container: issue 31). `Closed` once the signals
-    /// cannot be waited for any more.
+    /// cannot be waited for any more. Meanwhile it relays: the kernel's requests and the
+    /// servers' replies and messages are polled with the rest ([`relaying`]), and what they
+    /// tell the machine is queued.
     fn wait(&mut self, rx: &Waking<Ev>, deadline: Option<Instant>) -> Waited<Ev> {
         loop {
             if let Some(ev) = self.queued.pop_front() {
                 return Waited::Event(ev);
             }
-            let watch_deadline = self.watch.as_ref().and_then(crate::watch::Watch::deadline);
-            let until = [deadline, watch_deadline].into_iter().flatten().min();
             let now = Instant::now();
-            let waited = {
-                let fds: Vec<_> = std::iter::once(rx.fd()).chain(self.watch.iter().flat_map(|w| w.fds())).collect();
-                self.signals.wait_for_any(&fds, until.map(|u| u.saturating_duration_since(now)))
-            };
-            let stop = match waited {
-                signals::Waited::Ready(0) => {
-                    self.queued.extend(rx.take());
-                    None
+            // Checked at every wake-up, not only when the poll times out: the relay's traffic
+            // may wake it without end.
+            let watch_deadline = self.watch.as_ref().and_then(crate::watch::Watch::deadline);
+            if watch_deadline.is_some_and(|d| now >= d) {
+                if let Some(why) = self.watch.as_mut().and_then(|w| w.timed_out(now)) {
+                    self.watch = None;
+                    self.queued.push_back(Ev::Stop(why));
                 }
-                signals::Waited::Ready(i) => self.watch.as_mut().and_then(|w| w.ready(i - 1)),
-                signals::Waited::TimedOut => {
-                    let now = Instant::now();
-                    let stop = self.watch.as_mut().and_then(|w| w.timed_out(now));
-                    if stop.is_none() && deadline.is_some_and(|d| now >= d) {
-                        return Waited::Deadline;
-                    }
-                    stop
+                continue;
+            }
+            if deadline.is_some_and(|d| now >= d) {
+                return Waited::Deadline;
+            }
+            let until = [deadline, watch_deadline].into_iter().flatten().min();
+            let (queue_woke, watch_woke, relay_ready) = {
+                let own: Vec<BorrowedFd> =
+                    std::iter::once(rx.fd()).chain(self.watch.iter().flat_map(|w| w.fds())).collect();
+                let interest = self.relaying.interest(&self.link, true);
+                let mut fds: Vec<PollFd> = own
+                    .iter()
+                    .map(|fd| PollFd::new(*fd, PollFlags::POLLIN))
+                    .chain(interest.iter().map(|(fd, flags, _)| PollFd::new(*fd, *flags)))
+                    .collect();
+                if !self.signals.poll_with(&mut fds, until.map(|u| u.saturating_duration_since(now))) {
+                    return Waited::Closed;
                 }
-                signals::Waited::Gone => return Waited::Closed,
+                let woke = |p: &PollFd| p.revents().is_some_and(|r| !r.is_empty());
+                let watch_woke = fds[1..own.len()].iter().position(woke);
+                (woke(&fds[0]), watch_woke, ready_of(&interest, &fds[own.len()..]))
             };
-            if let Some(why) = stop {
+            self.relaying.handle(&self.link, &relay_ready, &mut self.queued);
+            if queue_woke {
+                self.queued.extend(rx.take());
+            }
+            if let Some(why) = watch_woke.and_then(|i| self.watch.as_mut().and_then(|w| w.ready(i))) {
                 self.watch = None;
                 self.queued.push_back(Ev::Stop(why));
             }
@@ -427,7 +444,7 @@ impl Keeper<'_> {
                 Control::Answering => Event::Answering(epoch),
                 Control::Notify(notice) => Event::Notice(epoch, notice),
                 Control::Status { generation, last_error } => {
-                    self.link.shared.lock().relay.set_status(epoch, generation, last_error);
+                    self.relaying.relay.set_status(epoch, generation, last_error);
                     return None;
                 }
                 _ => return None,
@@ -444,7 +461,6 @@ impl Keeper<'_> {
         if self.machine.knows(epoch)
             && let Some(mut p) = self.procs.remove(&epoch)
         {
-            self.link.shared.lock().sockets.remove(&epoch);
             p.disconnect();
             let (events, state_file) = (self.link.events.clone(), self.args.state_file.clone());
             let reaper = move || {
@@ -506,7 +522,7 @@ impl Keeper<'_> {
             }
             Action::Probe(epoch) => self.probe(epoch),
             Action::TakeOver { epoch, retire, from } => self.take_over(epoch, retire, &from),
-            Action::Lost(epoch) => self.link.shared.lock().relay.lost(epoch),
+            Action::Lost(epoch) => self.relaying.relay.lost(epoch),
             Action::Kill(epoch) => match self.procs.remove(&epoch) {
                 Some(p) => self.kill(p),
                 None => self.abandon(epoch),
@@ -534,7 +550,7 @@ impl Keeper<'_> {
         // While a server takes requests, wake when its oldest request would make it hung, and
         // at least every heartbeat, so that a late wake-up tells that the keeper was away.
         let hung = self.machine.hang_checked().map(|_| {
-            let oldest = self.link.shared.lock().relay.oldest_sent();
+            let oldest = self.relaying.relay.oldest_sent();
             let now = Instant::now();
             oldest.map_or(now + self.server_timeout, |t| t + self.server_timeout).min(now + self.heartbeat())
         });
@@ -557,27 +573,28 @@ impl Keeper<'_> {
                 "the keeper did not run for {} ms (stopped, or starved of CPU): its server is not blamed for that time",
                 late.as_millis()
             );
-            self.link.shared.lock().relay.credit(late, now);
+            self.relaying.relay.credit(late, now);
         }
         moved
     }
 
     /// Whether the server requests go to has left one unanswered for `--server-timeout`,
-    /// counting the replies it has sent: those that arrived and are not yet passed on are
-    /// waited for (a little, [`REPLY_GRACE`]), and while any remain it is not hung.
-    fn hang_check(&self, now: Instant) -> Option<Event> {
+    /// counting the replies it has sent: those that arrived are passed on first (a little
+    /// while, [`REPLY_GRACE`], while more keep coming), and while any remain it is not hung.
+    /// After the keeper itself was stopped (`SIGSTOP`) or starved of CPU, every answer the
+    /// server gave meanwhile waits to be read when it wakes.
+    fn hang_check(&mut self, now: Instant) -> Option<Event> {
         let epoch = self.machine.hang_checked()?;
-        let p = self.procs.get(&epoch)?;
-        let mut shared = self.link.shared.lock();
         let until = now + REPLY_GRACE;
         loop {
-            let oldest = shared.relay.oldest_sent();
-            match hang(oldest, now, self.server_timeout, replies_waiting(&p.socket, &p.passing)) {
+            self.relaying.pump(&self.link, Duration::ZERO, &mut self.queued);
+            let p = self.procs.get(&epoch)?;
+            match hang(self.relaying.relay.oldest_sent(), now, self.server_timeout, replies_waiting(&p.socket)) {
                 Hang::No => return None,
                 Hang::Hung(since) => return Some(Event::Hung { epoch, since }),
                 // Still passing replies on once the grace is over: it answers, and the next
                 // wake-up looks again.
-                Hang::WaitForReplies if self.link.answered.wait_until(&mut shared, until).timed_out() => return None,
+                Hang::WaitForReplies if Instant::now() >= until => return None,
                 Hang::WaitForReplies => {}
             }
         }

@@ -1,9 +1,9 @@
 //! The keeper's server processes: starting one (its sockets, its spawn on a spawner thread,
-//! its reader thread, the plan or the order to load), telling it something, killing and
+//! the relay's reading of its sockets, the plan or the order to load), telling it something, killing and
 //! reaping it.
 
+use super::relaying::seqpacket_pair;
 use super::spawner::{Exe, Job, Started};
-use super::threads::{Readers, ServerSockets, read_server, seqpacket_pair};
 use super::{Keeper, spawn_thread};
 use crate::signals;
 use devremap::io_message;
@@ -23,7 +23,6 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 
 /// A server process.
 pub(super) struct Proc {
@@ -33,8 +32,6 @@ pub(super) struct Proc {
     pub(super) control: Arc<OwnedFd>,
     /// The binary it runs, kept open: the next crash restart runs the same one.
     pub(super) exe: Arc<File>,
-    /// Its reply thread holds a reply the relay has not counted yet ([`replies_waiting`]).
-    pub(super) passing: Arc<AtomicBool>,
 }
 
 impl Proc {
@@ -58,7 +55,7 @@ impl Proc {
         }
     }
 
-    /// Ends its relay and control sockets: it reads EOF and exits, and so does our reader.
+    /// Ends its relay and control sockets: it reads EOF and exits, and the relay reads their end.
     pub(super) fn disconnect(&self) {
         let _ = shutdown(self.socket.as_raw_fd(), Shutdown::Both);
         let _ = shutdown(self.control.as_raw_fd(), Shutdown::Both);
@@ -110,7 +107,7 @@ impl Keeper<'_> {
         }
     }
 
-    /// Server `epoch`'s spawn returned: it gets its reader threads and is told to serve its
+    /// Server `epoch`'s spawn returned: its sockets are read, and it is told to serve its
     /// plan, or to load the inputs. One given up on meanwhile (its spawn did not return in
     /// time, or the keeper stops) is killed and reaped, and never serves.
     pub(super) fn started(&mut self, epoch: u64, started: Started) -> Option<Event> {
@@ -130,7 +127,7 @@ impl Keeper<'_> {
     fn connected(&mut self, epoch: u64, started: Started, pending: Pending) -> Option<Event> {
         let handed_plan = pending.plan.is_some();
         let (binary, path) = (pending.binary, self.exe_path.display().to_string());
-        match started.and_then(|(child, exe)| self.connect(epoch, child, exe, pending)) {
+        match started.map(|(child, exe)| self.connect(epoch, child, exe, pending)) {
             Ok(proc) => {
                 let pid = proc.pid();
                 if binary == Binary::Path {
@@ -149,21 +146,12 @@ impl Keeper<'_> {
         self.pending.remove(&epoch);
     }
 
-    /// Starts the thread that reads a spawned server's sockets, and hands it its plan (or the
-    /// order to load).
-    fn connect(&mut self, epoch: u64, child: ServerChild, exe: Arc<File>, pending: Pending) -> Result<Proc, String> {
+    /// Has the relay read a spawned server's sockets, and hands it its plan (or the order to
+    /// load).
+    fn connect(&mut self, epoch: u64, child: ServerChild, exe: Arc<File>, pending: Pending) -> Proc {
         let (socket, control) = (Arc::new(pending.socket), Arc::new(pending.control));
-        self.link.shared.lock().sockets.insert(epoch, socket.clone());
-        let passing = Arc::new(AtomicBool::new(false));
-        let sockets =
-            ServerSockets { epoch, relay: socket.clone(), control: control.clone(), passing: passing.clone() };
-        let (link, done) = (self.link.clone(), Readers::new(epoch, &self.link));
-        let spawned = spawn_thread("replies", move || read_server(&link, &sockets, done));
-        let proc = Proc { epoch, child, socket, control, exe, passing };
-        if let Err(e) = spawned {
-            self.kill(proc);
-            return Err(e.to_string());
-        }
+        self.relaying.add_server(&self.link, epoch, socket.clone(), control.clone());
+        let proc = Proc { epoch, child, socket, control, exe };
         // What the socket's buffer takes is written here, without waiting; the rest by a thread
         // of its own: a plan larger than the buffer waits for the server to read it, and the main
         // thread must not. Bug (a trace of a container's start): the order to load, a few bytes,
@@ -176,8 +164,8 @@ impl Keeper<'_> {
                 Ok(_) => drop(what.next()),
                 Err(Errno::EINTR) => {}
                 Err(Errno::EAGAIN) => break,
-                // The server is gone: its sockets' readers say so.
-                Err(_) => return Ok(proc),
+                // The server is gone: its sockets' end says so.
+                Err(_) => return proc,
             }
         }
         if what.peek().is_some() {
@@ -190,7 +178,7 @@ impl Keeper<'_> {
                 }
             });
         }
-        Ok(proc)
+        proc
     }
 
     /// Kills a server and forgets it. It is reaped by a thread of its own: a process killed
@@ -204,7 +192,6 @@ impl Keeper<'_> {
     /// Forgets a server that has ended or is ending, and reaps it on a thread of its own.
     pub(super) fn forget(&mut self, proc: Proc) {
         proc.disconnect();
-        self.link.shared.lock().sockets.remove(&proc.epoch);
         self.reap_later(proc.child);
     }
 

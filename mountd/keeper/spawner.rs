@@ -13,7 +13,7 @@
 //! so it counts the busy threads exactly.
 
 use super::procs::set_up_child;
-use super::threads::seqpacket_pair;
+use super::relaying::seqpacket_pair;
 use super::{Ev, KeeperError, spawn_thread};
 use crate::signals::Woken;
 use devremap::io_message;

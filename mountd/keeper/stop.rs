@@ -16,7 +16,7 @@ use sd_notify::NotifyState;
 use std::io;
 use std::time::{Duration, Instant};
 
-/// How long a stop waits for the reader threads of the servers it ended.
+/// How long a stop waits for the end of the sockets of the servers it ended.
 const READERS_PATIENCE: Duration = Duration::from_secs(2);
 
 impl Keeper<'_> {
@@ -112,18 +112,22 @@ impl Keeper<'_> {
         }
         // Never read: a file at the path is removed only if it is one our servers wrote (a
         // file another user put there may be of any size, and is theirs). What a killed server
-        // said last (the state file it was putting in place) is read by its reader thread, so
-        // those end first (found in CI's way: a stop as the first server wrote its state file
-        // left the file).
+        // said last (the state file it was putting in place) is read to its sockets' end first
+        // (found in CI's way: a stop as the first server wrote its state file left the file).
         if let Some(path) = &self.args.state_file {
-            if !self.link.readers_end_within(READERS_PATIENCE) {
+            let until = Instant::now() + READERS_PATIENCE;
+            while self.relaying.servers_read() && Instant::now() < until {
+                let left = until.saturating_duration_since(Instant::now());
+                self.relaying.pump(&self.link, left, &mut self.queued);
+            }
+            if self.relaying.servers_read() {
                 warn!(
                     "{}: a server's messages were not all read within {} s of its end",
                     self.m,
                     READERS_PATIENCE.as_secs()
                 );
             }
-            for identity in self.link.state_files.lock().drain(..) {
+            for identity in self.relaying.state_files.drain(..) {
                 Written::known(path, identity).remove_if_ours();
             }
         }

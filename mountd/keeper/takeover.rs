@@ -2,7 +2,7 @@
 //! loaded, the pid file, the INIT replay to a successor, and the takeover itself (the old
 //! server's drain and retirement at an upgrade, the node table and the requests in flight).
 
-use super::threads::{mount, relay_requests};
+use super::relaying::mount;
 use super::{Keeper, KeeperError, spawn_thread};
 use devremap::atomic::{Lasting, write_atomic_told};
 use devremap::io_message;
@@ -25,7 +25,7 @@ impl Keeper<'_> {
     /// server declares the daemon ready once the mount answers through it.
     pub(super) fn mount_now(&mut self, epoch: u64) -> Result<(), KeeperError> {
         let Some(first) = self.procs.get(&epoch) else { return Ok(()) };
-        let resume = self.link.shared.lock().relay.start(epoch);
+        let resume = self.relaying.relay.start(epoch);
         for record in resume.records() {
             first.write_now(&first.control, &record, &"its resume");
         }
@@ -35,8 +35,7 @@ impl Keeper<'_> {
         self.mounted = true;
         self.connection = crate::mountpoint::connection_of(&self.mountpoint);
         self.abort = self.connection.and_then(crate::mountpoint::abort_handle);
-        let link = self.link.clone();
-        spawn_thread("requests", move || relay_requests(&link))?;
+        self.relaying.read_kernel();
         if let Some((watch, armed)) =
             crate::watch::Watch::start(self.args.owner_pid, self.args.container_pid_file.clone())
         {
@@ -75,7 +74,7 @@ impl Keeper<'_> {
 
     /// Replays the kernel's INIT to successor `epoch`; it takes over once it answers alike.
     pub(super) fn probe(&mut self, epoch: u64) {
-        let init = self.link.shared.lock().relay.probe(epoch);
+        let init = self.relaying.relay.probe(epoch);
         if let (Some(init), Some(p)) = (init, self.procs.get(&epoch)) {
             p.write_now(&p.socket, &init, &"the INIT replay");
         }
@@ -85,11 +84,12 @@ impl Keeper<'_> {
     /// then ends, before the new one serves: a reload it was finishing can no longer write a
     /// state file over its successor's.
     fn retire(&mut self, old: u64) {
-        let mut shared = self.link.shared.lock();
-        shared.relay.hold();
+        self.relaying.relay.hold();
         let until = Instant::now() + DRAIN;
-        while !shared.relay.drained() && !self.link.answered.wait_until(&mut shared, until).timed_out() {}
-        drop(shared);
+        while !self.relaying.relay.drained() && Instant::now() < until && self.relaying.servers_read() {
+            let left = until.saturating_duration_since(Instant::now());
+            self.relaying.pump(&self.link, left, &mut self.queued);
+        }
         let Some(old) = self.procs.get(&old) else { return };
         old.tell(&Control::Retire);
         if !devremap::pidfd::exits_within(old.pid(), RETIRE) {
@@ -104,7 +104,7 @@ impl Keeper<'_> {
             self.retire(old);
         }
         let Some(new) = self.procs.get(&epoch) else { return };
-        let mut switch = self.link.shared.lock().relay.switch(epoch, Instant::now());
+        let mut switch = self.relaying.relay.switch(epoch, Instant::now());
         switch.resume.from = format!("{from}, {} requests resent", switch.resend.len());
         if retire.is_some() {
             switch.resume.previous_plan = self.plan.as_deref().and_then(|p| String::from_utf8(p.to_vec()).ok());
