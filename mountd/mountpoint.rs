@@ -128,14 +128,17 @@ pub struct MountLock {
 }
 
 impl MountLock {
+    /// The lock file of the mountpoint `canonical`: `.<name>.lock` beside it (`None` for `/`).
+    pub fn path_of(canonical: &Path) -> Option<PathBuf> {
+        let (dir, name) = (canonical.parent()?, canonical.file_name()?);
+        Some(dir.join(format!(".{}.lock", name.to_string_lossy())))
+    }
+
     /// Takes the lock of `mountpoint`, or says that another daemon holds it. The file is opened
     /// without following a symlink; after locking, it must still be the file at the path (a
     /// daemon that exits removes it, so a lock on a removed file is taken again).
     pub fn take(canonical: &Path, m: &str) -> Result<MountLock, MountpointError> {
-        let (Some(dir), Some(name)) = (canonical.parent(), canonical.file_name()) else {
-            return Err(MountpointError::Root(m.into()));
-        };
-        let path = dir.join(format!(".{}.lock", name.to_string_lossy()));
+        let Some(path) = MountLock::path_of(canonical) else { return Err(MountpointError::Root(m.into())) };
         let p = path.display().to_string();
         loop {
             // What is there said as for every file devremap writes ("is a symlink, not a regular

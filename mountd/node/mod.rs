@@ -958,10 +958,10 @@ const UNDER_WAY_PATIENCE: Duration = Duration::from_secs(30);
 /// the mountpoint, saying that one holds it).
 fn keeper_under_way(container: &Container) -> Option<u32> {
     use nix::fcntl::{Flock, FlockArg};
-    // The lock a keeper holds on its mountpoint for its life (`mountpoint::MountLock`).
-    let lock = container.dir.join(".dev.lock");
+    // The lock a keeper holds on its mountpoint for its life.
+    let lock = crate::mountpoint::MountLock::path_of(&container.dev());
     let held = || {
-        let Ok(file) = devremap::inputs::files::open_own_regular(&lock) else { return false };
+        let Some(Ok(file)) = lock.as_deref().map(devremap::inputs::files::open_own_regular) else { return false };
         matches!(Flock::lock(file, FlockArg::LockSharedNonblock), Err((_, nix::errno::Errno::EWOULDBLOCK)))
     };
     let deadline = Instant::now() + UNDER_WAY_PATIENCE;

@@ -137,9 +137,9 @@ fn exchange(
 /// One `recvmsg` of `stream` into `buf`: the bytes read, and the descriptors sent with them
 /// (a peer sends them with its first bytes; both sides of the protocol read them so), each
 /// close-on-exec. Room is made for as many as one message can carry (the kernel's
-/// `SCM_MAX_FD`): with less, the kernel drops what does not fit and nix gives none of them
-/// (found from outside: two leaked with each request that passed three, until no container
-/// could start).
+/// `SCM_MAX_FD`): with less, the kernel drops what does not fit, and the reader is given none
+/// of them (found from outside, with nix's reader: two leaked with each request that passed
+/// three, until no container could start).
 pub fn receive_with_fds(stream: &UnixStream, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
     use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, recvmsg};
     let mut space = vec![std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(253))];
