@@ -19,6 +19,12 @@ pub enum CliError {
     Destination(#[from] WriteError),
     #[error("{}: given as both {first} and {second}; each needs a file of its own", path.display())]
     SameFile { path: PathBuf, first: &'static str, second: &'static str },
+    #[error(
+        "{flag} {}: inside the mountpoint {}, which the daemon serves read-only itself; give a path outside it",
+        path.display(),
+        mountpoint.display()
+    )]
+    InsideMountpoint { flag: &'static str, path: PathBuf, mountpoint: PathBuf },
 }
 
 #[derive(Debug, Parser)]
@@ -258,6 +264,21 @@ impl MountArgs {
         for (i, (first, path, place_a)) in given.iter().enumerate() {
             if let Some((second, ..)) = given[i + 1..].iter().find(|(_, _, place_b)| place_b == place_a) {
                 return Err(CliError::SameFile { path: path.to_path_buf(), first, second });
+            }
+        }
+        Ok(())
+    }
+
+    /// Refuses a pid or state file inside the mountpoint (`canonical`, resolved): written
+    /// through the mount, it would wait for the keeper's own thread, which relays the mount's
+    /// requests (found from outside: the pid file's write hung the keeper and its mount for
+    /// good), and find a read-only file system at best.
+    pub fn check_outside(&self, canonical: &Path) -> Result<(), CliError> {
+        for (flag, path) in [("--pid-file", &self.pid_file), ("--state-file", &self.state_file)] {
+            let Some(path) = path else { continue };
+            let at = place(path);
+            if std::path::absolute(&at).unwrap_or(at).starts_with(canonical) {
+                return Err(CliError::InsideMountpoint { flag, path: path.clone(), mountpoint: canonical.to_owned() });
             }
         }
         Ok(())

@@ -18,6 +18,7 @@
 pub mod atomic;
 pub mod decision;
 pub mod device;
+pub mod failpoint;
 pub mod family;
 pub mod inputs;
 pub mod install;

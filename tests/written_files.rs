@@ -526,3 +526,48 @@ fn record_refuses_every_other_kind_and_never_writes_through_a_hard_link() {
     assert_eq!((out.nlink(), kept.nlink()), (1, 1));
     assert!(fs::read_to_string(&path).unwrap().contains("\"minor\""), "no record written");
 }
+
+/// Bug (found from outside, 2026-12-05): a pid file inside the mountpoint was written through
+/// the mount the keeper serves, and once the keeper relayed on its main thread that write
+/// waited on that very thread for good: the mount hung and SIGTERM went unheard. A state file
+/// there cost the server its life without a word and left the keeper a zombie. Both are
+/// refused before anything is mounted, naming the flag, the path and the mountpoint, also
+/// through a symlinked directory.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn a_pid_or_state_file_inside_the_mountpoint_is_refused() {
+    need_fuse();
+    let (dir, mnt) = private_mountpoint();
+    let files = dir.path().join("files");
+    fs::create_dir(&files).unwrap();
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(&mnt, &link).unwrap();
+    let cases = [
+        ("--pid-file", mnt.join("keeper.pid")),
+        ("--state-file", mnt.join("state.json")),
+        ("--pid-file", link.join("keeper.pid")),
+        ("--state-file", mnt.join("sub").join("state.json")),
+    ];
+    for (flag, inside) in cases {
+        let log = dir.path().join("daemon.log");
+        let (pid_file, state_file) = match flag {
+            "--pid-file" => (inside.clone(), files.join("state.json")),
+            _ => (files.join("d.pid"), inside.clone()),
+        };
+        let child = Command::new(common::BIN)
+            .args(["mount", arg(&mnt), "--host-root", &empty_root()])
+            .args(["--pid-file", arg(&pid_file), "--state-file", arg(&state_file)])
+            .env_remove("RUST_LOG")
+            .stderr(fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let mut mount = Spawned::new(child, &mnt);
+        let status = wait_for("the start to be refused", || mount.child.try_wait().unwrap());
+        let text = fs::read_to_string(&log).unwrap();
+        assert_eq!(status.code(), Some(1), "{flag} {}: {text}", inside.display());
+        let said = format!("{flag} {}: inside the mountpoint {}", inside.display(), mnt.display());
+        assert!(text.contains(&said), "{said}: {text}");
+        assert!(!is_mounted(&mnt), "{flag} {}: a refused start left a mount", inside.display());
+        assert_eq!(listing(&files), Vec::<String>::new(), "a refused start wrote files");
+    }
+}

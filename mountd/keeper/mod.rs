@@ -183,6 +183,7 @@ pub fn run(args: &MountArgs, words: Vec<OsString>, parked: Option<ParkedServer>)
     // Every directory above it is root's alone (check_private), so the canonical path stays
     // the one checked; a symlink in the path as given could not be trusted to.
     let mountpoint = resolve(&args.mountpoint)?;
+    args.check_outside(&mountpoint)?;
     check_private(&mountpoint, &m)?;
     // Held until we return: a second daemon on this mountpoint stops here.
     let _lock = MountLock::take(&mountpoint, &m)?;
@@ -371,19 +372,7 @@ impl Keeper<'_> {
                 return Waited::Event(ev);
             }
             let now = Instant::now();
-            // Checked at every wake-up, not only when the poll times out: the relay's traffic
-            // may wake it without end.
             let watch_deadline = self.watch.as_ref().and_then(crate::watch::Watch::deadline);
-            if watch_deadline.is_some_and(|d| now >= d) {
-                if let Some(why) = self.watch.as_mut().and_then(|w| w.timed_out(now)) {
-                    self.watch = None;
-                    self.queued.push_back(Ev::Stop(why));
-                }
-                continue;
-            }
-            if deadline.is_some_and(|d| now >= d) {
-                return Waited::Deadline;
-            }
             let until = [deadline, watch_deadline].into_iter().flatten().min();
             let (queue_woke, watch_woke, relay_ready) = {
                 let own: Vec<BorrowedFd> =
@@ -408,6 +397,22 @@ impl Keeper<'_> {
             if let Some(why) = watch_woke.and_then(|i| self.watch.as_mut().and_then(|w| w.ready(i))) {
                 self.watch = None;
                 self.queued.push_back(Ev::Stop(why));
+            }
+            if !self.queued.is_empty() {
+                continue;
+            }
+            // Looked at after every poll, not only one that timed out: the relay's traffic may
+            // wake it without end. Never before one: what the queue, the signals and the kernel
+            // have is always taken first (found from outside: a deadline that stayed past held
+            // the keeper in a loop that read none of them).
+            let now = Instant::now();
+            if watch_deadline.is_some_and(|d| now >= d)
+                && let Some(why) = self.watch.as_mut().and_then(|w| w.timed_out(now))
+            {
+                self.watch = None;
+                self.queued.push_back(Ev::Stop(why));
+            } else if deadline.is_some_and(|d| now >= d) {
+                return Waited::Deadline;
             }
         }
     }
@@ -548,8 +553,11 @@ impl Keeper<'_> {
 
     fn deadline(&self) -> Option<Instant> {
         // While a server takes requests, wake when its oldest request would make it hung, and
-        // at least every heartbeat, so that a late wake-up tells that the keeper was away.
-        let hung = self.machine.hang_checked().map(|_| {
+        // at least every heartbeat, so that a late wake-up tells that the keeper was away. Not
+        // for one whose sockets have ended: it is gone, and its reaping tells the machine so
+        // (found from outside: a server killed just before its hang deadline, reaped late,
+        // left a deadline in the past that the keeper woke for without end).
+        let hung = self.machine.hang_checked().filter(|epoch| self.procs.contains_key(epoch)).map(|_| {
             let oldest = self.relaying.relay.oldest_sent();
             let now = Instant::now();
             oldest.map_or(now + self.server_timeout, |t| t + self.server_timeout).min(now + self.heartbeat())

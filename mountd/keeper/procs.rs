@@ -209,6 +209,7 @@ impl Keeper<'_> {
 /// more, and before its reaping, while no other process can have its pid, by which the
 /// temporary file is named ([`devremap::atomic::remove_left_temporaries`]).
 pub(super) fn reap(child: &mut ServerChild, state_file: Option<&Path>) -> io::Result<ExitStatus> {
+    devremap::failpoint::wait_at("reap");
     if let Some(path) = state_file {
         let pid = Pid::from_raw(child.id() as libc::pid_t);
         while let Err(Errno::EINTR) = waitid(Id::Pid(pid), WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT) {}

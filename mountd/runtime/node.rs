@@ -74,7 +74,7 @@ pub fn seen_here(config: &Config, id: &str, dir: BorrowedFd, dev: &Path) -> Resu
     if mounted_here(dir) {
         return Ok(());
     }
-    wait_at("attach");
+    devremap::failpoint::wait_at("attach");
     match attach(config, id, dir) {
         Ok(()) if mounted_here(dir) => Ok(()),
         Ok(()) => Err(unseen(dev, "its copy, moved here, does not answer")),
@@ -97,22 +97,6 @@ fn mounted_here(dir: BorrowedFd) -> bool {
     nix::sys::statfs::fstatfs(&dev).is_ok_and(|fs| fs.filesystem_type() == nix::sys::statfs::FUSE_SUPER_MAGIC)
 }
 
-/// The test hooks `DEVREMAPD_FAILPOINT=attach-wait:PATH` and `move-wait:PATH`: the wrapper
-/// waits (up to a minute) for PATH to exist before it asks for a copy of its mount, or before it
-/// moves the copy, so that a test can act in between (restart the node daemon, swap a path).
-#[cfg(feature = "test-hooks")]
-fn wait_at(step: &str) {
-    let hook = std::env::var("DEVREMAPD_FAILPOINT").unwrap_or_default();
-    let Some(path) = hook.strip_prefix(step).and_then(|h| h.strip_prefix("-wait:")) else { return };
-    let until = Instant::now() + Duration::from_secs(60);
-    while !Path::new(path).exists() && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-#[cfg(not(feature = "test-hooks"))]
-fn wait_at(_: &str) {}
-
 /// How long an `attach` is asked again while no node daemon takes it (a service restarting
 /// between the mount and this request: found from outside, the start failed at once).
 const ATTACH_PATIENCE: Duration = Duration::from_secs(30);
@@ -133,7 +117,7 @@ fn attach(config: &Config, id: &str, dir: BorrowedFd) -> Result<(), String> {
             Err(e) => return Err(e.to_string()),
         }
     };
-    wait_at("move");
+    devremap::failpoint::wait_at("move");
     move_mount(tree.as_fd(), "", dir, "dev", MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
         .map_err(|e| format!("moving the node daemon's copy of the mount here: {}", devremap::io_message(&e.into())))
 }
