@@ -223,6 +223,28 @@ impl Relaying {
         self.handle(link, &ready, queued);
     }
 
+    /// Pumps the servers' sockets ([`Relaying::pump`]) until `done` holds, or no server's
+    /// socket is left to read, or `until` passes; whether `done` held. An upgrade's drain and a
+    /// stop's wait for the servers' last messages are this one loop.
+    pub(super) fn pump_until(
+        &mut self,
+        link: &Link,
+        until: Instant,
+        queued: &mut VecDeque<Ev>,
+        done: impl Fn(&Relaying) -> bool,
+    ) -> bool {
+        loop {
+            if done(self) {
+                return true;
+            }
+            let now = Instant::now();
+            if !self.servers_read() || now >= until {
+                return false;
+            }
+            self.pump(link, until - now, queued);
+        }
+    }
+
     /// Reads server `epoch`'s replies, as many as wait (up to [`REQUESTS_PER_WAKE`]), and
     /// passes each on as the relay says.
     fn replies_of(&mut self, link: &Link, epoch: u64, queued: &mut VecDeque<Ev>) {

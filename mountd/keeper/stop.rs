@@ -116,11 +116,7 @@ impl Keeper<'_> {
         // (found in CI's way: a stop as the first server wrote its state file left the file).
         if let Some(path) = &self.args.state_file {
             let until = Instant::now() + READERS_PATIENCE;
-            while self.relaying.servers_read() && Instant::now() < until {
-                let left = until.saturating_duration_since(Instant::now());
-                self.relaying.pump(&self.link, left, &mut self.queued);
-            }
-            if self.relaying.servers_read() {
+            if !self.relaying.pump_until(&self.link, until, &mut self.queued, |r| !r.servers_read()) {
                 warn!(
                     "{}: a server's messages were not all read within {} s of its end",
                     self.m,

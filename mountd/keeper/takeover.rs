@@ -85,11 +85,7 @@ impl Keeper<'_> {
     /// state file over its successor's.
     fn retire(&mut self, old: u64) {
         self.relaying.relay.hold();
-        let until = Instant::now() + DRAIN;
-        while !self.relaying.relay.drained() && Instant::now() < until && self.relaying.servers_read() {
-            let left = until.saturating_duration_since(Instant::now());
-            self.relaying.pump(&self.link, left, &mut self.queued);
-        }
+        self.relaying.pump_until(&self.link, Instant::now() + DRAIN, &mut self.queued, |r| r.relay.drained());
         let Some(old) = self.procs.get(&old) else { return };
         old.tell(&Control::Retire);
         if !devremap::pidfd::exits_within(old.pid(), RETIRE) {
