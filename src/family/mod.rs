@@ -24,9 +24,10 @@ pub mod nvidia;
 pub mod plans;
 pub mod table;
 
-use crate::device::{DevKind, Rdev};
+use crate::device::{Access, DevKind, Rdev};
 use crate::inputs::host::{DevDir, DevDirScan, HostError};
 use facts::HostFacts;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 /// One device family's rules. Every method is pure but the two that read the host, which read
@@ -46,4 +47,26 @@ pub trait Family: Sync {
     /// Whether the family's runtime hook, where `spec` asks for it, gives the container this
     /// pass-through node (`rel_path` under `/dev`) though the spec does not list it.
     fn hook_gives(&self, rel_path: &str, spec: &crate::inputs::spec::SpecView) -> bool;
+
+    /// The spec's entries for this family's GPUs, by minor: the number and the mode and owner
+    /// its node is made with. runc makes a path's node from its first entry (a later one finds
+    /// it there), so a GPU takes the first entry at its own path ([`Family::gpu_name`]), else
+    /// the first entry of its minor at another path. Bug (found from outside): NVIDIA's GPUs
+    /// took the last entry, and a spec listing `/dev/nvidia1` twice, `0600 1000:1000` then
+    /// `0666 0:0`, was served `0666`, where runc's node is `0600`.
+    fn spec_gpus(&self, spec: &crate::inputs::spec::SpecView) -> BTreeMap<u32, (Rdev, Access)> {
+        let mut by_minor = BTreeMap::new();
+        let mut at_own_path = BTreeSet::new();
+        for dev in &spec.devices {
+            let Some(minor) = self.gpu_minor_of_device(dev.kind, dev.rdev) else { continue };
+            let own = dev.rel_path.as_deref() == Some(self.gpu_name(minor).as_str());
+            if !by_minor.contains_key(&minor) || (own && !at_own_path.contains(&minor)) {
+                by_minor.insert(minor, (dev.rdev, dev.access));
+            }
+            if own {
+                at_own_path.insert(minor);
+            }
+        }
+        by_minor
+    }
 }

@@ -171,6 +171,38 @@ fn a_host_node_never_widens_the_specs_mode() {
     assert_eq!(served("nvidia3"), None, "a spec that names GPUs is given those only");
 }
 
+/// Bug (found from outside): a GPU the spec lists twice at its own path was served with the
+/// last entry's mode and owner (`0666 0:0` after `0600 1000:1000`), where runc makes the node
+/// from the first and a later entry finds it there: a container uid 2000 could open a GPU
+/// that runc's node refuses it. The first entry at the GPU's own path wins, before an entry
+/// of the same minor at another path; the checkpoint's names of it follow it.
+#[test]
+fn a_gpu_listed_twice_keeps_its_first_entrys_mode_as_runc_does() {
+    let first = Access { mode: 0o600, uid: 1000, gid: 1000 };
+    let wide = Access { mode: 0o666, uid: 0, gid: 0 };
+    let served = |devices: Vec<SpecDevice>| {
+        let mut inp = inputs(&[], &[1, 2]);
+        inp.spec = Some(SpecView { devices, ..SpecView::default() });
+        build(&inp).unwrap().tree.get("nvidia1").map(|n| n.access)
+    };
+    let gpu = |path: &str, access| spec_dev(path, Rdev::new(195, 1), access);
+    assert_eq!(served(vec![gpu("/dev/nvidia1", first), gpu("/dev/nvidia1", wide)]), Some(first));
+    assert_eq!(served(vec![gpu("/dev/nvidia1", wide), gpu("/dev/nvidia1", first)]), Some(wide));
+    assert_eq!(served(vec![gpu("/dev/gpu-one", wide), gpu("/dev/nvidia1", first)]), Some(first), "its own path first");
+    assert_eq!(served(vec![gpu("/dev/gpu-one", first), gpu("/dev/gpu-two", wide)]), Some(first));
+    // AMD's render nodes by the same rule (they took the first entry of the minor anywhere).
+    let render = |devices: Vec<SpecDevice>| {
+        let mut inp = inputs(&[], &[]);
+        let node = HostNode { rel_path: "dri/renderD136".into(), rdev: Rdev::new(1, 7), access: wide };
+        inp.dev_dir.as_mut().unwrap().amd.push((136, node));
+        inp.spec = Some(SpecView { devices, ..SpecView::default() });
+        build(&inp).unwrap().tree.get("dri/renderD136").map(|n| n.access)
+    };
+    let amd = |path: &str, access| spec_dev(path, Rdev::new(226, 136), access);
+    assert_eq!(render(vec![amd("/dev/dri/renderD136", first), amd("/dev/dri/renderD136", wide)]), Some(first));
+    assert_eq!(render(vec![amd("/dev/dri/other", wide), amd("/dev/dri/renderD136", first)]), Some(first));
+}
+
 /// Bug: a spec that named its devices (`docker run --device /dev/nvidia0`) was given every
 /// pass-through node of the device directory as well (`nvidiactl`, `nvidia-uvm`, `kfd`),
 /// nodes the spec never listed. A node the spec does not list is served only without a

@@ -29,7 +29,6 @@ use crate::device::{Access, DevKind, Rdev};
 use crate::family::Family;
 use crate::inputs::host::DevDirScan;
 use crate::inputs::spec::SpecView;
-use std::collections::BTreeMap;
 
 /// A render node the restored container is given.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -111,12 +110,7 @@ pub struct Decided {
 /// a spec), the device directory's number winning, the spec's access winning, each with its
 /// topology GPU.
 pub fn restored(spec: Option<&SpecView>, dev_dir: Option<&DevDirScan>, topology: &Topology) -> Vec<AmdRestored> {
-    let mut by_minor: BTreeMap<u32, (Rdev, Access)> = BTreeMap::new();
-    for dev in spec.iter().flat_map(|s| &s.devices) {
-        if let Some(minor) = Amd.gpu_minor_of_device(dev.kind, dev.rdev) {
-            by_minor.entry(minor).or_insert((dev.rdev, dev.access));
-        }
-    }
+    let mut by_minor = spec.map(|s| Amd.spec_gpus(s)).unwrap_or_default();
     for (minor, node) in dev_dir.iter().flat_map(|d| &d.amd) {
         match by_minor.get_mut(minor) {
             Some(given) => given.0 = node.rdev,

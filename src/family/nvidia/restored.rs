@@ -7,9 +7,9 @@
 //! the spec's, which runc gives the node.
 
 use super::visible;
-use super::{GpuInfo, RestoredGpu};
+use super::{GpuInfo, Nvidia, RestoredGpu};
 use crate::decision::seam::{Inputs, PlanError};
-use crate::device::{Access, Rdev};
+use crate::family::Family;
 use crate::inputs::pci;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -18,12 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 /// the directory's, every one without a spec, else only those the spec lists and those the
 /// hook's `NVIDIA_VISIBLE_DEVICES` selects; with what the driver says of them, sorted by minor.
 pub fn restored_gpus(inputs: &Inputs) -> Result<Vec<RestoredGpu>, PlanError> {
-    let mut by_minor: BTreeMap<u32, (Rdev, Access)> = BTreeMap::new();
-    for dev in inputs.spec.iter().flat_map(|s| &s.devices) {
-        if let Some(minor) = dev.gpu_minor() {
-            by_minor.insert(minor, (dev.rdev, dev.access));
-        }
-    }
+    let mut by_minor = inputs.spec.as_ref().map(|s| Nvidia.spec_gpus(s)).unwrap_or_default();
     let selected = hook_selection(inputs)?;
     if let (Some(selected), Some(dir)) = (&selected, &inputs.dev_dir)
         && let Some(missing) = selected.iter().find(|m| !dir.gpus.iter().any(|(n, _)| n == *m))
