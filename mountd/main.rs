@@ -9,7 +9,6 @@ mod memory;
 mod mountpoint;
 mod node;
 mod parked;
-mod procfs;
 mod record;
 mod server;
 mod signals;

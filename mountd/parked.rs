@@ -22,10 +22,10 @@
 
 use crate::cli::{Cli, Command, ParkedArgs};
 use crate::keeper::{self, KeeperError, Parked, ParkedServer};
-use crate::procfs::Stat;
 use crate::signals;
 use clap::Parser;
 use devremap::io_message;
+use devremap::procfs::Stat;
 use devremap::report::Failure;
 use nix::sys::socket::{ControlMessage, ControlMessageOwned, MsgFlags, recvmsg, sendmsg};
 use std::ffi::OsString;
@@ -243,14 +243,6 @@ fn take_standard_fds(log: OwnedFd) -> io::Result<()> {
         let _ = null.into_raw_fd();
     }
     Ok(())
-}
-
-/// Whether process `pid` can run: not stopped (`SIGSTOP`, a debugger: `T`, `t`) nor gone (`Z`,
-/// `X`, no such process), so that a parked process handed a container would not leave its start
-/// waiting. A process in `D` (paging its binary in, say) runs again by itself.
-pub fn runs(pid: u32) -> bool {
-    let stat = Stat::of(&pid.to_string());
-    matches!(stat.as_ref().and_then(|s| s.field(3)), Some("S" | "R" | "D" | "I"))
 }
 
 /// The kernel's `struct prctl_mm_map` (`linux/prctl.h`): a process's memory layout, as

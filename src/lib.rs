@@ -26,6 +26,7 @@ pub mod keeper;
 pub mod node;
 pub mod nri;
 pub mod pidfd;
+pub mod procfs;
 pub mod report;
 pub mod runtime;
 pub mod served;

@@ -1377,6 +1377,56 @@ fn a_running_containers_dev_is_never_torn_down_for_a_root_spelled_otherwise() {
     assert!(alive(daemon) && is_mounted(&dir.join("dev")), "the running container's keeper is left alone");
 }
 
+/// Bug (found from outside: `docker restart` after a `SIGSTOP` of the keeper): a directory whose
+/// keeper is stopped, and so cannot end with its container, was refused as served for a
+/// container of another runtime root or a root spelled otherwise, sending the operator to look
+/// there. The refusal names the stopped keeper and how to continue or end it; the keeper is
+/// left alone, and once continued it ends with its container.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs a container"]
+fn a_stopped_keeper_is_named_as_stopped_when_its_id_is_created_again() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Setup::new(Runtime::Runc, json!({"devremap.io/enable": "true"}));
+    let id = format!("wrapped-stopped-keeper-{}", std::process::id());
+    let bundle = arg(s.bundle.dir()).to_owned();
+    let _delete = Deleting(&s, id.clone());
+    assert_ok(&s.run(&["create", "--bundle", &bundle, &id]), "create", &s, &id);
+    let keeper = s.daemon_pid(&id);
+    let _continued = Continuing(keeper);
+    // SAFETY: signals to the keeper this test started.
+    assert_eq!(unsafe { libc::kill(keeper as i32, libc::SIGSTOP) }, 0);
+    // The runtime forgets the container behind the wrapper's back, as a client's own delete
+    // does; the stopped keeper cannot see its container go.
+    let deleted = Command::new("runc")
+        .arg("--root")
+        .arg(s.bundle.state_root())
+        .args(["delete", "--force", &id])
+        .status()
+        .unwrap();
+    assert!(deleted.success(), "runc delete --force");
+
+    let out = s.run(&["create", "--bundle", &bundle, &id]);
+    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
+    assert!(out.stderr.contains(&format!("served by keeper pid {keeper}, which is stopped")), "{}", out.stderr);
+    assert!(out.stderr.contains(&format!("kill -CONT {keeper}")), "{}", out.stderr);
+    assert!(!out.stderr.contains("another runtime root"), "{}", out.stderr);
+    assert!(alive(keeper), "the stopped keeper is left alone");
+    drop(_continued);
+    wait_for("the continued keeper to end with its container", || (!alive(keeper)).then_some(()));
+}
+
+/// Sends `SIGCONT` to a keeper a test stopped when dropped, so that a failing test leaves no
+/// stopped keeper (and its mount) behind.
+struct Continuing(u32);
+
+impl Drop for Continuing {
+    fn drop(&mut self) {
+        // SAFETY: a signal to the keeper the test stopped.
+        unsafe { libc::kill(self.0 as i32, libc::SIGCONT) };
+    }
+}
+
 /// Bug (found from outside): a node daemon removes a container's directory a moment after the
 /// runtime's caller has seen the container go (its keeper sees the init exit, then the runtime
 /// holding the lock), and a `create` of the id under another runtime root in that moment was

@@ -238,7 +238,7 @@ impl ParkedServer {
     pub(super) fn hand(mut self, args: &[OsString]) -> Handed {
         let pid = self.child.id();
         let words: Vec<OsString> = std::iter::once("serve".into()).chain(args.iter().cloned()).collect();
-        let sent = if crate::parked::runs(pid) {
+        let sent = if devremap::procfs::runs(pid) {
             crate::parked::Words::encode(&words)
                 .and_then(|w| crate::parked::send(self.parcel.as_fd(), &w, &[2]))
                 .map_err(|e| format!("did not take its command line: {}", io_message(&e)))

@@ -414,7 +414,7 @@ fn remove(node: &Node, dir: &Dir, id: &str, leave_busy: bool) -> Result<Option<&
 /// When process `pid` started (`/proc/<pid>/stat`'s 22nd field, clock ticks since boot), if
 /// it runs.
 fn start_time(pid: u32) -> Option<u64> {
-    crate::procfs::Stat::of(&pid.to_string())?.number(22)
+    devremap::procfs::Stat::of(&pid.to_string())?.number(22)
 }
 
 /// Whether the init recorded for `dir`'s container still runs.

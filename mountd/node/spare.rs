@@ -188,7 +188,7 @@ fn take_from(slot: &mut Slot, program: &Path) -> Option<Spare> {
     match spare.child.try_wait() {
         Ok(None) => {
             let pid = spare.child.id();
-            let why = if !crate::parked::runs(pid) {
+            let why = if !devremap::procfs::runs(pid) {
                 "it is stopped"
             } else if binary_of(program).ok() != Some(spare.binary) {
                 "its binary was replaced since it started"

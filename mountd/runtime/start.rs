@@ -264,6 +264,12 @@ fn claim(config: &Config, inv: &Invocation, container: &Container) -> Result<Loc
                     devremap::pidfd::exits_within(pid, keeper_gone_by.saturating_duration_since(Instant::now()));
                     continue;
                 }
+                // Found from outside: a stopped keeper (`docker restart` after a `SIGSTOP` of it)
+                // was said to serve a container of another root, sending the operator there.
+                Some(pid) if !devremap::procfs::runs(pid) => refused(format!(
+                    "its devremap /dev is still served by keeper pid {pid}, which is stopped (SIGSTOP, or a \
+                     debugger) and so cannot end with its container: continue it (kill -CONT {pid}) or kill it"
+                )),
                 Some(pid) => refused(format!(
                     "its devremap /dev is still served (keeper pid {pid}) for a container the runtime does not know \
                      under this root: it runs under another runtime root, or one spelled otherwise; delete it there"
