@@ -339,6 +339,20 @@ pub fn abort_handle(connection: u64) -> Option<File> {
     std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(path).ok()
 }
 
+/// Whether the mount that `tree` (an `open_tree` copy, say) holds is the devremap mount topmost
+/// at `path`: the mount table says a `fuse` mount of [`FSNAME`] is there, and `tree` is of its
+/// FUSE connection ([`connection_of`]). Asks no daemon: a `statfs` would wait for a keeper that
+/// is stopped, with no deadline (found from outside: a node daemon's every request slot held
+/// that way by `attach` requests for one container, and no other container could start).
+pub fn holds_devremap_mount_of(tree: &impl std::os::fd::AsFd, path: &Path) -> bool {
+    use rustix::fs::{AtFlags, StatxFlags, statx};
+    let ours = mounted_at(path).is_some_and(|m| m.fstype == "fuse" && m.source == FSNAME);
+    let copied = statx(tree, "", AtFlags::EMPTY_PATH | AtFlags::STATX_DONT_SYNC, StatxFlags::empty())
+        .ok()
+        .map(|st| (u64::from(st.stx_dev_major) << 20) | u64::from(st.stx_dev_minor));
+    ours && copied.is_some() && copied == connection_of(path)
+}
+
 /// Whether a FUSE mount whose daemon is gone sits at `path` (statfs answers ENOTCONN).
 pub fn is_dead_mount(path: &Path) -> bool {
     statfs(path).err() == Some(Errno::ENOTCONN)

@@ -17,8 +17,8 @@ mod common;
 use common::bundle::{Runtime, allow_char, need_containers, nvidia_hook, oci_config};
 use common::clients::{WRAPPER, busybox_rootfs};
 use common::daemon::{
-    Daemon, Frozen, PATIENCE, Tmpfs, container_dirs, ended_threads_stacks, has_exited, has_thread, is_mounted, kill,
-    logged, proc_state, thread_names, wait_for, wait_for_or,
+    Daemon, Frozen, PATIENCE, Stopped, Tmpfs, container_dirs, ended_threads_stacks, has_exited, has_thread, is_mounted,
+    kill, logged, proc_state, thread_names, wait_for, wait_for_or,
 };
 use common::{BIN, FakeHost, arg, fake_rdev, write_file};
 use devremap::node::client::{ask, ask_passing, ask_receiving};
@@ -1123,6 +1123,46 @@ fn a_request_has_its_time_and_leaves_no_descriptor() {
     let id = format!("busy-{}", std::process::id());
     fleet.start(&id, &[0]);
     drop(held);
+    fleet.delete(&id);
+}
+
+/// Bug (found from outside): `attach` checked the copy of a container's mount with `fstatfs`,
+/// a request to its keeper: with the keeper stopped (`SIGSTOP`) each request's thread waited in
+/// the kernel with no deadline, past its client's end, and 256 of them held every place of the
+/// node daemon: no `ctl`, no other container's start. The copy is checked from the mount
+/// table and its device number, asking no keeper: every request is answered at once.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs containers"]
+fn attach_never_waits_on_a_stopped_keeper() {
+    use std::io::Write;
+    use std::os::unix::net::UnixStream;
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let fleet = Fleet::new();
+    let service = Service::start(&fleet, &fleet.state_dir().join("node.pid"), &[]);
+    let id = format!("attach-stopped-{}", std::process::id());
+    fleet.start(&id, &[0]);
+    let keeper: u32 =
+        fs::read_to_string(fleet.state_dir().join(&id).join("devremapd.pid")).unwrap().trim().parse().unwrap();
+    let threads_before = usage(service.pid()).1;
+    let stopped = Stopped::new(keeper);
+    let line = format!("{{\"protocol\":1,\"op\":\"attach\",\"id\":\"{id}\"}}\n");
+    for _ in 0..300 {
+        let mut stream = UnixStream::connect(fleet.socket()).unwrap();
+        stream.write_all(line.as_bytes()).unwrap();
+    }
+    // Each is answered and its thread gone, while the keeper is still stopped.
+    wait_for_or(
+        "the node daemon's threads to be what they were",
+        || format!("{} now, {threads_before} before", usage(service.pid()).1),
+        || (usage(service.pid()).1 <= threads_before).then_some(()),
+    );
+    let (code, _, stderr) = fleet.ctl(&["list"]);
+    assert_eq!(code, 0, "{stderr}");
+    let other = format!("attach-other-{}", std::process::id());
+    fleet.start(&other, &[1]);
+    fleet.delete(&other);
+    drop(stopped);
     fleet.delete(&id);
 }
 

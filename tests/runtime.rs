@@ -12,7 +12,7 @@ mod common;
 
 use common::bundle::{Bundle, HYBRID_UNIFIED, Runtime, allow_char, is_mount_point, need_containers, oci_config};
 use common::clients::need_criu;
-use common::daemon::{is_mounted, need_fuse, wait_for, wait_for_or};
+use common::daemon::{Stopped, is_mounted, need_fuse, wait_for, wait_for_or};
 use common::{FakeHost, arg, devremapd, fake_rdev, fixture, write_file};
 use serde_json::{Value, json};
 use std::fs;
@@ -1393,9 +1393,7 @@ fn a_stopped_keeper_is_named_as_stopped_when_its_id_is_created_again() {
     let _delete = Deleting(&s, id.clone());
     assert_ok(&s.run(&["create", "--bundle", &bundle, &id]), "create", &s, &id);
     let keeper = s.daemon_pid(&id);
-    let _continued = Continuing(keeper);
-    // SAFETY: signals to the keeper this test started.
-    assert_eq!(unsafe { libc::kill(keeper as i32, libc::SIGSTOP) }, 0);
+    let stopped = Stopped::new(keeper);
     // The runtime forgets the container behind the wrapper's back, as a client's own delete
     // does; the stopped keeper cannot see its container go.
     let deleted = Command::new("runc")
@@ -1412,19 +1410,8 @@ fn a_stopped_keeper_is_named_as_stopped_when_its_id_is_created_again() {
     assert!(out.stderr.contains(&format!("kill -CONT {keeper}")), "{}", out.stderr);
     assert!(!out.stderr.contains("another runtime root"), "{}", out.stderr);
     assert!(alive(keeper), "the stopped keeper is left alone");
-    drop(_continued);
+    drop(stopped);
     wait_for("the continued keeper to end with its container", || (!alive(keeper)).then_some(()));
-}
-
-/// Sends `SIGCONT` to a keeper a test stopped when dropped, so that a failing test leaves no
-/// stopped keeper (and its mount) behind.
-struct Continuing(u32);
-
-impl Drop for Continuing {
-    fn drop(&mut self) {
-        // SAFETY: a signal to the keeper the test stopped.
-        unsafe { libc::kill(self.0 as i32, libc::SIGCONT) };
-    }
 }
 
 /// Bug (found from outside): a node daemon removes a container's directory a moment after the

@@ -834,17 +834,15 @@ impl Node {
         let tree = open_tree(rustix::fs::CWD, &dev, flags).map_err(|e| {
             format!("container {id}: {}: cannot copy its mount: {}", dev.display(), devremap::io_message(&e.into()))
         })?;
-        match nix::sys::statfs::fstatfs(&tree) {
-            Ok(fs) if fs.filesystem_type() == nix::sys::statfs::FUSE_SUPER_MAGIC => {
-                info!("container {id}: its mount handed to a front end in another mount namespace");
-                Ok(tree)
-            }
-            _ => Err(format!(
+        if !crate::mountpoint::holds_devremap_mount_of(&tree, &dev) {
+            return Err(format!(
                 "container {id}: {}: not mounted where the node daemon runs (its keeper is starting or stopping, or \
                  mounted it from an earlier node daemon's mount namespace)",
                 dev.display()
-            )),
+            ));
         }
+        info!("container {id}: its mount handed to a front end in another mount namespace");
+        Ok(tree)
     }
 
     /// The keeper of container `id`, which this daemon serves; or why not, naming a directory

@@ -590,20 +590,30 @@ pub fn ended_threads_stacks(pid: u32) -> Option<Vec<String>> {
 
 /// A daemon stopped with `SIGSTOP` ([`freeze`]: every thread of it stopped), continued when the
 /// guard is dropped (even when a test fails).
-pub struct Frozen<'a>(&'a Daemon);
+pub struct Frozen<'a>(Stopped, std::marker::PhantomData<&'a Daemon>);
 
 impl<'a> Frozen<'a> {
     pub fn new(d: &'a Daemon) -> Frozen<'a> {
-        // The guard first: a wait that fails still continues the daemon.
-        let frozen = Frozen(d);
-        freeze(d.child.id());
-        frozen
+        Frozen(Stopped::new(d.child.id()), std::marker::PhantomData)
     }
 }
 
-impl Drop for Frozen<'_> {
+/// Process `pid` stopped with `SIGSTOP` ([`freeze`]), continued when the guard is dropped (even
+/// when a test fails): a keeper a node daemon started, say.
+pub struct Stopped(u32);
+
+impl Stopped {
+    pub fn new(pid: u32) -> Stopped {
+        // The guard first: a wait that fails still continues the process.
+        let stopped = Stopped(pid);
+        freeze(pid);
+        stopped
+    }
+}
+
+impl Drop for Stopped {
     fn drop(&mut self) {
-        self.0.signal(libc::SIGCONT);
+        kill(self.0, libc::SIGCONT);
     }
 }
 
