@@ -226,17 +226,18 @@ pub fn write_atomic_told(
 /// that is there (refused, left as it is).
 pub fn create_log(path: &Path) -> Result<std::fs::File, WriteError> {
     let file = open_log(path)?;
-    one_link(&file).map_err(|source| WriteError { path: path.to_owned(), source })?;
+    one_link(&file, "not emptied").map_err(|source| WriteError { path: path.to_owned(), source })?;
     file.set_len(0).map_err(|source| WriteError { path: path.to_owned(), source })?;
     Ok(file)
 }
 
-/// Refuses a file with another name than ours: emptying it would empty the file a hard link
-/// planted in the log's place names (found from outside: a trim emptied it).
-fn one_link(file: &std::fs::File) -> io::Result<()> {
+/// Refuses a file with another name than ours: emptying it or writing to it would empty or
+/// write the file a hard link planted in the log's place names (found from outside: a trim
+/// emptied it; a node daemon's start appended its lines to it). `left`: what was not done.
+fn one_link(file: &std::fs::File, left: &str) -> io::Result<()> {
     let links = file.metadata()?.nlink();
     if links != 1 {
-        return Err(io::Error::other(format!("has {links} names (a hard link); refused (not emptied)")));
+        return Err(io::Error::other(format!("has {links} names (a hard link); refused ({left})")));
     }
     Ok(())
 }
@@ -246,9 +247,12 @@ fn one_link(file: &std::fs::File) -> io::Result<()> {
 /// none answering starts), so that one start never empties the lines of the one before, nor
 /// of one racing it. Once over `keep` bytes, its lines are moved to `<path>.1` (replacing an
 /// older one; a daemon still writing there goes on) and a new file is begun: it never grows
-/// past about `keep` and one daemon's life.
+/// past about `keep` and one daemon's life ([`trim_log`] keeps a running daemon's). Where the
+/// move fails, the log is appended to as it is: never emptied (found from outside: a
+/// directory at `<path>.1` had the next start empty the log).
 pub fn append_log(path: &Path, keep: u64) -> Result<std::fs::File, WriteError> {
     let file = open_log(path)?;
+    one_link(&file, "not appended to").map_err(|source| WriteError { path: path.to_owned(), source })?;
     if file.metadata().map_err(|source| WriteError { path: path.to_owned(), source })?.len() <= keep {
         return Ok(file);
     }
@@ -257,7 +261,7 @@ pub fn append_log(path: &Path, keep: u64) -> Result<std::fs::File, WriteError> {
     // A rename moves the name alone: whatever was put at either since is not followed.
     match std::fs::rename(path, &older) {
         Ok(()) => open_log(path),
-        Err(_) => create_log(path),
+        Err(_) => Ok(file),
     }
 }
 
@@ -274,7 +278,7 @@ pub fn trim_log(path: &Path, keep: u64) -> Result<bool, WriteError> {
         return Ok(false);
     }
     let mut file = open_log_to(path, true)?;
-    one_link(&file).map_err(at)?;
+    one_link(&file, "not emptied").map_err(at)?;
     let len = file.metadata().map_err(at)?.len();
     if len <= keep {
         return Ok(false);
@@ -369,6 +373,28 @@ mod tests {
         std::os::unix::fs::symlink(dir.path().join("node.log.1"), &path).unwrap();
         assert!(append_log(&path, 100).is_err(), "a symlink is refused");
         assert_eq!(std::fs::read_to_string(dir.path().join("node.log.1")).unwrap(), "x".repeat(101));
+    }
+
+    /// Bug (found from outside): a hard link planted as `node.log` was appended to (the file it
+    /// names got the node daemon's lines), and a directory at `node.log.1` (a container of that
+    /// id) had the next start empty the log, its move aside failing. The hard link is refused,
+    /// the file it names left whole; a log that cannot be moved aside is appended to.
+    #[test]
+    fn a_shared_log_is_never_written_through_a_hard_link_nor_emptied() {
+        use std::io::Write;
+        let dir = tempfile::TempDir::new().unwrap();
+        let path = dir.path().join("node.log");
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "theirs\n").unwrap();
+        std::fs::hard_link(&victim, &path).unwrap();
+        let e = append_log(&path, 100).unwrap_err().to_string();
+        assert!(e.contains("has 2 names (a hard link); refused (not appended to)"), "{e}");
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "theirs\n");
+        std::fs::remove_file(&path).unwrap();
+        std::fs::create_dir(dir.path().join("node.log.1")).unwrap();
+        std::fs::write(&path, "x".repeat(101)).unwrap();
+        writeln!(append_log(&path, 100).unwrap(), "next start").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), format!("{}next start\n", "x".repeat(101)));
     }
 
     /// Bug (found from outside): a container's log grew without bound on `/run` (about 108

@@ -367,6 +367,7 @@ fn bind(socket: &Path) -> Result<(UnixListener, Bound), NodeError> {
 impl Node {
     fn container(&self, id: &str) -> Result<Container, String> {
         let id = ContainerId::new(id).map_err(|e| e.to_string())?;
+        devremap::node::check_not_own_file(id.as_str()).map_err(|e| e.to_string())?;
         Ok(Container::new(&self.state_dir, id.as_str()))
     }
 
@@ -415,6 +416,27 @@ impl Node {
                 Ok(false) => {}
                 Err(e) => warn!("container {id}: cannot trim its log: {e}"),
             }
+        }
+        self.trim_own_log();
+    }
+
+    /// Trims `<state_dir>/node.log` ([`devremap::node::NODE_LOG`]) where it is this daemon's
+    /// stderr (a wrapper started it): the same file, by device and inode. Another daemon's, or a
+    /// file that is not ours, is left alone.
+    fn trim_own_log(&self) {
+        use std::os::unix::fs::MetadataExt;
+        let path = self.state_dir.join(devremap::node::NODE_LOG);
+        let ours = |m: std::fs::Metadata| (m.dev(), m.ino());
+        let stderr = nix::sys::stat::fstat(std::io::stderr()).ok().map(|st| (st.st_dev, st.st_ino));
+        if stderr.is_none() || std::fs::symlink_metadata(&path).ok().map(ours) != stderr {
+            return;
+        }
+        match devremap::atomic::trim_log(&path, devremap::node::NODE_LOG_KEPT) {
+            Ok(true) => {
+                info!("node.log passed {} KiB; its last lines moved to node.log.1", devremap::node::NODE_LOG_KEPT >> 10)
+            }
+            Ok(false) => {}
+            Err(e) => warn!("cannot trim the node daemon's log: {e}"),
         }
     }
 

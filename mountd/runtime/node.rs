@@ -148,22 +148,16 @@ fn node_failure(socket: &Path, e: ClientError) -> Failure {
     }
 }
 
-/// How large `node.log` grows, over the daemons the wrappers start, before it is moved to
-/// `node.log.1` at the next start.
-const NODE_LOG_KEPT: u64 = 1 << 20;
-
 /// Starts `devremapd node` on the config's state dir and socket, detached (its own session, its
 /// log `<state_dir>/node.log`, appended to), and waits until it answers or exits (it lost the state dir to
 /// another daemon, which answers then, or it could not start); returns the `error:` line it
 /// wrote to its log if it exited.
 fn start_daemon(config: &Config, devremapd: &Path, socket: &Path) -> Result<Option<String>, Failure> {
     devremap::runtime::container_daemon::ensure_private_dir(&config.state_dir)?;
-    let log_path = config.state_dir.join("node.log");
-    let log = devremap::atomic::append_log(&log_path, NODE_LOG_KEPT)?;
+    let log_path = config.state_dir.join(devremap::node::NODE_LOG);
+    let log = devremap::atomic::append_log(&log_path, devremap::node::NODE_LOG_KEPT)?;
     let logged_before = log.metadata().map_or(0, |m| m.len());
-    let log2 = log
-        .try_clone()
-        .map_err(|e| Failure::at(config.state_dir.join("node.log").display(), devremap::io_message(&e)))?;
+    let log2 = log.try_clone().map_err(|e| Failure::at(log_path.display(), devremap::io_message(&e)))?;
     let (ready, ready_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(Failure::Pipe)?;
     let mut cmd = Command::new(devremapd);
     cmd.arg("node")

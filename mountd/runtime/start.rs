@@ -142,6 +142,8 @@ fn decide(
         return Ok(None);
     }
     let container = container.map_err(|bad| Failure::BadId(bad.clone()))?;
+    let id = container.dir.file_name().unwrap_or_default().to_string_lossy();
+    devremap::node::check_not_own_file(&id).map_err(|e| Failure::Node(e.to_string()))?;
     for warning in request.warnings() {
         report(&inv.global, "warning", &format!("{s}: {warning}"));
     }
