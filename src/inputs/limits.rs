@@ -129,7 +129,14 @@ pub fn parse_json(bytes: &[u8]) -> Result<Value, serde_json::Error> {
 /// pass checks the syntax as the parse does, with its errors, but keeps nothing, so a refused
 /// input never takes more memory than its text.
 pub fn check_json(bytes: &[u8]) -> Result<(), serde_json::Error> {
-    check(bytes, Keys::Unchecked)
+    check_json_values(bytes, MAX_JSON_VALUES)
+}
+
+/// [`check_json`] with a limit of its own, `max` values: a message of a few fields (the node
+/// protocol's request) is refused with thousands, before a parse gives each tens of bytes (found
+/// from outside: a 1 MiB request line of `[0,0,...]` took 54 MB).
+pub fn check_json_values(bytes: &[u8], max: usize) -> Result<(), serde_json::Error> {
+    check(bytes, Keys::Unchecked, max)
 }
 
 /// [`check_json`] for an OCI spec, which runc and the other Go tools also read: refuses an
@@ -140,13 +147,19 @@ pub fn check_json(bytes: &[u8]) -> Result<(), serde_json::Error> {
 /// `annotations`, `linux.sysctl`, `linux.resources.unified`), whose keys Go keeps as written,
 /// are not checked.
 pub fn check_spec_json(bytes: &[u8]) -> Result<(), serde_json::Error> {
-    check(bytes, Keys::Struct)
+    check(bytes, Keys::Struct, MAX_JSON_VALUES)
 }
 
-fn check(bytes: &[u8], keys: Keys) -> Result<(), serde_json::Error> {
+fn check(bytes: &[u8], keys: Keys, max: usize) -> Result<(), serde_json::Error> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
-    Counted::deserialize(&mut de, &mut 0, keys)?;
+    Counted::deserialize(&mut de, &mut Budget { seen: 0, max }, keys)?;
     de.end()
+}
+
+/// The values counted so far, and how many may be.
+struct Budget {
+    seen: usize,
+    max: usize,
 }
 
 /// What an object's keys are to the Go tools that read the same text.
@@ -171,25 +184,25 @@ fn folded(key: &str) -> String {
     key.to_uppercase().to_lowercase()
 }
 
-/// One JSON value, counted into `seen`; fails once more than [`MAX_JSON_VALUES`] are seen.
-struct Counted<'a>(&'a mut usize, Keys);
+/// One JSON value, counted into the budget; fails once more than its `max` are seen.
+struct Counted<'a>(&'a mut Budget, Keys);
 
 impl Counted<'_> {
-    fn deserialize<'de, D: Deserializer<'de>>(de: D, seen: &mut usize, keys: Keys) -> Result<(), D::Error> {
+    fn deserialize<'de, D: Deserializer<'de>>(de: D, seen: &mut Budget, keys: Keys) -> Result<(), D::Error> {
         de.deserialize_any(Counted(seen, keys))
     }
 
     fn count<E: de::Error>(self) -> Result<(), E> {
-        *self.0 += 1;
-        if *self.0 > MAX_JSON_VALUES {
-            return Err(E::custom(format_args!("more than {MAX_JSON_VALUES} JSON values, the limit")));
+        self.0.seen += 1;
+        if self.0.seen > self.0.max {
+            return Err(E::custom(format_args!("more than {} JSON values, the limit", self.0.max)));
         }
         Ok(())
     }
 }
 
 /// Seeds the count into the elements of an array or object.
-struct Seed<'a>(&'a mut usize, Keys);
+struct Seed<'a>(&'a mut Budget, Keys);
 
 impl<'de> de::DeserializeSeed<'de> for Seed<'_> {
     type Value = ();

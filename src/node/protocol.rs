@@ -14,6 +14,9 @@ pub const PROTOCOL: u32 = 1;
 pub const MAX_LINE: usize = 1 << 20;
 /// The longest answer line a client reads (a `list` of thousands of containers).
 pub const MAX_ANSWER: usize = 64 << 20;
+/// The most JSON values a request holds (a `mount` request has about 20): a line's memory once
+/// parsed grows with its values, tens of bytes each, not with its length.
+pub const MAX_REQUEST_VALUES: usize = 4096;
 /// The refusal of a daemon with every place for a request taken: nothing was done, and the
 /// client may ask again.
 pub const BUSY: &str = "busy: too many requests at once; ask again";
@@ -201,10 +204,11 @@ pub fn request_line(request: &Request) -> Result<String, ProtocolError> {
 
 /// The version a message says it speaks, read before anything else: a message of another
 /// version is refused by its number, not by what its fields fail to be.
-fn version_of(line: &[u8], max: usize) -> Result<serde_json::Value, ProtocolError> {
+fn version_of(line: &[u8], max: usize, max_values: usize) -> Result<serde_json::Value, ProtocolError> {
     if line.len() > max {
         return Err(ProtocolError::TooLong(max));
     }
+    crate::inputs::limits::check_json_values(line, max_values).map_err(|e| ProtocolError::Malformed(e.to_string()))?;
     let value: serde_json::Value = serde_json::from_slice(line).map_err(|e| ProtocolError::Malformed(e.to_string()))?;
     match value.get("protocol").and_then(serde_json::Value::as_u64) {
         Some(v) if v == u64::from(PROTOCOL) => Ok(value),
@@ -215,7 +219,7 @@ fn version_of(line: &[u8], max: usize) -> Result<serde_json::Value, ProtocolErro
 
 /// A request line, as the daemon reads it.
 pub fn parse_request(line: &[u8]) -> Result<Request, ProtocolError> {
-    let value = version_of(line, MAX_LINE)?;
+    let value = version_of(line, MAX_LINE, MAX_REQUEST_VALUES)?;
     let envelope: Envelope<Request> =
         serde_json::from_value(value).map_err(|e| ProtocolError::Malformed(e.to_string()))?;
     Ok(envelope.body)
@@ -223,7 +227,7 @@ pub fn parse_request(line: &[u8]) -> Result<Request, ProtocolError> {
 
 /// An answer line, as a client reads it.
 pub fn parse_answer(line: &[u8]) -> Result<Answer, ProtocolError> {
-    let value = version_of(line, MAX_ANSWER)?;
+    let value = version_of(line, MAX_ANSWER, crate::inputs::limits::MAX_JSON_VALUES)?;
     serde_json::from_value(value).map_err(|e| ProtocolError::Malformed(e.to_string()))
 }
 
@@ -305,6 +309,18 @@ mod tests {
             assert!(parse_request(line).is_err(), "{}", String::from_utf8_lossy(line));
         }
         assert_eq!(parse_request(&vec![b' '; MAX_LINE + 1]), Err(ProtocolError::TooLong(MAX_LINE)));
+    }
+
+    /// Bug (found from outside): a request line's values were all parsed before its fields
+    /// were looked at, tens of bytes each: a 1 MiB `hello` carrying `"x":[0,0,...]` took 54 MB,
+    /// and 40 at once 1.4 GB. A request of more than [`MAX_REQUEST_VALUES`] values is refused
+    /// before it is parsed; one within them reads as before.
+    #[test]
+    fn a_request_of_too_many_values_is_refused_unparsed() {
+        let values = |n: usize| format!(r#"{{"protocol":1,"op":"hello","x":[{}]}}"#, vec!["0"; n].join(","));
+        assert_eq!(parse_request(values(100).as_bytes()), Ok(Request::Hello));
+        let e = parse_request(values(MAX_REQUEST_VALUES).as_bytes()).unwrap_err();
+        assert!(e.to_string().contains(&format!("more than {MAX_REQUEST_VALUES} JSON values")), "{e}");
     }
 
     /// Rule (issue 31): an answer reads back, with its data or its error.
