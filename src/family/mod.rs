@@ -49,15 +49,22 @@ pub trait Family: Sync {
     fn hook_gives(&self, rel_path: &str, spec: &crate::inputs::spec::SpecView) -> bool;
 
     /// The spec's entries for this family's GPUs, by minor: the number and the mode and owner
-    /// its node is made with. runc makes a path's node from its first entry (a later one finds
-    /// it there), so a GPU takes the first entry at its own path ([`Family::gpu_name`]), else
-    /// the first entry of its minor at another path. Bug (found from outside): NVIDIA's GPUs
-    /// took the last entry, and a spec listing `/dev/nvidia1` twice, `0600 1000:1000` then
-    /// `0666 0:0`, was served `0666`, where runc's node is `0600`.
+    /// its node is made with. runc makes a path's node from its first entry, whatever it is (a
+    /// later one finds it there), so an entry that is not the first at its path gives nothing;
+    /// of those that are, a GPU takes the one at its own path ([`Family::gpu_name`]), else the
+    /// first of its minor at another path. Bugs (found from outside): NVIDIA's GPUs took the
+    /// last entry, and a spec listing `/dev/nvidia1` twice, `0600 1000:1000` then `0666 0:0`,
+    /// was served `0666`, where runc's node is `0600`; and a GPU entry after another device at
+    /// the same path (a block device, `1:3`, another GPU) gave the GPU, which runc's node there
+    /// is not.
     fn spec_gpus(&self, spec: &crate::inputs::spec::SpecView) -> BTreeMap<u32, (Rdev, Access)> {
         let mut by_minor = BTreeMap::new();
         let mut at_own_path = BTreeSet::new();
+        let mut paths = BTreeSet::new();
         for dev in &spec.devices {
+            if dev.rel_path.as_deref().is_some_and(|p| !paths.insert(p)) {
+                continue;
+            }
             let Some(minor) = self.gpu_minor_of_device(dev.kind, dev.rdev) else { continue };
             let own = dev.rel_path.as_deref() == Some(self.gpu_name(minor).as_str());
             if !by_minor.contains_key(&minor) || (own && !at_own_path.contains(&minor)) {

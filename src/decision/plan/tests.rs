@@ -175,7 +175,10 @@ fn a_host_node_never_widens_the_specs_mode() {
 /// last entry's mode and owner (`0666 0:0` after `0600 1000:1000`), where runc makes the node
 /// from the first and a later entry finds it there: a container uid 2000 could open a GPU
 /// that runc's node refuses it. The first entry at the GPU's own path wins, before an entry
-/// of the same minor at another path; the checkpoint's names of it follow it.
+/// of the same minor at another path; the checkpoint's names of it follow it. And (found
+/// from outside, after): a GPU entry after another device at the same path (a block device,
+/// `1:3`, another GPU) gave the GPU there, where runc's node is the first entry's: an entry
+/// that is not the first at its path gives nothing.
 #[test]
 fn a_gpu_listed_twice_keeps_its_first_entrys_mode_as_runc_does() {
     let first = Access { mode: 0o600, uid: 1000, gid: 1000 };
@@ -186,10 +189,30 @@ fn a_gpu_listed_twice_keeps_its_first_entrys_mode_as_runc_does() {
         build(&inp).unwrap().tree.get("nvidia1").map(|n| n.access)
     };
     let gpu = |path: &str, access| spec_dev(path, Rdev::new(195, 1), access);
+    let served_node = |devices: Vec<SpecDevice>| {
+        let mut inp = inputs(&[], &[1, 2]);
+        inp.spec = Some(SpecView { devices, ..SpecView::default() });
+        let plan = build(&inp).unwrap();
+        plan.tree.get("nvidia1").and_then(|n| match n.kind {
+            NodeKind::Device(kind, rdev) => Some((kind, rdev, n.access)),
+            _ => None,
+        })
+    };
     assert_eq!(served(vec![gpu("/dev/nvidia1", first), gpu("/dev/nvidia1", wide)]), Some(first));
     assert_eq!(served(vec![gpu("/dev/nvidia1", wide), gpu("/dev/nvidia1", first)]), Some(wide));
     assert_eq!(served(vec![gpu("/dev/gpu-one", wide), gpu("/dev/nvidia1", first)]), Some(first), "its own path first");
     assert_eq!(served(vec![gpu("/dev/gpu-one", first), gpu("/dev/gpu-two", wide)]), Some(first));
+    // Another device first at the GPU's path: runc's node there is that one, and the GPU entry
+    // after it gives nothing.
+    let block = SpecDevice { kind: DevKind::Block, ..spec_dev("/dev/nvidia1", Rdev::new(195, 1), first) };
+    assert_eq!(
+        served_node(vec![block.clone(), gpu("/dev/nvidia1", wide)]),
+        Some((DevKind::Block, Rdev::new(195, 1), first))
+    );
+    let null = spec_dev("/dev/nvidia1", Rdev::new(1, 3), first);
+    assert_eq!(served_node(vec![null, gpu("/dev/nvidia1", wide)]), Some((DevKind::Char, Rdev::new(1, 3), first)));
+    let other_gpu = spec_dev("/dev/nvidia1", Rdev::new(195, 2), first);
+    assert_eq!(served_node(vec![other_gpu, gpu("/dev/nvidia1", wide)]).map(|n| n.2), Some(first));
     // AMD's render nodes by the same rule (they took the first entry of the minor anywhere).
     let render = |devices: Vec<SpecDevice>| {
         let mut inp = inputs(&[], &[]);
