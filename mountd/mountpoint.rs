@@ -341,16 +341,19 @@ pub fn abort_handle(connection: u64) -> Option<File> {
 
 /// Whether the mount that `tree` (an `open_tree` copy, say) holds is the devremap mount topmost
 /// at `path`: the mount table says a `fuse` mount of [`FSNAME`] is there, and `tree` is of its
-/// FUSE connection ([`connection_of`]). Asks no daemon: a `statfs` would wait for a keeper that
-/// is stopped, with no deadline (found from outside: a node daemon's every request slot held
-/// that way by `attach` requests for one container, and no other container could start).
-pub fn holds_devremap_mount_of(tree: &impl std::os::fd::AsFd, path: &Path) -> bool {
+/// FUSE connection ([`connection_of`]), which must be `expected` where that is known (the
+/// connection its keeper's mount was seen with: found from outside, another container's mount
+/// bound over it was handed out). Asks no daemon: a `statfs` would wait for a keeper that is
+/// stopped, with no deadline (found from outside: a node daemon's every request slot held that
+/// way by `attach` requests for one container, and no other container could start).
+pub fn holds_devremap_mount_of(tree: &impl std::os::fd::AsFd, path: &Path, expected: Option<u64>) -> bool {
     use rustix::fs::{AtFlags, StatxFlags, statx};
     let ours = mounted_at(path).is_some_and(|m| m.fstype == "fuse" && m.source == FSNAME);
     let copied = statx(tree, "", AtFlags::EMPTY_PATH | AtFlags::STATX_DONT_SYNC, StatxFlags::empty())
         .ok()
         .map(|st| (u64::from(st.stx_dev_major) << 20) | u64::from(st.stx_dev_minor));
-    ours && copied.is_some() && copied == connection_of(path)
+    let topmost = connection_of(path);
+    ours && copied.is_some() && copied == topmost && expected.is_none_or(|e| copied == Some(e))
 }
 
 /// Whether a FUSE mount whose daemon is gone sits at `path` (statfs answers ENOTCONN).

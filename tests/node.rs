@@ -1166,6 +1166,39 @@ fn attach_never_waits_on_a_stopped_keeper() {
     fleet.delete(&id);
 }
 
+/// Bug (found from outside): `attach` handed out whatever devremap mount was topmost at a
+/// container's `dev`: another container's mount bound over it was handed out as this one's.
+/// A copy is handed out only of the FUSE connection the container's keeper was seen serving;
+/// with the other mount gone, the container's own is handed out again.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs containers"]
+fn attach_hands_out_no_other_containers_mount() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let fleet = Fleet::new();
+    let _service = Service::start(&fleet, &fleet.state_dir().join("node.pid"), &[]);
+    let [mine, other] = ["attach-mine", "attach-other"].map(|n| format!("{n}-{}", std::process::id()));
+    fleet.start(&mine, &[0]);
+    fleet.start(&other, &[1]);
+    let connection = |path: &Path| fs::metadata(path).map(|m| m.dev()).unwrap();
+    let own = connection(&fleet.dev(&mine));
+    assert_ne!(own, connection(&fleet.dev(&other)));
+    let over = Command::new("mount").arg("--bind").arg(fleet.dev(&other)).arg(fleet.dev(&mine)).status().unwrap();
+    assert!(over.success(), "mount --bind");
+    let attach = || ask_receiving(&fleet.socket(), &Request::Attach { id: mine.clone() }, ASK);
+    let over_it = attach().map(|_| ());
+    // Gone before anything is asserted: a failing test leaves no mount over the container's.
+    nix::mount::umount2(&fleet.dev(&mine), nix::mount::MntFlags::MNT_DETACH).unwrap();
+    let refused = over_it.unwrap_err().to_string();
+    assert!(refused.contains("its own mount is not there"), "{refused}");
+    let (_, tree) = attach().unwrap();
+    let tree = tree.expect("a copy of the mount");
+    assert_eq!(nix::sys::stat::fstat(&tree).unwrap().st_dev, own);
+    drop(tree);
+    fleet.delete(&other);
+    fleet.delete(&mine);
+}
+
 /// Bug (found from outside): a FIFO planted as `<state_dir>/node.lock` held the node daemon in
 /// its open for good, deaf to `SIGTERM` (its signals wait for a thread that never read them),
 /// and every wrapper's start behind it; a char device there was opened for writing and locked.

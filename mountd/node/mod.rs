@@ -371,6 +371,16 @@ impl Node {
         Ok(Container::new(&self.state_dir, id.as_str()))
     }
 
+    /// Records the FUSE connection of the mount keeper `pid` serves for `id`, read from the
+    /// mountpoint without asking the keeper ([`crate::mountpoint::connection_of`]), once it
+    /// answers or is adopted: `attach` hands out a copy of that connection alone.
+    fn connected(&self, id: &str, pid: u32) {
+        let Ok(container) = self.container(id) else { return };
+        if let Some(connection) = crate::mountpoint::connection_of(&container.dev()) {
+            self.registry.lock().connected(id, pid, connection);
+        }
+    }
+
     /// Takes in what an earlier daemon served: the state dir's container directories.
     fn adopt(self: &Arc<Self>) {
         let found = self.found_locked();
@@ -379,6 +389,7 @@ impl Node {
             match decision {
                 Adopt::Watch { id, pid } => {
                     info!("container {id}: adopted (keeper pid {pid})");
+                    self.connected(&id, pid);
                     self.watch(pid, None);
                 }
                 Adopt::TearDown { id } => self.tear_down(&id, "left by a container that is gone"),
@@ -691,6 +702,7 @@ impl Node {
         match started {
             Ok((pid, child)) => {
                 let reload = self.registry.lock().serving(&m.id, serial, pid);
+                self.connected(&m.id, pid);
                 self.watch(pid, child);
                 if let Some(hold) = hold.filter(|fd| same_file(fd, &container.dir)) {
                     self.holds.keep(&self.exits, &m.id, m.owner_pid, hold);
@@ -856,10 +868,11 @@ impl Node {
         let tree = open_tree(rustix::fs::CWD, &dev, flags).map_err(|e| {
             format!("container {id}: {}: cannot copy its mount: {}", dev.display(), devremap::io_message(&e.into()))
         })?;
-        if !crate::mountpoint::holds_devremap_mount_of(&tree, &dev) {
+        let expected = self.registry.lock().connection(id);
+        if !crate::mountpoint::holds_devremap_mount_of(&tree, &dev, expected) {
             return Err(format!(
-                "container {id}: {}: not mounted where the node daemon runs (its keeper is starting or stopping, or \
-                 mounted it from an earlier node daemon's mount namespace)",
+                "container {id}: {}: its own mount is not there where the node daemon runs (its keeper is starting \
+                 or stopping, or mounted it from an earlier node daemon's mount namespace, or another mount is over it)",
                 dev.display()
             ));
         }

@@ -17,8 +17,9 @@ pub enum Slot {
     /// Its keeper is being started; `serial` tells this start from a later one of the same id,
     /// `reloads` is how many node-wide reloads had been asked when it began.
     Starting { serial: u64, reloads: u64 },
-    /// Its keeper, `pid`, serves the mount.
-    Serving { serial: u64, pid: u32 },
+    /// Its keeper, `pid`, serves the mount, whose FUSE connection (its device number) is
+    /// `connection` once known ([`Registry::connected`]).
+    Serving { serial: u64, pid: u32, connection: Option<u64> },
 }
 
 /// Why a request for a container is refused.
@@ -89,8 +90,26 @@ impl Registry {
         if began != serial {
             return false;
         }
-        *slot = Slot::Serving { serial, pid };
+        *slot = Slot::Serving { serial, pid, connection: None };
         reloads != self.reloads
+    }
+
+    /// The mount keeper `pid` serves for `id` is FUSE connection `connection`, as seen once it
+    /// answered: what a copy of it handed to a front end must be ([`Registry::connection`]).
+    pub fn connected(&mut self, id: &str, pid: u32, connection: u64) {
+        if let Some(Slot::Serving { pid: p, connection: c, .. }) = self.slots.get_mut(id)
+            && *p == pid
+        {
+            *c = Some(connection);
+        }
+    }
+
+    /// The FUSE connection of `id`'s mount, if it is served and the connection was seen.
+    pub fn connection(&self, id: &str) -> Option<u64> {
+        match self.slots.get(id) {
+            Some(Slot::Serving { connection, .. }) => *connection,
+            _ => None,
+        }
     }
 
     /// A node-wide reload is asked: the keepers to tell now. Those still starting are told
@@ -178,7 +197,8 @@ impl Registry {
                 }
                 Found { id, keeper: Some(pid), .. } => {
                     self.next_serial += 1;
-                    self.slots.insert(id.clone(), Slot::Serving { serial: self.next_serial, pid });
+                    let serving = Slot::Serving { serial: self.next_serial, pid, connection: None };
+                    self.slots.insert(id.clone(), serving);
                     Adopt::Watch { id, pid }
                 }
                 Found { id, keeper: None, .. } => Adopt::TearDown { id },
@@ -230,6 +250,24 @@ mod tests {
         r.reload_all();
         assert!(!r.serving("d", stale, 13), "an earlier start of the id is not this one");
         assert!(r.serving("d", d, 14));
+    }
+
+    /// Bug (found from outside): `attach` handed out whatever devremap mount was topmost at a
+    /// container's `dev` (another container's, bound over it). The connection its keeper's
+    /// mount was seen with is kept with its slot, for this keeper only, and goes with it.
+    #[test]
+    fn a_served_mounts_connection_is_kept_for_its_keeper_alone() {
+        let mut r = Registry::default();
+        let s = r.begin("a").unwrap();
+        r.connected("a", 10, 49);
+        assert_eq!(r.connection("a"), None, "not served yet");
+        r.serving("a", s, 10);
+        r.connected("a", 11, 53);
+        assert_eq!(r.connection("a"), None, "another keeper's");
+        r.connected("a", 10, 49);
+        assert_eq!(r.connection("a"), Some(49));
+        assert_eq!(r.exited(10), Some("a".into()));
+        assert_eq!(r.connection("a"), None);
     }
 
     #[test]
