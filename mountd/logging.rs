@@ -1,6 +1,4 @@
-//! The logger: `env_logger`'s lines (default filter `info,fuser=error,fuser::request=off`, as
-//! fuser logs a server's end, the keeper closing its socket, as a short read; `RUST_LOG`
-//! overrides), millisecond timestamps, the message escaped, written to stderr.
+//! The logger: `env_logger`'s lines (default filter `info`; `RUST_LOG` overrides), millisecond timestamps, the message escaped, written to stderr.
 //!
 //! Assumption: nobody may be reading stderr (a pipe whose reader stopped fills up, and then
 //! every write to it blocks), and a file system may block writes (a frozen one). So where
@@ -91,7 +89,7 @@ impl Write for Lines {
 /// Sets the logger up, deciding how lines reach stderr.
 pub fn init() {
     stderr_replaced();
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info,fuser=error,fuser::request=off"))
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
         .format(log_line)
         .target(env_logger::Target::Pipe(Box::new(Lines)))
         .init();

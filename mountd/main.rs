@@ -11,6 +11,7 @@ mod node;
 mod parked;
 mod record;
 mod server;
+mod session;
 mod signals;
 mod watch;
 mod zygote;
@@ -35,7 +36,7 @@ fn main() -> ExitCode {
     // any other panic keeps the default report.
     let default_hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
-        if !std::thread::current().name().is_some_and(|n| n.starts_with("fuser-")) {
+        if !devremap::served::adapter::answering() {
             default_hook(info);
         }
     }));

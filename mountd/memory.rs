@@ -104,9 +104,8 @@ const STACK_KEPT_BELOW: usize = 4 * 1024;
 /// shallower, never uses again, and which a process forked from the zygote had copied from it.
 /// Below the stack pointer nothing is live; a later deep call gets zeroed pages again, as the
 /// first did. A stack that cannot be found in `/proc/self/maps` is left as it is.
-/// A server's main thread calls it alone, before it runs fuser's session (which only waits for
-/// fuser's threads), its lifecycle giving the heap's pages back once it serves, on the signal
-/// thread.
+/// A server's main thread calls it alone, before it answers the kernel, its lifecycle giving
+/// the heap's pages back once it serves, on the signal thread.
 #[inline(never)]
 pub fn give_back_unused_stack() {
     if nix::unistd::gettid() != nix::unistd::getpid() {

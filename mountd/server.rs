@@ -1,6 +1,6 @@
 //! `devremapd serve`: the server, which the keeper (`devremapd mount`, [`crate::keeper`])
-//! starts and restarts. It loads the inputs, builds the `Devfs`, and runs fuser's session on
-//! the socket the keeper relays `/dev/fuse` through (fd 3), as if it were `/dev/fuse`; it talks
+//! starts and restarts. It loads the inputs, builds the `Devfs`, and runs its FUSE session
+//! ([`crate::session`]) on the socket the keeper relays `/dev/fuse` through (fd 3); it talks
 //! to the keeper about everything else over the control socket (fd 4). Reloads happen here
 //! (the library's [`Lifecycle`]), so a bad input, a stuck input or a panic can never take the
 //! FUSE connection with it: the keeper holds that.
@@ -13,10 +13,10 @@
 //! ids are the kernel's. Readiness (the state file, `READY=1` through the keeper) is declared
 //! once the mount answers through us.
 //!
-//! Threads (issue 31: a container's server costs as few as can be): the main thread runs
-//! fuser's session, which answers on `fuser-N` threads of its own (`--threads`) and only waits
-//! for them; the signal thread runs the lifecycle ([`serve`]), beside the signals and the
-//! control socket, which only it reads once serving; a reload loads on a thread of its own.
+//! Threads (issue 31: a container's server costs as few as can be): the main thread answers
+//! the kernel (with `--threads N`, N - 1 more beside it); the signal thread runs the lifecycle
+//! ([`serve`]), beside the signals and the control socket, which only it reads once serving; a
+//! reload loads on a thread of its own.
 //!
 //! Assumptions: started by the keeper with fds 3 and 4 its `SOCK_SEQPACKET` sockets (checked:
 //! run by hand, it refuses); the keeper is its parent for its whole life (the state file's
@@ -40,7 +40,6 @@ use devremap::served::adapter::Adapter;
 use devremap::served::devfs::Devfs;
 use devremap::served::lifecycle::{End, Event, Lifecycle, Notifier, PublishError, Session, Status, warnings};
 use devremap::served::takeover::Resumed;
-use fuser::{Config, SessionACL};
 use log::info;
 use nix::errno::Errno;
 use nix::sys::socket::{SockType, getsockopt, sockopt};
@@ -276,8 +275,7 @@ pub fn run(args: &MountArgs) -> Result<(), Failure> {
         previous: resume.previous_plan.as_deref().and_then(|p| Loaded::from_bytes(p.as_bytes()).ok()),
     });
     // The lifecycle runs on the signal thread, beside the control socket and the signals; this
-    // thread runs fuser's session (which answers on threads of its own and only waits for
-    // them): a thread of its own per container was one only waiting (issue 31).
+    // thread answers the kernel.
     let (done_tx, done) = mpsc::channel();
     let mountpoint = args.mountpoint.clone();
     signals.then(move |reader| {
@@ -285,7 +283,7 @@ pub fn run(args: &MountArgs) -> Result<(), Failure> {
         let _ = done_tx.send(live(reader, &mut life, &mountpoint, &control, &rx, takeover));
     });
     // The start's deep calls (the flags' parser, the load) are over on this thread, which now
-    // only waits: what they wrote of its stack goes back (docs/performance.md).
+    // answers shallow requests: what they wrote of its stack goes back (docs/performance.md).
     crate::memory::give_back_unused_stack();
     let ended = session.run();
     tx.send(Event::Ended(ended));
@@ -296,7 +294,7 @@ pub fn run(args: &MountArgs) -> Result<(), Failure> {
 
 /// The session's end, made from the lifecycle's thread when serving ended there first (a stop,
 /// a retirement, a failure before readiness): a shutdown of the relay socket's reading side,
-/// which fuser's session reads as the keeper's close, and ends.
+/// which the session reads as the keeper's close, and ends.
 struct EndSession(OwnedFd);
 
 impl Drop for EndSession {
@@ -319,7 +317,7 @@ struct Takeover {
 /// closed the socket: an upgrade, its death). Until ready, every error goes to the keeper,
 /// which reports it as the error of the command the user ran (and `main` prints nothing more).
 ///
-/// Bug (found from outside): the takeover was made on the main thread before it ran fuser's
+/// Bug (found from outside): the takeover was made on the main thread before it ran the FUSE
 /// session, and its invalidations wait for the kernel, which waits for a lookup in flight in
 /// the same directory, which only the session answers: every successor hung until killed three
 /// times and the lookup answered EIO. It is made here, while the session answers.
@@ -426,16 +424,13 @@ fn handshake(
     devfs: &Arc<Devfs>,
     fuse: OwnedFd,
     events: &Woken<Event>,
-) -> Result<fuser::Session<Adapter>, ServerError> {
+) -> Result<crate::session::Session, ServerError> {
     let retired_tx = events.clone();
     let on_retired = Box::new(move || {
         let _ = retired_tx.send(Event::Retired);
     });
     let adapter = hooks(Adapter::new(devfs.clone(), Duration::from_secs(args.ttl), Some(on_retired)));
-    let mut config = Config::default();
-    config.acl = SessionACL::All;
-    config.n_threads = Some(args.threads.into());
-    fuser::Session::from_fd(adapter, fuse, SessionACL::All, config).map_err(ServerError::Handshake)
+    crate::session::handshake(fuse, adapter, args.threads).map_err(ServerError::Handshake)
 }
 
 /// Readiness, once the mount answers through us: the keeper writes the pid file, then says to

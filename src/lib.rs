@@ -6,7 +6,7 @@
 //! table, the `/dev` tree and what is shown of them; [`served`] answers the kernel with a tree
 //! and lives through reloads; [`keeper`] is the protocol of the process that holds `/dev/fuse`
 //! across server crashes and upgrades; [`runtime`] is the OCI runtime wrapper's pure part.
-//! [`device`] is the vocabulary every layer shares, [`atomic`] the one way files are written,
+//! [`device`] is the vocabulary every layer shares, [`fuse`] the FUSE wire both halves speak, [`atomic`] the one way files are written,
 //! [`pidfd`] the one way a process is waited for without a pid race, [`report`] the one way a
 //! `devremapd` command fails; [`install`] edits the configs an install on a node adds devremap to.
 //! [`node`] is the node daemon's protocol and table, [`nri`] containerd's NRI plugin protocol and
@@ -20,6 +20,7 @@ pub mod decision;
 pub mod device;
 pub mod failpoint;
 pub mod family;
+pub mod fuse;
 pub mod inputs;
 pub mod install;
 pub mod keeper;
