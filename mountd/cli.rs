@@ -98,8 +98,9 @@ pub struct NodeArgs {
     #[arg(long)]
     pub no_spare: bool,
     /// Threads answering the kernel in each container's server (`devremapd mount --threads`).
-    /// One: a container's `/dev` is answered from the kernel's cache once listed, and a
-    /// second thread only waited, 14 KiB and a thread in every container.
+    /// One, the server's main thread between its other work: a container's `/dev` is answered
+    /// from the kernel's cache once listed, and a second thread only waited, 14 KiB and a
+    /// thread in every container.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub threads: u16,
     /// Write a newline to FD once the socket answers, and close it.
@@ -216,7 +217,9 @@ pub struct MountArgs {
     /// Keep the served plan, generation and last reload error here (JSON, replaced atomically).
     #[arg(long, value_name = "PATH")]
     pub state_file: Option<PathBuf>,
-    /// Threads answering the kernel.
+    /// Threads answering the kernel: with 1, the server's main thread, between its other work;
+    /// with more, threads of their own (a request that never returns then holds one of them,
+    /// never the server's reloads).
     #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub threads: u16,
     /// Entry and attribute timeout given to the kernel, in seconds; every change is pushed to

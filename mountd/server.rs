@@ -13,10 +13,12 @@
 //! ids are the kernel's. Readiness (the state file, `READY=1` through the keeper) is declared
 //! once the mount answers through us.
 //!
-//! Threads (issue 31: a container's server costs as few as can be): the main thread answers
-//! the kernel (with `--threads N`, N - 1 more beside it); the signal thread runs the lifecycle
-//! ([`serve`]), beside the signals and the control socket, which only it reads once serving; a
-//! reload loads on a thread of its own.
+//! Threads (issue 31: a container's server costs as few as can be): one, with `--threads 1`
+//! (the node daemon's default). The main thread runs the lifecycle ([`serve`]), beside the
+//! signals and the control socket, and answers the kernel whenever it waits (an invalidation
+//! waits for the kernel, which may wait for a lookup only we answer); with `--threads N` (N > 1,
+//! `devremapd mount`'s default 2), N threads of their own answer instead. A reload loads on a
+//! thread of its own, and readiness is asked of the mount by one that ends.
 //!
 //! Assumptions: started by the keeper with fds 3 and 4 its `SOCK_SEQPACKET` sockets (checked:
 //! run by hand, it refuses); the keeper is its parent for its whole life (the state file's
@@ -27,6 +29,7 @@
 use crate::cli::MountArgs;
 use crate::logging;
 use crate::mountpoint::{MountpointError, wait_answering};
+use crate::session::{Answerer, Session as FuseSession};
 use crate::signals::{self, SignalsError, Waited, Waking, Woken};
 use devremap::atomic::{Lasting, Written, write_atomic_told};
 use devremap::decision::{plan, render};
@@ -42,13 +45,13 @@ use devremap::served::lifecycle::{End, Event, Lifecycle, Notifier, PublishError,
 use devremap::served::takeover::Resumed;
 use log::info;
 use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{SockType, getsockopt, sockopt};
 use serde_json::Value;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// Why a server cannot start serving: sent to the keeper, which reports it as the error of the
@@ -102,6 +105,7 @@ const CONTROL_FD: i32 = 4;
 struct Invalidator {
     control: Arc<OwnedFd>,
     events: Woken<Event>,
+    answering: Answering,
 }
 
 impl Notifier for Invalidator {
@@ -119,7 +123,7 @@ impl Notifier for Invalidator {
         }
         let mut refused = Vec::new();
         for i in 0..sent {
-            let Some(errno) = answer(&self.control, &self.events, |m| match m {
+            let Some(errno) = answer(&self.control, &self.events, &self.answering, |m| match m {
                 Control::Invalidated(errno) => Some(*errno),
                 _ => None,
             }) else {
@@ -131,6 +135,37 @@ impl Notifier for Invalidator {
             }
         }
         refused
+    }
+}
+
+/// The thread that runs the lifecycle answers FUSE requests whenever it waits (issue 31: it is
+/// the server's only thread with `--threads 1`): a reload's invalidations wait for the kernel,
+/// which may wait for a lookup in flight in the same directory, which only we answer.
+type Answering = Arc<parking_lot::Mutex<Answerer>>;
+
+/// Waits until `fd` is readable (or at its end, or in error: a read says which), answering
+/// every FUSE request that comes meanwhile; false if the wait failed. A FUSE socket that ends
+/// is no longer watched: the keeper is gone, or ended the session, and says so by its control
+/// socket's end too.
+fn answer_until(answering: &Answering, fd: BorrowedFd<'_>) -> bool {
+    let fuse = answering.lock().fd();
+    let mut fuse_open = fuse.is_some();
+    loop {
+        let mut fds = vec![PollFd::new(fd, PollFlags::POLLIN)];
+        if let Some(fuse) = fuse.as_ref().filter(|_| fuse_open) {
+            fds.push(PollFd::new(fuse.as_fd(), PollFlags::POLLIN));
+        }
+        match poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) | Err(Errno::EINTR) => {}
+            Err(_) => return false,
+        }
+        let ready = |p: &PollFd| p.revents().is_some_and(|r| !r.is_empty());
+        if ready(&fds[0]) {
+            return true;
+        }
+        if fds.get(1).is_some_and(ready) {
+            fuse_open = answering.lock().answer_waiting().unwrap_or(false);
+        }
     }
 }
 
@@ -230,8 +265,9 @@ pub fn run(args: &MountArgs) -> Result<(), Failure> {
     name_process();
     let (fuse, control) = inherited()?;
     let (tx, rx) = signals::woken().map_err(|source| ServerError::Thread { name: "signals", source })?;
-    let signals =
-        signals::start(tx.clone(), act, " (signal the keeper, the pid in the pid file)").map_err(ServerError::from)?;
+    // The signals are read on this thread, beside everything else it waits for.
+    let reader =
+        signals::reader(tx.clone(), act, " (signal the keeper, the pid in the pid file)").map_err(ServerError::from)?;
     let control = Arc::new(control);
     let sources = args.inputs.sources();
     // Until ready, every error goes to the keeper, which reports it as the error of the
@@ -244,7 +280,7 @@ pub fn run(args: &MountArgs) -> Result<(), Failure> {
     tell(&control, &Control::Loaded(protocol()));
 
     let devfs = Arc::new(Devfs::new(loaded.plan.tree.clone()));
-    // Kept to end the session from the lifecycle's thread ([`EndSession`]).
+    // Kept to end the session's other threads when serving ends here ([`EndSession`]).
     let session_end = nix::unistd::dup(&fuse).map_err(|e| fail(ServerError::ReadControl(e)))?;
     let session = handshake(args, &devfs, fuse, &tx).map_err(fail)?;
     stall_before_resume();
@@ -252,7 +288,12 @@ pub fn run(args: &MountArgs) -> Result<(), Failure> {
         .and_then(|payload| Resume::parse(&payload).map_err(ServerError::FromKeeper))
         .map_err(fail)?;
     let resumed = (!resume.is_first()).then(|| devfs.resume(&resume.held, resume.generation));
-    let notifier = Invalidator { control: control.clone(), events: tx.clone() };
+    let session_ended = tx.clone();
+    let (answerer, others) = session.start(move |result| {
+        session_ended.send(Event::Ended(result));
+    });
+    let answering: Answering = Arc::new(parking_lot::Mutex::new(answerer));
+    let notifier = Invalidator { control: control.clone(), events: tx.clone(), answering: answering.clone() };
     let server = Server {
         sources,
         mountpoint: args.mountpoint.clone(),
@@ -274,27 +315,23 @@ pub fn run(args: &MountArgs) -> Result<(), Failure> {
         last_error: resume.last_error.clone().filter(|_| !loaded_now),
         previous: resume.previous_plan.as_deref().and_then(|p| Loaded::from_bytes(p.as_bytes()).ok()),
     });
-    // The lifecycle runs on the signal thread, beside the control socket and the signals; this
-    // thread answers the kernel.
-    let (done_tx, done) = mpsc::channel();
-    let mountpoint = args.mountpoint.clone();
-    signals.then(move |reader| {
-        let _ending = EndSession(session_end);
-        let _ = done_tx.send(live(reader, &mut life, &mountpoint, &control, &rx, takeover));
-    });
     // The start's deep calls (the flags' parser, the load) are over on this thread, which now
-    // answers shallow requests: what they wrote of its stack goes back (docs/performance.md).
+    // serves: what they wrote of its stack goes back (docs/performance.md).
     crate::memory::give_back_unused_stack();
-    let ended = session.run();
-    tx.send(Event::Ended(ended));
-    let lived = done.recv().unwrap_or(Err(Failure::Message("the server's lifecycle thread ended early".into())));
+    let lived = {
+        let _ending = EndSession(session_end);
+        live(&reader, &mut life, &args.mountpoint, &control, &rx, takeover, &answering)
+    };
+    if let Err(e) = others.join() {
+        log::debug!("the FUSE session ended: {e}");
+    }
     logging::warn_if_dropped(module_path!());
     lived
 }
 
-/// The session's end, made from the lifecycle's thread when serving ended there first (a stop,
-/// a retirement, a failure before readiness): a shutdown of the relay socket's reading side,
-/// which the session reads as the keeper's close, and ends.
+/// The session's end, made when serving ends (a stop, a retirement, a failure before
+/// readiness, the keeper's close): a shutdown of the relay socket's reading side, which the
+/// session's other threads read as the keeper's close, and end.
 struct EndSession(OwnedFd);
 
 impl Drop for EndSession {
@@ -312,7 +349,7 @@ struct Takeover {
     previous: Option<Loaded>,
 }
 
-/// The server's life on the signal thread: a takeover's invalidations, readiness, then serving
+/// The server's life on its main thread: a takeover's invalidations, readiness, then serving
 /// until the keeper says the daemon stops, or retires us, or the session ends (the keeper
 /// closed the socket: an upgrade, its death). Until ready, every error goes to the keeper,
 /// which reports it as the error of the command the user ran (and `main` prints nothing more).
@@ -320,7 +357,7 @@ struct Takeover {
 /// Bug (found from outside): the takeover was made on the main thread before it ran the FUSE
 /// session, and its invalidations wait for the kernel, which waits for a lookup in flight in
 /// the same directory, which only the session answers: every successor hung until killed three
-/// times and the lookup answered EIO. It is made here, while the session answers.
+/// times and the lookup answered EIO. It is made here, answering while it waits.
 fn live(
     reader: &signals::Reader,
     life: &mut Lifecycle<Invalidator, Server>,
@@ -328,18 +365,19 @@ fn live(
     control: &Arc<OwnedFd>,
     events: &Waking<Event>,
     takeover: Option<Takeover>,
+    answering: &Answering,
 ) -> Result<(), Failure> {
     let resumed = takeover.is_some();
     if let Some(t) = takeover {
         life.resumed(&t.resumed, &t.from, t.last_error, t.previous.as_ref());
     }
-    if let Err(e) = become_ready(life, mountpoint, control, resumed) {
+    if let Err(e) = become_ready(life, mountpoint, control, resumed, answering) {
         tell(control, &Control::Failed(e.to_string()));
         return Err(Failure::Reported);
     }
     crate::memory::give_back_freed_heap();
     let keeper = nix::unistd::getppid();
-    let end = serve(reader, life, control, events);
+    let end = serve(reader, life, control, events, answering);
     // The state file goes with the daemon: when the keeper said it stops, or died (we were
     // handed to another parent). A server replaced by an upgrade leaves it to its successor.
     if matches!(end, End::Stop) || nix::unistd::getppid() != keeper {
@@ -348,23 +386,40 @@ fn live(
     Ok(())
 }
 
-/// Serves: the lifecycle's events (signals, the loads' results, the session's end, the kernel's
-/// forgetting of a retired node) and the keeper's control messages, as they come, with the
-/// lifecycle's deadline (a reload's), until serving ends.
+/// Serves: the kernel's requests, the lifecycle's events (signals, the loads' results, the
+/// session's end, the kernel's forgetting of a retired node) and the keeper's control messages,
+/// as they come, with the lifecycle's deadline (a reload's), until serving ends.
 fn serve(
     reader: &signals::Reader,
     life: &mut Lifecycle<Invalidator, Server>,
     control: &OwnedFd,
     events: &Waking<Event>,
+    answering: &Answering,
 ) -> End {
-    let mut control_open = true;
+    let fuse = answering.lock().fd();
+    let (mut control_open, mut fuse_open) = (true, fuse.is_some());
     loop {
         let timeout = life.deadline().map(|d| d.saturating_duration_since(Instant::now()));
         // The events first: `Ready` names the first readable one.
-        let fds = [events.fd(), control.as_fd()];
+        let mut fds = vec![events.fd()];
+        let control_at = control_open.then(|| {
+            fds.push(control.as_fd());
+            fds.len() - 1
+        });
+        let fuse_at = fuse.as_ref().filter(|_| fuse_open).map(|fuse| {
+            fds.push(fuse.as_fd());
+            fds.len() - 1
+        });
         let mut batch = Vec::new();
-        match reader.wait_for_any(&fds[..1 + usize::from(control_open)], timeout) {
-            Waited::Ready(1) => match receive(control) {
+        match reader.wait_for_any(&fds, timeout) {
+            Waited::Ready(i) if Some(i) == fuse_at => match answering.lock().answer_waiting() {
+                Ok(true) => {}
+                ended => {
+                    fuse_open = false;
+                    batch.push(Event::Ended(ended.map(drop)));
+                }
+            },
+            Waited::Ready(i) if Some(i) == control_at => match receive(control) {
                 Ok(message) => batch.extend(control_event(message)),
                 // The keeper is gone, or closed it: the session's end says so.
                 Err(_) => control_open = false,
@@ -394,10 +449,18 @@ fn control_event(message: Control) -> Option<Event> {
     }
 }
 
-/// Reads control messages until one that `wanted` takes; those that ask something of the
-/// lifecycle meanwhile become its events. None once the socket ends.
-fn answer<T>(control: &OwnedFd, events: &Woken<Event>, wanted: impl Fn(&Control) -> Option<T>) -> Option<T> {
+/// Reads control messages until one that `wanted` takes, answering the kernel meanwhile; those
+/// that ask something of the lifecycle meanwhile become its events. None once the socket ends.
+fn answer<T>(
+    control: &OwnedFd,
+    events: &Woken<Event>,
+    answering: &Answering,
+    wanted: impl Fn(&Control) -> Option<T>,
+) -> Option<T> {
     loop {
+        if !answer_until(answering, control.as_fd()) {
+            return None;
+        }
         let message = receive(control).ok()?;
         if let Some(answer) = wanted(&message) {
             return Some(answer);
@@ -424,7 +487,7 @@ fn handshake(
     devfs: &Arc<Devfs>,
     fuse: OwnedFd,
     events: &Woken<Event>,
-) -> Result<crate::session::Session, ServerError> {
+) -> Result<FuseSession, ServerError> {
     let retired_tx = events.clone();
     let on_retired = Box::new(move || {
         let _ = retired_tx.send(Event::Retired);
@@ -440,13 +503,28 @@ fn become_ready(
     mountpoint: &Path,
     control: &Arc<OwnedFd>,
     resumed: bool,
+    answering: &Answering,
 ) -> Result<(), ServerError> {
-    wait_answering(mountpoint)?;
+    // The mount answers through us: we answer while a thread of the start's asks it.
+    let (done, waiting) =
+        std::os::unix::net::UnixStream::pair().map_err(|source| ServerError::Thread { name: "ready", source })?;
+    let path = mountpoint.to_owned();
+    let asking = std::thread::Builder::new()
+        .name("ready".into())
+        .spawn(move || {
+            let answered = wait_answering(&path);
+            drop(done);
+            answered
+        })
+        .map_err(|source| ServerError::Thread { name: "ready", source })?;
+    answer_until(answering, waiting.as_fd());
+    asking.join().unwrap_or_else(|_| Err(MountpointError::NoAnswer(mountpoint.display().to_string())))?;
     stop_before_answering();
     // The keeper writes the pid file now, before the state file is.
     tell(control, &Control::Answering);
     let events = &life.session().events.clone();
-    answer(control, events, |m| matches!(m, Control::Proceed).then_some(())).ok_or(ServerError::KeeperSilent)?;
+    answer(control, events, answering, |m| matches!(m, Control::Proceed).then_some(()))
+        .ok_or(ServerError::KeeperSilent)?;
     if resumed {
         life.ready_after_takeover();
         return Ok(());

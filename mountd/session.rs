@@ -2,12 +2,14 @@
 //! `SOCK_SEQPACKET` record), answered by the [`Adapter`], the reply written back. This is the
 //! I/O edge; what is answered is decided in the library's adapter, from bytes to bytes.
 //!
-//! Threads (issue 31): the thread that runs the session answers on it, and `--threads N` adds
-//! N - 1 more (`fuse-1` ...) reading the same socket, each record going to one of them. fuser
-//! 0.18's `Session::run`, which this replaces, answered only on threads of its own and kept
-//! the caller waiting for them: a thread in every container that did nothing.
+//! Threads (issue 31): with `--threads 1` the server's main thread answers between its other
+//! events (its lifecycle's: signals, control messages, reloads), with the [`Answerer`]; with
+//! `--threads N`, N threads of their own (`fuse-1` ...) read the same socket, each record going
+//! to one of them.
+//! fuser 0.18's `Session::run`, which this replaces, answered only on threads of its own and
+//! kept the caller waiting for them: a thread in every container that did nothing.
 //!
-//! Assumptions: the socket is blocking; the keeper relays one kernel request per record and
+//! Assumptions: the socket is blocking (the main thread reads it with `MSG_DONTWAIT`); the keeper relays one kernel request per record and
 //! reads one reply per record; it ends the session by closing the socket (or the lifecycle by
 //! shutting its reading side), which every thread reads as an end of file.
 
@@ -56,24 +58,77 @@ pub fn handshake(fuse: OwnedFd, mut adapter: Adapter, threads: u16) -> io::Resul
 }
 
 impl Session {
-    /// Answers requests until the socket ends, on this thread and `threads - 1` more; the
-    /// first error of any.
-    pub fn run(self) -> io::Result<()> {
+    /// With one thread, the caller answers, with the [`Answerer`], whenever its own loop finds
+    /// a request waiting; with N, N threads of their own answer (`fuse-1` ... `fuse-N`) and the
+    /// caller none: a handler that never returns (a bug, or the `lookup-stall` test hook) then
+    /// holds one of them, never the caller's other work. Each of those threads that ends calls
+    /// `ended` with how (the caller, which then does not read the socket, learns the session's
+    /// end from it).
+    pub fn start(self, ended: impl Fn(io::Result<()>) + Send + Sync + 'static) -> (Answerer, Others) {
+        let ended = Arc::new(ended);
         let mut others = Vec::new();
-        for i in 1..self.threads {
-            let (fuse, adapter) = (self.fuse.clone(), self.adapter.clone());
-            let spawned = std::thread::Builder::new().name(format!("fuse-{i}")).spawn(move || serve(&fuse, &adapter));
+        let own = if self.threads > 1 { 1..self.threads + 1 } else { 1..1 };
+        for i in own {
+            let (fuse, adapter, ended) = (self.fuse.clone(), self.adapter.clone(), ended.clone());
+            let spawned = std::thread::Builder::new().name(format!("fuse-{i}")).spawn(move || {
+                let result = serve(&fuse, &adapter);
+                ended(result.as_ref().map(|_| ()).map_err(|e| io::Error::new(e.kind(), e.to_string())));
+                result
+            });
             match spawned {
                 Ok(thread) => others.push(thread),
                 Err(e) => log::warn!("cannot start FUSE thread fuse-{i} ({e}); answering on fewer"),
             }
         }
-        let mut ended = serve(&self.fuse, &self.adapter);
-        for thread in others {
+        let answers = others.is_empty();
+        (Answerer { fuse: self.fuse, adapter: self.adapter, buf: Vec::new(), answers }, Others(others))
+    }
+}
+
+/// The threads answering beside the caller's.
+pub struct Others(Vec<std::thread::JoinHandle<io::Result<()>>>);
+
+impl Others {
+    /// Waits for them to end (the socket's end, or its reading side shut); the first error.
+    pub fn join(self) -> io::Result<()> {
+        let mut ended = Ok(());
+        for thread in self.0 {
             let result = thread.join().unwrap_or_else(|_| Err(io::Error::other("a FUSE thread panicked")));
             ended = ended.and(result);
         }
         ended
+    }
+}
+
+/// What the thread that runs the server's life answers with, between its other events.
+pub struct Answerer {
+    fuse: Arc<OwnedFd>,
+    adapter: Arc<Adapter>,
+    /// Allocated at the first request (untouched pages cost nothing).
+    buf: Vec<u8>,
+    /// Whether the caller answers at all (one thread).
+    answers: bool,
+}
+
+impl Answerer {
+    /// The socket, to poll; none where threads of their own answer.
+    pub fn fd(&self) -> Option<Arc<OwnedFd>> {
+        self.answers.then(|| self.fuse.clone())
+    }
+
+    /// Answers the request waiting, if one still is (a thread beside may have taken it): true
+    /// while the socket is open, false at its end.
+    pub fn answer_waiting(&mut self) -> io::Result<bool> {
+        if self.buf.is_empty() {
+            self.buf = vec![0u8; REQUEST_BUFFER];
+        }
+        let n = match recv(self.fuse.as_raw_fd(), &mut self.buf, MsgFlags::MSG_DONTWAIT) {
+            Ok(n) => n,
+            Err(Errno::EINTR | Errno::EAGAIN) => return Ok(true),
+            Err(Errno::ECONNRESET | Errno::ENODEV) => 0,
+            Err(e) => return Err(e.into()),
+        };
+        Ok(n > 0 && answered(&self.fuse, &self.adapter, &self.buf[..n]))
     }
 }
 
@@ -86,15 +141,23 @@ fn serve(fuse: &OwnedFd, adapter: &Adapter) -> io::Result<()> {
         if n == 0 {
             return Ok(());
         }
-        let msg = &buf[..n];
-        if let Some(reply) = adapter.answer(msg) {
-            answer(fuse, &reply);
-        }
-        if devremap::fuse::Request::parse(msg).is_ok_and(|r| r.opcode == devremap::fuse::abi::DESTROY) {
-            let _ = shutdown(fuse.as_raw_fd(), Shutdown::Read);
+        if !answered(fuse, adapter, &buf[..n]) {
             return Ok(());
         }
     }
+}
+
+/// Answers one request; false after DESTROY (the kernel's last word), which ends every
+/// thread's loop.
+fn answered(fuse: &OwnedFd, adapter: &Adapter, msg: &[u8]) -> bool {
+    if let Some(reply) = adapter.answer(msg) {
+        answer(fuse, &reply);
+    }
+    if devremap::fuse::Request::parse(msg).is_ok_and(|r| r.opcode == devremap::fuse::abi::DESTROY) {
+        let _ = shutdown(fuse.as_raw_fd(), Shutdown::Read);
+        return false;
+    }
+    true
 }
 
 /// One record; 0 at the end of the socket (the keeper closed it, or its reading side was shut).

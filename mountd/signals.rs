@@ -178,51 +178,25 @@ fn ignore_glibcs_own() {
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 fn ignore_glibcs_own() {}
 
-/// Receives every handled signal for the process's life, passing what `act` makes of one to
-/// `events` and logging the others (`act` gives `None`) as ignored, with `why_ignored`. They
-/// were blocked by [`block`] (it is called again here, for a caller that did not): those that
-/// arrived since wait in the `signalfd` and are handled now, and their events wait in the
-/// channel until the main loop runs.
-///
-/// The thread that reads them also runs the [`Thread::then`] jobs it is handed, one after
-/// another, each waiting through [`Reader::wait_for`], which goes on reading signals meanwhile:
-/// a keeper's watch of its container, a server's control socket. Each would otherwise be a
-/// thread of its own in each of a container's two processes (issue 31).
+/// Receives every handled signal for the process's life on a thread of its own (`signals`),
+/// passing what `act` makes of one to `events` and logging the others (`act` gives `None`) as
+/// ignored, with `why_ignored`. They were blocked by [`block`] (it is called again here, for a
+/// caller that did not): those that arrived since wait in the `signalfd` and are handled now,
+/// and their events wait in the channel until the main loop runs. A process whose main thread
+/// waits on descriptors reads them there instead ([`reader`]).
 pub fn start<E: Send + 'static>(
     events: impl Events<E>,
     act: fn(i32) -> Option<E>,
     why_ignored: &'static str,
-) -> Result<Thread, SignalsError> {
+) -> Result<(), SignalsError> {
     let reader = reader(events, act, why_ignored)?;
-    let (wake, woken) = UnixStream::pair().map_err(SignalsError::Thread)?;
-    woken.set_nonblocking(true).map_err(SignalsError::Thread)?;
-    let (jobs, queued) = mpsc::channel::<Job>();
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
-            while let Waited::Ready(_) = reader.wait_for(Some(woken.as_fd()), None) {
-                // Drained before the jobs are taken, so that a wake-up after them is not lost.
-                let mut buf = [0; 64];
-                let handed_on = loop {
-                    match (&woken).read(&mut buf) {
-                        Ok(0) => break false,
-                        Ok(_) => {}
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                        Err(_) => break true,
-                    }
-                };
-                while let Ok(job) = queued.try_recv() {
-                    job(&reader);
-                }
-                if !handed_on {
-                    // The `Thread` was dropped: no more jobs, the signals alone.
-                    reader.wait_for(None, None);
-                    return;
-                }
-            }
+            reader.wait_for(None, None);
         })
         .map_err(SignalsError::Thread)?;
-    Ok(Thread { jobs, wake })
+    Ok(())
 }
 
 /// Where a process's events go: its main loop's channel, or a [`Woken`] queue.
@@ -399,24 +373,6 @@ impl Ignored {
                 window.unsaid += 1;
                 Said::Counted
             }
-        }
-    }
-}
-
-type Job = Box<dyn FnOnce(&Reader) + Send>;
-
-/// The signal thread, to hand jobs to.
-pub struct Thread {
-    jobs: Sender<Job>,
-    wake: UnixStream,
-}
-
-impl Thread {
-    /// Runs `job` on the signal thread, after the jobs handed before it have returned.
-    pub fn then(&self, job: impl FnOnce(&Reader) + Send + 'static) {
-        if self.jobs.send(Box::new(job)).is_ok() {
-            // Full only if wake-ups are already waiting to be read, which is as good.
-            let _ = (&self.wake).write(&[1]);
         }
     }
 }

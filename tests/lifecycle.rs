@@ -977,14 +977,14 @@ impl Drop for Owner {
 /// themselves, with no log-writer thread; the keeper reads its container's pid file on a
 /// thread that ends once the file names the process, which it then waits for on its main
 /// thread, beside its events and its signals (read there: it has no signal thread); the server
-/// reads its control socket and runs its lifecycle on its signal thread (its main thread answers
-/// the kernel); the keeper relays `/dev/fuse` and its
+/// reads its control socket, its signals and runs its lifecycle on its main thread, which
+/// answers the kernel too; the keeper relays `/dev/fuse` and its
 /// server's sockets on its main thread too. Each still acts on its
 /// signals meanwhile (a reload), its lines reach the log, and the container's exit stops the
 /// keeper.
 #[test]
 #[ignore = "needs root and /dev/fuse"]
-fn a_daemon_logging_to_a_tmpfs_file_has_no_writer_thread_and_waits_on_its_signal_thread() {
+fn a_daemon_logging_to_a_tmpfs_file_has_no_writer_thread_and_waits_on_its_main_thread() {
     need_fuse();
     let (dir, mountpoint) = private_mountpoint();
     // Outside `dir`, which the daemon's guard removes before this mount is gone.
@@ -1002,8 +1002,9 @@ fn a_daemon_logging_to_a_tmpfs_file_has_no_writer_thread_and_waits_on_its_signal
     let server = d.server_pid();
     // `spawner`: a keeper started directly spawns its first server (a spare's was forked).
     let keeper_threads = ["devremapd", "spawner"];
-    // `devremapd mount`'s default `--threads 2`: the main thread and `fuse-1` answer.
-    let server_threads = ["devremapd", "fuse-1", "signals"];
+    // `devremapd mount`'s default `--threads 2`: `fuse-1` and `fuse-2` answer; the main thread
+    // runs the lifecycle and reads the signals.
+    let server_threads = ["devremapd", "fuse-1", "fuse-2"];
     let threads = || format!("{:?} {:?}\n{}", thread_names(keeper), thread_names(server), log_text());
     wait_for_or("the watch of the pid file", threads, || {
         let watching = [&keeper_threads[..], &["watch"]].concat();

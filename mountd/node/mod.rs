@@ -144,7 +144,7 @@ pub fn run(args: &NodeArgs) -> Result<(), NodeError> {
     }
     let (tx, rx) = mpsc::channel();
     // Its jobs are the keepers' and servers': the node daemon's thread reads signals alone.
-    let _signals = signals::start(tx.clone(), act, "")?;
+    signals::start(tx.clone(), act, "")?;
     if !nix::unistd::geteuid().is_root() {
         return Err(NodeError::NotRoot);
     }
