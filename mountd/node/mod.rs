@@ -143,7 +143,7 @@ pub fn run(args: &NodeArgs) -> Result<(), NodeError> {
         }
     }
     let (tx, rx) = mpsc::channel();
-    // Its jobs are the keepers' and servers': the node daemon's thread reads signals alone.
+    // The node daemon reads its signals on a thread of its own.
     signals::start(tx.clone(), act, "")?;
     if !nix::unistd::geteuid().is_root() {
         return Err(NodeError::NotRoot);
