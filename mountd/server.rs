@@ -169,12 +169,118 @@ fn answer_until(answering: &Answering, fd: BorrowedFd<'_>) -> bool {
     }
 }
 
+/// Writes the state file and tells the keeper its identity (the `die-writing-state` test hook
+/// between the two).
+fn write_state(path: &Path, text: &[u8], control: &OwnedFd) -> Result<Written, PublishError> {
+    let told = |w: &Written| {
+        let (dev, ino) = w.identity();
+        tell(control, &Control::StateFile(dev, ino));
+        die_writing_state(path);
+    };
+    write_atomic_told(path, text, None, Lasting::UntilReboot, told)
+        .map_err(|source| PublishError::StateFile { path: path.to_owned(), source })
+}
+
+/// The state file's writes once serving. The thread that answers the kernel (the only one,
+/// with `--threads 1`) must never wait on a file system: found from outside, a state file on a
+/// frozen one (`fsfreeze`, as a snapshot or backup freezes it) held every request of the
+/// container's `/dev` from the reload's end to the thaw, and the keeper replaced the hung
+/// server again and again. A write is handed to a thread that lives while writes wait (the
+/// newest wins; they stay in order), and its failure is logged there; the first server's first
+/// write, at its readiness, is made at once: it can fail the start.
+struct StateWriter {
+    now: bool,
+    slot: Arc<parking_lot::Mutex<StateSlot>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// Woken once the thread has written all it was given, to join it ([`StateWriter::reap`]).
+    events: Woken<Event>,
+}
+
+#[derive(Default)]
+struct StateSlot {
+    /// The text waiting to be written.
+    next: Option<String>,
+    written: Option<Written>,
+    busy: bool,
+}
+
+impl StateWriter {
+    fn new(first: bool, events: Woken<Event>) -> StateWriter {
+        StateWriter { now: first, slot: Arc::default(), thread: None, events }
+    }
+
+    fn write(&mut self, path: &Path, text: String, control: &Arc<OwnedFd>) -> Result<(), PublishError> {
+        if std::mem::take(&mut self.now) {
+            let written = write_state(path, text.as_bytes(), control)?;
+            self.slot.lock().written = Some(written);
+            return Ok(());
+        }
+        let mut slot = self.slot.lock();
+        slot.next = Some(text);
+        if slot.busy {
+            return Ok(());
+        }
+        slot.busy = true;
+        drop(slot);
+        // The last thread said it was done (`busy`), and only returns now.
+        if let Some(ended) = self.thread.take() {
+            let _ = ended.join();
+        }
+        let (state, to, told, done) = (self.slot.clone(), path.to_owned(), control.clone(), self.events.clone());
+        let writer = std::thread::Builder::new().name("state".into()).spawn(move || {
+            while let Some(text) = {
+                let mut slot = state.lock();
+                let next = slot.next.take();
+                slot.busy = next.is_some();
+                next
+            } {
+                match write_state(&to, text.as_bytes(), &told) {
+                    Ok(written) => state.lock().written = Some(written),
+                    Err(e) => log::warn!("{e}"),
+                }
+            }
+            done.wake();
+        });
+        match writer {
+            Ok(thread) => self.thread = Some(thread),
+            Err(_) => {
+                // No thread: written here, as before.
+                let text = self.slot.lock().next.take().unwrap_or_default();
+                self.slot.lock().busy = false;
+                let written = write_state(path, text.as_bytes(), control)?;
+                self.slot.lock().written = Some(written);
+            }
+        }
+        Ok(())
+    }
+
+    /// Joins the thread once it has written all it was given, so that its stack goes (a thread
+    /// not joined keeps it mapped until the next write).
+    fn reap(&mut self) {
+        if !self.slot.lock().busy
+            && let Some(ended) = self.thread.take()
+        {
+            let _ = ended.join();
+        }
+    }
+
+    /// Waits for the writes handed over, and says what was written last.
+    fn finish(&mut self) -> Option<Written> {
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+        self.slot.lock().written.take()
+    }
+}
+
 /// The server as the [`Lifecycle`] sees it.
 struct Server {
     sources: Sources,
     mountpoint: PathBuf,
     state_file: Option<PathBuf>,
-    state_written: Option<Written>,
+    /// The state file's writes once serving, on a thread of their own ([`StateWriter`]); the
+    /// first server's first, at its readiness, is written here.
+    state: StateWriter,
     events: Woken<Event>,
     control: Arc<OwnedFd>,
     handovers: u64,
@@ -298,7 +404,7 @@ pub fn run(args: &MountArgs) -> Result<(), Failure> {
         sources,
         mountpoint: args.mountpoint.clone(),
         state_file: args.state_file.clone(),
-        state_written: None,
+        state: StateWriter::new(resume.is_first(), tx.clone()),
         events: tx.clone(),
         control: control.clone(),
         handovers: resume.handovers,
@@ -380,8 +486,9 @@ fn live(
     let end = serve(reader, life, control, events, answering);
     // The state file goes with the daemon: when the keeper said it stops, or died (we were
     // handed to another parent). A server replaced by an upgrade leaves it to its successor.
+    let written = life.session().state.finish();
     if matches!(end, End::Stop) || nix::unistd::getppid() != keeper {
-        life.session().state_written.iter().for_each(Written::remove_if_ours);
+        written.iter().for_each(Written::remove_if_ours);
     }
     Ok(())
 }
@@ -429,6 +536,7 @@ fn serve(
             Waited::Gone => return End::Ended(Err(io::Error::other("cannot wait for signals any more"))),
         }
         batch.extend(events.take());
+        life.session().state.reap();
         if !batch.is_empty()
             && let Some(end) = life.handle(batch)
         {
@@ -699,16 +807,7 @@ impl Session for Server {
         }
         let mut text = Value::Object(state).to_string();
         text.push('\n');
-        let control = &self.control;
-        let told = |w: &Written| {
-            let (dev, ino) = w.identity();
-            tell(control, &Control::StateFile(dev, ino));
-            die_writing_state(path);
-        };
-        let written = write_atomic_told(path, text.as_bytes(), None, Lasting::UntilReboot, told)
-            .map_err(|source| PublishError::StateFile { path: path.clone(), source })?;
-        self.state_written = Some(written);
-        Ok(())
+        self.state.write(path, text, &self.control)
     }
 
     /// Passes the notice to the keeper, the process systemd knows.

@@ -243,13 +243,18 @@ pub fn woken<E>() -> io::Result<(Woken<E>, Waking<E>)> {
 impl<E: Send + 'static> Events<E> for Woken<E> {
     fn send_event(&self, event: E) -> bool {
         let sent = self.events.send(event).is_ok();
-        // Full only if wake-ups are already waiting to be read, which is as good.
-        let _ = (&*self.wake).write(&[1]);
+        self.wake();
         sent
     }
 }
 
 impl<E> Woken<E> {
+    /// Wakes the receiving end with no event: something it polls for besides them is ready.
+    pub fn wake(&self) {
+        // Full only if wake-ups are already waiting to be read, which is as good.
+        let _ = (&*self.wake).write(&[1]);
+    }
+
     pub fn send(&self, event: E) -> bool
     where
         E: Send + 'static,

@@ -10,7 +10,7 @@ use common::daemon::{
     is_mounted, need_fuse, private_dir, private_mountpoint, spec_on_a_stuck_mount, thread_names, threads_of, wait_for,
     wait_for_or,
 };
-use common::{arg, need_root};
+use common::{FakeHost, arg, need_root};
 use std::fs;
 use std::io::Read;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -1206,6 +1206,60 @@ impl Drop for LoopDisk {
         let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
         let _ = Command::new("losetup").arg("-d").arg(&self.device).status();
     }
+}
+
+/// Bug (found from outside, issue 31): with `--threads 1` the server's one thread answers the
+/// kernel and writes the state file; a state file on a frozen file system (`fsfreeze`, as a
+/// snapshot or a backup freezes one) held every request of the `/dev` from a reload's end to
+/// the thaw (and the keeper replaced the hung server again and again). The reload's tree is
+/// served during the freeze; its state file is written at the thaw.
+#[test]
+#[ignore = "needs root, /dev/fuse, a loop device, mkfs.ext4 and fsfreeze"]
+fn a_state_file_on_a_frozen_file_system_holds_no_request() {
+    need_fuse();
+    let disk_dir = TempDir::new().unwrap();
+    let disk = LoopDisk::ext4(&disk_dir.path().join("disk.img"), &disk_dir.path().join("disk"));
+    // The daemon's directory (its state file, its pid file) on the disk; its log outside.
+    let dir = tempfile::Builder::new().permissions(fs::Permissions::from_mode(0o700)).tempdir_in(&disk.dir).unwrap();
+    let mountpoint = dir.path().join("mnt");
+    fs::create_dir(&mountpoint).unwrap();
+    let logs = TempDir::new().unwrap();
+    let log = logs.path().join("daemon.log");
+    let host = FakeHost::with_gpus(&[0]);
+    let mut args = host.args();
+    // Every lookup asks the server; the hang check never replaces it here.
+    args.extend(["--threads", "1", "--ttl", "0", "--server-timeout", "3600"].map(String::from));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut d = Daemon::launch(dir, mountpoint, &args, &[], fs::File::create(&log).unwrap().into());
+    let frozen = disk.freeze();
+    host.node("nvidia1", common::fake_rdev(1));
+    d.signal(libc::SIGHUP);
+    let mut stat =
+        Command::new("stat").arg(d.path("nvidia1")).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let log_text = || fs::read_to_string(&log).unwrap_or_default();
+    let served = wait_for_or("nvidia1 to be served during the freeze", log_text, || {
+        match stat.try_wait().unwrap() {
+            Some(status) if status.success() => Some(true),
+            // Asked before the reload was done: ask again.
+            Some(_) => {
+                stat = Command::new("stat")
+                    .arg(d.path("nvidia1"))
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .unwrap();
+                None
+            }
+            None => None,
+        }
+    });
+    assert!(served);
+    assert_eq!(d.generation(), 1, "the reload's state file waits for the thaw");
+    drop(frozen);
+    wait_for_or("the reload's state file after the thaw", log_text, || (d.generation() == 2).then_some(()));
+    d.signal(libc::SIGTERM);
+    let status = wait_for("the daemon to stop", || d.child.try_wait().ok().flatten());
+    assert!(status.success(), "{status}: {}", log_text());
 }
 
 /// Bug (found from outside, 2026-12-04): with its log written at once by the thread that logs,
