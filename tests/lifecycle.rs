@@ -16,6 +16,7 @@ use std::io::Read;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
@@ -364,6 +365,66 @@ fn a_stuck_reload_is_abandoned_and_the_old_tree_serves() {
     assert_eq!((state["generation"].as_u64(), state["last_error"].is_null()), (Some(3), true), "{state}");
     assert!(d.stop().success());
     assert!(stuck.stop().success());
+}
+
+/// Bug (found in review, 2026-12-06): with `--threads 1` (the node daemon's default) the
+/// server's one thread answers the kernel between its lifecycle's events, and a reload's
+/// deadline was looked at only when a wait timed out: while a request was always waiting (32
+/// readers looking up names the kernel does not cache, each lookup made slow by the test hook
+/// `lookup-slow`, as a server starved of CPU is) each wait found one, and a stuck reload was
+/// never abandoned. Rule, as for the keeper, which relays on its main thread: the deadline holds
+/// under any traffic, and the old tree answers every request meanwhile.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn a_stuck_reload_is_abandoned_while_requests_keep_coming() {
+    const READERS: usize = 32;
+    need_fuse();
+    let tmp = private_dir();
+    let (stuck, spec) = spec_on_a_stuck_mount(tmp.path());
+    let args =
+        ["--spec", arg(&spec), "--host-root", EMPTY_ROOT, "--reload-timeout", "1", "--threads", "1", "--ttl", "0"];
+    let d = Daemon::start_with_env(&args, &[("DEVREMAPD_FAILPOINT", "lookup-slow:slow-")]);
+    let (stop, asked) = (AtomicBool::new(false), AtomicU64::new(0));
+    let failed = parking_lot::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        let _stop = StopOnDrop(&stop);
+        for reader in 0..READERS {
+            let (stop, asked, failed, name) = (&stop, &asked, &failed, d.path(&format!("slow-{reader}")));
+            s.spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    match fs::symlink_metadata(&name) {
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                        other => failed.lock().push(format!("{}: {other:?}", name.display())),
+                    }
+                    asked.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        }
+        let answered = |n| {
+            let since = asked.load(Ordering::Relaxed);
+            wait_for("the readers to be answered", || (asked.load(Ordering::Relaxed) >= since + n).then_some(()));
+        };
+        answered(100);
+        let frozen = Frozen::new(&stuck);
+        d.signal(libc::SIGHUP);
+        d.log_with("reload abandoned");
+        answered(100);
+        assert_eq!(d.generation(), 1, "the abandoned reload changed the tree");
+        drop(frozen);
+    });
+    let failed = failed.into_inner();
+    assert!(failed.is_empty(), "the old tree failed {} requests: {:?}", failed.len(), &failed[..failed.len().min(5)]);
+    assert!(d.stop().success());
+    assert!(stuck.stop().success());
+}
+
+/// Sets the flag when dropped: threads in a scope stop even where the test fails.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }
 
 /// Rule (issue 13): an upgrade whose new server cannot load its inputs (its spec's bind source

@@ -80,7 +80,14 @@ impl std::fmt::Debug for Adapter {
 pub enum LookupFault {
     Panic,
     Stall,
+    /// Every lookup of a name that begins with the hook's takes [`SLOW_LOOKUP`]: a server
+    /// slower than its requests come, so that one is always waiting.
+    Slow,
 }
+
+/// How long a lookup [`LookupFault::Slow`] names takes.
+#[cfg(feature = "test-hooks")]
+pub const SLOW_LOOKUP: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// What the first messages of a session come to ([`Adapter::handshake`]).
 #[derive(Debug)]
@@ -119,7 +126,8 @@ impl Adapter {
     /// Makes every lookup of `name` panic (a panicking request cannot end the daemon) or never
     /// return (a server that leaves one request unanswered, holding the kernel's lock on the
     /// directory); the daemon sets it from `DEVREMAPD_FAILPOINT=lookup-panic:NAME` or
-    /// `lookup-stall:NAME`. Only in a build with the `test-hooks` feature.
+    /// `lookup-stall:NAME` (and every lookup of a name beginning with NAME take a while, from
+    /// `lookup-slow:NAME`). Only in a build with the `test-hooks` feature.
     #[cfg(feature = "test-hooks")]
     pub fn fault_on_lookup(mut self, fault: Option<(LookupFault, String)>) -> Adapter {
         self.lookup_fault = fault;
@@ -283,6 +291,9 @@ impl Adapter {
             Some((LookupFault::Stall, n)) if name == OsStr::new(n) => loop {
                 std::thread::park();
             },
+            Some((LookupFault::Slow, n)) if name.as_bytes().starts_with(n.as_bytes()) => {
+                std::thread::sleep(SLOW_LOOKUP);
+            }
             _ => {}
         }
         match self.fs.lookup(parent, name) {
