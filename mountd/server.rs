@@ -202,6 +202,31 @@ struct StateSlot {
     next: Option<String>,
     written: Option<Written>,
     busy: bool,
+    /// The last write's failure, logged once: a reload that changes the tree writes twice, and
+    /// a full file system said so twice (found from outside).
+    failed: Option<String>,
+}
+
+impl StateSlot {
+    /// Keeps what a write on the thread did, logging a failure unlike the last one, and the
+    /// first success after one.
+    fn written(&mut self, path: &Path, result: Result<Written, PublishError>) {
+        match result {
+            Ok(written) => {
+                self.written = Some(written);
+                if self.failed.take().is_some() {
+                    log::info!("{}: the state file is written again", path.display());
+                }
+            }
+            Err(e) => {
+                let e = e.to_string();
+                if self.failed.as_ref() != Some(&e) {
+                    log::warn!("{e}");
+                }
+                self.failed = Some(e);
+            }
+        }
+    }
 }
 
 impl StateWriter {
@@ -234,10 +259,8 @@ impl StateWriter {
                 slot.busy = next.is_some();
                 next
             } {
-                match write_state(&to, text.as_bytes(), &told) {
-                    Ok(written) => state.lock().written = Some(written),
-                    Err(e) => log::warn!("{e}"),
-                }
+                let result = write_state(&to, text.as_bytes(), &told);
+                state.lock().written(&to, result);
             }
             done.wake();
         });
