@@ -458,6 +458,13 @@ pub fn run(args: &MountArgs) -> Result<(), Failure> {
         log::debug!("the FUSE session ended: {e}");
     }
     logging::warn_if_dropped(module_path!());
+    // All said: the keeper reads the end of the control socket now, not at this process's end,
+    // which a reload's thread waiting in another FUSE filesystem's request (read by its daemon,
+    // not answered) holds off until that request is answered: no signal ends that wait. Found
+    // from outside: a stop then took the keeper's 2 s wait for this process to exit. The log's
+    // lines first: the keeper kills what is left of this process once it reads the end.
+    logging::flush(Duration::from_millis(200));
+    let _ = nix::sys::socket::shutdown(control.as_raw_fd(), nix::sys::socket::Shutdown::Write);
     lived
 }
 

@@ -14,10 +14,34 @@ use log::{info, warn};
 use nix::mount::MntFlags;
 use sd_notify::NotifyState;
 use std::io;
+use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
 /// How long a stop waits for the end of the sockets of the servers it ended.
 const READERS_PATIENCE: Duration = Duration::from_secs(2);
+/// How long a ready server has, once told the daemon stops, to remove its state file and end.
+const SERVER_STOP: Duration = Duration::from_secs(2);
+
+/// Whether server `p` ends within `timeout`: its process exits, or it closes its side of the
+/// control socket, which it does once it has said all. Its process may not exit for long after
+/// that: a reload's thread waiting in another FUSE filesystem's request that its daemon has read
+/// cannot be ended by any signal until it is answered (the kernel's rule), and the exit waits
+/// for every thread. A server of an earlier build, which does not close it, is waited for to
+/// exit, as before.
+fn said_all_within(p: &Proc, timeout: Duration) -> bool {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    let Ok(pidfd) = devremap::pidfd::pidfd_open(p.pid()) else { return true };
+    // nix names no POLLRDHUP: the end of the peer's writing, which a seqpacket socket reports.
+    let closed = PollFlags::from_bits_retain(libc::POLLRDHUP);
+    let mut fds = [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN), PollFd::new(p.control.as_fd(), closed)];
+    let timeout = PollTimeout::try_from(timeout).unwrap_or(PollTimeout::MAX);
+    loop {
+        match poll(&mut fds, timeout) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            rc => return rc.is_ok_and(|n| n > 0),
+        }
+    }
+}
 
 impl Keeper<'_> {
     /// A start that failed: nothing is left behind (no server, no mount); returns `why`.
@@ -102,7 +126,14 @@ impl Keeper<'_> {
             // lock on the container's directory meanwhile).
             if ready {
                 p.tell(&Control::Stop);
-                devremap::pidfd::exits_within(p.pid(), Duration::from_secs(2));
+                if !said_all_within(&p, SERVER_STOP) {
+                    warn!(
+                        "{}: server pid {} did not end within {} s of the stop; killed it",
+                        self.m,
+                        p.pid(),
+                        SERVER_STOP.as_secs()
+                    );
+                }
             }
             self.kill(p);
         }
