@@ -128,18 +128,31 @@ struct PathSlot {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContainerId(String);
 
-/// A container id that is not runc's kind.
+/// A container id that is not runc's kind, or too long to be a file's name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("container id {0:?}: only letters, digits and _+-. are allowed")]
+#[error("container id {id:?}: {why}", id = .0, why = why_bad(.0))]
 pub struct BadId(pub String);
+
+/// The longest id: a container's directory is named by it, and a file name has at most 255
+/// bytes (`NAME_MAX`). Found from outside: ids of 256 to 1,024 bytes passed the check and failed
+/// the start later (`file name too long`), and longer ones were said to hold other characters.
+pub const MAX_ID_LEN: usize = 255;
+
+fn allowed(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"_+-.".contains(&b)
+}
+
+fn why_bad(id: &str) -> String {
+    if id.len() > MAX_ID_LEN && id.bytes().all(allowed) {
+        format!("{} bytes, longer than {MAX_ID_LEN}, the longest file name", id.len())
+    } else {
+        "only letters, digits and _+-. are allowed".to_owned()
+    }
+}
 
 impl ContainerId {
     pub fn new(id: &str) -> Result<ContainerId, BadId> {
-        let valid = !id.is_empty()
-            && id != "."
-            && id != ".."
-            && id.len() <= 1024
-            && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"_+-.".contains(&b));
+        let valid = !id.is_empty() && id != "." && id != ".." && id.len() <= MAX_ID_LEN && id.bytes().all(allowed);
         if valid { Ok(ContainerId(id.to_owned())) } else { Err(BadId(id.to_owned())) }
     }
 
@@ -697,6 +710,21 @@ mod tests {
         for bad in ["", ".", "..", "a/b", "../x", "a b", "é"] {
             assert_eq!(ContainerId::new(bad), Err(BadId(bad.into())));
         }
+    }
+
+    /// Bug (found from outside): an id is a directory's name, so at most 255 bytes; ids of 256 to
+    /// 1,024 bytes passed and failed the start later (`file name too long`), and longer ones
+    /// were refused for characters they did not have.
+    #[test]
+    fn ids_are_at_most_a_file_names_length() {
+        let longest = "a".repeat(MAX_ID_LEN);
+        assert_eq!(ContainerId::new(&longest).map(|i| i.as_str().len()), Ok(MAX_ID_LEN));
+        for len in [MAX_ID_LEN + 1, 1024, 1025, 4096] {
+            let e = ContainerId::new(&"a".repeat(len)).unwrap_err().to_string();
+            assert!(e.ends_with(&format!(": {len} bytes, longer than 255, the longest file name")), "{e}");
+        }
+        let e = ContainerId::new(&"é".repeat(200)).unwrap_err().to_string();
+        assert!(e.ends_with(": only letters, digits and _+-. are allowed"), "{e}");
     }
 
     /// Bug (found from outside): runc and crun change into the bundle before they open a
