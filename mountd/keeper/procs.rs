@@ -111,7 +111,6 @@ impl Keeper<'_> {
     /// plan, or to load the inputs. One given up on meanwhile (its spawn did not return in
     /// time, or the keeper stops) is killed and reaped, and never serves.
     pub(super) fn started(&mut self, epoch: u64, started: Started) -> Option<Event> {
-        self.spawners.returned();
         let Some(pending) = self.pending.remove(&epoch) else {
             if let Ok((mut child, _)) = started {
                 warn!("server pid {}: its start returned after it was abandoned; killed it", child.id());

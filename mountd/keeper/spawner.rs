@@ -6,20 +6,18 @@
 //! and says what came of it ([`Ev::Started`]); the main thread goes on meanwhile, and the state
 //! machine gives up on a spawn that has not returned within `--reload-timeout`.
 //!
-//! Assumptions: a spawner thread never ends while the keeper lives: a server's
-//! `PR_SET_PDEATHSIG` fires when the *thread* that forked it ends, not the process. One thread
-//! is started whenever every one is busy (stuck in a spawn), so a stuck spawn holds one
-//! thread, never the next start. Only the main thread hands out jobs and reads their results,
-//! so it counts the busy threads exactly.
-
+//! Assumptions: a server's `PR_SET_PDEATHSIG` fires when the *thread* that forked it ends, not
+//! the process; so each spawn has a thread of its own, which lives until its server has exited
+//! (or at once, when the spawn failed). A keeper whose server rested (`--rest-after`) keeps no
+//! thread for it, and a stuck spawn holds its own thread, never the next start.
 use super::procs::set_up_child;
 use super::relaying::seqpacket_pair;
 use super::{Ev, KeeperError, spawn_thread};
 use crate::signals::Woken;
 use devremap::io_message;
 use devremap::pidfd::Child as ServerChild;
+use devremap::pidfd::{exited, pidfd_open};
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
-use parking_lot::Mutex;
 use std::ffi::OsString;
 use std::fs::File;
 use std::io::{self, Write};
@@ -28,7 +26,6 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::sync::mpsc::{self, Receiver, Sender};
 
 /// The binary a server runs: one kept open, or the file at a path, opened by the spawner.
 pub(super) enum Exe {
@@ -49,47 +46,37 @@ pub(super) struct Job {
 /// What came of a spawn: the child and the binary it runs, or why it did not start.
 pub(super) type Started = Result<(ServerChild, Arc<File>), String>;
 
-/// The spawner threads and their queue.
+/// Starts spawner threads, each of which says what came of its spawn on `events`.
 pub(super) struct Spawners {
-    jobs: Sender<Job>,
-    queue: Arc<Mutex<Receiver<Job>>>,
     events: Woken<Ev>,
-    threads: usize,
-    busy: usize,
 }
 
 impl Spawners {
-    /// No thread yet: the first job starts one.
     pub(super) fn new(events: Woken<Ev>) -> Spawners {
-        let (jobs, queue) = mpsc::channel();
-        Spawners { jobs, queue: Arc::new(Mutex::new(queue)), events, threads: 0, busy: 0 }
+        Spawners { events }
     }
 
-    /// Hands `job` to a free spawner thread, starting one if none is free; its result comes
-    /// back as [`Ev::Started`].
+    /// Spawns `job` on a thread of its own; its result comes back as [`Ev::Started`].
     pub(super) fn submit(&mut self, job: Job) -> Result<(), KeeperError> {
-        if self.busy == self.threads {
-            let (queue, events) = (self.queue.clone(), self.events.clone());
-            spawn_thread("spawner", move || run_jobs(&queue, &events))?;
-            self.threads += 1;
-        }
-        self.busy += 1;
-        // The queue lives as long as `self`, and every thread with it.
-        let _ = self.jobs.send(job);
-        Ok(())
-    }
-
-    /// A job's result arrived: its thread is free again.
-    pub(super) fn returned(&mut self) {
-        self.busy = self.busy.saturating_sub(1);
-    }
-}
-
-fn run_jobs(queue: &Mutex<Receiver<Job>>, events: &Woken<Ev>) {
-    // Ends only with the keeper's queue, when the keeper itself ends.
-    while let Ok(job) = queue.lock().recv() {
-        let epoch = job.epoch;
-        let _ = events.send(Ev::Started(epoch, spawn(job)));
+        let events = self.events.clone();
+        spawn_thread("spawner", move || {
+            let epoch = job.epoch;
+            let started = spawn(job);
+            // Opened before the main thread has the child, so before anything can reap it.
+            let server = started.as_ref().ok().map(|(child, _)| pidfd_open(child.id()));
+            let _ = events.send(Ev::Started(epoch, started));
+            match server {
+                Some(Ok(server)) => {
+                    exited(&server, None);
+                }
+                // No pidfd to wait on (out of descriptors): this thread stays for the keeper's
+                // life, as every spawner thread once did, rather than kill its server.
+                Some(Err(_)) => loop {
+                    std::thread::park();
+                },
+                None => {}
+            }
+        })
     }
 }
 
