@@ -103,6 +103,11 @@ pub struct NodeArgs {
     /// thread in every container.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub threads: u16,
+    /// A container's server asked nothing for this many seconds rests (`devremapd mount
+    /// --rest-after`): a container whose `/dev` the kernel answers from its cache costs its
+    /// keeper alone, one process and one thread, until the next request (0: never).
+    #[arg(long, value_name = "SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(0..=86400))]
+    pub rest_after: u64,
     /// Write a newline to FD once the socket answers, and close it.
     #[arg(long, value_name = "FD", hide = true)]
     pub ready_fd: Option<i32>,
@@ -234,6 +239,11 @@ pub struct MountArgs {
     /// and another takes over (processes waiting on it cannot even be killed meanwhile).
     #[arg(long, value_name = "SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=86400))]
     pub server_timeout: u64,
+    /// A server asked nothing for this many seconds rests: it ends, the state file says so
+    /// (`resting`), and the next request or signal starts another, which serves the same plan
+    /// (0: never). The keeper keeps the mount meanwhile.
+    #[arg(long, value_name = "SECONDS", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=86400))]
+    pub rest_after: u64,
     /// Stop when the process whose pid this file holds (the container's init, as the runtime's
     /// --pid-file writes it) exits, once the file appears.
     #[arg(long, value_name = "PATH")]

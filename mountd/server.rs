@@ -596,6 +596,7 @@ fn control_event(message: Control) -> Option<Event> {
         Control::Stop => Some(Event::Stop("the keeper stops the mount".into())),
         // Replaced: end before the successor writes its state file.
         Control::Retire => Some(Event::Ended(Ok(()))),
+        Control::Rest => Some(Event::Rest),
         _ => None,
     }
 }
@@ -842,7 +843,8 @@ impl Session for Server {
         let keeper = control::StateFields {
             protocol: control::PROTOCOL,
             pid: nix::unistd::getppid().as_raw(),
-            server_pid: std::process::id(),
+            server_pid: (!status.resting).then(std::process::id),
+            resting: status.resting,
             handovers: self.handovers,
             mountpoint: &mountpoint,
             log_lines_dropped: logging::dropped(),

@@ -14,8 +14,8 @@ mod common;
 
 use common::bundle::{Bundle, Container, Runtime, allow_char, need_containers, oci_config};
 use common::daemon::{
-    Daemon, Frozen, children, freeze, has_exited, is_mounted, kill, need_fuse, spec_on_a_stuck_mount, wait_for,
-    wait_for_or,
+    Daemon, Frozen, children, freeze, has_exited, is_mounted, kill, need_fuse, spec_on_a_stuck_mount, thread_names,
+    wait_for, wait_for_or,
 };
 use common::readers::{Expect, Load, Reader, quantile, stall_per_period};
 use common::{BIN, FakeHost, arg, empty_root, fake_rdev, mknod_char, saved_devices, spec_asking_for_all_gpus};
@@ -335,6 +335,63 @@ fn a_server_killed_20_times_under_load_fails_no_request() {
     under_load(&d, "server SIGKILL", |_, server| kill(server, libc::SIGKILL), |_, _| {});
     after_handovers(&d, &inputs, before);
     stop(d);
+}
+
+/// Rule (issue 31, `--rest-after`): a server asked nothing for `--rest-after` rests: the state
+/// file says so (`resting`, no `server_pid`) and the keeper is left alone, one thread (and its
+/// log's writer, for a log off tmpfs, as this test's) and no child. The next request wakes a server that serves the same plan with the same node ids,
+/// quietly (no warning: nothing failed); `SIGHUP` and `SIGUSR2` while resting reload and
+/// upgrade as ever; a stop while resting removes the state file and the mount.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn an_idle_server_rests_and_the_next_request_wakes_another() {
+    need_fuse();
+    let inputs = Inputs::new();
+    let d = Daemon::start(&strs(&inputs.args(&["--rest-after", "1", "--threads", "1"])));
+    let keeper = d.child.id();
+    let nvidia4 = d.path("nvidia4");
+    let ino = fs::metadata(&nvidia4).unwrap().ino();
+    let rest = |what: &str| {
+        wait_on(&d, what, || {
+            let s = read_state(&d)?;
+            let threads = thread_names(keeper).into_iter().filter(|name| name != "log-writer").count();
+            let alone = children(keeper).is_empty() && threads == 1;
+            (s["resting"] == true && s["server_pid"].is_null() && alone).then_some(s)
+        })
+    };
+    let rested = rest("the server to rest");
+    assert_eq!(fs::metadata(&nvidia4).unwrap().ino(), ino, "the node id changed across the rest");
+    assert_eq!(rdev_of(&nvidia4), fake_rdev(0));
+    let woken = wait_on(&d, "a server to wake", || read_state(&d).filter(|s| s["server_pid"].is_u64()));
+    assert_eq!((woken["resting"].clone(), handovers(&woken)), (Value::Bool(false), handovers(&rested) + 1));
+    assert_eq!(parent_of(state_pid(&woken, "server_pid")), keeper);
+    d.log_with("(it rested; serving its plan)");
+
+    rest("the woken server to rest");
+    inputs.set_host_gpu0(false);
+    d.signal(libc::SIGHUP);
+    wait_on(&d, "the reload asked while resting", || {
+        read_state(&d).filter(|s| s["server_pid"].is_u64() && s["reloads"] == 1)
+    });
+    assert_eq!(rdev_of(&nvidia4), fake_rdev(1), "the reload while resting did not apply");
+    // A new node (its device changed): its id holds from here on.
+    let ino = fs::metadata(&nvidia4).unwrap().ino();
+
+    rest("the reloaded server to rest");
+    d.signal(libc::SIGUSR2);
+    d.log_with("(an upgrade)");
+    let upgraded = rest("the upgraded server to rest");
+    assert_eq!(rdev_of(&nvidia4), fake_rdev(1));
+    assert_eq!(fs::metadata(&nvidia4).unwrap().ino(), ino);
+
+    rest("the last server to rest");
+    let log = d.log_text();
+    assert!(!log.contains(" WARN "), "a rest or a wake warned: {log}");
+    assert!(upgraded["last_error"].is_null(), "{upgraded}");
+    let (state_file, mountpoint) = (d.state_file.clone(), d.mountpoint.clone());
+    assert!(d.stop().success());
+    assert!(!state_file.exists(), "a stop while resting left the state file");
+    assert!(!is_mounted(&mountpoint));
 }
 
 /// A copy of the `devremapd` binary in its own directory, which a test replaces to upgrade to.

@@ -17,8 +17,8 @@ mod common;
 use common::bundle::{Runtime, allow_char, need_containers, nvidia_hook, oci_config};
 use common::clients::{WRAPPER, busybox_rootfs};
 use common::daemon::{
-    Daemon, Frozen, PATIENCE, Stopped, Tmpfs, container_dirs, ended_threads_stacks, has_exited, has_thread, is_mounted,
-    kill, logged, proc_state, thread_names, wait_for, wait_for_or,
+    Daemon, Frozen, PATIENCE, Stopped, Tmpfs, children, container_dirs, ended_threads_stacks, has_exited, has_thread,
+    is_mounted, kill, logged, proc_state, thread_names, wait_for, wait_for_or,
 };
 use common::{BIN, FakeHost, arg, fake_rdev, write_file};
 use devremap::node::client::{ask, ask_passing, ask_receiving};
@@ -2952,4 +2952,80 @@ fn the_node_daemon_raises_its_open_files_limit() {
     let limits = fs::read_to_string(format!("/proc/{}/limits", fleet.node_pid())).unwrap();
     let open_files = limits.lines().find(|l| l.starts_with("Max open files")).unwrap();
     assert_eq!(open_files.split_whitespace().collect::<Vec<_>>()[3..5], ["4096", "4096"], "{open_files}");
+}
+
+/// Rule (issue 31, `devremapd node --rest-after`): containers whose `/dev` is asked nothing
+/// keep their keeper alone (one thread, no server), and `ctl status` and `ctl list` say they
+/// rest. `ctl reload ID` of a resting container finishes (a server wakes and reloads), and
+/// touches no other; a name the kernel has not cached wakes a server in the container asked,
+/// which answers with the right device, then rests again.
+#[test]
+#[ignore = "needs root, /dev/fuse, runc and busybox-static: runs containers"]
+fn resting_containers_keep_their_keeper_alone_until_asked() {
+    need_containers(Runtime::Runc);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let fleet = Fleet::new();
+    let service = Service::start(&fleet, &fleet.state_dir().join("node.pid"), &["--rest-after", "1"]);
+    let inits: Vec<Init> = (0..3).map(|_| Init::start()).collect();
+    let ids: Vec<String> = (0..3).map(|i| format!("rest{i}-{}", std::process::id())).collect();
+    let mut keepers = Vec::new();
+    for (i, (id, init)) in ids.iter().zip(&inits).enumerate() {
+        let answer = mount_direct(&fleet, id, &[i as u32], init)
+            .unwrap_or_else(|e| panic!("mount: {e}\n{}", service.log(&fleet)));
+        keepers.push(answer["pid"].as_u64().unwrap() as u32);
+        // As `runc create` writes it once the container is made: the keeper's look at the pid
+        // file (a thread of its own) ends when it names the container's process anew.
+        let pid_file = Container::new(&fleet.state_dir(), id).default_container_pid_file();
+        let next = pid_file.with_extension("next");
+        fs::write(&next, init.0.id().to_string()).unwrap();
+        fs::rename(&next, &pid_file).unwrap();
+    }
+    let all_rest = |what: &str| {
+        wait_for_or(
+            what,
+            || {
+                let keepers: Vec<_> = keepers.iter().map(|&k| (k, thread_names(k), children(k))).collect();
+                format!("{:#?}\nkeepers (threads, children): {keepers:?}", fleet.list())
+            },
+            || {
+                let listed = fleet.list();
+                let resting = ids
+                    .iter()
+                    .all(|id| listed.get(id).is_some_and(|e| e["resting"] == true && e["server_pid"].is_null()));
+                // Its log's writer too, for a log off tmpfs (this test's state dir).
+                let threads = |k: u32| thread_names(k).into_iter().filter(|n| n != "log-writer").count();
+                let alone = keepers.iter().all(|&k| children(k).is_empty() && threads(k) == 1);
+                (resting && alone).then_some(listed)
+            },
+        )
+    };
+    all_rest("every container to rest");
+    let (code, status, stderr) = fleet.ctl(&["status", &ids[0]]);
+    assert_eq!(code, 0, "{stderr}");
+    let status: Value = serde_json::from_str(&status).unwrap();
+    assert_eq!((status["resting"].clone(), status["state"]["resting"].clone()), (json!(true), json!(true)));
+
+    let others = |listed: &BTreeMap<String, Value>| -> Vec<Value> {
+        ids[1..].iter().map(|id| listed[id]["generation"].clone()).collect()
+    };
+    let before = others(&fleet.list());
+    let (code, stdout, stderr) = fleet.ctl(&["reload", &ids[0]]);
+    assert_eq!(code, 0, "ctl reload of a resting container: {stdout}{stderr}\n{}", fleet.keeper_log(&ids[0]));
+    let state = read_state(&fleet, &ids[0]);
+    assert_eq!(state["reloads"], 1, "{state}");
+    assert_gpus(&fleet.dev(&ids[0]), &[0], "after a reload while resting");
+    assert_eq!(others(&fleet.list()), before, "a reload of one resting container touched another");
+
+    all_rest("the reloaded container to rest again");
+    let handovers = read_state(&fleet, &ids[1])["handovers"].as_u64();
+    let missing = fs::symlink_metadata(fleet.dev(&ids[1]).join("not-cached-anywhere"));
+    assert_eq!(missing.map_err(|e| e.raw_os_error()).err(), Some(Some(libc::ENOENT)));
+    wait_for("a server to wake for the name not cached", || {
+        (read_state(&fleet, &ids[1])["handovers"].as_u64() > handovers).then_some(())
+    });
+    assert_gpus(&fleet.dev(&ids[2]), &[2], "a resting container");
+    all_rest("the woken container to rest again");
+    let log = fleet.keeper_log(&ids[1]);
+    assert!(log.contains("(it rested; serving its plan)"), "{log}");
+    assert!(!log.contains(" WARN "), "{log}");
 }

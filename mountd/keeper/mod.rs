@@ -96,6 +96,8 @@ enum Ev {
     Probed(u64, bool),
     /// `/dev/fuse` ended: unmounted (`Ok`) or aborted (ECONNABORTED).
     KernelEnded(io::Result<()>),
+    /// A request came while no server runs (the last one rested).
+    Wanted,
 }
 
 fn act(sig: i32) -> Option<Ev> {
@@ -138,8 +140,12 @@ struct Keeper<'a> {
     /// The first server, started ahead (a spare keeper's) and handed its command line as the
     /// keeper starts, until the machine starts its first server; or why it could not be.
     parked: Option<Handed>,
-    /// Servers replaced by an upgrade, until they have exited.
+    /// Servers replaced by an upgrade, or rested, until they have exited.
     leaving: Vec<Proc>,
+    /// `--rest-after`: how long the current server may be asked nothing before it rests.
+    rest_after: Option<Duration>,
+    /// The server that rested last, and by when it must have ended ([`Keeper::end_rested`]).
+    rested: Option<(u64, Instant)>,
     mounted: bool,
     /// The mount's FUSE connection ([`crate::mountpoint::connection_of`]), read once mounted.
     connection: Option<u64>,
@@ -169,7 +175,7 @@ pub fn run(args: &MountArgs, words: Vec<OsString>, parked: Option<ParkedServer>)
     // Then: a SIGHUP or SIGTERM sent as soon as we were started must not end us.
     let (tx, rx) = signals::woken().map_err(|source| KeeperError::Thread { name: "signals", source })?;
     let signals = signals::reader(tx.clone(), act, "")?;
-    let serve_args = without_ready_fd(words.into_iter());
+    let serve_args = keeper_only_removed(words.into_iter());
     let exe = parked.as_ref().map(ParkedServer::exe);
     // Handed its command line first, so that its own start (its arguments, its threads) runs
     // beside ours (about 0.4 ms of a container's mount); it reads no input until the first
@@ -233,6 +239,8 @@ pub fn run(args: &MountArgs, words: Vec<OsString>, parked: Option<ParkedServer>)
         spawners,
         parked,
         leaving: Vec::new(),
+        rest_after: (args.rest_after > 0).then(|| Duration::from_secs(args.rest_after)),
+        rested: None,
         mounted: false,
         connection: None,
         abort: None,
@@ -297,15 +305,20 @@ pub(crate) fn claim_ready_fd(fd: i32) -> Result<File, KeeperError> {
     Ok(file)
 }
 
-/// The keeper's arguments without `--ready-fd` (`--ready-fd N` or `--ready-fd=N`): no server
-/// needs it, and a server of an older build (an upgrade back to it) would refuse a flag it
-/// does not know.
-fn without_ready_fd(mut args: impl Iterator<Item = OsString>) -> Vec<OsString> {
+/// The keeper's flags that no server needs, each with a value.
+const KEEPER_ONLY: [&str; 2] = ["--ready-fd", "--rest-after"];
+
+/// The keeper's arguments without its own flags ([`KEEPER_ONLY`], as `--flag N` or
+/// `--flag=N`): no server needs them, and a server of an older build (an upgrade back to it)
+/// would refuse a flag it does not know.
+fn keeper_only_removed(mut args: impl Iterator<Item = OsString>) -> Vec<OsString> {
     let mut out = Vec::new();
     while let Some(arg) = args.next() {
-        if arg == "--ready-fd" {
+        let bytes = arg.as_encoded_bytes();
+        let own = |flag: &str| bytes.strip_prefix(flag.as_bytes()).is_some_and(|rest| rest.first() == Some(&b'='));
+        if KEEPER_ONLY.iter().any(|flag| arg == *flag) {
             args.next();
-        } else if !arg.as_encoded_bytes().starts_with(b"--ready-fd=") {
+        } else if !KEEPER_ONLY.iter().any(|flag| own(flag)) {
             out.push(arg);
         }
     }
@@ -343,6 +356,12 @@ impl Keeper<'_> {
                 Waited::Deadline => {
                     if let Some(hung) = self.hang_check(now)
                         && let Err(end) = self.feed(hung, rx)
+                    {
+                        return end;
+                    }
+                    self.end_rested(now);
+                    if self.rest_due(now)
+                        && let Err(end) = self.feed(Event::Idle, rx)
                     {
                         return end;
                     }
@@ -431,6 +450,7 @@ impl Keeper<'_> {
             Ev::Gone(epoch) => return self.gone(epoch),
             Ev::Exited(epoch, status) => Event::Gone { epoch, status },
             Ev::Probed(epoch, same) => Event::Probed { epoch, same },
+            Ev::Wanted => Event::Wanted,
             Ev::Served(epoch, plan) => {
                 if self.machine.current() == Some(epoch) {
                     self.plan = Some(plan);
@@ -528,6 +548,7 @@ impl Keeper<'_> {
             Action::Probe(epoch) => self.probe(epoch),
             Action::TakeOver { epoch, retire, from } => self.take_over(epoch, retire, &from),
             Action::Lost(epoch) => self.relaying.relay.lost(epoch),
+            Action::Rest(epoch) => self.rest(epoch),
             Action::Kill(epoch) => match self.procs.remove(&epoch) {
                 Some(p) => self.kill(p),
                 None => self.abandon(epoch),
@@ -562,7 +583,26 @@ impl Keeper<'_> {
             let now = Instant::now();
             oldest.map_or(now + self.server_timeout, |t| t + self.server_timeout).min(now + self.heartbeat())
         });
-        [self.machine.deadline(), hung].into_iter().flatten().min()
+        let rest = self.rest_at();
+        let rested = self.rested.map(|(_, by)| by);
+        [self.machine.deadline(), hung, rest, rested].into_iter().flatten().min()
+    }
+
+    /// When the current server rests, if nothing is asked of it before: `--rest-after` past the
+    /// relay's last traffic, for a server that may rest ([`Machine::may_rest`]) with nothing in
+    /// flight, whose plan the keeper has (a server woken without it would load the inputs: a
+    /// reload nobody asked for).
+    fn rest_at(&self) -> Option<Instant> {
+        let after = self.rest_after?;
+        self.machine.may_rest()?;
+        if self.plan.is_none() || self.relaying.relay.in_flight() > 0 {
+            return None;
+        }
+        Some(self.relaying.last_traffic + after)
+    }
+
+    fn rest_due(&self, now: Instant) -> bool {
+        self.rest_at().is_some_and(|at| now >= at)
     }
 
     /// The main thread woke at `now` from a wait until `deadline`. Woken more than a heartbeat

@@ -103,6 +103,10 @@ pub(super) struct Relaying {
     /// The `(device, inode)` of the last two state files a server said it was renaming into
     /// place, newest last, so that a stop knows them.
     pub(super) state_files: Vec<(u64, u64)>,
+    /// When a request, a reply or a server's message last came: `--rest-after` counts from it.
+    pub(super) last_traffic: Instant,
+    /// The server rested: the next request held wakes one ([`Ev::Wanted`], once).
+    pub(super) resting: bool,
 }
 
 /// A server's sockets, until both have ended.
@@ -127,6 +131,8 @@ impl Relaying {
             reply: Vec::new(),
             servers: Vec::new(),
             state_files: Vec::new(),
+            last_traffic: Instant::now(),
+            resting: false,
         }
     }
 
@@ -179,6 +185,9 @@ impl Relaying {
     /// machine is to hear goes to `queued`; a server whose sockets have both ended is said
     /// [`Ev::Gone`] after every message it sent.
     pub(super) fn handle(&mut self, link: &Link, ready: &[(Source, PollFlags)], queued: &mut VecDeque<Ev>) {
+        if !ready.is_empty() {
+            self.last_traffic = Instant::now();
+        }
         for &(source, flags) in ready {
             match source {
                 Source::Replies(epoch) => {
@@ -318,7 +327,7 @@ impl Relaying {
     /// Reads the kernel's requests, as many as wait (up to [`REQUESTS_PER_WAKE`]), and sends
     /// each where the relay says.
     fn requests(&mut self, link: &Link, queued: &mut VecDeque<Ev>) {
-        let Relaying { relay, kernel_open, request, servers, .. } = self;
+        let Relaying { relay, kernel_open, request, servers, resting, .. } = self;
         if request.is_empty() {
             *request = vec![0u8; READ_BUFFER];
         }
@@ -339,7 +348,13 @@ impl Relaying {
             let msg = &request[..n];
             let epoch = match relay.from_kernel(msg, Instant::now()) {
                 Ok(FromKernel::Forward(epoch)) => epoch,
-                Ok(FromKernel::Held | FromKernel::Dropped) => continue,
+                Ok(FromKernel::Held) => {
+                    if std::mem::take(resting) {
+                        queued.push_back(Ev::Wanted);
+                    }
+                    continue;
+                }
+                Ok(FromKernel::Dropped) => continue,
                 Err(e) => {
                     warn!("a request from the kernel that cannot be read: {e}");
                     continue;

@@ -8,7 +8,7 @@ use devremap::atomic::{Lasting, write_atomic_told};
 use devremap::io_message;
 use devremap::keeper::control::Control;
 use devremap::keeper::fuse_wire;
-use log::warn;
+use log::{debug, warn};
 use std::time::{Duration, Instant};
 
 /// How long an upgrade lets the old server answer what it has before the rest goes to the new.
@@ -91,6 +91,31 @@ impl Keeper<'_> {
         if !devremap::pidfd::exits_within(old.pid(), RETIRE) {
             warn!("server pid {} did not end within {} ms of its retirement; killed it", old.pid(), RETIRE.as_millis());
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(old.pid() as i32), nix::sys::signal::SIGKILL);
+        }
+    }
+
+    /// Server `epoch` rests: the relay sends it nothing more (nothing is in flight, so what the
+    /// kernel asks next waits, and wakes a server), and it is told to say so in its state file
+    /// and end. One that has not ended within [`RETIRE`] (a server of an earlier build, which
+    /// does not know the message) is killed ([`Keeper::end_rested`]).
+    pub(super) fn rest(&mut self, epoch: u64) {
+        self.relaying.relay.lost(epoch);
+        self.relaying.resting = true;
+        let Some(p) = self.procs.remove(&epoch) else { return };
+        debug!("{}: server pid {} rests: nothing was asked of it for a while", self.m, p.pid());
+        p.tell(&Control::Rest);
+        self.rested = Some((epoch, Instant::now() + RETIRE));
+        self.leaving.push(p);
+    }
+
+    /// The server that rested, if it has not ended by its time: killed.
+    pub(super) fn end_rested(&mut self, now: Instant) {
+        let Some((epoch, _)) = self.rested.filter(|(_, by)| now >= *by) else { return };
+        self.rested = None;
+        if let Some(i) = self.leaving.iter().position(|p| p.epoch == epoch) {
+            let p = self.leaving.swap_remove(i);
+            warn!("server pid {} did not end within {} ms of its rest; killed it", p.pid(), RETIRE.as_millis());
+            self.kill(p);
         }
     }
 

@@ -108,6 +108,8 @@ struct Node {
     yields: bool,
     /// `--threads`, given to every container's server.
     threads: u16,
+    /// `--rest-after`, given to every container's keeper.
+    rest_after: u64,
 }
 
 /// The starter's `--ready-fd`: a newline once the socket answers; a start that fails leaves
@@ -180,6 +182,7 @@ pub fn run(args: &NodeArgs) -> Result<(), NodeError> {
         exits: exits::Exits::start().map_err(NodeError::Thread)?,
         yields: args.idle_exit.is_some(),
         threads: args.threads,
+        rest_after: args.rest_after,
     });
     node.adopt();
     node.sweep_every().map_err(NodeError::Thread)?;
@@ -701,6 +704,7 @@ impl Node {
             container_pid_file: (!m.until_unmount).then_some(m.container_pid_file.as_path()),
             owner_pid: (!m.until_unmount).then_some(m.owner_pid),
             threads: self.threads,
+            rest_after: self.rest_after,
         };
         let started = match asker_holds.then(|| keeper_under_way(&container)).flatten() {
             Some(pid) => Ok((pid, None)),
@@ -849,6 +853,7 @@ impl Node {
             generation: state["generation"].as_u64(),
             pid,
             server_pid: state["server_pid"].as_u64().and_then(|p| u32::try_from(p).ok()),
+            resting: state["resting"].as_bool().unwrap_or(false),
         };
         (entry, state)
     }

@@ -107,6 +107,11 @@ pub enum Control {
     /// Keeper to server: another server takes over: exit without writing anything more (the
     /// state file is the successor's).
     Retire,
+    /// Keeper to server: nothing was asked of you for `--rest-after`, and the keeper no longer
+    /// sends you requests: say in the state file that no server runs (`server_pid` null,
+    /// `resting` true), and exit. The next request or signal starts another, which serves your
+    /// plan. (A server of an earlier build does not know it: the keeper kills it.)
+    Rest,
 }
 
 impl Control {
@@ -294,8 +299,11 @@ pub struct StateFields<'a> {
     pub protocol: u32,
     /// The keeper's (the daemon's) pid.
     pub pid: i32,
-    /// The server answering now.
-    pub server_pid: u32,
+    /// The server answering now; none while the mount rests.
+    pub server_pid: Option<u32>,
+    /// No server runs: nothing was asked of the last one for `--rest-after`, and the next
+    /// request or signal starts one.
+    pub resting: bool,
     /// Servers replaced since the mount (crashes and upgrades).
     pub handovers: u64,
     pub mountpoint: &'a str,
@@ -329,6 +337,7 @@ mod tests {
             Control::Refused("upgrade refused".into()),
             Control::Stop,
             Control::Retire,
+            Control::Rest,
         ];
         for c in all {
             assert_eq!(Control::decode(&c.encode()).unwrap(), c);

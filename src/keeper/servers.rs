@@ -11,7 +11,11 @@
 //!   so is a first server that hangs once mounted (a request unanswered for `--server-timeout`,
 //!   or no word that the mount answers within it): nothing else would ever end the start.
 //! - `Serving` (a current server takes requests; it is *ready* once it said `READY=1`): to
-//!   `Upgrading` on `SIGUSR2` (ready only), to `Replacing` when it dies or hangs.
+//!   `Upgrading` on `SIGUSR2` (ready only), to `Replacing` when it dies or hangs, to `Resting`
+//!   when nothing was asked of it for `--rest-after` (ready, with nothing under way).
+//! - `Resting` (no server runs; the keeper keeps the plan): to `Replacing` at the next request,
+//!   `SIGHUP` or `SIGUSR2`, as after a crash but quietly (a signal's reload or upgrade follows
+//!   once the new server serves).
 //! - `Replacing` (no current server: a successor is starting from the dead one's binary and
 //!   plan, or due after a backoff): to `Serving` when the successor takes over.
 //! - `Upgrading` (a ready server serves while the binary now on disk loads to take over): to
@@ -98,6 +102,11 @@ pub enum Event {
     Away,
     /// A deadline ([`Machine::deadline`]) passed.
     Tick,
+    /// Nothing was asked of the server [`Machine::may_rest`] names for `--rest-after`, and it
+    /// has nothing in flight (the driver's check).
+    Idle,
+    /// A request came while no server runs.
+    Wanted,
 }
 
 impl Machine {
@@ -110,8 +119,10 @@ impl Machine {
             (state, Event::KernelEnded) => self.stop(state.current().copied(), Exit::Ended, None),
             (state, Event::Spawned { epoch, pid, handed_plan }) => steps::spawned(state, epoch, pid, handed_plan),
             (state, Event::SpawnFailed { epoch, why }) => self.spawn_failed(state, epoch, why, now),
-            (state, Event::Sighup) => self.sighup(state),
+            (state, Event::Sighup) => self.sighup(state, now),
             (state, Event::Sigusr2) => self.upgrade(state, now),
+            (state, Event::Idle) => self.idle(state),
+            (state, Event::Wanted) => self.wake(state, now),
             (state, Event::Loaded { epoch, protocol }) => self.loaded(state, epoch, protocol, now),
             (state, Event::Failed { epoch, why }) => self.failed_said(state, epoch, why),
             (state, Event::Answering(epoch)) => self.answering(state, epoch),

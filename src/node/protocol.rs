@@ -128,7 +128,12 @@ pub struct Entry {
     pub generation: Option<u64>,
     /// The container's keeper (it holds the FUSE connection).
     pub pid: u32,
+    /// The server answering now; none while the container's `/dev` rests.
     pub server_pid: Option<u32>,
+    /// The state file's `resting`: no server runs (nothing was asked of the last one for
+    /// `--rest-after`); the next request or reload starts one. Absent from a daemon before it.
+    #[serde(default)]
+    pub resting: bool,
 }
 
 /// The daemon's answer.

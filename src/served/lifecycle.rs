@@ -92,6 +92,8 @@ pub struct Lifecycle<N, S> {
     owed: bool,
     /// Reloads finished (applied, refused or abandoned), published as `reloads`.
     finished: u64,
+    /// Ending for a rest ([`Event::Rest`]).
+    resting: bool,
 }
 
 impl<N: Notifier, S: Session> Lifecycle<N, S> {
@@ -111,6 +113,7 @@ impl<N: Notifier, S: Session> Lifecycle<N, S> {
             stuck: 0,
             owed: false,
             finished: 0,
+            resting: false,
         }
     }
 
@@ -188,6 +191,7 @@ impl<N: Notifier, S: Session> Lifecycle<N, S> {
                 Event::Loaded(id, result) => self.loaded(id, *result),
                 Event::Retired => retired = true,
                 Event::Refused(e) => self.refused("", e),
+                Event::Rest => return Some(self.rest()),
             }
         }
         self.reload_again |= reload;
@@ -222,6 +226,15 @@ impl<N: Notifier, S: Session> Lifecycle<N, S> {
     fn stop(&mut self) -> End {
         self.state = State::Stopping;
         End::Stop
+    }
+
+    /// The keeper rests this server: a reload in flight is dropped with it (the keeper rests
+    /// none it asked for), the state says that no server runs, and serving ends.
+    fn rest(&mut self) -> End {
+        self.resting = true;
+        self.update_state();
+        self.state = State::Stopping;
+        End::Ended(Ok(()))
     }
 
     fn generation(&self) -> u64 {
@@ -337,6 +350,7 @@ impl<N: Notifier, S: Session> Lifecycle<N, S> {
             last_error: self.last_error.as_deref(),
             reloads: self.finished,
             retired_nodes: self.devfs.retired_count(),
+            resting: self.resting,
         };
         self.session.publish(&status)
     }

@@ -23,6 +23,7 @@ pub enum Phase {
     Serving,
     Replacing,
     Upgrading,
+    Resting,
     Stopping,
 }
 
@@ -83,6 +84,11 @@ pub enum Action {
     },
     /// The relay counts a death for what was in flight at server `epoch`, which no longer answers.
     Lost(u64),
+    /// Server `epoch`, which nothing was asked of for `--rest-after` and which has nothing in
+    /// flight, rests: the relay sends it nothing more (what the kernel asks next waits, and
+    /// wakes a server, [`Event::Wanted`](crate::keeper::servers::Event::Wanted)), and it is told
+    /// to say so in the state file and exit.
+    Rest(u64),
     /// Kill server `epoch`; one whose spawn has not returned is abandoned: killed and reaped if
     /// it ever does, and never served.
     Kill(u64),
@@ -140,6 +146,11 @@ pub(super) enum State {
         current: Server,
         successor: Successor,
     },
+    /// No server runs: the last one, `rested` (its pid), rested; the next request or signal
+    /// starts another from its binary, with its plan.
+    Resting {
+        rested: u32,
+    },
     /// `current`: the server that was current, which the driver tells to stop (it removes the
     /// state file), rather than only killing it.
     Stopping {
@@ -163,6 +174,9 @@ pub struct Machine {
     pub(super) reload_deaths: u32,
     pub(super) reload_when_ready: bool,
     pub(super) upgrade_when_ready: bool,
+    /// A reload was asked of the current server, which has not said `READY=1` since: it does
+    /// not rest meanwhile (its `RELOADING=1` may not have come yet).
+    pub(super) reload_asked: bool,
     /// The last server lost, and how (`it died`, `it hung`), named by the one that takes over.
     pub(super) dead: Option<(u32, &'static str)>,
     /// Why the first server could not declare the daemon ready after the mount answered (its
@@ -187,6 +201,7 @@ impl Machine {
             reload_deaths: 0,
             reload_when_ready: false,
             upgrade_when_ready: false,
+            reload_asked: false,
             dead: None,
             start_error: None,
             out: Vec::new(),
@@ -202,6 +217,7 @@ impl Machine {
             State::Serving { .. } => Phase::Serving,
             State::Replacing { .. } => Phase::Replacing,
             State::Upgrading { .. } => Phase::Upgrading,
+            State::Resting { .. } => Phase::Resting,
             State::Stopping { .. } => Phase::Stopping,
         }
     }
@@ -225,6 +241,22 @@ impl Machine {
             State::Starting { mounted, .. } => *mounted,
             State::Replacing { successor: Some(s), .. } | State::Upgrading { successor: s, .. } => Some(s.deadline),
             State::Replacing { successor: None, retry_at } => *retry_at,
+            _ => None,
+        }
+    }
+
+    /// The server that may rest ([`Event::Idle`](crate::keeper::servers::Event::Idle)) if
+    /// nothing is asked of it: a ready current server with no reload or upgrade under way or
+    /// due.
+    pub fn may_rest(&self) -> Option<u64> {
+        self.restable(&self.state)
+    }
+
+    /// [`Machine::may_rest`], in `state`.
+    pub(super) fn restable(&self, state: &State) -> Option<u64> {
+        let busy = self.reloading || self.reload_asked || self.reload_when_ready || self.upgrade_when_ready;
+        match state {
+            State::Serving { current } if current.ready && !busy => Some(current.epoch),
             _ => None,
         }
     }
@@ -253,7 +285,7 @@ impl State {
                 Some(current)
             }
             State::Stopping { current } => current.as_ref(),
-            State::Replacing { .. } => None,
+            State::Replacing { .. } | State::Resting { .. } => None,
         }
     }
 

@@ -29,11 +29,35 @@ impl Machine {
     }
 
     /// `SIGHUP`: a reload asked for, which ends the run of deaths in reloads (the operator asks
-    /// again, knowing the inputs).
-    pub(super) fn sighup(&mut self, state: State) -> State {
+    /// again, knowing the inputs). While resting, a server wakes and reloads once it serves.
+    pub(super) fn sighup(&mut self, state: State, now: Instant) -> State {
         self.reload_deaths = 0;
+        if let State::Resting { .. } = state {
+            self.reload_when_ready = true;
+            return self.wake(state, now);
+        }
         self.reload(&state);
         state
+    }
+
+    /// Nothing was asked of the current server for `--rest-after`: one that [`Machine::may_rest`]
+    /// rests, and no server runs until the next request or signal ([`Machine::wake`]).
+    pub(super) fn idle(&mut self, state: State) -> State {
+        match (self.restable(&state), state) {
+            (Some(epoch), State::Serving { current }) => {
+                self.out.push(Action::Rest(epoch));
+                State::Resting { rested: current.pid }
+            }
+            (_, state) => state,
+        }
+    }
+
+    /// A request or a signal while resting: a server starts from the rested one's binary and
+    /// with its plan, and takes over as after a crash; nothing failed, so nothing is warned of.
+    pub(super) fn wake(&mut self, state: State, now: Instant) -> State {
+        let State::Resting { rested } = state else { return state };
+        self.dead = Some((rested, "it rested"));
+        self.restart(now)
     }
 
     /// A reload, asked for (`SIGHUP`) or due: a ready server reloads now; during an upgrade the
@@ -41,7 +65,10 @@ impl Machine {
     /// changed); with no ready server, once one serves.
     fn reload(&mut self, state: &State) {
         match state {
-            State::Serving { current } if current.ready => self.out.push(Action::Reload(current.epoch)),
+            State::Serving { current } if current.ready => {
+                self.reload_asked = true;
+                self.out.push(Action::Reload(current.epoch));
+            }
             State::Upgrading { current, .. } => {
                 self.reload_when_ready = true;
                 self.out.push(Action::Reload(current.epoch));
@@ -55,7 +82,8 @@ impl Machine {
                     "signal SIGHUP while a server takes over: reloading once it serves",
                 );
             }
-            State::Stopping { .. } => {}
+            // A resting keeper wakes a server first ([`Machine::sighup`]).
+            State::Resting { .. } | State::Stopping { .. } => {}
         }
     }
 
@@ -75,6 +103,12 @@ impl Machine {
                     "signal SIGUSR2 during an upgrade: upgrading again once it is done",
                 );
                 state
+            }
+            // The rested server's binary wakes first, and is upgraded once it serves, as any
+            // ready server is.
+            State::Resting { .. } => {
+                self.upgrade_when_ready = true;
+                self.wake(state, now)
             }
             state => {
                 self.defer(
@@ -252,6 +286,9 @@ impl Machine {
             Notice::Reloading => self.reloading = true,
             Notice::Ready if std::mem::take(&mut self.reloading) => self.reload_deaths = 0,
             _ => {}
+        }
+        if notice == Notice::Ready {
+            self.reload_asked = false;
         }
         let State::Serving { mut current } = state else { return state };
         if notice != Notice::Ready || current.ready {

@@ -586,3 +586,79 @@ fn a_spawn_that_does_not_return_in_time_is_a_failed_start() {
     assert_eq!(spawns(&r.at(TIMEOUT + FIRST_BACKOFF, Event::Tick)), [(3, Binary::Good, true)], "retried");
     assert_eq!(r.on(Event::Stop("signal SIGTERM".into())).last(), Some(&Action::Exit(Exit::Stop)));
 }
+
+/// Rule (issue 31, `--rest-after`): a ready server with nothing under way rests when idle, and
+/// the next request wakes one from the same binary with its plan, which takes over quietly (no
+/// warning: nothing failed) naming the rested server.
+#[test]
+fn an_idle_server_rests_and_a_request_wakes_another_with_its_plan() {
+    let mut r = Run::serving();
+    assert_eq!(r.m.may_rest(), Some(1));
+    assert_eq!(r.on(Event::Idle), vec![Action::Rest(1)]);
+    assert_eq!(r.m.phase(), Phase::Resting);
+    assert_eq!((r.m.current(), r.m.may_rest(), r.m.deadline(), r.m.hang_checked()), (None, None, None, None));
+    // The rested server's exit is the driver's to reap.
+    assert!(!r.m.knows(1));
+    assert!(r.on(gone(1)).is_empty());
+    assert!(r.on(Event::Idle).is_empty(), "nothing runs to rest");
+    let woke = r.on(Event::Wanted);
+    assert_eq!(spawns(&woke), vec![(2, Binary::Good, true)]);
+    assert!(!woke.iter().any(|a| matches!(a, Action::Warn(_))), "{woke:?}");
+    assert_eq!(r.m.phase(), Phase::Replacing);
+    let took = r.takes_over(2, 200);
+    let from = took.iter().find_map(|a| match a {
+        Action::TakeOver { epoch: 2, retire: None, from } => Some(from.clone()),
+        _ => None,
+    });
+    assert_eq!(from.as_deref(), Some("from server pid 100 (it rested; serving its plan)"));
+    assert!(!took.iter().any(|a| matches!(a, Action::Warn(_) | Action::Reload(_))), "{took:?}");
+    assert_eq!((r.m.phase(), r.m.may_rest()), (Phase::Serving, Some(2)));
+    assert!(r.on(Event::Wanted).is_empty(), "a request while serving wakes nothing");
+}
+
+/// Rule: a server with a reload asked of it (before its `RELOADING=1` comes), reloading, or
+/// with a reload or an upgrade due, does not rest: its reload would be lost with it.
+#[test]
+fn a_server_with_a_reload_under_way_does_not_rest() {
+    let mut r = Run::serving();
+    assert_eq!(r.on(Event::Sighup), vec![Action::Reload(1)]);
+    assert_eq!(r.m.may_rest(), None, "asked, not yet said RELOADING=1");
+    assert!(r.on(Event::Idle).is_empty());
+    r.on(Event::Notice(1, Notice::Reloading));
+    assert!(r.on(Event::Idle).is_empty());
+    r.on(Event::Notice(1, Notice::Ready));
+    assert_eq!(r.on(Event::Idle), vec![Action::Rest(1)]);
+    // A server not yet ready (one that took over, before its READY=1) does not rest either.
+    let mut r = Run::serving();
+    r.on(Event::Idle);
+    r.on(Event::Wanted);
+    r.on(Event::Spawned { epoch: 2, pid: 200, handed_plan: true });
+    r.on(Event::Loaded { epoch: 2, protocol: PROTOCOL });
+    r.on(Event::Probed { epoch: 2, same: true });
+    assert_eq!((r.m.phase(), r.m.may_rest()), (Phase::Serving, None));
+    assert!(r.on(Event::Idle).is_empty());
+}
+
+/// Rule: `SIGHUP` or `SIGUSR2` while resting wakes a server, which reloads (or is upgraded)
+/// once it serves, as for one that starts; a stop while resting has no server to stop.
+#[test]
+fn a_signal_while_resting_wakes_a_server_that_then_does_it() {
+    let mut r = Run::serving();
+    r.on(Event::Idle);
+    let woke = r.on(Event::Sighup);
+    assert_eq!(spawns(&woke), vec![(2, Binary::Good, true)]);
+    assert!(!woke.iter().any(|a| matches!(a, Action::Info(_))), "no line for a reload deferred by a rest: {woke:?}");
+    let took = r.takes_over(2, 200);
+    assert!(took.contains(&Action::Reload(2)), "{took:?}");
+
+    let mut r = Run::serving();
+    r.on(Event::Idle);
+    assert_eq!(spawns(&r.on(Event::Sigusr2)), vec![(2, Binary::Good, true)]);
+    let took = r.takes_over(2, 200);
+    assert_eq!(spawns(&took), vec![(3, Binary::Path, false)], "upgraded once it serves");
+
+    let mut r = Run::serving();
+    r.on(Event::Idle);
+    assert_eq!(r.on(Event::Stop("signal SIGTERM".into())).last(), Some(&Action::Exit(Exit::Stop)));
+    assert_eq!(r.m.current(), None, "no server to tell to stop");
+}

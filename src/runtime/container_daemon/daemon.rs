@@ -88,6 +88,8 @@ pub struct DaemonArgs<'a> {
     pub owner_pid: Option<u32>,
     /// Threads answering the kernel in its server (`--threads`).
     pub threads: u16,
+    /// `--rest-after`: seconds its server may be asked nothing before it rests (0: never).
+    pub rest_after: u64,
 }
 
 impl Container {
@@ -103,6 +105,9 @@ impl Container {
         flag("--pid-file", &self.pid_file());
         flag("--state-file", &self.state_file());
         flag("--threads", &a.threads.to_string());
+        if a.rest_after > 0 {
+            flag("--rest-after", &a.rest_after.to_string());
+        }
         if let Some(dev) = a.host_dev {
             flag("--host-dev", &dev);
         }

@@ -23,6 +23,9 @@ pub enum Event {
     /// Something outside the machine failed (an upgrade the keeper refused): the served tree
     /// stays, and the text is recorded as the last error.
     Refused(String),
+    /// The keeper rests this server (nothing was asked of it for a while) and sends it nothing
+    /// more: the state says that no server runs, and serving ends (the state file stays).
+    Rest,
 }
 
 /// Why serving ended.
@@ -73,4 +76,6 @@ pub struct Status<'a> {
     /// is the one before still shows as done.
     pub reloads: u64,
     pub retired_nodes: usize,
+    /// This server is ending for a rest: no server runs from now on.
+    pub resting: bool,
 }

@@ -14,6 +14,7 @@ struct World {
     loads: Vec<u64>,
     ended: Vec<u64>,
     published: Vec<(u64, Option<String>, usize)>,
+    resting: Vec<bool>,
     reloads: Vec<u64>,
     notices: Vec<Notice>,
     invalidated: Vec<(u64, String)>,
@@ -54,6 +55,7 @@ impl Session for Fake {
         }
         w.published.push((s.generation, s.last_error.map(str::to_owned), s.retired_nodes));
         w.reloads.push(s.reloads);
+        w.resting.push(s.resting);
         Ok(())
     }
     fn notify(&mut self, notice: Notice) {
@@ -175,6 +177,17 @@ fn stop_wins_over_reload() {
     lc.handle([Event::Reload]);
     assert!(matches!(lc.handle([Event::Stop("signal SIGINT".into())]), Some(End::Stop)));
     assert_eq!(world.0.borrow().notices.last(), Some(&Notice::Stopping));
+}
+
+/// Rule (issue 31, `--rest-after`): a server the keeper rests says so in its state (no server
+/// runs) once, and ends as a session that ended does (its state file stays); only then.
+#[test]
+fn a_rest_publishes_that_no_server_runs_and_ends_serving() {
+    let (mut lc, world, _) = ready();
+    assert_eq!(world.0.borrow().resting, [false]);
+    assert!(matches!(lc.handle([Event::Rest]), Some(End::Ended(Ok(())))));
+    assert_eq!(world.0.borrow().resting, [false, true]);
+    assert_eq!(lc.state(), State::Stopping);
 }
 
 /// Rule: the session ending under the daemon ends serving, with the session's result.
