@@ -17,7 +17,13 @@
 //!   size (`Pss` of `/proc/PID/smaps_rollup`) and the threads of the node daemon and of every
 //!   process under it (each container's keeper and server), and how they grow per container.
 //!   With 1 container, also the median start of one more after the node daemon was idle for
-//!   100 ms (`isolated_start_ms`), 41 times.
+//!   100 ms (`isolated_start_ms`), 41 times. Every server is kept (`--rest-after 0`): what a
+//!   container costs while its `/dev` is in use.
+//! - At rest: a second node daemon, `--rest-after 1`, with 1 and then 200 containers mounted,
+//!   once every container's state file says `resting` (its server ended; its keeper alone
+//!   holds the mount): the same PSS and threads, and how they grow per container. Then the
+//!   wake: a `stat` of a name the kernel has not cached, in a resting container (a server
+//!   starts, takes over and answers), timed from outside, 41 containers.
 //!
 //! Prints a table and, last, one JSON line. Needs root and `/dev/fuse`; skips otherwise.
 
@@ -64,7 +70,8 @@ fn main() {
         tempfile::Builder::new().permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700)).tempdir().unwrap();
     let state_dir = StateDir::new();
     let host = Host::new(work.path());
-    let node = NodeDaemon::start(DEVREMAPD, state_dir.0.path(), &work.path().join("node.log"));
+    let node =
+        NodeDaemon::start_with(DEVREMAPD, state_dir.0.path(), &work.path().join("node.log"), &["--rest-after", "0"]);
     let mut summary = serde_json::Map::new();
     let mut mounted = 0;
     let mut scale = Vec::new();
@@ -88,15 +95,7 @@ fn main() {
         std::thread::sleep(SETTLE);
         let (memory, starts) = (Memory::of(node.pid()), (0..STARTS).map(|k| start_one(&node, &host, k)).collect());
         let start_ms = median(starts);
-        println!(
-            "{n:4} containers: one more starts in {start_ms:.2} ms; PSS {:.1} MiB in all ({:.0} KiB each), node daemon {} KiB; {} processes, {} threads ({} in the node daemon)",
-            memory.pss_kib as f64 / 1024.0,
-            memory.pss_kib as f64 / n as f64,
-            memory.node_pss_kib,
-            memory.processes,
-            memory.threads,
-            memory.node_threads
-        );
+        println!("{n:4} containers: one more starts in {start_ms:.2} ms; {}", memory.describe(n));
         scale.push(json!({
             "containers": n,
             "start_ms": round(start_ms, 2),
@@ -129,7 +128,64 @@ fn main() {
     }
     node.assert_torn_down();
     drop(node);
+    at_rest(&work.path().join("rest"), &mut summary);
     println!("{}", Value::Object(summary));
+}
+
+/// Containers whose servers rested (`--rest-after 1`): what they keep, and a wake's time.
+fn at_rest(work: &Path, summary: &mut serde_json::Map<String, Value>) {
+    fs::create_dir(work).unwrap();
+    let state_dir = StateDir::new();
+    let host = Host::new(work);
+    let node = NodeDaemon::start_with(DEVREMAPD, state_dir.0.path(), &work.join("node.log"), &["--rest-after", "1"]);
+    let (mut mounted, mut rows) = (0, Vec::new());
+    for n in [1, SCALE[SCALE.len() - 1]] {
+        while mounted < n {
+            mount(&node, &host, &format!("c{mounted}"));
+            mounted += 1;
+        }
+        all_rest(&node, mounted);
+        std::thread::sleep(SETTLE);
+        let memory = Memory::of(node.pid());
+        println!("{n:4} containers at rest: {}", memory.describe(n));
+        rows.push((n, memory));
+    }
+    let ((n1, first), (n2, last)) = (&rows[0], &rows[1]);
+    let per = |a: u64, b: u64| (b as f64 - a as f64) / (*n2 - *n1) as f64;
+    let wakes: Vec<f64> = (0..STARTS)
+        .map(|k| {
+            let name = Container::new(&node.state_dir, &format!("c{k}")).dev().join(format!("never-looked-up-{k}"));
+            let t0 = Instant::now();
+            assert!(fs::symlink_metadata(&name).is_err(), "{} exists", name.display());
+            t0.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    let wake = median(wakes);
+    println!(
+        "per container at rest from 1 to {n2}: PSS {:.0} KiB, threads {:.2}; a resting container answers a name not cached in {wake:.2} ms (a server wakes)",
+        per(first.pss_kib, last.pss_kib),
+        per(first.threads, last.threads)
+    );
+    summary.insert("rest_pss_growth_kib_per_container".into(), round(per(first.pss_kib, last.pss_kib), 0));
+    summary.insert("rest_threads_growth_per_container".into(), round(per(first.threads, last.threads), 2));
+    summary.insert("wake_ms".into(), round(wake, 2));
+    for k in 0..mounted {
+        unmount(&node, &format!("c{k}"));
+    }
+    node.assert_torn_down();
+}
+
+/// Waits until the first `n` containers' state files say they rest.
+fn all_rest(node: &NodeDaemon, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let resting = |k: usize| {
+        let state = fs::read(Container::new(&node.state_dir, &format!("c{k}")).state_file()).unwrap_or_default();
+        serde_json::from_slice::<Value>(&state).is_ok_and(|s| s["resting"] == true)
+    };
+    while !(0..n).all(resting) {
+        assert!(Instant::now() < deadline, "the containers' servers did not all rest within 120 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// A fake host: GPUs `nvidia0` and `nvidia1` (real char devices), a spec giving the container
@@ -368,6 +424,19 @@ impl Memory {
             threads: threads.iter().sum(),
             node_threads: threads[0],
         }
+    }
+
+    /// One line of the table, for `n` containers.
+    fn describe(&self, n: usize) -> String {
+        format!(
+            "PSS {:.1} MiB in all ({:.0} KiB each), node daemon {} KiB; {} processes, {} threads ({} in the node daemon)",
+            self.pss_kib as f64 / 1024.0,
+            self.pss_kib as f64 / n as f64,
+            self.node_pss_kib,
+            self.processes,
+            self.threads,
+            self.node_threads
+        )
     }
 }
 

@@ -27,6 +27,11 @@ impl NodeDaemon {
     /// Starts `devremapd node` on `state_dir`, its socket `<state_dir>/node.sock` (the
     /// runtime config's default), its log in `log`; returns once the socket answers.
     pub fn start(devremapd: &str, state_dir: &Path, log: &Path) -> NodeDaemon {
+        NodeDaemon::start_with(devremapd, state_dir, log, &[])
+    }
+
+    /// [`NodeDaemon::start`], with `extra` flags after the daemon's own.
+    pub fn start_with(devremapd: &str, state_dir: &Path, log: &Path, extra: &[&str]) -> NodeDaemon {
         let socket = state_dir.join("node.sock");
         let log_file = fs::File::create(log).unwrap();
         let child = Command::new(devremapd)
@@ -37,6 +42,7 @@ impl NodeDaemon {
             .arg(state_dir)
             .arg("--pid-file")
             .arg(state_dir.join("node.pid"))
+            .args(extra)
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
