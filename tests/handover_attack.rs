@@ -6,7 +6,8 @@
 mod common;
 
 use common::daemon::{
-    Daemon, PATIENCE, Spawned, Tmpfs, children, freeze, has_exited, is_mounted, kill, need_fuse, wait_for, wait_for_or,
+    Daemon, PATIENCE, Spawned, Task, Tmpfs, children, freeze, has_exited, has_thread, is_mounted, kill, need_fuse,
+    tasks, wait_for, wait_for_or,
 };
 use common::{BIN, arg, empty_root, fixture};
 use serde_json::Value;
@@ -241,13 +242,7 @@ fn a_reload_under_way_when_the_server_dies_is_not_lost() {
     let resume = Resume(stuck_server);
     let old = d.server_pid();
     d.signal(libc::SIGHUP);
-    wait_for("the server's reload thread", || {
-        let tasks = fs::read_dir(format!("/proc/{old}/task")).ok()?;
-        tasks
-            .flatten()
-            .any(|t| fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "reload"))
-            .then_some(())
-    });
+    wait_for("the server's reload thread", || has_thread(old, "reload").then_some(()));
     kill(old, libc::SIGKILL);
     // Its reload thread waits in the kernel for the stuck filesystem: it dies once that answers.
     drop(resume);
@@ -441,15 +436,8 @@ fn an_upgrade_away_from_a_server_stuck_in_the_kernel_does_not_freeze_the_keeper(
     let old = d.server_pid();
     d.signal(libc::SIGHUP);
     wait_for("the server's reload thread to be stuck", || {
-        let tasks = fs::read_dir(format!("/proc/{old}/task")).ok()?;
-        tasks
-            .flatten()
-            .any(|t| {
-                fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "reload")
-                    && fs::read_to_string(t.path().join("wchan"))
-                        .is_ok_and(|w| w.contains("fuse") || w.contains("wait_answer"))
-            })
-            .then_some(())
+        let stuck = |t: &Task| t.name == "reload" && (t.wchan.contains("fuse") || t.wchan.contains("wait_answer"));
+        tasks(old).iter().any(stuck).then_some(())
     });
     repoint(&spec, &real);
     d.signal(libc::SIGUSR2);

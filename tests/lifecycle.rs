@@ -6,9 +6,9 @@
 mod common;
 
 use common::daemon::{
-    Daemon, Frozen, Spawned, Tmpfs, children, ended_threads_stacks, fuse_connection, has_exited, has_thread,
-    is_mounted, need_fuse, private_dir, private_mountpoint, spec_on_a_stuck_mount, thread_names, threads_of, wait_for,
-    wait_for_or,
+    Daemon, Frozen, Spawned, Task, Tmpfs, children, ended_threads_stacks, fuse_connection, has_exited, has_thread,
+    is_mounted, need_fuse, private_dir, private_mountpoint, spec_on_a_stuck_mount, tasks, thread_names, threads_of,
+    wait_for, wait_for_or,
 };
 use common::{FakeHost, arg, need_root, need_test_hooks};
 use serde_json::json;
@@ -313,12 +313,7 @@ fn a_stop_waits_for_no_server_stuck_in_another_fuse_request() {
     spec_on("zero");
     d.signal(libc::SIGHUP);
     let stuck_server = stuck.server_pid();
-    let parked = || {
-        fs::read_dir(format!("/proc/{stuck_server}/task")).into_iter().flatten().flatten().any(|task| {
-            let read = |f: &str| fs::read_to_string(task.path().join(f)).unwrap_or_default();
-            read("comm").starts_with("fuse-") && read("wchan").starts_with("futex")
-        })
-    };
+    let parked = || tasks(stuck_server).iter().any(|t| t.name.starts_with("fuse-") && t.wchan.starts_with("futex"));
     wait_for_or(
         "the stuck filesystem's server to hold the reload's lookup",
         || threads_of(stuck_server),
@@ -333,12 +328,7 @@ fn a_stop_waits_for_no_server_stuck_in_another_fuse_request() {
     assert!(!log.contains("did not end within"), "the stop waited for the server: {log}");
     assert!(!is_mounted(&d.mountpoint));
     // Its main thread has ended (a zombie), its reload's thread waits on.
-    let lives_on = || {
-        fs::read_dir(format!("/proc/{server}/task")).into_iter().flatten().flatten().any(|task| {
-            let stat = fs::read_to_string(task.path().join("stat")).unwrap_or_default();
-            stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()).is_some_and(|s| s != "Z")
-        })
-    };
+    let lives_on = || tasks(server).iter().any(|t| t.state != "Z");
     assert!(lives_on(), "the server ended: the reload's request was not held");
     assert!(stuck.stop().success());
     wait_for("the server to end once its request is answered", || (!lives_on()).then_some(()));
@@ -1158,11 +1148,8 @@ fn watch_hangs(pid: u32) {
         "the watch to hang in the frozen mount",
         || threads_of(pid),
         || {
-            let task = fs::read_dir(format!("/proc/{pid}/task"))
-                .ok()?
-                .filter_map(Result::ok)
-                .find(|t| fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "watch"))?;
-            fs::read_to_string(task.path().join("wchan")).ok()?.contains("request_wait_answer").then_some(())
+            let hangs = |t: &Task| t.name == "watch" && t.wchan.contains("request_wait_answer");
+            tasks(pid).iter().any(hangs).then_some(())
         },
     );
 }

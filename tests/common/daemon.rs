@@ -133,14 +133,38 @@ pub fn freeze(pid: u32) {
 
 /// Whether every thread of process `pid` is stopped (state `T` in `/proc/<pid>/task/*/stat`).
 fn all_stopped(pid: u32) -> bool {
-    let states: Vec<String> = fs::read_dir(format!("/proc/{pid}/task"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|task| fs::read_to_string(task.path().join("stat")).unwrap_or_default())
-        .map(|stat| stat.rsplit_once(") ").and_then(|(_, r)| r.split_whitespace().next()).unwrap_or("?").to_owned())
-        .collect();
-    !states.is_empty() && states.iter().all(|s| s == "T")
+    let tasks = tasks(pid);
+    !tasks.is_empty() && tasks.iter().all(|t| t.state == "T")
+}
+
+/// One thread of a process, as `/proc/<pid>/task/<tid>` shows it now.
+pub struct Task {
+    pub tid: String,
+    /// Its name (`comm`).
+    pub name: String,
+    /// Its state letter (`R`, `S`, `D`, `T`, `Z`...).
+    pub state: String,
+    /// Where it sleeps in the kernel.
+    pub wchan: String,
+}
+
+/// The threads of process `pid` now (none once it has ended).
+pub fn tasks(pid: u32) -> Vec<Task> {
+    let entries = fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten();
+    entries
+        .map(|task| {
+            let read = |f: &str| fs::read_to_string(task.path().join(f)).unwrap_or_default();
+            let stat = read("stat");
+            // The name may hold anything up to its last ')'.
+            let (name, rest) = stat.split_once(" (").and_then(|(_, r)| r.rsplit_once(") ")).unwrap_or(("?", "?"));
+            Task {
+                tid: task.file_name().to_string_lossy().into_owned(),
+                name: name.to_owned(),
+                state: rest.split_whitespace().next().unwrap_or("?").to_owned(),
+                wchan: read("wchan"),
+            }
+        })
+        .collect()
 }
 
 /// Process `pid` and its children, each thread with its state and where it sleeps in the
@@ -149,13 +173,8 @@ fn all_stopped(pid: u32) -> bool {
 pub fn threads_of(pid: u32) -> String {
     let mut out = String::new();
     for p in std::iter::once(pid).chain(children(pid)) {
-        for task in fs::read_dir(format!("/proc/{p}/task")).into_iter().flatten().flatten() {
-            let read = |f: &str| fs::read_to_string(task.path().join(f)).unwrap_or_default();
-            let stat = read("stat");
-            let (name, state) = stat.split_once(" (").and_then(|(_, r)| r.rsplit_once(") ")).unwrap_or(("?", "?"));
-            let state = state.split_whitespace().next().unwrap_or("?");
-            let tid = task.file_name().to_string_lossy().into_owned();
-            out += &format!("pid {p} thread {tid} ({name}): {state} in {}\n", read("wchan"));
+        for t in tasks(p) {
+            out += &format!("pid {p} thread {} ({}): {} in {}\n", t.tid, t.name, t.state, t.wchan);
         }
     }
     out
@@ -539,24 +558,14 @@ pub fn container_dirs(state_dir: &Path) -> Vec<String> {
 
 /// The names of `pid`'s threads, sorted.
 pub fn thread_names(pid: u32) -> Vec<String> {
-    let mut names: Vec<String> = fs::read_dir(format!("/proc/{pid}/task"))
-        .into_iter()
-        .flatten()
-        .filter_map(Result::ok)
-        .filter_map(|t| fs::read_to_string(t.path().join("comm")).ok())
-        .map(|c| c.trim().to_owned())
-        .collect();
+    let mut names: Vec<String> = tasks(pid).into_iter().map(|t| t.name).collect();
     names.sort();
     names
 }
 
 /// Whether one of `pid`'s threads is named `name`.
 pub fn has_thread(pid: u32, name: &str) -> bool {
-    fs::read_dir(format!("/proc/{pid}/task"))
-        .into_iter()
-        .flatten()
-        .filter_map(Result::ok)
-        .any(|t| fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name))
+    tasks(pid).iter().any(|t| t.name == name)
 }
 
 /// The thread stacks of process `pid` (its anonymous read-write mappings of 2 MiB, the size of
