@@ -3,8 +3,9 @@
 //! wrapper (waiting for a daemon to stop). An I/O edge, as [`crate::atomic`] is: the pure
 //! core does not use it.
 
+use nix::poll::PollFlags;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::Duration;
 
 /// A pidfd for `pid`.
@@ -16,8 +17,15 @@ pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
 
 /// Waits up to `timeout` (forever with `None`) for the process behind `fd` to exit.
 pub fn exited(fd: &OwnedFd, timeout: Option<Duration>) -> bool {
-    use nix::poll::{PollFd, PollFlags, PollTimeout};
-    let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+    exited_or(fd, None, timeout)
+}
+
+/// [`exited`], or until `other` shows one of its events (a socket's end, say), whichever
+/// comes first: whether either came.
+pub fn exited_or(fd: &OwnedFd, other: Option<(BorrowedFd<'_>, PollFlags)>, timeout: Option<Duration>) -> bool {
+    use nix::poll::{PollFd, PollTimeout};
+    let mut fds = vec![PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+    fds.extend(other.map(|(fd, events)| PollFd::new(fd, events)));
     // A timeout past poll's range (24 days) is as good as forever.
     let timeout = timeout.map_or(PollTimeout::NONE, |t| PollTimeout::try_from(t).unwrap_or(PollTimeout::MAX));
     loop {

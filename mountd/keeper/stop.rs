@@ -29,18 +29,10 @@ const SERVER_STOP: Duration = Duration::from_secs(2);
 /// for every thread. A server of an earlier build, which does not close it, is waited for to
 /// exit, as before.
 fn said_all_within(p: &Proc, timeout: Duration) -> bool {
-    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
     let Ok(pidfd) = devremap::pidfd::pidfd_open(p.pid()) else { return true };
     // nix names no POLLRDHUP: the end of the peer's writing, which a seqpacket socket reports.
-    let closed = PollFlags::from_bits_retain(libc::POLLRDHUP);
-    let mut fds = [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN), PollFd::new(p.control.as_fd(), closed)];
-    let timeout = PollTimeout::try_from(timeout).unwrap_or(PollTimeout::MAX);
-    loop {
-        match poll(&mut fds, timeout) {
-            Err(nix::errno::Errno::EINTR) => continue,
-            rc => return rc.is_ok_and(|n| n > 0),
-        }
-    }
+    let closed = nix::poll::PollFlags::from_bits_retain(libc::POLLRDHUP);
+    devremap::pidfd::exited_or(&pidfd, Some((p.control.as_fd(), closed)), Some(timeout))
 }
 
 impl Keeper<'_> {
