@@ -41,7 +41,7 @@ use devremap::keeper::fuse_wire;
 use devremap::report::Failure;
 use devremap::served::adapter::Adapter;
 use devremap::served::devfs::Devfs;
-use devremap::served::lifecycle::{End, Event, Lifecycle, Notifier, PublishError, Session, Status, warnings};
+use devremap::served::lifecycle::{End, Event, Lifecycle, Notifier, PublishError, Session, Status, Taken, warnings};
 use devremap::served::takeover::Resumed;
 use log::info;
 use nix::errno::Errno;
@@ -446,6 +446,8 @@ pub fn run(args: &MountArgs) -> Result<(), Failure> {
         // 29.7). One serving the dead server's plan keeps it: the inputs were not read.
         last_error: resume.last_error.clone().filter(|_| !loaded_now),
         previous: resume.previous_plan.as_deref().and_then(|p| Loaded::from_bytes(p.as_bytes()).ok()),
+        reloads: resume.reloads,
+        woken: resume.woken,
     });
     // The start's deep calls (the flags' parser, the load) are over on this thread, which now
     // serves: what they wrote of its stack goes back (docs/performance.md).
@@ -486,6 +488,8 @@ struct Takeover {
     from: String,
     last_error: Option<String>,
     previous: Option<Loaded>,
+    reloads: u64,
+    woken: bool,
 }
 
 /// The server's life on its main thread: a takeover's invalidations, readiness, then serving
@@ -508,7 +512,8 @@ fn live(
 ) -> Result<(), Failure> {
     let resumed = takeover.is_some();
     if let Some(t) = takeover {
-        life.resumed(&t.resumed, &t.from, t.last_error, t.previous.as_ref());
+        let from = Taken { from: &t.from, reloads: t.reloads, woken: t.woken };
+        life.resumed(&t.resumed, &from, t.last_error, t.previous.as_ref());
     }
     if let Err(e) = become_ready(life, mountpoint, control, resumed, answering) {
         tell(control, &Control::Failed(e.to_string()));
@@ -823,7 +828,8 @@ impl Session for Server {
     /// Replaces the state file, if there is one, and tells the keeper the generation served.
     fn publish(&mut self, status: &Status<'_>) -> Result<(), PublishError> {
         let last_error = status.last_error.map(str::to_owned);
-        tell(&self.control, &Control::Status { generation: status.generation, last_error });
+        let reloads = status.reloads;
+        tell(&self.control, &Control::Status { generation: status.generation, last_error, reloads });
         // The plan of each generation, for a server restarted after a crash to serve as it was.
         if self.handed != status.generation {
             self.handed = status.generation;

@@ -339,9 +339,12 @@ fn a_server_killed_20_times_under_load_fails_no_request() {
 
 /// Rule (issue 31, `--rest-after`): a server asked nothing for `--rest-after` rests: the state
 /// file says so (`resting`, no `server_pid`) and the keeper is left alone, one thread (and its
-/// log's writer, for a log off tmpfs, as this test's) and no child. The next request wakes a server that serves the same plan with the same node ids,
-/// quietly (no warning: nothing failed); `SIGHUP` and `SIGUSR2` while resting reload and
-/// upgrade as ever; a stop while resting removes the state file and the mount.
+/// log's writer, for a log off tmpfs, as this test's) and no child. The next request wakes a
+/// server that serves the same plan with the same node ids, quietly (no line at the default
+/// level, no handover counted: nothing failed); `SIGHUP` and `SIGUSR2` while resting reload and
+/// upgrade as ever, and `reloads` counts on across the servers (found from outside: it started
+/// again from 0 in each woken server); a stop while resting removes the state file and the
+/// mount.
 #[test]
 #[ignore = "needs root and /dev/fuse"]
 fn an_idle_server_rests_and_the_next_request_wakes_another() {
@@ -363,9 +366,8 @@ fn an_idle_server_rests_and_the_next_request_wakes_another() {
     assert_eq!(fs::metadata(&nvidia4).unwrap().ino(), ino, "the node id changed across the rest");
     assert_eq!(rdev_of(&nvidia4), fake_rdev(0));
     let woken = wait_on(&d, "a server to wake", || read_state(&d).filter(|s| s["server_pid"].is_u64()));
-    assert_eq!((woken["resting"].clone(), handovers(&woken)), (Value::Bool(false), handovers(&rested) + 1));
+    assert_eq!((woken["resting"].clone(), handovers(&woken)), (Value::Bool(false), handovers(&rested)));
     assert_eq!(parent_of(state_pid(&woken, "server_pid")), keeper);
-    d.log_with("(it rested; serving its plan)");
 
     rest("the woken server to rest");
     inputs.set_host_gpu0(false);
@@ -381,17 +383,81 @@ fn an_idle_server_rests_and_the_next_request_wakes_another() {
     d.signal(libc::SIGUSR2);
     d.log_with("(an upgrade)");
     let upgraded = rest("the upgraded server to rest");
+    assert_eq!((handovers(&upgraded), upgraded["reloads"].clone()), (1, Value::from(1)), "{upgraded}");
     assert_eq!(rdev_of(&nvidia4), fake_rdev(1));
     assert_eq!(fs::metadata(&nvidia4).unwrap().ino(), ino);
 
     rest("the last server to rest");
     let log = d.log_text();
-    assert!(!log.contains(" WARN "), "a rest or a wake warned: {log}");
+    assert!(!log.contains(" WARN ") && !log.contains("(it rested"), "a rest or a wake was said: {log}");
     assert!(upgraded["last_error"].is_null(), "{upgraded}");
     let (state_file, mountpoint) = (d.state_file.clone(), d.mountpoint.clone());
     assert!(d.stop().success());
     assert!(!state_file.exists(), "a stop while resting left the state file");
     assert!(!is_mounted(&mountpoint));
+}
+
+/// Rule (issue 31): a server told to rest that does not end (stopped here; one of an earlier
+/// build does not know the message) is killed, and since its state file still names it, a
+/// server wakes at once and writes it; no server rests on that mount any more (found from
+/// outside: the state file named the killed server until the next request).
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn a_server_that_does_not_rest_is_killed_and_another_serves_for_good() {
+    need_fuse();
+    let inputs = Inputs::new();
+    let d = Daemon::start(&strs(&inputs.args(&["--rest-after", "1", "--threads", "1"])));
+    let stopped = d.server_pid();
+    freeze(stopped);
+    d.log_with("did not end within 1000 ms of its rest; killed it");
+    let next = wait_new_server(&d, stopped, 0);
+    assert_eq!(next["resting"], false);
+    let server = state_pid(&next, "server_pid");
+    check_new_server(&d, &next, stopped);
+    assert_eq!(rdev_of(&d.path("nvidia4")), fake_rdev(0));
+    // Three times --rest-after, and more: it serves on.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(state_pid(&read_state(&d).unwrap(), "server_pid"), server, "{}", d.log_text());
+    assert!(!has_exited(server));
+    stop(d);
+}
+
+/// Bug (found from outside): a request just after a rest woke a server while the rested one
+/// had not ended; the rested one's state file (no server runs) then landed after its
+/// successor's, and rolled `generation` and `reloads` back. Rule: the rested server is killed
+/// before another starts. And one killed from outside before it said it rests leaves a state
+/// file naming it as serving: a server wakes at once to write what is true.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn a_server_still_resting_never_writes_over_its_successor() {
+    need_fuse();
+    let inputs = Inputs::new();
+    let args = inputs.args(&["--rest-after", "1", "--threads", "1"]);
+    for outside_kill in [false, true] {
+        let d = Daemon::start_with_env(&strs(&args), &[("RUST_LOG", "debug")]);
+        let rested = d.server_pid();
+        freeze(rested);
+        d.log_with(&format!("server pid {rested} rests"));
+        if outside_kill {
+            kill(rested, libc::SIGKILL);
+            d.log_with(&format!("server pid {rested} ended while it rested"));
+        } else {
+            // A request wakes a server; the rested one, continued, must not write again.
+            assert_eq!(rdev_of(&d.path("nvidia4")), fake_rdev(0));
+            // SAFETY: kill with a pid and a valid signal; the keeper may have reaped it already
+            // (as it must: killed before its successor started), and then this finds nothing.
+            unsafe { libc::kill(rested as libc::pid_t, libc::SIGCONT) };
+        }
+        let woken = wait_new_server(&d, rested, 0);
+        wait_on(&d, &format!("server {rested} to end"), || has_exited(rested).then_some(()));
+        let now = read_state(&d).unwrap();
+        assert_eq!(
+            (now["server_pid"].clone(), now["resting"].clone()),
+            (woken["server_pid"].clone(), Value::Bool(false))
+        );
+        assert!(now["generation"].as_u64() >= woken["generation"].as_u64(), "{now}");
+        stop(d);
+    }
 }
 
 /// A copy of the `devremapd` binary in its own directory, which a test replaces to upgrade to.

@@ -98,6 +98,13 @@ enum Ev {
     KernelEnded(io::Result<()>),
     /// A request came while no server runs (the last one rested).
     Wanted,
+    /// The server that rested was reaped: whether it exited cleanly (its state file says that
+    /// no server runs), and its status.
+    RestEnded {
+        clean: bool,
+        pid: u32,
+        status: String,
+    },
 }
 
 fn act(sig: i32) -> Option<Ev> {
@@ -359,7 +366,11 @@ impl Keeper<'_> {
                     {
                         return end;
                     }
-                    self.end_rested(now);
+                    if self.end_rested(now)
+                        && let Err(end) = self.feed(Event::Wanted, rx)
+                    {
+                        return end;
+                    }
                     if self.rest_due(now)
                         && let Err(end) = self.feed(Event::Idle, rx)
                     {
@@ -451,6 +462,15 @@ impl Keeper<'_> {
             Ev::Exited(epoch, status) => Event::Gone { epoch, status },
             Ev::Probed(epoch, same) => Event::Probed { epoch, same },
             Ev::Wanted => Event::Wanted,
+            Ev::RestEnded { clean, pid, status } => {
+                // Killed (by anyone but us) or failed before it said it rests: its state file
+                // still names it as serving, so a server wakes now to say what is true.
+                if clean || self.machine.phase() != devremap::keeper::servers::Phase::Resting {
+                    return None;
+                }
+                warn!("{}: server pid {pid} ended while it rested ({status}); starting another", self.m);
+                Event::Wanted
+            }
             Ev::Served(epoch, plan) => {
                 if self.machine.current() == Some(epoch) {
                     self.plan = Some(plan);
@@ -468,10 +488,6 @@ impl Keeper<'_> {
                 Control::Failed(why) => Event::Failed { epoch, why },
                 Control::Answering => Event::Answering(epoch),
                 Control::Notify(notice) => Event::Notice(epoch, notice),
-                Control::Status { generation, last_error } => {
-                    self.relaying.relay.set_status(epoch, generation, last_error);
-                    return None;
-                }
                 _ => return None,
             },
         })
@@ -508,7 +524,10 @@ impl Keeper<'_> {
         }
         if let Some(i) = self.leaving.iter().position(|p| p.epoch == epoch) {
             let p = self.leaving.swap_remove(i);
-            self.forget(p);
+            match self.rested.take_if(|(rested, _)| *rested == epoch) {
+                Some(_) => self.reap_rested(p),
+                None => self.forget(p),
+            }
         }
         None
     }
@@ -531,7 +550,10 @@ impl Keeper<'_> {
 
     fn perform(&mut self, action: Action, rx: &Waking<Ev>) -> Result<Option<Event>, End> {
         match action {
-            Action::Spawn { epoch, binary, plan } => return Ok(self.start(epoch, binary, plan)),
+            Action::Spawn { epoch, binary, plan } => {
+                self.end_rest_now();
+                return Ok(self.start(epoch, binary, plan));
+            }
             Action::Mount(epoch) => self.mount_now(epoch).map_err(|why| Err(self.start_failed(why)))?,
             Action::WritePidFile => {
                 self.write_pid_file().map_err(|why| Err(self.start_failed(why)))?;

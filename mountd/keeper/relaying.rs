@@ -161,6 +161,11 @@ impl Relaying {
         !self.servers.is_empty()
     }
 
+    /// Whether server `epoch`'s sockets are still read.
+    pub(super) fn reads(&self, epoch: u64) -> bool {
+        self.servers.iter().any(|s| s.epoch == epoch)
+    }
+
     /// What to poll (the kernel's connection only with `kernel`), and what each is.
     pub(super) fn interest<'a>(&'a self, link: &'a Link, kernel: bool) -> Vec<(BorrowedFd<'a>, PollFlags, Source)> {
         let mut fds = Vec::with_capacity(1 + 2 * self.servers.len());
@@ -286,7 +291,7 @@ impl Relaying {
     /// [`MAX_PLAN`] bytes (one that sends more is reported, `Overrun`, and the rest of that plan
     /// ignored), the rest become the keeper's events.
     fn control_of(&mut self, epoch: u64, queued: &mut VecDeque<Ev>) {
-        let Relaying { servers, state_files, .. } = self;
+        let Relaying { relay, servers, state_files, .. } = self;
         let Some(server) = servers.iter_mut().find(|s| s.epoch == epoch && s.control_open) else { return };
         let record = match crate::record::read(&server.control) {
             Ok(record) if !record.is_empty() => record,
@@ -318,6 +323,13 @@ impl Relaying {
                 if let Some(plan) = server.plan.end() {
                     queued.push_back(Ev::Served(epoch, plan));
                 }
+            }
+            // To the relay as it is read, not queued: what a successor is handed must count
+            // every reload its predecessor said it finished (found in CI's way: a retired
+            // server's last word, queued behind the takeover, was lost to the successor's
+            // `reloads`, and a `ctl reload` read before it waited for a count never reached).
+            Ok(Control::Status { generation, last_error, reloads }) => {
+                relay.set_status(epoch, generation, last_error, reloads);
             }
             Ok(message) => queued.push_back(Ev::Control(epoch, message)),
             Err(e) => warn!("server {epoch}: {e}"),

@@ -2,8 +2,9 @@
 //! loaded, the pid file, the INIT replay to a successor, and the takeover itself (the old
 //! server's drain and retirement at an upgrade, the node table and the requests in flight).
 
+use super::procs::{Proc, status_text};
 use super::relaying::mount;
-use super::{Keeper, KeeperError, spawn_thread};
+use super::{Ev, Keeper, KeeperError, spawn_thread};
 use devremap::atomic::{Lasting, write_atomic_told};
 use devremap::io_message;
 use devremap::keeper::control::Control;
@@ -88,10 +89,14 @@ impl Keeper<'_> {
         self.relaying.pump_until(&self.link, Instant::now() + DRAIN, &mut self.queued, |r| r.relay.drained());
         let Some(old) = self.procs.get(&old) else { return };
         old.tell(&Control::Retire);
+        let epoch = old.epoch;
         if !devremap::pidfd::exits_within(old.pid(), RETIRE) {
             warn!("server pid {} did not end within {} ms of its retirement; killed it", old.pid(), RETIRE.as_millis());
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(old.pid() as i32), nix::sys::signal::SIGKILL);
         }
+        // Its last words (a reload it finished as it was retired) before its successor is
+        // handed the counts: it has ended, so they are all there.
+        self.relaying.pump_until(&self.link, Instant::now() + DRAIN, &mut self.queued, |r| !r.reads(epoch));
     }
 
     /// Server `epoch` rests: the relay sends it nothing more (nothing is in flight, so what the
@@ -99,7 +104,7 @@ impl Keeper<'_> {
     /// and end. One that has not ended within [`RETIRE`] (a server of an earlier build, which
     /// does not know the message) is killed ([`Keeper::end_rested`]).
     pub(super) fn rest(&mut self, epoch: u64) {
-        self.relaying.relay.lost(epoch);
+        self.relaying.relay.rest(epoch);
         self.relaying.resting = true;
         let Some(p) = self.procs.remove(&epoch) else { return };
         debug!("{}: server pid {} rests: nothing was asked of it for a while", self.m, p.pid());
@@ -108,15 +113,52 @@ impl Keeper<'_> {
         self.leaving.push(p);
     }
 
-    /// The server that rested, if it has not ended by its time: killed.
-    pub(super) fn end_rested(&mut self, now: Instant) {
-        let Some((epoch, _)) = self.rested.filter(|(_, by)| now >= *by) else { return };
-        self.rested = None;
+    /// A server starts while the one that rested has not ended (a request came just after the
+    /// rest): the rested one is killed first, so that its state file, which says that no
+    /// server runs, cannot land after its successor's (found from outside: a late one rolled
+    /// `generation` and `reloads` back, and a `ctl reload` read it as done).
+    pub(super) fn end_rest_now(&mut self) {
+        let Some((epoch, _)) = self.rested.take() else { return };
         if let Some(i) = self.leaving.iter().position(|p| p.epoch == epoch) {
             let p = self.leaving.swap_remove(i);
-            warn!("server pid {} did not end within {} ms of its rest; killed it", p.pid(), RETIRE.as_millis());
+            debug!("{}: server pid {} had not ended its rest as another starts; killed it", self.m, p.pid());
             self.kill(p);
         }
+    }
+
+    /// The server that rested has ended: reaped on a thread of its own, which says how
+    /// ([`Ev::RestEnded`]).
+    pub(super) fn reap_rested(&mut self, mut p: Proc) {
+        p.disconnect();
+        let (events, state_file) = (self.link.events.clone(), self.args.state_file.clone());
+        let reaper = move || {
+            let status = super::procs::reap(&mut p.child, state_file.as_deref());
+            let clean = status.as_ref().is_ok_and(std::process::ExitStatus::success);
+            let _ = events.send(Ev::RestEnded { clean, pid: p.pid(), status: status_text(status) });
+        };
+        if spawn_thread("reaper", reaper).is_err() {
+            warn!("{}: cannot start a thread to reap a rested server", self.m);
+        }
+    }
+
+    /// The server that rested, if it has not ended by its time: killed; whether it was. Its
+    /// state file still names it then, and the next server would not rest either (the same
+    /// binary): no server rests on this mount any more, and the caller wakes one now, whose
+    /// state file is right.
+    pub(super) fn end_rested(&mut self, now: Instant) -> bool {
+        let Some((epoch, _)) = self.rested.filter(|(_, by)| now >= *by) else { return false };
+        self.rested = None;
+        let Some(i) = self.leaving.iter().position(|p| p.epoch == epoch) else { return false };
+        let p = self.leaving.swap_remove(i);
+        warn!(
+            "server pid {} did not end within {} ms of its rest; killed it and starting another; no server rests on \
+             this mount any more",
+            p.pid(),
+            RETIRE.as_millis()
+        );
+        self.kill(p);
+        self.rest_after = None;
+        true
     }
 
     /// Successor `epoch` takes over (from the old server `retire`, at an upgrade).

@@ -81,6 +81,9 @@ pub enum Control {
     Status {
         generation: u64,
         last_error: Option<String>,
+        /// Reloads finished since the mount (absent from an earlier build: 0).
+        #[serde(default)]
+        reloads: u64,
     },
     /// Server to keeper: the state file about to be renamed into place is this `(device,
     /// inode)`: at stop, the keeper removes the file at `--state-file` only if it is one its
@@ -231,6 +234,10 @@ pub struct Resume {
     /// The plan the server before served (`Loaded::to_bytes`), at an upgrade: the successor's
     /// log line says what changed.
     pub previous_plan: Option<String>,
+    /// Reloads the servers before finished since the mount: the count goes on.
+    pub reloads: u64,
+    /// The server before rested (nothing failed): the takeover is said at debug level.
+    pub woken: bool,
 }
 
 /// The resume payload as it travels: [`Resume`], with the node table and the cookies as maps
@@ -247,6 +254,11 @@ struct Payload<'a> {
     previous_plan: Option<&'a RawValue>,
     nodes: Cow<'a, HashMap<u64, HeldNode>>,
     cookies: Cow<'a, BTreeMap<u64, String>>,
+    /// Absent from an earlier build's keeper: 0 and false.
+    #[serde(default)]
+    reloads: u64,
+    #[serde(default)]
+    woken: bool,
 }
 
 impl Resume {
@@ -270,6 +282,8 @@ impl Resume {
             previous_plan: plan,
             nodes: Cow::Borrowed(self.held.nodes()),
             cookies: Cow::Borrowed(self.held.cookies()),
+            reloads: self.reloads,
+            woken: self.woken,
         };
         // Maps with integer keys and plain data: its JSON cannot fail.
         records(&serde_json::to_vec(&payload).expect("a resume payload serializes"))
@@ -288,6 +302,8 @@ impl Resume {
             from: p.from,
             last_error: p.last_error,
             previous_plan: p.previous_plan.map(|plan| plan.get().to_owned()),
+            reloads: p.reloads,
+            woken: p.woken,
         })
     }
 }
@@ -324,8 +340,8 @@ mod tests {
             Control::Failed("spec.json: not json".into()),
             Control::Answering,
             Control::Proceed,
-            Control::Status { generation: u64::MAX, last_error: None },
-            Control::Status { generation: 3, last_error: Some("spec.json: bad\n\0".into()) },
+            Control::Status { generation: u64::MAX, last_error: None, reloads: 0 },
+            Control::Status { generation: 3, last_error: Some("spec.json: bad\n\0".into()), reloads: 12 },
             Control::Notify(Notice::Reloading),
             Control::StateFile(2049, u64::MAX),
             Control::Invalidate(vec![0; 40]),
@@ -350,6 +366,8 @@ mod tests {
         assert!(matches!(Control::decode(b"Z"), Err(HandoverError::Message(_))));
         assert!(matches!(Control::decode(b"{\"Status\":{\"last_error\":null}}"), Err(HandoverError::Message(_))));
         assert!(matches!(Control::decode(b"{\"StateFile\":[1]}"), Err(HandoverError::Message(_))));
+        let earlier = Control::decode(b"{\"Status\":{\"generation\":3,\"last_error\":null}}");
+        assert_eq!(earlier, Ok(Control::Status { generation: 3, last_error: None, reloads: 0 }), "an earlier build's");
         assert!(matches!(Control::decode(b"{\"Loaded\":2}"), Err(HandoverError::Message(_))), "only frozen");
         assert_eq!(Control::decode(b"\"Part\""), Err(HandoverError::Truncated("no bytes")));
         assert!(matches!(Control::decode(b"\"End\"\0x"), Err(HandoverError::Message(_))));
@@ -400,6 +418,8 @@ mod tests {
             from: "from pid 1".into(),
             last_error: Some("x: bad".into()),
             previous_plan: Some("{\"plan\": 1}".into()),
+            reloads: 41,
+            woken: true,
         };
         let records = resume.records();
         assert!(records.len() > 2 && records.iter().all(|r| r.len() <= MAX_RECORD));

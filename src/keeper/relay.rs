@@ -82,7 +82,10 @@ pub struct Relay {
     probe: Option<(u64, u64)>,
     generation: u64,
     last_error: Option<String>,
+    reloads: u64,
     handovers: u64,
+    /// The current server rested ([`Relay::rest`]): the next to take over is no handover.
+    rested: bool,
 }
 
 impl Relay {
@@ -100,11 +103,13 @@ impl Relay {
         self.pending.len()
     }
 
-    /// The generation the current server serves and its last reload error, as it last said.
-    pub fn set_status(&mut self, epoch: u64, generation: u64, last_error: Option<String>) {
+    /// The generation the current server serves, its last reload error and the reloads
+    /// finished since the mount, as it last said.
+    pub fn set_status(&mut self, epoch: u64, generation: u64, last_error: Option<String>, reloads: u64) {
         if self.current == Some(epoch) {
             self.generation = generation;
             self.last_error = last_error;
+            self.reloads = reloads;
         }
     }
 
@@ -160,6 +165,15 @@ impl Relay {
         }
     }
 
+    /// The current server rests, with nothing in flight: requests wait here until a server
+    /// wakes and takes over, which counts as no handover (nothing was replaced).
+    pub fn rest(&mut self, epoch: u64) {
+        if self.current == Some(epoch) {
+            self.lost(epoch);
+            self.rested = true;
+        }
+    }
+
     /// New requests wait here, while the current server finishes those it has (an upgrade).
     pub fn hold(&mut self) {
         self.holding = true;
@@ -198,7 +212,8 @@ impl Relay {
 
     /// Server `epoch` takes over: it gets the node table and every request in flight.
     pub fn switch(&mut self, epoch: u64, now: Instant) -> Switch {
-        self.handovers += 1;
+        let woken = std::mem::take(&mut self.rested);
+        self.handovers += u64::from(!woken);
         let mut give_up = Vec::new();
         self.pending.retain(|unique, p| {
             if p.deaths >= MAX_DEATHS {
@@ -226,6 +241,8 @@ impl Relay {
                 from: String::new(),
                 last_error: self.last_error.clone(),
                 previous_plan: None,
+                reloads: self.reloads,
+                woken,
             },
             resend,
             give_up,
@@ -327,17 +344,33 @@ mod tests {
         assert_eq!(r.in_flight(), 0);
     }
 
-    /// Rule (issue 13): generation, handovers and the last reload error carry over to the
-    /// successor (a crash must not tell a monitor that a refused input is fine).
+    /// Rule (issue 13): generation, handovers, the reloads finished and the last reload error
+    /// carry over to the successor (a crash must not tell a monitor that a refused input is
+    /// fine; issue 31: nor a count of reloads start again, which says when a `SIGHUP` is done).
     #[test]
     fn counters_carry_over() {
         let mut r = started(b"f");
-        r.set_status(1, 7, Some("spec: bad".into()));
-        r.set_status(9, 100, None);
+        r.set_status(1, 7, Some("spec: bad".into()), 4);
+        r.set_status(9, 100, None, 99);
         r.lost(1);
         let sw = r.switch(2, Instant::now());
-        assert_eq!((sw.resume.generation, sw.resume.handovers), (7, 1));
+        assert_eq!((sw.resume.generation, sw.resume.handovers, sw.resume.reloads), (7, 1, 4));
         assert_eq!(sw.resume.last_error.as_deref(), Some("spec: bad"));
+        assert!(!sw.resume.woken);
+    }
+
+    /// Rule (issue 31): a server that rested is no handover: the one that wakes takes over
+    /// quietly (`woken`), and `handovers` still counts only crashes and upgrades.
+    #[test]
+    fn a_wake_after_a_rest_is_no_handover() {
+        let mut r = started(b"f");
+        r.rest(1);
+        assert_eq!(r.from_kernel(&build::lookup(2, ROOT, "a"), Instant::now()).unwrap(), FromKernel::Held);
+        let sw = r.switch(2, Instant::now());
+        assert_eq!((sw.resume.handovers, sw.resume.woken, sw.resend.len()), (0, true, 1));
+        r.lost(2);
+        let sw = r.switch(3, Instant::now());
+        assert_eq!((sw.resume.handovers, sw.resume.woken), (1, false), "a crash after it is one");
     }
 
     /// Rule (issue 13): the oldest unanswered request's age is what tells a hung server; one

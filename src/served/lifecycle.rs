@@ -32,7 +32,7 @@ mod tests;
 mod wait;
 
 use crate::keeper::control::Notice;
-pub use edges::{End, Event, Notifier, PublishError, Session, Status};
+pub use edges::{End, Event, Notifier, PublishError, Session, Status, Taken};
 pub use log_lines::warnings;
 pub use wait::{Waited, wait};
 
@@ -320,15 +320,21 @@ impl<N: Notifier, S: Session> Lifecycle<N, S> {
     /// `last_error` is the server before's last error, which stays until a reload succeeds,
     /// or `None` when this server loaded the inputs itself (a successful upgrade).
     /// `previous` is the plan the server before served, when known (an upgrade): the log line
-    /// then says what changed, as a reload's does.
-    pub fn resumed(&mut self, resumed: &Resumed, from: &str, last_error: Option<String>, previous: Option<&Loaded>) {
+    /// then says what changed, as a reload's does. The count of reloads goes on from the
+    /// servers before; a takeover after a rest is said at debug level (nothing failed, and it
+    /// comes whenever a resting mount is asked something).
+    pub fn resumed(&mut self, resumed: &Resumed, taken: &Taken, last_error: Option<String>, previous: Option<&Loaded>) {
         self.last_error = last_error;
+        self.finished = taken.reloads;
         self.invalidate(&resumed.change);
         let changed = previous.map_or(String::new(), |old| {
             format!(": {}", describe(&tree::diff(&old.plan.tree, &self.current.plan.tree), old, &self.current))
         });
-        info!(
-            "took over {from}: generation {}, kept {} nodes the kernel holds, retired {}{changed}{}",
+        let level = if taken.woken { log::Level::Debug } else { log::Level::Info };
+        log::log!(
+            level,
+            "took over {}: generation {}, kept {} nodes the kernel holds, retired {}{changed}{}",
+            taken.from,
             resumed.change.generation,
             resumed.kept,
             resumed.retired,

@@ -28,6 +28,16 @@ pub enum Event {
     Rest,
 }
 
+/// Whom a server took over from ([`super::Lifecycle::resumed`]): `from`, its log line's words
+/// (`from server pid 12 (it died), 3 requests resent`); the reloads finished since the mount;
+/// whether the server before rested.
+#[derive(Debug, Clone, Copy)]
+pub struct Taken<'a> {
+    pub from: &'a str,
+    pub reloads: u64,
+    pub woken: bool,
+}
+
 /// Why serving ended.
 #[derive(Debug)]
 pub enum End {
