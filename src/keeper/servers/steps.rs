@@ -300,11 +300,15 @@ impl Machine {
         }
         self.failures = 0;
         let mut state = State::Serving { current };
-        if std::mem::take(&mut self.reload_when_ready) {
-            self.reload(&state);
-        }
+        // The upgrade first: a reload due with it is then one during an upgrade, which the new
+        // server makes once more when it serves (found from outside: a `SIGHUP` and a `SIGUSR2`
+        // that woke a resting mount together lost the reload, which the old server began and
+        // its retirement ended).
         if std::mem::take(&mut self.upgrade_when_ready) {
             state = self.upgrade(state, now);
+        }
+        if std::mem::take(&mut self.reload_when_ready) {
+            self.reload(&state);
         }
         state
     }

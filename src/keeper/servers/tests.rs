@@ -662,3 +662,28 @@ fn a_signal_while_resting_wakes_a_server_that_then_does_it() {
     assert_eq!(r.on(Event::Stop("signal SIGTERM".into())).last(), Some(&Action::Exit(Exit::Stop)));
     assert_eq!(r.m.current(), None, "no server to tell to stop");
 }
+
+/// Bug (found from outside): a `SIGHUP` and a `SIGUSR2` that came together while no server was
+/// ready (a resting mount woken by them, or a server starting) asked the woken server to
+/// reload and then upgraded it: its retirement ended the reload, and no server made it. Rule:
+/// the reload is one during the upgrade, made once more by the server that takes over.
+#[test]
+fn a_reload_and_an_upgrade_due_together_end_with_the_new_servers_reload() {
+    for upgrade_first in [false, true] {
+        let mut r = Run::serving();
+        r.on(Event::Idle);
+        let (first, second) =
+            if upgrade_first { (Event::Sigusr2, Event::Sighup) } else { (Event::Sighup, Event::Sigusr2) };
+        r.on(first);
+        r.on(second);
+        let woke = r.takes_over(2, 200);
+        assert_eq!(spawns(&woke), vec![(3, Binary::Path, false)], "{woke:?}");
+        assert!(woke.contains(&Action::Reload(2)), "the old server reloads now: {woke:?}");
+        r.on(Event::Spawned { epoch: 3, pid: 300, handed_plan: false });
+        r.on(Event::Loaded { epoch: 3, protocol: PROTOCOL });
+        r.on(Event::Probed { epoch: 3, same: true });
+        r.on(Event::Answering(3));
+        let ready = r.on(Event::Notice(3, Notice::Ready));
+        assert!(ready.contains(&Action::Reload(3)), "the new server reloads once more: {ready:?}");
+    }
+}
