@@ -123,7 +123,28 @@ impl Setup {
     /// Runs the wrapper to its end, the container's output going to `stdout`; returns its
     /// status and what it wrote to stderr. Files, not pipes: a container started by `create`
     /// keeps the runtime's stdio open.
+    ///
+    /// A `run` or `create` that runc itself failed before the container existed because it
+    /// could not copy itself (see [`runc_could_not_clone_itself`]) is tried once more, once
+    /// the node daemon has let go of the id: that failure is runc's and the kernel's on a busy
+    /// machine, not devremap's, and the wrapper has already exec'd runc when it happens.
     fn run(&self, args: &[&str]) -> Ran {
+        let ran = self.run_once(args);
+        let starts = args.iter().any(|a| matches!(*a, "run" | "create"));
+        match args.last() {
+            Some(id) if starts && runc_could_not_clone_itself(&ran) => {
+                eprintln!(
+                    "runc could not copy itself (its failure, not devremap's); trying once more:\n{}",
+                    ran.stderr
+                );
+                self.wait_gone(id);
+                self.run_once(args)
+            }
+            _ => ran,
+        }
+    }
+
+    fn run_once(&self, args: &[&str]) -> Ran {
         let out = append(&self.bundle.dir().join("stdout"));
         let err_path = self.tmp.path().join("wrapper.stderr");
         let err = fs::File::create(&err_path).unwrap();
@@ -220,6 +241,15 @@ impl Drop for DeletingUnder<'_> {
 struct Ran {
     status: ExitStatus,
     stderr: String,
+}
+
+/// runc 1.1 copies its binary into a sealed memfd before each container's init (CVE-2019-5736).
+/// The kernel refuses the seal with EBUSY while a page of the copy still has a reference it
+/// cannot drain in time (`memfd_wait_for_pins`), which a loaded machine sometimes makes: runc
+/// then fails with "could not ensure we are a cloned binary: Device or resource busy" (seen
+/// once in CI, Debian 13's runc, with nothing of devremap's in that path).
+fn runc_could_not_clone_itself(ran: &Ran) -> bool {
+    !ran.status.success() && ran.stderr.contains("could not ensure we are a cloned binary: Device or resource busy")
 }
 
 fn devremap_config_env() -> &'static str {
