@@ -56,8 +56,8 @@ use nix::poll::{PollFd, PollFlags};
 use procs::{Pending, Proc, own_path, status_text};
 use relaying::{Link, Relaying, ready_of, replies_waiting};
 use spawner::Handed;
+use spawner::Started;
 pub(crate) use spawner::{Parked, ParkedServer, park_server};
-use spawner::{Spawners, Started};
 use std::collections::HashMap;
 use std::collections::VecDeque;
 use std::ffi::OsString;
@@ -143,7 +143,6 @@ struct Keeper<'a> {
     procs: HashMap<u64, Proc>,
     /// Servers being spawned, by epoch; one abandoned is no longer here.
     pending: HashMap<u64, Pending>,
-    spawners: Spawners,
     /// The first server, started ahead (a spare keeper's) and handed its command line as the
     /// keeper starts, until the machine starts its first server; or why it could not be.
     parked: Option<Handed>,
@@ -226,7 +225,6 @@ pub fn run(args: &MountArgs, words: Vec<OsString>, parked: Option<ParkedServer>)
         Duration::from_secs(args.server_timeout),
         Instant::now(),
     );
-    let spawners = Spawners::new(link.events.clone());
     let mut keeper = Keeper {
         args,
         link,
@@ -243,7 +241,6 @@ pub fn run(args: &MountArgs, words: Vec<OsString>, parked: Option<ParkedServer>)
         machine,
         procs: HashMap::new(),
         pending: HashMap::new(),
-        spawners,
         parked,
         leaving: Vec::new(),
         rest_after: (args.rest_after > 0).then(|| Duration::from_secs(args.rest_after)),

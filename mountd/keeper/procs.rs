@@ -3,7 +3,7 @@
 //! reaping it.
 
 use super::relaying::seqpacket_pair;
-use super::spawner::{Exe, Job, Started};
+use super::spawner::{self, Exe, Job, Started};
 use super::{Keeper, spawn_thread};
 use crate::signals;
 use devremap::io_message;
@@ -95,7 +95,7 @@ impl Keeper<'_> {
             let (socket, their_socket) = seqpacket_pair()?;
             let (control, their_control) = seqpacket_pair()?;
             let job = Job { epoch, exe, args: self.serve_args.clone(), sockets: [their_socket, their_control] };
-            self.spawners.submit(job).map_err(io::Error::other)?;
+            spawner::submit(&self.link.events, job).map_err(io::Error::other)?;
             io::Result::Ok(Pending { binary, plan, socket, control })
         })();
         match submitted {

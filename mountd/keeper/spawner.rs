@@ -46,38 +46,28 @@ pub(super) struct Job {
 /// What came of a spawn: the child and the binary it runs, or why it did not start.
 pub(super) type Started = Result<(ServerChild, Arc<File>), String>;
 
-/// Starts spawner threads, each of which says what came of its spawn on `events`.
-pub(super) struct Spawners {
-    events: Woken<Ev>,
-}
-
-impl Spawners {
-    pub(super) fn new(events: Woken<Ev>) -> Spawners {
-        Spawners { events }
-    }
-
-    /// Spawns `job` on a thread of its own; its result comes back as [`Ev::Started`].
-    pub(super) fn submit(&mut self, job: Job) -> Result<(), KeeperError> {
-        let events = self.events.clone();
-        spawn_thread("spawner", move || {
-            let epoch = job.epoch;
-            let started = spawn(job);
-            // Opened before the main thread has the child, so before anything can reap it.
-            let server = started.as_ref().ok().map(|(child, _)| pidfd_open(child.id()));
-            let _ = events.send(Ev::Started(epoch, started));
-            match server {
-                Some(Ok(server)) => {
-                    exited(&server, None);
-                }
-                // No pidfd to wait on (out of descriptors): this thread stays for the keeper's
-                // life, as every spawner thread once did, rather than kill its server.
-                Some(Err(_)) => loop {
-                    std::thread::park();
-                },
-                None => {}
+/// Spawns `job` on a thread of its own, which says what came of it on `events`
+/// ([`Ev::Started`]) and then lives as long as the server it started.
+pub(super) fn submit(events: &Woken<Ev>, job: Job) -> Result<(), KeeperError> {
+    let events = events.clone();
+    spawn_thread("spawner", move || {
+        let epoch = job.epoch;
+        let started = spawn(job);
+        // Opened before the main thread has the child, so before anything can reap it.
+        let server = started.as_ref().ok().map(|(child, _)| pidfd_open(child.id()));
+        let _ = events.send(Ev::Started(epoch, started));
+        match server {
+            Some(Ok(server)) => {
+                exited(&server, None);
             }
-        })
-    }
+            // No pidfd to wait on (out of descriptors): this thread stays for the keeper's
+            // life, as every spawner thread once did, rather than kill its server.
+            Some(Err(_)) => loop {
+                std::thread::park();
+            },
+            None => {}
+        }
+    })
 }
 
 /// Starts server `job.epoch` from `job.exe`, with its sockets as fds 3 and 4.
