@@ -105,8 +105,6 @@ pub(super) struct Relaying {
     pub(super) state_files: Vec<(u64, u64)>,
     /// When a request, a reply or a server's message last came: `--rest-after` counts from it.
     pub(super) last_traffic: Instant,
-    /// The server rested: the next request held wakes one ([`Ev::Wanted`], once).
-    pub(super) resting: bool,
 }
 
 /// A server's sockets, until both have ended.
@@ -132,7 +130,6 @@ impl Relaying {
             servers: Vec::new(),
             state_files: Vec::new(),
             last_traffic: Instant::now(),
-            resting: false,
         }
     }
 
@@ -208,7 +205,8 @@ impl Relaying {
             }
         }
         if ready.iter().any(|(source, _)| *source == Source::Kernel) {
-            self.requests(link, queued);
+            // One clock read a wake: each request's hang-check clock starts at it.
+            self.requests(link, self.last_traffic, queued);
         }
         self.servers.retain(|s| {
             let open = s.replies_open || s.control_open;
@@ -338,8 +336,8 @@ impl Relaying {
 
     /// Reads the kernel's requests, as many as wait (up to [`REQUESTS_PER_WAKE`]), and sends
     /// each where the relay says.
-    fn requests(&mut self, link: &Link, queued: &mut VecDeque<Ev>) {
-        let Relaying { relay, kernel_open, request, servers, resting, .. } = self;
+    fn requests(&mut self, link: &Link, now: Instant, queued: &mut VecDeque<Ev>) {
+        let Relaying { relay, kernel_open, request, servers, .. } = self;
         if request.is_empty() {
             *request = vec![0u8; READ_BUFFER];
         }
@@ -358,10 +356,11 @@ impl Relaying {
                 }
             };
             let msg = &request[..n];
-            let epoch = match relay.from_kernel(msg, Instant::now()) {
+            let epoch = match relay.from_kernel(msg, now) {
                 Ok(FromKernel::Forward(epoch)) => epoch,
+                // Held while the server rests: it wants one (the machine wakes one once).
                 Ok(FromKernel::Held) => {
-                    if std::mem::take(resting) {
+                    if relay.rested() {
                         queued.push_back(Ev::Wanted);
                     }
                     continue;

@@ -105,7 +105,6 @@ impl Keeper<'_> {
     /// does not know the message) is killed ([`Keeper::end_rested`]).
     pub(super) fn rest(&mut self, epoch: u64) {
         self.relaying.relay.rest(epoch);
-        self.relaying.resting = true;
         let Some(p) = self.procs.remove(&epoch) else { return };
         debug!("{}: server pid {} rests: nothing was asked of it for a while", self.m, p.pid());
         p.tell(&Control::Rest);

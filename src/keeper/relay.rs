@@ -174,6 +174,11 @@ impl Relay {
         }
     }
 
+    /// The current server rested and none has taken over since: a request held now wants one.
+    pub fn rested(&self) -> bool {
+        self.rested
+    }
+
     /// New requests wait here, while the current server finishes those it has (an upgrade).
     pub fn hold(&mut self) {
         self.holding = true;
