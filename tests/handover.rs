@@ -252,6 +252,21 @@ fn before_handovers(d: &Daemon, inputs: &Inputs) -> Before {
     Before { generation: 2, held }
 }
 
+/// The server's pid once its keeper knows it is ready: its state file names it before it tells
+/// the keeper, its `serving` line comes after. One stopped in between is never ready to rest
+/// or be upgraded (found in the suite: a test froze a server there, and waited for its rest).
+fn ready_server(d: &Daemon) -> u32 {
+    d.log_with("serving ");
+    d.server_pid()
+}
+
+/// Holds `path`'s node in the kernel (an `O_PATH` descriptor, which opens no device): else
+/// another test's [`drop_caches`] has the kernel forget it, and a node forgotten is rightly
+/// looked up again under another id (found in the suite: a rest's test saw its id change).
+fn pin(path: &Path) -> File {
+    OpenOptions::new().read(true).custom_flags(libc::O_PATH).open(path).unwrap()
+}
+
 /// Writes `2` to `/proc/sys/vm/drop_caches`: the kernel drops unused dentries and inodes, and
 /// so sends FORGET for every node nothing holds.
 fn drop_caches() {
@@ -353,6 +368,7 @@ fn an_idle_server_rests_and_the_next_request_wakes_another() {
     let d = Daemon::start(&strs(&inputs.args(&["--rest-after", "1", "--threads", "1"])));
     let keeper = d.child.id();
     let nvidia4 = d.path("nvidia4");
+    let pinned = pin(&nvidia4);
     let ino = fs::metadata(&nvidia4).unwrap().ino();
     let rest = |what: &str| {
         wait_on(&d, what, || {
@@ -366,7 +382,12 @@ fn an_idle_server_rests_and_the_next_request_wakes_another() {
     assert_eq!(fs::metadata(&nvidia4).unwrap().ino(), ino, "the node id changed across the rest");
     assert_eq!(rdev_of(&nvidia4), fake_rdev(0));
     let woken = wait_on(&d, "a server to wake", || read_state(&d).filter(|s| s["server_pid"].is_u64()));
-    assert_eq!((woken["resting"].clone(), handovers(&woken)), (Value::Bool(false), handovers(&rested)));
+    assert_eq!(
+        (woken["resting"].clone(), handovers(&woken)),
+        (Value::Bool(false), handovers(&rested)),
+        "rested: {rested}\nwoken: {woken}\n{}",
+        d.log_text()
+    );
     assert_eq!(parent_of(state_pid(&woken, "server_pid")), keeper);
 
     rest("the woken server to rest");
@@ -377,6 +398,8 @@ fn an_idle_server_rests_and_the_next_request_wakes_another() {
     });
     assert_eq!(rdev_of(&nvidia4), fake_rdev(1), "the reload while resting did not apply");
     // A new node (its device changed): its id holds from here on.
+    drop(pinned);
+    let pinned = pin(&nvidia4);
     let ino = fs::metadata(&nvidia4).unwrap().ino();
 
     rest("the reloaded server to rest");
@@ -386,6 +409,7 @@ fn an_idle_server_rests_and_the_next_request_wakes_another() {
     assert_eq!((handovers(&upgraded), upgraded["reloads"].clone()), (1, Value::from(1)), "{upgraded}");
     assert_eq!(rdev_of(&nvidia4), fake_rdev(1));
     assert_eq!(fs::metadata(&nvidia4).unwrap().ino(), ino);
+    drop(pinned);
 
     rest("the last server to rest");
     let log = d.log_text();
@@ -407,7 +431,7 @@ fn a_server_that_does_not_rest_is_killed_and_another_serves_for_good() {
     need_fuse();
     let inputs = Inputs::new();
     let d = Daemon::start(&strs(&inputs.args(&["--rest-after", "1", "--threads", "1"])));
-    let stopped = d.server_pid();
+    let stopped = ready_server(&d);
     freeze(stopped);
     d.log_with("did not end within 1000 ms of its rest; killed it");
     let next = wait_new_server(&d, stopped, 0);
@@ -435,7 +459,7 @@ fn a_server_still_resting_never_writes_over_its_successor() {
     let args = inputs.args(&["--rest-after", "1", "--threads", "1"]);
     for outside_kill in [false, true] {
         let d = Daemon::start_with_env(&strs(&args), &[("RUST_LOG", "debug")]);
-        let rested = d.server_pid();
+        let rested = ready_server(&d);
         freeze(rested);
         d.log_with(&format!("server pid {rested} rests"));
         if outside_kill {
@@ -1096,7 +1120,7 @@ fn an_upgrade_takes_over_from_a_frozen_server() {
     need_fuse();
     let inputs = Inputs::new();
     let d = inputs.start();
-    let old = d.server_pid();
+    let old = ready_server(&d);
     freeze(old);
     let probe = d.path("nvidia4");
     let (tid_tx, tid_rx) = std::sync::mpsc::channel();
