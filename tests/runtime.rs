@@ -10,7 +10,10 @@
 
 mod common;
 
-use common::bundle::{Bundle, HYBRID_UNIFIED, Runtime, allow_char, is_mount_point, need_containers, oci_config};
+use common::bundle::{
+    Bundle, HYBRID_UNIFIED, Runtime, allow_char, is_mount_point, need_containers, oci_config,
+    runc_could_not_clone_itself,
+};
 use common::clients::need_criu;
 use common::daemon::{Stopped, is_mounted, need_fuse, wait_for, wait_for_or};
 use common::{FakeHost, arg, devremapd, fake_rdev, fixture, write_file};
@@ -132,7 +135,7 @@ impl Setup {
         let ran = self.run_once(args);
         let starts = args.iter().any(|a| matches!(*a, "run" | "create"));
         match args.last() {
-            Some(id) if starts && runc_could_not_clone_itself(&ran) => {
+            Some(id) if starts && !ran.status.success() && runc_could_not_clone_itself(&ran.stderr) => {
                 eprintln!(
                     "runc could not copy itself (its failure, not devremap's); trying once more:\n{}",
                     ran.stderr
@@ -241,15 +244,6 @@ impl Drop for DeletingUnder<'_> {
 struct Ran {
     status: ExitStatus,
     stderr: String,
-}
-
-/// runc 1.1 copies its binary into a sealed memfd before each container's init (CVE-2019-5736).
-/// The kernel refuses the seal with EBUSY while a page of the copy still has a reference it
-/// cannot drain in time (`memfd_wait_for_pins`), which a loaded machine sometimes makes: runc
-/// then fails with "could not ensure we are a cloned binary: Device or resource busy" (seen
-/// once in CI, Debian 13's runc, with nothing of devremap's in that path).
-fn runc_could_not_clone_itself(ran: &Ran) -> bool {
-    !ran.status.success() && ran.stderr.contains("could not ensure we are a cloned binary: Device or resource busy")
 }
 
 fn devremap_config_env() -> &'static str {
