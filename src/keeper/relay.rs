@@ -166,12 +166,12 @@ impl Relay {
     }
 
     /// The current server rests, with nothing in flight: requests wait here until a server
-    /// wakes and takes over, which counts as no handover (nothing was replaced).
+    /// wakes and takes over, which counts as no handover (nothing was replaced). Said
+    /// [`Relay::rested`] whatever the relay's current server: the keeper wakes a server only
+    /// for a request held while this holds, and must never leave one held with none coming.
     pub fn rest(&mut self, epoch: u64) {
-        if self.current == Some(epoch) {
-            self.lost(epoch);
-            self.rested = true;
-        }
+        self.lost(epoch);
+        self.rested = true;
     }
 
     /// The current server rested and none has taken over since: a request held now wants one.
