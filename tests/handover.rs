@@ -421,6 +421,36 @@ fn an_idle_server_rests_and_the_next_request_wakes_another() {
     assert!(!is_mounted(&mountpoint));
 }
 
+/// Bug (found from outside): a woken server rested a heartbeat (a quarter of
+/// `--server-timeout`) after its last request rather than `--rest-after`, 1 wake in 6: the
+/// keeper's wait, begun while the woken server's first request was in flight, was not
+/// re-armed by its reply. With `--server-timeout 3600` that would be 15 minutes, past every
+/// wait here.
+#[test]
+#[ignore = "needs root and /dev/fuse"]
+fn a_woken_server_rests_after_rest_after_and_not_a_heartbeat_later() {
+    need_fuse();
+    let inputs = Inputs::new();
+    let d = Daemon::start(&strs(&inputs.args(&["--rest-after", "1", "--threads", "1", "--server-timeout", "3600"])));
+    let rested_after = |generation: u64| {
+        wait_on(&d, &format!("a rest after generation {generation}"), || {
+            read_state(&d).filter(|s| s["resting"] == true && s["generation"].as_u64() > Some(generation))
+        })
+    };
+    let mut rested = rested_after(0);
+    for i in 0..8 {
+        // A name never looked up: the kernel asks, and a server wakes (a takeover: the
+        // generation moves) to answer; it rests again after `--rest-after`.
+        let absent = fs::symlink_metadata(d.path(&format!("absent-{i}")));
+        assert_eq!(absent.map_err(|e| e.kind()).err(), Some(std::io::ErrorKind::NotFound));
+        // Then a listing: its last request (RELEASEDIR) is one the kernel does not wait for,
+        // so its reply comes while the keeper waits.
+        assert!(fs::read_dir(&d.mountpoint).unwrap().count() > 0);
+        rested = rested_after(rested["generation"].as_u64().unwrap());
+    }
+    assert!(d.stop().success());
+}
+
 /// Rule (issue 31): a server told to rest that does not end (stopped here; one of an earlier
 /// build does not know the message) is killed, and since its state file still names it, a
 /// server wakes at once and writes it; no server rests on that mount any more (found from

@@ -344,8 +344,7 @@ impl Keeper<'_> {
     /// The keeper's life, from the first server's start to the end of the mount.
     fn serve(&mut self, rx: &Waking<Ev>) -> End {
         loop {
-            let deadline = self.deadline();
-            let waited = self.wait(rx, deadline);
+            let (waited, deadline) = self.wait(rx, Keeper::deadline);
             let now = Instant::now();
             if let Some(away) = self.woke(deadline, now)
                 && let Err(end) = self.feed(away, rx)
@@ -392,11 +391,15 @@ impl Keeper<'_> {
     /// stop (a thread waited for each, in every container: issue 31). `Closed` once the signals
     /// cannot be waited for any more. Meanwhile it relays: the kernel's requests and the
     /// servers' replies and messages are polled with the rest ([`relaying`]), and what they
-    /// tell the machine is queued.
-    fn wait(&mut self, rx: &Waking<Ev>, deadline: Option<Instant>) -> Waited<Ev> {
+    /// tell the machine is queued. The deadline is asked again before every poll, and the last
+    /// one asked is returned with what came: the relay's traffic moves it (found from outside:
+    /// a wait begun while a request was in flight waited out the heartbeat, a quarter of
+    /// `--server-timeout`, and the server rested that much later than `--rest-after`).
+    fn wait(&mut self, rx: &Waking<Ev>, deadline: impl Fn(&Self) -> Option<Instant>) -> (Waited<Ev>, Option<Instant>) {
         loop {
+            let deadline = deadline(self);
             if let Some(ev) = self.queued.pop_front() {
-                return Waited::Event(ev);
+                return (Waited::Event(ev), deadline);
             }
             let now = Instant::now();
             let watch_deadline = self.watch.as_ref().and_then(crate::watch::Watch::deadline);
@@ -411,7 +414,7 @@ impl Keeper<'_> {
                     .chain(interest.iter().map(|(fd, flags, _)| PollFd::new(*fd, *flags)))
                     .collect();
                 if !self.signals.poll_with(&mut fds, until.map(|u| u.saturating_duration_since(now))) {
-                    return Waited::Closed;
+                    return (Waited::Closed, deadline);
                 }
                 let woke = |p: &PollFd| p.revents().is_some_and(|r| !r.is_empty());
                 let watch_woke = fds[1..own.len()].iter().position(woke);
@@ -439,7 +442,7 @@ impl Keeper<'_> {
                 self.watch = None;
                 self.queued.push_back(Ev::Stop(why));
             } else if deadline.is_some_and(|d| now >= d) {
-                return Waited::Deadline;
+                return (Waited::Deadline, deadline);
             }
         }
     }

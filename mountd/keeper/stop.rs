@@ -95,7 +95,7 @@ impl Keeper<'_> {
     fn connection_ends_within(&mut self, rx: &Waking<Ev>, patience: Duration) -> bool {
         let deadline = Instant::now() + patience;
         loop {
-            match self.wait(rx, Some(deadline)) {
+            match self.wait(rx, |_| Some(deadline)).0 {
                 Waited::Event(Ev::KernelEnded(_)) | Waited::Closed => return true,
                 Waited::Event(_) => {}
                 Waited::Deadline => return false,
