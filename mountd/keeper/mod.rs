@@ -55,8 +55,7 @@ use log::{info, warn};
 use nix::poll::{PollFd, PollFlags};
 use procs::{Pending, Proc, own_path, status_text};
 use relaying::{Link, Relaying, ready_of, replies_waiting};
-use spawner::Handed;
-use spawner::Started;
+use spawner::{Handed, Started};
 pub(crate) use spawner::{Parked, ParkedServer, park_server};
 use std::collections::HashMap;
 use std::collections::VecDeque;
@@ -522,8 +521,7 @@ impl Keeper<'_> {
                 .err()
                 .map(|e| Event::Gone { epoch, status: format!("unknown status: {e}") });
         }
-        if let Some(i) = self.leaving.iter().position(|p| p.epoch == epoch) {
-            let p = self.leaving.swap_remove(i);
+        if let Some(p) = self.take_leaving(epoch) {
             match self.rested.take_if(|(rested, _)| *rested == epoch) {
                 Some(_) => self.reap_rested(p),
                 None => self.forget(p),

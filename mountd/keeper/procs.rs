@@ -4,7 +4,7 @@
 
 use super::relaying::seqpacket_pair;
 use super::spawner::{self, Exe, Job, Started};
-use super::{Keeper, spawn_thread};
+use super::{Keeper, KeeperError, spawn_thread};
 use crate::signals;
 use devremap::io_message;
 use devremap::keeper::control::{self, Control};
@@ -115,7 +115,7 @@ impl Keeper<'_> {
             if let Ok((mut child, _)) = started {
                 warn!("server pid {}: its start returned after it was abandoned; killed it", child.id());
                 let _ = child.kill();
-                self.reap_later(child);
+                let _ = self.reap_later(child, drop);
             }
             return None;
         };
@@ -191,15 +191,23 @@ impl Keeper<'_> {
     /// Forgets a server that has ended or is ending, and reaps it on a thread of its own.
     pub(super) fn forget(&mut self, proc: Proc) {
         proc.disconnect();
-        self.reap_later(proc.child);
+        let _ = self.reap_later(proc.child, drop);
     }
 
-    /// Reaps `child` on a thread of its own.
-    fn reap_later(&self, mut child: ServerChild) {
+    /// Reaps `child` on a thread of its own, which hands its status to `then`.
+    pub(super) fn reap_later(
+        &self,
+        mut child: ServerChild,
+        then: impl FnOnce(io::Result<ExitStatus>) + Send + 'static,
+    ) -> Result<(), KeeperError> {
         let state_file = self.args.state_file.clone();
-        let _ = std::thread::Builder::new()
-            .name("reaper".into())
-            .spawn(move || drop(reap(&mut child, state_file.as_deref())));
+        spawn_thread("reaper", move || then(reap(&mut child, state_file.as_deref())))
+    }
+
+    /// A server replaced or rested, taken from those leaving: `epoch`'s, if it is one.
+    pub(super) fn take_leaving(&mut self, epoch: u64) -> Option<Proc> {
+        let i = self.leaving.iter().position(|p| p.epoch == epoch)?;
+        Some(self.leaving.swap_remove(i))
     }
 }
 

@@ -118,8 +118,7 @@ impl Keeper<'_> {
     /// `generation` and `reloads` back, and a `ctl reload` read it as done).
     pub(super) fn end_rest_now(&mut self) {
         let Some((epoch, _)) = self.rested.take() else { return };
-        if let Some(i) = self.leaving.iter().position(|p| p.epoch == epoch) {
-            let p = self.leaving.swap_remove(i);
+        if let Some(p) = self.take_leaving(epoch) {
             debug!("{}: server pid {} had not ended its rest as another starts; killed it", self.m, p.pid());
             self.kill(p);
         }
@@ -127,15 +126,14 @@ impl Keeper<'_> {
 
     /// The server that rested has ended: reaped on a thread of its own, which says how
     /// ([`Ev::RestEnded`]).
-    pub(super) fn reap_rested(&mut self, mut p: Proc) {
+    pub(super) fn reap_rested(&mut self, p: Proc) {
+        let (events, pid) = (self.link.events.clone(), p.pid());
         p.disconnect();
-        let (events, state_file) = (self.link.events.clone(), self.args.state_file.clone());
-        let reaper = move || {
-            let status = super::procs::reap(&mut p.child, state_file.as_deref());
+        let said = self.reap_later(p.child, move |status| {
             let clean = status.as_ref().is_ok_and(std::process::ExitStatus::success);
-            let _ = events.send(Ev::RestEnded { clean, pid: p.pid(), status: status_text(status) });
-        };
-        if spawn_thread("reaper", reaper).is_err() {
+            let _ = events.send(Ev::RestEnded { clean, pid, status: status_text(status) });
+        });
+        if said.is_err() {
             warn!("{}: cannot start a thread to reap a rested server", self.m);
         }
     }
@@ -147,8 +145,7 @@ impl Keeper<'_> {
     pub(super) fn end_rested(&mut self, now: Instant) -> bool {
         let Some((epoch, _)) = self.rested.filter(|(_, by)| now >= *by) else { return false };
         self.rested = None;
-        let Some(i) = self.leaving.iter().position(|p| p.epoch == epoch) else { return false };
-        let p = self.leaving.swap_remove(i);
+        let Some(p) = self.take_leaving(epoch) else { return false };
         warn!(
             "server pid {} did not end within {} ms of its rest; killed it and starting another; no server rests on \
              this mount any more",
